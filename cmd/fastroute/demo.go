@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bufio"
+	_ "embed"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/router"
+)
+
+//go:embed demo.yaml
+var demoConfig []byte
+
+func runDemo(args []string) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	requests := fs.Int("requests", 9, "requests to send (a third of them streaming)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := config.Parse("demo.yaml (embedded)", demoConfig)
+	if err != nil {
+		return err
+	}
+	mocks := make([]*mockworker.Worker, len(cfg.Workers))
+	for i := range cfg.Workers {
+		spec := &cfg.Workers[i]
+		m, err := mockworker.Start("127.0.0.1:0", mockworker.Options{
+			ID: spec.ID, Tokens: 6, TokenInterval: 15 * time.Millisecond, LoRAs: spec.LoRAs,
+		})
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		mocks[i] = m
+		spec.URL = m.URL()
+	}
+	r, err := router.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	fmt.Printf("fastroute demo: router on %s (admin %s), mode %s, %d mock workers\n\n",
+		r.Addr(), r.AdminAddr(), cfg.Router.Mode, len(mocks))
+
+	base := "http://" + r.Addr()
+	client := &http.Client{Timeout: 10 * time.Second}
+	for i := 0; i < *requests; i++ {
+		stream := i%3 == 2
+		line, err := demoRequest(client, base, i+1, stream)
+		if err != nil {
+			return fmt.Errorf("request %d: %w", i+1, err)
+		}
+		fmt.Println(line)
+	}
+	line, err := demoEmbedding(client, base)
+	if err != nil {
+		return err
+	}
+	fmt.Println(line)
+	q, err := demoQuery(client, base)
+	if err != nil {
+		return err
+	}
+	fmt.Println(q)
+
+	fmt.Println("\nper-worker counts (served by the mock / reserved by the router / in flight now):")
+	var total int64
+	for i, m := range mocks {
+		w, _ := r.Registry.Get(cfg.Workers[i].ID)
+		fmt.Printf("  worker %d: %d / %d / %d\n", w.ID(), m.Served(), w.Served(), w.Occupancy())
+		total += m.Served()
+		if w.Occupancy() != 0 {
+			return fmt.Errorf("worker %d still holds %d reservations", w.ID(), w.Occupancy())
+		}
+	}
+	if want := int64(*requests + 1); total != want {
+		return fmt.Errorf("workers served %d requests, want %d", total, want)
+	}
+	resp, err := client.Get("http://" + r.AdminAddr() + "/metrics")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	fmt.Println("\nfrom admin /metrics:")
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "fastroute_worker_inflight") ||
+			(strings.HasPrefix(l, "fastroute_requests_total") && !strings.HasSuffix(l, " 0")) {
+			fmt.Println("  " + l)
+		}
+	}
+	fmt.Println("\ndemo ok")
+	return nil
+}
+
+func demoRequest(client *http.Client, base string, n int, stream bool) (string, error) {
+	body := fmt.Sprintf(`{"model":"mock-model","messages":[{"role":"user","content":"hello %d"}],"stream":%v}`, n, stream)
+	start := time.Now()
+	resp, err := client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	worker := resp.Header.Get("x-fastroute-worker")
+	if !stream {
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("request %d  chat          -> worker %s  %v", n, worker, time.Since(start).Round(time.Millisecond)), nil
+	}
+	chunks, first := 0, time.Duration(0)
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if l := sc.Text(); strings.HasPrefix(l, "data: ") && l != "data: [DONE]" {
+			if chunks == 0 {
+				first = time.Since(start)
+			}
+			chunks++
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("request %d  chat, stream  -> worker %s  %d SSE chunks, first after %v, all after %v",
+		n, worker, chunks, first.Round(time.Millisecond), time.Since(start).Round(time.Millisecond)), nil
+}
+
+func demoEmbedding(client *http.Client, base string) (string, error) {
+	resp, err := client.Post(base+"/v1/embeddings", "application/json",
+		strings.NewReader(`{"model":"mock-model","input":["fast","route"]}`))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Data []json.RawMessage `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("embeddings: status %d, %v", resp.StatusCode, err)
+	}
+	return fmt.Sprintf("embeddings          -> worker %s  %d vectors", resp.Header.Get("x-fastroute-worker"), len(out.Data)), nil
+}
+
+func demoQuery(client *http.Client, base string) (string, error) {
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"model":"mock-model"}`))
+	req.Header.Set("x-query-instance-id", "true")
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return "query only          -> " + strings.TrimSpace(string(b)) + "  (not dispatched)", nil
+}

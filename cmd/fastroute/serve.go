@@ -1,0 +1,148 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/router"
+	"github.com/fastroute/fastroute/pickers"
+)
+
+// workerFlags collects repeated --worker flags.
+type workerFlags []dataplane.WorkerSpec
+
+func (w *workerFlags) String() string { return fmt.Sprint(len(*w), " workers") }
+
+// Set parses "id=1,url=http://h:p,device=gpu,gpu_index=0,dp_size=1,capacity=1,loras=a;b".
+func (w *workerFlags) Set(v string) error {
+	var s dataplane.WorkerSpec
+	for _, kv := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok {
+			return fmt.Errorf("%q is not key=value", kv)
+		}
+		var err error
+		switch k {
+		case "id":
+			s.ID, err = strconv.ParseUint(val, 10, 64)
+		case "url":
+			s.URL = val
+		case "device":
+			s.Device = dataplane.Device(val)
+		case "gpu_index":
+			s.GPUIndex, err = strconv.Atoi(val)
+		case "gpu_uuid":
+			s.GPUUUID = val
+		case "dp_size":
+			s.DPSize, err = strconv.Atoi(val)
+		case "capacity":
+			s.Capacity, err = strconv.ParseFloat(val, 64)
+		case "loras":
+			s.LoRAs = strings.Split(val, ";")
+		default:
+			return fmt.Errorf("unknown worker key %q", k)
+		}
+		if err != nil {
+			return fmt.Errorf("worker key %s: %v", k, err)
+		}
+	}
+	*w = append(*w, s)
+	return nil
+}
+
+// bindFlags registers one flag per config key, defaulting to cfg's values.
+func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "front end address")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin address (metrics, pprof, workers)")
+	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer token for admin writes")
+	fs.Func("mode", "selection mode: "+fmt.Sprint(pickers.Modes), func(v string) error {
+		cfg.Router.Mode = pickers.Mode(v)
+		return nil
+	})
+	fs.IntVar(&cfg.Router.BusyThreshold, "busy-threshold", cfg.Router.BusyThreshold, "max in-flight per worker (0 = none)")
+	fs.IntVar(&cfg.Router.Retries, "retries", cfg.Router.Retries, "retries on transport failure before the first byte")
+	fs.StringVar(&cfg.Router.SessionAffinity.Mode, "affinity-mode", cfg.Router.SessionAffinity.Mode, "session affinity: off|soft|hard")
+	fs.StringVar(&cfg.Router.SessionAffinity.Header, "affinity-header", cfg.Router.SessionAffinity.Header, "session id header")
+	fs.DurationVar(&cfg.Router.SessionAffinity.TTL, "affinity-ttl", cfg.Router.SessionAffinity.TTL, "idle session expiry")
+	fs.IntVar(&cfg.Router.SessionAffinity.MaxSessions, "affinity-max-sessions", cfg.Router.SessionAffinity.MaxSessions, "session table bound")
+	fs.BoolVar(&cfg.Telemetry.NVML, "telemetry-nvml", cfg.Telemetry.NVML, "poll GPUs through NVML")
+	fs.BoolVar(&cfg.Telemetry.CPU, "telemetry-cpu", cfg.Telemetry.CPU, "poll /proc and cgroup CPU state")
+	fs.DurationVar(&cfg.Telemetry.Interval, "telemetry-interval", cfg.Telemetry.Interval, "telemetry poll period")
+	fs.DurationVar(&cfg.Health.Interval, "health-interval", cfg.Health.Interval, "health probe period")
+	fs.StringVar(&cfg.Health.Path, "health-path", cfg.Health.Path, "health probe path")
+	fs.IntVar(&cfg.Health.UnhealthyAfter, "unhealthy-after", cfg.Health.UnhealthyAfter, "failed probes before a worker is unhealthy")
+	fs.IntVar(&cfg.Limits.MaxBodyBytes, "max-body-bytes", cfg.Limits.MaxBodyBytes, "request body limit (413 above)")
+	fs.DurationVar(&cfg.Limits.ReadTimeout, "read-timeout", cfg.Limits.ReadTimeout, "client request read timeout")
+	fs.DurationVar(&cfg.Limits.WriteTimeout, "write-timeout", cfg.Limits.WriteTimeout, "client response write timeout")
+	fs.DurationVar(&cfg.Limits.IdleTimeout, "idle-timeout", cfg.Limits.IdleTimeout, "client keep-alive idle timeout")
+	fs.DurationVar(&cfg.Limits.ConnectTimeout, "connect-timeout", cfg.Limits.ConnectTimeout, "dial timeout to workers")
+	fs.DurationVar(&cfg.Limits.UpstreamTimeout, "upstream-timeout", cfg.Limits.UpstreamTimeout, "whole upstream answer timeout")
+	fs.Var(workers, "worker", "add a worker: id=N,url=http://host:port[,device=gpu|cpu,gpu_index=I,dp_size=D,capacity=C,loras=a;b] (repeatable)")
+}
+
+// loadServeConfig reads --config (when given) and applies the other flags over it.
+func loadServeConfig(args []string) (config.Config, error) {
+	pre := flag.NewFlagSet("serve", flag.ContinueOnError)
+	pre.SetOutput(new(strings.Builder))
+	path := pre.String("config", "", "YAML config file")
+	_ = pre.Parse(filterConfigFlag(args))
+	cfg := config.Default()
+	if *path != "" {
+		var err error
+		if cfg, err = config.Load(*path); err != nil {
+			return cfg, err
+		}
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.String("config", *path, "YAML config file")
+	var workers workerFlags
+	bindFlags(fs, &cfg, &workers)
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	cfg.Workers = append(cfg.Workers, workers...)
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("flags: %w", err)
+	}
+	return cfg, nil
+}
+
+// filterConfigFlag keeps only --config so the first pass ignores the rest.
+func filterConfigFlag(args []string) []string {
+	for i, a := range args {
+		switch {
+		case a == "--config" || a == "-config":
+			if i+1 < len(args) {
+				return []string{a, args[i+1]}
+			}
+		case strings.HasPrefix(a, "--config=") || strings.HasPrefix(a, "-config="):
+			return []string{a}
+		}
+	}
+	return nil
+}
+
+func runServe(args []string) error {
+	cfg, err := loadServeConfig(args)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	r, err := router.Start(cfg, log)
+	if err != nil {
+		return err
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	<-sig
+	log.Info("shutting down")
+	return r.Close()
+}

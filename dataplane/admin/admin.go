@@ -1,0 +1,125 @@
+// Package admin serves fastroute's admin listener: Prometheus metrics,
+// pprof, and the worker registry (list, register, drain) behind an optional
+// bearer token. It runs on net/http, off the request path.
+package admin
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/pprof"
+	"strconv"
+	"strings"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/metrics"
+)
+
+// WorkerInfo is how GET /workers shows one worker.
+type WorkerInfo struct {
+	dataplane.WorkerSpec
+	Healthy   bool     `json:"healthy"`
+	Draining  bool     `json:"draining"`
+	Occupancy int64    `json:"occupancy"`
+	Served    uint64   `json:"served"`
+	Weight    float64  `json:"weight"`
+	Models    []string `json:"models"`
+}
+
+// Options configures the admin handler.
+type Options struct {
+	Registry *dataplane.Registry
+	Metrics  *metrics.Set
+	Token    string // bearer token guarding writes; empty = open
+	// Describe adds fields to a worker's JSON (telemetry age, say); may be nil.
+	Describe func(w *dataplane.Worker, info map[string]any)
+}
+
+// Handler returns the admin mux.
+func Handler(o Options) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_, _ = o.Metrics.WriteTo(w)
+	})
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("GET /workers", func(w http.ResponseWriter, _ *http.Request) {
+		out := []map[string]any{}
+		for _, wk := range o.Registry.All() {
+			info := map[string]any{}
+			raw, _ := json.Marshal(WorkerInfo{
+				WorkerSpec: *wk.Spec(), Healthy: wk.Healthy(), Draining: wk.Draining(),
+				Occupancy: wk.Occupancy(), Served: wk.Served(), Weight: wk.Weight(), Models: wk.Models(),
+			})
+			_ = json.Unmarshal(raw, &info)
+			if o.Describe != nil {
+				o.Describe(wk, info)
+			}
+			out = append(out, info)
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+	mux.HandleFunc("POST /workers", o.guard(func(w http.ResponseWriter, r *http.Request) {
+		var spec dataplane.WorkerSpec
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&spec); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid worker JSON: "+err.Error())
+			return
+		}
+		wk, err := o.Registry.Add(spec)
+		if err != nil {
+			status := http.StatusBadRequest
+			if strings.Contains(err.Error(), "already registered") {
+				status = http.StatusConflict
+			}
+			writeError(w, status, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusCreated, wk.Spec())
+	}))
+	mux.HandleFunc("DELETE /workers/{id}", o.guard(func(w http.ResponseWriter, r *http.Request) {
+		id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("worker id %q is not an unsigned integer", r.PathValue("id")))
+			return
+		}
+		if err := o.Registry.Drain(id); err != nil {
+			writeError(w, http.StatusNotFound, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusAccepted, map[string]any{"id": id, "draining": true})
+	}))
+	return mux
+}
+
+// guard refuses writes without the bearer token when one is set.
+func (o Options) guard(h http.HandlerFunc) http.HandlerFunc {
+	if o.Token == "" {
+		return h
+	}
+	want := []byte("Bearer " + o.Token)
+	return func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="fastroute-admin"`)
+			writeError(w, http.StatusUnauthorized, "admin writes need Authorization: Bearer <admin_token>")
+			return
+		}
+		h(w, r)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": "admin_error", "code": status}})
+}

@@ -1,0 +1,194 @@
+// Package config loads and validates fastroute's YAML configuration.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/pickers"
+	"gopkg.in/yaml.v3"
+)
+
+// Config is the whole file. Every field has a default (Default) and a flag.
+type Config struct {
+	Listen      string                 `yaml:"listen"`
+	AdminListen string                 `yaml:"admin_listen"`
+	AdminToken  string                 `yaml:"admin_token"`
+	Router      Router                 `yaml:"router"`
+	Telemetry   Telemetry              `yaml:"telemetry"`
+	Health      Health                 `yaml:"health"`
+	Limits      Limits                 `yaml:"limits"`
+	Workers     []dataplane.WorkerSpec `yaml:"workers"`
+}
+
+// Router holds the selection settings.
+type Router struct {
+	Mode            pickers.Mode `yaml:"mode"`
+	BusyThreshold   int          `yaml:"busy_threshold"`
+	Retries         int          `yaml:"retries"`
+	SessionAffinity Affinity     `yaml:"session_affinity"`
+}
+
+// Affinity holds the session-affinity settings.
+type Affinity struct {
+	Mode        string        `yaml:"mode"` // off|soft|hard
+	Header      string        `yaml:"header"`
+	TTL         time.Duration `yaml:"ttl"`
+	MaxSessions int           `yaml:"max_sessions"`
+}
+
+// Telemetry selects the collectors and their poll period.
+type Telemetry struct {
+	NVML     bool          `yaml:"nvml"`
+	CPU      bool          `yaml:"cpu"`
+	Interval time.Duration `yaml:"interval"`
+}
+
+// Health configures worker health checks.
+type Health struct {
+	Interval       time.Duration `yaml:"interval"`
+	Path           string        `yaml:"path"`
+	UnhealthyAfter int           `yaml:"unhealthy_after"`
+}
+
+// Limits bounds what one request may cost.
+type Limits struct {
+	MaxBodyBytes    int           `yaml:"max_body_bytes"`
+	ReadTimeout     time.Duration `yaml:"read_timeout"`
+	WriteTimeout    time.Duration `yaml:"write_timeout"`
+	IdleTimeout     time.Duration `yaml:"idle_timeout"`
+	ConnectTimeout  time.Duration `yaml:"connect_timeout"`
+	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+}
+
+// Default returns the configuration of DESIGN.md with no workers.
+func Default() Config {
+	return Config{
+		Listen:      "127.0.0.1:8000",
+		AdminListen: "127.0.0.1:9090",
+		Router: Router{
+			Mode: pickers.ModeWeighted, BusyThreshold: 64, Retries: 2,
+			SessionAffinity: Affinity{Mode: "soft", Header: "x-session-id", TTL: 10 * time.Minute, MaxSessions: 100000},
+		},
+		Telemetry: Telemetry{NVML: true, CPU: true, Interval: 250 * time.Millisecond},
+		Health:    Health{Interval: 2 * time.Second, Path: "/health", UnhealthyAfter: 3},
+		Limits: Limits{
+			MaxBodyBytes: 16 << 20, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
+			IdleTimeout: 2 * time.Minute, ConnectTimeout: 2 * time.Second, UpstreamTimeout: 10 * time.Minute,
+		},
+	}
+}
+
+// Load reads, decodes and validates a config file over the defaults.
+// Unknown keys are refused. Errors name the file, the key and the reason.
+func Load(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes and validates config text; name labels errors.
+func Parse(name string, data []byte) (Config, error) {
+	cfg := Default()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) { // an empty file keeps the defaults
+		return Config{}, fmt.Errorf("config %s: %s", name, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", name, err)
+	}
+	return cfg, nil
+}
+
+// KeyError names the config key at fault.
+type KeyError struct {
+	Key    string
+	Reason string
+}
+
+func (e *KeyError) Error() string { return "key " + e.Key + ": " + e.Reason }
+
+func keyErr(key, format string, args ...any) error {
+	return &KeyError{Key: key, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Validate checks every key; it normalises the worker specs in place.
+func (c *Config) Validate() error {
+	for key, addr := range map[string]string{"listen": c.Listen, "admin_listen": c.AdminListen} {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return keyErr(key, "%q is not host:port", addr)
+		}
+	}
+	if _, err := pickers.ParseMode(string(c.Router.Mode)); err != nil {
+		return keyErr("router.mode", "%v", err)
+	}
+	if c.Router.BusyThreshold < 0 {
+		return keyErr("router.busy_threshold", "%d is negative (0 means no limit)", c.Router.BusyThreshold)
+	}
+	if c.Router.Retries < 0 || c.Router.Retries >= dataplane.MaxAttempts {
+		return keyErr("router.retries", "%d is outside 0..%d", c.Router.Retries, dataplane.MaxAttempts-1)
+	}
+	a := &c.Router.SessionAffinity
+	switch a.Mode {
+	case "off", "soft", "hard":
+	default:
+		return keyErr("router.session_affinity.mode", "%q is not off, soft or hard", a.Mode)
+	}
+	if a.Header == "" {
+		return keyErr("router.session_affinity.header", "must not be empty")
+	}
+	if a.TTL <= 0 {
+		return keyErr("router.session_affinity.ttl", "%v must be positive", a.TTL)
+	}
+	if a.MaxSessions <= 0 {
+		return keyErr("router.session_affinity.max_sessions", "%d must be positive", a.MaxSessions)
+	}
+	if c.Telemetry.Interval <= 0 {
+		return keyErr("telemetry.interval", "%v must be positive", c.Telemetry.Interval)
+	}
+	if c.Health.Interval <= 0 {
+		return keyErr("health.interval", "%v must be positive", c.Health.Interval)
+	}
+	if !strings.HasPrefix(c.Health.Path, "/") {
+		return keyErr("health.path", "%q must start with /", c.Health.Path)
+	}
+	if c.Health.UnhealthyAfter < 1 {
+		return keyErr("health.unhealthy_after", "%d must be at least 1", c.Health.UnhealthyAfter)
+	}
+	if c.Limits.MaxBodyBytes <= 0 {
+		return keyErr("limits.max_body_bytes", "%d must be positive", c.Limits.MaxBodyBytes)
+	}
+	for key, d := range map[string]time.Duration{
+		"limits.read_timeout": c.Limits.ReadTimeout, "limits.write_timeout": c.Limits.WriteTimeout,
+		"limits.idle_timeout": c.Limits.IdleTimeout, "limits.connect_timeout": c.Limits.ConnectTimeout,
+		"limits.upstream_timeout": c.Limits.UpstreamTimeout,
+	} {
+		if d <= 0 {
+			return keyErr(key, "%v must be positive", d)
+		}
+	}
+	seen := map[uint64]bool{}
+	for i := range c.Workers {
+		w := &c.Workers[i]
+		if err := w.Normalize(); err != nil {
+			// Normalize reports "field: reason".
+			field, reason, _ := strings.Cut(err.Error(), ": ")
+			return keyErr(fmt.Sprintf("workers[%d].%s", i, field), "%s", reason)
+		}
+		if seen[w.ID] {
+			return keyErr(fmt.Sprintf("workers[%d].id", i), "duplicate id %d", w.ID)
+		}
+		seen[w.ID] = true
+	}
+	return nil
+}

@@ -1,0 +1,76 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/pickers"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const designExample = `
+listen: 127.0.0.1:8000
+admin_listen: 127.0.0.1:9090
+admin_token: ""
+router:
+  mode: device-aware-weighted
+  busy_threshold: 64
+  retries: 2
+  session_affinity: {mode: soft, header: x-session-id, ttl: 10m}
+telemetry: {nvml: true, cpu: true, interval: 250ms}
+health: {interval: 2s, path: /health, unhealthy_after: 3}
+workers:
+  - {id: 1, url: "http://127.0.0.1:9001", device: gpu, gpu_index: 0, dp_size: 1, loras: [sql-lora]}
+  - {id: 2, url: "http://127.0.0.1:9002", device: cpu, capacity: 0.25}
+`
+
+func TestLoadDesignExample(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fastroute.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(designExample), 0o600))
+	cfg, err := Load(path)
+	require.NoError(t, err)
+	assert.Equal(t, pickers.ModeWeighted, cfg.Router.Mode)
+	assert.Equal(t, 250*time.Millisecond, cfg.Telemetry.Interval)
+	assert.Equal(t, 10*time.Minute, cfg.Router.SessionAffinity.TTL)
+	require.Len(t, cfg.Workers, 2)
+	assert.Equal(t, dataplane.DeviceGPU, cfg.Workers[0].Device)
+	assert.Equal(t, []string{"sql-lora"}, cfg.Workers[0].LoRAs)
+	assert.Equal(t, 1.0, cfg.Workers[0].Capacity, "capacity defaults to 1")
+	assert.Equal(t, 0.25, cfg.Workers[1].Capacity)
+	assert.Equal(t, 16<<20, cfg.Limits.MaxBodyBytes, "body limit defaults to 16 MiB")
+}
+
+func TestEmptyFileKeepsDefaults(t *testing.T) {
+	cfg, err := Parse("empty.yaml", nil)
+	require.NoError(t, err)
+	assert.Equal(t, Default().Listen, cfg.Listen)
+}
+
+func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
+	for _, c := range []struct{ yaml, want string }{
+		{"router: {mode: fastest}", `config f.yaml: key router.mode: unknown mode "fastest"`},
+		{"router: {busy_threshold: -1}", "key router.busy_threshold: -1 is negative"},
+		{"router: {retries: 99}", "key router.retries: 99 is outside 0..7"},
+		{"router: {session_affinity: {mode: sticky}}", "key router.session_affinity.mode"},
+		{"telemetry: {interval: 0s}", "key telemetry.interval"},
+		{"health: {path: health}", "key health.path"},
+		{"listen: nowhere", `key listen: "nowhere" is not host:port`},
+		{"limits: {max_body_bytes: 0}", "key limits.max_body_bytes"},
+		{"workers: [{id: 1, url: 'http://a:1'}, {id: 1, url: 'http://b:1'}]", "key workers[1].id: duplicate id 1"},
+		{"workers: [{id: 1, url: 'a:1'}]", "key workers[0].url"},
+		{"workers: [{id: 1, url: 'http://a:1', device: tpu}]", `key workers[0].device: "tpu" is not gpu or cpu`},
+		{"rooter: {}", "field rooter not found"},
+		{"telemetry: {interval: soon}", "config f.yaml: "},
+		{"listen: [", "config f.yaml: "},
+	} {
+		_, err := Parse("f.yaml", []byte(c.yaml))
+		require.Error(t, err, c.yaml)
+		assert.Contains(t, err.Error(), c.want, c.yaml)
+	}
+	_, err := Load(filepath.Join(t.TempDir(), "missing.yaml"))
+	assert.ErrorContains(t, err, "missing.yaml")
+}

@@ -1,0 +1,393 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/fastroute/fastroute/pickers"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func spec(id uint64) WorkerSpec {
+	return WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id)}
+}
+
+func newFleet(t testing.TB, n int) *Registry {
+	reg := NewRegistry()
+	// Register in reverse to prove the snapshot is sorted, not insertion-ordered.
+	for id := n; id >= 1; id-- {
+		_, err := reg.Add(spec(uint64(id)))
+		require.NoError(t, err)
+	}
+	return reg
+}
+
+func newSelector(t testing.TB, reg *Registry, mode pickers.Mode, busy int) *Selector {
+	s, err := NewSelector(reg, mode, busy)
+	require.NoError(t, err)
+	return s
+}
+
+func assertIdle(t *testing.T, reg *Registry) {
+	t.Helper()
+	for _, w := range reg.All() {
+		assert.Zero(t, w.Occupancy(), "worker %d occupancy", w.ID())
+	}
+}
+
+func TestSnapshotIsSortedAndTracksRoutability(t *testing.T) {
+	reg := newFleet(t, 5)
+	assert.Equal(t, []uint64{1, 2, 3, 4, 5}, reg.Snapshot().IDs())
+
+	reg.SetHealthy(3, false)
+	assert.Equal(t, []uint64{1, 2, 4, 5}, reg.Snapshot().IDs())
+	require.NoError(t, reg.Drain(5))
+	assert.Equal(t, []uint64{1, 2, 4}, reg.Snapshot().IDs())
+	reg.SetHealthy(3, true)
+	assert.Equal(t, []uint64{1, 2, 3, 4}, reg.Snapshot().IDs())
+	assert.Len(t, reg.All(), 5, "a draining worker stays registered until idle")
+
+	assert.Equal(t, []uint64{5}, reg.SweepDrained())
+	assert.Len(t, reg.All(), 4)
+	var nf *Error
+	require.ErrorAs(t, reg.Drain(42), &nf)
+	assert.Equal(t, NotFound, nf.Code)
+}
+
+func TestAddRefusesDuplicatesAndBadSpecs(t *testing.T) {
+	reg := newFleet(t, 1)
+	_, err := reg.Add(spec(1))
+	assert.ErrorContains(t, err, "worker 1 is already registered")
+	for _, c := range []struct {
+		spec WorkerSpec
+		want string
+	}{
+		{WorkerSpec{URL: "http://a:1"}, "id:"},
+		{WorkerSpec{ID: 2, URL: "ftp://a"}, "url:"},
+		{WorkerSpec{ID: 2, URL: "http://a:1", Device: "tpu"}, "device:"},
+		{WorkerSpec{ID: 2, URL: "http://a:1", DPSize: -1}, "dp_size:"},
+		{WorkerSpec{ID: 2, URL: "http://a:1", Capacity: -1}, "capacity:"},
+	} {
+		_, err := reg.Add(c.spec)
+		assert.ErrorContains(t, err, c.want)
+	}
+	assert.Len(t, reg.All(), 1)
+}
+
+func TestDrainedWorkerIsKeptWhileBusy(t *testing.T) {
+	reg := newFleet(t, 2)
+	sel := newSelector(t, reg, pickers.ModeDirect, 0)
+	var res Reservation
+	require.NoError(t, sel.Select(&Request{WorkerID: 2, HasWorker: true}, &res))
+	require.NoError(t, reg.Drain(2))
+	assert.Empty(t, reg.SweepDrained(), "in-flight request keeps the worker")
+	assert.True(t, res.Release())
+	assert.Equal(t, []uint64{2}, reg.SweepDrained())
+}
+
+func TestReservationReleasesExactlyOnce(t *testing.T) {
+	reg := newFleet(t, 1)
+	sel := newSelector(t, reg, pickers.ModeRoundRobin, 0)
+	var res Reservation
+	require.NoError(t, sel.Select(&Request{}, &res))
+	w := res.Worker()
+	assert.EqualValues(t, 1, w.Occupancy())
+	assert.True(t, res.Held())
+	assert.True(t, res.Release())
+	assert.False(t, res.Release(), "second release is a no-op")
+	assert.False(t, res.Held())
+	assert.Zero(t, w.Occupancy())
+
+	// Concurrent double release frees the slot once.
+	require.NoError(t, sel.Select(&Request{}, &res))
+	var wg sync.WaitGroup
+	var freed [16]bool
+	for g := range freed {
+		wg.Add(1)
+		go func() { defer wg.Done(); freed[g] = res.Release() }()
+	}
+	wg.Wait()
+	n := 0
+	for _, f := range freed {
+		if f {
+			n++
+		}
+	}
+	assert.Equal(t, 1, n)
+	assert.Zero(t, w.Occupancy())
+}
+
+func TestSelectErrors(t *testing.T) {
+	empty := newSelector(t, NewRegistry(), pickers.ModeRandom, 0)
+	var res Reservation
+	assert.ErrorIs(t, empty.Select(&Request{}, &res), ErrNoEndpoints)
+
+	reg := newFleet(t, 2)
+	sel := newSelector(t, reg, pickers.ModeP2C, 1)
+	var a, b, c Reservation
+	require.NoError(t, sel.Select(&Request{}, &a))
+	require.NoError(t, sel.Select(&Request{}, &b))
+	assert.NotEqual(t, a.Worker().ID(), b.Worker().ID(), "busy threshold 1 spreads")
+	assert.ErrorIs(t, sel.Select(&Request{}, &c), ErrResourceExhausted)
+	assert.False(t, c.Held())
+	a.Release()
+	b.Release()
+	assertIdle(t, reg)
+
+	reg.SetHealthy(1, false)
+	reg.SetHealthy(2, false)
+	assert.ErrorIs(t, sel.Select(&Request{}, &c), ErrNoEndpoints)
+	assertIdle(t, reg)
+
+	_, err := NewSelector(reg, pickers.ModeRandom, -1)
+	assert.ErrorContains(t, err, "busy_threshold")
+}
+
+func TestDirectMode(t *testing.T) {
+	reg := newFleet(t, 3)
+	sel := newSelector(t, reg, pickers.ModeDirect, 0)
+	var res Reservation
+	err := sel.Select(&Request{}, &res)
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, "x-worker-id")
+
+	require.NoError(t, sel.Select(&Request{WorkerID: 2, HasWorker: true}, &res))
+	assert.EqualValues(t, 2, res.Worker().ID())
+	res.Release()
+
+	err = sel.Select(&Request{WorkerID: 9, HasWorker: true}, &res)
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, "unknown worker id 9")
+
+	reg.SetHealthy(3, false)
+	err = sel.Select(&Request{WorkerID: 3, HasWorker: true}, &res)
+	assert.ErrorIs(t, err, ErrNoEndpoints)
+	assert.ErrorContains(t, err, "not routable")
+	assertIdle(t, reg)
+}
+
+func TestDPRank(t *testing.T) {
+	reg := NewRegistry()
+	s := spec(1)
+	s.DPSize = 3
+	_, err := reg.Add(s)
+	require.NoError(t, err)
+	sel := newSelector(t, reg, pickers.ModeRoundRobin, 0)
+	var res Reservation
+	var ranks []int
+	for k := 0; k < 6; k++ {
+		require.NoError(t, sel.Select(&Request{}, &res))
+		ranks = append(ranks, res.Rank())
+		res.Release()
+	}
+	assert.Equal(t, []int{0, 1, 2, 0, 1, 2}, ranks, "ranks rotate within the worker")
+
+	require.NoError(t, sel.Select(&Request{WorkerID: 1, HasWorker: true, DPRank: 2, HasDPRank: true}, &res))
+	assert.Equal(t, 2, res.Rank())
+	res.Release()
+	err = sel.Select(&Request{WorkerID: 1, HasWorker: true, DPRank: 3, HasDPRank: true}, &res)
+	assert.ErrorContains(t, err, "dp rank 3 is outside 0..2")
+	assertIdle(t, reg)
+}
+
+func TestRetryNeverRepeatsAWorker(t *testing.T) {
+	reg := newFleet(t, 3)
+	sel := newSelector(t, reg, pickers.ModeRoundRobin, 0)
+	var req Request
+	var res Reservation
+	require.NoError(t, sel.Select(&req, &res))
+	seen := map[uint64]bool{res.Worker().ID(): true}
+	for k := 0; k < 2; k++ {
+		require.NoError(t, sel.Retry(&req, &res))
+		id := res.Worker().ID()
+		assert.False(t, seen[id], "worker %d tried twice", id)
+		seen[id] = true
+	}
+	assert.Equal(t, 2, req.Attempts())
+	assert.ErrorIs(t, sel.Retry(&req, &res), ErrNoEndpoints, "every worker failed")
+	assert.False(t, res.Held())
+	assertIdle(t, reg)
+
+	// A request bound to its worker cannot move.
+	req = Request{WorkerID: 1, HasWorker: true}
+	require.NoError(t, sel.Select(&req, &res))
+	assert.ErrorContains(t, sel.Retry(&req, &res), "bound to it")
+	assertIdle(t, reg)
+}
+
+type evenOnly struct{}
+
+func (evenOnly) Allow(w *Worker) bool { return w.ID()%2 == 0 }
+
+func TestFilterAndPrefer(t *testing.T) {
+	reg := newFleet(t, 6)
+	sel := newSelector(t, reg, pickers.ModeRandom, 1)
+	var res [3]Reservation
+	for i := range res {
+		require.NoError(t, sel.Select(&Request{Filter: evenOnly{}}, &res[i]))
+		assert.Zero(t, res[i].Worker().ID()%2)
+	}
+	var extra Reservation
+	assert.ErrorIs(t, sel.Select(&Request{Filter: evenOnly{}}, &extra), ErrResourceExhausted,
+		"all admitted workers busy")
+	for i := range res {
+		res[i].Release()
+	}
+	for k := 0; k < 20; k++ {
+		require.NoError(t, sel.Select(&Request{PreferID: 5, HasPrefer: true}, &extra))
+		assert.EqualValues(t, 5, extra.Worker().ID())
+		extra.Release()
+	}
+	// A busy preferred worker yields to another.
+	var hold Reservation
+	require.NoError(t, sel.Select(&Request{WorkerID: 5, HasWorker: true}, &hold))
+	require.NoError(t, sel.Select(&Request{PreferID: 5, HasPrefer: true}, &extra))
+	assert.NotEqualValues(t, 5, extra.Worker().ID())
+	extra.Release()
+	hold.Release()
+	assertIdle(t, reg)
+}
+
+func TestErrorsMatchByCode(t *testing.T) {
+	err := error(Errorf(ResourceExhausted, "worker %d busy", 3))
+	assert.ErrorIs(t, err, ErrResourceExhausted)
+	assert.False(t, errors.Is(err, ErrNoEndpoints))
+	assert.Equal(t, "resource_exhausted", ResourceExhausted.String())
+}
+
+func TestSelectReserveReleaseAllocatesNothing(t *testing.T) {
+	for _, mode := range []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeRandom, pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted} {
+		reg := newFleet(t, 64)
+		sel := newSelector(t, reg, mode, 64)
+		var req Request
+		var res Reservation
+		allocs := testing.AllocsPerRun(2000, func() {
+			req.Reset()
+			if err := sel.Select(&req, &res); err != nil {
+				t.Fatal(err)
+			}
+			res.Release()
+		})
+		assert.Zero(t, allocs, "%s fast path", mode)
+
+		// Filtered path with a retry: scratch comes from the pool.
+		allocs = testing.AllocsPerRun(2000, func() {
+			req.Reset()
+			req.Filter = evenOnly{}
+			if err := sel.Select(&req, &res); err != nil {
+				t.Fatal(err)
+			}
+			if err := sel.Retry(&req, &res); err != nil {
+				t.Fatal(err)
+			}
+			res.Release()
+		})
+		assert.Zero(t, allocs, "%s filtered path", mode)
+
+		// Failures return sentinels and allocate nothing either.
+		reg.SetHealthy(1, false)
+		empty := newSelector(t, NewRegistry(), mode, 0)
+		allocs = testing.AllocsPerRun(1000, func() {
+			req.Reset()
+			_ = empty.Select(&req, &res)
+		})
+		assert.Zero(t, allocs, "%s no endpoints", mode)
+		assertIdle(t, reg)
+	}
+}
+
+// TestConcurrentSelectWithChurn runs 64 goroutines selecting, retrying and
+// releasing while workers are drained, re-added and flap health. Every
+// occupancy must end at exactly zero and never exceed the busy threshold.
+func TestConcurrentSelectWithChurn(t *testing.T) {
+	for _, mode := range []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeRandom, pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted} {
+		t.Run(string(mode), func(t *testing.T) {
+			const busy = 4
+			reg := newFleet(t, 16)
+			sel := newSelector(t, reg, mode, busy)
+			stop := make(chan struct{})
+			var churn sync.WaitGroup
+			churn.Add(1)
+			go func() {
+				defer churn.Done()
+				for k := 0; ; k++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					id := uint64(1 + k%16)
+					reg.SetHealthy(id, k%3 != 0)
+					if k%7 == 0 {
+						_ = reg.Drain(id)
+						reg.SweepDrained()
+						_, _ = reg.Add(spec(id))
+					}
+				}
+			}()
+			var wg sync.WaitGroup
+			var over [64]bool
+			for g := 0; g < 64; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var req Request
+					var res Reservation
+					for k := 0; k < 300; k++ {
+						req.Reset()
+						if sel.Select(&req, &res) != nil {
+							continue
+						}
+						if res.Worker().Occupancy() > busy {
+							over[g] = true
+						}
+						if k%5 == 0 {
+							_ = sel.Retry(&req, &res)
+						}
+						res.Release()
+						res.Release()
+					}
+				}()
+			}
+			wg.Wait()
+			close(stop)
+			churn.Wait()
+			assert.NotContains(t, over, true, "occupancy passed busy_threshold")
+			assertIdle(t, reg)
+		})
+	}
+}
+
+func BenchmarkSelectReserveRelease(b *testing.B) {
+	for _, mode := range []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeRandom, pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted} {
+		for _, n := range []int{4, 64, 1024} {
+			reg := newFleet(b, n)
+			sel := newSelector(b, reg, mode, 64)
+			b.Run(fmt.Sprintf("%s/n=%d", mode, n), func(b *testing.B) {
+				var req Request
+				var res Reservation
+				b.ReportAllocs()
+				for b.Loop() {
+					req.Reset()
+					_ = sel.Select(&req, &res)
+					res.Release()
+				}
+			})
+			b.Run(fmt.Sprintf("%s/n=%d/parallel", mode, n), func(b *testing.B) {
+				b.ReportAllocs()
+				b.RunParallel(func(pb *testing.PB) {
+					var req Request
+					var res Reservation
+					for pb.Next() {
+						req.Reset()
+						_ = sel.Select(&req, &res)
+						res.Release()
+					}
+				})
+			})
+		}
+	}
+}

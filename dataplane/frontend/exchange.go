@@ -1,0 +1,214 @@
+package frontend
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+)
+
+// Request headers the front end reads.
+const (
+	headerWorkerID = "x-worker-id"
+	headerDPRank   = "x-dp-rank"
+	headerQuery    = "x-query-instance-id"
+	headerServedBy = "x-fastroute-worker"
+)
+
+// exchange is the pooled state of one proxied request. It doubles as the
+// client-facing body stream of a streamed answer: fasthttp reads it chunk by
+// chunk and closes it exactly once, which ends the exchange.
+type exchange struct {
+	s       *Server
+	rt      route
+	start   time.Time
+	req     dataplane.Request
+	res     dataplane.Reservation
+	up      fasthttp.Request
+	resp    fasthttp.Response
+	stream  bool
+	readErr error
+	done    bool
+	rankBuf []byte
+}
+
+func (ex *exchange) begin(rt route, start time.Time) {
+	ex.rt, ex.start = rt, start
+	ex.req.Reset()
+	ex.stream, ex.readErr, ex.done = false, nil, false
+}
+
+// parse reads the routing headers and checks the body is a JSON object.
+func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
+	h := &ctx.Request.Header
+	if v := h.Peek(headerWorkerID); len(v) > 0 {
+		id, err := fasthttp.ParseUint(v)
+		if err != nil || id == 0 {
+			return false, fmt.Errorf("header %s: %q is not a positive integer worker id", headerWorkerID, v)
+		}
+		ex.req.WorkerID, ex.req.HasWorker = uint64(id), true
+	}
+	if v := h.Peek(headerDPRank); len(v) > 0 {
+		rank, err := fasthttp.ParseUint(v)
+		if err != nil {
+			return false, fmt.Errorf("header %s: %q is not a non-negative integer", headerDPRank, v)
+		}
+		ex.req.DPRank, ex.req.HasDPRank = rank, true
+	}
+	switch v := h.Peek(headerQuery); string(v) {
+	case "", "false", "0":
+	case "true", "1":
+		query = true
+	default:
+		return false, fmt.Errorf("header %s: %q is not true or false", headerQuery, v)
+	}
+	body := ctx.PostBody()
+	if len(body) == 0 {
+		return false, errors.New("request body is empty; want a JSON object")
+	}
+	p := ex.s.parsers.Get()
+	defer ex.s.parsers.Put(p)
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return false, fmt.Errorf("request body is not valid JSON: %v", err)
+	}
+	if v.Type() != fastjson.TypeObject {
+		return false, errors.New("request body must be a JSON object")
+	}
+	ex.stream = v.GetBool("stream")
+	return query, nil
+}
+
+// dispatch sends the request to the reserved worker, moving it to another
+// one on a transport failure before the first response byte.
+func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
+	s := ex.s
+	for {
+		w := ex.res.Worker()
+		u := s.upstreamOf(w)
+		ex.prepare(ctx, u, w)
+		t := time.Now()
+		err := u.hc.Do(&ex.up, &ex.resp)
+		if err == nil {
+			s.metrics.firstByte.Observe(time.Since(t))
+			ex.respond(ctx, u)
+			return
+		}
+		if !retryable(err) || ex.req.Attempts() >= s.opts.Retries {
+			ex.fail(ctx, w.ID(), err, nil)
+			return
+		}
+		s.metrics.retries.Inc()
+		if rerr := s.sel.Retry(&ex.req, &ex.res); rerr != nil {
+			ex.fail(ctx, w.ID(), err, rerr)
+			return
+		}
+	}
+}
+
+func (ex *exchange) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker) {
+	ex.up.Reset()
+	ctx.Request.Header.CopyTo(&ex.up.Header)
+	ex.up.Header.ResetConnectionClose()
+	ex.up.SetRequestURIBytes(ctx.RequestURI())
+	ex.up.Header.SetHost(u.host)
+	ex.up.SetBodyRaw(ctx.PostBody())
+	if w.Spec().DPSize > 1 {
+		ex.rankBuf = strconv.AppendInt(ex.rankBuf[:0], int64(ex.res.Rank()), 10)
+		ex.up.Header.SetBytesV(headerDPRank, ex.rankBuf)
+	}
+	ex.resp.Reset()
+	ex.resp.StreamBody = ex.stream
+}
+
+// respond copies the worker's answer to the client: a streamed answer is
+// handed to fasthttp as a body stream (flushed per chunk), a buffered one is
+// copied and the exchange ends at once.
+func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream) {
+	ex.resp.Header.CopyTo(&ctx.Response.Header)
+	ctx.Response.Header.ResetConnectionClose()
+	ctx.Response.Header.SetBytesV(headerServedBy, u.idHeader)
+	if ex.stream && ex.resp.BodyStream() != nil {
+		ctx.Response.SetBodyStream(ex, -1)
+		return
+	}
+	ctx.Response.SetBody(ex.resp.Body())
+	ex.finish(outcomeOK)
+}
+
+// Read passes the worker's streamed answer through.
+func (ex *exchange) Read(p []byte) (int, error) {
+	n, err := ex.resp.BodyStream().Read(p)
+	if err != nil && err != io.EOF {
+		ex.readErr = err
+	}
+	return n, err
+}
+
+// CloseWithError is called by fasthttp once the streamed answer is written
+// or abandoned; werr is the client write error, if any.
+func (ex *exchange) CloseWithError(werr error) error {
+	switch {
+	case ex.readErr != nil && isTimeout(ex.readErr):
+		ex.finish(outcomeTimeout)
+	case ex.readErr != nil:
+		ex.finish(outcomeUpstreamError)
+	case werr != nil:
+		ex.finish(outcomeCancelled)
+	default:
+		ex.finish(outcomeOK)
+	}
+	return nil
+}
+
+// fail answers a dispatch that got no response from any worker tried.
+func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr error) {
+	msg := fmt.Sprintf("worker %d failed before answering: %v", worker, err)
+	if retryErr != nil {
+		msg += "; no other worker to retry on: " + retryErr.Error()
+	}
+	if isTimeout(err) {
+		writeError(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout", msg)
+		ex.finish(outcomeTimeout)
+		return
+	}
+	writeError(ctx, fasthttp.StatusBadGateway, "upstream_error", msg)
+	ex.finish(outcomeUpstreamError)
+}
+
+// finish ends the exchange once: release the reservation, record the
+// outcome, return the upstream connection and the exchange to their pools.
+func (ex *exchange) finish(o outcome) {
+	if ex.done {
+		return
+	}
+	ex.done = true
+	ex.res.Release()
+	m := ex.s.metrics
+	m.requests[ex.rt][o].Inc()
+	m.total.Observe(time.Since(ex.start))
+	_ = ex.resp.CloseBodyStream()
+	ex.resp.Reset()
+	ex.up.Reset()
+	ex.s.exchanges.Put(ex)
+}
+
+// retryable reports a failure that may succeed on another worker: a
+// connection or transport error. A timeout is not retried: the worker may
+// still be working on the request.
+func retryable(err error) bool {
+	return !isTimeout(err) && !errors.Is(err, fasthttp.ErrBodyTooLarge)
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, fasthttp.ErrTimeout) {
+		return true
+	}
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
+}

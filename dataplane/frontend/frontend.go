@@ -1,0 +1,300 @@
+// Package frontend is fastroute's fasthttp front end: it parses OpenAI-style
+// requests, asks the selector for a worker, proxies the request there through
+// a pooled per-worker HostClient, streams the answer back chunk by chunk and
+// releases the reservation exactly once however the exchange ends.
+package frontend
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/puzpuzpuz/xsync/v3"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+)
+
+// Options configures a Server.
+type Options struct {
+	Selector        *dataplane.Selector
+	Retries         int
+	MaxBodyBytes    int
+	ReadTimeout     time.Duration // client request read (headers and body)
+	WriteTimeout    time.Duration // client response write
+	IdleTimeout     time.Duration // keep-alive idle
+	ConnectTimeout  time.Duration // dial to a worker
+	UpstreamTimeout time.Duration // whole upstream answer, stream included
+	Logger          *slog.Logger
+}
+
+// Server is the request front end.
+type Server struct {
+	opts      Options
+	sel       *dataplane.Selector
+	reg       *dataplane.Registry
+	upstreams *xsync.MapOf[*dataplane.Worker, *upstream]
+	exchanges sync.Pool
+	parsers   fastjson.ParserPool
+	metrics   *Metrics
+	srv       *fasthttp.Server
+	log       *slog.Logger
+}
+
+// upstream is the pooled keep-alive client of one worker.
+type upstream struct {
+	hc       *fasthttp.HostClient
+	host     string
+	idHeader []byte // worker id as header text
+}
+
+// New returns a Server; call Serve to start it.
+func New(opts Options) *Server {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Server{
+		opts:      opts,
+		sel:       opts.Selector,
+		reg:       opts.Selector.Registry(),
+		upstreams: xsync.NewMapOf[*dataplane.Worker, *upstream](),
+		metrics:   newMetrics(),
+		log:       opts.Logger,
+	}
+	s.exchanges.New = func() any { return &exchange{s: s} }
+	s.srv = &fasthttp.Server{
+		Handler:                      s.Handle,
+		Name:                         "fastroute",
+		MaxRequestBodySize:           opts.MaxBodyBytes,
+		ReadTimeout:                  opts.ReadTimeout,
+		WriteTimeout:                 opts.WriteTimeout,
+		IdleTimeout:                  opts.IdleTimeout,
+		NoDefaultDate:                true,
+		NoDefaultContentType:         true,
+		CloseOnShutdown:              true,
+		ErrorHandler:                 s.readError,
+		DisablePreParseMultipartForm: true,
+	}
+	return s
+}
+
+// Metrics returns the front end's counters.
+func (s *Server) Metrics() *Metrics { return s.metrics }
+
+// Serve answers requests on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+
+// Shutdown stops accepting, waits for open requests and closes connections.
+func (s *Server) Shutdown() error { return s.srv.Shutdown() }
+
+// Forget drops the pooled client of a worker that left the registry.
+func (s *Server) Forget(w *dataplane.Worker) {
+	if u, ok := s.upstreams.LoadAndDelete(w); ok {
+		u.hc.CloseIdleConnections()
+	}
+}
+
+func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
+	if u, ok := s.upstreams.Load(w); ok {
+		return u
+	}
+	u, _ := s.upstreams.LoadOrCompute(w, func() *upstream {
+		host := w.Spec().Host()
+		dialTimeout := s.opts.ConnectTimeout
+		return &upstream{
+			host:     host,
+			idHeader: strconv.AppendUint(nil, w.ID(), 10),
+			hc: &fasthttp.HostClient{
+				Addr:                      host,
+				Name:                      "fastroute",
+				MaxConns:                  4096,
+				ReadTimeout:               s.opts.UpstreamTimeout,
+				WriteTimeout:              s.opts.UpstreamTimeout,
+				MaxIdleConnDuration:       90 * time.Second,
+				MaxIdemponentCallAttempts: 1, // fastroute retries itself, on another worker
+				NoDefaultUserAgentHeader:  true,
+				Dial: func(addr string) (net.Conn, error) {
+					return fasthttp.DialTimeout(addr, dialTimeout)
+				},
+			},
+		}
+	})
+	return u
+}
+
+// Handle routes one request.
+func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case "/v1/chat/completions":
+		s.proxy(ctx, routeChat)
+	case "/v1/completions":
+		s.proxy(ctx, routeCompletions)
+	case "/v1/embeddings":
+		s.proxy(ctx, routeEmbeddings)
+	case "/v1/models":
+		if !ctx.IsGet() {
+			methodNotAllowed(ctx, "GET")
+			return
+		}
+		s.models(ctx)
+	case "/health":
+		s.health(ctx)
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route "+strconv.Quote(string(ctx.Path())))
+	}
+}
+
+// readError answers requests fasthttp could not read (oversize body, bad framing).
+func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error",
+			"request body exceeds limits.max_body_bytes ("+strconv.Itoa(s.opts.MaxBodyBytes)+" bytes)")
+		return
+	}
+	var te interface{ Timeout() bool }
+	if errors.As(err, &te) && te.Timeout() {
+		writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", "request read timed out")
+		return
+	}
+	writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "malformed request: "+err.Error())
+}
+
+func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
+	start := time.Now()
+	if !ctx.IsPost() {
+		methodNotAllowed(ctx, "POST")
+		return
+	}
+	ex := s.exchanges.Get().(*exchange)
+	ex.begin(rt, start)
+	query, err := ex.parse(ctx)
+	if err != nil {
+		s.metrics.requests[rt][outcomeInvalid].Inc()
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error())
+		s.exchanges.Put(ex)
+		return
+	}
+	t := time.Now()
+	err = s.sel.Select(&ex.req, &ex.res)
+	s.metrics.routeTime.Observe(time.Since(t))
+	if err != nil {
+		s.metrics.requests[rt][selectOutcome(err)].Inc()
+		writeSelectError(ctx, err)
+		s.exchanges.Put(ex)
+		return
+	}
+	if query {
+		s.metrics.requests[rt][outcomeQuery].Inc()
+		ex.res.Release()
+		ctx.SetContentType("application/json")
+		b := append(ctx.Response.Body()[:0], `{"worker_id":`...)
+		b = strconv.AppendUint(b, ex.res.Worker().ID(), 10)
+		b = append(b, `,"dp_rank":`...)
+		b = strconv.AppendInt(b, int64(ex.res.Rank()), 10)
+		ctx.Response.SetBodyRaw(append(b, '}'))
+		s.exchanges.Put(ex)
+		return
+	}
+	ex.dispatch(ctx)
+}
+
+func selectOutcome(err error) outcome {
+	var e *dataplane.Error
+	if errors.As(err, &e) {
+		switch e.Code {
+		case dataplane.NoEndpoints:
+			return outcomeNoEndpoints
+		case dataplane.ResourceExhausted:
+			return outcomeExhausted
+		}
+	}
+	return outcomeInvalid
+}
+
+func (s *Server) models(ctx *fasthttp.RequestCtx) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		OwnedBy string `json:"owned_by"`
+	}
+	var ids []string
+	for _, w := range s.reg.All() {
+		ids = append(ids, w.Models()...)
+		ids = append(ids, w.Spec().LoRAs...)
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	out := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, id := range ids {
+		out.Data = append(out.Data, model{ID: id, Object: "model", OwnedBy: "fastroute"})
+	}
+	writeJSON(ctx, fasthttp.StatusOK, out)
+}
+
+func (s *Server) health(ctx *fasthttp.RequestCtx) {
+	n := s.reg.Snapshot().Len()
+	status := fasthttp.StatusOK
+	state := "ok"
+	if n == 0 {
+		status, state = fasthttp.StatusServiceUnavailable, "no routable workers"
+	}
+	writeJSON(ctx, status, map[string]any{"status": state, "routable_workers": n})
+}
+
+func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
+	ctx.Response.Header.Set("Allow", allow)
+	writeError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method "+string(ctx.Method())+" not allowed; use "+allow)
+}
+
+// errorBody is the OpenAI error shape.
+type errorBody struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    int    `json:"code"`
+	} `json:"error"`
+}
+
+func writeError(ctx *fasthttp.RequestCtx, status int, typ, msg string) {
+	var b errorBody
+	b.Error.Message, b.Error.Type, b.Error.Code = msg, typ, status
+	writeJSON(ctx, status, b)
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		body = []byte(`{"error":{"message":"internal encoding error","type":"server_error","code":500}}`)
+		status = fasthttp.StatusInternalServerError
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+func writeSelectError(ctx *fasthttp.RequestCtx, err error) {
+	var e *dataplane.Error
+	if !errors.As(err, &e) {
+		writeError(ctx, fasthttp.StatusInternalServerError, "server_error", err.Error())
+		return
+	}
+	switch e.Code {
+	case dataplane.NoEndpoints:
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "no_endpoints", e.Msg)
+	case dataplane.ResourceExhausted:
+		ctx.Response.Header.Set("Retry-After", "1")
+		writeError(ctx, fasthttp.StatusTooManyRequests, "resource_exhausted", e.Msg)
+	case dataplane.NotFound:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", e.Msg)
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", e.Msg)
+	}
+}

@@ -1,0 +1,100 @@
+package frontend
+
+import (
+	"strconv"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/metrics"
+)
+
+// route enumerates the proxied endpoints, for metric labels.
+type route uint8
+
+const (
+	routeChat route = iota
+	routeCompletions
+	routeEmbeddings
+	numRoutes
+)
+
+var routeNames = [numRoutes]string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+
+// outcome enumerates how a request ended.
+type outcome uint8
+
+const (
+	outcomeOK            outcome = iota // the worker answered and the answer reached the client
+	outcomeQuery                        // x-query-instance-id: answered without dispatch
+	outcomeInvalid                      // rejected for a bad request (4xx)
+	outcomeNoEndpoints                  // no routable worker (503)
+	outcomeExhausted                    // every candidate busy (429)
+	outcomeUpstreamError                // transport failure or broken stream
+	outcomeTimeout                      // upstream did not answer in time
+	outcomeCancelled                    // client went away mid-answer
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"ok", "query", "invalid", "no_endpoints", "resource_exhausted", "upstream_error", "timeout", "cancelled"}
+
+// Metrics are the front end's counters and histograms.
+type Metrics struct {
+	requests  [numRoutes][numOutcomes]metrics.Counter
+	retries   metrics.Counter
+	routeTime *metrics.Histogram
+	firstByte *metrics.Histogram
+	total     *metrics.Histogram
+}
+
+func newMetrics() *Metrics {
+	return &Metrics{
+		routeTime: metrics.NewHistogram([]float64{1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 1e-4, 1e-3}),
+		firstByte: metrics.NewHistogram(metrics.DefaultBuckets),
+		total:     metrics.NewHistogram(metrics.DefaultBuckets),
+	}
+}
+
+// Requests returns the count for one route and outcome name (for tests and the demo).
+func (m *Metrics) Requests(routePath, outcomeName string) uint64 {
+	for r, rn := range routeNames {
+		for o, on := range outcomeNames {
+			if rn == routePath && on == outcomeName {
+				return m.requests[r][o].Value()
+			}
+		}
+	}
+	return 0
+}
+
+// Retries returns how many times a request moved to another worker.
+func (m *Metrics) Retries() uint64 { return m.retries.Value() }
+
+// Collector writes the front end's families and the per-worker gauges.
+func (m *Metrics) Collector(mode string, reg *dataplane.Registry) metrics.Collector {
+	return func(w *metrics.Writer) {
+		w.Header("fastroute_requests_total", "counter", "Requests by route, mode and outcome.")
+		for r := range numRoutes {
+			for o := range numOutcomes {
+				w.Sample("fastroute_requests_total", float64(m.requests[r][o].Value()),
+					"route", routeNames[r], "mode", mode, "outcome", outcomeNames[o])
+			}
+		}
+		w.Header("fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte.")
+		w.Sample("fastroute_retries_total", float64(m.retries.Value()))
+		w.Header("fastroute_route_seconds", "histogram", "Time to select and reserve a worker.")
+		w.Histogram("fastroute_route_seconds", m.routeTime)
+		w.Header("fastroute_upstream_first_byte_seconds", "histogram", "Time from dispatch to the worker's response headers.")
+		w.Histogram("fastroute_upstream_first_byte_seconds", m.firstByte)
+		w.Header("fastroute_request_seconds", "histogram", "Time from request arrival to the end of the answer.")
+		w.Histogram("fastroute_request_seconds", m.total)
+
+		workers := reg.All()
+		w.Header("fastroute_worker_inflight", "gauge", "Requests holding a reservation on the worker.")
+		for _, wk := range workers {
+			w.Sample("fastroute_worker_inflight", float64(wk.Occupancy()), "worker", strconv.FormatUint(wk.ID(), 10))
+		}
+		w.Header("fastroute_worker_weight", "gauge", "Telemetry weight of the worker (before dividing by 1+occupancy).")
+		for _, wk := range workers {
+			w.Sample("fastroute_worker_weight", wk.Weight(), "worker", strconv.FormatUint(wk.ID(), 10))
+		}
+	}
+}

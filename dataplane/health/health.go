@@ -1,0 +1,137 @@
+// Package health probes workers, marks them healthy or not in the registry,
+// refreshes the models each one advertises and removes drained idle workers.
+package health
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+)
+
+// Options configures a Checker.
+type Options struct {
+	Interval       time.Duration
+	Path           string
+	UnhealthyAfter int
+	Logger         *slog.Logger
+	// OnRemoved is called for each drained worker removed from the registry.
+	OnRemoved func(w *dataplane.Worker)
+}
+
+// Checker runs the probes. Its state is only touched by its own goroutine.
+type Checker struct {
+	reg      *dataplane.Registry
+	opts     Options
+	client   *fasthttp.Client
+	failures map[uint64]int
+	mu       sync.Mutex // guards failures between Run and CheckOnce callers
+}
+
+// New returns a Checker over reg.
+func New(reg *dataplane.Registry, opts Options) *Checker {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Checker{
+		reg: reg, opts: opts, failures: map[uint64]int{},
+		client: &fasthttp.Client{Name: "fastroute-health", ReadTimeout: opts.Interval, WriteTimeout: opts.Interval,
+			MaxIdemponentCallAttempts: 1},
+	}
+}
+
+// Run probes every Interval until ctx ends.
+func (c *Checker) Run(ctx context.Context) {
+	t := time.NewTicker(c.opts.Interval)
+	defer t.Stop()
+	for {
+		c.CheckOnce()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// CheckOnce probes every registered worker once, in parallel.
+func (c *Checker) CheckOnce() {
+	workers := c.reg.All()
+	ok := make([]bool, len(workers))
+	models := make([][]string, len(workers))
+	var wg sync.WaitGroup
+	for i, w := range workers {
+		if w.Draining() {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok[i] = c.probe(w.Spec().URL + c.opts.Path)
+			if ok[i] {
+				models[i] = c.models(w.Spec().URL + "/v1/models")
+			}
+		}()
+	}
+	wg.Wait()
+	c.mu.Lock()
+	for i, w := range workers {
+		if w.Draining() {
+			continue
+		}
+		id := w.ID()
+		if ok[i] {
+			if models[i] != nil {
+				w.SetModels(models[i])
+			}
+			if !w.Healthy() {
+				c.opts.Logger.Info("worker healthy again", "worker", id)
+			}
+			c.failures[id] = 0
+			c.reg.SetHealthy(id, true)
+			continue
+		}
+		c.failures[id]++
+		if c.failures[id] >= c.opts.UnhealthyAfter && w.Healthy() {
+			c.opts.Logger.Warn("worker unhealthy", "worker", id, "failed_probes", c.failures[id])
+			c.reg.SetHealthy(id, false)
+		}
+	}
+	c.mu.Unlock()
+	for _, id := range c.reg.SweepDrained() {
+		for _, w := range workers {
+			if w.ID() == id && c.opts.OnRemoved != nil {
+				c.opts.OnRemoved(w)
+			}
+		}
+		c.opts.Logger.Info("drained worker removed", "worker", id)
+	}
+}
+
+func (c *Checker) probe(url string) bool {
+	status, _, err := c.client.GetTimeout(nil, url, c.opts.Interval)
+	return err == nil && status == fasthttp.StatusOK
+}
+
+// models reads the ids of an OpenAI /v1/models answer; nil when unreadable.
+func (c *Checker) models(url string) []string {
+	status, body, err := c.client.GetTimeout(nil, url, c.opts.Interval)
+	if err != nil || status != fasthttp.StatusOK {
+		return nil
+	}
+	v, err := fastjson.ParseBytes(body)
+	if err != nil {
+		return nil
+	}
+	out := []string{}
+	for _, m := range v.GetArray("data") {
+		if id := m.GetStringBytes("id"); len(id) > 0 {
+			out = append(out, string(id))
+		}
+	}
+	return out
+}

@@ -1,0 +1,105 @@
+// Package router assembles a running fastroute from a config: registry,
+// selector, front end, health checker, admin listener and metrics.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/admin"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/frontend"
+	"github.com/fastroute/fastroute/dataplane/health"
+	"github.com/fastroute/fastroute/dataplane/metrics"
+)
+
+// Router is a started fastroute.
+type Router struct {
+	Config   config.Config
+	Registry *dataplane.Registry
+	Selector *dataplane.Selector
+	Frontend *frontend.Server
+	Health   *health.Checker
+	Metrics  *metrics.Set
+
+	ln, adminLn net.Listener
+	admin       *http.Server
+	cancel      context.CancelFunc
+	done        chan struct{}
+}
+
+// Start validates cfg, registers its workers and opens both listeners.
+// Nothing is left running when it returns an error.
+func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	reg := dataplane.NewRegistry()
+	for _, spec := range cfg.Workers {
+		if _, err := reg.Add(spec); err != nil {
+			return nil, fmt.Errorf("worker %d: %w", spec.ID, err)
+		}
+	}
+	sel, err := dataplane.NewSelector(reg, cfg.Router.Mode, cfg.Router.BusyThreshold)
+	if err != nil {
+		return nil, err
+	}
+	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, done: make(chan struct{})}
+	r.Frontend = frontend.New(frontend.Options{
+		Selector: sel, Retries: cfg.Router.Retries, MaxBodyBytes: cfg.Limits.MaxBodyBytes,
+		ReadTimeout: cfg.Limits.ReadTimeout, WriteTimeout: cfg.Limits.WriteTimeout,
+		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
+		UpstreamTimeout: cfg.Limits.UpstreamTimeout, Logger: log,
+	})
+	r.Health = health.New(reg, health.Options{
+		Interval: cfg.Health.Interval, Path: cfg.Health.Path, UnhealthyAfter: cfg.Health.UnhealthyAfter,
+		Logger: log, OnRemoved: r.Frontend.Forget,
+	})
+	r.Metrics.Register(r.Frontend.Metrics().Collector(string(cfg.Router.Mode), reg))
+
+	if r.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	if r.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+		r.ln.Close()
+		return nil, fmt.Errorf("admin_listen %s: %w", cfg.AdminListen, err)
+	}
+	r.admin = &http.Server{
+		Handler:           admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { _ = r.Frontend.Serve(r.ln) }()
+	go func() { _ = r.admin.Serve(r.adminLn) }()
+	go func() { defer close(r.done); r.Health.Run(ctx) }()
+	log.Info("fastroute started", "listen", r.Addr(), "admin", r.AdminAddr(),
+		"mode", cfg.Router.Mode, "workers", len(cfg.Workers))
+	return r, nil
+}
+
+// Addr returns the front end's address.
+func (r *Router) Addr() string { return r.ln.Addr().String() }
+
+// AdminAddr returns the admin listener's address.
+func (r *Router) AdminAddr() string { return r.adminLn.Addr().String() }
+
+// Close stops the health loop and both listeners, waiting for open requests.
+func (r *Router) Close() error {
+	r.cancel()
+	<-r.done
+	err := r.Frontend.Shutdown()
+	if aerr := r.admin.Close(); aerr != nil && !errors.Is(aerr, http.ErrServerClosed) {
+		err = errors.Join(err, aerr)
+	}
+	return err
+}

@@ -1,0 +1,200 @@
+package dataplane
+
+import (
+	"fmt"
+
+	"github.com/fastroute/fastroute/pickers"
+)
+
+// MaxAttempts bounds the workers one request may try: the first plus retries.
+const MaxAttempts = 8
+
+// Filter narrows the candidates of one request (LoRA residency, for one).
+// Implementations must not allocate; a nil Filter admits every worker.
+type Filter interface {
+	Allow(w *Worker) bool
+}
+
+// Request is what selection needs to know about one request. The zero value
+// asks for any worker; it is reused across requests through Reset.
+type Request struct {
+	// WorkerID names the worker when HasWorker is set (direct mode, hard
+	// session pin): that worker or an error, never another.
+	WorkerID  uint64
+	HasWorker bool
+	// PreferID names a worker to take while it is free (soft pin, cache hit).
+	PreferID  uint64
+	HasPrefer bool
+	// DPRank pins the data-parallel rank when HasDPRank is set.
+	DPRank    int
+	HasDPRank bool
+	// Filter restricts the candidates; nil admits all.
+	Filter Filter
+
+	exclude  [MaxAttempts]uint64
+	nExclude int
+	// scratch holds the filtered candidates; it keeps its capacity across
+	// Reset so a reused Request filters without allocating.
+	scratch candidates
+}
+
+// Reset clears r for the next request, keeping its scratch space.
+func (r *Request) Reset() {
+	c := r.scratch
+	c.reset()
+	*r = Request{scratch: c}
+}
+
+// Attempts returns how many workers this request has been moved away from.
+func (r *Request) Attempts() int { return r.nExclude }
+
+func (r *Request) excluded(id uint64) bool {
+	for _, x := range r.exclude[:r.nExclude] {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+// Selector picks and reserves workers: the allocation-free, lock-free core of
+// the request path.
+type Selector struct {
+	reg    *Registry
+	mode   pickers.Mode
+	picker pickers.Picker
+	busy   int64
+}
+
+// NewSelector returns a selector over reg. busyThreshold caps the requests in
+// flight per worker (0 = no cap).
+func NewSelector(reg *Registry, mode pickers.Mode, busyThreshold int) (*Selector, error) {
+	p, err := pickers.New(mode)
+	if err != nil {
+		return nil, err
+	}
+	if busyThreshold < 0 {
+		return nil, fmt.Errorf("busy_threshold: %d is negative", busyThreshold)
+	}
+	return &Selector{reg: reg, mode: mode, picker: p, busy: int64(busyThreshold)}, nil
+}
+
+// Mode returns the selection mode.
+func (s *Selector) Mode() pickers.Mode { return s.mode }
+
+// BusyThreshold returns the per-worker in-flight cap (0 = none).
+func (s *Selector) BusyThreshold() int64 { return s.busy }
+
+// Registry returns the registry the selector reads.
+func (s *Selector) Registry() *Registry { return s.reg }
+
+// Select picks a worker for req and reserves one slot on it in res.
+func (s *Selector) Select(req *Request, res *Reservation) error {
+	snap := s.reg.Snapshot()
+	if snap.Len() == 0 {
+		return ErrNoEndpoints
+	}
+	if req.HasWorker {
+		return s.selectNamed(snap, req, res)
+	}
+	if s.picker == nil {
+		return errMissingWorker
+	}
+	if req.HasPrefer {
+		if i := snap.index(req.PreferID); i >= 0 {
+			if w := snap.workers[i]; s.admits(req, w) && w.tryAcquire(s.busy) {
+				return s.hold(req, w, res)
+			}
+		}
+	}
+	if req.Filter == nil && req.nExclude == 0 {
+		// Fast path: pick over the whole snapshot. A busy pick means the
+		// policy saw no better free worker, or raced; the filtered path decides.
+		w := snap.workers[s.picker.Pick(snap.ids, &snap.candidates)]
+		if w.tryAcquire(s.busy) {
+			return s.hold(req, w, res)
+		}
+	}
+	return s.selectFiltered(snap, req, res)
+}
+
+// Retry releases res and reserves another worker, never one this request
+// already tried. A request bound to a named worker cannot move.
+func (s *Selector) Retry(req *Request, res *Reservation) error {
+	if w := res.Worker(); w != nil && req.nExclude < MaxAttempts {
+		req.exclude[req.nExclude] = w.ID()
+		req.nExclude++
+	}
+	res.Release()
+	if req.HasWorker {
+		return Errorf(NoEndpoints, "worker %d failed and the request is bound to it", req.WorkerID)
+	}
+	return s.Select(req, res)
+}
+
+func (s *Selector) admits(req *Request, w *Worker) bool {
+	return !req.excluded(w.spec.ID) && (req.Filter == nil || req.Filter.Allow(w))
+}
+
+// hold records the reservation with its data-parallel rank: the pinned one
+// where it fits the worker, else the worker's next in rotation.
+func (s *Selector) hold(req *Request, w *Worker, res *Reservation) error {
+	rank := req.DPRank
+	if !req.HasDPRank || rank < 0 || rank >= w.spec.DPSize {
+		rank = w.nextRank()
+	}
+	res.hold(w, rank)
+	return nil
+}
+
+func (s *Selector) selectNamed(snap *Snapshot, req *Request, res *Reservation) error {
+	i := snap.index(req.WorkerID)
+	if i < 0 {
+		if _, ok := s.reg.Get(req.WorkerID); ok {
+			return Errorf(NoEndpoints, "worker %d is not routable (unhealthy or draining)", req.WorkerID)
+		}
+		return Errorf(InvalidArgument, "unknown worker id %d", req.WorkerID)
+	}
+	w := snap.workers[i]
+	if req.excluded(w.spec.ID) {
+		return Errorf(NoEndpoints, "worker %d failed and the request is bound to it", req.WorkerID)
+	}
+	if req.HasDPRank && (req.DPRank < 0 || req.DPRank >= w.spec.DPSize) {
+		return Errorf(InvalidArgument, "dp rank %d is outside 0..%d of worker %d", req.DPRank, w.spec.DPSize-1, w.spec.ID)
+	}
+	if req.Filter != nil && !req.Filter.Allow(w) {
+		return Errorf(InvalidArgument, "worker %d cannot serve this request", req.WorkerID)
+	}
+	if !w.tryAcquire(s.busy) {
+		return ErrResourceExhausted
+	}
+	return s.hold(req, w, res)
+}
+
+// selectFiltered collects the admitted free workers and picks among them.
+func (s *Selector) selectFiltered(snap *Snapshot, req *Request, res *Reservation) error {
+	c := &req.scratch
+	for try := 0; try < 3; try++ {
+		c.reset()
+		admitted := 0
+		for _, w := range snap.workers {
+			if !s.admits(req, w) {
+				continue
+			}
+			admitted++
+			if w.free(s.busy) {
+				c.add(w)
+			}
+		}
+		if admitted == 0 {
+			return ErrNoEndpoints
+		}
+		if len(c.ids) == 0 {
+			return ErrResourceExhausted
+		}
+		if w := c.workers[s.picker.Pick(c.ids, c)]; w.tryAcquire(s.busy) {
+			return s.hold(req, w, res)
+		}
+	}
+	return ErrResourceExhausted
+}

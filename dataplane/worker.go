@@ -1,0 +1,168 @@
+package dataplane
+
+import (
+	"fmt"
+	"math"
+	"net/url"
+	"slices"
+	"sync/atomic"
+)
+
+// Device is the kind of hardware a worker runs on.
+type Device string
+
+// The device kinds of the config.
+const (
+	DeviceGPU Device = "gpu"
+	DeviceCPU Device = "cpu"
+)
+
+// WorkerSpec is the static description of a worker, as configured.
+type WorkerSpec struct {
+	ID       uint64   `json:"id" yaml:"id"`
+	URL      string   `json:"url" yaml:"url"`
+	Device   Device   `json:"device" yaml:"device"`
+	GPUIndex int      `json:"gpu_index" yaml:"gpu_index"`
+	GPUUUID  string   `json:"gpu_uuid,omitempty" yaml:"gpu_uuid"`
+	DPSize   int      `json:"dp_size" yaml:"dp_size"`
+	Capacity float64  `json:"capacity" yaml:"capacity"`
+	LoRAs    []string `json:"loras,omitempty" yaml:"loras"`
+}
+
+// Normalize fills defaults (cpu device, dp_size 1, capacity 1) and validates
+// the spec. The error names the offending field.
+func (s *WorkerSpec) Normalize() error {
+	if s.ID == 0 {
+		return fmt.Errorf("id: must be a positive integer")
+	}
+	u, err := url.Parse(s.URL)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return fmt.Errorf("url: %q is not an http://host:port address", s.URL)
+	}
+	switch s.Device {
+	case "":
+		s.Device = DeviceCPU
+	case DeviceGPU, DeviceCPU:
+	default:
+		return fmt.Errorf("device: %q is not gpu or cpu", s.Device)
+	}
+	if s.GPUIndex < 0 {
+		return fmt.Errorf("gpu_index: %d is negative", s.GPUIndex)
+	}
+	if s.DPSize == 0 {
+		s.DPSize = 1
+	}
+	if s.DPSize < 0 || s.DPSize > 1024 {
+		return fmt.Errorf("dp_size: %d is outside 1..1024", s.DPSize)
+	}
+	if s.Capacity == 0 {
+		s.Capacity = 1
+	}
+	if !(s.Capacity > 0) || math.IsInf(s.Capacity, 0) {
+		return fmt.Errorf("capacity: %v must be a positive number", s.Capacity)
+	}
+	return nil
+}
+
+// Host returns the host:port part of the worker URL.
+func (s *WorkerSpec) Host() string {
+	u, _ := url.Parse(s.URL)
+	return u.Host
+}
+
+// occupancy holds a worker's hot counters on a cache line of their own, so
+// counters of different workers never share a line (no false sharing).
+type occupancy struct {
+	_      [64]byte
+	n      atomic.Int64  // in flight
+	served atomic.Uint64 // reservations ever taken
+	_      [48]byte
+}
+
+// Worker is one inference server as the data plane sees it. Spec never
+// changes after registration; the rest is live state read with atomics.
+type Worker struct {
+	occ      occupancy
+	spec     WorkerSpec
+	healthy  atomic.Bool
+	draining atomic.Bool
+	weight   atomic.Uint64 // float64 bits of the telemetry weight
+	dpNext   atomic.Uint64
+	models   atomic.Pointer[[]string] // models the worker advertises
+}
+
+func newWorker(spec WorkerSpec) *Worker {
+	w := &Worker{spec: spec}
+	w.spec.LoRAs = slices.Clone(spec.LoRAs)
+	w.healthy.Store(true)
+	w.SetWeight(spec.Capacity)
+	return w
+}
+
+// ID returns the worker id.
+func (w *Worker) ID() uint64 { return w.spec.ID }
+
+// Spec returns the static description (callers must not modify its slices).
+func (w *Worker) Spec() *WorkerSpec { return &w.spec }
+
+// Occupancy returns the number of requests holding a reservation on w.
+func (w *Worker) Occupancy() int64 { return w.occ.n.Load() }
+
+// Healthy reports the last health verdict.
+func (w *Worker) Healthy() bool { return w.healthy.Load() }
+
+// Draining reports whether w takes no new requests.
+func (w *Worker) Draining() bool { return w.draining.Load() }
+
+// Routable reports healthy and not draining.
+func (w *Worker) Routable() bool { return w.healthy.Load() && !w.draining.Load() }
+
+// Weight returns the telemetry weight (static capacity until telemetry runs).
+func (w *Worker) Weight() float64 { return math.Float64frombits(w.weight.Load()) }
+
+// SetWeight stores a new telemetry weight; it reaches pickers with the next
+// snapshot the registry publishes.
+func (w *Worker) SetWeight(v float64) {
+	if !(v >= 0) {
+		v = 0
+	}
+	w.weight.Store(math.Float64bits(v))
+}
+
+// Served returns how many requests w has been reserved for since it registered.
+func (w *Worker) Served() uint64 { return w.occ.served.Load() }
+
+// Models returns the model names w last advertised (nil before the first probe).
+func (w *Worker) Models() []string {
+	if p := w.models.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// SetModels records the models w advertises.
+func (w *Worker) SetModels(m []string) { w.models.Store(&m) }
+
+// nextRank returns the data-parallel rank for a request that names none.
+func (w *Worker) nextRank() int {
+	if w.spec.DPSize <= 1 {
+		return 0
+	}
+	return int((w.dpNext.Add(1) - 1) % uint64(w.spec.DPSize))
+}
+
+// tryAcquire takes one in-flight slot unless that would pass limit (0 = none).
+func (w *Worker) tryAcquire(limit int64) bool {
+	n := w.occ.n.Add(1)
+	if limit > 0 && n > limit {
+		w.occ.n.Add(-1)
+		return false
+	}
+	w.occ.served.Add(1)
+	return true
+}
+
+// free reports whether w can take one more request under limit.
+func (w *Worker) free(limit int64) bool {
+	return limit <= 0 || w.occ.n.Load() < limit
+}

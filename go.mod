@@ -1,0 +1,18 @@
+module github.com/fastroute/fastroute
+
+go 1.26.0
+
+require (
+	github.com/puzpuzpuz/xsync/v3 v3.5.1
+	github.com/stretchr/testify v1.12.1
+	github.com/valyala/fasthttp v1.79.0
+	github.com/valyala/fastjson v1.6.10
+	gopkg.in/yaml.v3 v3.0.1
+)
+
+require (
+	github.com/klauspost/compress v1.20.4 // indirect
+	github.com/molecule-man/go-brrr v1.3.1 // indirect
+	github.com/valyala/bytebufferpool v1.0.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+)

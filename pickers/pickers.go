@@ -1,0 +1,231 @@
+// Package pickers holds the allocation-free selection policies of fastroute.
+//
+// A picker chooses one index out of a candidate list. It reads live state
+// through the State interface, implemented by the data plane over its worker
+// snapshot, so no closure or per-request map is built on the hot path.
+package pickers
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+)
+
+// State gives a picker read access to the live state of the candidates.
+// Every slice is aligned with the candidate id slice passed to Pick.
+type State interface {
+	// Occupancy returns the live in-flight counters of the candidates.
+	// Pickers only Load them; the data plane owns every update.
+	Occupancy() []*atomic.Int64
+	// Weights returns the static telemetry weight of every candidate (>= 0)
+	// and its running sum, both aligned with the candidate ids.
+	Weights() (weight, cum []float64)
+}
+
+// Picker selects one candidate. Pick returns an index into ids, or -1 when
+// ids is empty. Implementations are safe for concurrent use and allocate
+// nothing.
+type Picker interface {
+	Pick(ids []uint64, st State) int
+}
+
+// Mode names a selection policy as written in the config.
+type Mode string
+
+// The selection modes of DESIGN.md.
+const (
+	ModeRoundRobin  Mode = "round-robin"
+	ModeRandom      Mode = "random"
+	ModeP2C         Mode = "power-of-two-choices"
+	ModeLeastLoaded Mode = "least-loaded"
+	ModeDirect      Mode = "direct"
+	ModeWeighted    Mode = "device-aware-weighted"
+)
+
+// Modes lists every valid mode, in documentation order.
+var Modes = []Mode{ModeRoundRobin, ModeRandom, ModeP2C, ModeLeastLoaded, ModeDirect, ModeWeighted}
+
+// ParseMode validates a mode name.
+func ParseMode(s string) (Mode, error) {
+	for _, m := range Modes {
+		if string(m) == s {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("unknown mode %q (want one of %v)", s, Modes)
+}
+
+// New returns the picker for mode. Direct mode needs none: the request names
+// its worker, so New returns a nil Picker and no error for it.
+func New(m Mode) (Picker, error) {
+	switch m {
+	case ModeRoundRobin:
+		return &RoundRobin{}, nil
+	case ModeRandom:
+		return Random{}, nil
+	case ModeP2C:
+		return P2C{}, nil
+	case ModeLeastLoaded:
+		return &LeastLoaded{}, nil
+	case ModeDirect:
+		return nil, nil
+	case ModeWeighted:
+		return Weighted{}, nil
+	}
+	return nil, fmt.Errorf("unknown mode %q", m)
+}
+
+// paddedCounter keeps a hot atomic counter on its own cache line.
+type paddedCounter struct {
+	_ [64]byte
+	n atomic.Uint64
+	_ [56]byte
+}
+
+// RoundRobin cycles through the candidates with one atomic counter.
+type RoundRobin struct {
+	next paddedCounter
+}
+
+// Pick returns the next index in cyclic order.
+func (r *RoundRobin) Pick(ids []uint64, _ State) int {
+	n := len(ids)
+	if n == 0 {
+		return -1
+	}
+	return int((r.next.n.Add(1) - 1) % uint64(n))
+}
+
+// Random picks uniformly at random (math/rand/v2 top-level, per-thread source).
+type Random struct{}
+
+// Pick returns a uniform random index.
+func (Random) Pick(ids []uint64, _ State) int {
+	n := len(ids)
+	if n == 0 {
+		return -1
+	}
+	return scale(rand.Uint32(), n)
+}
+
+// scale maps a uniform 32-bit value onto [0, n) by multiply-shift (Lemire);
+// the bias is below n/2^32, far under any sampling noise at fleet sizes.
+func scale(x uint32, n int) int {
+	return int((uint64(x) * uint64(n)) >> 32)
+}
+
+// P2C is power-of-two-choices: two distinct uniform samples, the one with the
+// lower occupancy wins. It reads exactly two occupancies.
+type P2C struct{}
+
+// Pick returns the less loaded of two distinct random candidates.
+func (P2C) Pick(ids []uint64, st State) int {
+	n := len(ids)
+	switch n {
+	case 0:
+		return -1
+	case 1:
+		return 0
+	}
+	r := rand.Uint64()
+	a := scale(uint32(r>>32), n)
+	b := scale(uint32(r), n-1)
+	if b >= a {
+		b++
+	}
+	occ := st.Occupancy()
+	if occ[b].Load() < occ[a].Load() {
+		return b
+	}
+	return a
+}
+
+// LeastLoaded picks the minimum occupancy; ties go to the first minimum found
+// from a rotating start, so equal load spreads across the tied workers.
+type LeastLoaded struct {
+	start paddedCounter
+}
+
+// Pick scans every candidate once.
+func (l *LeastLoaded) Pick(ids []uint64, st State) int {
+	n := len(ids)
+	if n == 0 {
+		return -1
+	}
+	occ := st.Occupancy()[:n]
+	s := int((l.start.n.Add(1) - 1) % uint64(n))
+	best, bestLoad := s, occ[s].Load()
+	// Scan s+1..n-1, then 0..s-1: the first minimum from the rotating start wins.
+	for i := s + 1; i < n; i++ {
+		if v := occ[i].Load(); v < bestLoad {
+			best, bestLoad = i, v
+		}
+	}
+	for i := 0; i < s; i++ {
+		if v := occ[i].Load(); v < bestLoad {
+			best, bestLoad = i, v
+		}
+	}
+	return best
+}
+
+// Weighted picks by static weight, tilted by live load.
+//
+// It draws a candidate with probability proportional to its telemetry weight
+// by binary search over the running sum (O(log n)). An idle draw is taken as
+// is, so an idle fleet splits exactly by weight. A busy draw is compared with
+// a second weighted draw and the higher Weight/(1+Load) wins, so a burst
+// spreads at once instead of herding on the heaviest worker between telemetry
+// polls. With no positive weight it falls back to power-of-two-choices.
+type Weighted struct{}
+
+// Pick returns a weighted choice combining telemetry weight and live load.
+func (Weighted) Pick(ids []uint64, st State) int {
+	n := len(ids)
+	if n == 0 {
+		return -1
+	}
+	w, cum := st.Weights()
+	if len(cum) < n || !(cum[n-1] > 0) {
+		return P2C{}.Pick(ids, st)
+	}
+	// One 64-bit draw gives both 32-bit uniforms.
+	scaleTo := cum[n-1] / (1 << 32)
+	r := rand.Uint64()
+	occ := st.Occupancy()
+	a := searchCum(cum[:n], float64(uint32(r>>32))*scaleTo)
+	la := occ[a].Load()
+	if la == 0 {
+		return a
+	}
+	b := searchCum(cum[:n], float64(uint32(r))*scaleTo)
+	if b == a {
+		return a
+	}
+	if w[b]/float64(1+occ[b].Load()) > w[a]/float64(1+la) {
+		return b
+	}
+	return a
+}
+
+// searchCum returns the smallest i with cum[i] > r (cum is non-decreasing and
+// r < cum[len(cum)-1]), so a zero-weight candidate is never returned.
+// The loop halves a window whose size does not depend on the data, so it
+// runs without data-dependent branches.
+// Non-negative IEEE-754 doubles order like their bit patterns, so the
+// comparison runs on integers, which the compiler turns into CMOV.
+func searchCum(cum []float64, r float64) int {
+	rb := math.Float64bits(r)
+	base, n := 0, len(cum)
+	for n > 1 {
+		half := n >> 1
+		step := 0
+		if math.Float64bits(cum[base+half-1]) <= rb {
+			step = half
+		}
+		base += step
+		n -= half
+	}
+	return base
+}
