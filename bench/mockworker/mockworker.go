@@ -72,8 +72,14 @@ func (w *Worker) Served() int64 { return w.served.Load() }
 // Active returns how many requests are being answered right now.
 func (w *Worker) Active() int64 { return w.active.Load() }
 
-// Close stops listening and closes open connections.
-func (w *Worker) Close() error { return w.srv.Shutdown() }
+// Close stops listening and closes open connections. The listener is closed
+// here too: a Shutdown that runs before Serve has taken the listener is a
+// no-op in fasthttp, and Serve would then run on.
+func (w *Worker) Close() error {
+	err := w.srv.Shutdown()
+	_ = w.ln.Close()
+	return err
+}
 
 func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 	ctx.Response.Header.Set("x-mock-worker", strconv.FormatUint(w.opts.ID, 10))
@@ -88,8 +94,9 @@ func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 		w.models(ctx)
 	case ctx.IsPost() && (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/embeddings"):
 		w.active.Add(1)
-		defer w.active.Add(-1)
-		w.generate(ctx, path)
+		if !w.generate(ctx, path) {
+			w.active.Add(-1)
+		}
 	default:
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
 		ctx.SetContentType("application/json")
@@ -107,7 +114,9 @@ func (w *Worker) models(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(append(b, "]}"...))
 }
 
-func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) {
+// generate answers a generation or embedding request. It reports true when
+// the answer streams on after it returns (the stream then ends the request).
+func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) (streaming bool) {
 	p := w.parser.Get()
 	defer w.parser.Put(p)
 	v, err := p.ParseBytes(ctx.PostBody())
@@ -115,23 +124,23 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) {
 		ctx.SetStatusCode(fasthttp.StatusBadRequest)
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"error":{"message":"mock: bad json","type":"invalid_request_error","code":400}}`)
-		return
+		return false
 	}
 	if w.opts.FailRate > 0 && rand.Float64() < w.opts.FailRate {
 		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"error":{"message":"mock: injected failure","type":"server_error","code":500}}`)
-		return
+		return false
 	}
 	w.served.Add(1)
 	model := string(v.GetStringBytes("model"))
 	if path == "/v1/embeddings" {
 		w.embeddings(ctx, v, model)
-		return
+		return false
 	}
 	if v.GetBool("stream") {
 		w.stream(ctx, model)
-		return
+		return true
 	}
 	if w.opts.TokenInterval > 0 {
 		time.Sleep(time.Duration(w.opts.Tokens) * w.opts.TokenInterval)
@@ -144,6 +153,7 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) {
 	ctx.SetBody(fmt.Appendf(nil,
 		`{"id":"cmpl-%d","object":"chat.completion","model":%q,"worker":%d,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],"usage":{"completion_tokens":%d}}`,
 		w.served.Load(), model, w.opts.ID, text, w.opts.Tokens))
+	return false
 }
 
 func (w *Worker) stream(ctx *fasthttp.RequestCtx, model string) {
@@ -151,6 +161,7 @@ func (w *Worker) stream(ctx *fasthttp.RequestCtx, model string) {
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	id, tokens, interval := w.opts.ID, w.opts.Tokens, w.opts.TokenInterval
 	ctx.SetBodyStreamWriter(func(bw *bufio.Writer) {
+		defer w.active.Add(-1)
 		for i := 0; i < tokens; i++ {
 			if interval > 0 {
 				time.Sleep(interval)

@@ -7,6 +7,7 @@ package frontend
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"slices"
@@ -297,4 +298,11 @@ func writeSelectError(ctx *fasthttp.RequestCtx, err error) {
 	default:
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", e.Msg)
 	}
+}
+
+// debugLogger sends fasthttp's per-connection messages to slog at debug level.
+type debugLogger struct{ log *slog.Logger }
+
+func (l debugLogger) Printf(format string, args ...any) {
+	l.log.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
 }

@@ -114,7 +114,11 @@ func (c *Checker) CheckOnce() {
 
 func (c *Checker) probe(url string) bool {
 	status, _, err := c.client.GetTimeout(nil, url, c.opts.Interval)
-	return err == nil && status == fasthttp.StatusOK
+	if err != nil || status != fasthttp.StatusOK {
+		c.opts.Logger.Debug("health probe failed", "url", url, "status", status, "err", err)
+		return false
+	}
+	return true
 }
 
 // models reads the ids of an OpenAI /v1/models answer; nil when unreadable.

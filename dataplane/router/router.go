@@ -98,6 +98,7 @@ func (r *Router) Close() error {
 	r.cancel()
 	<-r.done
 	err := r.Frontend.Shutdown()
+	_ = r.ln.Close() // in case Serve had not yet taken the listener
 	if aerr := r.admin.Close(); aerr != nil && !errors.Is(aerr, http.ErrServerClosed) {
 		err = errors.Join(err, aerr)
 	}

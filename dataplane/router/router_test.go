@@ -1,0 +1,520 @@
+package router
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/pickers"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/valyala/fasthttp"
+)
+
+// fleet is a router in front of real mock workers on loopback.
+type fleet struct {
+	t      *testing.T
+	r      *Router
+	mocks  []*mockworker.Worker
+	client *http.Client
+}
+
+func startFleet(t *testing.T, opts []mockworker.Options, tweak func(*config.Config)) *fleet {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Router.Mode = pickers.ModeRoundRobin
+	cfg.Health.Interval = 100 * time.Millisecond
+	f := &fleet{t: t, client: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 200}}}
+	for _, o := range opts {
+		m, err := mockworker.Start("127.0.0.1:0", o)
+		require.NoError(t, err)
+		t.Cleanup(func() { m.Close() })
+		f.mocks = append(f.mocks, m)
+		cfg.Workers = append(cfg.Workers, dataplane.WorkerSpec{ID: o.ID, URL: m.URL(), LoRAs: o.LoRAs})
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	r, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Close() })
+	f.r = r
+	return f
+}
+
+func mocks(n int, tokens int, interval time.Duration) []mockworker.Options {
+	out := make([]mockworker.Options, n)
+	for i := range out {
+		out[i] = mockworker.Options{ID: uint64(i + 1), Tokens: tokens, TokenInterval: interval}
+	}
+	return out
+}
+
+func (f *fleet) post(path, body string, headers ...string) *http.Response {
+	f.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+f.r.Addr()+path, strings.NewReader(body))
+	require.NoError(f.t, err)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := f.client.Do(req)
+	require.NoError(f.t, err)
+	return resp
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// assertIdle waits until every worker's occupancy is back to exactly zero.
+func (f *fleet) assertIdle() {
+	f.t.Helper()
+	require.Eventually(f.t, func() bool {
+		for _, w := range f.r.Registry.All() {
+			if w.Occupancy() != 0 {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 5*time.Millisecond, "occupancy did not return to zero")
+	for _, w := range f.r.Registry.All() {
+		assert.Zero(f.t, w.Occupancy(), "worker %d", w.ID())
+	}
+}
+
+const chatBody = `{"model":"mock-model","messages":[{"role":"user","content":"hi"}]}`
+const streamBody = `{"model":"mock-model","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+
+func TestProxiesAndNamesTheWorker(t *testing.T) {
+	f := startFleet(t, mocks(3, 3, 0), nil)
+	seen := map[string]int{}
+	for i := 0; i < 6; i++ {
+		resp := f.post("/v1/chat/completions", chatBody)
+		body := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		w := resp.Header.Get("x-fastroute-worker")
+		assert.Equal(t, w, resp.Header.Get("x-mock-worker"), "header names the worker that answered")
+		assert.Contains(t, body, `"worker":`+w)
+		seen[w]++
+	}
+	assert.Equal(t, map[string]int{"1": 2, "2": 2, "3": 2}, seen, "round-robin over 3 workers")
+	resp := f.post("/v1/completions", `{"model":"mock-model","prompt":"x"}`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, readAll(t, resp))
+	resp = f.post("/v1/embeddings", `{"model":"mock-model","input":["a","b"]}`)
+	assert.Contains(t, readAll(t, resp), `"index":1`)
+	f.assertIdle()
+}
+
+func TestBodyAndHeadersForwardedUnchanged(t *testing.T) {
+	got := make(chan []byte, 1)
+	gotHeader := make(chan string, 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	echo := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) != "/v1/chat/completions" {
+			return // health probes and model listings
+		}
+		got <- append([]byte(nil), ctx.PostBody()...)
+		gotHeader <- string(ctx.Request.Header.Peek("x-custom"))
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"ok":true}`)
+	}}
+	go echo.Serve(ln)
+	t.Cleanup(func() { echo.Shutdown() })
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 7, URL: "http://" + ln.Addr().String()}}
+	})
+	body := `{"model":"m",  "messages":[{"role":"user","content":"ünïcode \u00e9 and spaces   kept"}],"extra":{"n":[1,2,3]}}`
+	resp := f.post("/v1/chat/completions", body, "x-custom", "kept")
+	assert.Equal(t, `{"ok":true}`, readAll(t, resp))
+	assert.Equal(t, body, string(<-got), "body bytes reach the worker unchanged")
+	assert.Equal(t, "kept", <-gotHeader)
+	assert.Equal(t, "7", resp.Header.Get("x-fastroute-worker"))
+}
+
+func TestSSEFlushedChunkByChunk(t *testing.T) {
+	f := startFleet(t, mocks(1, 5, 150*time.Millisecond), nil)
+	start := time.Now()
+	resp := f.post("/v1/chat/completions", streamBody)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	rd := bufio.NewReader(resp.Body)
+	line, err := rd.ReadString('\n')
+	require.NoError(t, err)
+	firstAfter := time.Since(start)
+	assert.True(t, strings.HasPrefix(line, "data: {"), line)
+	// The worker needs 5×150ms for the whole answer; the first chunk must
+	// arrive while it is still streaming.
+	assert.Less(t, firstAfter, 500*time.Millisecond)
+	assert.EqualValues(t, 1, f.mocks[0].Active(), "worker still streaming when the first chunk arrived")
+	rest, err := io.ReadAll(rd)
+	require.NoError(t, err)
+	assert.Equal(t, 5, strings.Count(line+string(rest), "data: {"))
+	assert.True(t, strings.HasSuffix(string(rest), "data: [DONE]\n\n"))
+	resp.Body.Close()
+	f.assertIdle()
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("/v1/chat/completions", "ok"))
+}
+
+func TestHundredClientsDisconnectMidStream(t *testing.T) {
+	f := startFleet(t, mocks(4, 50, 20*time.Millisecond), nil)
+	var wg sync.WaitGroup
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := net.Dial("tcp", f.r.Addr())
+			if !assert.NoError(t, err) {
+				return
+			}
+			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(streamBody), streamBody)
+			buf := make([]byte, 512)
+			_, err = conn.Read(buf) // headers and the first chunk
+			assert.NoError(t, err)
+			conn.Close()
+		}()
+	}
+	wg.Wait()
+	f.assertIdle()
+	m := f.r.Frontend.Metrics()
+	assert.EqualValues(t, 100, m.Requests("/v1/chat/completions", "cancelled"))
+}
+
+func TestQueryOnlyHoldsNoReservation(t *testing.T) {
+	f := startFleet(t, mocks(2, 1, 0), nil)
+	resp := f.post("/v1/chat/completions", chatBody, "x-query-instance-id", "true")
+	assert.JSONEq(t, `{"worker_id":1,"dp_rank":0}`, readAll(t, resp))
+	assert.Zero(t, f.mocks[0].Served()+f.mocks[1].Served(), "nothing dispatched")
+	f.assertIdle()
+}
+
+func TestDirectMode(t *testing.T) {
+	f := startFleet(t, mocks(3, 1, 0), func(c *config.Config) { c.Router.Mode = pickers.ModeDirect })
+	for i := 0; i < 3; i++ {
+		resp := f.post("/v1/chat/completions", chatBody, "x-worker-id", "2")
+		readAll(t, resp)
+		assert.Equal(t, "2", resp.Header.Get("x-fastroute-worker"))
+	}
+	for _, c := range []struct {
+		headers []string
+		status  int
+		msg     string
+	}{
+		{nil, 400, "x-worker-id"},
+		{[]string{"x-worker-id", "9"}, 400, "unknown worker id 9"},
+		{[]string{"x-worker-id", "two"}, 400, "is not a positive integer worker id"},
+		{[]string{"x-worker-id", "1", "x-dp-rank", "-1"}, 400, "x-dp-rank"},
+		{[]string{"x-worker-id", "1", "x-dp-rank", "4"}, 400, "dp rank 4 is outside 0..0"},
+		{[]string{"x-worker-id", "1", "x-query-instance-id", "maybe"}, 400, "x-query-instance-id"},
+	} {
+		resp := f.post("/v1/chat/completions", chatBody, c.headers...)
+		body := readAll(t, resp)
+		assert.Equal(t, c.status, resp.StatusCode, body)
+		assert.Contains(t, body, c.msg)
+		assert.Contains(t, body, `"type":"invalid_request_error"`)
+	}
+	f.assertIdle()
+}
+
+func TestBadRequests(t *testing.T) {
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.Limits.MaxBodyBytes = 1024 })
+	for _, c := range []struct {
+		path, body string
+		status     int
+		msg        string
+	}{
+		{"/v1/chat/completions", "", 400, "body is empty"},
+		{"/v1/chat/completions", "{not json", 400, "not valid JSON"},
+		{"/v1/chat/completions", `["array"]`, 400, "must be a JSON object"},
+		{"/v1/chat/completions", `{"x":"` + strings.Repeat("a", 2000) + `"}`, 413, "max_body_bytes"},
+		{"/v1/nope", "{}", 404, "no route"},
+	} {
+		resp := f.post(c.path, c.body)
+		body := readAll(t, resp)
+		assert.Equal(t, c.status, resp.StatusCode, body)
+		assert.Contains(t, body, c.msg)
+		assert.Contains(t, body, `{"error":{"message":`)
+	}
+	resp, err := f.client.Get("http://" + f.r.Addr() + "/v1/chat/completions")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+	resp.Body.Close()
+	assert.Zero(t, f.mocks[0].Served())
+	f.assertIdle()
+}
+
+func TestBusyThresholdAnswers429(t *testing.T) {
+	f := startFleet(t, mocks(1, 20, 25*time.Millisecond), func(c *config.Config) { c.Router.BusyThreshold = 1 })
+	hold := f.post("/v1/chat/completions", streamBody)
+	require.Equal(t, http.StatusOK, hold.StatusCode)
+	resp := f.post("/v1/chat/completions", chatBody)
+	body := readAll(t, resp)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, body)
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	assert.Contains(t, body, `"type":"resource_exhausted"`)
+	readAll(t, hold)
+	f.assertIdle()
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("/v1/chat/completions", "resource_exhausted"))
+}
+
+func TestNoWorkersAnswers503(t *testing.T) {
+	f := startFleet(t, nil, nil)
+	resp := f.post("/v1/chat/completions", chatBody)
+	body := readAll(t, resp)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Contains(t, body, `"type":"no_endpoints"`)
+	resp, err := f.client.Get("http://" + f.r.Addr() + "/health")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	resp.Body.Close()
+}
+
+// deadAddr returns a loopback address nothing listens on.
+func deadAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func TestRetryOnConnectFailure(t *testing.T) {
+	dead := deadAddr(t)
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) {
+		c.Health.Interval = time.Hour // keep the dead worker routable
+		c.Workers = append(c.Workers, dataplane.WorkerSpec{ID: 9, URL: "http://" + dead})
+	})
+	for i := 0; i < 10; i++ {
+		resp := f.post("/v1/chat/completions", chatBody)
+		body := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		assert.Equal(t, "1", resp.Header.Get("x-fastroute-worker"))
+	}
+	m := f.r.Frontend.Metrics()
+	// Round-robin sends at least every other request to the dead worker first
+	// (a retry's pick advances the shared cycle too).
+	assert.GreaterOrEqual(t, m.Retries(), uint64(5))
+
+	// Bound to the dead worker: no other candidate, a clear 502.
+	resp := f.post("/v1/chat/completions", chatBody, "x-worker-id", "9")
+	body := readAll(t, resp)
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	assert.Contains(t, body, "worker 9 failed before answering")
+	f.assertIdle()
+}
+
+func TestRetriesAreBounded(t *testing.T) {
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Health.Interval = time.Hour
+		c.Router.Retries = 2
+		for id := uint64(1); id <= 5; id++ {
+			c.Workers = append(c.Workers, dataplane.WorkerSpec{ID: id, URL: "http://" + deadAddr(t)})
+		}
+	})
+	resp := f.post("/v1/chat/completions", chatBody)
+	body := readAll(t, resp)
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, body)
+	assert.EqualValues(t, 2, f.r.Frontend.Metrics().Retries(), "at most `retries` moves")
+	f.assertIdle()
+}
+
+// resetServer answers the headers and one SSE chunk, then drops the connection.
+func resetServer(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				rd := bufio.NewReader(c)
+				req, err := http.ReadRequest(rd)
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, req.Body)
+				if req.URL.Path == "/health" {
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+				chunk := "data: {\"partial\":1}\n\n"
+				fmt.Fprintf(c, "%x\r\n%s\r\n", len(chunk), chunk)
+				time.Sleep(20 * time.Millisecond)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func TestNoRetryAfterFirstByte(t *testing.T) {
+	addr := resetServer(t)
+	f := startFleet(t, mocks(1, 3, 0), func(c *config.Config) {
+		c.Router.Mode = pickers.ModeDirect
+		c.Workers = append(c.Workers, dataplane.WorkerSpec{ID: 5, URL: "http://" + addr})
+	})
+	resp := f.post("/v1/chat/completions", streamBody, "x-worker-id", "5")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Error(t, err, "a stream cut mid-way reaches the client as a broken stream")
+	assert.Contains(t, string(b), `"partial":1`)
+	assert.Zero(t, f.r.Frontend.Metrics().Retries())
+	f.assertIdle()
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("/v1/chat/completions", "upstream_error"))
+}
+
+func TestUpstreamTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() { // accepts and never answers
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Health.Interval = time.Hour
+		c.Limits.UpstreamTimeout = 300 * time.Millisecond
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://" + ln.Addr().String()}}
+	})
+	start := time.Now()
+	resp := f.post("/v1/chat/completions", chatBody)
+	body := readAll(t, resp)
+	assert.Equal(t, http.StatusGatewayTimeout, resp.StatusCode, body)
+	assert.Less(t, time.Since(start), 3*time.Second)
+	assert.Zero(t, f.r.Frontend.Metrics().Retries(), "a timeout is not retried")
+	f.assertIdle()
+}
+
+func TestHealthRemovesAndRestoresWorkers(t *testing.T) {
+	f := startFleet(t, mocks(2, 1, 0), func(c *config.Config) { c.Health.UnhealthyAfter = 2 })
+	addr := f.mocks[1].Addr()
+	require.NoError(t, f.mocks[1].Close())
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Len() == 1 }, 5*time.Second, 20*time.Millisecond)
+	for i := 0; i < 4; i++ {
+		resp := f.post("/v1/chat/completions", chatBody)
+		readAll(t, resp)
+		assert.Equal(t, "1", resp.Header.Get("x-fastroute-worker"))
+	}
+	m, err := mockworker.Start(addr, mockworker.Options{ID: 2})
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Len() == 2 }, 5*time.Second, 20*time.Millisecond)
+	f.assertIdle()
+}
+
+func TestModelsUnion(t *testing.T) {
+	opts := mocks(2, 1, 0)
+	opts[0].Model, opts[1].Model = "llama", "qwen"
+	opts[1].LoRAs = []string{"sql-lora"}
+	f := startFleet(t, opts, nil)
+	require.Eventually(t, func() bool {
+		resp, err := f.client.Get("http://" + f.r.Addr() + "/v1/models")
+		require.NoError(t, err)
+		body := readAll(t, resp)
+		return strings.Contains(body, `"llama"`) && strings.Contains(body, `"qwen"`) && strings.Contains(body, `"sql-lora"`)
+	}, 5*time.Second, 20*time.Millisecond)
+}
+
+func adminDo(t *testing.T, f *fleet, method, path, body, token string) (int, string) {
+	req, err := http.NewRequest(method, "http://"+f.r.AdminAddr()+path, strings.NewReader(body))
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := f.client.Do(req)
+	require.NoError(t, err)
+	return resp.StatusCode, readAll(t, resp)
+}
+
+func TestAdmin(t *testing.T) {
+	f := startFleet(t, mocks(1, 10, 30*time.Millisecond), func(c *config.Config) { c.AdminToken = "s3cret" })
+	extra, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 2})
+	require.NoError(t, err)
+	t.Cleanup(func() { extra.Close() })
+
+	spec := fmt.Sprintf(`{"id":2,"url":%q}`, extra.URL())
+	code, body := adminDo(t, f, "POST", "/workers", spec, "")
+	assert.Equal(t, http.StatusUnauthorized, code, body)
+	code, body = adminDo(t, f, "POST", "/workers", spec, "wrong")
+	assert.Equal(t, http.StatusUnauthorized, code, body)
+	code, body = adminDo(t, f, "POST", "/workers", spec, "s3cret")
+	assert.Equal(t, http.StatusCreated, code, body)
+	code, body = adminDo(t, f, "POST", "/workers", spec, "s3cret")
+	assert.Equal(t, http.StatusConflict, code, body)
+	code, body = adminDo(t, f, "POST", "/workers", `{"id":3,"url":"nope"}`, "s3cret")
+	assert.Equal(t, http.StatusBadRequest, code, body)
+	assert.Contains(t, body, "url:")
+	code, body = adminDo(t, f, "POST", "/workers", `{"id":3,"bogus":1}`, "s3cret")
+	assert.Equal(t, http.StatusBadRequest, code, body)
+	assert.Equal(t, 2, f.r.Registry.Snapshot().Len())
+
+	// Drain worker 1 while a stream runs on it: the stream finishes, new
+	// requests go to worker 2, and worker 1 leaves once idle.
+	inflight := f.post("/v1/chat/completions", streamBody, "x-worker-id", "1")
+	code, body = adminDo(t, f, "DELETE", "/workers/1", "", "s3cret")
+	assert.Equal(t, http.StatusAccepted, code, body)
+	code, _ = adminDo(t, f, "DELETE", "/workers/77", "", "s3cret")
+	assert.Equal(t, http.StatusNotFound, code)
+	code, _ = adminDo(t, f, "DELETE", "/workers/x", "", "s3cret")
+	assert.Equal(t, http.StatusBadRequest, code)
+	for i := 0; i < 3; i++ {
+		resp := f.post("/v1/chat/completions", chatBody)
+		readAll(t, resp)
+		assert.Equal(t, "2", resp.Header.Get("x-fastroute-worker"))
+	}
+	code, body = adminDo(t, f, "GET", "/workers", "", "")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, `"draining":true`)
+	assert.Contains(t, body, `"occupancy":1`)
+	full := readAll(t, inflight)
+	assert.Contains(t, full, "data: [DONE]", "in-flight request on a draining worker finishes")
+	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(1); return !ok }, 5*time.Second, 20*time.Millisecond)
+
+	code, body = adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Equal(t, http.StatusOK, code)
+	for _, name := range []string{"fastroute_requests_total{", "fastroute_worker_inflight{", "fastroute_worker_weight{",
+		"fastroute_route_seconds_bucket", "fastroute_upstream_first_byte_seconds_count", "fastroute_request_seconds_sum",
+		"fastroute_retries_total"} {
+		assert.Contains(t, body, name)
+	}
+	code, _ = adminDo(t, f, "GET", "/debug/pprof/", "", "")
+	assert.Equal(t, http.StatusOK, code)
+	f.assertIdle()
+}
+
+func TestStartRefusesBadConfig(t *testing.T) {
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Router.Mode = "fastest"
+	_, err := Start(cfg, nil)
+	assert.ErrorContains(t, err, "router.mode")
+	cfg = config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "256.0.0.1:1"
+	_, err = Start(cfg, nil)
+	assert.ErrorContains(t, err, "admin_listen")
+}
