@@ -2,6 +2,8 @@ package main
 
 import (
 	"flag"
+	"os"
+	"runtime/pprof"
 
 	"github.com/fastroute/fastroute/bench"
 )
@@ -11,8 +13,20 @@ func runBench(args []string) error {
 	var o bench.OverheadOptions
 	fs.IntVar(&o.Connections, "connections", 64, "concurrent client connections")
 	fs.DurationVar(&o.Duration, "duration", 5e9, "load duration per target")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	return bench.RunOverhead(o)
 }
