@@ -1,0 +1,124 @@
+package cpu
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func writeTree(t *testing.T, files map[string]string) string {
+	root := t.TempDir()
+	for name, body := range files {
+		p := filepath.Join(root, name)
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+	}
+	return root
+}
+
+const meminfo = "MemTotal:       24684084 kB\nMemFree:        23793096 kB\nMemAvailable:   12342042 kB\n"
+
+func TestFixtureTree(t *testing.T) {
+	root := writeTree(t, map[string]string{
+		"proc/stat":              "cpu  100 0 50 800 50 0 0 0 7 0\ncpu0 1 2 3 4\n",
+		"proc/loadavg":           "1.96 0.99 0.45 1/78 18467\n",
+		"proc/meminfo":           meminfo,
+		"sys/fs/cgroup/cpu.max":  "50000 100000\n",
+		"sys/fs/cgroup/cpu.stat": "usage_usec 1000\nnr_periods 40\nnr_throttled 10\nthrottled_usec 2500\n",
+	})
+	st, err := ReadStat(root)
+	require.NoError(t, err)
+	assert.Equal(t, Times{Total: 1000, Idle: 850}, st, "guest is not counted twice")
+	la, err := ReadLoadAvg(root)
+	require.NoError(t, err)
+	assert.Equal(t, [3]float64{1.96, 0.99, 0.45}, la)
+	m, err := ReadMemInfo(root)
+	require.NoError(t, err)
+	assert.EqualValues(t, 24684084*1024, m.Total)
+	assert.EqualValues(t, 12342042*1024, m.Available)
+	q, err := ReadQuota(root)
+	require.NoError(t, err)
+	assert.Equal(t, Quota{CPUs: 0.5}, q)
+	th, err := ReadThrottling(root)
+	require.NoError(t, err)
+	assert.Equal(t, Throttling{Periods: 40, Throttled: 10, ThrottledTime: 2500 * time.Microsecond}, th)
+}
+
+func TestMissingCgroupIsUnlimited(t *testing.T) {
+	root := writeTree(t, map[string]string{"proc/stat": "cpu 1 1 1 1 1\n"})
+	q, err := ReadQuota(root)
+	require.NoError(t, err)
+	assert.True(t, q.Unlimited)
+	th, err := ReadThrottling(root)
+	require.NoError(t, err)
+	assert.Zero(t, th)
+	root = writeTree(t, map[string]string{"sys/fs/cgroup/cpu.max": "max 100000\n"})
+	q, err = ReadQuota(root)
+	require.NoError(t, err)
+	assert.True(t, q.Unlimited)
+}
+
+func TestMalformedFilesGiveClearErrors(t *testing.T) {
+	for name, c := range map[string]struct{ file, body, want string }{
+		"stat":    {"proc/stat", "intr 1 2 3\n", "not the aggregate cpu line"},
+		"statnum": {"proc/stat", "cpu 1 x 3 4 5\n", "field 2"},
+		"load":    {"proc/loadavg", "1.0\n", "fewer than 3 fields"},
+		"mem":     {"proc/meminfo", "MemFree: 1 kB\n", "no MemTotal"},
+		"max":     {"sys/fs/cgroup/cpu.max", "50000\n", "is not \"quota period\""},
+		"period":  {"sys/fs/cgroup/cpu.max", "5 0\n", "period"},
+		"cpustat": {"sys/fs/cgroup/cpu.stat", "nr_periods many\n", "nr_periods"},
+	} {
+		root := writeTree(t, map[string]string{c.file: c.body})
+		var err error
+		switch c.file {
+		case "proc/stat":
+			_, err = ReadStat(root)
+		case "proc/loadavg":
+			_, err = ReadLoadAvg(root)
+		case "proc/meminfo":
+			_, err = ReadMemInfo(root)
+		case "sys/fs/cgroup/cpu.max":
+			_, err = ReadQuota(root)
+		default:
+			_, err = ReadThrottling(root)
+		}
+		assert.ErrorContains(t, err, c.want, name)
+	}
+}
+
+func TestCollectorIdleShareFromDeltas(t *testing.T) {
+	files := map[string]string{
+		"proc/stat": "cpu 100 0 100 700 100 0 0 0 0 0\n", "proc/loadavg": "0.5 0.4 0.3 1/1 1\n", "proc/meminfo": meminfo,
+	}
+	root := writeTree(t, files)
+	c := NewCollector(root)
+	require.NoError(t, c.Refresh(time.Now()))
+	assert.Nil(t, c.Latest(), "one reading gives no delta")
+	// +300 busy jiffies, +100 idle: 25% idle over the interval.
+	require.NoError(t, os.WriteFile(filepath.Join(root, "proc/stat"), []byte("cpu 300 0 200 750 150 0 0 0 0 0\n"), 0o644))
+	require.NoError(t, c.Refresh(time.Now()))
+	s := c.Latest()
+	require.NotNil(t, s)
+	assert.InDelta(t, 0.25, s.IdleRatio, 1e-9)
+	assert.True(t, s.Quota.Unlimited)
+}
+
+// TestRealProc reads this machine's /proc: the parsers must accept the real format.
+func TestRealProc(t *testing.T) {
+	if _, err := os.Stat("/proc/stat"); err != nil {
+		t.Skip("no /proc on this system")
+	}
+	c := NewCollector("/")
+	require.NoError(t, c.Refresh(time.Now()))
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, c.Refresh(time.Now()))
+	if s := c.Latest(); s != nil { // nil only if no jiffy passed
+		assert.GreaterOrEqual(t, s.IdleRatio, 0.0)
+		assert.LessOrEqual(t, s.IdleRatio, 1.0)
+		assert.Positive(t, s.Mem.Total)
+	}
+}
