@@ -1,0 +1,124 @@
+//go:build !nonvml
+
+package nvml
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeGPU is a mock device whose utilization the test changes between refreshes.
+func fakeGPU(i int, util *uint32, powerOK bool) *mock.Device {
+	return &mock.Device{
+		GetIndexFunc: func() (int, gonvml.Return) { return i, gonvml.SUCCESS },
+		GetUUIDFunc:  func() (string, gonvml.Return) { return "GPU-" + string(rune('a'+i)), gonvml.SUCCESS },
+		GetUtilizationRatesFunc: func() (gonvml.Utilization, gonvml.Return) {
+			return gonvml.Utilization{Gpu: *util, Memory: *util / 2}, gonvml.SUCCESS
+		},
+		GetMemoryInfoFunc: func() (gonvml.Memory, gonvml.Return) {
+			return gonvml.Memory{Total: 80 << 30, Used: 20 << 30, Free: 60 << 30}, gonvml.SUCCESS
+		},
+		GetPowerUsageFunc: func() (uint32, gonvml.Return) {
+			if !powerOK {
+				return 0, gonvml.ERROR_NOT_SUPPORTED
+			}
+			return 350000, gonvml.SUCCESS
+		},
+		GetTemperatureFunc: func(gonvml.TemperatureSensors) (uint32, gonvml.Return) { return 61, gonvml.SUCCESS },
+	}
+}
+
+func fakeLib(devs ...*mock.Device) *mock.Interface {
+	return &mock.Interface{
+		InitFunc:           func() gonvml.Return { return gonvml.SUCCESS },
+		ShutdownFunc:       func() gonvml.Return { return gonvml.SUCCESS },
+		DeviceGetCountFunc: func() (int, gonvml.Return) { return len(devs), gonvml.SUCCESS },
+		DeviceGetHandleByIndexFunc: func(n int) (gonvml.Device, gonvml.Return) {
+			return devs[n], gonvml.SUCCESS
+		},
+	}
+}
+
+func TestRefreshFollowsMockedUtilization(t *testing.T) {
+	u0, u1 := uint32(10), uint32(90)
+	c := New(fakeLib(fakeGPU(0, &u0, true), fakeGPU(1, &u1, false)))
+	require.NoError(t, c.Start())
+	defer c.Close()
+	assert.Nil(t, c.Latest())
+	require.NoError(t, c.Refresh(time.Unix(100, 0)))
+	s := c.Latest()
+	require.Len(t, s.GPUs, 2)
+	assert.Equal(t, GPU{Index: 0, UUID: "GPU-a", Utilization: 0.10, MemoryUtil: 0.05, MemoryUsed: 20 << 30,
+		MemoryTotal: 80 << 30, PowerWatts: 350, TempCelsius: 61}, s.GPUs[0])
+	assert.Zero(t, s.GPUs[1].PowerWatts, "power not supported reads as 0")
+	assert.InDelta(t, 0.9, s.GPUs[1].Utilization, 1e-9)
+
+	u0 = 75
+	require.NoError(t, c.Refresh(time.Unix(101, 0)))
+	assert.InDelta(t, 0.75, c.Latest().GPUs[0].Utilization, 1e-9)
+	assert.Equal(t, time.Unix(101, 0), c.Latest().At)
+}
+
+func TestInitFailuresAreUnavailableNotPanics(t *testing.T) {
+	lib := fakeLib()
+	lib.InitFunc = func() gonvml.Return { return gonvml.ERROR_LIBRARY_NOT_FOUND }
+	err := New(lib).Start()
+	assert.True(t, errors.Is(err, ErrUnavailable), err)
+	assert.ErrorContains(t, err, "init")
+
+	err = New(fakeLib()).Start()
+	assert.ErrorContains(t, err, "no GPU found")
+}
+
+func TestRefreshErrorKeepsLastSnapshot(t *testing.T) {
+	u := uint32(40)
+	dev := fakeGPU(0, &u, true)
+	c := New(fakeLib(dev))
+	require.NoError(t, c.Start())
+	require.NoError(t, c.Refresh(time.Unix(1, 0)))
+	dev.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) {
+		return gonvml.Utilization{}, gonvml.ERROR_GPU_IS_LOST
+	}
+	assert.ErrorContains(t, c.Refresh(time.Unix(2, 0)), "gpu 0 utilization")
+	assert.Equal(t, time.Unix(1, 0), c.Latest().At, "a failed refresh publishes nothing")
+}
+
+func TestRefreshOf8GPUsIsCheap(t *testing.T) {
+	var devs []*mock.Device
+	u := uint32(50)
+	for i := 0; i < 8; i++ {
+		devs = append(devs, fakeGPU(i, &u, true))
+	}
+	c := New(fakeLib(devs...))
+	require.NoError(t, c.Start())
+	res := testing.Benchmark(func(b *testing.B) {
+		for b.Loop() {
+			_ = c.Refresh(time.Now())
+		}
+	})
+	t.Logf("8-GPU refresh with mocks: %v/op", time.Duration(res.NsPerOp()))
+}
+
+// TestRealNVML runs against the system library; it skips where there is none.
+func TestRealNVML(t *testing.T) {
+	c := NewSystem()
+	if err := c.Start(); err != nil {
+		t.Skipf("no usable NVML here (%v); the real path is exercised on GPU machines", err)
+	}
+	defer c.Close()
+	require.NoError(t, c.Refresh(time.Now()))
+	s := c.Latest()
+	require.NotEmpty(t, s.GPUs)
+	for _, g := range s.GPUs {
+		assert.Positive(t, g.MemoryTotal, "gpu %d", g.Index)
+		assert.LessOrEqual(t, g.Utilization, 1.0)
+		t.Logf("gpu %d %s: util %.0f%%, mem %d/%d MiB, %.0f W, %d C", g.Index, g.UUID,
+			100*g.Utilization, g.MemoryUsed>>20, g.MemoryTotal>>20, g.PowerWatts, g.TempCelsius)
+	}
+}
