@@ -149,17 +149,17 @@ func (r *Registry) Drain(id uint64) error {
 }
 
 // SweepDrained removes draining workers that have no request in flight and
-// returns their ids.
-func (r *Registry) SweepDrained() []uint64 {
-	var gone []uint64
-	r.workers.Range(func(id uint64, w *Worker) bool {
+// returns them, so callers can drop what they keep per worker.
+func (r *Registry) SweepDrained() []*Worker {
+	var gone []*Worker
+	r.workers.Range(func(_ uint64, w *Worker) bool {
 		if w.Draining() && w.Occupancy() == 0 {
-			gone = append(gone, id)
+			gone = append(gone, w)
 		}
 		return true
 	})
-	for _, id := range gone {
-		r.workers.Delete(id)
+	for _, w := range gone {
+		r.workers.Delete(w.spec.ID)
 	}
 	return gone
 }

@@ -5,6 +5,7 @@
 package frontend
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -304,5 +305,7 @@ func writeSelectError(ctx *fasthttp.RequestCtx, err error) {
 type debugLogger struct{ log *slog.Logger }
 
 func (l debugLogger) Printf(format string, args ...any) {
-	l.log.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+	if l.log.Enabled(context.Background(), slog.LevelDebug) {
+		l.log.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+	}
 }

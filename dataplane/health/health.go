@@ -101,15 +101,14 @@ func (c *Checker) CheckOnce() {
 			c.reg.SetHealthy(id, false)
 		}
 	}
-	c.mu.Unlock()
-	for _, id := range c.reg.SweepDrained() {
-		for _, w := range workers {
-			if w.ID() == id && c.opts.OnRemoved != nil {
-				c.opts.OnRemoved(w)
-			}
+	for _, w := range c.reg.SweepDrained() {
+		delete(c.failures, w.ID())
+		if c.opts.OnRemoved != nil {
+			c.opts.OnRemoved(w)
 		}
-		c.opts.Logger.Info("drained worker removed", "worker", id)
+		c.opts.Logger.Info("drained worker removed", "worker", w.ID())
 	}
+	c.mu.Unlock()
 }
 
 func (c *Checker) probe(url string) bool {
