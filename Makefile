@@ -19,9 +19,9 @@ test-race:
 test-nonvml:
 	CGO_ENABLED=0 $(GO) test -tags nonvml -count=1 $(PKGS)
 
-## bench: the micro-benchmarks of pickers and the selection core.
+## bench: the micro-benchmarks of pickers, the selection core and the GPU refresh.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./telemetry/nvml
 
 ## fuzz: each fuzz target for FUZZTIME.
 fuzz:
