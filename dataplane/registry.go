@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/fastroute/fastroute/pickers"
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
@@ -15,32 +16,25 @@ type candidates struct {
 	ids     []uint64
 	workers []*Worker
 	occ     []*atomic.Int64
-	weight  []float64
-	cum     []float64
+	weights pickers.WeightTable
 }
 
 // Occupancy returns the live in-flight counters, aligned with the ids.
 func (c *candidates) Occupancy() []*atomic.Int64 { return c.occ }
 
-// Weights returns the telemetry weights and their running sum.
-func (c *candidates) Weights() (weight, cum []float64) { return c.weight, c.cum }
+// Weights returns the telemetry weights, built for O(1) draws.
+func (c *candidates) Weights() *pickers.WeightTable { return &c.weights }
 
 func (c *candidates) reset() {
 	c.ids, c.workers, c.occ = c.ids[:0], c.workers[:0], c.occ[:0]
-	c.weight, c.cum = c.weight[:0], c.cum[:0]
+	c.weights.Reset()
 }
 
 func (c *candidates) add(w *Worker) {
-	wt := w.Weight()
-	sum := wt
-	if n := len(c.cum); n > 0 {
-		sum += c.cum[n-1]
-	}
 	c.ids = append(c.ids, w.spec.ID)
 	c.workers = append(c.workers, w)
 	c.occ = append(c.occ, &w.occ.n)
-	c.weight = append(c.weight, wt)
-	c.cum = append(c.cum, sum)
+	c.weights.Append(w.Weight())
 }
 
 // Snapshot is an immutable view of the routable workers sorted by id,
@@ -200,5 +194,6 @@ func (r *Registry) publishLocked() {
 			s.add(w)
 		}
 	}
+	s.weights.Build()
 	r.snap.Store(s)
 }

@@ -192,6 +192,9 @@ func (s *Selector) selectFiltered(snap *Snapshot, req *Request, res *Reservation
 		if len(c.ids) == 0 {
 			return ErrResourceExhausted
 		}
+		if s.mode == pickers.ModeWeighted {
+			c.weights.Build()
+		}
 		if w := c.workers[s.picker.Pick(c.ids, c)]; w.tryAcquire(s.busy) {
 			return s.hold(req, w, res)
 		}

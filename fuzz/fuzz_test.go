@@ -13,25 +13,25 @@ import (
 
 // state is a pickers.State over fuzzed loads and weights.
 type state struct {
-	occ         []*atomic.Int64
-	weight, cum []float64
+	occ    []*atomic.Int64
+	weight []float64
+	table  pickers.WeightTable
 }
 
-func (s *state) Occupancy() []*atomic.Int64       { return s.occ }
-func (s *state) Weights() (weight, cum []float64) { return s.weight, s.cum }
+func (s *state) Occupancy() []*atomic.Int64    { return s.occ }
+func (s *state) Weights() *pickers.WeightTable { return &s.table }
 
 func newState(data []byte) *state {
 	st := &state{}
-	sum := 0.0
 	for _, b := range data {
 		c := new(atomic.Int64)
 		c.Store(int64(b & 0x0f))
 		w := float64(b >> 4)
-		sum += w
 		st.occ = append(st.occ, c)
 		st.weight = append(st.weight, w)
-		st.cum = append(st.cum, sum)
+		st.table.Append(w)
 	}
+	st.table.Build()
 	return st
 }
 
@@ -87,7 +87,7 @@ func FuzzPickers(f *testing.F) {
 						t.Fatalf("p2c picked the unique busiest worker (load %d)", load)
 					}
 				case "weighted":
-					if st.cum[len(st.cum)-1] > 0 && st.weight[i] == 0 {
+					if st.table.Total() > 0 && st.weight[i] == 0 {
 						t.Fatalf("weighted picked a zero-weight worker %d", i)
 					}
 				}

@@ -7,7 +7,6 @@ package pickers
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"sync/atomic"
 )
@@ -18,9 +17,9 @@ type State interface {
 	// Occupancy returns the live in-flight counters of the candidates.
 	// Pickers only Load them; the data plane owns every update.
 	Occupancy() []*atomic.Int64
-	// Weights returns the static telemetry weight of every candidate (>= 0)
-	// and its running sum, both aligned with the candidate ids.
-	Weights() (weight, cum []float64)
+	// Weights returns the telemetry weights of the candidates, built for
+	// O(1) draws; nil or a zero total means there are none.
+	Weights() *WeightTable
 }
 
 // Picker selects one candidate. Pick returns an index into ids, or -1 when
@@ -170,14 +169,14 @@ func (l *LeastLoaded) Pick(ids []uint64, st State) int {
 	return best
 }
 
-// Weighted picks by static weight, tilted by live load.
+// Weighted picks by telemetry weight, tilted by live load.
 //
-// It draws a candidate with probability proportional to its telemetry weight
-// by binary search over the running sum (O(log n)). An idle draw is taken as
-// is, so an idle fleet splits exactly by weight. A busy draw is compared with
-// a second weighted draw and the higher Weight/(1+Load) wins, so a burst
-// spreads at once instead of herding on the heaviest worker between telemetry
-// polls. With no positive weight it falls back to power-of-two-choices.
+// It draws a candidate with probability proportional to its weight from the
+// alias table (O(1)). An idle draw is taken as is, so an idle fleet splits
+// exactly by weight. A busy draw is compared with a second weighted draw and
+// the higher Weight/(1+Load) wins, so a burst spreads at once instead of
+// herding on the heaviest worker between telemetry polls. With no positive
+// weight it falls back to power-of-two-choices.
 type Weighted struct{}
 
 // Pick returns a weighted choice combining telemetry weight and live load.
@@ -186,46 +185,33 @@ func (Weighted) Pick(ids []uint64, st State) int {
 	if n == 0 {
 		return -1
 	}
-	w, cum := st.Weights()
-	if len(cum) < n || !(cum[n-1] > 0) {
+	t := st.Weights()
+	if t == nil || len(t.keep) != n || !(t.total > 0) {
 		return P2C{}.Pick(ids, st)
 	}
-	// One 64-bit draw gives both 32-bit uniforms.
-	scaleTo := cum[n-1] / (1 << 32)
 	r := rand.Uint64()
 	occ := st.Occupancy()
-	a := searchCum(cum[:n], float64(uint32(r>>32))*scaleTo)
+	a := t.Draw(r)
 	la := occ[a].Load()
 	if la == 0 {
 		return a
 	}
-	b := searchCum(cum[:n], float64(uint32(r))*scaleTo)
+	b := t.Draw(remix(r))
 	if b == a {
 		return a
 	}
-	if w[b]/float64(1+occ[b].Load()) > w[a]/float64(1+la) {
+	// weight[b]/(1+lb) > weight[a]/(1+la), without dividing.
+	if t.weight[b]*float64(1+la) > t.weight[a]*float64(1+occ[b].Load()) {
 		return b
 	}
 	return a
 }
 
-// searchCum returns the smallest i with cum[i] > r (cum is non-decreasing and
-// r < cum[len(cum)-1]), so a zero-weight candidate is never returned.
-// The loop halves a window whose size does not depend on the data, so it
-// runs without data-dependent branches.
-// Non-negative IEEE-754 doubles order like their bit patterns, so the
-// comparison runs on integers, which the compiler turns into CMOV.
-func searchCum(cum []float64, r float64) int {
-	rb := math.Float64bits(r)
-	base, n := 0, len(cum)
-	for n > 1 {
-		half := n >> 1
-		step := 0
-		if math.Float64bits(cum[base+half-1]) <= rb {
-			step = half
-		}
-		base += step
-		n -= half
-	}
-	return base
+// remix derives a second uniform value from r (the splitmix64 finalizer), so
+// one call to the random source serves two draws.
+func remix(r uint64) uint64 {
+	r += 0x9e3779b97f4a7c15
+	r = (r ^ (r >> 30)) * 0xbf58476d1ce4e5b9
+	r = (r ^ (r >> 27)) * 0x94d049bb133111eb
+	return r ^ (r >> 31)
 }

@@ -2,6 +2,7 @@ package pickers
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,12 +13,13 @@ import (
 
 // testState is a State over plain slices of real atomic counters.
 type testState struct {
-	occ         []*atomic.Int64
-	weight, cum []float64
+	occ    []*atomic.Int64
+	weight []float64
+	table  WeightTable
 }
 
 func newTestState(n int) *testState {
-	st := &testState{occ: make([]*atomic.Int64, n), weight: make([]float64, n), cum: make([]float64, n)}
+	st := &testState{occ: make([]*atomic.Int64, n), weight: make([]float64, n)}
 	for i := range st.occ {
 		st.occ[i] = new(atomic.Int64)
 		st.weight[i] = 1
@@ -26,12 +28,13 @@ func newTestState(n int) *testState {
 	return st
 }
 
+// recum rebuilds the weight table from s.weight.
 func (s *testState) recum() {
-	sum := 0.0
-	for i, w := range s.weight {
-		sum += w
-		s.cum[i] = sum
+	s.table.Reset()
+	for _, w := range s.weight {
+		s.table.Append(w)
 	}
+	s.table.Build()
 }
 
 func (s *testState) setLoads(loads ...int64) {
@@ -40,8 +43,8 @@ func (s *testState) setLoads(loads ...int64) {
 	}
 }
 
-func (s *testState) Occupancy() []*atomic.Int64       { return s.occ }
-func (s *testState) Weights() (weight, cum []float64) { return s.weight, s.cum }
+func (s *testState) Occupancy() []*atomic.Int64 { return s.occ }
+func (s *testState) Weights() *WeightTable      { return &s.table }
 
 func ids(n int) []uint64 {
 	out := make([]uint64, n)
@@ -198,14 +201,52 @@ func TestWeightedWithoutWeightsFallsBackToP2C(t *testing.T) {
 	}
 }
 
-func TestSearchCumSkipsZeroWeights(t *testing.T) {
-	cum := []float64{0, 2, 2, 2, 5}
-	for _, c := range []struct {
-		r    float64
-		want int
-	}{{0, 1}, {1.9, 1}, {2, 4}, {4.99, 4}} {
-		assert.Equal(t, c.want, searchCum(cum, c.r), "r=%v", c.r)
+// TestWeightTableIsExact sums, for every candidate, the probability mass the
+// alias slots give it and compares it with its share of the total weight.
+func TestWeightTableIsExact(t *testing.T) {
+	var tbl WeightTable
+	for trial := 0; trial < 300; trial++ {
+		n := 1 + rand.IntN(70)
+		want := make([]float64, n)
+		tbl.Reset()
+		for i := range want {
+			if rand.IntN(4) > 0 { // a quarter of the weights are zero
+				want[i] = rand.Float64() * 10
+			}
+			tbl.Append(want[i])
+		}
+		tbl.Build()
+		if !(tbl.Total() > 0) {
+			continue
+		}
+		got := make([]float64, n)
+		for i := 0; i < n; i++ {
+			keep := float64(tbl.keep[i]) / (1 << 32)
+			got[i] += keep / float64(n)
+			got[tbl.alias[i]] += (1 - keep) / float64(n)
+		}
+		for i := range want {
+			require.InDelta(t, want[i]/tbl.Total(), got[i], 1e-9, "trial %d n=%d candidate %d", trial, n, i)
+			if want[i] == 0 {
+				for r := uint64(0); r < 1<<8; r++ {
+					require.NotEqual(t, i, tbl.Draw(r<<56|r), "a zero weight is drawn")
+				}
+			}
+		}
 	}
+}
+
+func TestWeightTableRebuildDoesNotAllocate(t *testing.T) {
+	var tbl WeightTable
+	fill := func() {
+		tbl.Reset()
+		for i := 0; i < 64; i++ {
+			tbl.Append(float64(i % 7))
+		}
+		tbl.Build()
+	}
+	fill()
+	assert.Zero(t, testing.AllocsPerRun(100, fill))
 }
 
 func TestParseModeAndNew(t *testing.T) {
