@@ -51,6 +51,13 @@ func runDemo(args []string) error {
 	fmt.Printf("fastroute demo: router on %s (admin %s), mode %s, %d mock workers\n\n",
 		r.Addr(), r.AdminAddr(), cfg.Router.Mode, len(mocks))
 
+	// The CPU idle share needs two readings: wait for the CPU worker's weight.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if src, ok := r.Weights.Source(cfg.Workers[len(cfg.Workers)-1].ID); ok && !src.Static {
+			break
+		}
+	}
+
 	base := "http://" + r.Addr()
 	client := &http.Client{Timeout: 10 * time.Second}
 	for i := 0; i < *requests; i++ {
@@ -72,11 +79,16 @@ func runDemo(args []string) error {
 	}
 	fmt.Println(q)
 
-	fmt.Println("\nper-worker counts (served by the mock / reserved by the router / in flight now):")
+	fmt.Println("\nper-worker counts (served by the mock / reserved by the router / in flight now), weight:")
 	var total int64
 	for i, m := range mocks {
 		w, _ := r.Registry.Get(cfg.Workers[i].ID)
-		fmt.Printf("  worker %d: %d / %d / %d\n", w.ID(), m.Served(), w.Served(), w.Occupancy())
+		source := "from telemetry"
+		if src, _ := r.Weights.Source(w.ID()); src.Static {
+			source = "static capacity: " + src.Reason
+		}
+		fmt.Printf("  worker %d (%s): %d / %d / %d, weight %.3g (%s)\n", w.ID(), w.Spec().Device,
+			m.Served(), w.Served(), w.Occupancy(), w.Weight(), source)
 		total += m.Served()
 		if w.Occupancy() != 0 {
 			return fmt.Errorf("worker %d still holds %d reservations", w.ID(), w.Occupancy())

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
@@ -17,6 +18,9 @@ import (
 	"github.com/fastroute/fastroute/dataplane/frontend"
 	"github.com/fastroute/fastroute/dataplane/health"
 	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/telemetry/cpu"
+	"github.com/fastroute/fastroute/telemetry/nvml"
+	"github.com/fastroute/fastroute/telemetry/weights"
 )
 
 // Router is a started fastroute.
@@ -26,12 +30,14 @@ type Router struct {
 	Selector *dataplane.Selector
 	Frontend *frontend.Server
 	Health   *health.Checker
+	Weights  *weights.Loop // nil when telemetry is off
 	Metrics  *metrics.Set
 
 	ln, adminLn net.Listener
 	admin       *http.Server
+	gpu         *nvml.Collector
 	cancel      context.CancelFunc
-	done        chan struct{}
+	loops       sync.WaitGroup // health and telemetry goroutines
 }
 
 // Start validates cfg, registers its workers and opens both listeners.
@@ -53,7 +59,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, done: make(chan struct{})}
+	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}}
 	r.Frontend = frontend.New(frontend.Options{
 		Selector: sel, Retries: cfg.Router.Retries, MaxBodyBytes: cfg.Limits.MaxBodyBytes,
 		ReadTimeout: cfg.Limits.ReadTimeout, WriteTimeout: cfg.Limits.WriteTimeout,
@@ -65,6 +71,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		Logger: log, OnRemoved: r.Frontend.Forget,
 	})
 	r.Metrics.Register(r.Frontend.Metrics().Collector(string(cfg.Router.Mode), reg))
+	r.startTelemetry(log)
 
 	if r.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
@@ -74,14 +81,17 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		return nil, fmt.Errorf("admin_listen %s: %w", cfg.AdminListen, err)
 	}
 	r.admin = &http.Server{
-		Handler:           admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken}),
+		Handler:           admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken, Describe: r.describe}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { _ = r.Frontend.Serve(r.ln) }()
 	go func() { _ = r.admin.Serve(r.adminLn) }()
-	go func() { defer close(r.done); r.Health.Run(ctx) }()
+	r.loops.Go(func() { r.Health.Run(ctx) })
+	if r.Weights != nil {
+		r.loops.Go(func() { r.Weights.Run(ctx) })
+	}
 	log.Info("fastroute started", "listen", r.Addr(), "admin", r.AdminAddr(),
 		"mode", cfg.Router.Mode, "workers", len(cfg.Workers))
 	return r, nil
@@ -96,11 +106,46 @@ func (r *Router) AdminAddr() string { return r.adminLn.Addr().String() }
 // Close stops the health loop and both listeners, waiting for open requests.
 func (r *Router) Close() error {
 	r.cancel()
-	<-r.done
+	r.loops.Wait()
+	if r.gpu != nil {
+		r.gpu.Close()
+	}
 	err := r.Frontend.Shutdown()
 	_ = r.ln.Close() // in case Serve had not yet taken the listener
 	if aerr := r.admin.Close(); aerr != nil && !errors.Is(aerr, http.ErrServerClosed) {
 		err = errors.Join(err, aerr)
 	}
 	return err
+}
+
+// startTelemetry builds the weight loop over the collectors the config turns
+// on. A GPU library that cannot start is logged once; GPU workers then keep
+// their static capacity and say why in GET /workers.
+func (r *Router) startTelemetry(log *slog.Logger) {
+	t := r.Config.Telemetry
+	if !t.NVML && !t.CPU {
+		return
+	}
+	o := weights.Options{Registry: r.Registry, Interval: t.Interval, Logger: log}
+	if t.NVML {
+		gpu := nvml.NewSystem()
+		if err := gpu.Start(); err != nil {
+			log.Warn("gpu telemetry unavailable; gpu workers keep their static capacity", "err", err)
+			o.NoGPU = err.Error()
+		} else {
+			r.gpu, o.GPU = gpu, gpu
+		}
+	}
+	if t.CPU {
+		o.CPU = cpu.NewCollector("/")
+	}
+	r.Weights = weights.New(o)
+	r.Metrics.Register(r.Weights.Collector())
+}
+
+// describe adds the telemetry view of a worker to GET /workers.
+func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
+	if r.Weights != nil {
+		r.Weights.Describe(w, info)
+	}
 }

@@ -2,6 +2,7 @@ package router
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -517,4 +518,50 @@ func TestStartRefusesBadConfig(t *testing.T) {
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "256.0.0.1:1"
 	_, err = Start(cfg, nil)
 	assert.ErrorContains(t, err, "admin_listen")
+}
+
+// TestWeightedModeFollowsTelemetry runs device-aware-weighted end to end: the
+// CPU collector reads this machine's /proc, both CPU workers see the same idle
+// share, so requests split by capacity (1 : 0.25); GET /workers shows the
+// weight source and telemetry age; a GPU worker without NVML says why it
+// keeps its static capacity.
+func TestWeightedModeFollowsTelemetry(t *testing.T) {
+	opts := mocks(3, 1, 0)
+	f := startFleet(t, opts, func(c *config.Config) {
+		c.Router.Mode = pickers.ModeWeighted
+		c.Telemetry.Interval = 20 * time.Millisecond
+		c.Workers[1].Capacity = 0.25
+		c.Workers[2].Device, c.Workers[2].GPUIndex = dataplane.DeviceGPU, 63 // no such GPU anywhere
+	})
+	var workers []map[string]any
+	require.Eventually(t, func() bool {
+		_, body := adminDo(t, f, "GET", "/workers", "", "")
+		workers = nil
+		require.NoError(t, json.Unmarshal([]byte(body), &workers))
+		return workers[0]["weight_source"] == "telemetry" && workers[1]["weight_source"] == "telemetry"
+	}, 5*time.Second, 20*time.Millisecond)
+	assert.Less(t, workers[0]["telemetry_age_seconds"], 1.0)
+	assert.Equal(t, "static", workers[2]["weight_source"])
+	assert.NotEmpty(t, workers[2]["weight_static_reason"])
+	assert.Equal(t, 1.0, workers[2]["weight"], "static capacity")
+	require.NoError(t, f.r.Registry.Drain(3)) // its static weight would dwarf the CPU workers'
+
+	counts := map[string]int{}
+	const n = 1000
+	for i := 0; i < n; i++ {
+		resp := f.post("/v1/completions", `{"prompt":"x"}`)
+		readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		counts[resp.Header.Get("x-fastroute-worker")]++
+	}
+	assert.InDelta(t, 0.8, float64(counts["1"])/n, 0.05, "%v", counts)
+	assert.InDelta(t, 0.2, float64(counts["2"])/n, 0.05, "%v", counts)
+
+	_, body := adminDo(t, f, "GET", "/metrics", "", "")
+	for _, name := range []string{"\nfastroute_cpu_idle_ratio ", "\nfastroute_worker_weight{worker=\"1\"}",
+		"# TYPE fastroute_gpu_utilization_ratio gauge", "# TYPE fastroute_gpu_memory_used_bytes gauge",
+		"\nfastroute_telemetry_fallbacks_total "} {
+		assert.Contains(t, body, name)
+	}
+	f.assertIdle()
 }

@@ -152,13 +152,15 @@ func ReadQuota(root string) (Quota, error) {
 	return Quota{CPUs: q / period}, nil
 }
 
-// Throttling is the cgroup v2 cpu.stat throttling counters.
+// Throttling is the cgroup v2 cpu.stat counters: CPU time used by the
+// cgroup and how often its quota throttled it.
 type Throttling struct {
+	Usage              time.Duration
 	Periods, Throttled uint64
 	ThrottledTime      time.Duration
 }
 
-// ReadThrottling parses nr_periods, nr_throttled and throttled_usec from
+// ReadThrottling parses usage_usec, nr_periods, nr_throttled and throttled_usec from
 // root/sys/fs/cgroup/cpu.stat; a missing file reads as zero.
 func ReadThrottling(root string) (Throttling, error) {
 	data, err := os.ReadFile(filepath.Join(root, "sys/fs/cgroup/cpu.stat"))
@@ -179,6 +181,8 @@ func ReadThrottling(root string) (Throttling, error) {
 			return Throttling{}, fmt.Errorf("cpu.stat: %s: %v", k, err)
 		}
 		switch k {
+		case "usage_usec":
+			t.Usage = time.Duration(n) * time.Microsecond
 		case "nr_periods":
 			t.Periods = n
 		case "nr_throttled":
@@ -192,8 +196,11 @@ func ReadThrottling(root string) (Throttling, error) {
 
 // Sample is one published CPU reading.
 type Sample struct {
-	At         time.Time
-	IdleRatio  float64 // idle share of the host CPUs since the previous sample
+	At        time.Time
+	IdleRatio float64 // idle share of the host CPUs since the previous sample
+	// Idle is the idle share of the CPU this cgroup may use: of its cpu.max
+	// quota where one is set (from cpu.stat usage), else IdleRatio.
+	Idle       float64
 	LoadAvg    [3]float64
 	Mem        MemInfo
 	Quota      Quota
@@ -240,6 +247,13 @@ func (c *Collector) Refresh(now time.Time) error {
 	}
 	if s.Throttling, err = ReadThrottling(c.root); err != nil {
 		return err
+	}
+	s.Idle = s.IdleRatio
+	if p := c.latest.Load(); p != nil && !s.Quota.Unlimited && s.Quota.CPUs > 0 {
+		if dt := now.Sub(p.At).Seconds(); dt > 0 && s.Throttling.Usage >= p.Throttling.Usage {
+			used := (s.Throttling.Usage - p.Throttling.Usage).Seconds() / (s.Quota.CPUs * dt)
+			s.Idle = min(max(1-used, 0), 1)
+		}
 	}
 	c.latest.Store(s)
 	return nil

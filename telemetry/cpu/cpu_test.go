@@ -45,7 +45,7 @@ func TestFixtureTree(t *testing.T) {
 	assert.Equal(t, Quota{CPUs: 0.5}, q)
 	th, err := ReadThrottling(root)
 	require.NoError(t, err)
-	assert.Equal(t, Throttling{Periods: 40, Throttled: 10, ThrottledTime: 2500 * time.Microsecond}, th)
+	assert.Equal(t, Throttling{Usage: time.Millisecond, Periods: 40, Throttled: 10, ThrottledTime: 2500 * time.Microsecond}, th)
 }
 
 func TestMissingCgroupIsUnlimited(t *testing.T) {
@@ -105,6 +105,31 @@ func TestCollectorIdleShareFromDeltas(t *testing.T) {
 	require.NotNil(t, s)
 	assert.InDelta(t, 0.25, s.IdleRatio, 1e-9)
 	assert.True(t, s.Quota.Unlimited)
+	assert.Equal(t, s.IdleRatio, s.Idle, "without a quota the host idle share counts")
+}
+
+// With a quota of 2 CPUs, a cgroup that used 0.5 s of CPU in 1 s is 75% idle
+// whatever the host does.
+func TestCollectorIdleShareOfQuota(t *testing.T) {
+	root := writeTree(t, map[string]string{
+		"proc/stat": "cpu 100 0 100 700 100 0 0 0 0 0\n", "proc/loadavg": "0.5 0.4 0.3 1/1 1\n", "proc/meminfo": meminfo,
+		"sys/fs/cgroup/cpu.max":  "200000 100000\n",
+		"sys/fs/cgroup/cpu.stat": "usage_usec 1000000\n",
+	})
+	stat := func(body string) {
+		require.NoError(t, os.WriteFile(filepath.Join(root, "proc/stat"), []byte(body), 0o644))
+	}
+	c := NewCollector(root)
+	t0 := time.Unix(1000, 0)
+	require.NoError(t, c.Refresh(t0))
+	stat("cpu 300 0 200 750 150 0 0 0 0 0\n")
+	require.NoError(t, c.Refresh(t0.Add(time.Second)))
+	require.Equal(t, c.Latest().IdleRatio, c.Latest().Idle, "no usage delta yet")
+	stat("cpu 400 0 300 760 160 0 0 0 0 0\n")
+	require.NoError(t, os.WriteFile(filepath.Join(root, "sys/fs/cgroup/cpu.stat"), []byte("usage_usec 1500000\n"), 0o644))
+	require.NoError(t, c.Refresh(t0.Add(2*time.Second)))
+	assert.InDelta(t, 0.75, c.Latest().Idle, 1e-9)
+	assert.InDelta(t, 20.0/220, c.Latest().IdleRatio, 1e-9, "host idle differs")
 }
 
 // TestRealProc reads this machine's /proc: the parsers must accept the real format.

@@ -9,45 +9,14 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/fastroute/fastroute/telemetry/nvml/nvmltest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// fakeGPU is a mock device whose utilization the test changes between refreshes.
-func fakeGPU(i int, util *uint32, powerOK bool) *mock.Device {
-	return &mock.Device{
-		GetIndexFunc: func() (int, gonvml.Return) { return i, gonvml.SUCCESS },
-		GetUUIDFunc:  func() (string, gonvml.Return) { return "GPU-" + string(rune('a'+i)), gonvml.SUCCESS },
-		GetUtilizationRatesFunc: func() (gonvml.Utilization, gonvml.Return) {
-			return gonvml.Utilization{Gpu: *util, Memory: *util / 2}, gonvml.SUCCESS
-		},
-		GetMemoryInfoFunc: func() (gonvml.Memory, gonvml.Return) {
-			return gonvml.Memory{Total: 80 << 30, Used: 20 << 30, Free: 60 << 30}, gonvml.SUCCESS
-		},
-		GetPowerUsageFunc: func() (uint32, gonvml.Return) {
-			if !powerOK {
-				return 0, gonvml.ERROR_NOT_SUPPORTED
-			}
-			return 350000, gonvml.SUCCESS
-		},
-		GetTemperatureFunc: func(gonvml.TemperatureSensors) (uint32, gonvml.Return) { return 61, gonvml.SUCCESS },
-	}
-}
-
-func fakeLib(devs ...*mock.Device) *mock.Interface {
-	return &mock.Interface{
-		InitFunc:           func() gonvml.Return { return gonvml.SUCCESS },
-		ShutdownFunc:       func() gonvml.Return { return gonvml.SUCCESS },
-		DeviceGetCountFunc: func() (int, gonvml.Return) { return len(devs), gonvml.SUCCESS },
-		DeviceGetHandleByIndexFunc: func(n int) (gonvml.Device, gonvml.Return) {
-			return devs[n], gonvml.SUCCESS
-		},
-	}
-}
-
 func TestRefreshFollowsMockedUtilization(t *testing.T) {
 	u0, u1 := uint32(10), uint32(90)
-	c := New(fakeLib(fakeGPU(0, &u0, true), fakeGPU(1, &u1, false)))
+	c := New(nvmltest.FakeLib(nvmltest.FakeGPU(0, &u0, true), nvmltest.FakeGPU(1, &u1, false)))
 	require.NoError(t, c.Start())
 	defer c.Close()
 	assert.Nil(t, c.Latest())
@@ -66,20 +35,20 @@ func TestRefreshFollowsMockedUtilization(t *testing.T) {
 }
 
 func TestInitFailuresAreUnavailableNotPanics(t *testing.T) {
-	lib := fakeLib()
+	lib := nvmltest.FakeLib()
 	lib.InitFunc = func() gonvml.Return { return gonvml.ERROR_LIBRARY_NOT_FOUND }
 	err := New(lib).Start()
 	assert.True(t, errors.Is(err, ErrUnavailable), err)
 	assert.ErrorContains(t, err, "init")
 
-	err = New(fakeLib()).Start()
+	err = New(nvmltest.FakeLib()).Start()
 	assert.ErrorContains(t, err, "no GPU found")
 }
 
 func TestRefreshErrorKeepsLastSnapshot(t *testing.T) {
 	u := uint32(40)
-	dev := fakeGPU(0, &u, true)
-	c := New(fakeLib(dev))
+	dev := nvmltest.FakeGPU(0, &u, true)
+	c := New(nvmltest.FakeLib(dev))
 	require.NoError(t, c.Start())
 	require.NoError(t, c.Refresh(time.Unix(1, 0)))
 	dev.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) {
@@ -94,9 +63,9 @@ func BenchmarkRefresh8GPUs(b *testing.B) {
 	var devs []*mock.Device
 	u := uint32(50)
 	for i := 0; i < 8; i++ {
-		devs = append(devs, fakeGPU(i, &u, true))
+		devs = append(devs, nvmltest.FakeGPU(i, &u, true))
 	}
-	c := New(fakeLib(devs...))
+	c := New(nvmltest.FakeLib(devs...))
 	require.NoError(b, c.Start())
 	b.ReportAllocs()
 	for b.Loop() {
