@@ -21,7 +21,7 @@ test-nonvml:
 
 ## bench: the micro-benchmarks of pickers, the selection core and the GPU refresh.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./telemetry/nvml ./telemetry/weights
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/weights
 
 ## fuzz: each fuzz target for FUZZTIME.
 fuzz:

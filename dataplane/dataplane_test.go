@@ -3,6 +3,7 @@ package dataplane
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 
@@ -396,6 +397,22 @@ func BenchmarkSelectReserveRelease(b *testing.B) {
 					}
 				})
 			})
+		}
+	}
+}
+
+func TestSnapshotIndexMatchesBinarySearch(t *testing.T) {
+	for n := 0; n <= 70; n++ {
+		s := &Snapshot{}
+		for i := 0; i < n; i++ {
+			s.ids = append(s.ids, uint64(3*i+2))
+		}
+		for id := uint64(0); id <= uint64(3*n+3); id++ {
+			want, ok := slices.BinarySearch(s.ids, id)
+			if !ok {
+				want = -1
+			}
+			require.Equal(t, want, s.index(id), "n=%d id=%d", n, id)
 		}
 	}
 }

@@ -37,12 +37,72 @@ func (c *candidates) add(w *Worker) {
 	c.weights.Append(w.Weight())
 }
 
+// contains reports whether id is among the (sorted) candidate ids.
+func (c *candidates) contains(id uint64) bool {
+	_, ok := slices.BinarySearch(c.ids, id)
+	return ok
+}
+
+// Grouper names the groups a worker belongs to: the LoRA adapters it holds,
+// each name once. The registry asks it at every publication, off the request
+// path.
+type Grouper interface {
+	Groups(w *Worker) []string
+}
+
+// groupLoad is a group's requests in flight; it outlives snapshots.
+type groupLoad struct {
+	_ [64]byte
+	n atomic.Int64
+	_ [56]byte
+}
+
+// Group is one group (LoRA adapter) of a snapshot: its routable members
+// sorted by id, and the group's requests in flight.
+type Group struct {
+	candidates
+	name    string
+	members int // registered members, routable or not
+	load    *groupLoad
+}
+
+// Name returns the group name.
+func (g *Group) Name() string { return g.name }
+
+// Len returns the number of routable members.
+func (g *Group) Len() int { return len(g.ids) }
+
+// Members returns the number of registered members, routable or not.
+func (g *Group) Members() int { return g.members }
+
+// Inflight returns the requests in flight routed by this group.
+func (g *Group) Inflight() int64 { return g.load.n.Load() }
+
 // Snapshot is an immutable view of the routable workers sorted by id,
-// published through an atomic pointer so readers never lock.
+// published through an atomic pointer so readers never lock. It also holds
+// the groups (LoRA adapters) of all registered workers and the base models
+// they advertise.
 type Snapshot struct {
 	candidates
+	groups  map[string]*Group
+	models  map[string]struct{}
 	version uint64
 }
+
+// Group returns the named group, or nil. The lookup does not allocate.
+func (s *Snapshot) Group(name []byte) *Group { return s.groups[string(name)] }
+
+// Groups returns the groups by name (do not modify).
+func (s *Snapshot) Groups() map[string]*Group { return s.groups }
+
+// HasModel reports whether some registered worker advertises the base model.
+func (s *Snapshot) HasModel(name []byte) bool {
+	_, ok := s.models[string(name)]
+	return ok
+}
+
+// ListsModels reports whether any worker has listed its base models.
+func (s *Snapshot) ListsModels() bool { return len(s.models) > 0 }
 
 // IDs returns the sorted routable worker ids (do not modify).
 func (s *Snapshot) IDs() []uint64 { return s.ids }
@@ -56,10 +116,25 @@ func (s *Snapshot) Len() int { return len(s.ids) }
 // Version increases with every publication.
 func (s *Snapshot) Version() uint64 { return s.version }
 
-// index returns the position of id, or -1.
+// index returns the position of id, or -1. The search halves a window whose
+// size does not depend on the data, so the compiler emits conditional moves
+// instead of mispredicted branches.
 func (s *Snapshot) index(id uint64) int {
-	if i, ok := slices.BinarySearch(s.ids, id); ok {
-		return i
+	ids := s.ids
+	n := len(ids)
+	if n == 0 {
+		return -1
+	}
+	base := 0
+	for n > 1 {
+		half := n >> 1
+		if ids[base+half-1] < id {
+			base += half
+		}
+		n -= half
+	}
+	if ids[base] == id {
+		return base
 	}
 	return -1
 }
@@ -72,11 +147,13 @@ type Registry struct {
 	workers *xsync.MapOf[uint64, *Worker]
 	snap    atomic.Pointer[Snapshot]
 	onLeave atomic.Pointer[func(id uint64)]
+	grouper Grouper                          // guarded by mu
+	loads   *xsync.MapOf[string, *groupLoad] // per-group in-flight, across snapshots
 }
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	r := &Registry{workers: xsync.NewMapOf[uint64, *Worker]()}
+	r := &Registry{workers: xsync.NewMapOf[uint64, *Worker](), loads: xsync.NewMapOf[string, *groupLoad]()}
 	r.snap.Store(&Snapshot{})
 	return r
 }
@@ -84,6 +161,14 @@ func NewRegistry() *Registry {
 // OnLeave sets a hook called (off the request path) whenever a worker stops
 // being routable or is removed, so affinity pins can be dropped.
 func (r *Registry) OnLeave(fn func(id uint64)) { r.onLeave.Store(&fn) }
+
+// SetGrouper sets what names each worker's groups and republishes.
+func (r *Registry) SetGrouper(g Grouper) {
+	r.mu.Lock()
+	r.grouper = g
+	r.publishLocked()
+	r.mu.Unlock()
+}
 
 // Snapshot returns the current routable view. It never blocks.
 func (r *Registry) Snapshot() *Snapshot { return r.snap.Load() }
@@ -180,6 +265,15 @@ func (r *Registry) Republish() {
 	r.mu.Unlock()
 }
 
+// GroupLoads calls fn with every group's requests in flight, including
+// groups no worker holds any more.
+func (r *Registry) GroupLoads(fn func(name string, inflight int64)) {
+	r.loads.Range(func(name string, l *groupLoad) bool {
+		fn(name, l.n.Load())
+		return true
+	})
+}
+
 func (r *Registry) left(id uint64) {
 	if fn := r.onLeave.Load(); fn != nil {
 		(*fn)(id)
@@ -188,12 +282,33 @@ func (r *Registry) left(id uint64) {
 
 func (r *Registry) publishLocked() {
 	all := r.All()
-	s := &Snapshot{version: r.snap.Load().version + 1}
+	s := &Snapshot{version: r.snap.Load().version + 1, groups: map[string]*Group{}, models: map[string]struct{}{}}
 	for _, w := range all {
-		if w.Routable() {
+		routable := w.Routable()
+		if routable {
 			s.add(w)
+		}
+		for _, m := range w.Advertised().Models {
+			s.models[m] = struct{}{}
+		}
+		if r.grouper == nil {
+			continue
+		}
+		for _, name := range r.grouper.Groups(w) {
+			g := s.groups[name]
+			if g == nil {
+				load, _ := r.loads.LoadOrCompute(name, func() *groupLoad { return &groupLoad{} })
+				g = &Group{name: name, load: load}
+				s.groups[name] = g
+			}
+			if g.members++; routable {
+				g.add(w)
+			}
 		}
 	}
 	s.weights.Build()
+	for _, g := range s.groups {
+		g.weights.Build()
+	}
 	r.snap.Store(s)
 }

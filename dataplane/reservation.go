@@ -7,6 +7,7 @@ import "sync/atomic"
 // one in pooled state) and must not be copied while held.
 type Reservation struct {
 	worker *Worker
+	group  *Group // the LoRA group whose in-flight count it also holds; may be nil
 	rank   int
 	held   atomic.Bool
 }
@@ -17,6 +18,9 @@ func (r *Reservation) Worker() *Worker { return r.worker }
 // Rank returns the data-parallel rank chosen for the request.
 func (r *Reservation) Rank() int { return r.rank }
 
+// Group returns the group (LoRA adapter) the request was routed by, or nil.
+func (r *Reservation) Group() *Group { return r.group }
+
 // Held reports whether the slot is still taken.
 func (r *Reservation) Held() bool { return r.held.Load() }
 
@@ -26,10 +30,16 @@ func (r *Reservation) Release() bool {
 		return false
 	}
 	r.worker.occ.n.Add(-1)
+	if r.group != nil {
+		r.group.load.n.Add(-1)
+	}
 	return true
 }
 
-func (r *Reservation) hold(w *Worker, rank int) {
-	r.worker, r.rank = w, rank
+func (r *Reservation) hold(w *Worker, g *Group, rank int) {
+	r.worker, r.group, r.rank = w, g, rank
+	if g != nil {
+		g.load.n.Add(1)
+	}
 	r.held.Store(true)
 }

@@ -22,13 +22,19 @@ type Request struct {
 	// session pin): that worker or an error, never another.
 	WorkerID  uint64
 	HasWorker bool
-	// PreferID names a worker to take while it is free (soft pin, cache hit).
-	PreferID  uint64
-	HasPrefer bool
+	// PreferID names a worker to take while it is free (soft pin, cache
+	// hit); PreferRank is its rank when HasPreferRank (a soft pin's).
+	PreferID      uint64
+	HasPrefer     bool
+	PreferRank    int
+	HasPreferRank bool
 	// DPRank pins the data-parallel rank when HasDPRank is set.
 	DPRank    int
 	HasDPRank bool
-	// Filter restricts the candidates; nil admits all.
+	// Group restricts the candidates to its members (the workers holding
+	// a LoRA adapter) and counts the request in the group's load; nil: all.
+	Group *Group
+	// Filter restricts the candidates further; nil admits all.
 	Filter Filter
 
 	exclude  [MaxAttempts]uint64
@@ -100,22 +106,31 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 	if s.picker == nil {
 		return errMissingWorker
 	}
+	base := &snap.candidates
+	if g := req.Group; g != nil {
+		if g.Len() == 0 {
+			return Errorf(NoEndpoints, "no routable worker holds adapter %q", g.name)
+		}
+		base = &g.candidates
+	}
 	if req.HasPrefer {
 		if i := snap.index(req.PreferID); i >= 0 {
-			if w := snap.workers[i]; s.admits(req, w) && w.tryAcquire(s.busy) {
-				return s.hold(req, w, res)
+			w := snap.workers[i]
+			inGroup := req.Group == nil || req.Group.contains(w.spec.ID)
+			if inGroup && s.admits(req, w) && w.tryAcquire(s.busy) {
+				return s.holdRank(req, w, res, req.PreferRank, req.HasPreferRank)
 			}
 		}
 	}
 	if req.Filter == nil && req.nExclude == 0 {
-		// Fast path: pick over the whole snapshot. A busy pick means the
-		// policy saw no better free worker, or raced; the filtered path decides.
-		w := snap.workers[s.picker.Pick(snap.ids, &snap.candidates)]
+		// Fast path: pick over the whole set. A busy pick means the policy
+		// saw no better free worker, or raced; the filtered path decides.
+		w := base.workers[s.picker.Pick(base.ids, base)]
 		if w.tryAcquire(s.busy) {
 			return s.hold(req, w, res)
 		}
 	}
-	return s.selectFiltered(snap, req, res)
+	return s.selectFiltered(base, req, res)
 }
 
 // Retry releases res and reserves another worker, never one this request
@@ -139,11 +154,14 @@ func (s *Selector) admits(req *Request, w *Worker) bool {
 // hold records the reservation with its data-parallel rank: the pinned one
 // where it fits the worker, else the worker's next in rotation.
 func (s *Selector) hold(req *Request, w *Worker, res *Reservation) error {
-	rank := req.DPRank
-	if !req.HasDPRank || rank < 0 || rank >= w.spec.DPSize {
+	return s.holdRank(req, w, res, req.DPRank, req.HasDPRank)
+}
+
+func (s *Selector) holdRank(req *Request, w *Worker, res *Reservation, rank int, pinned bool) error {
+	if !pinned || rank < 0 || rank >= w.spec.DPSize {
 		rank = w.nextRank()
 	}
-	res.hold(w, rank)
+	res.hold(w, req.Group, rank)
 	return nil
 }
 
@@ -162,6 +180,9 @@ func (s *Selector) selectNamed(snap *Snapshot, req *Request, res *Reservation) e
 	if req.HasDPRank && (req.DPRank < 0 || req.DPRank >= w.spec.DPSize) {
 		return Errorf(InvalidArgument, "dp rank %d is outside 0..%d of worker %d", req.DPRank, w.spec.DPSize-1, w.spec.ID)
 	}
+	if g := req.Group; g != nil && !g.contains(w.spec.ID) {
+		return Errorf(InvalidArgument, "worker %d does not hold adapter %q", req.WorkerID, g.name)
+	}
 	if req.Filter != nil && !req.Filter.Allow(w) {
 		return Errorf(InvalidArgument, "worker %d cannot serve this request", req.WorkerID)
 	}
@@ -171,13 +192,13 @@ func (s *Selector) selectNamed(snap *Snapshot, req *Request, res *Reservation) e
 	return s.hold(req, w, res)
 }
 
-// selectFiltered collects the admitted free workers and picks among them.
-func (s *Selector) selectFiltered(snap *Snapshot, req *Request, res *Reservation) error {
+// selectFiltered collects the admitted free workers of base and picks among them.
+func (s *Selector) selectFiltered(base *candidates, req *Request, res *Reservation) error {
 	c := &req.scratch
 	for try := 0; try < 3; try++ {
 		c.reset()
 		admitted := 0
-		for _, w := range snap.workers {
+		for _, w := range base.workers {
 			if !s.admits(req, w) {
 				continue
 			}

@@ -88,7 +88,14 @@ type Worker struct {
 	draining atomic.Bool
 	weight   atomic.Uint64 // float64 bits of the telemetry weight
 	dpNext   atomic.Uint64
-	models   atomic.Pointer[[]string] // models the worker advertises
+	adv      atomic.Pointer[Advertised] // what its /v1/models lists
+}
+
+// Advertised is what a worker's /v1/models answer lists: base models, and
+// LoRA adapters (the entries that name a parent model).
+type Advertised struct {
+	Models   []string `json:"models"`
+	Adapters []string `json:"adapters"`
 }
 
 func newWorker(spec WorkerSpec) *Worker {
@@ -132,16 +139,22 @@ func (w *Worker) SetWeight(v float64) {
 // Served returns how many requests w has been reserved for since it registered.
 func (w *Worker) Served() uint64 { return w.occ.served.Load() }
 
-// Models returns the model names w last advertised (nil before the first probe).
-func (w *Worker) Models() []string {
-	if p := w.models.Load(); p != nil {
+// Advertised returns what w last listed in /v1/models (zero before the first probe).
+func (w *Worker) Advertised() Advertised {
+	if p := w.adv.Load(); p != nil {
 		return *p
 	}
-	return nil
+	return Advertised{}
 }
 
-// SetModels records the models w advertises.
-func (w *Worker) SetModels(m []string) { w.models.Store(&m) }
+// SetAdvertised records what w lists and reports whether it changed.
+func (w *Worker) SetAdvertised(a Advertised) bool {
+	if old := w.adv.Load(); old != nil && slices.Equal(old.Models, a.Models) && slices.Equal(old.Adapters, a.Adapters) {
+		return false
+	}
+	w.adv.Store(&a)
+	return true
+}
 
 // nextRank returns the data-parallel rank for a request that names none.
 func (w *Worker) nextRank() int {

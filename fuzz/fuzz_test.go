@@ -2,11 +2,15 @@ package fuzz
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/frontend"
+	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/valyala/fasthttp"
 )
@@ -223,5 +227,99 @@ func FuzzRequestParsing(f *testing.F) {
 		if occ := reg.Snapshot().Workers()[0].Occupancy(); occ != 0 {
 			t.Fatalf("reservation leaked: occupancy %d", occ)
 		}
+	})
+}
+
+// FuzzStickySelection drives LoRA-filtered, hard-pinned selection with random
+// residency changes, drains and releases: a LoRA pick always holds the
+// adapter, a hard-pinned request gets its pinned worker or an error (never
+// another worker), and every occupancy and adapter load returns to 0.
+func FuzzStickySelection(f *testing.F) {
+	f.Add([]byte{0x01, 0x12, 0x23, 0x34, 0x45, 0x56, 0x67, 0x78})
+	f.Add([]byte{0xf0, 0xe1, 0xd2, 0xc3, 0xb4, 0xa5, 0x96, 0x87, 0x00, 0x11})
+	f.Add([]byte{0x05, 0x05, 0x05, 0x15, 0x25, 0x35, 0x06, 0x07})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		const workers, adapters, busy = 6, 4, 2
+		reg := dataplane.NewRegistry()
+		for id := uint64(1); id <= workers; id++ {
+			// Worker id holds adapter a when bit a of id is set.
+			var loras []string
+			for a := 0; a < adapters; a++ {
+				if id&(1<<a) != 0 {
+					loras = append(loras, fmt.Sprintf("a%d", a))
+				}
+			}
+			if _, err := reg.Add(dataplane.WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), LoRAs: loras}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res := lora.New(reg)
+		sel, err := dataplane.NewSelector(reg, pickers.ModeP2C, busy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sessions := affinity.NewTable(affinity.Options{TTL: time.Hour, MaxSessions: 4})
+		reg.OnLeave(sessions.WorkerLeft)
+		var held []*dataplane.Reservation
+		for _, op := range ops {
+			arg := int(op >> 4)
+			switch op & 0x07 {
+			case 0, 1, 2: // select for adapter arg%adapters under session arg%5
+				name := fmt.Sprintf("a%d", arg%adapters)
+				sid := fmt.Appendf(nil, "s%d", arg%5)
+				req := dataplane.Request{Group: reg.Snapshot().Group([]byte(name))}
+				pin, st := sessions.Get(sid)
+				if st == affinity.Pinned {
+					req.WorkerID, req.HasWorker = pin.Worker, true
+				}
+				if st == affinity.Lost {
+					sessions.Drop(sid)
+				}
+				r := &dataplane.Reservation{}
+				if req.Group == nil {
+					continue // every holder of it was re-declared away
+				}
+				if err := sel.Select(&req, r); err != nil {
+					continue
+				}
+				w := r.Worker()
+				if !slices.Contains(res.Groups(w), name) {
+					t.Fatalf("worker %d does not hold %s", w.ID(), name)
+				}
+				if st == affinity.Pinned && w.ID() != pin.Worker {
+					t.Fatalf("hard pin to %d answered by %d", pin.Worker, w.ID())
+				}
+				sessions.Put(sid, affinity.Pin{Worker: w.ID()})
+				held = append(held, r)
+			case 3, 4: // release one
+				if len(held) > 0 {
+					i := arg % len(held)
+					held[i].Release()
+					held = append(held[:i], held[i+1:]...)
+				}
+			case 5: // re-declare a worker's adapters
+				id := uint64(arg%workers + 1)
+				if _, ok := reg.Get(id); ok {
+					_ = res.Set(id, []string{fmt.Sprintf("a%d", arg%adapters)})
+				}
+			case 6: // drain a worker
+				_ = reg.Drain(uint64(arg%workers + 1))
+			case 7: // health flip
+				reg.SetHealthy(uint64(arg%workers+1), arg%2 == 0)
+			}
+		}
+		for _, r := range held {
+			r.Release()
+		}
+		for _, w := range reg.All() {
+			if w.Occupancy() != 0 {
+				t.Fatalf("worker %d occupancy %d", w.ID(), w.Occupancy())
+			}
+		}
+		reg.GroupLoads(func(name string, n int64) {
+			if n != 0 {
+				t.Fatalf("adapter %s load %d", name, n)
+			}
+		})
 	})
 }

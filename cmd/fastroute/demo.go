@@ -78,6 +78,11 @@ func runDemo(args []string) error {
 		return err
 	}
 	fmt.Println(q)
+	sticky, err := demoSticky(client, base)
+	if err != nil {
+		return err
+	}
+	fmt.Println(sticky)
 
 	fmt.Println("\nper-worker counts (served by the mock / reserved by the router / in flight now), weight:")
 	var total int64
@@ -94,7 +99,7 @@ func runDemo(args []string) error {
 			return fmt.Errorf("worker %d still holds %d reservations", w.ID(), w.Occupancy())
 		}
 	}
-	if want := int64(*requests + 1); total != want {
+	if want := int64(*requests + 1 + stickyRequests); total != want {
 		return fmt.Errorf("workers served %d requests, want %d", total, want)
 	}
 	resp, err := client.Get("http://" + r.AdminAddr() + "/metrics")
@@ -177,4 +182,42 @@ func demoQuery(client *http.Client, base string) (string, error) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return "query only          -> " + strings.TrimSpace(string(b)) + "  (not dispatched)", nil
+}
+
+// stickyRequests is how many requests demoSticky sends.
+const stickyRequests = 4
+
+// demoSticky sends a LoRA request (only worker 3 holds sql-lora) and three
+// requests of one session (soft affinity keeps them on one worker).
+func demoSticky(client *http.Client, base string) (string, error) {
+	send := func(body, session string) (string, error) {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(body))
+		if session != "" {
+			req.Header.Set("x-session-id", session)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
+		}
+		return resp.Header.Get("x-fastroute-worker"), nil
+	}
+	loraWorker, err := send(`{"model":"sql-lora","prompt":"select"}`, "")
+	if err != nil {
+		return "", err
+	}
+	var session []string
+	for i := 0; i < stickyRequests-1; i++ {
+		w, err := send(`{"model":"mock-model","prompt":"hi"}`, "demo-session")
+		if err != nil {
+			return "", err
+		}
+		session = append(session, w)
+	}
+	return fmt.Sprintf("lora sql-lora       -> worker %s\nsession demo-session -> workers %s (soft affinity)",
+		loraWorker, strings.Join(session, ", ")), nil
 }

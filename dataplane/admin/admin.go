@@ -6,6 +6,7 @@ package admin
 import (
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/pprof"
@@ -19,12 +20,12 @@ import (
 // WorkerInfo is how GET /workers shows one worker.
 type WorkerInfo struct {
 	dataplane.WorkerSpec
-	Healthy   bool     `json:"healthy"`
-	Draining  bool     `json:"draining"`
-	Occupancy int64    `json:"occupancy"`
-	Served    uint64   `json:"served"`
-	Weight    float64  `json:"weight"`
-	Models    []string `json:"models"`
+	Healthy   bool    `json:"healthy"`
+	Draining  bool    `json:"draining"`
+	Occupancy int64   `json:"occupancy"`
+	Served    uint64  `json:"served"`
+	Weight    float64 `json:"weight"`
+	dataplane.Advertised
 }
 
 // Options configures the admin handler.
@@ -34,6 +35,10 @@ type Options struct {
 	Token    string // bearer token guarding writes; empty = open
 	// Describe adds fields to a worker's JSON (telemetry age, say); may be nil.
 	Describe func(w *dataplane.Worker, info map[string]any)
+	// LoRAs lists the adapters a worker holds; SetLoRAs replaces those
+	// declared for it (PUT /workers/{id}/loras). Both may be nil.
+	LoRAs    func(w *dataplane.Worker) []string
+	SetLoRAs func(id uint64, adapters []string) error
 }
 
 // Handler returns the admin mux.
@@ -54,9 +59,12 @@ func Handler(o Options) http.Handler {
 			info := map[string]any{}
 			raw, _ := json.Marshal(WorkerInfo{
 				WorkerSpec: *wk.Spec(), Healthy: wk.Healthy(), Draining: wk.Draining(),
-				Occupancy: wk.Occupancy(), Served: wk.Served(), Weight: wk.Weight(), Models: wk.Models(),
+				Occupancy: wk.Occupancy(), Served: wk.Served(), Weight: wk.Weight(), Advertised: wk.Advertised(),
 			})
 			_ = json.Unmarshal(raw, &info)
+			if o.LoRAs != nil {
+				info["resident_loras"] = o.LoRAs(wk)
+			}
 			if o.Describe != nil {
 				o.Describe(wk, info)
 			}
@@ -83,10 +91,37 @@ func Handler(o Options) http.Handler {
 		}
 		writeJSON(w, http.StatusCreated, wk.Spec())
 	}))
+	mux.HandleFunc("PUT /workers/{id}/loras", o.guard(func(w http.ResponseWriter, r *http.Request) {
+		id, ok := pathID(w, r)
+		if !ok {
+			return
+		}
+		if o.SetLoRAs == nil {
+			writeError(w, http.StatusNotImplemented, "LoRA residency is not tracked")
+			return
+		}
+		var body struct {
+			LoRAs []string `json:"loras"`
+		}
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&body); err != nil || body.LoRAs == nil {
+			writeError(w, http.StatusBadRequest, `want {"loras":["adapter",...]}`)
+			return
+		}
+		if err := o.SetLoRAs(id, body.LoRAs); err != nil {
+			status := http.StatusBadRequest
+			if errors.Is(err, dataplane.ErrNotFound) {
+				status = http.StatusNotFound
+			}
+			writeError(w, status, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"id": id, "loras": body.LoRAs})
+	}))
 	mux.HandleFunc("DELETE /workers/{id}", o.guard(func(w http.ResponseWriter, r *http.Request) {
-		id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("worker id %q is not an unsigned integer", r.PathValue("id")))
+		id, ok := pathID(w, r)
+		if !ok {
 			return
 		}
 		if err := o.Registry.Drain(id); err != nil {
@@ -96,6 +131,16 @@ func Handler(o Options) http.Handler {
 		writeJSON(w, http.StatusAccepted, map[string]any{"id": id, "draining": true})
 	}))
 	return mux
+}
+
+// pathID reads the {id} of a path, answering 400 when it is not a number.
+func pathID(w http.ResponseWriter, r *http.Request) (uint64, bool) {
+	id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("worker id %q is not an unsigned integer", r.PathValue("id")))
+		return 0, false
+	}
+	return id, true
 }
 
 // guard refuses writes without the bearer token when one is set.

@@ -34,6 +34,8 @@ type Router struct {
 	BusyThreshold   int          `yaml:"busy_threshold"`
 	Retries         int          `yaml:"retries"`
 	SessionAffinity Affinity     `yaml:"session_affinity"`
+	// EmbeddingCacheSize bounds the embedding cache table (keys); 0 turns it off.
+	EmbeddingCacheSize int `yaml:"embedding_cache_size"`
 }
 
 // Affinity holds the session-affinity settings.
@@ -75,7 +77,8 @@ func Default() Config {
 		AdminListen: "127.0.0.1:9090",
 		Router: Router{
 			Mode: pickers.ModeWeighted, BusyThreshold: 64, Retries: 2,
-			SessionAffinity: Affinity{Mode: "soft", Header: "x-session-id", TTL: 10 * time.Minute, MaxSessions: 100000},
+			SessionAffinity:    Affinity{Mode: "soft", Header: "x-session-id", TTL: 10 * time.Minute, MaxSessions: 100000},
+			EmbeddingCacheSize: 1 << 16,
 		},
 		Telemetry: Telemetry{NVML: true, CPU: true, Interval: 250 * time.Millisecond},
 		Health:    Health{Interval: 2 * time.Second, Path: "/health", UnhealthyAfter: 3},
@@ -152,6 +155,9 @@ func (c *Config) Validate() error {
 	}
 	if a.MaxSessions <= 0 {
 		return keyErr("router.session_affinity.max_sessions", "%d must be positive", a.MaxSessions)
+	}
+	if c.Router.EmbeddingCacheSize < 0 || c.Router.EmbeddingCacheSize > 1<<26 {
+		return keyErr("router.embedding_cache_size", "%d is outside 0..%d (0 turns the cache off)", c.Router.EmbeddingCacheSize, 1<<26)
 	}
 	if c.Telemetry.Interval <= 0 {
 		return keyErr("telemetry.interval", "%v must be positive", c.Telemetry.Interval)

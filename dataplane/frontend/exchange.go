@@ -35,12 +35,17 @@ type exchange struct {
 	readErr error
 	done    bool
 	rankBuf []byte
+	session []byte   // session id (affinity on), copied from the header
+	model   []byte   // the body's model field
+	keys    []uint64 // embedding cache keys
+	hard    bool     // bound to its worker by a hard session pin
 }
 
 func (ex *exchange) begin(rt route, start time.Time) {
 	ex.rt, ex.start = rt, start
 	ex.req.Reset()
-	ex.stream, ex.readErr, ex.done = false, nil, false
+	ex.stream, ex.readErr, ex.done, ex.hard = false, nil, false, false
+	ex.session, ex.model, ex.keys = ex.session[:0], ex.model[:0], ex.keys[:0]
 }
 
 // parse reads the routing headers and checks the body is a JSON object.
@@ -81,7 +86,7 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 		return false, errors.New("request body must be a JSON object")
 	}
 	ex.stream = v.GetBool("stream")
-	return query, nil
+	return query, ex.readSticky(h.Peek(ex.s.opts.SessionHeader), v)
 }
 
 // dispatch sends the request to the reserved worker, moving it to another
@@ -96,6 +101,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 		err := u.hc.Do(&ex.up, &ex.resp)
 		if err == nil {
 			s.metrics.firstByte.Observe(time.Since(t))
+			ex.served()
 			ex.respond(ctx, u)
 			return
 		}
@@ -168,6 +174,7 @@ func (ex *exchange) CloseWithError(werr error) error {
 
 // fail answers a dispatch that got no response from any worker tried.
 func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr error) {
+	ex.failedOnPin()
 	msg := fmt.Sprintf("worker %d failed before answering: %v", worker, err)
 	if retryErr != nil {
 		msg += "; no other worker to retry on: " + retryErr.Error()

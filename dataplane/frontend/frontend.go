@@ -16,7 +16,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/lora"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -33,6 +35,15 @@ type Options struct {
 	ConnectTimeout  time.Duration // dial to a worker
 	UpstreamTimeout time.Duration // whole upstream answer, stream included
 	Logger          *slog.Logger
+
+	// LoRA maps a request's model onto its adapter's workers; nil: off.
+	LoRA *lora.Residency
+	// Affinity pins sessions named by SessionHeader when AffinityMode is not Off.
+	Affinity      *affinity.Table
+	AffinityMode  affinity.Mode
+	SessionHeader string
+	// EmbedCache steers embedding requests to the worker that served their inputs; nil: off.
+	EmbedCache *affinity.Cache
 }
 
 // Server is the request front end.
@@ -182,7 +193,11 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 		return
 	}
 	t := time.Now()
-	err = s.sel.Select(&ex.req, &ex.res)
+	if err = ex.route(); err == nil {
+		if err = s.sel.Select(&ex.req, &ex.res); err != nil {
+			err = ex.selectFailed(err)
+		}
+	}
 	s.metrics.routeTime.Observe(time.Since(t))
 	if err != nil {
 		s.metrics.requests[rt][selectOutcome(err)].Inc()
@@ -226,8 +241,13 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 	}
 	var ids []string
 	for _, w := range s.reg.All() {
-		ids = append(ids, w.Models()...)
+		adv := w.Advertised()
+		ids = append(ids, adv.Models...)
+		ids = append(ids, adv.Adapters...)
 		ids = append(ids, w.Spec().LoRAs...)
+	}
+	for name := range s.reg.Snapshot().Groups() { // adapters set through the admin API
+		ids = append(ids, name)
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)

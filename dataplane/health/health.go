@@ -62,7 +62,7 @@ func (c *Checker) Run(ctx context.Context) {
 func (c *Checker) CheckOnce() {
 	workers := c.reg.All()
 	ok := make([]bool, len(workers))
-	models := make([][]string, len(workers))
+	models := make([]*dataplane.Advertised, len(workers))
 	var wg sync.WaitGroup
 	for i, w := range workers {
 		if w.Draining() {
@@ -79,14 +79,15 @@ func (c *Checker) CheckOnce() {
 	}
 	wg.Wait()
 	c.mu.Lock()
+	changed := false
 	for i, w := range workers {
 		if w.Draining() {
 			continue
 		}
 		id := w.ID()
 		if ok[i] {
-			if models[i] != nil {
-				w.SetModels(models[i])
+			if models[i] != nil && w.SetAdvertised(*models[i]) {
+				changed = true
 			}
 			if !w.Healthy() {
 				c.opts.Logger.Info("worker healthy again", "worker", id)
@@ -100,6 +101,9 @@ func (c *Checker) CheckOnce() {
 			c.opts.Logger.Warn("worker unhealthy", "worker", id, "failed_probes", c.failures[id])
 			c.reg.SetHealthy(id, false)
 		}
+	}
+	if changed {
+		c.reg.Republish() // LoRA residency and base models follow the listings
 	}
 	for _, w := range c.reg.SweepDrained() {
 		delete(c.failures, w.ID())
@@ -120,8 +124,9 @@ func (c *Checker) probe(url string) bool {
 	return true
 }
 
-// models reads the ids of an OpenAI /v1/models answer; nil when unreadable.
-func (c *Checker) models(url string) []string {
+// models reads an OpenAI /v1/models answer: entries with a parent are LoRA
+// adapters, the others base models. Nil when unreadable.
+func (c *Checker) models(url string) *dataplane.Advertised {
 	status, body, err := c.client.GetTimeout(nil, url, c.opts.Interval)
 	if err != nil || status != fasthttp.StatusOK {
 		return nil
@@ -130,10 +135,15 @@ func (c *Checker) models(url string) []string {
 	if err != nil {
 		return nil
 	}
-	out := []string{}
+	out := &dataplane.Advertised{Models: []string{}, Adapters: []string{}}
 	for _, m := range v.GetArray("data") {
-		if id := m.GetStringBytes("id"); len(id) > 0 {
-			out = append(out, string(id))
+		id := m.GetStringBytes("id")
+		switch {
+		case len(id) == 0:
+		case len(m.GetStringBytes("parent")) > 0:
+			out.Adapters = append(out.Adapters, string(id))
+		default:
+			out.Models = append(out.Models, string(id))
 		}
 	}
 	return out

@@ -12,12 +12,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/admin"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/frontend"
 	"github.com/fastroute/fastroute/dataplane/health"
 	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/telemetry/cpu"
 	"github.com/fastroute/fastroute/telemetry/nvml"
 	"github.com/fastroute/fastroute/telemetry/weights"
@@ -31,7 +33,11 @@ type Router struct {
 	Frontend *frontend.Server
 	Health   *health.Checker
 	Weights  *weights.Loop // nil when telemetry is off
-	Metrics  *metrics.Set
+	LoRA     *lora.Residency
+	Sessions *affinity.Table
+	// EmbedCache is nil when router.embedding_cache_size is 0.
+	EmbedCache *affinity.Cache
+	Metrics    *metrics.Set
 
 	ln, adminLn net.Listener
 	admin       *http.Server
@@ -59,18 +65,34 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}}
-	r.Frontend = frontend.New(frontend.Options{
+	aff := cfg.Router.SessionAffinity
+	affMode, _ := affinity.ParseMode(aff.Mode) // Validate checked it
+	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{},
+		LoRA:     lora.New(reg),
+		Sessions: affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions})}
+	reg.OnLeave(r.Sessions.WorkerLeft)
+	fo := frontend.Options{
 		Selector: sel, Retries: cfg.Router.Retries, MaxBodyBytes: cfg.Limits.MaxBodyBytes,
 		ReadTimeout: cfg.Limits.ReadTimeout, WriteTimeout: cfg.Limits.WriteTimeout,
 		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
 		UpstreamTimeout: cfg.Limits.UpstreamTimeout, Logger: log,
-	})
+		LoRA: r.LoRA, Affinity: r.Sessions, AffinityMode: affMode, SessionHeader: aff.Header,
+	}
+	if n := cfg.Router.EmbeddingCacheSize; n > 0 {
+		r.EmbedCache = affinity.NewCache(n)
+		fo.EmbedCache = r.EmbedCache
+	}
+	r.Frontend = frontend.New(fo)
 	r.Health = health.New(reg, health.Options{
 		Interval: cfg.Health.Interval, Path: cfg.Health.Path, UnhealthyAfter: cfg.Health.UnhealthyAfter,
-		Logger: log, OnRemoved: r.Frontend.Forget,
+		Logger: log, OnRemoved: func(w *dataplane.Worker) { r.Frontend.Forget(w); r.LoRA.Forget(w) },
 	})
 	r.Metrics.Register(r.Frontend.Metrics().Collector(string(cfg.Router.Mode), reg))
+	r.Metrics.Register(r.LoRA.Collector())
+	r.Metrics.Register(r.Sessions.Collector())
+	if r.EmbedCache != nil {
+		r.Metrics.Register(r.EmbedCache.Collector())
+	}
 	r.startTelemetry(log)
 
 	if r.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -81,7 +103,8 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		return nil, fmt.Errorf("admin_listen %s: %w", cfg.AdminListen, err)
 	}
 	r.admin = &http.Server{
-		Handler:           admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken, Describe: r.describe}),
+		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken,
+			Describe: r.describe, SetLoRAs: r.LoRA.Set, LoRAs: r.LoRA.Groups}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -89,6 +112,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	go func() { _ = r.Frontend.Serve(r.ln) }()
 	go func() { _ = r.admin.Serve(r.adminLn) }()
 	r.loops.Go(func() { r.Health.Run(ctx) })
+	r.loops.Go(func() { r.Sessions.Run(ctx, sweepEvery(aff.TTL)) })
 	if r.Weights != nil {
 		r.loops.Go(func() { r.Weights.Run(ctx) })
 	}
@@ -148,4 +172,10 @@ func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
 	if r.Weights != nil {
 		r.Weights.Describe(w, info)
 	}
+}
+
+// sweepEvery is the session sweeper's period: a tenth of the TTL, within
+// 100ms..10s. It is also the granularity of the sessions' idle clock.
+func sweepEvery(ttl time.Duration) time.Duration {
+	return min(max(ttl/10, 100*time.Millisecond), 10*time.Second)
 }

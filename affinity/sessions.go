@@ -1,0 +1,245 @@
+// Package affinity holds fastroute's sticky-routing tables: session pins
+// (session id → worker and data-parallel rank, with an idle TTL and a bounded
+// size) and the embedding cache (input hash → the worker that served it).
+// Both live on xsync maps keyed by xxhash, so the request path looks them up
+// without locks and without allocating; only storing a new session or cache
+// key allocates.
+package affinity
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/puzpuzpuz/xsync/v3"
+)
+
+// Mode is how strictly sessions stick to their worker.
+type Mode uint8
+
+// The session_affinity modes of the config.
+const (
+	Off  Mode = iota // no affinity
+	Soft             // prefer the pinned worker while it is free, else re-pin
+	Hard             // always the pinned worker; an error if it is gone
+)
+
+// ParseMode reads a config mode name.
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "off":
+		return Off, nil
+	case "soft":
+		return Soft, nil
+	case "hard":
+		return Hard, nil
+	}
+	return Off, fmt.Errorf("%q is not off, soft or hard", s)
+}
+
+// Pin is where a session goes.
+type Pin struct {
+	Worker uint64
+	Rank   int
+}
+
+// State is the result of a lookup.
+type State uint8
+
+// Lookup results.
+const (
+	Missing State = iota // no pin
+	Pinned               // pin valid
+	Lost                 // the pinned worker left; Pin.Worker names it
+)
+
+// Options configures a Table.
+type Options struct {
+	TTL         time.Duration    // idle time after which a pin expires
+	MaxSessions int              // bound; the earliest-created session goes first
+	Now         func() time.Time // clock (tests inject one); default time.Now
+}
+
+// Table maps session ids to pins.
+//
+// The request path reads a coarse clock that Tick advances, so a lookup does
+// not call time.Now. Expiry is done by Tick (run it with Run), never on the
+// request path. The size bound is a ring of the sessions in creation order:
+// creating a session beyond MaxSessions evicts the one created MaxSessions
+// sessions earlier, if it is still there.
+type Table struct {
+	opts    Options
+	m       *xsync.MapOf[uint64, *session]
+	ring    []atomic.Uint64 // session hashes by creation slot
+	next    atomic.Uint64   // next creation slot
+	size    atomic.Int64
+	clock   atomic.Int64 // unix nanoseconds of the last Tick
+	evicted metrics.Counter
+	expired metrics.Counter
+}
+
+type session struct {
+	id     string
+	slot   uint64 // creation slot in the ring
+	worker atomic.Uint64
+	rank   atomic.Int64
+	lost   atomic.Bool  // worker left; a hard session gets an error once
+	used   atomic.Int64 // clock of the last use
+}
+
+// NewTable returns an empty table; its clock starts at opts.Now().
+func NewTable(opts Options) *Table {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.MaxSessions <= 0 {
+		opts.MaxSessions = 100000
+	}
+	t := &Table{opts: opts, m: xsync.NewMapOfWithHasher[uint64, *session](rehash), ring: make([]atomic.Uint64, opts.MaxSessions)}
+	t.clock.Store(opts.Now().UnixNano())
+	return t
+}
+
+// rehash is the map's hasher: keys are xxhash values already, so mixing in
+// the seed is enough.
+func rehash(k, seed uint64) uint64 { return k ^ seed }
+
+func hashOf(id []byte) uint64 {
+	if h := xxhash.Sum64(id); h != 0 {
+		return h
+	}
+	return 1 // 0 marks an empty ring slot
+}
+
+// Get looks a session up and marks it used. It does not allocate.
+func (t *Table) Get(id []byte) (Pin, State) {
+	s, ok := t.m.Load(hashOf(id))
+	if !ok || s.id != string(id) {
+		return Pin{}, Missing
+	}
+	if now := t.clock.Load(); s.used.Load() != now {
+		s.used.Store(now)
+	}
+	p := Pin{Worker: s.worker.Load(), Rank: int(s.rank.Load())}
+	if s.lost.Load() {
+		return p, Lost
+	}
+	return p, Pinned
+}
+
+// Put pins a session, creating it if needed (the only allocation).
+func (t *Table) Put(id []byte, p Pin) {
+	h := hashOf(id)
+	now := t.clock.Load()
+	if s, ok := t.m.Load(h); ok && s.id == string(id) {
+		if s.worker.Load() != p.Worker || s.rank.Load() != int64(p.Rank) || s.lost.Load() {
+			s.worker.Store(p.Worker)
+			s.rank.Store(int64(p.Rank))
+			s.lost.Store(false)
+		}
+		s.used.Store(now)
+		return
+	}
+	s := &session{id: string(id), slot: t.next.Add(1) - 1}
+	s.worker.Store(p.Worker)
+	s.rank.Store(int64(p.Rank))
+	s.used.Store(now)
+	if _, loaded := t.m.LoadAndStore(h, s); !loaded { // loaded: a hash twin or a racing Put, replaced
+		t.size.Add(1)
+	}
+	t.evictFor(s.slot, h)
+}
+
+// evictFor records slot's session in the ring and removes the session that
+// held the slot one ring length earlier, if it is still in the table.
+func (t *Table) evictFor(slot, h uint64) {
+	n := uint64(len(t.ring))
+	old := t.ring[slot%n].Swap(h)
+	if old == 0 || slot < n {
+		return
+	}
+	t.deleteIf(old, func(s *session) bool { return s.slot == slot-n }, &t.evicted)
+}
+
+// deleteIf removes h's session when cond holds, counting it in count (may be nil).
+func (t *Table) deleteIf(h uint64, cond func(*session) bool, count *metrics.Counter) {
+	t.m.Compute(h, func(s *session, loaded bool) (*session, bool) {
+		if loaded && cond(s) {
+			t.size.Add(-1)
+			if count != nil {
+				count.Inc()
+			}
+			return s, true
+		}
+		return s, !loaded // an absent key stays absent
+	})
+}
+
+// Drop removes a session.
+func (t *Table) Drop(id []byte) {
+	sid := string(id)
+	t.deleteIf(hashOf(id), func(s *session) bool { return s.id == sid }, nil)
+}
+
+// WorkerLeft marks every session pinned to worker as lost, so a hard
+// session gets a clear error and a soft one re-pins. It runs off the request
+// path (registry writes call it) and costs one pass over the table.
+func (t *Table) WorkerLeft(worker uint64) {
+	t.m.Range(func(_ uint64, s *session) bool {
+		if s.worker.Load() == worker {
+			s.lost.Store(true)
+		}
+		return true
+	})
+}
+
+// Tick advances the table clock to Now and expires the sessions idle for
+// longer than TTL. It returns how many expired.
+func (t *Table) Tick() int {
+	now := t.opts.Now().UnixNano()
+	t.clock.Store(now)
+	cutoff := now - int64(t.opts.TTL)
+	var stale []uint64
+	t.m.Range(func(h uint64, s *session) bool {
+		if s.used.Load() < cutoff {
+			stale = append(stale, h)
+		}
+		return true
+	})
+	before := t.expired.Value()
+	for _, h := range stale {
+		t.deleteIf(h, func(s *session) bool { return s.used.Load() < cutoff }, &t.expired)
+	}
+	return int(t.expired.Value() - before)
+}
+
+// Run ticks every interval until ctx ends.
+func (t *Table) Run(ctx context.Context, interval time.Duration) {
+	tk := time.NewTicker(interval)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+			t.Tick()
+		}
+	}
+}
+
+// Len returns the number of sessions held.
+func (t *Table) Len() int { return int(t.size.Load()) }
+
+// Collector exports fastroute_affinity_sessions and the eviction counts.
+func (t *Table) Collector() metrics.Collector {
+	return func(w *metrics.Writer) {
+		w.Header("fastroute_affinity_sessions", "gauge", "Sessions pinned to a worker.")
+		w.Sample("fastroute_affinity_sessions", float64(t.Len()))
+		w.Header("fastroute_affinity_evictions_total", "counter", "Sessions removed, by reason.")
+		w.Sample("fastroute_affinity_evictions_total", float64(t.evicted.Value()), "reason", "max_sessions")
+		w.Sample("fastroute_affinity_evictions_total", float64(t.expired.Value()), "reason", "ttl")
+	}
+}

@@ -1,0 +1,188 @@
+package router
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// servedBy sends one request and returns the worker that answered it.
+func (f *fleet) servedBy(path, body string, headers ...string) string {
+	f.t.Helper()
+	resp := f.post(path, body, headers...)
+	text := readAll(f.t, resp)
+	require.Equal(f.t, http.StatusOK, resp.StatusCode, text)
+	return resp.Header.Get("x-fastroute-worker")
+}
+
+func affinityMode(mode string) func(*config.Config) {
+	return func(c *config.Config) { c.Router.SessionAffinity.Mode = mode }
+}
+
+func TestSoftAffinityPinsAndRepins(t *testing.T) {
+	f := startFleet(t, mocks(3, 1, 0), affinityMode("soft"))
+	first := f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "s1")
+	for i := 0; i < 6; i++ { // round-robin would rotate; the pin holds
+		assert.Equal(t, first, f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "s1"))
+	}
+	other := f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "s2")
+	code, _ := adminDo(t, f, "DELETE", "/workers/"+first, "", "")
+	require.Equal(t, http.StatusAccepted, code)
+	moved := f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "s1")
+	assert.NotEqual(t, first, moved, "re-pinned off the drained worker")
+	for i := 0; i < 4; i++ {
+		assert.Equal(t, moved, f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "s1"))
+	}
+	if other != first {
+		assert.Equal(t, other, f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "s2"), "an unaffected session stays")
+	}
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, metrics, "\nfastroute_affinity_sessions 2\n")
+	f.assertIdle()
+}
+
+func TestHardAffinityErrorsOnceWhenTheWorkerLeaves(t *testing.T) {
+	f := startFleet(t, mocks(3, 4, 30*time.Millisecond), func(c *config.Config) {
+		c.Router.SessionAffinity.Mode = "hard"
+		c.Router.BusyThreshold = 1
+	})
+	pinned := f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "h1")
+	for i := 0; i < 3; i++ {
+		assert.Equal(t, pinned, f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "h1"))
+	}
+	// Busy pinned worker: 429, and the pin stays.
+	stream := f.post("/v1/chat/completions", streamBody, "x-session-id", "h1")
+	busy := f.post("/v1/chat/completions", chatBody, "x-session-id", "h1")
+	text := readAll(t, busy)
+	assert.Equal(t, http.StatusTooManyRequests, busy.StatusCode, text)
+	assert.Contains(t, readAll(t, stream), "data: [DONE]")
+	assert.Equal(t, pinned, f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "h1"))
+
+	code, _ := adminDo(t, f, "DELETE", "/workers/"+pinned, "", "")
+	require.Equal(t, http.StatusAccepted, code)
+	gone := f.post("/v1/chat/completions", chatBody, "x-session-id", "h1")
+	text = readAll(t, gone)
+	assert.Equal(t, http.StatusServiceUnavailable, gone.StatusCode)
+	assert.Contains(t, text, `\"h1\" was pinned to worker `+pinned)
+	assert.Contains(t, text, "dropped")
+	again := f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "h1")
+	assert.NotEqual(t, pinned, again)
+	assert.Equal(t, again, f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "h1"), "pinned anew")
+	f.assertIdle()
+}
+
+func TestAffinityOffIgnoresTheHeader(t *testing.T) {
+	f := startFleet(t, mocks(3, 1, 0), affinityMode("off"))
+	seen := map[string]bool{}
+	for i := 0; i < 6; i++ {
+		seen[f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "s1")] = true
+	}
+	assert.Len(t, seen, 3)
+	long := strings.Repeat("x", 300)
+	f2 := startFleet(t, mocks(1, 1, 0), nil)
+	resp := f2.post("/v1/chat/completions", chatBody, "x-session-id", long)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), "x-session-id: session id is longer than 256 bytes")
+}
+
+// TestLoRARouting: worker 1 holds sql-lora by config, worker 2 advertises
+// chat-lora in /v1/models, worker 3 holds nothing until the admin API says so.
+func TestLoRARouting(t *testing.T) {
+	opts := mocks(3, 4, 30*time.Millisecond)
+	opts[0].LoRAs = []string{"sql-lora"}
+	opts[1].LoRAs = []string{"chat-lora"}
+	f := startFleet(t, opts, func(c *config.Config) {
+		c.Router.BusyThreshold = 1
+		c.Workers[1].LoRAs = nil // known from the worker's /v1/models only
+	})
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Group([]byte("chat-lora")) != nil },
+		5*time.Second, 20*time.Millisecond, "health refresh reads the advertised adapter")
+	body := func(model string) string { return fmt.Sprintf(`{"model":%q,"prompt":"x"}`, model) }
+	for i := 0; i < 4; i++ {
+		assert.Equal(t, "1", f.servedBy("/v1/completions", body("sql-lora")))
+		assert.Equal(t, "2", f.servedBy("/v1/completions", body("chat-lora")))
+	}
+	resp := f.post("/v1/completions", body("nope-lora"))
+	text := readAll(t, resp)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	assert.Contains(t, text, `model \"nope-lora\" is neither a base model nor a LoRA adapter`)
+	resp = f.post("/v1/completions", `{"model":7,"prompt":"x"}`)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), `field \"model\" must be a string`)
+	seen := map[string]bool{}
+	for i := 0; i < 6; i++ {
+		seen[f.servedBy("/v1/completions", body("mock-model"))] = true
+	}
+	assert.Len(t, seen, 3, "the base model goes anywhere")
+
+	// The only holder busy: 429; the adapter's load is exported meanwhile.
+	stream := f.post("/v1/completions", `{"model":"sql-lora","prompt":"x","stream":true}`)
+	resp = f.post("/v1/completions", body("sql-lora"))
+	readAll(t, resp)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, metrics, `fastroute_lora_inflight{lora="sql-lora"} 1`)
+	readAll(t, stream)
+
+	code, text := adminDo(t, f, "PUT", "/workers/3/loras", `{"loras":["sql-lora"]}`, "")
+	require.Equal(t, http.StatusOK, code, text)
+	seen = map[string]bool{}
+	for i := 0; i < 6; i++ {
+		seen[f.servedBy("/v1/completions", body("sql-lora"))] = true
+	}
+	assert.Equal(t, map[string]bool{"1": true, "3": true}, seen)
+	code, _ = adminDo(t, f, "PUT", "/workers/99/loras", `{"loras":["x"]}`, "")
+	assert.Equal(t, http.StatusNotFound, code)
+	code, _ = adminDo(t, f, "PUT", "/workers/3/loras", `{"adapters":["x"]}`, "")
+	assert.Equal(t, http.StatusBadRequest, code)
+	_, workers := adminDo(t, f, "GET", "/workers", "", "")
+	assert.Contains(t, workers, `"resident_loras":["chat-lora"]`)
+	_, metrics = adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, metrics, `fastroute_lora_inflight{lora="sql-lora"} 0`)
+	f.assertIdle()
+}
+
+func TestEmbeddingCachePrefersTheWorkerThatServedTheInputs(t *testing.T) {
+	f := startFleet(t, mocks(3, 1, 0), nil)
+	holder := f.servedBy("/v1/embeddings", `{"model":"mock-model","input":["alpha","beta"]}`)
+	for i := 0; i < 5; i++ { // round-robin would rotate
+		assert.Equal(t, holder, f.servedBy("/v1/embeddings", `{"model":"mock-model","input":["beta","alpha"]}`))
+		assert.Equal(t, holder, f.servedBy("/v1/embeddings", `{"model":"mock-model","input":"alpha"}`))
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 6; i++ {
+		seen[f.servedBy("/v1/embeddings", fmt.Sprintf(`{"model":"mock-model","input":["new %d"]}`, i))] = true
+	}
+	assert.Len(t, seen, 3, "new inputs are not steered")
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, metrics, "\nfastroute_embedding_cache_hits_total 15\n")
+	assert.Contains(t, metrics, "\nfastroute_embedding_cache_misses_total 8\n")
+	f.assertIdle()
+}
+
+func TestDPRankRotatesPinsAndForwards(t *testing.T) {
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.Workers[0].DPSize = 4 })
+	rank := func(headers ...string) string {
+		resp := f.post("/v1/chat/completions", chatBody, headers...)
+		readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		return resp.Header.Get("x-mock-dp-rank")
+	}
+	var got []string
+	for i := 0; i < 8; i++ {
+		got = append(got, rank())
+	}
+	assert.Equal(t, []string{"0", "1", "2", "3", "0", "1", "2", "3"}, got)
+	assert.Equal(t, "2", rank("x-worker-id", "1", "x-dp-rank", "2"))
+	pinned := rank("x-session-id", "dp")
+	for i := 0; i < 5; i++ {
+		assert.Equal(t, pinned, rank("x-session-id", "dp"), "a session keeps its rank")
+	}
+	f.assertIdle()
+}
