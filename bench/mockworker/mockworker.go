@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +36,7 @@ type Worker struct {
 	served atomic.Int64
 	active atomic.Int64
 	parser fastjson.ParserPool
+	conns  sync.Map // open net.Conn → struct{}, for Kill
 }
 
 // Start listens on addr ("127.0.0.1:0" picks a port) and serves until Close.
@@ -55,9 +57,29 @@ func Serve(ln net.Listener, opts Options) *Worker {
 		opts.Model = "mock-model"
 	}
 	w := &Worker{opts: opts, ln: ln}
-	w.srv = &fasthttp.Server{Handler: w.handle, Name: "mockworker", NoDefaultDate: true, CloseOnShutdown: true}
+	w.srv = &fasthttp.Server{Handler: w.handle, Name: "mockworker", NoDefaultDate: true, CloseOnShutdown: true,
+		Logger: quiet{}, // a killed or cut connection is the point of some tests, not news
+		ConnState: func(c net.Conn, st fasthttp.ConnState) {
+			switch st {
+			case fasthttp.StateNew:
+				w.conns.Store(c, struct{}{})
+			case fasthttp.StateClosed, fasthttp.StateHijacked:
+				w.conns.Delete(c)
+			}
+		}}
 	go func() { _ = w.srv.Serve(ln) }()
 	return w
+}
+
+// Kill stops the worker abruptly, as a crash would: the listener and every
+// open connection are closed at once, answers in progress are cut.
+func (w *Worker) Kill() {
+	_ = w.ln.Close()
+	w.conns.Range(func(c, _ any) bool {
+		_ = c.(net.Conn).Close()
+		return true
+	})
+	go func() { _ = w.srv.Shutdown() }() // reaps what is left
 }
 
 // Addr returns the listen address.
@@ -192,3 +214,8 @@ func (w *Worker) embeddings(ctx *fasthttp.RequestCtx, v *fastjson.Value, model s
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
 }
+
+// quiet drops fasthttp's per-connection error messages.
+type quiet struct{}
+
+func (quiet) Printf(string, ...any) {}

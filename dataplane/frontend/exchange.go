@@ -39,6 +39,7 @@ type exchange struct {
 	model   []byte   // the body's model field
 	keys    []uint64 // embedding cache keys
 	hard    bool     // bound to its worker by a hard session pin
+	copyBuf []byte   // reads a buffered answer's body
 }
 
 func (ex *exchange) begin(rt route, start time.Time) {
@@ -102,7 +103,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 		if err == nil {
 			s.metrics.firstByte.Observe(time.Since(t))
 			ex.served()
-			ex.respond(ctx, u)
+			ex.respond(ctx, u, w)
 			return
 		}
 		if !retryable(err) || ex.req.Attempts() >= s.opts.Retries {
@@ -129,22 +130,42 @@ func (ex *exchange) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		ex.up.Header.SetBytesV(headerDPRank, ex.rankBuf)
 	}
 	ex.resp.Reset()
-	ex.resp.StreamBody = ex.stream
+	// Always stream the upstream body: Do then returns once the response
+	// headers are in, so an error from Do means no byte came back and the
+	// request may move to another worker; a failure while reading the body
+	// comes later and is never retried.
+	ex.resp.StreamBody = true
 }
 
 // respond copies the worker's answer to the client: a streamed answer is
 // handed to fasthttp as a body stream (flushed per chunk), a buffered one is
 // copied and the exchange ends at once.
-func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream) {
-	ex.resp.Header.CopyTo(&ctx.Response.Header)
-	ctx.Response.Header.ResetConnectionClose()
-	ctx.Response.Header.SetBytesV(headerServedBy, u.idHeader)
-	if ex.stream && ex.resp.BodyStream() != nil {
+func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker) {
+	body := ex.resp.BodyStream()
+	if ex.stream && body != nil {
+		ex.copyHeaders(ctx, u)
 		ctx.Response.SetBodyStream(ex, -1)
 		return
 	}
-	ctx.Response.SetBody(ex.resp.Body())
+	if body != nil {
+		if ex.copyBuf == nil {
+			ex.copyBuf = make([]byte, 16<<10)
+		}
+		ctx.Response.ResetBody()
+		if _, err := io.CopyBuffer(ctx.Response.BodyWriter(), body, ex.copyBuf); err != nil {
+			ctx.Response.ResetBody()
+			ex.fail(ctx, w.ID(), fmt.Errorf("answer cut after the headers: %w", err), nil)
+			return
+		}
+	}
+	ex.copyHeaders(ctx, u)
 	ex.finish(outcomeOK)
+}
+
+func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
+	ex.resp.Header.CopyTo(&ctx.Response.Header)
+	ctx.Response.Header.ResetConnectionClose()
+	ctx.Response.Header.SetBytesV(headerServedBy, u.idHeader)
 }
 
 // Read passes the worker's streamed answer through.

@@ -102,8 +102,16 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // Serve answers requests on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
 
-// Shutdown stops accepting, waits for open requests and closes connections.
-func (s *Server) Shutdown() error { return s.srv.Shutdown() }
+// Shutdown stops accepting, waits for open requests and closes connections,
+// the idle upstream ones included.
+func (s *Server) Shutdown() error {
+	err := s.srv.Shutdown()
+	s.upstreams.Range(func(_ *dataplane.Worker, u *upstream) bool {
+		u.hc.CloseIdleConnections()
+		return true
+	})
+	return err
+}
 
 // Forget drops the pooled client of a worker that left the registry.
 func (s *Server) Forget(w *dataplane.Worker) {

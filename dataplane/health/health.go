@@ -48,6 +48,7 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 func (c *Checker) Run(ctx context.Context) {
 	t := time.NewTicker(c.opts.Interval)
 	defer t.Stop()
+	defer c.client.CloseIdleConnections()
 	for {
 		c.CheckOnce()
 		select {

@@ -1,0 +1,301 @@
+package router
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/pickers"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// faultServer is a raw TCP worker that answers /health and misbehaves on
+// every other request; it counts those requests and closes everything on stop.
+type faultServer struct {
+	ln    net.Listener
+	hits  atomic.Int64
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+// startFaultServer serves misbehave(conn, request) for generation requests.
+func startFaultServer(t *testing.T, misbehave func(c net.Conn, req *http.Request)) *faultServer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	s := &faultServer{ln: ln}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.conns = append(s.conns, c)
+			s.mu.Unlock()
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				defer c.Close()
+				rd := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(rd)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					if req.URL.Path == "/health" || req.URL.Path == "/v1/models" {
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+						continue
+					}
+					s.hits.Add(1)
+					misbehave(c, req)
+					return
+				}
+			}()
+		}
+	}()
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *faultServer) addr() string { return s.ln.Addr().String() }
+
+func (s *faultServer) stop() {
+	_ = s.ln.Close()
+	s.mu.Lock()
+	for _, c := range s.conns {
+		_ = c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// cutMidAnswer sends the headers and a first piece of the body, then resets.
+func cutMidAnswer(c net.Conn, _ *http.Request) {
+	_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+	chunk := "data: {\"partial\":1}\n\n"
+	_, _ = fmt.Fprintf(c, "%x\r\n%s\r\n", len(chunk), chunk)
+	time.Sleep(5 * time.Millisecond)
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0) // RST, not FIN
+	}
+}
+
+// stall reads the request and never answers (until stop).
+func stall(c net.Conn, _ *http.Request) { _, _ = io.Copy(io.Discard, c) }
+
+// outcome is how one client request ended.
+type outcome struct {
+	status int
+	worker string
+	full   bool   // a complete answer ([DONE] for a stream, JSON for the rest)
+	broken bool   // 200 whose stream broke mid-way
+	errMsg string // OpenAI error message for status >= 400
+}
+
+func doRequest(client *http.Client, base string, i int) (outcome, error) {
+	stream := i%3 == 0
+	path := []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}[i%3]
+	body := fmt.Sprintf(`{"model":"mock-model","stream":%v,"prompt":"req-%d","input":["req-%d"],"messages":[]}`, stream, i, i)
+	if path == "/v1/embeddings" {
+		stream = false
+	}
+	resp, err := client.Post(base+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		return outcome{}, fmt.Errorf("request %d got no answer: %w", i, err)
+	}
+	defer resp.Body.Close()
+	o := outcome{status: resp.StatusCode, worker: resp.Header.Get("x-fastroute-worker")}
+	data, rerr := io.ReadAll(resp.Body)
+	switch {
+	case o.status == http.StatusOK && stream:
+		o.full = rerr == nil && strings.HasSuffix(strings.TrimSpace(string(data)), "data: [DONE]")
+		o.broken = !o.full
+	case o.status == http.StatusOK:
+		o.full = rerr == nil && json.Valid(data)
+	default:
+		var e struct {
+			Error struct{ Message string } `json:"error"`
+		}
+		if rerr != nil || json.Unmarshal(data, &e) != nil || e.Error.Message == "" {
+			return o, fmt.Errorf("request %d: status %d without an OpenAI error body: %q", i, o.status, data)
+		}
+		o.errMsg = e.Error.Message
+	}
+	return o, nil
+}
+
+// TestFaultInjectionUnderLoad sends 3000 mixed requests from 32 clients to a
+// fleet with a worker that refuses connections, one that resets mid-answer,
+// one that stalls past the upstream timeout, one that answers half its
+// requests with 500, and one that is killed and restarted during the load.
+// Every request must end in a full answer or a clear error; afterwards no
+// reservation and no goroutine is left, and no request was retried once
+// bytes had come back.
+func TestFaultInjectionUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("load test")
+	}
+	baseline := liveGoroutines()
+	cut := startFaultServer(t, cutMidAnswer)
+	stalled := startFaultServer(t, stall)
+	good := []mockworker.Options{
+		{ID: 1, Tokens: 4, TokenInterval: time.Millisecond},
+		{ID: 2, Tokens: 4, TokenInterval: time.Millisecond},
+		{ID: 3, Tokens: 4, TokenInterval: time.Millisecond}, // killed and restarted
+		{ID: 4, Tokens: 4, TokenInterval: time.Millisecond, FailRate: 0.5},
+	}
+	f := startFleet(t, good, func(c *config.Config) {
+		c.Router.Mode = pickers.ModeP2C
+		c.Router.Retries = 3
+		c.Limits.UpstreamTimeout = 300 * time.Millisecond
+		c.Limits.ConnectTimeout = 200 * time.Millisecond
+		c.Health.Interval, c.Health.UnhealthyAfter = 50*time.Millisecond, 2
+		c.Workers = append(c.Workers,
+			dataplane.WorkerSpec{ID: 5, URL: "http://" + deadAddr(t)},
+			dataplane.WorkerSpec{ID: 6, URL: "http://" + cut.addr()},
+			dataplane.WorkerSpec{ID: 7, URL: "http://" + stalled.addr()})
+	})
+	base := "http://" + f.r.Addr()
+	const total, clients = 3000, 32
+	outcomes := make([]outcome, total)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, total)
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= total {
+					return
+				}
+				o, err := doRequest(f.client, base, i)
+				if err != nil {
+					errs <- err
+				}
+				outcomes[i] = o
+			}
+		}()
+	}
+	// Kill worker 3 a third of the way in, restart it on the same address at two thirds.
+	killed := f.mocks[2]
+	addr := killed.Addr()
+	require.Eventually(t, func() bool { return next.Load() > total/3 }, 30*time.Second, time.Millisecond)
+	killed.Kill()
+	require.Eventually(t, func() bool { return next.Load() > 2*total/3 }, 30*time.Second, time.Millisecond)
+	restarted, err := mockworker.Start(addr, good[2])
+	require.NoError(t, err)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+
+	counts := map[string]int{}
+	servedBy := map[string]int{}
+	for i, o := range outcomes {
+		switch {
+		case o.full:
+			counts["full"]++
+			servedBy[o.worker]++
+		case o.broken:
+			counts["broken stream"]++
+			if o.worker != "6" && o.worker != "3" {
+				t.Errorf("request %d: stream broke on worker %s, which neither resets nor was killed", i, o.worker)
+			}
+		case o.status == http.StatusInternalServerError:
+			counts["500 from worker"]++
+			if o.worker != "4" {
+				t.Errorf("request %d: 500 from worker %q", i, o.worker)
+			}
+		case o.status >= 400:
+			counts[fmt.Sprintf("%d", o.status)]++
+		default:
+			t.Errorf("request %d: status %d, neither a full answer nor a clear error", i, o.status)
+		}
+	}
+	t.Logf("outcomes %v; full answers by worker %v; retries %d; cut server hits %d, stall server hits %d; worker 3 restarted served %d",
+		counts, servedBy, f.r.Frontend.Metrics().Retries(), cut.hits.Load(), stalled.hits.Load(), restarted.Served())
+	assert.Positive(t, counts["full"])
+	assert.Positive(t, f.r.Frontend.Metrics().Retries(), "refused connections were retried")
+	assert.Positive(t, restarted.Served(), "the restarted worker is used again")
+
+	// No retry after the first byte: every request the resetting worker saw
+	// came back to its client from that worker (a broken stream or a 502
+	// naming it), none was answered again by another worker. Likewise every
+	// request the stalling worker saw ended in a 504 naming it.
+	fromCut, timeouts := 0, 0
+	for _, o := range outcomes {
+		if o.worker == "6" && o.broken || strings.Contains(o.errMsg, "worker 6 failed") {
+			fromCut++
+		}
+		if o.status == http.StatusGatewayTimeout && strings.Contains(o.errMsg, "worker 7 failed") {
+			timeouts++
+		}
+	}
+	assert.EqualValues(t, cut.hits.Load(), fromCut, "requests cut after the first byte were not retried")
+	assert.EqualValues(t, stalled.hits.Load(), timeouts, "timed-out requests were not retried")
+	assert.Positive(t, fromCut)
+	assert.Positive(t, timeouts)
+
+	f.assertIdle()
+	var accounted uint64
+	for _, rt := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"} {
+		for _, oc := range []string{"ok", "cancelled", "upstream_error", "timeout", "no_endpoints", "exhausted", "invalid"} {
+			accounted += f.r.Frontend.Metrics().Requests(rt, oc)
+		}
+	}
+	assert.EqualValues(t, total, accounted, "every request counted once")
+
+	// Tear everything down and check that no goroutine outlives it.
+	f.client.CloseIdleConnections()
+	require.NoError(t, f.r.Close())
+	for _, m := range f.mocks {
+		_ = m.Close()
+	}
+	_ = restarted.Close()
+	cut.stop()
+	stalled.stop()
+	deadline := time.Now().Add(10 * time.Second) // polled here: testify's Eventually adds a goroutine of its own
+	for liveGoroutines() > baseline && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := liveGoroutines(); n > baseline {
+		buf := make([]byte, 1<<20)
+		t.Errorf("goroutines outlive the router: %d at start, %d now:\n%s", baseline, n, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// liveGoroutines counts the goroutines other than fasthttp's process-wide
+// helpers (the server date updater, the dialer's address cache cleaner) and
+// its idle-connection cleaners (per HostClient and per Client), which sleep
+// out their period and exit once their client has no connection left.
+func liveGoroutines() int {
+	buf := make([]byte, 1<<20)
+	n := 0
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if !strings.Contains(g, "fasthttp.updateServerDate") && !strings.Contains(g, "tcpAddrsClean") &&
+			!strings.Contains(g, "HostClient).connsCleaner") && !strings.Contains(g, "Client).mCleaner") {
+			n++
+		}
+	}
+	return n
+}
