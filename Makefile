@@ -4,7 +4,7 @@ PKGS := ./...
 FUZZTIME ?= 10s
 BENCHTIME ?= 200ms
 
-.PHONY: build test test-race test-nonvml bench fuzz demo lint
+.PHONY: build test test-race test-nonvml bench bench-e2e fuzz demo lint
 
 build:
 	$(GO) build -o bin/fastroute ./cmd/fastroute
@@ -22,6 +22,16 @@ test-nonvml:
 ## bench: the micro-benchmarks of pickers, the selection core and the GPU refresh.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/weights
+
+## bench-e2e: fastroute, nginx (least_conn), HAProxy (leastconn) and direct,
+## one after the other, same mock workers and load; table and plot in bench/out.
+## Installs nginx, haproxy and wrk from Debian packages when missing.
+E2E_FLAGS ?= --duration 5s --connections 64
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+bench-e2e: build
+	@command -v nginx >/dev/null && command -v haproxy >/dev/null && command -v wrk >/dev/null || \
+		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nginx haproxy wrk; }
+	PATH="$$PATH:/usr/sbin" ./bin/fastroute bench-e2e $(E2E_FLAGS)
 
 ## fuzz: each fuzz target for FUZZTIME.
 fuzz:

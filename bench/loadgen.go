@@ -18,6 +18,16 @@ type Result struct {
 	Errors   int
 	Elapsed  time.Duration
 	P50, P99 time.Duration
+	sorted   []time.Duration // every successful request's latency, ascending
+}
+
+// Percentile returns the latency below which a share q (0..1) of the
+// successful requests finished.
+func (r Result) Percentile(q float64) time.Duration {
+	if len(r.sorted) == 0 {
+		return 0
+	}
+	return r.sorted[min(int(q*float64(len(r.sorted))), len(r.sorted)-1)]
 }
 
 // RPS returns successful requests per second.
@@ -26,7 +36,16 @@ func (r Result) RPS() float64 { return float64(r.Requests) / r.Elapsed.Seconds()
 // Load drives addr with conns keep-alive connections, each sending the POST
 // body to path back to back for dur, and measures every request's latency.
 func Load(name, addr, path string, body []byte, conns int, dur time.Duration) Result {
-	hc := &fasthttp.HostClient{Addr: addr, MaxConns: conns, MaxIdemponentCallAttempts: 1, ReadTimeout: 10 * time.Second}
+	return LoadSpread(name, []string{addr}, path, body, conns, dur)
+}
+
+// LoadSpread is Load with the connections spread round-robin over addrs
+// (direct-to-worker runs over several workers).
+func LoadSpread(name string, addrs []string, path string, body []byte, conns int, dur time.Duration) Result {
+	hcs := make([]*fasthttp.HostClient, len(addrs))
+	for i, a := range addrs {
+		hcs[i] = &fasthttp.HostClient{Addr: a, MaxConns: conns, MaxIdemponentCallAttempts: 1, ReadTimeout: 10 * time.Second}
+	}
 	lat := make([][]time.Duration, conns)
 	errs := make([]int, conns)
 	var wg sync.WaitGroup
@@ -36,6 +55,7 @@ func Load(name, addr, path string, body []byte, conns int, dur time.Duration) Re
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			hc, addr := hcs[c%len(hcs)], addrs[c%len(addrs)]
 			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 			defer fasthttp.ReleaseRequest(req)
 			defer fasthttp.ReleaseResponse(resp)
@@ -61,14 +81,11 @@ func Load(name, addr, path string, body []byte, conns int, dur time.Duration) Re
 	wg.Wait()
 	all := slices.Concat(lat...)
 	slices.Sort(all)
-	r := Result{Name: name, Requests: len(all), Elapsed: time.Since(start)}
+	r := Result{Name: name, Requests: len(all), Elapsed: time.Since(start), sorted: all}
 	for _, e := range errs {
 		r.Errors += e
 	}
-	if len(all) > 0 {
-		r.P50 = all[len(all)/2]
-		r.P99 = all[len(all)*99/100]
-	}
+	r.P50, r.P99 = r.Percentile(0.50), r.Percentile(0.99)
 	return r
 }
 

@@ -30,3 +30,22 @@ func runBench(args []string) error {
 	}
 	return bench.RunOverhead(o)
 }
+
+func runBenchE2E(args []string) error {
+	fs := flag.NewFlagSet("bench-e2e", flag.ContinueOnError)
+	var o bench.E2EOptions
+	fs.IntVar(&o.Connections, "connections", 64, "concurrent client connections")
+	fs.DurationVar(&o.Duration, "duration", 5e9, "load duration per front end and workload")
+	fs.IntVar(&o.Workers, "workers", 3, "mock worker processes")
+	fs.StringVar(&o.OutDir, "out", "bench/out", "directory for results.md and results.svg")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	o.Binary = self
+	_, err = bench.RunE2E(o)
+	return err
+}

@@ -1,5 +1,5 @@
 // Command fastroute is a low-latency request router for LLM inference
-// workers. Subcommands: serve, mockworker, demo, bench.
+// workers. Subcommands: serve, mockworker, demo, bench, bench-e2e.
 package main
 
 import (
@@ -14,6 +14,7 @@ commands:
   mockworker  run an OpenAI-compatible fake worker
   demo        run 3 mock workers and the router, send real requests, print the split
   bench       measure routing overhead against direct calls to a mock worker
+  bench-e2e   fastroute, nginx, HAProxy and direct side by side (mock worker processes)
 `
 
 func main() {
@@ -31,6 +32,8 @@ func main() {
 		err = runDemo(args)
 	case "bench":
 		err = runBench(args)
+	case "bench-e2e":
+		err = runBenchE2E(args)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:

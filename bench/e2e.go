@@ -1,0 +1,345 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// E2EOptions configures RunE2E.
+type E2EOptions struct {
+	Binary      string // the fastroute binary (serve and mockworker run as their own processes)
+	Workers     int
+	Connections int
+	Duration    time.Duration // load per front end and workload
+	OutDir      string        // where results.md, results.json and results.svg go
+}
+
+// Workload is one request mix of the comparison.
+type Workload struct {
+	Name  string
+	Path  string
+	Body  []byte
+	Mocks []string // mockworker flags
+}
+
+// Workloads are the request mixes: short non-streaming answers (the router's
+// own cost dominates) and SSE streams of 16 chunks 1 ms apart.
+var Workloads = []Workload{
+	{Name: "non-streaming", Path: "/v1/chat/completions", Body: OverheadBody,
+		Mocks: []string{"--tokens", "4", "--token-interval", "0s"}},
+	{Name: "streaming", Path: "/v1/chat/completions",
+		Body:  []byte(`{"model":"mock-model","stream":true,"messages":[{"role":"user","content":"hi"}]}`),
+		Mocks: []string{"--tokens", "16", "--token-interval", "1ms"}},
+}
+
+// Row is one front end's figures on one workload.
+type Row struct {
+	Workload, Front string
+	Result          Result
+}
+
+// front starts one front end before the workers and returns its address
+// and a stop function.
+type front struct {
+	name  string
+	start func(bin, dir string, workers []string) (addr string, stop func(), err error)
+}
+
+var fronts = []front{
+	{"direct", nil},
+	{"fastroute", startFastroute},
+	{"nginx", startNginx},
+	{"haproxy", startHAProxy},
+}
+
+// RunE2E runs every workload against every front end, one after the other
+// on this machine, with the same load generator, and writes the table and
+// the latency plot to OutDir.
+func RunE2E(o E2EOptions) ([]Row, error) {
+	for _, tool := range []string{"nginx", "haproxy"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("%s not found (make bench-e2e installs it from Debian packages)", tool)
+		}
+	}
+	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "fastroute-e2e")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	var rows []Row
+	for _, wl := range Workloads {
+		workers, stopWorkers, err := startMocks(o.Binary, o.Workers, wl.Mocks)
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range fronts {
+			r, err := runFront(f, dir, workers, wl, o)
+			if err != nil {
+				stopWorkers()
+				return nil, fmt.Errorf("%s, %s: %w", wl.Name, f.name, err)
+			}
+			fmt.Printf("  %-14s %s\n", wl.Name, r)
+			rows = append(rows, Row{Workload: wl.Name, Front: f.name, Result: r})
+		}
+		stopWorkers()
+	}
+	table := Table(rows, o)
+	if err := os.WriteFile(filepath.Join(o.OutDir, "results.md"), []byte(table), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(o.OutDir, "results.svg"), []byte(Plot(rows)), 0o644); err != nil {
+		return nil, err
+	}
+	fmt.Print("\n" + table)
+	return rows, nil
+}
+
+func runFront(f front, dir string, workers []string, wl Workload, o E2EOptions) (Result, error) {
+	targets := workers
+	if f.start != nil {
+		addr, stop, err := f.start(o.Binary, dir, workers)
+		if err != nil {
+			return Result{}, err
+		}
+		defer stop()
+		targets = []string{addr}
+	}
+	if err := waitAnswer(targets[0], wl.Path, wl.Body); err != nil {
+		return Result{}, err
+	}
+	LoadSpread("warmup", targets, wl.Path, wl.Body, o.Connections, o.Duration/5)
+	r := LoadSpread(f.name, targets, wl.Path, wl.Body, o.Connections, o.Duration)
+	if r.Errors > 0 {
+		return r, fmt.Errorf("%d requests failed", r.Errors)
+	}
+	return r, nil
+}
+
+// startMocks starts n mockworker processes and waits until they answer.
+func startMocks(bin string, n int, flags []string) ([]string, func(), error) {
+	var addrs []string
+	var procs []*exec.Cmd
+	stop := func() {
+		for _, p := range procs {
+			terminate(p)
+		}
+	}
+	for i := 1; i <= n; i++ {
+		addr, err := freeAddr()
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		args := append([]string{"mockworker", "--listen", addr, "--id", strconv.Itoa(i)}, flags...)
+		p, err := spawn(bin, args...)
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		procs = append(procs, p)
+		addrs = append(addrs, addr)
+	}
+	for _, a := range addrs {
+		if err := waitHealth(a); err != nil {
+			stop()
+			return nil, nil, err
+		}
+	}
+	return addrs, stop, nil
+}
+
+func startFastroute(bin, _ string, workers []string) (string, func(), error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return "", nil, err
+	}
+	admin, err := freeAddr()
+	if err != nil {
+		return "", nil, err
+	}
+	// least-loaded against nginx's least_conn and HAProxy's leastconn.
+	args := []string{"serve", "--listen", addr, "--admin-listen", admin, "--mode", "least-loaded",
+		"--busy-threshold", "0", "--telemetry-nvml=false", "--telemetry-cpu=false"}
+	for i, w := range workers {
+		args = append(args, "--worker", fmt.Sprintf("id=%d,url=http://%s", i+1, w))
+	}
+	p, err := spawn(bin, args...)
+	if err != nil {
+		return "", nil, err
+	}
+	return addr, func() { terminate(p) }, nil
+}
+
+func startNginx(_, dir string, workers []string) (string, func(), error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return "", nil, err
+	}
+	var servers strings.Builder
+	for _, w := range workers {
+		fmt.Fprintf(&servers, "    server %s;\n", w)
+	}
+	conf := fmt.Sprintf(`daemon off;
+worker_processes auto;
+pid %[1]s/nginx.pid;
+error_log %[1]s/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  upstream workers {
+    least_conn;
+%[2]s    keepalive 256;
+  }
+  server {
+    listen %[3]s;
+    keepalive_requests 1000000;
+    location / {
+      proxy_pass http://workers;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+`, dir, servers.String(), addr)
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		return "", nil, err
+	}
+	p, err := spawn("nginx", "-p", dir, "-c", path, "-e", filepath.Join(dir, "nginx-error.log"))
+	if err != nil {
+		return "", nil, err
+	}
+	return addr, func() { terminate(p) }, nil
+}
+
+func startHAProxy(_, dir string, workers []string) (string, func(), error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return "", nil, err
+	}
+	var servers strings.Builder
+	for i, w := range workers {
+		fmt.Fprintf(&servers, "  server w%d %s\n", i+1, w)
+	}
+	conf := fmt.Sprintf(`global
+  nbthread 2
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 60s
+  timeout server 60s
+  option http-keep-alive
+  http-reuse always
+frontend fe
+  bind %s
+  default_backend workers
+backend workers
+  balance leastconn
+%s`, addr, servers.String())
+	path := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		return "", nil, err
+	}
+	p, err := spawn("haproxy", "-db", "-f", path)
+	if err != nil {
+		return "", nil, err
+	}
+	return addr, func() { terminate(p) }, nil
+}
+
+// spawn starts a child process whose output is kept only while it runs:
+// a front end that fails shows it through waitAnswer's error instead.
+func spawn(bin string, args ...string) (*exec.Cmd, error) {
+	p := exec.Command(bin, args...)
+	p.Stdout, p.Stderr = io.Discard, io.Discard
+	if err := p.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	return p, nil
+}
+
+func terminate(p *exec.Cmd) {
+	_ = p.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		_ = p.Process.Kill()
+		<-done
+	}
+}
+
+// freeAddr returns a loopback address with a port free right now.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func waitHealth(addr string) error {
+	return retryFor(5*time.Second, func() error {
+		resp, err := http.Get("http://" + addr + "/health")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("health: %s", resp.Status)
+		}
+		return nil
+	})
+}
+
+// waitAnswer waits until the front answers one real request.
+func waitAnswer(addr, path string, body []byte) error {
+	return retryFor(10*time.Second, func() error {
+		resp, err := http.Post("http://"+addr+path, "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s answered %s", addr, resp.Status)
+		}
+		return nil
+	})
+}
+
+func retryFor(d time.Duration, fn func() error) error {
+	deadline := time.Now().Add(d)
+	for {
+		err := fn()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.Join(errors.New("not ready in time"), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

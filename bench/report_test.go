@@ -1,0 +1,73 @@
+package bench
+
+import (
+	"encoding/xml"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func synthetic(name string, rps int, base time.Duration) Result {
+	r := Result{Name: name, Requests: rps, Elapsed: time.Second}
+	for i := 0; i < 1000; i++ {
+		r.sorted = append(r.sorted, base+time.Duration(i)*base/1000)
+	}
+	r.P50, r.P99 = r.Percentile(0.5), r.Percentile(0.99)
+	return r
+}
+
+func TestTableRatiosAndPlot(t *testing.T) {
+	rows := []Row{
+		{"non-streaming", "direct", synthetic("direct", 1000, time.Millisecond)},
+		{"non-streaming", "fastroute", synthetic("fastroute", 600, 2*time.Millisecond)},
+		{"non-streaming", "nginx", synthetic("nginx", 500, 4*time.Millisecond)},
+		{"non-streaming", "haproxy", synthetic("haproxy", 400, time.Millisecond)},
+	}
+	assert.Equal(t, 1500*time.Microsecond, rows[0].Result.Percentile(0.5))
+	table := Table(rows, E2EOptions{Connections: 8, Duration: time.Second, Workers: 3})
+	assert.Contains(t, table, "| non-streaming | fastroute | 600 | 3.00 ms | 3.80 ms | 3.98 ms | 4.00 ms | 0.60× | 1.20× | 0.50× |")
+	svg := Plot(rows)
+	var doc struct {
+		Polylines []struct{} `xml:"polyline"`
+	}
+	require.NoError(t, xml.Unmarshal([]byte(svg), &doc))
+	assert.Len(t, doc.Polylines, 4, "one line per front end")
+	for _, f := range fronts {
+		assert.Contains(t, svg, ">"+f.name+"</text>", "legend")
+	}
+}
+
+// TestE2ESmoke runs the whole comparison briefly where nginx and HAProxy are
+// installed (make bench-e2e installs them); elsewhere it skips.
+func TestE2ESmoke(t *testing.T) {
+	for _, tool := range []string{"nginx", "haproxy"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed; `make bench-e2e` installs it", tool)
+		}
+	}
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	bin := filepath.Join(t.TempDir(), "fastroute")
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/fastroute").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	dir := t.TempDir()
+	rows, err := RunE2E(E2EOptions{Binary: bin, Workers: 2, Connections: 4, Duration: 200 * time.Millisecond, OutDir: dir})
+	require.NoError(t, err)
+	assert.Len(t, rows, len(Workloads)*len(fronts))
+	for _, r := range rows {
+		assert.Positive(t, r.Result.Requests, "%s %s", r.Workload, r.Front)
+		assert.Zero(t, r.Result.Errors)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
+	require.NoError(t, err)
+	assert.Equal(t, 1+len(rows), strings.Count(string(md), "| non-streaming |")+strings.Count(string(md), "| streaming |")+1)
+	_, err = os.Stat(filepath.Join(dir, "results.svg"))
+	assert.NoError(t, err)
+}
