@@ -97,7 +97,9 @@ func Plot(rows []Row) string {
 			continue
 		}
 		lo, hi = math.Pow(10, math.Floor(math.Log10(lo))), math.Pow(10, math.Ceil(math.Log10(hi)))
-		y := func(v float64) float64 { return top + ph - ph*(math.Log10(v)-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo)) }
+		y := func(v float64) float64 {
+			return top + ph - ph*(math.Log10(v)-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo))
+		}
 		x := func(j int) float64 { return x0 + pw*(float64(j)+0.5)/float64(len(percentiles)) }
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="14" text-anchor="middle">%s: latency by percentile (log scale)</text>`+"\n", x0+pw/2, top-15, wl)
 		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", x0, top, pw, ph)
