@@ -55,7 +55,10 @@ func TestE2ESmoke(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	bin := filepath.Join(t.TempDir(), "fastroute")
-	out, err := exec.Command("go", "build", "-o", bin, "../cmd/fastroute").CombinedOutput()
+	// The CPU-only build works under both test runs (cgo and CGO_ENABLED=0).
+	build := exec.Command("go", "build", "-tags", "nonvml", "-o", bin, "../cmd/fastroute")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	dir := t.TempDir()
 	rows, err := RunE2E(E2EOptions{Binary: bin, Workers: 2, Connections: 4, Duration: 200 * time.Millisecond, OutDir: dir})
