@@ -3,6 +3,7 @@ package dataplane
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -416,3 +417,42 @@ func TestSnapshotIndexMatchesBinarySearch(t *testing.T) {
 		}
 	}
 }
+
+// TestResetClearsEveryExportedField guards Reset's field-by-field clearing:
+// a field added to Request and forgotten there fails here.
+func TestResetClearsEveryExportedField(t *testing.T) {
+	var r Request
+	v := reflect.ValueOf(&r).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Field(i)
+		if !v.Type().Field(i).IsExported() {
+			continue
+		}
+		switch f.Kind() {
+		case reflect.Bool:
+			f.SetBool(true)
+		case reflect.Int:
+			f.SetInt(3)
+		case reflect.Uint64:
+			f.SetUint(3)
+		case reflect.Pointer:
+			f.Set(reflect.New(f.Type().Elem()))
+		case reflect.Interface:
+			f.Set(reflect.ValueOf(allowNone{}))
+		default:
+			t.Fatalf("field %s: kind %v not covered by this test", v.Type().Field(i).Name, f.Kind())
+		}
+	}
+	r.nExclude = 2
+	r.Reset()
+	for i := 0; i < v.NumField(); i++ {
+		if v.Type().Field(i).IsExported() {
+			assert.True(t, v.Field(i).IsZero(), "Reset leaves %s set", v.Type().Field(i).Name)
+		}
+	}
+	assert.Zero(t, r.Attempts())
+}
+
+type allowNone struct{}
+
+func (allowNone) Allow(*Worker) bool { return false }

@@ -44,11 +44,16 @@ type Request struct {
 	scratch candidates
 }
 
-// Reset clears r for the next request, keeping its scratch space.
+// Reset clears r for the next request. Field by field: copying a fresh
+// Request would move the scratch space too, which costs more than the rest of
+// a pinned selection. The exclusions and the scratch space need no clearing
+// (nExclude bounds the first, selectFiltered resets the second).
 func (r *Request) Reset() {
-	c := r.scratch
-	c.reset()
-	*r = Request{scratch: c}
+	r.WorkerID, r.HasWorker = 0, false
+	r.PreferID, r.HasPrefer, r.PreferRank, r.HasPreferRank = 0, false, 0, false
+	r.DPRank, r.HasDPRank = 0, false
+	r.Group, r.Filter = nil, nil
+	r.nExclude = 0
 }
 
 // Attempts returns how many workers this request has been moved away from.
