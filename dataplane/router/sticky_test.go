@@ -186,3 +186,25 @@ func TestDPRankRotatesPinsAndForwards(t *testing.T) {
 	}
 	f.assertIdle()
 }
+
+// A hard session whose worker fails at the transport gets a 502 naming the
+// worker, the pin is dropped, and the session's next request is pinned anew.
+func TestHardAffinityDropsThePinWhenTheWorkerFails(t *testing.T) {
+	f := startFleet(t, mocks(2, 1, 0), func(c *config.Config) {
+		c.Router.SessionAffinity.Mode = "hard"
+		c.Health.Interval = time.Hour // only the request path notices the failure
+	})
+	pinned := f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "h2")
+	for _, m := range f.mocks {
+		if fmt.Sprint(m.Served()) == "1" {
+			m.Kill()
+		}
+	}
+	resp := f.post("/v1/chat/completions", chatBody, "x-session-id", "h2")
+	text := readAll(t, resp)
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, text)
+	assert.Contains(t, text, "worker "+pinned+" failed")
+	again := f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "h2")
+	assert.NotEqual(t, pinned, again, "pinned anew on a live worker")
+	f.assertIdle()
+}
