@@ -184,15 +184,12 @@ func startFastroute(bin, _ string, workers []string) (string, func(), error) {
 }
 
 func startNginx(_, dir string, workers []string) (string, func(), error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return "", nil, err
-	}
 	var servers strings.Builder
 	for _, w := range workers {
 		fmt.Fprintf(&servers, "    server %s;\n", w)
 	}
-	conf := fmt.Sprintf(`daemon off;
+	conf := func(addr string) string {
+		return fmt.Sprintf(`daemon off;
 worker_processes auto;
 pid %[1]s/nginx.pid;
 error_log %[1]s/nginx-error.log warn;
@@ -220,27 +217,19 @@ http {
   }
 }
 `, dir, servers.String(), addr)
-	path := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-		return "", nil, err
 	}
-	p, err := spawn("nginx", "-p", dir, "-c", path, "-e", filepath.Join(dir, "nginx-error.log"))
-	if err != nil {
-		return "", nil, err
-	}
-	return addr, func() { terminate(p) }, nil
+	return startProxy(dir, "nginx.conf", conf, "nginx", func(path string) []string {
+		return []string{"-p", dir, "-c", path, "-e", filepath.Join(dir, "nginx-error.log")}
+	})
 }
 
 func startHAProxy(_, dir string, workers []string) (string, func(), error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return "", nil, err
-	}
 	var servers strings.Builder
 	for i, w := range workers {
 		fmt.Fprintf(&servers, "  server w%d %s\n", i+1, w)
 	}
-	conf := fmt.Sprintf(`global
+	conf := func(addr string) string {
+		return fmt.Sprintf(`global
   nbthread 2
   maxconn 4096
 defaults
@@ -256,11 +245,22 @@ frontend fe
 backend workers
   balance leastconn
 %s`, addr, servers.String())
-	path := filepath.Join(dir, "haproxy.cfg")
-	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+	}
+	return startProxy(dir, "haproxy.cfg", conf, "haproxy", func(path string) []string { return []string{"-db", "-f", path} })
+}
+
+// startProxy picks a free address, writes conf(addr) to dir/file and starts
+// bin with args(path of that file).
+func startProxy(dir, file string, conf func(addr string) string, bin string, args func(path string) []string) (string, func(), error) {
+	addr, err := freeAddr()
+	if err != nil {
 		return "", nil, err
 	}
-	p, err := spawn("haproxy", "-db", "-f", path)
+	path := filepath.Join(dir, file)
+	if err := os.WriteFile(path, []byte(conf(addr)), 0o644); err != nil {
+		return "", nil, err
+	}
+	p, err := spawn(bin, args(path)...)
 	if err != nil {
 		return "", nil, err
 	}
