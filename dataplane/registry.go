@@ -37,11 +37,31 @@ func (c *candidates) add(w *Worker) {
 	c.weights.Append(w.Weight())
 }
 
-// contains reports whether id is among the (sorted) candidate ids.
-func (c *candidates) contains(id uint64) bool {
-	_, ok := slices.BinarySearch(c.ids, id)
-	return ok
+// index returns the position of id, or -1. The search halves a window whose
+// size does not depend on the data, so the compiler emits conditional moves
+// instead of mispredicted branches.
+func (c *candidates) index(id uint64) int {
+	ids := c.ids
+	n := len(ids)
+	if n == 0 {
+		return -1
+	}
+	base := 0
+	for n > 1 {
+		half := n >> 1
+		if ids[base+half-1] < id {
+			base += half
+		}
+		n -= half
+	}
+	if ids[base] == id {
+		return base
+	}
+	return -1
 }
+
+// contains reports whether id is among the candidate ids.
+func (c *candidates) contains(id uint64) bool { return c.index(id) >= 0 }
 
 // Grouper names the groups a worker belongs to: the LoRA adapters it holds,
 // each name once. The registry asks it at every publication, off the request
@@ -61,9 +81,8 @@ type groupLoad struct {
 // sorted by id, and the group's requests in flight.
 type Group struct {
 	candidates
-	name    string
-	members int // registered members, routable or not
-	load    *groupLoad
+	name string
+	load *groupLoad
 }
 
 // Name returns the group name.
@@ -71,9 +90,6 @@ func (g *Group) Name() string { return g.name }
 
 // Len returns the number of routable members.
 func (g *Group) Len() int { return len(g.ids) }
-
-// Members returns the number of registered members, routable or not.
-func (g *Group) Members() int { return g.members }
 
 // Inflight returns the requests in flight routed by this group.
 func (g *Group) Inflight() int64 { return g.load.n.Load() }
@@ -115,29 +131,6 @@ func (s *Snapshot) Len() int { return len(s.ids) }
 
 // Version increases with every publication.
 func (s *Snapshot) Version() uint64 { return s.version }
-
-// index returns the position of id, or -1. The search halves a window whose
-// size does not depend on the data, so the compiler emits conditional moves
-// instead of mispredicted branches.
-func (s *Snapshot) index(id uint64) int {
-	ids := s.ids
-	n := len(ids)
-	if n == 0 {
-		return -1
-	}
-	base := 0
-	for n > 1 {
-		half := n >> 1
-		if ids[base+half-1] < id {
-			base += half
-		}
-		n -= half
-	}
-	if ids[base] == id {
-		return base
-	}
-	return -1
-}
 
 // Registry holds every registered worker. Writes (register, drain, health and
 // weight changes) serialise on a mutex and publish a new Snapshot; the request
@@ -301,7 +294,7 @@ func (r *Registry) publishLocked() {
 				g = &Group{name: name, load: load}
 				s.groups[name] = g
 			}
-			if g.members++; routable {
+			if routable {
 				g.add(w)
 			}
 		}
