@@ -1,5 +1,7 @@
 package pickers
 
+import "slices"
+
 // WeightTable holds candidate weights prepared for O(1) weighted draws with
 // Walker's alias method (Vose's construction): slot i keeps itself with
 // probability keep[i]/2^32 and otherwise yields alias[i], so one uniform
@@ -44,9 +46,10 @@ func (t *WeightTable) Total() float64 { return t.total }
 // Build prepares the alias slots for the weights appended since Reset.
 func (t *WeightTable) Build() {
 	n := len(t.weight)
-	t.keep, t.alias = grow(t.keep, n), grow(t.alias, n)
-	t.scaled = grow(t.scaled, n)
-	t.work = grow(t.work, n)
+	// slices.Grow reuses the storage when it is large enough.
+	t.keep, t.alias = slices.Grow(t.keep[:0], n)[:n], slices.Grow(t.alias[:0], n)[:n]
+	t.scaled = slices.Grow(t.scaled[:0], n)[:n]
+	t.work = slices.Grow(t.work[:0], n)[:n]
 	if !(t.total > 0) {
 		return
 	}
@@ -102,12 +105,4 @@ func (t *WeightTable) Draw(r uint64) int {
 		return i
 	}
 	return int(t.alias[i])
-}
-
-// grow returns s resized to n, reusing its storage when it is large enough.
-func grow[T any](s []T, n int) []T {
-	if cap(s) >= n {
-		return s[:n]
-	}
-	return make([]T, n)
 }
