@@ -40,7 +40,7 @@ func NewCache(size int) *Cache {
 	return &Cache{m: xsync.NewMapOfWithHasher[uint64, cached](rehash), ring: make([]clockSlot, size)}
 }
 
-// Key hashes one input string.
+// Key hashes one embedding input or session id; 0 is never returned.
 func Key(input []byte) uint64 {
 	if h := xxhash.Sum64(input); h != 0 {
 		return h

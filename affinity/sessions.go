@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/puzpuzpuz/xsync/v3"
 )
@@ -107,16 +106,9 @@ func NewTable(opts Options) *Table {
 // the seed is enough.
 func rehash(k, seed uint64) uint64 { return k ^ seed }
 
-func hashOf(id []byte) uint64 {
-	if h := xxhash.Sum64(id); h != 0 {
-		return h
-	}
-	return 1 // 0 marks an empty ring slot
-}
-
 // Get looks a session up and marks it used. It does not allocate.
 func (t *Table) Get(id []byte) (Pin, State) {
-	s, ok := t.m.Load(hashOf(id))
+	s, ok := t.m.Load(Key(id))
 	if !ok || s.id != string(id) {
 		return Pin{}, Missing
 	}
@@ -132,7 +124,7 @@ func (t *Table) Get(id []byte) (Pin, State) {
 
 // Put pins a session, creating it if needed (the only allocation).
 func (t *Table) Put(id []byte, p Pin) {
-	h := hashOf(id)
+	h := Key(id)
 	now := t.clock.Load()
 	if s, ok := t.m.Load(h); ok && s.id == string(id) {
 		if s.worker.Load() != p.Worker || s.rank.Load() != int64(p.Rank) || s.lost.Load() {
@@ -181,7 +173,7 @@ func (t *Table) deleteIf(h uint64, cond func(*session) bool, count *metrics.Coun
 // Drop removes a session.
 func (t *Table) Drop(id []byte) {
 	sid := string(id)
-	t.deleteIf(hashOf(id), func(s *session) bool { return s.id == sid }, nil)
+	t.deleteIf(Key(id), func(s *session) bool { return s.id == sid }, nil)
 }
 
 // WorkerLeft marks every session pinned to worker as lost, so a hard

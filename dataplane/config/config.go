@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/pickers"
 	"gopkg.in/yaml.v3"
@@ -142,10 +143,8 @@ func (c *Config) Validate() error {
 		return keyErr("router.retries", "%d is outside 0..%d", c.Router.Retries, dataplane.MaxAttempts-1)
 	}
 	a := &c.Router.SessionAffinity
-	switch a.Mode {
-	case "off", "soft", "hard":
-	default:
-		return keyErr("router.session_affinity.mode", "%q is not off, soft or hard", a.Mode)
+	if _, err := affinity.ParseMode(a.Mode); err != nil {
+		return keyErr("router.session_affinity.mode", "%v", err)
 	}
 	if a.Header == "" {
 		return keyErr("router.session_affinity.header", "must not be empty")
