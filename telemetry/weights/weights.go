@@ -133,18 +133,15 @@ func (l *Loop) Tick(now time.Time) {
 	workers := l.opts.Registry.All()
 	l.mu.Lock()
 	l.lastGPU, l.lastCPU = gpu, host
-	seen := make(map[uint64]bool, len(workers))
+	// A fresh map: workers that left the registry drop out of it.
+	next := make(map[uint64]Source, len(workers))
 	for _, w := range workers {
 		weight, src := l.weigh(w.Spec(), gpu, host, staleBefore)
 		w.SetWeight(weight)
-		seen[w.ID()] = true
+		next[w.ID()] = src
 		l.transition(w.ID(), src)
 	}
-	for id := range l.sources {
-		if !seen[id] {
-			delete(l.sources, id)
-		}
-	}
+	l.sources = next
 	l.mu.Unlock()
 	l.opts.Registry.Republish()
 }
@@ -181,11 +178,10 @@ func (l *Loop) weigh(s *dataplane.WorkerSpec, gpu *nvml.Snapshot, host *cpu.Samp
 	return CPUWeight(s.Capacity, host.Idle), Source{At: host.At}
 }
 
-// transition records a worker's source, counting and logging each change
-// to or between static reasons once.
+// transition counts and logs, once, each change of a worker's source to or
+// between static reasons, comparing with the previous tick's sources.
 func (l *Loop) transition(id uint64, src Source) {
 	prev, known := l.sources[id]
-	l.sources[id] = src
 	if known && prev.Static == src.Static && prev.Reason == src.Reason {
 		return
 	}
