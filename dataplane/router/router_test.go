@@ -334,41 +334,8 @@ func TestRetriesAreBounded(t *testing.T) {
 	f.assertIdle()
 }
 
-// resetServer answers the headers and one SSE chunk, then drops the connection.
-func resetServer(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				rd := bufio.NewReader(c)
-				req, err := http.ReadRequest(rd)
-				if err != nil {
-					return
-				}
-				io.Copy(io.Discard, req.Body)
-				if req.URL.Path == "/health" {
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-					return
-				}
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-				chunk := "data: {\"partial\":1}\n\n"
-				fmt.Fprintf(c, "%x\r\n%s\r\n", len(chunk), chunk)
-				time.Sleep(20 * time.Millisecond)
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 func TestNoRetryAfterFirstByte(t *testing.T) {
-	addr := resetServer(t)
+	addr := startFaultServer(t, cutMidAnswer).addr()
 	f := startFleet(t, mocks(1, 3, 0), func(c *config.Config) {
 		c.Router.Mode = pickers.ModeDirect
 		c.Workers = append(c.Workers, dataplane.WorkerSpec{ID: 5, URL: "http://" + addr})
@@ -385,22 +352,11 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 }
 
 func TestUpstreamTimeout(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() { // accepts and never answers
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { c.Close() })
-		}
-	}()
+	stalled := startFaultServer(t, stall)
 	f := startFleet(t, nil, func(c *config.Config) {
 		c.Health.Interval = time.Hour
 		c.Limits.UpstreamTimeout = 300 * time.Millisecond
-		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://" + ln.Addr().String()}}
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://" + stalled.addr()}}
 	})
 	start := time.Now()
 	resp := f.post("/v1/chat/completions", chatBody)
