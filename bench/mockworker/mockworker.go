@@ -1,13 +1,14 @@
 // Package mockworker is an OpenAI-compatible fake inference server: it
-// streams SSE tokens for chat/completions, answers embeddings, models and
-// health, and can fail a share of requests. Tests, the demo and the
-// benchmarks run it over real loopback sockets.
+// streams SSE tokens for chat/completions, answers embeddings, models,
+// health and Prometheus metrics in vLLM's or SGLang's names, and can fail a
+// share of requests. By default every answer takes the same time; with
+// Engine.MaxNumSeqs set it simulates an engine's continuous batching, so its
+// answers slow down and queue under load as a real engine's do. Tests, the
+// demo and the benchmarks run it over real loopback sockets.
 package mockworker
 
 import (
-	"bufio"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
@@ -26,7 +27,17 @@ type Options struct {
 	Model         string
 	LoRAs         []string
 	FailRate      float64 // share of generation requests answered 500
+	// Engine simulates an inference engine's scheduler when MaxNumSeqs > 0;
+	// Tokens is then the answer length of requests without max_tokens, and
+	// TokenInterval is unused.
+	Engine EngineOptions
+	// MetricsDialect names the /metrics series: "vllm" (default) or "sglang".
+	MetricsDialect string
 }
+
+// MaxBodyBytes is the largest request body accepted: above the router's
+// default, so the router's own limit is the one a client meets.
+const MaxBodyBytes = 64 << 20
 
 // Worker is a running mock worker.
 type Worker struct {
@@ -36,7 +47,9 @@ type Worker struct {
 	served atomic.Int64
 	active atomic.Int64
 	parser fastjson.ParserPool
-	conns  sync.Map // open net.Conn → struct{}, for Kill
+	conns  sync.Map      // open net.Conn → struct{}, for Kill
+	engine *engine       // nil unless Engine.MaxNumSeqs > 0
+	tokens atomic.Uint64 // tokens sent without the engine
 }
 
 // Start listens on addr ("127.0.0.1:0" picks a port) and serves until Close.
@@ -57,8 +70,12 @@ func Serve(ln net.Listener, opts Options) *Worker {
 		opts.Model = "mock-model"
 	}
 	w := &Worker{opts: opts, ln: ln}
+	if opts.Engine.MaxNumSeqs > 0 {
+		w.engine = newEngine(opts.Engine)
+	}
 	w.srv = &fasthttp.Server{Handler: w.handle, Name: "mockworker", NoDefaultDate: true, CloseOnShutdown: true,
-		Logger: quiet{}, // a killed or cut connection is the point of some tests, not news
+		MaxRequestBodySize: MaxBodyBytes,
+		Logger:             quiet{}, // a killed or cut connection is the point of some tests, not news
 		ConnState: func(c net.Conn, st fasthttp.ConnState) {
 			switch st {
 			case fasthttp.StateNew:
@@ -100,6 +117,9 @@ func (w *Worker) Active() int64 { return w.active.Load() }
 func (w *Worker) Close() error {
 	err := w.srv.Shutdown()
 	_ = w.ln.Close()
+	if w.engine != nil {
+		w.engine.close()
+	}
 	return err
 }
 
@@ -114,6 +134,8 @@ func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString("ok")
 	case path == "/v1/models" && ctx.IsGet():
 		w.models(ctx)
+	case path == "/metrics" && ctx.IsGet():
+		w.metrics(ctx)
 	case ctx.IsPost() && (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/embeddings"):
 		w.active.Add(1)
 		if !w.generate(ctx, path) {
@@ -134,85 +156,6 @@ func (w *Worker) models(ctx *fasthttp.RequestCtx) {
 		b = fmt.Appendf(b, `,{"id":%q,"object":"model","parent":%q}`, l, w.opts.Model)
 	}
 	ctx.SetBody(append(b, "]}"...))
-}
-
-// generate answers a generation or embedding request. It reports true when
-// the answer streams on after it returns (the stream then ends the request).
-func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) (streaming bool) {
-	p := w.parser.Get()
-	defer w.parser.Put(p)
-	v, err := p.ParseBytes(ctx.PostBody())
-	if err != nil {
-		ctx.SetStatusCode(fasthttp.StatusBadRequest)
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"error":{"message":"mock: bad json","type":"invalid_request_error","code":400}}`)
-		return false
-	}
-	if w.opts.FailRate > 0 && rand.Float64() < w.opts.FailRate {
-		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"error":{"message":"mock: injected failure","type":"server_error","code":500}}`)
-		return false
-	}
-	w.served.Add(1)
-	model := string(v.GetStringBytes("model"))
-	if path == "/v1/embeddings" {
-		w.embeddings(ctx, v, model)
-		return false
-	}
-	if v.GetBool("stream") {
-		w.stream(ctx, model)
-		return true
-	}
-	if w.opts.TokenInterval > 0 {
-		time.Sleep(time.Duration(w.opts.Tokens) * w.opts.TokenInterval)
-	}
-	ctx.SetContentType("application/json")
-	text := make([]byte, 0, 8*w.opts.Tokens)
-	for i := 0; i < w.opts.Tokens; i++ {
-		text = fmt.Appendf(text, "tok%d ", i)
-	}
-	ctx.SetBody(fmt.Appendf(nil,
-		`{"id":"cmpl-%d","object":"chat.completion","model":%q,"worker":%d,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],"usage":{"completion_tokens":%d}}`,
-		w.served.Load(), model, w.opts.ID, text, w.opts.Tokens))
-	return false
-}
-
-func (w *Worker) stream(ctx *fasthttp.RequestCtx, model string) {
-	ctx.SetContentType("text/event-stream")
-	ctx.Response.Header.Set("Cache-Control", "no-cache")
-	id, tokens, interval := w.opts.ID, w.opts.Tokens, w.opts.TokenInterval
-	ctx.SetBodyStreamWriter(func(bw *bufio.Writer) {
-		defer w.active.Add(-1)
-		for i := 0; i < tokens; i++ {
-			if interval > 0 {
-				time.Sleep(interval)
-			}
-			fmt.Fprintf(bw, "data: {\"object\":\"chat.completion.chunk\",\"model\":%q,\"worker\":%d,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok%d \"}}]}\n\n", model, id, i)
-			if bw.Flush() != nil {
-				return // client went away
-			}
-		}
-		bw.WriteString("data: [DONE]\n\n")
-		_ = bw.Flush()
-	})
-}
-
-func (w *Worker) embeddings(ctx *fasthttp.RequestCtx, v *fastjson.Value, model string) {
-	inputs := 1
-	if arr, err := v.Get("input").Array(); err == nil {
-		inputs = len(arr)
-	}
-	b := []byte(`{"object":"list","data":[`)
-	for i := 0; i < inputs; i++ {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = fmt.Appendf(b, `{"object":"embedding","index":%d,"embedding":[0.%d,0.5,0.25]}`, i, w.opts.ID)
-	}
-	b = fmt.Appendf(b, `],"model":%q,"worker":%d}`, model, w.opts.ID)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
 }
 
 // quiet drops fasthttp's per-connection error messages.

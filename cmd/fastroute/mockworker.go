@@ -21,6 +21,16 @@ func runMockWorker(args []string) error {
 	fs.StringVar(&o.Model, "model", "mock-model", "model name")
 	loras := fs.String("loras", "", "comma-separated LoRA adapters to advertise")
 	fs.Float64Var(&o.FailRate, "fail-rate", 0, "share of requests answered 500")
+	e := &o.Engine
+	fs.IntVar(&e.MaxNumSeqs, "max-num-seqs", 0, "simulate an engine with this many running slots and a waiting queue (0: fixed-time answers)")
+	fs.DurationVar(&e.InterTokenLatency, "inter-token-latency", mockworker.DefaultInterTokenLatency, "engine: decode step at a batch of one")
+	fs.Float64Var(&e.LoadFactor, "load-factor", mockworker.DefaultLoadFactor, "engine: extra step time per further running request, as a share of --inter-token-latency")
+	fs.DurationVar(&e.PrefillPerToken, "prefill-per-token", mockworker.DefaultPrefillPerToken, "engine: prefill time per prompt token (4 bytes of body a token)")
+	fs.Float64Var(&e.Speed, "speed", 1, "engine: divides every duration (a CPU-like engine: 0.1667)")
+	fs.IntVar(&e.KVBlocks, "kv-blocks", mockworker.DefaultKVBlocks, "engine: KV cache blocks")
+	fs.IntVar(&e.BlockSize, "block-size", mockworker.DefaultBlockSize, "engine: tokens per KV cache block")
+	fs.IntVar(&e.MaxLoRA, "max-lora", mockworker.DefaultMaxLoRA, "engine: adapters per batch (reported in vllm:lora_requests_info)")
+	fs.StringVar(&o.MetricsDialect, "metrics-dialect", "vllm", "names of the /metrics series: vllm or sglang")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -29,6 +39,12 @@ func runMockWorker(args []string) error {
 	}
 	if o.FailRate < 0 || o.FailRate > 1 {
 		return fmt.Errorf("--fail-rate %v is outside 0..1", o.FailRate)
+	}
+	if o.MetricsDialect != "vllm" && o.MetricsDialect != "sglang" {
+		return fmt.Errorf("--metrics-dialect %q is not vllm or sglang", o.MetricsDialect)
+	}
+	if !(e.Speed > 0) || e.LoadFactor < 0 || e.MaxNumSeqs < 0 {
+		return fmt.Errorf("--speed must be positive, --load-factor and --max-num-seqs not negative")
 	}
 	w, err := mockworker.Start(*listen, o)
 	if err != nil {

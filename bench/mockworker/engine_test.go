@@ -1,0 +1,245 @@
+package mockworker
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func startEngine(t *testing.T, o Options) *Worker {
+	t.Helper()
+	w, err := Start("127.0.0.1:0", o)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Close() })
+	return w
+}
+
+// scrape reads one series of the worker's /metrics.
+func scrape(t *testing.T, w *Worker, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(w.URL() + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `\{[^}]*\} (\S+)$`).FindSubmatch(b)
+	require.NotNil(t, m, "series %s in\n%s", name, b)
+	v, err := strconv.ParseFloat(string(m[1]), 64)
+	require.NoError(t, err)
+	return v
+}
+
+func post(ctx context.Context, url, path, body string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+path, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return http.DefaultClient.Do(req)
+}
+
+func TestEngineQueuesBeyondItsSlotsAndFreesThemOnDisconnect(t *testing.T) {
+	w := startEngine(t, Options{ID: 1, Tokens: 1000, Engine: EngineOptions{MaxNumSeqs: 2, InterTokenLatency: 5 * time.Millisecond}})
+	ctx, cancel := context.WithCancel(context.Background())
+	body := `{"model":"mock-model","stream":true,"max_tokens":1000,"messages":[{"role":"user","content":"hi"}]}`
+	errs := make(chan error, 5)
+	for i := 0; i < 5; i++ {
+		go func() {
+			resp, err := post(ctx, w.URL(), "/v1/chat/completions", body)
+			if err == nil {
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			errs <- err
+		}()
+	}
+	require.Eventually(t, func() bool {
+		return scrape(t, w, "vllm:num_requests_running") == 2 && scrape(t, w, "vllm:num_requests_waiting") == 3
+	}, 5*time.Second, 10*time.Millisecond, "two run, three wait")
+	assert.Positive(t, scrape(t, w, "vllm:kv_cache_usage_perc"))
+	cancel() // every client gives up: the running ones mid-answer, the waiting ones before any byte
+	for i := 0; i < 5; i++ {
+		<-errs
+	}
+	require.Eventually(t, func() bool {
+		return scrape(t, w, "vllm:num_requests_running") == 0 && scrape(t, w, "vllm:num_requests_waiting") == 0
+	}, 5*time.Second, 10*time.Millisecond, "slots and queue freed by the disconnects")
+	assert.Zero(t, scrape(t, w, "vllm:kv_cache_usage_perc"), "cache blocks freed")
+	assert.Zero(t, w.Active())
+}
+
+func TestEngineNonStreamingDisconnectWhileQueued(t *testing.T) {
+	w := startEngine(t, Options{ID: 1, Engine: EngineOptions{MaxNumSeqs: 1, InterTokenLatency: 5 * time.Millisecond}})
+	long, cancelLong := context.WithCancel(context.Background())
+	defer cancelLong()
+	go func() {
+		if resp, err := post(long, w.URL(), "/v1/completions", `{"prompt":"x","max_tokens":10000}`); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	queued, cancelQueued := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := post(queued, w.URL(), "/v1/completions", `{"prompt":"y","max_tokens":4}`); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	require.Eventually(t, func() bool { return scrape(t, w, "vllm:num_requests_waiting") == 1 }, 5*time.Second, 10*time.Millisecond)
+	cancelQueued()
+	<-done
+	require.Eventually(t, func() bool { return scrape(t, w, "vllm:num_requests_waiting") == 0 }, 5*time.Second, 10*time.Millisecond)
+	assert.EqualValues(t, 1, scrape(t, w, "vllm:num_requests_running"), "the long request still runs")
+}
+
+// timeToAnswer measures a non-streaming answer of n tokens while load
+// requests of the same size run beside it.
+func timeToAnswer(t *testing.T, w *Worker, load int) time.Duration {
+	t.Helper()
+	body := `{"model":"mock-model","max_tokens":20,"messages":[]}`
+	done := make(chan time.Duration, load+1)
+	for i := 0; i <= load; i++ {
+		go func() {
+			start := time.Now()
+			resp, err := post(context.Background(), w.URL(), "/v1/chat/completions", body)
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			done <- time.Since(start)
+		}()
+	}
+	var worst time.Duration
+	for i := 0; i <= load; i++ {
+		worst = max(worst, <-done)
+	}
+	return worst
+}
+
+func TestEngineSlowsWithBatchQueueAndSpeed(t *testing.T) {
+	o := EngineOptions{MaxNumSeqs: 4, InterTokenLatency: 2 * time.Millisecond, LoadFactor: 0.5, PrefillPerToken: time.Microsecond}
+	fast := startEngine(t, Options{ID: 1, Engine: o})
+	alone := timeToAnswer(t, fast, 0)
+	batch := timeToAnswer(t, fast, 3)  // 4 running: steps 2.5× as long
+	queued := timeToAnswer(t, fast, 7) // 4 more wait for a whole answer
+	o.Speed = 0.25
+	slow := timeToAnswer(t, startEngine(t, Options{ID: 2, Engine: o}), 0)
+	t.Logf("alone %v, batch of 4 %v, 8 on 4 slots %v, alone at speed 1/4 %v", alone, batch, queued, slow)
+	assert.Greater(t, batch, alone*3/2, "a fuller batch decodes slower")
+	assert.Greater(t, queued, batch*3/2, "requests beyond the slots wait")
+	assert.Greater(t, slow, alone*3, "speed scales the step")
+}
+
+func TestEngineWaitsForKVCache(t *testing.T) {
+	// 10 blocks of 4 tokens: one request of ~21 prompt tokens and 8 answer
+	// tokens takes 6 of them to start, so a second must wait although a slot is free.
+	w := startEngine(t, Options{ID: 1, Engine: EngineOptions{MaxNumSeqs: 4, KVBlocks: 10, BlockSize: 4, InterTokenLatency: 20 * time.Millisecond}})
+	body := `{"model":"mock-model","max_tokens":8,"prompt":"0123456789012345678901234567890123456789012345678901234567"}`
+	for i := 0; i < 2; i++ {
+		go func() {
+			if resp, err := post(context.Background(), w.URL(), "/v1/completions", body); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	require.Eventually(t, func() bool {
+		return scrape(t, w, "vllm:num_requests_running") == 1 && scrape(t, w, "vllm:num_requests_waiting") == 1
+	}, 5*time.Second, 5*time.Millisecond, "the second waits for cache blocks")
+	require.Eventually(t, func() bool {
+		return scrape(t, w, "vllm:num_requests_running")+scrape(t, w, "vllm:num_requests_waiting") == 0
+	}, 5*time.Second, 10*time.Millisecond)
+	resp, err := post(context.Background(), w.URL(), "/v1/completions", `{"max_tokens":100,"prompt":"x"}`)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "a request larger than the whole cache is refused")
+}
+
+func TestEngineOpenAIShapes(t *testing.T) {
+	w := startEngine(t, Options{ID: 3, Model: "m", LoRAs: []string{"sql"}, Engine: EngineOptions{MaxNumSeqs: 4, InterTokenLatency: time.Millisecond}})
+	resp, err := post(context.Background(), w.URL(), "/v1/completions", `{"model":"m","prompt":"hello","max_tokens":3}`)
+	require.NoError(t, err)
+	var c struct {
+		Object  string
+		Choices []struct {
+			Text         string
+			FinishReason string `json:"finish_reason"`
+		}
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&c))
+	resp.Body.Close()
+	assert.Equal(t, "text_completion", c.Object)
+	require.Len(t, c.Choices, 1)
+	assert.Equal(t, "tok0 tok1 tok2 ", c.Choices[0].Text)
+	assert.Equal(t, "length", c.Choices[0].FinishReason)
+	assert.Equal(t, 3, c.Usage.CompletionTokens)
+
+	resp, err = post(context.Background(), w.URL(), "/v1/chat/completions",
+		`{"model":"sql","stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":2,"messages":[]}`)
+	require.NoError(t, err)
+	var events []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if line, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			events = append(events, line)
+		}
+	}
+	resp.Body.Close()
+	require.Len(t, events, 4, "two tokens, the usage chunk, [DONE]")
+	assert.Contains(t, events[0], `"delta":{"content":"tok0 "}`)
+	assert.Contains(t, events[2], `"choices":[]`)
+	assert.Contains(t, events[2], `"completion_tokens":2`)
+	assert.Equal(t, "[DONE]", events[3])
+
+	resp, err = post(context.Background(), w.URL(), "/v1/embeddings", `{"model":"m","input":["a","b"],"encoding_format":"base64"}`)
+	require.NoError(t, err)
+	var e struct{ Data []struct{ Embedding string } }
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+	resp.Body.Close()
+	require.Len(t, e.Data, 2)
+	raw, err := base64.StdEncoding.DecodeString(e.Data[0].Embedding)
+	require.NoError(t, err)
+	require.Len(t, raw, 12, "three float32s")
+	assert.InDelta(t, 0.3, math.Float32frombits(binary.LittleEndian.Uint32(raw)), 1e-6)
+}
+
+func TestMetricsDialectsAndLoRAInfo(t *testing.T) {
+	w := startEngine(t, Options{ID: 1, LoRAs: []string{"sql", "chat"}, Engine: EngineOptions{MaxNumSeqs: 1, InterTokenLatency: 5 * time.Millisecond}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, model := range []string{"sql", "chat"} {
+		go func() {
+			if resp, err := post(ctx, w.URL(), "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":10000}`, model)); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		time.Sleep(20 * time.Millisecond) // sql arrives first and runs; chat waits
+	}
+	require.Eventually(t, func() bool { return scrape(t, w, "vllm:num_requests_waiting") == 1 }, 5*time.Second, 10*time.Millisecond)
+	resp, err := http.Get(w.URL() + "/metrics")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Regexp(t, `vllm:lora_requests_info\{max_lora="4",running_lora_adapters="sql",waiting_lora_adapters="chat"\} \d+`, string(b))
+	assert.Contains(t, string(b), `vllm:num_requests_running{model_name="mock-model"} 1`)
+
+	sg := startEngine(t, Options{ID: 2, MetricsDialect: "sglang", Engine: EngineOptions{MaxNumSeqs: 1}})
+	assert.Zero(t, scrape(t, sg, "sglang:num_running_reqs"))
+	assert.Zero(t, scrape(t, sg, "sglang:num_queue_reqs"))
+	assert.Zero(t, scrape(t, sg, "sglang:token_usage"))
+}

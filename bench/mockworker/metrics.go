@@ -1,0 +1,48 @@
+package mockworker
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// metrics answers /metrics in the Prometheus text format, with the series
+// names and labels of vLLM (default) or SGLang. Without the engine
+// simulator the requests being answered count as running and none waits.
+func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
+	var st engineStats
+	maxLoRA := DefaultMaxLoRA
+	if w.engine != nil {
+		st = w.engine.stats()
+		maxLoRA = w.engine.o.MaxLoRA
+	} else {
+		st.running = int(w.active.Load())
+		st.genTokens = w.tokens.Load()
+	}
+	model := fmt.Sprintf("{model_name=%q}", w.opts.Model)
+	var b []byte
+	metric := func(name, typ, help string, v any) {
+		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n%s%s %v\n", name, help, name, typ, name, model, v)
+	}
+	if w.opts.MetricsDialect == "sglang" {
+		metric("sglang:num_running_reqs", "gauge", "The number of running requests.", st.running)
+		metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", st.waiting)
+		metric("sglang:token_usage", "gauge", "The token usage.", st.kvUsage)
+		metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", st.promptTokens)
+		metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", st.genTokens)
+	} else {
+		metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", st.running)
+		metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", st.waiting)
+		metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", st.kvUsage)
+		metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", st.promptTokens)
+		metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", st.genTokens)
+		metric("vllm:request_success_total", "counter", "Count of successfully processed requests.", st.finished)
+		b = fmt.Appendf(b, "# HELP vllm:lora_requests_info Running stats on lora requests.\n# TYPE vllm:lora_requests_info gauge\n"+
+			"vllm:lora_requests_info{max_lora=\"%d\",running_lora_adapters=%q,waiting_lora_adapters=%q} %d\n",
+			maxLoRA, strings.Join(st.runningLoRAs, ","), strings.Join(st.waitingLoRAs, ","), time.Now().Unix())
+	}
+	ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
+	ctx.SetBody(b)
+}
