@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/fastroute/fastroute/pickers"
+	"github.com/fastroute/fastroute/telemetry/engine"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -268,10 +269,46 @@ func TestErrorsMatchByCode(t *testing.T) {
 	assert.Equal(t, "resource_exhausted", ResourceExhausted.String())
 }
 
+// pickingModes are the modes that pick (every mode but direct), each also
+// with engine readings on every worker where the mode reads them.
+func pickingModes() (out []struct {
+	mode   pickers.Mode
+	engine bool
+}) {
+	for _, m := range pickers.Modes {
+		if m == pickers.ModeDirect {
+			continue
+		}
+		out = append(out, struct {
+			mode   pickers.Mode
+			engine bool
+		}{m, false})
+		if m == pickers.ModeWeighted || m == pickers.ModeLoadAware {
+			out = append(out, struct {
+				mode   pickers.Mode
+				engine bool
+			}{m, true})
+		}
+	}
+	return out
+}
+
+// setEngines gives every worker an engine reading with a learned speed.
+func setEngines(reg *Registry) {
+	for _, w := range reg.All() {
+		w.SetEngine(&engine.Stats{Slots: 8, TokenRate: float64(w.ID())})
+	}
+}
+
 func TestSelectReserveReleaseAllocatesNothing(t *testing.T) {
-	for _, mode := range []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeRandom, pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted} {
+	for _, pm := range pickingModes() {
+		mode := pm.mode
 		reg := newFleet(t, 64)
-		sel := newSelector(t, reg, mode, 64)
+		if pm.engine {
+			setEngines(reg)
+			mode += "+engine"
+		}
+		sel := newSelector(t, reg, pm.mode, 64)
 		var req Request
 		var res Reservation
 		allocs := testing.AllocsPerRun(2000, func() {
@@ -299,7 +336,7 @@ func TestSelectReserveReleaseAllocatesNothing(t *testing.T) {
 
 		// Failures return sentinels and allocate nothing either.
 		reg.SetHealthy(1, false)
-		empty := newSelector(t, NewRegistry(), mode, 0)
+		empty := newSelector(t, NewRegistry(), pm.mode, 0)
 		allocs = testing.AllocsPerRun(1000, func() {
 			req.Reset()
 			_ = empty.Select(&req, &res)
@@ -372,10 +409,15 @@ func TestConcurrentSelectWithChurn(t *testing.T) {
 }
 
 func BenchmarkSelectReserveRelease(b *testing.B) {
-	for _, mode := range []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeRandom, pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted} {
+	for _, pm := range pickingModes() {
 		for _, n := range []int{4, 64, 1024} {
 			reg := newFleet(b, n)
-			sel := newSelector(b, reg, mode, 64)
+			mode := pm.mode
+			if pm.engine {
+				setEngines(reg)
+				mode += "+engine"
+			}
+			sel := newSelector(b, reg, pm.mode, 64)
 			b.Run(fmt.Sprintf("%s/n=%d", mode, n), func(b *testing.B) {
 				var req Request
 				var res Reservation
@@ -456,3 +498,72 @@ func TestResetClearsEveryExportedField(t *testing.T) {
 type allowNone struct{}
 
 func (allowNone) Allow(*Worker) bool { return false }
+
+// TestEngineCostSpreadsABurstByCapacity holds 100 requests picked between
+// two scrapes: the router's own dispatches since the reading count on top
+// of it, so the burst splits by learned capacity instead of herding on the
+// cheapest worker.
+func TestEngineCostSpreadsABurstByCapacity(t *testing.T) {
+	for _, mode := range []pickers.Mode{pickers.ModeWeighted, pickers.ModeLoadAware} {
+		reg := newFleet(t, 3)
+		fast := engine.Stats{Slots: 16, TokenRate: 60}
+		slow := engine.Stats{Slots: 4, TokenRate: 10} // a CPU-like engine: 1/24 of the throughput
+		w1, _ := reg.Get(1)
+		w2, _ := reg.Get(2)
+		w3, _ := reg.Get(3)
+		w1.SetEngine(&fast)
+		w2.SetEngine(&fast)
+		w3.SetEngine(&slow)
+		sel := newSelector(t, reg, mode, 0)
+		res := make([]Reservation, 100)
+		count := map[uint64]int{}
+		for i := range res {
+			var req Request
+			require.NoError(t, sel.Select(&req, &res[i]))
+			count[res[i].Worker().ID()]++
+		}
+		t.Logf("%s: %v", mode, count)
+		// (L+1)/960 vs (l+1)/40: the slow worker gets its second request
+		// once the fast ones hold 47 each.
+		assert.InDelta(t, count[1], count[2], 1, "%s: equal fast workers share the burst", mode)
+		assert.Equal(t, 2, count[3], "%s: the slow worker gets its capacity's share", mode)
+		for i := range res {
+			res[i].Release()
+		}
+		assertIdle(t, reg)
+
+		// A queue the engine reports counts like the router's own load.
+		queued := fast
+		queued.Waiting = 20
+		w1.SetEngine(&queued)
+		count = map[uint64]int{}
+		for i := 0; i < 20; i++ {
+			var req Request
+			require.NoError(t, sel.Select(&req, &res[i]))
+			count[res[i].Worker().ID()]++
+		}
+		assert.Equal(t, map[uint64]int{2: 20}, count, "%s: the worker with a queue waits its turn", mode)
+		for i := 0; i < 20; i++ {
+			res[i].Release()
+		}
+		assertIdle(t, reg)
+
+		// Without a reading on every worker the costs are not comparable:
+		// the mode falls back to the router's own signals.
+		w3.SetEngine(nil)
+		count = map[uint64]int{}
+		for i := 0; i < 30; i++ {
+			var req Request
+			require.NoError(t, sel.Select(&req, &res[i]))
+			count[res[i].Worker().ID()]++
+		}
+		assert.GreaterOrEqual(t, count[3], 5, "%s: without every reading the slow worker is not priced out", mode)
+		if mode == pickers.ModeLoadAware {
+			assert.Equal(t, map[uint64]int{1: 10, 2: 10, 3: 10}, count, "least (occupancy+1)/weight at equal weights")
+		}
+		for i := 0; i < 30; i++ {
+			res[i].Release()
+		}
+		assertIdle(t, reg)
+	}
+}

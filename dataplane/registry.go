@@ -37,6 +37,16 @@ func (c *candidates) add(w *Worker) {
 	c.weights.Append(w.Weight())
 }
 
+// Cost prices candidate i from its engine's last reading and the live
+// occupancy; false when the worker has no fresh reading or learned speed.
+func (c *candidates) Cost(i int) (float64, bool) {
+	st := c.workers[i].engine.Load()
+	if st == nil {
+		return 0, false
+	}
+	return st.Cost(c.occ[i].Load())
+}
+
 // index returns the position of id, or -1. The search halves a window whose
 // size does not depend on the data, so the compiler emits conditional moves
 // instead of mispredicted branches.

@@ -96,6 +96,14 @@ func (s *Selector) Mode() pickers.Mode { return s.mode }
 // BusyThreshold returns the per-worker in-flight cap (0 = none).
 func (s *Selector) BusyThreshold() int64 { return s.busy }
 
+// limit is w's in-flight cap: its own max_inflight, else the threshold.
+func (s *Selector) limit(w *Worker) int64 {
+	if m := w.spec.MaxInflight; m > 0 {
+		return int64(m)
+	}
+	return s.busy
+}
+
 // Registry returns the registry the selector reads.
 func (s *Selector) Registry() *Registry { return s.reg }
 
@@ -122,7 +130,7 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 		if i := snap.index(req.PreferID); i >= 0 {
 			w := snap.workers[i]
 			inGroup := req.Group == nil || req.Group.contains(w.spec.ID)
-			if inGroup && s.admits(req, w) && w.tryAcquire(s.busy) {
+			if inGroup && s.admits(req, w) && w.tryAcquire(s.limit(w)) {
 				return s.holdRank(req, w, res, req.PreferRank, req.HasPreferRank)
 			}
 		}
@@ -131,7 +139,7 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 		// Fast path: pick over the whole set. A busy pick means the policy
 		// saw no better free worker, or raced; the filtered path decides.
 		w := base.workers[s.picker.Pick(base.ids, base)]
-		if w.tryAcquire(s.busy) {
+		if w.tryAcquire(s.limit(w)) {
 			return s.hold(req, w, res)
 		}
 	}
@@ -191,7 +199,7 @@ func (s *Selector) selectNamed(snap *Snapshot, req *Request, res *Reservation) e
 	if req.Filter != nil && !req.Filter.Allow(w) {
 		return Errorf(InvalidArgument, "worker %d cannot serve this request", req.WorkerID)
 	}
-	if !w.tryAcquire(s.busy) {
+	if !w.tryAcquire(s.limit(w)) {
 		return ErrResourceExhausted
 	}
 	return s.hold(req, w, res)
@@ -208,7 +216,7 @@ func (s *Selector) selectFiltered(base *candidates, req *Request, res *Reservati
 				continue
 			}
 			admitted++
-			if w.free(s.busy) {
+			if w.free(s.limit(w)) {
 				c.add(w)
 			}
 		}
@@ -221,7 +229,7 @@ func (s *Selector) selectFiltered(base *candidates, req *Request, res *Reservati
 		if s.mode == pickers.ModeWeighted {
 			c.weights.Build()
 		}
-		if w := c.workers[s.picker.Pick(c.ids, c)]; w.tryAcquire(s.busy) {
+		if w := c.workers[s.picker.Pick(c.ids, c)]; w.tryAcquire(s.limit(w)) {
 			return s.hold(req, w, res)
 		}
 	}

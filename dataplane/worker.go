@@ -5,7 +5,10 @@ import (
 	"math"
 	"net/url"
 	"slices"
+	"strings"
 	"sync/atomic"
+
+	"github.com/fastroute/fastroute/telemetry/engine"
 )
 
 // Device is the kind of hardware a worker runs on.
@@ -27,6 +30,12 @@ type WorkerSpec struct {
 	DPSize   int      `json:"dp_size" yaml:"dp_size"`
 	Capacity float64  `json:"capacity" yaml:"capacity"`
 	LoRAs    []string `json:"loras,omitempty" yaml:"loras"`
+	// MetricsPath is the engine's Prometheus endpoint (default /metrics).
+	MetricsPath string `json:"metrics_path" yaml:"metrics_path"`
+	// MaxInflight caps the requests in flight on this worker, replacing
+	// router.busy_threshold for it, and is the engine's batch size for the
+	// load-aware cost (0: the threshold applies and the size is learned).
+	MaxInflight int `json:"max_inflight,omitempty" yaml:"max_inflight"`
 }
 
 // Normalize fills defaults (cpu device, dp_size 1, capacity 1) and validates
@@ -61,6 +70,15 @@ func (s *WorkerSpec) Normalize() error {
 	if !(s.Capacity > 0) || math.IsInf(s.Capacity, 0) {
 		return fmt.Errorf("capacity: %v must be a positive number", s.Capacity)
 	}
+	if s.MetricsPath == "" {
+		s.MetricsPath = "/metrics"
+	}
+	if !strings.HasPrefix(s.MetricsPath, "/") {
+		return fmt.Errorf("metrics_path: %q must start with /", s.MetricsPath)
+	}
+	if s.MaxInflight < 0 {
+		return fmt.Errorf("max_inflight: %d is negative (0: router.busy_threshold applies)", s.MaxInflight)
+	}
 	return nil
 }
 
@@ -89,6 +107,7 @@ type Worker struct {
 	weight   atomic.Uint64 // float64 bits of the telemetry weight
 	dpNext   atomic.Uint64
 	adv      atomic.Pointer[Advertised] // what its /v1/models lists
+	engine   atomic.Pointer[engine.Stats]
 }
 
 // Advertised is what a worker's /v1/models answer lists: base models, and
@@ -154,6 +173,22 @@ func (w *Worker) SetAdvertised(a Advertised) bool {
 	}
 	w.adv.Store(&a)
 	return true
+}
+
+// Engine returns what the worker's engine last said of its load, or nil
+// when there is no fresh reading.
+func (w *Worker) Engine() *engine.Stats { return w.engine.Load() }
+
+// SetEngine stores a copy of the engine's latest Stats (nil: none fresh),
+// stamped with the worker's occupancy now so later dispatches count on top.
+func (w *Worker) SetEngine(st *engine.Stats) {
+	if st == nil {
+		w.engine.Store(nil)
+		return
+	}
+	cp := *st
+	cp.Occupancy = w.occ.n.Load()
+	w.engine.Store(&cp)
 }
 
 // nextRank returns the data-parallel rank for a request that names none.

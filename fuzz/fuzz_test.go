@@ -115,7 +115,7 @@ func FuzzSelectSequence(f *testing.F) {
 				t.Fatal(err)
 			}
 		}
-		modes := []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeRandom, pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted}
+		modes := []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeRandom, pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted, pickers.ModeLoadAware}
 		sel, err := dataplane.NewSelector(reg, modes[len(ops)%len(modes)], busy)
 		if err != nil {
 			t.Fatal(err)

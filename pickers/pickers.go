@@ -40,10 +40,11 @@ const (
 	ModeLeastLoaded Mode = "least-loaded"
 	ModeDirect      Mode = "direct"
 	ModeWeighted    Mode = "device-aware-weighted"
+	ModeLoadAware   Mode = "load-aware"
 )
 
 // Modes lists every valid mode, in documentation order.
-var Modes = []Mode{ModeRoundRobin, ModeRandom, ModeP2C, ModeLeastLoaded, ModeDirect, ModeWeighted}
+var Modes = []Mode{ModeRoundRobin, ModeRandom, ModeP2C, ModeLeastLoaded, ModeDirect, ModeWeighted, ModeLoadAware}
 
 // ParseMode validates a mode name.
 func ParseMode(s string) (Mode, error) {
@@ -71,6 +72,8 @@ func New(m Mode) (Picker, error) {
 		return nil, nil
 	case ModeWeighted:
 		return Weighted{}, nil
+	case ModeLoadAware:
+		return LoadAware{}, nil
 	}
 	return nil, fmt.Errorf("unknown mode %q", m)
 }
@@ -169,9 +172,10 @@ func (l *LeastLoaded) Pick(ids []uint64, st State) int {
 	return best
 }
 
-// Weighted picks by telemetry weight, tilted by live load.
+// Weighted picks by engine cost when every candidate has one (see Coster),
+// else by telemetry weight, tilted by live load.
 //
-// It draws a candidate with probability proportional to its weight from the
+// Without engine costs it draws a candidate with probability proportional to its weight from the
 // alias table (O(1)). An idle draw is taken as is, so an idle fleet splits
 // exactly by weight. A busy draw is compared with a second weighted draw and
 // the higher Weight/(1+Load) wins, so a burst spreads at once instead of
@@ -184,6 +188,9 @@ func (Weighted) Pick(ids []uint64, st State) int {
 	n := len(ids)
 	if n == 0 {
 		return -1
+	}
+	if i := leastCost(n, st); i >= 0 {
+		return i
 	}
 	t := st.Weights()
 	if t == nil || len(t.keep) != n || !(t.total > 0) {

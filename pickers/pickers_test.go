@@ -57,7 +57,7 @@ func ids(n int) []uint64 {
 func allPickers() map[string]Picker {
 	return map[string]Picker{
 		"round-robin": &RoundRobin{}, "random": Random{}, "p2c": P2C{},
-		"least-loaded": &LeastLoaded{}, "weighted": Weighted{},
+		"least-loaded": &LeastLoaded{}, "weighted": Weighted{}, "load-aware": LoadAware{},
 	}
 }
 

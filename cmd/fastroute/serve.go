@@ -21,7 +21,7 @@ type workerFlags []dataplane.WorkerSpec
 
 func (w *workerFlags) String() string { return fmt.Sprint(len(*w), " workers") }
 
-// Set parses "id=1,url=http://h:p,device=gpu,gpu_index=0,dp_size=1,capacity=1,loras=a;b".
+// Set parses "id=1,url=http://h:p,device=gpu,gpu_index=0,dp_size=1,capacity=1,loras=a;b,metrics_path=/metrics,max_inflight=0".
 func (w *workerFlags) Set(v string) error {
 	var s dataplane.WorkerSpec
 	for _, kv := range strings.Split(v, ",") {
@@ -47,6 +47,10 @@ func (w *workerFlags) Set(v string) error {
 			s.Capacity, err = strconv.ParseFloat(val, 64)
 		case "loras":
 			s.LoRAs = strings.Split(val, ";")
+		case "metrics_path":
+			s.MetricsPath = val
+		case "max_inflight":
+			s.MaxInflight, err = strconv.Atoi(val)
 		default:
 			return fmt.Errorf("unknown worker key %q", k)
 		}
@@ -77,6 +81,9 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.BoolVar(&cfg.Telemetry.NVML, "telemetry-nvml", cfg.Telemetry.NVML, "poll GPUs through NVML")
 	fs.BoolVar(&cfg.Telemetry.CPU, "telemetry-cpu", cfg.Telemetry.CPU, "poll /proc and cgroup CPU state")
 	fs.DurationVar(&cfg.Telemetry.Interval, "telemetry-interval", cfg.Telemetry.Interval, "telemetry poll period")
+	fs.BoolVar(&cfg.Telemetry.Engine.Enabled, "telemetry-engine", cfg.Telemetry.Engine.Enabled, "poll each worker's engine metrics (vLLM/SGLang queue, batch, KV cache)")
+	fs.DurationVar(&cfg.Telemetry.Engine.Interval, "telemetry-engine-interval", cfg.Telemetry.Engine.Interval, "engine metrics poll period")
+	fs.DurationVar(&cfg.Telemetry.Engine.Timeout, "telemetry-engine-timeout", cfg.Telemetry.Engine.Timeout, "one engine metrics scrape's timeout")
 	fs.DurationVar(&cfg.Health.Interval, "health-interval", cfg.Health.Interval, "health probe period")
 	fs.StringVar(&cfg.Health.Path, "health-path", cfg.Health.Path, "health probe path")
 	fs.IntVar(&cfg.Health.UnhealthyAfter, "unhealthy-after", cfg.Health.UnhealthyAfter, "failed probes before a worker is unhealthy")
@@ -86,7 +93,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.DurationVar(&cfg.Limits.IdleTimeout, "idle-timeout", cfg.Limits.IdleTimeout, "client keep-alive idle timeout")
 	fs.DurationVar(&cfg.Limits.ConnectTimeout, "connect-timeout", cfg.Limits.ConnectTimeout, "dial timeout to workers")
 	fs.DurationVar(&cfg.Limits.UpstreamTimeout, "upstream-timeout", cfg.Limits.UpstreamTimeout, "whole upstream answer timeout")
-	fs.Var(workers, "worker", "add a worker: id=N,url=http://host:port[,device=gpu|cpu,gpu_index=I,dp_size=D,capacity=C,loras=a;b] (repeatable)")
+	fs.Var(workers, "worker", "add a worker: id=N,url=http://host:port[,device=gpu|cpu,gpu_index=I,dp_size=D,capacity=C,loras=a;b,metrics_path=/metrics,max_inflight=M] (repeatable)")
 }
 
 // loadServeConfig reads --config (when given) and applies the other flags over it.

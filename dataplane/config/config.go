@@ -52,6 +52,15 @@ type Telemetry struct {
 	NVML     bool          `yaml:"nvml"`
 	CPU      bool          `yaml:"cpu"`
 	Interval time.Duration `yaml:"interval"`
+	Engine   Engine        `yaml:"engine"`
+}
+
+// Engine configures the polling of each worker's engine metrics
+// (vLLM/SGLang queue, batch and KV cache) at its metrics_path.
+type Engine struct {
+	Enabled  bool          `yaml:"enabled"`
+	Interval time.Duration `yaml:"interval"`
+	Timeout  time.Duration `yaml:"timeout"`
 }
 
 // Health configures worker health checks.
@@ -81,8 +90,9 @@ func Default() Config {
 			SessionAffinity:    Affinity{Mode: "soft", Header: "x-session-id", TTL: 10 * time.Minute, MaxSessions: 100000},
 			EmbeddingCacheSize: 1 << 16,
 		},
-		Telemetry: Telemetry{NVML: true, CPU: true, Interval: 250 * time.Millisecond},
-		Health:    Health{Interval: 2 * time.Second, Path: "/health", UnhealthyAfter: 3},
+		Telemetry: Telemetry{NVML: true, CPU: true, Interval: 250 * time.Millisecond,
+			Engine: Engine{Enabled: true, Interval: 50 * time.Millisecond, Timeout: time.Second}},
+		Health: Health{Interval: 2 * time.Second, Path: "/health", UnhealthyAfter: 3},
 		Limits: Limits{
 			MaxBodyBytes: 16 << 20, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
 			IdleTimeout: 2 * time.Minute, ConnectTimeout: 2 * time.Second, UpstreamTimeout: 10 * time.Minute,
@@ -160,6 +170,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Telemetry.Interval <= 0 {
 		return keyErr("telemetry.interval", "%v must be positive", c.Telemetry.Interval)
+	}
+	if c.Telemetry.Engine.Interval <= 0 {
+		return keyErr("telemetry.engine.interval", "%v must be positive", c.Telemetry.Engine.Interval)
+	}
+	if c.Telemetry.Engine.Timeout <= 0 {
+		return keyErr("telemetry.engine.timeout", "%v must be positive", c.Telemetry.Engine.Timeout)
 	}
 	if c.Health.Interval <= 0 {
 		return keyErr("health.interval", "%v must be positive", c.Health.Interval)

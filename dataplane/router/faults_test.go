@@ -63,6 +63,10 @@ func startFaultServer(t *testing.T, misbehave func(c net.Conn, req *http.Request
 						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
 						continue
 					}
+					if req.Method != http.MethodPost { // no engine metrics here: the router's scraper gets a 404
+						_, _ = io.WriteString(c, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+						continue
+					}
 					s.hits.Add(1)
 					misbehave(c, req)
 					return

@@ -21,6 +21,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/telemetry/cpu"
+	"github.com/fastroute/fastroute/telemetry/engine"
 	"github.com/fastroute/fastroute/telemetry/nvml"
 	"github.com/fastroute/fastroute/telemetry/weights"
 )
@@ -32,7 +33,8 @@ type Router struct {
 	Selector *dataplane.Selector
 	Frontend *frontend.Server
 	Health   *health.Checker
-	Weights  *weights.Loop // nil when telemetry is off
+	Weights  *weights.Loop   // nil when telemetry is off
+	Engines  *engine.Scraper // nil when telemetry.engine is off
 	LoRA     *lora.Residency
 	Sessions *affinity.Table
 	// EmbedCache is nil when router.embedding_cache_size is 0.
@@ -94,6 +96,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		r.Metrics.Register(r.EmbedCache.Collector())
 	}
 	r.startTelemetry(log)
+	r.startEngines(log)
 
 	if r.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
@@ -115,6 +118,9 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.loops.Go(func() { r.Sessions.Run(ctx, sweepEvery(aff.TTL)) })
 	if r.Weights != nil {
 		r.loops.Go(func() { r.Weights.Run(ctx) })
+	}
+	if r.Engines != nil {
+		r.loops.Go(func() { r.Engines.Run(ctx) })
 	}
 	log.Info("fastroute started", "listen", r.Addr(), "admin", r.AdminAddr(),
 		"mode", cfg.Router.Mode, "workers", len(cfg.Workers))
@@ -167,10 +173,47 @@ func (r *Router) startTelemetry(log *slog.Logger) {
 	r.Metrics.Register(r.Weights.Collector())
 }
 
+// startEngines builds the poller of every worker's engine metrics; each
+// reading lands on its worker, where the load-aware cost reads it.
+func (r *Router) startEngines(log *slog.Logger) {
+	e := r.Config.Telemetry.Engine
+	if !e.Enabled {
+		return
+	}
+	reg := r.Registry
+	r.Engines = engine.New(engine.Options{
+		Interval: e.Interval, Timeout: e.Timeout, Logger: log,
+		Targets: func() []engine.Target {
+			all := reg.All()
+			out := make([]engine.Target, len(all))
+			for i, w := range all {
+				s := w.Spec()
+				out[i] = engine.Target{ID: s.ID, URL: s.URL + s.MetricsPath, Slots: s.MaxInflight}
+			}
+			return out
+		},
+		Publish: func(id uint64, st *engine.Stats) {
+			if w, ok := reg.Get(id); ok {
+				w.SetEngine(st)
+			}
+		},
+	})
+	r.Metrics.Register(func(w *metrics.Writer) {
+		fallbacks, without := r.Engines.Counts()
+		w.Header("fastroute_engine_fallbacks_total", "counter", "Times a worker lost its fresh engine metrics and was routed on the router's own signals.")
+		w.Sample("fastroute_engine_fallbacks_total", float64(fallbacks))
+		w.Header("fastroute_engine_workers_without_reading", "gauge", "Workers with no fresh engine metrics reading.")
+		w.Sample("fastroute_engine_workers_without_reading", float64(without))
+	})
+}
+
 // describe adds the telemetry view of a worker to GET /workers.
 func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
 	if r.Weights != nil {
 		r.Weights.Describe(w, info)
+	}
+	if r.Engines != nil {
+		r.Engines.Describe(w.ID(), info)
 	}
 }
 

@@ -1,0 +1,233 @@
+package engine
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// vllmPage is a vLLM v1 page as its Python Prometheus client writes it: two
+// data-parallel engines, counters with their _created twins, a histogram,
+// and lora_requests_info written once per change.
+const vllmPage = `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0
+vllm:num_requests_running{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 4.0
+vllm:num_requests_waiting{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.91
+vllm:kv_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.25
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1000.0
+vllm:generation_tokens_total{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 234.0
+# HELP vllm:generation_tokens_created Number of generation tokens processed.
+# TYPE vllm:generation_tokens_created gauge
+vllm:generation_tokens_created{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.7646048e+09
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.52
+# HELP vllm:lora_requests_info Running stats on lora requests.
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="old-lora",waiting_lora_adapters=""} 1.7646040e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql-lora,chat-lora",waiting_lora_adapters="sql-lora"} 1.7646048e+09
+`
+
+// vllmV0Page names the KV cache usage as vLLM's V0 engine did.
+const vllmV0Page = `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 0.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.5
+`
+
+// sglangPage is SGLang's /metrics with --enable-metrics.
+const sglangPage = `# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="meta-llama/Llama-3.1-8B-Instruct"} 8.128902e+06
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.557572e+06
+# HELP sglang:token_usage The token usage
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.28
+# HELP sglang:num_running_reqs The number of running requests
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 12.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0
+`
+
+func TestParseVLLM(t *testing.T) {
+	at := time.Unix(100, 0)
+	r, err := Parse(strings.NewReader(vllmPage), at)
+	require.NoError(t, err)
+	assert.Equal(t, Reading{At: at, Dialect: "vllm", Running: 5, Waiting: 4, KVUsage: 0.91, Tokens: 1234,
+		Adapters: []string{"chat-lora", "sql-lora"}}, r)
+
+	r, err = Parse(strings.NewReader(vllmV0Page), at)
+	require.NoError(t, err)
+	assert.Equal(t, 0.5, r.KVUsage, "the V0 name of the KV cache usage")
+	assert.Equal(t, -1.0, r.Tokens, "no token counter")
+}
+
+func TestParseSGLang(t *testing.T) {
+	r, err := Parse(strings.NewReader(sglangPage), time.Unix(1, 0))
+	require.NoError(t, err)
+	assert.Equal(t, "sglang", r.Dialect)
+	assert.Equal(t, 12.0, r.Running)
+	assert.Equal(t, 2.0, r.Waiting)
+	assert.Equal(t, 0.28, r.KVUsage)
+	assert.Equal(t, 7.557572e+06, r.Tokens)
+}
+
+func TestParseRefusesPagesWithoutLoad(t *testing.T) {
+	_, err := Parse(strings.NewReader("# TYPE up gauge\nup 1\n"), time.Now())
+	assert.ErrorIs(t, err, ErrNoLoadSeries)
+	_, err = Parse(strings.NewReader("vllm:num_requests_running{ 3\n"), time.Now())
+	assert.Error(t, err, "malformed text")
+}
+
+func TestLearnerLearnsSpeedAndSlots(t *testing.T) {
+	var l Learner
+	t0 := time.Unix(1000, 0)
+	// 4 requests running, 200 tokens a second between them: 50 tokens/s each.
+	var st Stats
+	for i := 0; i <= 40; i++ {
+		st = l.Observe(Reading{At: t0.Add(time.Duration(i) * 50 * time.Millisecond), Running: 4, Tokens: float64(i * 10)}, 0)
+	}
+	assert.InDelta(t, 50, st.TokenRate, 0.01)
+	assert.Equal(t, 4.0, st.Slots)
+	assert.InDelta(t, 200, st.Capacity(), 0.1)
+	assert.Equal(t, 7.0, l.Observe(Reading{At: t0.Add(3 * time.Second), Running: 7, Tokens: 400}, 0).Slots, "slots grow with what is seen")
+	assert.Equal(t, 16.0, l.Observe(Reading{At: t0.Add(4 * time.Second), Running: 7, Tokens: 400}, 16).Slots, "max_inflight wins")
+
+	restarted := l.Observe(Reading{At: t0.Add(5 * time.Second), Running: 1, Tokens: 3}, 0)
+	assert.InDelta(t, 50, restarted.TokenRate, 5, "a counter that went back (engine restart) keeps the learned speed")
+}
+
+func TestCost(t *testing.T) {
+	st := Stats{Reading: Reading{Running: 3, Waiting: 2}, Slots: 4, TokenRate: 10, Occupancy: 5}
+	c, ok := st.Cost(5)
+	require.True(t, ok)
+	assert.InDelta(t, 6.0/40, c, 1e-9, "(3 running + 2 waiting + 1) / (4 slots × 10 tokens/s)")
+	c, _ = st.Cost(8)
+	assert.InDelta(t, 9.0/40, c, 1e-9, "three dispatched since the reading")
+	c, _ = st.Cost(0)
+	assert.InDelta(t, 1.0/40, c, 1e-9, "completions since the reading; never below empty")
+	st.KVUsage = 0.9
+	c, _ = st.Cost(5)
+	assert.InDelta(t, 3*6.0/40, c, 1e-9, "a cache 90% full triples the cost")
+	_, ok = (&Stats{Slots: 4}).Cost(0)
+	assert.False(t, ok, "no cost before the speed is learned")
+}
+
+// sink collects what the scraper publishes.
+type sink struct {
+	mu   sync.Mutex
+	last map[uint64]*Stats
+	seen map[uint64]int
+}
+
+func (s *sink) publish(id uint64, st *Stats) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last[id] = st
+	s.seen[id]++
+}
+
+func (s *sink) get(id uint64) (*Stats, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last[id], s.seen[id]
+}
+
+func TestScraperAgainstSimulatedEngines(t *testing.T) {
+	busy, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 1, Tokens: 100000,
+		Engine: mockworker.EngineOptions{MaxNumSeqs: 2, InterTokenLatency: 2 * time.Millisecond}})
+	require.NoError(t, err)
+	defer busy.Close()
+	sg, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 2, MetricsDialect: "sglang", Engine: mockworker.EngineOptions{MaxNumSeqs: 2}})
+	require.NoError(t, err)
+	plain, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 3})
+	require.NoError(t, err)
+	defer plain.Close()
+
+	// Three long requests: two run, one waits.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := 0; i < 3; i++ {
+		go func() {
+			if resp, err := post(ctx, busy.URL()+"/v1/completions", `{"prompt":"x","max_tokens":20000}`); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
+	sc := New(Options{Interval: 20 * time.Millisecond, Timeout: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Targets: func() []Target {
+			return []Target{{ID: 1, URL: busy.URL() + "/metrics"}, {ID: 2, URL: sg.URL() + "/metrics"}, {ID: 3, URL: plain.URL() + "/nope"}}
+		},
+		Publish: s.publish})
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sc.Run(runCtx); close(done) }()
+	defer func() { stop(); <-done }()
+
+	require.Eventually(t, func() bool {
+		st, _ := s.get(1)
+		return st != nil && st.Running == 2 && st.Waiting == 1 && st.TokenRate > 0
+	}, 5*time.Second, 10*time.Millisecond, "queue seen and speed learned over loopback")
+	st, _ := s.get(1)
+	// Two running at a 2 ms step: about 500 tokens/s each (less with timer slack).
+	assert.InDelta(t, 400, st.TokenRate, 150)
+	assert.Equal(t, 2.0, st.Slots)
+	st2, _ := s.get(2)
+	require.NotNil(t, st2)
+	assert.Equal(t, "sglang", st2.Dialect)
+
+	info := map[string]any{}
+	sc.Describe(3, info)
+	assert.Equal(t, "none", info["engine_source"])
+	assert.Contains(t, info["engine_reason"], "status 404")
+	fallbacks, without := sc.Counts()
+	assert.EqualValues(t, 1, fallbacks, "the worker without metrics, counted once")
+	assert.Equal(t, 1, without)
+
+	// The SGLang engine goes away: its reading is withdrawn after 3 intervals.
+	require.NoError(t, sg.Close())
+	require.Eventually(t, func() bool {
+		st, n := s.get(2)
+		return st == nil && n > 1
+	}, 5*time.Second, 10*time.Millisecond, "a stale reading is withdrawn (nil published)")
+	fallbacks, without = sc.Counts()
+	assert.EqualValues(t, 2, fallbacks)
+	assert.Equal(t, 2, without)
+}
+
+func post(ctx context.Context, url, body string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	return http.DefaultClient.Do(req)
+}

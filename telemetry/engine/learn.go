@@ -1,0 +1,100 @@
+package engine
+
+import "time"
+
+// Stats is what the router knows of one engine at one moment: the last
+// reading, what it learned from the readings so far, and its own in-flight
+// count on the worker when the reading arrived. It is immutable once
+// published; the request path reads it through an atomic pointer.
+type Stats struct {
+	Reading
+	// Slots is the learned batch size: the most requests seen running at
+	// once (or the configured max_inflight).
+	Slots float64
+	// TokenRate is the learned decode speed, in tokens per second per
+	// running request; 0 until two readings a second apart saw the engine
+	// busy and its token counter move.
+	TokenRate float64
+	// Occupancy is the router's in-flight count on the worker when the
+	// reading arrived: later dispatches and completions are the difference.
+	Occupancy int64
+}
+
+// KVPenaltyFrom is the KV cache usage above which the cost rises: an engine
+// whose cache is nearly full preempts or queues new requests.
+const KVPenaltyFrom = 0.8
+
+// Capacity is the learned throughput, Slots × TokenRate tokens per second,
+// or 0 while the speed is unknown.
+func (s *Stats) Capacity() float64 { return s.Slots * s.TokenRate }
+
+// Load is the engine's requests as of the reading plus the router's
+// dispatches since, less its completions since (occupancy is the router's
+// in-flight count now). It never falls below 0.
+func (s *Stats) Load(occupancy int64) float64 {
+	return max(0, s.Running+s.Waiting+float64(occupancy-s.Occupancy))
+}
+
+// Cost is the expected time to drain the engine's work including one more
+// request: (Load + 1) / Capacity, raised by 1 + 20 × (KVUsage − 0.8) when
+// the cache is over 80% full (×5 when full). Lower is better. It reports
+// false while the capacity is unknown. It does not allocate.
+func (s *Stats) Cost(occupancy int64) (float64, bool) {
+	c := s.Capacity()
+	if !(c > 0) {
+		return 0, false
+	}
+	cost := (s.Load(occupancy) + 1) / c
+	if s.KVUsage > KVPenaltyFrom {
+		cost *= 1 + 20*(s.KVUsage-KVPenaltyFrom)
+	}
+	return cost, true
+}
+
+// learnWindow is the shortest span a speed sample covers: at 50 ms scrapes
+// a slow engine's counter moves only every few readings.
+const learnWindow = time.Second
+
+// learnWeight is the share a new speed sample takes in the running average.
+const learnWeight = 0.3
+
+// Learner folds the successive readings of one engine into Stats.
+// It is used by one goroutine.
+type Learner struct {
+	prev       Reading
+	have       bool
+	slots      float64
+	rate       float64
+	winStart   time.Time
+	winTokens  float64 // tokens generated in the window
+	winRunning float64 // running requests integrated over the window (request-seconds)
+}
+
+// Observe adds a reading and returns the Stats it leads to; the caller sets
+// Occupancy. fixedSlots, when positive, replaces the learned batch size.
+func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
+	l.slots = max(l.slots, r.Running)
+	if l.have && r.Tokens >= l.prev.Tokens && l.prev.Tokens >= 0 && r.At.After(l.prev.At) {
+		dt := r.At.Sub(l.prev.At).Seconds()
+		l.winTokens += r.Tokens - l.prev.Tokens
+		l.winRunning += (r.Running + l.prev.Running) / 2 * dt
+		if r.At.Sub(l.winStart) >= learnWindow && l.winRunning > 0 && l.winTokens > 0 {
+			sample := l.winTokens / l.winRunning
+			if l.rate == 0 {
+				l.rate = sample
+			} else {
+				l.rate += learnWeight * (sample - l.rate)
+			}
+			l.winStart, l.winTokens, l.winRunning = r.At, 0, 0
+		}
+	} else {
+		// First reading, or the counter went back (the engine restarted).
+		l.winStart, l.winTokens, l.winRunning = r.At, 0, 0
+	}
+	l.prev, l.have = r, true
+	slots := max(l.slots, 1)
+	if fixedSlots > 0 {
+		slots = float64(fixedSlots)
+	}
+	return Stats{Reading: r, Slots: slots, TokenRate: l.rate}
+}

@@ -1,0 +1,137 @@
+// Package engine reads what inference engines say of their own load: the
+// Prometheus metrics of vLLM and SGLang (requests running and waiting, KV
+// cache usage, tokens generated, LoRA adapters in use). It parses a scrape,
+// learns each engine's speed from successive scrapes, estimates the cost of
+// sending it one more request, and polls a set of engines on a tick.
+package engine
+
+import (
+	"errors"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Reading is one scrape of an engine's metrics. Series with several label
+// sets (one per model or data-parallel engine) are summed; KV usage is the
+// fullest one's.
+type Reading struct {
+	At       time.Time
+	Dialect  string  // "vllm" or "sglang"
+	Running  float64 // requests in the running batch
+	Waiting  float64 // requests queued behind it
+	KVUsage  float64 // share of the KV cache in use, 0..1
+	Tokens   float64 // generation tokens ever produced (a counter); -1 when not exported
+	Adapters []string
+}
+
+// series names the metrics of one engine family.
+type series struct {
+	dialect                         string
+	running, waiting, tokens        string
+	kvUsage                         []string // current name first
+	loraInfo                        string
+	runningAdapters, waitingAdapter string
+}
+
+var dialects = []series{
+	{dialect: "vllm", running: "vllm:num_requests_running", waiting: "vllm:num_requests_waiting",
+		tokens:   "vllm:generation_tokens_total",
+		kvUsage:  []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+		loraInfo: "vllm:lora_requests_info", runningAdapters: "running_lora_adapters", waitingAdapter: "waiting_lora_adapters"},
+	{dialect: "sglang", running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs",
+		tokens: "sglang:generation_tokens_total", kvUsage: []string{"sglang:token_usage"}},
+}
+
+// ErrNoLoadSeries says a metrics page holds neither vLLM's nor SGLang's
+// running and waiting series.
+var ErrNoLoadSeries = errors.New("no vLLM or SGLang running/waiting series in the metrics")
+
+// Parse reads a Prometheus text page of vLLM or SGLang taken at at.
+func Parse(in io.Reader, at time.Time) (Reading, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(in)
+	if err != nil {
+		return Reading{}, err
+	}
+	for _, d := range dialects {
+		running, okR := sum(fams[d.running])
+		waiting, okW := sum(fams[d.waiting])
+		if !okR || !okW {
+			continue
+		}
+		r := Reading{At: at, Dialect: d.dialect, Running: running, Waiting: waiting, Tokens: -1}
+		if t, ok := sum(fams[d.tokens]); ok {
+			r.Tokens = t
+		}
+		for _, name := range d.kvUsage {
+			if f := fams[name]; f != nil {
+				for _, m := range f.GetMetric() {
+					r.KVUsage = max(r.KVUsage, min(value(m), 1))
+				}
+				break
+			}
+		}
+		if d.loraInfo != "" {
+			r.Adapters = adapters(fams[d.loraInfo], d.runningAdapters, d.waitingAdapter)
+		}
+		return r, nil
+	}
+	return Reading{}, ErrNoLoadSeries
+}
+
+func sum(f *dto.MetricFamily) (float64, bool) {
+	if f == nil || len(f.GetMetric()) == 0 {
+		return 0, false
+	}
+	total := 0.0
+	for _, m := range f.GetMetric() {
+		total += value(m)
+	}
+	return total, true
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	case m.Untyped != nil:
+		return m.GetUntyped().GetValue()
+	}
+	return 0
+}
+
+// adapters lists the adapters vLLM's lora_requests_info reports running or
+// waiting. vLLM writes one series per change (its value the time of the
+// change), so only the newest counts.
+func adapters(f *dto.MetricFamily, labels ...string) []string {
+	var newest *dto.Metric
+	for _, m := range f.GetMetric() {
+		if newest == nil || value(m) > value(newest) {
+			newest = m
+		}
+	}
+	if newest == nil {
+		return nil
+	}
+	var out []string
+	for _, lp := range newest.GetLabel() {
+		if !slices.Contains(labels, lp.GetName()) {
+			continue
+		}
+		for _, a := range strings.Split(lp.GetValue(), ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				out = append(out, a)
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}

@@ -1,0 +1,208 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// StaleAfter is how many intervals a reading stays valid; after that the
+// worker's Stats are withdrawn and routing falls back to the router's own
+// signals.
+const StaleAfter = 3
+
+// Defaults of Options.
+const (
+	DefaultInterval = 50 * time.Millisecond
+	DefaultTimeout  = time.Second
+)
+
+// Target is one engine to poll.
+type Target struct {
+	ID    uint64
+	URL   string // the metrics URL
+	Slots int    // configured max_inflight; 0: learn the batch size
+}
+
+// Options configures a Scraper.
+type Options struct {
+	Interval time.Duration // poll period (DefaultInterval)
+	Timeout  time.Duration // one scrape (DefaultTimeout)
+	Logger   *slog.Logger
+	// Targets lists the engines to poll; it is called once per tick.
+	Targets func() []Target
+	// Publish hands over a worker's new Stats, or nil when its reading
+	// went stale. It is called from the scraping goroutines, one call per
+	// worker at a time.
+	Publish func(id uint64, st *Stats)
+	Client  *http.Client // default: keep-alive client with Timeout
+}
+
+// Scraper polls every target's metrics concurrently each interval.
+type Scraper struct {
+	o         Options
+	mu        sync.Mutex // guards state; never taken on the request path
+	state     map[uint64]*target
+	fallbacks atomic.Uint64
+}
+
+type target struct {
+	Target
+	busy    atomic.Bool // a scrape is under way
+	learner Learner     // guarded by Scraper.mu
+	last    *Stats      // last published, nil when stale; guarded by Scraper.mu
+	lastAt  time.Time   // time of the last good reading
+	reason  string      // why there is no fresh reading ("" when there is)
+}
+
+// New returns a Scraper; Run starts it.
+func New(o Options) *Scraper {
+	if o.Interval <= 0 {
+		o.Interval = DefaultInterval
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Client == nil {
+		o.Client = &http.Client{Timeout: o.Timeout, Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute}}
+	}
+	return &Scraper{o: o, state: map[uint64]*target{}}
+}
+
+// Run polls every Interval until ctx ends, then waits for scrapes under way.
+func (s *Scraper) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	t := time.NewTicker(s.o.Interval)
+	defer t.Stop()
+	for {
+		s.tick(ctx, &wg, time.Now())
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// tick starts a scrape of every target that has none under way and
+// withdraws readings gone stale.
+func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
+	targets := s.o.Targets()
+	s.mu.Lock()
+	keep := make(map[uint64]*target, len(targets))
+	for _, tg := range targets {
+		st := s.state[tg.ID]
+		if st == nil || st.URL != tg.URL {
+			st = &target{Target: tg, reason: "no reading yet"}
+		}
+		st.Slots = tg.Slots
+		keep[tg.ID] = st
+		if st.last != nil && now.Sub(st.lastAt) > StaleAfter*s.o.Interval {
+			st.last = nil
+			s.note(st, "reading is stale")
+			s.o.Publish(st.ID, nil)
+		}
+		if st.busy.CompareAndSwap(false, true) {
+			wg.Go(func() { s.scrape(ctx, st) })
+		}
+	}
+	s.state = keep
+	s.mu.Unlock()
+}
+
+func (s *Scraper) scrape(ctx context.Context, st *target) {
+	defer st.busy.Store(false)
+	r, err := s.fetch(ctx, st.URL)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil {
+			s.note(st, err.Error())
+		}
+		return
+	}
+	stats := st.learner.Observe(r, st.Slots)
+	st.last, st.lastAt = &stats, r.At
+	s.note(st, "")
+	s.o.Publish(st.ID, st.last)
+}
+
+func (s *Scraper) fetch(ctx context.Context, url string) (Reading, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return Reading{}, err
+	}
+	resp, err := s.o.Client.Do(req)
+	if err != nil {
+		return Reading{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return Reading{}, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+	}
+	return Parse(resp.Body, time.Now())
+}
+
+// note records why a target has no fresh reading ("" when it has one),
+// counting and logging each change once. The caller holds mu.
+func (s *Scraper) note(st *target, reason string) {
+	if reason == st.reason {
+		return
+	}
+	if reason == "" {
+		s.o.Logger.Info("engine metrics available", "worker", st.ID, "url", st.URL)
+	} else {
+		if st.reason == "" || st.reason == "no reading yet" {
+			s.fallbacks.Add(1)
+		}
+		s.o.Logger.Warn("engine metrics unavailable; routing on the router's own signals", "worker", st.ID, "reason", reason)
+	}
+	st.reason = reason
+}
+
+// Describe adds a worker's engine view to info (GET /workers).
+func (s *Scraper) Describe(id uint64, info map[string]any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.state[id]
+	if st == nil {
+		return
+	}
+	if st.last == nil {
+		info["engine_source"] = "none"
+		info["engine_reason"] = st.reason
+		return
+	}
+	l := st.last
+	info["engine_source"] = l.Dialect
+	info["engine_running"] = l.Running
+	info["engine_waiting"] = l.Waiting
+	info["engine_kv_usage"] = l.KVUsage
+	info["engine_age_seconds"] = time.Since(l.At).Seconds()
+	info["engine_slots"] = l.Slots
+	info["engine_token_rate"] = l.TokenRate
+	if len(l.Adapters) > 0 {
+		info["engine_loras"] = l.Adapters
+	}
+}
+
+// Counts returns how many times a worker lost its engine reading, and how
+// many workers have none now.
+func (s *Scraper) Counts() (fallbacks uint64, without int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.state {
+		if st.last == nil {
+			without++
+		}
+	}
+	return s.fallbacks.Load(), without
+}
