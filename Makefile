@@ -4,7 +4,7 @@ PKGS := ./...
 FUZZTIME ?= 10s
 BENCHTIME ?= 200ms
 
-.PHONY: build test test-race test-nonvml bench bench-e2e fuzz demo lint
+.PHONY: build test test-race test-nonvml bench bench-e2e bench-routing fuzz demo lint
 
 build:
 	$(GO) build -o bin/fastroute ./cmd/fastroute
@@ -32,6 +32,15 @@ bench-e2e: build
 	@command -v nginx >/dev/null && command -v haproxy >/dev/null && command -v wrk >/dev/null || \
 		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nginx haproxy wrk; }
 	PATH="$$PATH:/usr/sbin" ./bin/fastroute bench-e2e $(E2E_FLAGS)
+
+## bench-routing: routing quality on a fleet of simulated engines (two
+## GPU-like, one CPU-like at 1/6 speed): every fastroute mode, nginx
+## least_conn and round-robin, open-loop Poisson load at 50/80/95% of the
+## fleet's capacity. Table and TTFT p99 plot in bench/out. Installs nginx.
+ROUTING_FLAGS ?=
+bench-routing: build
+	@command -v nginx >/dev/null || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nginx; }
+	PATH="$$PATH:/usr/sbin" ./bin/fastroute bench-routing $(ROUTING_FLAGS)
 
 ## fuzz: each fuzz target for FUZZTIME.
 fuzz:

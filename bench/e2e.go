@@ -128,40 +128,51 @@ func runFront(f front, dir string, workers []string, wl Workload, o E2EOptions) 
 	return r, nil
 }
 
-// startMocks starts n mockworker processes and waits until they answer.
+// startMocks starts n mockworker processes (ids 1..n) and waits until they answer.
 func startMocks(bin string, n int, flags []string) ([]string, func(), error) {
 	var addrs []string
-	var procs []*exec.Cmd
+	var stops []func()
 	stop := func() {
-		for _, p := range procs {
-			terminate(p)
+		for _, s := range stops {
+			s()
 		}
 	}
 	for i := 1; i <= n; i++ {
-		addr, err := freeAddr()
+		addr, s, err := startMock(bin, i, flags)
 		if err != nil {
 			stop()
 			return nil, nil, err
 		}
-		args := append([]string{"mockworker", "--listen", addr, "--id", strconv.Itoa(i)}, flags...)
-		p, err := spawn(bin, args...)
-		if err != nil {
-			stop()
-			return nil, nil, err
-		}
-		procs = append(procs, p)
-		addrs = append(addrs, addr)
-	}
-	for _, a := range addrs {
-		if err := waitHealth(a); err != nil {
-			stop()
-			return nil, nil, err
-		}
+		addrs, stops = append(addrs, addr), append(stops, s)
 	}
 	return addrs, stop, nil
 }
 
+// startMock starts one mockworker process and waits until it answers.
+func startMock(bin string, id int, flags []string) (string, func(), error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return "", nil, err
+	}
+	p, err := spawn(bin, append([]string{"mockworker", "--listen", addr, "--id", strconv.Itoa(id)}, flags...)...)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := waitHealth(addr); err != nil {
+		terminate(p)
+		return "", nil, err
+	}
+	return addr, func() { terminate(p) }, nil
+}
+
 func startFastroute(bin, _ string, workers []string) (string, func(), error) {
+	// least-loaded against nginx's least_conn and HAProxy's leastconn.
+	return startServe(bin, workers, "--mode", "least-loaded", "--busy-threshold", "0", "--telemetry-nvml=false", "--telemetry-cpu=false")
+}
+
+// startServe starts `fastroute serve` in front of workers (ids 1..n) with
+// the extra flags.
+func startServe(bin string, workers []string, flags ...string) (string, func(), error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return "", nil, err
@@ -170,9 +181,7 @@ func startFastroute(bin, _ string, workers []string) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	// least-loaded against nginx's least_conn and HAProxy's leastconn.
-	args := []string{"serve", "--listen", addr, "--admin-listen", admin, "--mode", "least-loaded",
-		"--busy-threshold", "0", "--telemetry-nvml=false", "--telemetry-cpu=false"}
+	args := append([]string{"serve", "--listen", addr, "--admin-listen", admin}, flags...)
 	for i, w := range workers {
 		args = append(args, "--worker", fmt.Sprintf("id=%d,url=http://%s", i+1, w))
 	}
@@ -183,7 +192,19 @@ func startFastroute(bin, _ string, workers []string) (string, func(), error) {
 	return addr, func() { terminate(p) }, nil
 }
 
-func startNginx(_, dir string, workers []string) (string, func(), error) {
+func startNginx(bin, dir string, workers []string) (string, func(), error) {
+	return nginxBalance("least_conn;")(bin, dir, workers)
+}
+
+// nginxBalance returns the start function of nginx with the upstream
+// balancing directive balance ("" is nginx's weighted round-robin).
+func nginxBalance(balance string) func(bin, dir string, workers []string) (string, func(), error) {
+	return func(_, dir string, workers []string) (string, func(), error) {
+		return startNginxConf(dir, workers, balance)
+	}
+}
+
+func startNginxConf(dir string, workers []string, balance string) (string, func(), error) {
 	var servers strings.Builder
 	for _, w := range workers {
 		fmt.Fprintf(&servers, "    server %s;\n", w)
@@ -202,7 +223,7 @@ http {
   uwsgi_temp_path %[1]s/uwsgi;
   scgi_temp_path %[1]s/scgi;
   upstream workers {
-    least_conn;
+    %[4]s
 %[2]s    keepalive 256;
   }
   server {
@@ -216,7 +237,7 @@ http {
     }
   }
 }
-`, dir, servers.String(), addr)
+`, dir, servers.String(), addr, balance)
 	}
 	return startProxy(dir, "nginx.conf", conf, "nginx", func(path string) []string {
 		return []string{"-p", dir, "-c", path, "-e", filepath.Join(dir, "nginx-error.log")}

@@ -2,9 +2,10 @@
 // a request's model onto the adapter's worker group.
 //
 // A worker holds the adapters configured for it (or set later through the
-// admin API, which replaces the configured list) plus those it lists in its
+// admin API, which replaces the configured list), those it lists in its
 // /v1/models answer (entries with a parent model, refreshed with the health
-// checks). The registry asks the Residency for each worker's adapters when it
+// checks) and those its engine reports running or waiting
+// (vllm:lora_requests_info, refreshed with the engine metrics). The registry asks the Residency for each worker's adapters when it
 // publishes a snapshot, and builds one candidate group per adapter there, so
 // the request path finds its candidates with one map lookup and picks among
 // them as it would among all workers.
@@ -40,6 +41,9 @@ func (r *Residency) Groups(w *dataplane.Worker) []string {
 		declared = w.Spec().LoRAs
 	}
 	out := append(slices.Clone(declared), w.Advertised().Adapters...)
+	if st := w.Engine(); st != nil {
+		out = append(out, st.Adapters...) // running or waiting there (vllm:lora_requests_info)
+	}
 	slices.Sort(out)
 	return slices.Compact(out)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/pickers"
+	"github.com/fastroute/fastroute/telemetry/engine"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -75,6 +76,20 @@ func TestSetReplacesDeclaredAdapters(t *testing.T) {
 	assert.ErrorContains(t, res.Set(3, []string{""}), "loras[0]: empty adapter name")
 	res.Forget(w3)
 	assert.Equal(t, []string{"lora-2", "lora-3"}, res.Groups(w3))
+}
+
+func TestAdaptersTheEngineReportsAreResident(t *testing.T) {
+	reg, res := fleet(t, 4, 4)
+	w2, _ := reg.Get(2)
+	w2.SetEngine(&engine.Stats{Reading: engine.Reading{Adapters: []string{"lora-0", "seen-at-run-time"}}})
+	reg.Republish()
+	assert.Equal(t, []string{"lora-0", "lora-1", "lora-2", "seen-at-run-time"}, res.Groups(w2))
+	g, err := res.Resolve(reg.Snapshot(), []byte("seen-at-run-time"))
+	require.NoError(t, err)
+	assert.Equal(t, 1, g.Len(), "no config names it; the engine runs it on worker 2")
+	w2.SetEngine(nil) // the reading went stale
+	reg.Republish()
+	assert.Equal(t, []string{"lora-1", "lora-2"}, res.Groups(w2))
 }
 
 // TestPicksOnlyHoldersAndCountsLoad: 64 goroutines select by adapter under

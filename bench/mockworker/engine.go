@@ -111,9 +111,17 @@ func newEngine(o EngineOptions) *engine {
 	return e
 }
 
+// close stops the scheduler and ends every request still inside, so the
+// server's shutdown does not wait for answers that will never come.
 func (e *engine) close() {
 	close(e.stop)
 	e.wg.Wait()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range append(e.running, e.waiting...) {
+		e.end(s)
+	}
+	e.running, e.waiting = nil, nil
 }
 
 func (e *engine) blocksFor(tokens int) int { return (tokens + e.o.BlockSize - 1) / e.o.BlockSize }

@@ -115,11 +115,11 @@ func (w *Worker) Active() int64 { return w.active.Load() }
 // here too: a Shutdown that runs before Serve has taken the listener is a
 // no-op in fasthttp, and Serve would then run on.
 func (w *Worker) Close() error {
-	err := w.srv.Shutdown()
-	_ = w.ln.Close()
 	if w.engine != nil {
 		w.engine.close()
 	}
+	err := w.srv.Shutdown()
+	_ = w.ln.Close()
 	return err
 }
 

@@ -2,8 +2,12 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/fastroute/fastroute/bench"
 )
@@ -47,5 +51,38 @@ func runBenchE2E(args []string) error {
 	}
 	o.Binary = self
 	_, err = bench.RunE2E(o)
+	return err
+}
+
+func runBenchRouting(args []string) error {
+	fs := flag.NewFlagSet("bench-routing", flag.ContinueOnError)
+	o := bench.RoutingOptions{Loads: []float64{0.5, 0.8, 0.95}}
+	fs.DurationVar(&o.Warmup, "warmup", 1250*time.Millisecond, "arrivals before the measured window, per router and load")
+	fs.DurationVar(&o.Duration, "duration", 4*time.Second, "measured window of arrivals per router and load")
+	fs.DurationVar(&o.Timeout, "timeout", 5*time.Second, "a request not answered by then counts as failed")
+	fs.Uint64Var(&o.Seed, "seed", 1, "workload seed")
+	fs.StringVar(&o.OutDir, "out", "bench/out", "directory for routing.md and routing.svg")
+	loads := fs.String("loads", "0.5,0.8,0.95", "offered loads as shares of the fleet's capacity")
+	routers := fs.String("routers", "", "comma-separated router names to run (default: all)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	o.Loads = nil
+	for _, l := range strings.Split(*loads, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(l), 64)
+		if err != nil || !(v > 0) {
+			return fmt.Errorf("--loads: %q is not a positive share", l)
+		}
+		o.Loads = append(o.Loads, v)
+	}
+	if *routers != "" {
+		o.Routers = strings.Split(*routers, ",")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	o.Binary = self
+	_, err = bench.RunRouting(o)
 	return err
 }

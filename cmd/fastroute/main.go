@@ -15,6 +15,7 @@ commands:
   demo        run 3 mock workers and the router, send real requests, print the split
   bench       measure routing overhead against direct calls to a mock worker
   bench-e2e   fastroute, nginx, HAProxy and direct side by side (mock worker processes)
+  bench-routing  routing quality on simulated engines: every mode beside nginx
 `
 
 func main() {
@@ -34,6 +35,8 @@ func main() {
 		err = runBench(args)
 	case "bench-e2e":
 		err = runBenchE2E(args)
+	case "bench-routing":
+		err = runBenchRouting(args)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -193,8 +194,20 @@ func (r *Router) startEngines(log *slog.Logger) {
 			return out
 		},
 		Publish: func(id uint64, st *engine.Stats) {
-			if w, ok := reg.Get(id); ok {
-				w.SetEngine(st)
+			w, ok := reg.Get(id)
+			if !ok {
+				return
+			}
+			var before, after []string
+			if old := w.Engine(); old != nil {
+				before = old.Adapters
+			}
+			if st != nil {
+				after = st.Adapters
+			}
+			w.SetEngine(st)
+			if !slices.Equal(before, after) {
+				reg.Republish() // the adapters the engine reports join the LoRA groups
 			}
 		},
 	})

@@ -1,0 +1,452 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fastroute/fastroute/pickers"
+)
+
+// RoutingOptions configures RunRouting.
+type RoutingOptions struct {
+	Binary   string        // the fastroute binary (engines and routers run as their own processes)
+	Warmup   time.Duration // arrivals before the measured window (routers learn the engines meanwhile)
+	Duration time.Duration // measured window of arrivals per router and load
+	Timeout  time.Duration // a request not answered by then counts as timed out
+	Loads    []float64     // offered load as shares of the fleet's capacity
+	Routers  []string      // routers to run (names of RoutingRouters); empty: all
+	Seed     uint64        // workload seed
+	OutDir   string        // where routing.md and routing.svg go
+}
+
+// simEngine is one simulated engine of the routing fleet.
+type simEngine struct {
+	name  string
+	slots int
+	speed float64
+}
+
+// The fleet: two GPU-like engines with different batch sizes and a CPU-like
+// one at 1/6 of their speed. Every engine has the same step model.
+var routingFleet = []simEngine{{"gpu-a", 16, 1}, {"gpu-b", 24, 1}, {"cpu", 4, 1.0 / 6}}
+
+const (
+	simITL          = 4 * time.Millisecond
+	simLoadFactor   = 0.03
+	simPrefillToken = 20 * time.Microsecond
+)
+
+func (e simEngine) flags() []string {
+	return []string{"--max-num-seqs", strconv.Itoa(e.slots), "--speed", strconv.FormatFloat(e.speed, 'f', 4, 64),
+		"--inter-token-latency", simITL.String(), "--load-factor", strconv.FormatFloat(simLoadFactor, 'f', -1, 64),
+		"--prefill-per-token", simPrefillToken.String(), "--kv-blocks", "8192"}
+}
+
+// capacity is the engine's steady throughput in requests per second with a
+// full batch, for requests of meanPrompt and meanOut tokens. A request
+// admitted at rate λ costs its prefill once, and every decode step of the
+// full batch yields slots tokens, so one second holds
+// λ × prompt × prefill + (λ × out / slots) × step, which gives
+// λ = slots / (out × step + slots × prompt × prefill), scaled by speed.
+func (e simEngine) capacity(meanPrompt, meanOut float64) float64 {
+	step := simITL.Seconds() * (1 + simLoadFactor*float64(e.slots-1))
+	return e.speed * float64(e.slots) / (meanOut*step + float64(e.slots)*meanPrompt*simPrefillToken.Seconds())
+}
+
+// job is one request of the workload.
+type job struct {
+	at          time.Duration // arrival after the start of the run
+	prompt, out int           // tokens
+}
+
+// lengths draws heavy-tailed prompt and answer lengths (log-normal, as
+// chat traces are): prompts of median 200 tokens, answers of median 48.
+func lengths(r *rand.Rand) (prompt, out int) {
+	prompt = int(math.Exp(math.Log(200) + 1.0*r.NormFloat64()))
+	out = int(math.Exp(math.Log(48) + 0.8*r.NormFloat64()))
+	return min(max(prompt, 8), 4000), min(max(out, 1), 512)
+}
+
+// meanLengths is the mean of many draws of the same distribution.
+func meanLengths(seed uint64) (prompt, out float64) {
+	r := rand.New(rand.NewPCG(seed, 1))
+	const n = 100000
+	for i := 0; i < n; i++ {
+		p, o := lengths(r)
+		prompt += float64(p)
+		out += float64(o)
+	}
+	return prompt / n, out / n
+}
+
+// workload is an open-loop Poisson arrival sequence at rate per second
+// for dur, the same for every router at one load (same seed).
+func workload(seed uint64, rate float64, dur time.Duration) []job {
+	r := rand.New(rand.NewPCG(seed, 2))
+	var jobs []job
+	for at := 0.0; at < dur.Seconds(); at += r.ExpFloat64() / rate {
+		p, o := lengths(r)
+		jobs = append(jobs, job{at: time.Duration(at * float64(time.Second)), prompt: p, out: o})
+	}
+	return jobs
+}
+
+// RoutingRouter is one router of the comparison.
+type RoutingRouter struct {
+	Name  string
+	start func(bin, dir string, workers []string) (string, func(), error)
+}
+
+// RoutingRouters lists every fastroute mode that picks (its defaults
+// otherwise: engine telemetry on, no capacities set) and nginx with
+// least_conn and with round-robin.
+func RoutingRouters() []RoutingRouter {
+	var out []RoutingRouter
+	for _, m := range pickers.Modes {
+		if m == pickers.ModeDirect {
+			continue
+		}
+		name := "fastroute " + string(m)
+		if m == pickers.ModeWeighted {
+			name += " (default)"
+		}
+		out = append(out, RoutingRouter{Name: name, start: fastrouteMode(m)})
+	}
+	return append(out,
+		RoutingRouter{Name: "nginx least_conn", start: nginxBalance("least_conn;")},
+		RoutingRouter{Name: "nginx round-robin", start: nginxBalance("")})
+}
+
+func fastrouteMode(m pickers.Mode) func(bin, dir string, workers []string) (string, func(), error) {
+	return func(bin, _ string, workers []string) (string, func(), error) {
+		return startServe(bin, workers, "--mode", string(m))
+	}
+}
+
+// RoutingRow is one router's figures at one load.
+type RoutingRow struct {
+	Load       float64
+	Router     string
+	Offered    float64 // requests per second offered
+	TTFT, E2E  []time.Duration
+	Completed  int // requests answered in full (measured window)
+	Failed     int // errors and timeouts (measured window)
+	Window     time.Duration
+	Timeout    time.Duration  // failed requests count as this slow
+	ByWorker   map[string]int // completed requests per engine
+	WorkerList []string
+}
+
+func pct(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(int(q*float64(len(sorted))), len(sorted)-1)]
+}
+
+// lat formats a latency percentile; one at the timeout is a failed
+// request, so the true figure is only known to be at least that.
+func (r RoutingRow) lat(sorted []time.Duration, q float64) string {
+	if d := pct(sorted, q); r.Timeout > 0 && d >= r.Timeout {
+		return "≥ " + fmtDur(r.Timeout) + " (failed)"
+	}
+	return fmtDur(pct(sorted, q))
+}
+
+// RunRouting runs every router at every load on a fresh fleet of simulated
+// engines and writes the table and the TTFT p99 plot.
+func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
+	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "fastroute-routing")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	meanP, meanO := meanLengths(o.Seed)
+	fleetCap := 0.0
+	for _, e := range routingFleet {
+		fleetCap += e.capacity(meanP, meanO)
+	}
+	fmt.Printf("fleet capacity %.1f req/s (mean prompt %.0f, answer %.0f tokens)\n", fleetCap, meanP, meanO)
+	var rows []RoutingRow
+	for _, load := range o.Loads {
+		rate := load * fleetCap
+		jobs := workload(o.Seed, rate, o.Warmup+o.Duration)
+		for _, rt := range RoutingRouters() {
+			if len(o.Routers) > 0 && !slices.Contains(o.Routers, rt.Name) {
+				continue
+			}
+			row, err := runRoutingOnce(o, dir, rt, jobs)
+			if err != nil {
+				return nil, fmt.Errorf("%s at %.0f%%: %w", rt.Name, load*100, err)
+			}
+			row.Load, row.Offered = load, rate
+			fmt.Println("  " + row.String())
+			rows = append(rows, row)
+		}
+	}
+	table := RoutingTable(rows, fleetCap, o)
+	if err := os.WriteFile(filepath.Join(o.OutDir, "routing.md"), []byte(table), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(o.OutDir, "routing.svg"), []byte(RoutingPlot(rows)), 0o644); err != nil {
+		return nil, err
+	}
+	fmt.Print("\n" + table)
+	return rows, nil
+}
+
+// runRoutingOnce starts a fresh fleet and the router, replays jobs and
+// measures the ones that arrive after the warm-up.
+func runRoutingOnce(o RoutingOptions, dir string, rt RoutingRouter, jobs []job) (RoutingRow, error) {
+	var addrs []string
+	var stops []func()
+	defer func() {
+		for _, s := range stops {
+			s()
+		}
+	}()
+	names := map[string]string{} // x-mock-worker id → engine name
+	for i, e := range routingFleet {
+		addr, stop, err := startMock(o.Binary, i+1, e.flags())
+		if err != nil {
+			return RoutingRow{}, err
+		}
+		addrs, stops = append(addrs, addr), append(stops, stop)
+		names[strconv.Itoa(i+1)] = e.name
+	}
+	front, stop, err := rt.start(o.Binary, dir, addrs)
+	if err != nil {
+		return RoutingRow{}, err
+	}
+	stops = append(stops, stop) // the engines stop first: they end what they hold, so the router has no stream left to wait for
+	if err := waitAnswer(front, "/v1/chat/completions", []byte(`{"model":"mock-model","max_tokens":1,"messages":[]}`)); err != nil {
+		return RoutingRow{}, err
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, DisableCompression: true, IdleConnTimeout: time.Minute}}
+	defer client.CloseIdleConnections()
+	type outcome struct {
+		ttft, e2e time.Duration
+		ok        bool
+		worker    string
+	}
+	results := make([]outcome, len(jobs))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, j := range jobs {
+		time.Sleep(time.Until(start.Add(j.at)))
+		wg.Go(func() {
+			ttft, e2e, worker, err := streamOnce(client, front, j, o.Timeout)
+			results[i] = outcome{ttft: ttft, e2e: e2e, ok: err == nil, worker: worker}
+		})
+	}
+	wg.Wait()
+	row := RoutingRow{Router: rt.Name, Window: o.Duration, Timeout: o.Timeout, ByWorker: map[string]int{}}
+	for _, e := range routingFleet {
+		row.WorkerList = append(row.WorkerList, e.name)
+	}
+	for i, j := range jobs {
+		if j.at < o.Warmup {
+			continue
+		}
+		r := results[i]
+		if !r.ok {
+			row.Failed++
+			r.ttft, r.e2e = max(r.ttft, o.Timeout), o.Timeout // a failure is at least as slow as the timeout
+		} else {
+			row.Completed++
+			row.ByWorker[names[r.worker]]++
+		}
+		row.TTFT = append(row.TTFT, r.ttft)
+		row.E2E = append(row.E2E, r.e2e)
+	}
+	slices.Sort(row.TTFT)
+	slices.Sort(row.E2E)
+	return row, nil
+}
+
+// chatBody is a streaming chat request of about prompt tokens (the engine
+// counts 4 bytes of body a token) asking for out tokens.
+func chatBody(prompt, out int) []byte {
+	head := fmt.Sprintf(`{"model":"mock-model","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"`, out)
+	tail := `"}]}`
+	n := max(4*prompt-len(head)-len(tail), 1)
+	return []byte(head + strings.Repeat("x", n) + tail)
+}
+
+// streamOnce sends one streaming request and times its first token and its
+// end; worker is the answering engine's x-mock-worker header.
+func streamOnce(client *http.Client, addr string, j job, timeout time.Duration) (ttft, e2e time.Duration, worker string, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", bytes.NewReader(chatBody(j.prompt, j.out)))
+	if err != nil {
+		return 0, 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	t := time.Now()
+	resp, err := client.Do(req)
+	if err != nil {
+		return time.Since(t), time.Since(t), "", err
+	}
+	defer resp.Body.Close()
+	worker = resp.Header.Get("x-mock-worker")
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return time.Since(t), time.Since(t), worker, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	rd := bufio.NewReader(resp.Body)
+	for {
+		line, rerr := rd.ReadSlice('\n')
+		if bytes.HasPrefix(line, []byte("data: {")) && ttft == 0 {
+			ttft = time.Since(t)
+		}
+		if bytes.HasPrefix(line, []byte("data: [DONE]")) {
+			return ttft, time.Since(t), worker, nil
+		}
+		if rerr != nil && rerr != bufio.ErrBufferFull {
+			if ttft == 0 {
+				ttft = time.Since(t)
+			}
+			return ttft, time.Since(t), worker, fmt.Errorf("stream cut: %w", rerr)
+		}
+	}
+}
+
+// String is the row as one progress line.
+func (r RoutingRow) String() string {
+	return fmt.Sprintf("%3.0f%% %-36s TTFT p50 %8s p99 %8s  e2e p50 %8s p99 %8s  %5.1f req/s  %d failed  %s",
+		r.Load*100, r.Router, r.lat(r.TTFT, 0.5), r.lat(r.TTFT, 0.99), r.lat(r.E2E, 0.5), r.lat(r.E2E, 0.99),
+		r.RPS(), r.Failed, r.Shares())
+}
+
+// RPS is the completed requests per second of the measured window.
+func (r RoutingRow) RPS() float64 { return float64(r.Completed) / r.Window.Seconds() }
+
+// Shares formats each engine's share of the completed requests.
+func (r RoutingRow) Shares() string {
+	var parts []string
+	for _, w := range r.WorkerList {
+		share := 0.0
+		if r.Completed > 0 {
+			share = 100 * float64(r.ByWorker[w]) / float64(r.Completed)
+		}
+		parts = append(parts, fmt.Sprintf("%.0f", share))
+	}
+	return strings.Join(parts, "/")
+}
+
+// RoutingTable formats the rows as Markdown, with the default mode's TTFT
+// p99 and throughput beside nginx least_conn's at each load.
+func RoutingTable(rows []RoutingRow, fleetCap float64, o RoutingOptions) string {
+	var b strings.Builder
+	var names []string
+	for _, e := range routingFleet {
+		names = append(names, fmt.Sprintf("%s (%d slots, speed %.2f)", e.name, e.slots, e.speed))
+	}
+	fmt.Fprintf(&b, "Fleet: %s; fleet capacity %.1f req/s; Poisson arrivals, %v warm-up then %v measured per router and load, timeout %v, seed %d; %d CPUs, %s\n\n",
+		strings.Join(names, ", "), fleetCap, o.Warmup, o.Duration, o.Timeout, o.Seed, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(&b, "| load | router | TTFT p50 | TTFT p99 | e2e p50 | e2e p99 | completed req/s | failed | share %% (%s) | TTFT p99 vs nginx least_conn |\n",
+		strings.Join(rows[0].WorkerList, "/"))
+	b.WriteString("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |\n")
+	for _, r := range rows {
+		ref := "-"
+		for _, n := range rows {
+			if n.Load == r.Load && n.Router == "nginx least_conn" {
+				ref = ratio(float64(pct(r.TTFT, 0.99)), float64(pct(n.TTFT, 0.99)))
+				if pct(n.TTFT, 0.99) >= n.Timeout {
+					ref = "≤ " + ref // nginx's own p99 is a failure: at least the timeout
+				}
+			}
+		}
+		fmt.Fprintf(&b, "| %.0f%% | %s | %s | %s | %s | %s | %.1f | %d | %s | %s |\n", r.Load*100, r.Router,
+			r.lat(r.TTFT, 0.5), r.lat(r.TTFT, 0.99), r.lat(r.E2E, 0.5), r.lat(r.E2E, 0.99),
+			r.RPS(), r.Failed, r.Shares(), ref)
+	}
+	return b.String()
+}
+
+// routerColors are the plot's line colors, one per router in order.
+var routerColors = []string{"#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#d62728", "#ff7f0e", "#2ca02c", "#7f7f7f"}
+
+// RoutingPlot draws TTFT p99 against offered load, one line per router, on
+// a log scale, as a standalone SVG.
+func RoutingPlot(rows []RoutingRow) string {
+	var routers []string
+	var loads []float64
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, r := range rows {
+		if !slices.Contains(routers, r.Router) {
+			routers = append(routers, r.Router)
+		}
+		if !slices.Contains(loads, r.Load) {
+			loads = append(loads, r.Load)
+		}
+		if v := float64(pct(r.TTFT, 0.99)); v > 0 {
+			lo, hi = math.Min(lo, v), math.Max(hi, v)
+		}
+	}
+	const pw, ph, left, top = 560.0, 360.0, 80.0, 40.0
+	width, height := left+pw+300, top+ph+60
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="12">`+"\n", width, height)
+	b.WriteString(`<rect width="100%" height="100%" fill="white"/>` + "\n")
+	if math.IsInf(lo, 0) {
+		b.WriteString("</svg>\n")
+		return b.String()
+	}
+	lo, hi = math.Pow(10, math.Floor(math.Log10(lo))), math.Pow(10, math.Ceil(math.Log10(hi)))
+	y := func(v float64) float64 {
+		return top + ph - ph*(math.Log10(math.Max(v, lo))-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo))
+	}
+	x := func(i int) float64 { return left + pw*(float64(i)+0.5)/float64(len(loads)) }
+	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="14" text-anchor="middle">TTFT p99 by offered load (log scale), simulated heterogeneous fleet</text>`+"\n", left+pw/2, top-15)
+	fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", left, top, pw, ph)
+	for v := lo; v <= hi*1.0001; v *= 10 {
+		for _, m := range []float64{1, 2, 5} {
+			if t := v * m; t <= hi*1.0001 {
+				fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", left, left+pw, y(t), y(t))
+				fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n", left-5, y(t)+4, fmtDur(time.Duration(t)))
+			}
+		}
+	}
+	for i, l := range loads {
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">%.0f%% of capacity</text>`+"\n", x(i), top+ph+18, l*100)
+	}
+	if t := float64(rows[0].Timeout); t > 0 && t <= hi {
+		fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#333" stroke-dasharray="6,4"/>`+"\n", left, left+pw, y(t), y(t))
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">timeout: routers on this line failed requests</text>`+"\n", left+pw-5, y(t)-5)
+	}
+	for k, name := range routers {
+		c := routerColors[k%len(routerColors)]
+		var pts []string
+		for i, l := range loads {
+			for _, r := range rows {
+				if r.Router == name && r.Load == l {
+					pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(i), y(float64(pct(r.TTFT, 0.99)))))
+				}
+			}
+		}
+		fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="2"/>`+"\n", strings.Join(pts, " "), c)
+		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="14" height="4" fill="%s"/><text x="%.0f" y="%.0f">%s</text>`+"\n",
+			left+pw+20, top+10+float64(k)*20, c, left+pw+40, top+15+float64(k)*20, name)
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}

@@ -1,0 +1,88 @@
+package bench
+
+import (
+	"encoding/xml"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRoutingWorkloadIsSeededPoissonWithHeavyTails(t *testing.T) {
+	a, b := workload(7, 50, 20*time.Second), workload(7, 50, 20*time.Second)
+	assert.Equal(t, a, b, "the same seed replays the same arrivals for every router")
+	assert.InDelta(t, 1000, len(a), 120, "about rate × duration arrivals")
+	maxOut, maxPrompt := 0, 0
+	for _, j := range a {
+		maxOut, maxPrompt = max(maxOut, j.out), max(maxPrompt, j.prompt)
+	}
+	meanP, meanO := meanLengths(7)
+	assert.Greater(t, float64(maxOut), 4*meanO, "answers are heavy-tailed")
+	assert.Greater(t, float64(maxPrompt), 4*meanP, "prompts are heavy-tailed")
+	body := chatBody(300, 10)
+	assert.Equal(t, 300, len(body)/4, "the engine estimates 4 bytes a token")
+	assert.Contains(t, string(body), `"max_tokens":10`)
+}
+
+func TestEngineCapacityModel(t *testing.T) {
+	gpu, cpu := simEngine{"g", 16, 1}, simEngine{"c", 16, 1.0 / 6}
+	// 16 slots, 66 answer tokens at a 5.8 ms full-batch step, 327-token prompts at 20 µs a token.
+	assert.InDelta(t, 16/(66*0.0058+16*327*20e-6), gpu.capacity(327, 66), 0.01)
+	assert.InDelta(t, gpu.capacity(327, 66)/6, cpu.capacity(327, 66), 0.01, "speed scales throughput")
+}
+
+func TestRoutingTableMarksFailures(t *testing.T) {
+	rows := []RoutingRow{
+		{Load: 0.8, Router: "fastroute load-aware", Window: time.Second, Timeout: 5 * time.Second, Completed: 10,
+			TTFT: []time.Duration{10 * time.Millisecond, 20 * time.Millisecond}, E2E: []time.Duration{time.Second, 2 * time.Second},
+			ByWorker: map[string]int{"a": 10}, WorkerList: []string{"a", "b"}},
+		{Load: 0.8, Router: "nginx least_conn", Window: time.Second, Timeout: 5 * time.Second, Completed: 9, Failed: 1,
+			TTFT: []time.Duration{10 * time.Millisecond, 5 * time.Second}, E2E: []time.Duration{time.Second, 5 * time.Second},
+			ByWorker: map[string]int{"a": 5, "b": 4}, WorkerList: []string{"a", "b"}},
+	}
+	table := RoutingTable(rows, 100, RoutingOptions{Warmup: time.Second, Duration: time.Second, Timeout: 5 * time.Second})
+	assert.Contains(t, table, "| 80% | fastroute load-aware | 20.0 ms | 20.0 ms | 2000.0 ms | 2000.0 ms | 10.0 | 0 | 100/0 | ≤ 0.00× |")
+	assert.Contains(t, table, "| 80% | nginx least_conn | ≥ 5000.0 ms (failed) |")
+	var doc struct {
+		Polylines []struct{} `xml:"polyline"`
+	}
+	require.NoError(t, xml.Unmarshal([]byte(RoutingPlot(rows)), &doc))
+	assert.Len(t, doc.Polylines, 2, "one line per router")
+}
+
+// TestRoutingSmoke runs the routing comparison briefly where nginx is
+// installed (make bench-routing installs it); elsewhere it skips.
+func TestRoutingSmoke(t *testing.T) {
+	if _, err := exec.LookPath("nginx"); err != nil {
+		t.Skip("nginx not installed; `make bench-routing` installs it")
+	}
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	bin := filepath.Join(t.TempDir(), "fastroute")
+	build := exec.Command("go", "build", "-tags", "nonvml", "-o", bin, "../cmd/fastroute")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	dir := t.TempDir()
+	rows, err := RunRouting(RoutingOptions{Binary: bin, Warmup: 300 * time.Millisecond, Duration: 700 * time.Millisecond,
+		Timeout: 5 * time.Second, Loads: []float64{0.3}, Seed: 1, OutDir: dir,
+		Routers: []string{"fastroute device-aware-weighted (default)", "nginx least_conn"}})
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	for _, r := range rows {
+		assert.Positive(t, r.Completed, r.Router)
+		assert.Equal(t, r.Completed, r.ByWorker["gpu-a"]+r.ByWorker["gpu-b"]+r.ByWorker["cpu"], "%s: every answer names its engine", r.Router)
+	}
+	assert.Zero(t, rows[0].Failed)
+	md, err := os.ReadFile(filepath.Join(dir, "routing.md"))
+	require.NoError(t, err)
+	assert.Equal(t, 2, strings.Count(string(md), "| 30% |"))
+	_, err = os.Stat(filepath.Join(dir, "routing.svg"))
+	assert.NoError(t, err)
+}
