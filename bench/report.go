@@ -53,6 +53,8 @@ func ratio(a, b float64) string {
 
 func fmtDur(d time.Duration) string {
 	switch {
+	case d >= time.Second:
+		return fmt.Sprintf("%.2f s", d.Seconds())
 	case d >= 10*time.Millisecond:
 		return fmt.Sprintf("%.1f ms", float64(d)/1e6)
 	case d >= time.Millisecond:

@@ -370,7 +370,7 @@ func RoutingTable(rows []RoutingRow, fleetCap float64, o RoutingOptions) string 
 		for _, n := range rows {
 			if n.Load == r.Load && n.Router == "nginx least_conn" {
 				ref = ratio(float64(pct(r.TTFT, 0.99)), float64(pct(n.TTFT, 0.99)))
-				if pct(n.TTFT, 0.99) >= n.Timeout {
+				if pct(n.TTFT, 0.99) >= n.Timeout && n.Router != r.Router {
 					ref = "≤ " + ref // nginx's own p99 is a failure: at least the timeout
 				}
 			}

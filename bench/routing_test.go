@@ -46,8 +46,8 @@ func TestRoutingTableMarksFailures(t *testing.T) {
 			ByWorker: map[string]int{"a": 5, "b": 4}, WorkerList: []string{"a", "b"}},
 	}
 	table := RoutingTable(rows, 100, RoutingOptions{Warmup: time.Second, Duration: time.Second, Timeout: 5 * time.Second})
-	assert.Contains(t, table, "| 80% | fastroute load-aware | 20.0 ms | 20.0 ms | 2000.0 ms | 2000.0 ms | 10.0 | 0 | 100/0 | ≤ 0.00× |")
-	assert.Contains(t, table, "| 80% | nginx least_conn | ≥ 5000.0 ms (failed) |")
+	assert.Contains(t, table, "| 80% | fastroute load-aware | 20.0 ms | 20.0 ms | 2.00 s | 2.00 s | 10.0 | 0 | 100/0 | ≤ 0.00× |")
+	assert.Contains(t, table, "| 80% | nginx least_conn | ≥ 5.00 s (failed) | ≥ 5.00 s (failed) | ≥ 5.00 s (failed) | ≥ 5.00 s (failed) | 9.0 | 1 | 56/44 | 1.00× |")
 	var doc struct {
 		Polylines []struct{} `xml:"polyline"`
 	}
