@@ -36,6 +36,9 @@ type WorkerSpec struct {
 	// router.busy_threshold for it, and is the engine's batch size for the
 	// load-aware cost (0: the threshold applies and the size is learned).
 	MaxInflight int `json:"max_inflight,omitempty" yaml:"max_inflight"`
+	// CgroupPath is a co-located CPU worker's cgroup v2 directory: its CPU
+	// use there weighs it in device-aware-weighted mode.
+	CgroupPath string `json:"cgroup_path,omitempty" yaml:"cgroup_path"`
 }
 
 // Normalize fills defaults (cpu device, dp_size 1, capacity 1) and validates
@@ -75,6 +78,9 @@ func (s *WorkerSpec) Normalize() error {
 	}
 	if !strings.HasPrefix(s.MetricsPath, "/") {
 		return fmt.Errorf("metrics_path: %q must start with /", s.MetricsPath)
+	}
+	if s.CgroupPath != "" && !strings.HasPrefix(s.CgroupPath, "/") {
+		return fmt.Errorf("cgroup_path: %q must be an absolute directory", s.CgroupPath)
 	}
 	if s.MaxInflight < 0 {
 		return fmt.Errorf("max_inflight: %d is negative (0: router.busy_threshold applies)", s.MaxInflight)

@@ -21,7 +21,7 @@ type workerFlags []dataplane.WorkerSpec
 
 func (w *workerFlags) String() string { return fmt.Sprint(len(*w), " workers") }
 
-// Set parses "id=1,url=http://h:p,device=gpu,gpu_index=0,dp_size=1,capacity=1,loras=a;b,metrics_path=/metrics,max_inflight=0".
+// Set parses "id=1,url=http://h:p,device=gpu,gpu_index=0,dp_size=1,capacity=1,loras=a;b,metrics_path=/metrics,max_inflight=0,cgroup_path=/sys/fs/cgroup/x".
 func (w *workerFlags) Set(v string) error {
 	var s dataplane.WorkerSpec
 	for _, kv := range strings.Split(v, ",") {
@@ -51,6 +51,8 @@ func (w *workerFlags) Set(v string) error {
 			s.MetricsPath = val
 		case "max_inflight":
 			s.MaxInflight, err = strconv.Atoi(val)
+		case "cgroup_path":
+			s.CgroupPath = val
 		default:
 			return fmt.Errorf("unknown worker key %q", k)
 		}
@@ -93,7 +95,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.DurationVar(&cfg.Limits.IdleTimeout, "idle-timeout", cfg.Limits.IdleTimeout, "client keep-alive idle timeout")
 	fs.DurationVar(&cfg.Limits.ConnectTimeout, "connect-timeout", cfg.Limits.ConnectTimeout, "dial timeout to workers")
 	fs.DurationVar(&cfg.Limits.UpstreamTimeout, "upstream-timeout", cfg.Limits.UpstreamTimeout, "whole upstream answer timeout")
-	fs.Var(workers, "worker", "add a worker: id=N,url=http://host:port[,device=gpu|cpu,gpu_index=I,dp_size=D,capacity=C,loras=a;b,metrics_path=/metrics,max_inflight=M] (repeatable)")
+	fs.Var(workers, "worker", "add a worker: id=N,url=http://host:port[,device=gpu|cpu,gpu_index=I,dp_size=D,capacity=C,loras=a;b,metrics_path=/metrics,max_inflight=M,cgroup_path=DIR] (repeatable)")
 }
 
 // loadServeConfig reads --config (when given) and applies the other flags over it.

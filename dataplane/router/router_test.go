@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -477,15 +479,21 @@ func TestStartRefusesBadConfig(t *testing.T) {
 }
 
 // TestWeightedModeFollowsTelemetry runs device-aware-weighted end to end: the
-// CPU collector reads this machine's /proc, both CPU workers see the same idle
-// share, so requests split by capacity (1 : 0.25); GET /workers shows the
-// weight source and telemetry age; a GPU worker without NVML says why it
-// keeps its static capacity.
+// CPU collector reads this machine's /proc, both CPU workers read the same
+// cgroup directory and so see the same idle share, so requests split by
+// capacity (1 : 0.25); GET /workers shows the weight source and telemetry
+// age; a GPU worker without NVML says why it keeps its static capacity.
+// Engine telemetry is off: this test is about the device weights.
 func TestWeightedModeFollowsTelemetry(t *testing.T) {
+	cg := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(cg, "cpu.max"), []byte("max 100000\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(cg, "cpu.stat"), []byte("usage_usec 1000\n"), 0o644))
 	opts := mocks(3, 1, 0)
 	f := startFleet(t, opts, func(c *config.Config) {
 		c.Router.Mode = pickers.ModeWeighted
 		c.Telemetry.Interval = 20 * time.Millisecond
+		c.Telemetry.Engine.Enabled = false
+		c.Workers[0].CgroupPath, c.Workers[1].CgroupPath = cg, cg
 		c.Workers[1].Capacity = 0.25
 		c.Workers[2].Device, c.Workers[2].GPUIndex = dataplane.DeviceGPU, 63 // no such GPU anywhere
 	})

@@ -127,7 +127,13 @@ type Quota struct {
 // ReadQuota parses root/sys/fs/cgroup/cpu.max ("max 100000" or "50000 100000").
 // A missing file (no cgroup v2 controller) reads as unlimited.
 func ReadQuota(root string) (Quota, error) {
-	data, err := os.ReadFile(filepath.Join(root, "sys/fs/cgroup/cpu.max"))
+	return ReadCgroupQuota(filepath.Join(root, "sys/fs/cgroup"))
+}
+
+// ReadCgroupQuota parses the cpu.max of the cgroup v2 directory dir; a
+// missing file reads as unlimited.
+func ReadCgroupQuota(dir string) (Quota, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "cpu.max"))
 	if errors.Is(err, os.ErrNotExist) {
 		return Quota{Unlimited: true}, nil
 	}
@@ -163,10 +169,16 @@ type Throttling struct {
 // ReadThrottling parses usage_usec, nr_periods, nr_throttled and throttled_usec from
 // root/sys/fs/cgroup/cpu.stat; a missing file reads as zero.
 func ReadThrottling(root string) (Throttling, error) {
-	data, err := os.ReadFile(filepath.Join(root, "sys/fs/cgroup/cpu.stat"))
+	t, err := ReadCgroupStat(filepath.Join(root, "sys/fs/cgroup"))
 	if errors.Is(err, os.ErrNotExist) {
 		return Throttling{}, nil
 	}
+	return t, err
+}
+
+// ReadCgroupStat parses the cpu.stat of the cgroup v2 directory dir.
+func ReadCgroupStat(dir string) (Throttling, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "cpu.stat"))
 	if err != nil {
 		return Throttling{}, err
 	}

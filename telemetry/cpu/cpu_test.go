@@ -147,3 +147,31 @@ func TestRealProc(t *testing.T) {
 		assert.Positive(t, s.Mem.Total)
 	}
 }
+
+func TestCgroupUsageIsTheIdleShareOfItsQuota(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644))
+	}
+	write("cpu.max", "50000 100000\n") // half a CPU
+	write("cpu.stat", "usage_usec 1000000\nnr_periods 3\n")
+	c := NewCgroupUsage(dir, 8)
+	now := time.Unix(10, 0)
+	_, ok, err := c.Refresh(now)
+	require.NoError(t, err)
+	assert.False(t, ok, "a share needs two readings")
+	write("cpu.stat", "usage_usec 1400000\nnr_periods 9\n")
+	idle, ok, err := c.Refresh(now.Add(time.Second))
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.InDelta(t, 0.2, idle, 1e-9, "0.4 s used of 0.5 CPU-seconds")
+
+	write("cpu.max", "max 100000\n") // unlimited: all 8 host CPUs
+	write("cpu.stat", "usage_usec 3400000\n")
+	idle, ok, _ = c.Refresh(now.Add(2 * time.Second))
+	require.True(t, ok)
+	assert.InDelta(t, 0.75, idle, 1e-9, "2 s used of 8 CPU-seconds")
+
+	_, _, err = NewCgroupUsage(filepath.Join(dir, "missing"), 8).Refresh(now)
+	assert.ErrorContains(t, err, "cgroup "+filepath.Join(dir, "missing"))
+}

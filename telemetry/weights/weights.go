@@ -8,6 +8,7 @@ package weights
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -86,6 +87,16 @@ type Loop struct {
 	lastCPU   *cpu.Sample
 	gpuErr    string // last GPU refresh error, logged once per change
 	cpuErr    string
+	cgroups   map[uint64]*cgroupReading // CPU workers' own cgroups; Tick's alone
+}
+
+// cgroupReading is the last reading of one CPU worker's cgroup.
+type cgroupReading struct {
+	usage *cpu.CgroupUsage
+	idle  float64
+	ok    bool
+	err   error
+	at    time.Time
 }
 
 // New returns a Loop; Run (or Tick) starts the refreshing.
@@ -99,7 +110,7 @@ func New(o Options) *Loop {
 	if o.Interval <= 0 {
 		o.Interval = 250 * time.Millisecond
 	}
-	return &Loop{opts: o, sources: map[uint64]Source{}}
+	return &Loop{opts: o, sources: map[uint64]Source{}, cgroups: map[uint64]*cgroupReading{}}
 }
 
 // Run ticks every Interval until ctx ends.
@@ -131,12 +142,13 @@ func (l *Loop) Tick(now time.Time) {
 	}
 	staleBefore := now.Add(-StaleAfter * l.opts.Interval)
 	workers := l.opts.Registry.All()
+	l.readCgroups(workers, now)
 	l.mu.Lock()
 	l.lastGPU, l.lastCPU = gpu, host
 	// A fresh map: workers that left the registry drop out of it.
 	next := make(map[uint64]Source, len(workers))
 	for _, w := range workers {
-		weight, src := l.weigh(w.Spec(), gpu, host, staleBefore)
+		weight, src := l.weigh(w.Spec(), gpu, staleBefore)
 		w.SetWeight(weight)
 		next[w.ID()] = src
 		l.transition(w.ID(), src)
@@ -146,8 +158,31 @@ func (l *Loop) Tick(now time.Time) {
 	l.opts.Registry.Republish()
 }
 
+// readCgroups reads the cgroup of every CPU worker that names one; a
+// fresh map drops the workers that left.
+func (l *Loop) readCgroups(workers []*dataplane.Worker, now time.Time) {
+	next := make(map[uint64]*cgroupReading, len(l.cgroups))
+	for _, w := range workers {
+		if l.opts.CPU == nil {
+			break // cpu telemetry is off
+		}
+		s := w.Spec()
+		if s.Device != dataplane.DeviceCPU || s.CgroupPath == "" {
+			continue
+		}
+		r := l.cgroups[s.ID]
+		if r == nil || r.usage.Dir() != s.CgroupPath {
+			r = &cgroupReading{usage: cpu.NewCgroupUsage(s.CgroupPath, runtime.NumCPU())}
+		}
+		r.idle, r.ok, r.err = r.usage.Refresh(now)
+		r.at = now
+		next[s.ID] = r
+	}
+	l.cgroups = next
+}
+
 // weigh computes one worker's weight and says where it came from.
-func (l *Loop) weigh(s *dataplane.WorkerSpec, gpu *nvml.Snapshot, host *cpu.Sample, staleBefore time.Time) (float64, Source) {
+func (l *Loop) weigh(s *dataplane.WorkerSpec, gpu *nvml.Snapshot, staleBefore time.Time) (float64, Source) {
 	if s.Device == dataplane.DeviceGPU {
 		switch {
 		case l.opts.GPU == nil:
@@ -167,15 +202,24 @@ func (l *Loop) weigh(s *dataplane.WorkerSpec, gpu *nvml.Snapshot, host *cpu.Samp
 		}
 		return s.Capacity, Source{Static: true, Reason: "gpu index " + strconv.Itoa(s.GPUIndex) + " not found"}
 	}
+	// A CPU worker is measured by its own cgroup: the router host's idle
+	// share says nothing of one worker (and the same for all of them).
+	r := l.cgroups[s.ID]
 	switch {
 	case l.opts.CPU == nil:
 		return s.Capacity, Source{Static: true, Reason: "cpu telemetry is off"}
-	case host == nil:
-		return s.Capacity, Source{Static: true, Reason: "no cpu reading"}
-	case host.At.Before(staleBefore):
-		return s.Capacity, Source{Static: true, Reason: "cpu reading is stale"}
+	case s.CgroupPath == "":
+		return s.Capacity, Source{Static: true, Reason: "no cgroup_path: nothing measures this worker's CPU"}
+	case r == nil || r.err != nil:
+		reason := "no cgroup reading"
+		if r != nil {
+			reason = r.err.Error()
+		}
+		return s.Capacity, Source{Static: true, Reason: reason}
+	case !r.ok:
+		return s.Capacity, Source{Static: true, Reason: "no cgroup reading yet"}
 	}
-	return CPUWeight(s.Capacity, host.Idle), Source{At: host.At}
+	return CPUWeight(s.Capacity, r.idle), Source{At: r.at}
 }
 
 // transition counts and logs, once, each change of a worker's source to or

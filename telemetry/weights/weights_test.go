@@ -3,7 +3,10 @@ package weights
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -78,25 +81,68 @@ func TestWeightFormulas(t *testing.T) {
 	assert.InDelta(t, 0.25, CPUWeight(0.25, 7), 1e-12, "idle is clamped to 1")
 }
 
+// cgroupDir writes a cgroup v2 directory with a 2-CPU quota and usage_usec.
+func cgroupDir(t *testing.T, usage time.Duration) string {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "cpu.max"), []byte("200000 100000\n"), 0o644))
+	setUsage(t, dir, usage)
+	return dir
+}
+
+func setUsage(t *testing.T, dir string, usage time.Duration) {
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "cpu.stat"), fmt.Appendf(nil, "usage_usec %d\nnr_periods 0\n", usage.Microseconds()), 0o644))
+}
+
 func TestCPUAndGPUWorkersSplitByCapacity(t *testing.T) {
+	cg := cgroupDir(t, 0)
 	reg := registry(t,
 		dataplane.WorkerSpec{ID: 1, Device: dataplane.DeviceGPU, GPUIndex: 0, Capacity: 1},
-		dataplane.WorkerSpec{ID: 2, Device: dataplane.DeviceCPU, Capacity: 0.25})
+		dataplane.WorkerSpec{ID: 2, Device: dataplane.DeviceCPU, Capacity: 0.25, CgroupPath: cg})
 	gpu, host := &fixedGPU{}, &fixedCPU{}
 	now := time.Unix(5000, 0)
 	gpu.snap.Store(&nvml.Snapshot{At: now, GPUs: []nvml.GPU{{Index: 0, MemoryTotal: 80 << 30}}})
-	host.sample.Store(&cpu.Sample{At: now, Idle: 1})
 	l := New(Options{Registry: reg, GPU: gpu, CPU: host, Interval: interval, Logger: quiet})
-	l.Tick(now)
+	l.Tick(now) // the first cgroup reading: no share yet
+	now = now.Add(time.Second)
+	gpu.snap.Store(&nvml.Snapshot{At: now, GPUs: []nvml.GPU{{Index: 0, MemoryTotal: 80 << 30}}})
+	l.Tick(now) // no CPU used in the second: idle 1
 	share := split(t, reg, 10000)
 	assert.InDelta(t, 0.8, share[1], 0.02, "%v", share)
 	assert.InDelta(t, 0.2, share[2], 0.02, "%v", share)
 
-	// The CPU gets busy: idle 0.2 → weight 0.05 against 1 → 1/21 of the picks.
-	host.sample.Store(&cpu.Sample{At: now, Idle: 0.2})
+	// The worker gets busy: 1.6 of its 2 CPUs for a second, idle 0.2 →
+	// weight 0.05 against 1 → 1/21 of the picks.
+	setUsage(t, cg, 1600*time.Millisecond)
+	now = now.Add(time.Second)
+	gpu.snap.Store(&nvml.Snapshot{At: now, GPUs: []nvml.GPU{{Index: 0, MemoryTotal: 80 << 30}}})
 	l.Tick(now)
 	share = split(t, reg, 10000)
 	assert.InDelta(t, 1.0/21, share[2], 0.01, "%v", share)
+}
+
+func TestCPUWorkersAreMeasuredByTheirOwnCgroup(t *testing.T) {
+	busy, idle := cgroupDir(t, 0), cgroupDir(t, 0)
+	reg := registry(t,
+		dataplane.WorkerSpec{ID: 1, Device: dataplane.DeviceCPU, CgroupPath: busy},
+		dataplane.WorkerSpec{ID: 2, Device: dataplane.DeviceCPU, CgroupPath: idle},
+		dataplane.WorkerSpec{ID: 3, Device: dataplane.DeviceCPU, Capacity: 0.5},
+		dataplane.WorkerSpec{ID: 4, Device: dataplane.DeviceCPU, CgroupPath: "/nonexistent/cgroup"})
+	host := &fixedCPU{}
+	now := time.Unix(100, 0)
+	host.sample.Store(&cpu.Sample{At: now, Idle: 0.9}) // the router's host: not any worker's
+	l := New(Options{Registry: reg, CPU: host, Interval: interval, Logger: quiet})
+	l.Tick(now)
+	setUsage(t, busy, 1500*time.Millisecond)
+	l.Tick(now.Add(time.Second))
+	weight := func(id uint64) float64 { w, _ := reg.Get(id); return w.Weight() }
+	assert.InDelta(t, 0.25, weight(1), 1e-9, "1.5 of 2 CPUs used: idle 0.25")
+	assert.InDelta(t, 1, weight(2), 1e-9)
+	assert.InDelta(t, 0.5, weight(3), 1e-9, "no cgroup_path: its static capacity, not the host's idle share")
+	src, _ := l.Source(3)
+	assert.Equal(t, "no cgroup_path: nothing measures this worker's CPU", src.Reason)
+	src, _ = l.Source(4)
+	assert.True(t, src.Static)
+	assert.Contains(t, src.Reason, "cgroup /nonexistent/cgroup")
 }
 
 func TestStaleTelemetryDecaysToCapacityAndIsCountedOnce(t *testing.T) {
@@ -187,7 +233,7 @@ func TestMetricsAndDescribe(t *testing.T) {
 	info = map[string]any{}
 	l.Describe(w2, info)
 	raw, _ := json.Marshal(info)
-	assert.JSONEq(t, `{"weight_source":"static","weight_static_reason":"no cpu reading"}`, string(raw))
+	assert.JSONEq(t, `{"weight_source":"static","weight_static_reason":"no cgroup_path: nothing measures this worker's CPU"}`, string(raw))
 }
 
 func TestRemovedWorkersAreForgotten(t *testing.T) {
