@@ -75,7 +75,10 @@ func Serve(ln net.Listener, opts Options) *Worker {
 	}
 	w.srv = &fasthttp.Server{Handler: w.handle, Name: "mockworker", NoDefaultDate: true, CloseOnShutdown: true,
 		MaxRequestBodySize: MaxBodyBytes,
-		Logger:             quiet{}, // a killed or cut connection is the point of some tests, not news
+		// Headers up to the router's largest limit plus what it adds; the
+		// buffer is held only while a request is read.
+		ReadBufferSize: 80 << 10, ReduceMemoryUsage: true,
+		Logger: quiet{}, // a killed or cut connection is the point of some tests, not news
 		ConnState: func(c net.Conn, st fasthttp.ConnState) {
 			switch st {
 			case fasthttp.StateNew:

@@ -72,7 +72,9 @@ type Health struct {
 
 // Limits bounds what one request may cost.
 type Limits struct {
-	MaxBodyBytes    int           `yaml:"max_body_bytes"`
+	MaxBodyBytes Size `yaml:"max_body_bytes"`
+	// MaxHeaderBytes bounds the request line and headers (431 beyond).
+	MaxHeaderBytes  Size          `yaml:"max_header_bytes"`
 	ReadTimeout     time.Duration `yaml:"read_timeout"`
 	WriteTimeout    time.Duration `yaml:"write_timeout"`
 	IdleTimeout     time.Duration `yaml:"idle_timeout"`
@@ -94,7 +96,7 @@ func Default() Config {
 			Engine: Engine{Enabled: true, Interval: 50 * time.Millisecond, Timeout: time.Second}},
 		Health: Health{Interval: 2 * time.Second, Path: "/health", UnhealthyAfter: 3},
 		Limits: Limits{
-			MaxBodyBytes: 16 << 20, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
+			MaxBodyBytes: 16 << 20, MaxHeaderBytes: 64 << 10, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
 			IdleTimeout: 2 * time.Minute, ConnectTimeout: 2 * time.Second, UpstreamTimeout: 10 * time.Minute,
 		},
 	}
@@ -188,6 +190,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.MaxBodyBytes <= 0 {
 		return keyErr("limits.max_body_bytes", "%d must be positive", c.Limits.MaxBodyBytes)
+	}
+	if c.Limits.MaxHeaderBytes < 1<<10 || c.Limits.MaxHeaderBytes > 16<<20 {
+		return keyErr("limits.max_header_bytes", "%d is outside 1KiB..16MiB", c.Limits.MaxHeaderBytes)
 	}
 	for key, d := range map[string]time.Duration{
 		"limits.read_timeout": c.Limits.ReadTimeout, "limits.write_timeout": c.Limits.WriteTimeout,

@@ -41,7 +41,7 @@ func TestLoadDesignExample(t *testing.T) {
 	assert.Equal(t, []string{"sql-lora"}, cfg.Workers[0].LoRAs)
 	assert.Equal(t, 1.0, cfg.Workers[0].Capacity, "capacity defaults to 1")
 	assert.Equal(t, 0.25, cfg.Workers[1].Capacity)
-	assert.Equal(t, 16<<20, cfg.Limits.MaxBodyBytes, "body limit defaults to 16 MiB")
+	assert.Equal(t, Size(16<<20), cfg.Limits.MaxBodyBytes, "body limit defaults to 16 MiB")
 }
 
 func TestEmptyFileKeepsDefaults(t *testing.T) {
@@ -73,4 +73,25 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 	}
 	_, err := Load(filepath.Join(t.TempDir(), "missing.yaml"))
 	assert.ErrorContains(t, err, "missing.yaml")
+}
+
+func TestSizes(t *testing.T) {
+	for in, want := range map[string]Size{"65536": 65536, "64KiB": 64 << 10, "16MiB": 16 << 20, "1 GiB": 1 << 30, "10KB": 10000, "2MB": 2e6, "512B": 512} {
+		got, err := ParseSize(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"", "16XB", "-1", "1.5MiB", "99999999GiB"} {
+		_, err := ParseSize(in)
+		assert.Error(t, err, in)
+	}
+	cfg, err := Parse("f.yaml", []byte("limits: {max_body_bytes: 16MiB, max_header_bytes: 128KiB}\n"))
+	require.NoError(t, err)
+	assert.Equal(t, Size(16<<20), cfg.Limits.MaxBodyBytes)
+	assert.Equal(t, Size(128<<10), cfg.Limits.MaxHeaderBytes)
+	_, err = Parse("f.yaml", []byte("limits:\n  max_body_bytes: 16XB\n"))
+	assert.ErrorContains(t, err, `config f.yaml: `)
+	assert.ErrorContains(t, err, `line 2: "16XB" is not a size`)
+	_, err = Parse("f.yaml", []byte("limits: {max_header_bytes: 100}\n"))
+	assert.ErrorContains(t, err, "key limits.max_header_bytes: 100 is outside 1KiB..16MiB")
 }

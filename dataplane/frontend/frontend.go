@@ -29,6 +29,7 @@ type Options struct {
 	Selector        *dataplane.Selector
 	Retries         int
 	MaxBodyBytes    int
+	MaxHeaderBytes  int           // request line and headers (431 above); 0: fasthttp's 4 KiB
 	ReadTimeout     time.Duration // client request read (headers and body)
 	WriteTimeout    time.Duration // client response write
 	IdleTimeout     time.Duration // keep-alive idle
@@ -81,9 +82,17 @@ func New(opts Options) *Server {
 	}
 	s.exchanges.New = func() any { return &exchange{s: s} }
 	s.srv = &fasthttp.Server{
-		Handler:                      s.Handle,
-		Name:                         "fastroute",
-		MaxRequestBodySize:           opts.MaxBodyBytes,
+		Handler:            s.Handle,
+		Name:               "fastroute",
+		MaxRequestBodySize: opts.MaxBodyBytes,
+		ReadBufferSize:     opts.MaxHeaderBytes,
+		// The read buffer holds the whole header, so it is as large as
+		// max_header_bytes; keep it only while a request is read, not for
+		// every open connection and stream.
+		ReduceMemoryUsage: true,
+		// fasthttp's own messages never quote request contents (headers
+		// may carry credentials).
+		SecureErrorLogMessage:        true,
 		ReadTimeout:                  opts.ReadTimeout,
 		WriteTimeout:                 opts.WriteTimeout,
 		IdleTimeout:                  opts.IdleTimeout,
@@ -91,6 +100,7 @@ func New(opts Options) *Server {
 		NoDefaultContentType:         true,
 		CloseOnShutdown:              true,
 		ErrorHandler:                 s.readError,
+		Logger:                       debugLogger{opts.Logger},
 		DisablePreParseMultipartForm: true,
 	}
 	return s
@@ -177,12 +187,20 @@ func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
 			"request body exceeds limits.max_body_bytes ("+strconv.Itoa(s.opts.MaxBodyBytes)+" bytes)")
 		return
 	}
+	var small *fasthttp.ErrSmallBuffer
+	if errors.As(err, &small) {
+		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error",
+			"request line and headers exceed limits.max_header_bytes ("+strconv.Itoa(s.opts.MaxHeaderBytes)+" bytes)")
+		return
+	}
 	var te interface{ Timeout() bool }
 	if errors.As(err, &te) && te.Timeout() {
 		writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", "request read timed out")
 		return
 	}
-	writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "malformed request: "+err.Error())
+	// The parser's message may quote the request (headers, credentials
+	// included): it is never echoed.
+	writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "malformed HTTP request")
 }
 
 func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
@@ -329,7 +347,9 @@ func writeSelectError(ctx *fasthttp.RequestCtx, err error) {
 	}
 }
 
-// debugLogger sends fasthttp's per-connection messages to slog at debug level.
+// debugLogger sends fasthttp's per-connection messages (a client that
+// sent garbage or went away) to slog at debug level: the client got its 4xx
+// and the metrics count it, so they are not worth a line each by default.
 type debugLogger struct{ log *slog.Logger }
 
 func (l debugLogger) Printf(format string, args ...any) {

@@ -75,7 +75,8 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		Sessions: affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions})}
 	reg.OnLeave(r.Sessions.WorkerLeft)
 	fo := frontend.Options{
-		Selector: sel, Retries: cfg.Router.Retries, MaxBodyBytes: cfg.Limits.MaxBodyBytes,
+		Selector: sel, Retries: cfg.Router.Retries,
+		MaxBodyBytes: int(cfg.Limits.MaxBodyBytes), MaxHeaderBytes: int(cfg.Limits.MaxHeaderBytes),
 		ReadTimeout: cfg.Limits.ReadTimeout, WriteTimeout: cfg.Limits.WriteTimeout,
 		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
 		UpstreamTimeout: cfg.Limits.UpstreamTimeout, Logger: log,
