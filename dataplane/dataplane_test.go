@@ -72,6 +72,8 @@ func TestAddRefusesDuplicatesAndBadSpecs(t *testing.T) {
 	reg := newFleet(t, 1)
 	_, err := reg.Add(spec(1))
 	assert.ErrorContains(t, err, "worker 1 is already registered")
+	var dup *DuplicateError
+	assert.ErrorAs(t, err, &dup, "a typed error, matched without reading its text")
 	for _, c := range []struct {
 		spec WorkerSpec
 		want string

@@ -61,3 +61,8 @@ var (
 func Errorf(code Code, format string, args ...any) *Error {
 	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
 }
+
+// DuplicateError refuses a worker whose id is already registered.
+type DuplicateError struct{ ID uint64 }
+
+func (e *DuplicateError) Error() string { return fmt.Sprintf("worker %d is already registered", e.ID) }

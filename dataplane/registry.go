@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -207,7 +206,7 @@ func (r *Registry) Add(spec WorkerSpec) (*Worker, error) {
 	defer r.mu.Unlock()
 	w := newWorker(spec)
 	if _, loaded := r.workers.LoadOrStore(spec.ID, w); loaded {
-		return nil, fmt.Errorf("worker %d is already registered", spec.ID)
+		return nil, &DuplicateError{ID: spec.ID}
 	}
 	r.publishLocked()
 	return w, nil

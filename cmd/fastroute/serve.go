@@ -68,7 +68,9 @@ func (w *workerFlags) Set(v string) error {
 func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "front end address")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin address (metrics, pprof, workers)")
-	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer token for admin writes")
+	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer token every admin route needs (visible in ps: prefer --admin-token-file or "+config.AdminTokenEnv+")")
+	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", cfg.AdminTokenFile, "file whose first line is the admin token")
+	fs.BoolVar(&cfg.MetricsPublic, "metrics-public", cfg.MetricsPublic, "serve GET /metrics without the admin token")
 	fs.Func("mode", "selection mode: "+fmt.Sprint(pickers.Modes), func(v string) error {
 		cfg.Router.Mode = pickers.Mode(v)
 		return nil

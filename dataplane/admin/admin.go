@@ -1,6 +1,7 @@
 // Package admin serves fastroute's admin listener: Prometheus metrics,
-// pprof, and the worker registry (list, register, drain) behind an optional
-// bearer token. It runs on net/http, off the request path.
+// pprof, and the worker registry (list, register, drain). With a token set
+// every route needs it (GET /metrics may be left open to scrapers); every
+// write is logged. It runs on net/http, off the request path.
 package admin
 
 import (
@@ -8,10 +9,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
-	"strings"
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/metrics"
@@ -32,7 +33,10 @@ type WorkerInfo struct {
 type Options struct {
 	Registry *dataplane.Registry
 	Metrics  *metrics.Set
-	Token    string // bearer token guarding writes; empty = open
+	Token    string // bearer token every route needs; empty = open
+	// MetricsPublic leaves GET /metrics open when a token is set.
+	MetricsPublic bool
+	Logger        *slog.Logger // admin writes are logged here (default slog.Default)
 	// Describe adds fields to a worker's JSON (telemetry age, say); may be nil.
 	Describe func(w *dataplane.Worker, info map[string]any)
 	// LoRAs lists the adapters a worker holds; SetLoRAs replaces those
@@ -41,8 +45,16 @@ type Options struct {
 	SetLoRAs func(id uint64, adapters []string) error
 }
 
-// Handler returns the admin mux.
+// Handler returns the admin handler: the routes behind the token check and
+// the write log.
 func Handler(o Options) http.Handler {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o.logWrites(o.guard(routes(o)))
+}
+
+func routes(o Options) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -72,7 +84,7 @@ func Handler(o Options) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, out)
 	})
-	mux.HandleFunc("POST /workers", o.guard(func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST /workers", func(w http.ResponseWriter, r *http.Request) {
 		var spec dataplane.WorkerSpec
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
 		dec.DisallowUnknownFields()
@@ -83,15 +95,16 @@ func Handler(o Options) http.Handler {
 		wk, err := o.Registry.Add(spec)
 		if err != nil {
 			status := http.StatusBadRequest
-			if strings.Contains(err.Error(), "already registered") {
+			var dup *dataplane.DuplicateError
+			if errors.As(err, &dup) {
 				status = http.StatusConflict
 			}
 			writeError(w, status, err.Error())
 			return
 		}
 		writeJSON(w, http.StatusCreated, wk.Spec())
-	}))
-	mux.HandleFunc("PUT /workers/{id}/loras", o.guard(func(w http.ResponseWriter, r *http.Request) {
+	})
+	mux.HandleFunc("PUT /workers/{id}/loras", func(w http.ResponseWriter, r *http.Request) {
 		id, ok := pathID(w, r)
 		if !ok {
 			return
@@ -118,8 +131,8 @@ func Handler(o Options) http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"id": id, "loras": body.LoRAs})
-	}))
-	mux.HandleFunc("DELETE /workers/{id}", o.guard(func(w http.ResponseWriter, r *http.Request) {
+	})
+	mux.HandleFunc("DELETE /workers/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id, ok := pathID(w, r)
 		if !ok {
 			return
@@ -129,7 +142,7 @@ func Handler(o Options) http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusAccepted, map[string]any{"id": id, "draining": true})
-	}))
+	})
 	return mux
 }
 
@@ -143,20 +156,48 @@ func pathID(w http.ResponseWriter, r *http.Request) (uint64, bool) {
 	return id, true
 }
 
-// guard refuses writes without the bearer token when one is set.
-func (o Options) guard(h http.HandlerFunc) http.HandlerFunc {
+// guard refuses every request without the bearer token when one is set
+// (GET /metrics too, unless MetricsPublic). The comparison takes constant
+// time.
+func (o Options) guard(h http.Handler) http.Handler {
 	if o.Token == "" {
 		return h
 	}
 	want := []byte("Bearer " + o.Token)
-	return func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		open := o.MetricsPublic && r.URL.Path == "/metrics" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
+		if !open && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="fastroute-admin"`)
-			writeError(w, http.StatusUnauthorized, "admin writes need Authorization: Bearer <admin_token>")
+			writeError(w, http.StatusUnauthorized, "the admin listener needs Authorization: Bearer <admin token>")
 			return
 		}
-		h(w, r)
-	}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// statusWriter remembers the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// logWrites logs every request that may change state (any method but GET
+// and HEAD), refused ones included: who, what and the answer.
+func (o Options) logWrites(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			h.ServeHTTP(w, r)
+			return
+		}
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		h.ServeHTTP(sw, r)
+		o.Logger.Info("admin write", "method", r.Method, "path", r.URL.Path, "status", sw.status, "remote", r.RemoteAddr)
+	})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -19,14 +19,19 @@ import (
 
 // Config is the whole file. Every field has a default (Default) and a flag.
 type Config struct {
-	Listen      string                 `yaml:"listen"`
-	AdminListen string                 `yaml:"admin_listen"`
-	AdminToken  string                 `yaml:"admin_token"`
-	Router      Router                 `yaml:"router"`
-	Telemetry   Telemetry              `yaml:"telemetry"`
-	Health      Health                 `yaml:"health"`
-	Limits      Limits                 `yaml:"limits"`
-	Workers     []dataplane.WorkerSpec `yaml:"workers"`
+	Listen      string `yaml:"listen"`
+	AdminListen string `yaml:"admin_listen"`
+	AdminToken  string `yaml:"admin_token"`
+	// AdminTokenFile holds the admin token (its first line), kept out of
+	// the config and the command line.
+	AdminTokenFile string `yaml:"admin_token_file"`
+	// MetricsPublic opens GET /metrics alone to scrapers without the token.
+	MetricsPublic bool                   `yaml:"metrics_public"`
+	Router        Router                 `yaml:"router"`
+	Telemetry     Telemetry              `yaml:"telemetry"`
+	Health        Health                 `yaml:"health"`
+	Limits        Limits                 `yaml:"limits"`
+	Workers       []dataplane.WorkerSpec `yaml:"workers"`
 }
 
 // Router holds the selection settings.
@@ -124,6 +129,40 @@ func Parse(name string, data []byte) (Config, error) {
 		return Config{}, fmt.Errorf("config %s: %w", name, err)
 	}
 	return cfg, nil
+}
+
+// AdminTokenEnv is the environment variable an admin token may come from.
+const AdminTokenEnv = "FASTROUTE_ADMIN_TOKEN"
+
+// ResolveAdminToken settles the admin token, from admin_token,
+// admin_token_file or the FASTROUTE_ADMIN_TOKEN variable (getenv), and
+// refuses an admin listener reachable off this host with no token. It runs
+// once before the router starts, after Validate.
+func (c *Config) ResolveAdminToken(getenv func(string) string) error {
+	switch {
+	case c.AdminToken != "" && c.AdminTokenFile != "":
+		return keyErr("admin_token_file", "set admin_token or admin_token_file, not both")
+	case c.AdminTokenFile != "":
+		data, err := os.ReadFile(c.AdminTokenFile)
+		if err != nil {
+			return keyErr("admin_token_file", "%v", err)
+		}
+		line, _, _ := strings.Cut(string(data), "\n")
+		if c.AdminToken = strings.TrimSpace(line); c.AdminToken == "" {
+			return keyErr("admin_token_file", "%s holds no token", c.AdminTokenFile)
+		}
+	case c.AdminToken == "":
+		c.AdminToken = strings.TrimSpace(getenv(AdminTokenEnv))
+	}
+	if c.AdminToken != "" {
+		return nil
+	}
+	host, _, _ := net.SplitHostPort(c.AdminListen)
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return keyErr("admin_listen", "%s is reachable from other hosts and no admin token is set (admin_token, admin_token_file or %s)",
+			c.AdminListen, AdminTokenEnv)
+	}
+	return nil
 }
 
 // KeyError names the config key at fault.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -46,4 +48,76 @@ func TestMaxHeaderBytesIsConfigurable(t *testing.T) {
 	resp := f.post("/v1/chat/completions", chatBody, "x-pad", strings.Repeat("p", 10<<10))
 	assert.Contains(t, readAll(t, resp), "(8192 bytes)")
 	assert.Equal(t, http.StatusRequestHeaderFieldsTooLarge, resp.StatusCode)
+}
+
+func TestAdminRoutesAllNeedTheToken(t *testing.T) {
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.AdminToken = "s3cret" })
+	for _, path := range []string{"/workers", "/metrics", "/debug/pprof/", "/debug/pprof/cmdline"} {
+		for _, token := range []string{"", "wrong", "s3cre", "s3cretX"} {
+			code, body := adminDo(t, f, "GET", path, "", token)
+			assert.Equal(t, http.StatusUnauthorized, code, "%s with token %q", path, token)
+			assert.NotContains(t, body, "s3cret")
+		}
+		code, _ := adminDo(t, f, "GET", path, "", "s3cret")
+		assert.Equal(t, http.StatusOK, code, path)
+	}
+	code, _ := adminDo(t, f, "DELETE", "/workers/1", "", "")
+	assert.Equal(t, http.StatusUnauthorized, code)
+	assert.True(t, f.r.Registry.Snapshot().Len() == 1, "a refused write changes nothing")
+}
+
+func TestMetricsPublicOpensMetricsAlone(t *testing.T) {
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.AdminToken, c.MetricsPublic = "s3cret", true })
+	code, body := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, "fastroute_requests_total")
+	code, _ = adminDo(t, f, "GET", "/workers", "", "")
+	assert.Equal(t, http.StatusUnauthorized, code)
+	code, _ = adminDo(t, f, "POST", "/metrics", "", "")
+	assert.Equal(t, http.StatusUnauthorized, code, "only reads of /metrics are open")
+}
+
+func TestAdminTokenFromFileOrEnvironment(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(path, []byte("from-file\n"), 0o600))
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.AdminTokenFile = path })
+	code, _ := adminDo(t, f, "GET", "/workers", "", "from-file")
+	assert.Equal(t, http.StatusOK, code)
+	code, _ = adminDo(t, f, "GET", "/workers", "", "")
+	assert.Equal(t, http.StatusUnauthorized, code)
+
+	t.Setenv(config.AdminTokenEnv, "from-env")
+	g := startFleet(t, mocks(1, 1, 0), nil)
+	code, _ = adminDo(t, g, "GET", "/workers", "", "from-env")
+	assert.Equal(t, http.StatusOK, code)
+	code, body := adminDo(t, g, "GET", "/debug/pprof/cmdline", "", "from-env")
+	assert.Equal(t, http.StatusOK, code)
+	assert.NotContains(t, body, "from-env", "a token from the environment is not on the command line")
+}
+
+func TestAdminRefusals(t *testing.T) {
+	t.Setenv(config.AdminTokenEnv, "")
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "0.0.0.0:0"
+	_, err := Start(cfg, nil)
+	assert.ErrorContains(t, err, "key admin_listen: 0.0.0.0:0 is reachable from other hosts and no admin token is set")
+	cfg.AdminToken, cfg.AdminTokenFile = "a", "/etc/hostname"
+	_, err = Start(cfg, nil)
+	assert.ErrorContains(t, err, "key admin_token_file: set admin_token or admin_token_file, not both")
+	cfg.AdminToken, cfg.AdminTokenFile = "", filepath.Join(t.TempDir(), "missing")
+	_, err = Start(cfg, nil)
+	assert.ErrorContains(t, err, "key admin_token_file: open ")
+}
+
+func TestAdminWritesAreLogged(t *testing.T) {
+	var logs syncBuffer
+	f := startFleetLog(t, mocks(1, 1, 0), func(c *config.Config) { c.AdminToken = "s3cret" }, &logs)
+	adminDo(t, f, "DELETE", "/workers/1", "", "nope")
+	adminDo(t, f, "DELETE", "/workers/1", "", "s3cret")
+	adminDo(t, f, "GET", "/workers", "", "s3cret")
+	out := logs.String()
+	assert.Contains(t, out, `msg="admin write" method=DELETE path=/workers/1 status=401`)
+	assert.Contains(t, out, `msg="admin write" method=DELETE path=/workers/1 status=202`)
+	assert.NotContains(t, out, "path=/workers status", "reads are not logged")
+	assert.NotContains(t, out, "s3cret")
 }

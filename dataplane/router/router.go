@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -56,6 +57,9 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		log = slog.Default()
 	}
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.ResolveAdminToken(os.Getenv); err != nil {
 		return nil, err
 	}
 	reg := dataplane.NewRegistry()
@@ -109,6 +113,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	r.admin = &http.Server{
 		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken,
+			MetricsPublic: cfg.MetricsPublic, Logger: log,
 			Describe: r.describe, SetLoRAs: r.LoRA.Set, LoRAs: r.LoRA.Groups}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}

@@ -34,6 +34,30 @@ type fleet struct {
 
 func startFleet(t *testing.T, opts []mockworker.Options, tweak func(*config.Config)) *fleet {
 	t.Helper()
+	return startFleetLog(t, opts, tweak, io.Discard)
+}
+
+// syncBuffer is a log destination tests read while the router writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startFleetLog is startFleet with the router's log written to logs.
+func startFleetLog(t *testing.T, opts []mockworker.Options, tweak func(*config.Config), logs io.Writer) *fleet {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Router.Mode = pickers.ModeRoundRobin
@@ -49,7 +73,7 @@ func startFleet(t *testing.T, opts []mockworker.Options, tweak func(*config.Conf
 	if tweak != nil {
 		tweak(&cfg)
 	}
-	r, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r, err := Start(cfg, slog.New(slog.NewTextHandler(logs, nil)))
 	require.NoError(t, err)
 	t.Cleanup(func() { r.Close() })
 	f.r = r
@@ -446,7 +470,7 @@ func TestAdmin(t *testing.T) {
 		readAll(t, resp)
 		assert.Equal(t, "2", resp.Header.Get("x-fastroute-worker"))
 	}
-	code, body = adminDo(t, f, "GET", "/workers", "", "")
+	code, body = adminDo(t, f, "GET", "/workers", "", "s3cret")
 	assert.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, `"draining":true`)
 	assert.Contains(t, body, `"occupancy":1`)
@@ -454,14 +478,14 @@ func TestAdmin(t *testing.T) {
 	assert.Contains(t, full, "data: [DONE]", "in-flight request on a draining worker finishes")
 	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(1); return !ok }, 5*time.Second, 20*time.Millisecond)
 
-	code, body = adminDo(t, f, "GET", "/metrics", "", "")
+	code, body = adminDo(t, f, "GET", "/metrics", "", "s3cret")
 	assert.Equal(t, http.StatusOK, code)
 	for _, name := range []string{"fastroute_requests_total{", "fastroute_worker_inflight{", "fastroute_worker_weight{",
 		"fastroute_route_seconds_bucket", "fastroute_upstream_first_byte_seconds_count", "fastroute_request_seconds_sum",
 		"fastroute_retries_total"} {
 		assert.Contains(t, body, name)
 	}
-	code, _ = adminDo(t, f, "GET", "/debug/pprof/", "", "")
+	code, _ = adminDo(t, f, "GET", "/debug/pprof/", "", "s3cret")
 	assert.Equal(t, http.StatusOK, code)
 	f.assertIdle()
 }
