@@ -67,6 +67,7 @@ func (w *workerFlags) Set(v string) error {
 // bindFlags registers one flag per config key, defaulting to cfg's values.
 func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "front end address")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "drain bound on SIGTERM; streams still open then are cut")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin address (metrics, pprof, workers)")
 	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer token every admin route needs (visible in ps: prefer --admin-token-file or "+config.AdminTokenEnv+")")
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", cfg.AdminTokenFile, "file whose first line is the admin token")
@@ -153,9 +154,26 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	sig := make(chan os.Signal, 1)
+	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	<-sig
-	log.Info("shutting down")
-	return r.Close()
+	return drainOnSignal(r, sig, log, os.Exit)
+}
+
+// drainOnSignal waits for a signal, then drains the router (up to
+// shutdown_timeout); a second signal exits at once through exit.
+func drainOnSignal(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exit func(int)) error {
+	s := <-sig
+	log.Info("draining: open requests finish, new ones are refused; a second signal exits at once",
+		"signal", s.String(), "shutdown_timeout", r.Config.ShutdownTimeout)
+	done := make(chan error, 1)
+	go func() { done <- r.Close() }()
+	select {
+	case err := <-done:
+		log.Info("drained")
+		return err
+	case s = <-sig:
+		log.Warn("second signal: exiting now", "signal", s.String())
+		exit(1)
+		return nil
+	}
 }

@@ -26,12 +26,14 @@ type Config struct {
 	// the config and the command line.
 	AdminTokenFile string `yaml:"admin_token_file"`
 	// MetricsPublic opens GET /metrics alone to scrapers without the token.
-	MetricsPublic bool                   `yaml:"metrics_public"`
-	Router        Router                 `yaml:"router"`
-	Telemetry     Telemetry              `yaml:"telemetry"`
-	Health        Health                 `yaml:"health"`
-	Limits        Limits                 `yaml:"limits"`
-	Workers       []dataplane.WorkerSpec `yaml:"workers"`
+	MetricsPublic bool `yaml:"metrics_public"`
+	// ShutdownTimeout bounds the drain on SIGTERM; streams still open then are cut.
+	ShutdownTimeout time.Duration          `yaml:"shutdown_timeout"`
+	Router          Router                 `yaml:"router"`
+	Telemetry       Telemetry              `yaml:"telemetry"`
+	Health          Health                 `yaml:"health"`
+	Limits          Limits                 `yaml:"limits"`
+	Workers         []dataplane.WorkerSpec `yaml:"workers"`
 }
 
 // Router holds the selection settings.
@@ -90,8 +92,9 @@ type Limits struct {
 // Default returns the configuration of DESIGN.md with no workers.
 func Default() Config {
 	return Config{
-		Listen:      "127.0.0.1:8000",
-		AdminListen: "127.0.0.1:9090",
+		Listen:          "127.0.0.1:8000",
+		AdminListen:     "127.0.0.1:9090",
+		ShutdownTimeout: 30 * time.Second,
 		Router: Router{
 			Mode: pickers.ModeWeighted, BusyThreshold: 64, Retries: 2,
 			SessionAffinity:    Affinity{Mode: "soft", Header: "x-session-id", TTL: 10 * time.Minute, MaxSessions: 100000},
@@ -208,6 +211,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Router.EmbeddingCacheSize < 0 || c.Router.EmbeddingCacheSize > 1<<26 {
 		return keyErr("router.embedding_cache_size", "%d is outside 0..%d (0 turns the cache off)", c.Router.EmbeddingCacheSize, 1<<26)
+	}
+	if c.ShutdownTimeout <= 0 {
+		return keyErr("shutdown_timeout", "%v must be positive", c.ShutdownTimeout)
 	}
 	if c.Telemetry.Interval <= 0 {
 		return keyErr("telemetry.interval", "%v must be positive", c.Telemetry.Interval)

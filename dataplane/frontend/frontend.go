@@ -53,6 +53,8 @@ type Server struct {
 	sel       *dataplane.Selector
 	reg       *dataplane.Registry
 	upstreams *xsync.MapOf[*dataplane.Worker, *upstream]
+	conns     *xsync.MapOf[net.Conn, struct{}] // open client connections
+	upConns   *xsync.MapOf[net.Conn, struct{}] // open upstream connections
 	exchanges sync.Pool
 	parsers   fastjson.ParserPool
 	metrics   *Metrics
@@ -77,6 +79,8 @@ func New(opts Options) *Server {
 		sel:       opts.Selector,
 		reg:       opts.Selector.Registry(),
 		upstreams: xsync.NewMapOf[*dataplane.Worker, *upstream](),
+		conns:     xsync.NewMapOf[net.Conn, struct{}](),
+		upConns:   xsync.NewMapOf[net.Conn, struct{}](),
 		metrics:   newMetrics(),
 		log:       opts.Logger,
 	}
@@ -100,6 +104,7 @@ func New(opts Options) *Server {
 		NoDefaultContentType:         true,
 		CloseOnShutdown:              true,
 		ErrorHandler:                 s.readError,
+		ConnState:                    s.trackConn,
 		Logger:                       debugLogger{opts.Logger},
 		DisablePreParseMultipartForm: true,
 	}
@@ -112,15 +117,45 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // Serve answers requests on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
 
-// Shutdown stops accepting, waits for open requests and closes connections,
-// the idle upstream ones included.
-func (s *Server) Shutdown() error {
-	err := s.srv.Shutdown()
+// Shutdown stops accepting, waits for open requests until ctx ends, then
+// cuts the connections still open (their streams end, their reservations
+// are released), and closes the idle upstream connections.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.srv.ShutdownWithContext(ctx)
+	if ctx.Err() != nil {
+		n := 0
+		s.conns.Range(func(c net.Conn, _ struct{}) bool {
+			_ = c.Close()
+			n++
+			return true
+		})
+		// And their upstream side, so none waits on a worker's next byte.
+		s.upConns.Range(func(c net.Conn, _ struct{}) bool {
+			_ = c.Close()
+			return true
+		})
+		s.log.Warn("shutdown timeout: cut the requests still open", "connections", n)
+		// Cut connections end their handlers at once; wait for that.
+		wait, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = s.srv.ShutdownWithContext(wait)
+		cancel()
+	}
 	s.upstreams.Range(func(_ *dataplane.Worker, u *upstream) bool {
 		u.hc.CloseIdleConnections()
 		return true
 	})
 	return err
+}
+
+// trackConn keeps the set of open client connections, so a shutdown that
+// runs out of time can cut them.
+func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
+	switch st {
+	case fasthttp.StateNew:
+		s.conns.Store(c, struct{}{})
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		s.conns.Delete(c)
+	}
 }
 
 // Forget drops the pooled client of a worker that left the registry.
@@ -150,7 +185,13 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 				MaxIdemponentCallAttempts: 1, // fastroute retries itself, on another worker
 				NoDefaultUserAgentHeader:  true,
 				Dial: func(addr string) (net.Conn, error) {
-					return fasthttp.DialTimeout(addr, dialTimeout)
+					c, err := fasthttp.DialTimeout(addr, dialTimeout)
+					if err != nil {
+						return nil, err
+					}
+					tc := &trackedConn{Conn: c, set: s.upConns}
+					s.upConns.Store(tc, struct{}{})
+					return tc, nil
 				},
 			},
 		}
@@ -356,4 +397,17 @@ func (l debugLogger) Printf(format string, args ...any) {
 	if l.log.Enabled(context.Background(), slog.LevelDebug) {
 		l.log.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
 	}
+}
+
+// trackedConn is an upstream connection listed in set while open, so a
+// shutdown that runs out of time can cut it.
+type trackedConn struct {
+	net.Conn
+	set *xsync.MapOf[net.Conn, struct{}]
+}
+
+// Close closes the connection and drops it from the set.
+func (c *trackedConn) Close() error {
+	c.set.Delete(c)
+	return c.Conn.Close()
 }

@@ -3,12 +3,14 @@ package router
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
@@ -120,4 +122,40 @@ func TestAdminWritesAreLogged(t *testing.T) {
 	assert.Contains(t, out, `msg="admin write" method=DELETE path=/workers/1 status=202`)
 	assert.NotContains(t, out, "path=/workers status", "reads are not logged")
 	assert.NotContains(t, out, "s3cret")
+}
+
+func TestShutdownTimeoutCutsStreamsStillOpen(t *testing.T) {
+	f := startFleet(t, mocks(1, 200, 20*time.Millisecond), func(c *config.Config) { c.ShutdownTimeout = 300 * time.Millisecond })
+	resp := f.post("/v1/chat/completions", streamBody) // 4 s of stream
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	start := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- f.r.Close() }()
+	body, _ := io.ReadAll(resp.Body) // ends when the router cuts the connection
+	resp.Body.Close()
+	require.NoError(t, <-closed)
+	took := time.Since(start)
+	assert.Less(t, took, 2*time.Second, "closed after the timeout, not after the stream")
+	assert.GreaterOrEqual(t, took, 300*time.Millisecond, "open requests had their time")
+	assert.NotContains(t, string(body), "[DONE]", "the stream was cut")
+	assert.Contains(t, string(body), "tok0", "it had started")
+	f.assertIdle() // the cut stream's reservation is released
+}
+
+func TestShutdownTimeoutCutsRequestsWaitingOnAWorker(t *testing.T) {
+	f := startFleet(t, mocks(1, 1, 3*time.Second), func(c *config.Config) { c.ShutdownTimeout = 200 * time.Millisecond })
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := f.client.Post("http://"+f.r.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	require.Eventually(t, func() bool { return f.mocks[0].Active() == 1 }, 5*time.Second, 10*time.Millisecond)
+	start := time.Now()
+	require.NoError(t, f.r.Close())
+	assert.Less(t, time.Since(start), 2*time.Second, "no wait for the worker's 3 s answer")
+	<-done
+	f.assertIdle()
 }

@@ -140,14 +140,17 @@ func (r *Router) Addr() string { return r.ln.Addr().String() }
 // AdminAddr returns the admin listener's address.
 func (r *Router) AdminAddr() string { return r.adminLn.Addr().String() }
 
-// Close stops the health loop and both listeners, waiting for open requests.
+// Close stops the health loop and both listeners, waiting for open
+// requests up to shutdown_timeout and cutting those still open then.
 func (r *Router) Close() error {
 	r.cancel()
 	r.loops.Wait()
 	if r.gpu != nil {
 		r.gpu.Close()
 	}
-	err := r.Frontend.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), r.Config.ShutdownTimeout)
+	defer cancel()
+	err := r.Frontend.Shutdown(ctx)
 	_ = r.ln.Close() // in case Serve had not yet taken the listener
 	if aerr := r.admin.Close(); aerr != nil && !errors.Is(aerr, http.ErrServerClosed) {
 		err = errors.Join(err, aerr)
