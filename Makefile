@@ -3,11 +3,14 @@ GO ?= go
 PKGS := ./...
 FUZZTIME ?= 10s
 BENCHTIME ?= 200ms
+# go-nvml's binding calls NVML functions marked deprecated; their warnings
+# would flood every cgo build's output.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 .PHONY: build test test-race test-nonvml bench bench-e2e bench-routing fuzz demo lint
 
 build:
-	$(GO) build -o bin/fastroute ./cmd/fastroute
+	$(GO) build -buildvcs=auto -o bin/fastroute ./cmd/fastroute
 	CGO_ENABLED=0 $(GO) build -tags nonvml -o bin/fastroute-nonvml ./cmd/fastroute
 
 ## test: race-enabled tests, then the CPU-only build and tests without cgo.

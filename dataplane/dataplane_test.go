@@ -83,6 +83,11 @@ func TestAddRefusesDuplicatesAndBadSpecs(t *testing.T) {
 		{WorkerSpec{ID: 2, URL: "http://a:1", Device: "tpu"}, "device:"},
 		{WorkerSpec{ID: 2, URL: "http://a:1", DPSize: -1}, "dp_size:"},
 		{WorkerSpec{ID: 2, URL: "http://a:1", Capacity: -1}, "capacity:"},
+		{WorkerSpec{ID: 2, URL: "http://a:1/v1"}, `url: "http://a:1/v1" has more than http://host:port`},
+		{WorkerSpec{ID: 2, URL: "http://a:1?x=1"}, "url:"},
+		{WorkerSpec{ID: 2, URL: "http://a:1", MetricsPath: "metrics"}, "metrics_path:"},
+		{WorkerSpec{ID: 2, URL: "http://a:1", MaxInflight: -1}, "max_inflight:"},
+		{WorkerSpec{ID: 2, URL: "http://a:1", CgroupPath: "relative/dir"}, "cgroup_path:"},
 	} {
 		_, err := reg.Add(c.spec)
 		assert.ErrorContains(t, err, c.want)

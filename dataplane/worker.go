@@ -51,6 +51,9 @@ func (s *WorkerSpec) Normalize() error {
 	if err != nil || u.Scheme != "http" || u.Host == "" {
 		return fmt.Errorf("url: %q is not an http://host:port address", s.URL)
 	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return fmt.Errorf("url: %q has more than http://host:port; requests keep their own path (/v1/...), so a base path would be dropped", s.URL)
+	}
 	switch s.Device {
 	case "":
 		s.Device = DeviceCPU

@@ -3,8 +3,11 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"os"
+	"runtime/debug"
 )
 
 const usage = `usage: fastroute <command> [flags]
@@ -16,6 +19,7 @@ commands:
   bench       measure routing overhead against direct calls to a mock worker
   bench-e2e   fastroute, nginx, HAProxy and direct side by side (mock worker processes)
   bench-routing  routing quality on simulated engines: every mode beside nginx
+  version     print the module version and commit
 `
 
 func main() {
@@ -37,14 +41,39 @@ func main() {
 		err = runBenchE2E(args)
 	case "bench-routing":
 		err = runBenchRouting(args)
+	case "version", "--version", "-version":
+		fmt.Println(version())
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
 		fmt.Fprintf(os.Stderr, "fastroute: unknown command %q\n\n%s", cmd, usage)
 		os.Exit(2)
 	}
+	if errors.Is(err, flag.ErrHelp) {
+		return // the flag set printed its usage: a request for help is no failure
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fastroute:", err)
 		os.Exit(1)
 	}
+}
+
+// version describes the build: module version, VCS commit and Go version.
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "fastroute (no build information)"
+	}
+	commit, modified := "unknown", ""
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			commit = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				modified = " (modified)"
+			}
+		}
+	}
+	return fmt.Sprintf("fastroute %s, commit %s%s, %s", info.Main.Version, commit, modified, info.GoVersion)
 }

@@ -72,7 +72,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer token every admin route needs (visible in ps: prefer --admin-token-file or "+config.AdminTokenEnv+")")
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", cfg.AdminTokenFile, "file whose first line is the admin token")
 	fs.BoolVar(&cfg.MetricsPublic, "metrics-public", cfg.MetricsPublic, "serve GET /metrics without the admin token")
-	fs.Func("mode", "selection mode: "+fmt.Sprint(pickers.Modes), func(v string) error {
+	fs.Func("mode", "selection mode: "+fmt.Sprint(pickers.Modes)+" (default "+string(cfg.Router.Mode)+")", func(v string) error {
 		cfg.Router.Mode = pickers.Mode(v)
 		return nil
 	})

@@ -54,3 +54,7 @@ func TestFirstSignalDrainsSecondExits(t *testing.T) {
 		t.Fatal("the second signal did not exit at once")
 	}
 }
+
+func TestVersionNamesTheBuild(t *testing.T) {
+	assert.Regexp(t, `^fastroute \S+, commit \S+.*, go1\.`, version())
+}
