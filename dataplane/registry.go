@@ -212,6 +212,28 @@ func (r *Registry) Add(spec WorkerSpec) (*Worker, error) {
 	return w, nil
 }
 
+// Replace swaps a registered worker's spec for a new one (a config reload
+// that changed it) and returns the old worker: new requests see the new one
+// at once; requests in flight finish on the old one and release there, so
+// the new one's occupancy counts only what it was given.
+func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
+	if err := spec.Normalize(); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old, ok := r.workers.Load(spec.ID)
+	if !ok {
+		return nil, Errorf(NotFound, "unknown worker id %d", spec.ID)
+	}
+	w := newWorker(spec)
+	w.healthy.Store(old.Healthy())
+	w.adv.Store(old.adv.Load())
+	r.workers.Store(spec.ID, w)
+	r.publishLocked()
+	return old, nil
+}
+
 // Drain stops new requests to a worker; requests in flight finish. The worker
 // is removed by SweepDrained once idle.
 func (r *Registry) Drain(id uint64) error {

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/fastroute/fastroute/pickers"
 )
@@ -72,6 +73,11 @@ func (r *Request) excluded(id uint64) bool {
 // the request path.
 type Selector struct {
 	reg    *Registry
+	policy atomic.Pointer[policy] // swapped whole by SetPolicy (config reload)
+}
+
+// policy is how the selector picks; one request reads one policy throughout.
+type policy struct {
 	mode   pickers.Mode
 	picker pickers.Picker
 	busy   int64
@@ -80,28 +86,30 @@ type Selector struct {
 // NewSelector returns a selector over reg. busyThreshold caps the requests in
 // flight per worker (0 = no cap).
 func NewSelector(reg *Registry, mode pickers.Mode, busyThreshold int) (*Selector, error) {
-	p, err := pickers.New(mode)
-	if err != nil {
-		return nil, err
-	}
-	if busyThreshold < 0 {
-		return nil, fmt.Errorf("busy_threshold: %d is negative", busyThreshold)
-	}
-	return &Selector{reg: reg, mode: mode, picker: p, busy: int64(busyThreshold)}, nil
+	s := &Selector{reg: reg}
+	return s, s.SetPolicy(mode, busyThreshold)
 }
 
-// Mode returns the selection mode.
-func (s *Selector) Mode() pickers.Mode { return s.mode }
-
-// BusyThreshold returns the per-worker in-flight cap (0 = none).
-func (s *Selector) BusyThreshold() int64 { return s.busy }
+// SetPolicy replaces the mode and the busy threshold for the requests
+// selected from now on; those in flight keep what they have.
+func (s *Selector) SetPolicy(mode pickers.Mode, busyThreshold int) error {
+	p, err := pickers.New(mode)
+	if err != nil {
+		return err
+	}
+	if busyThreshold < 0 {
+		return fmt.Errorf("busy_threshold: %d is negative", busyThreshold)
+	}
+	s.policy.Store(&policy{mode: mode, picker: p, busy: int64(busyThreshold)})
+	return nil
+}
 
 // limit is w's in-flight cap: its own max_inflight, else the threshold.
-func (s *Selector) limit(w *Worker) int64 {
+func (p *policy) limit(w *Worker) int64 {
 	if m := w.spec.MaxInflight; m > 0 {
 		return int64(m)
 	}
-	return s.busy
+	return p.busy
 }
 
 // Registry returns the registry the selector reads.
@@ -113,10 +121,11 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 	if snap.Len() == 0 {
 		return ErrNoEndpoints
 	}
+	p := s.policy.Load()
 	if req.HasWorker {
-		return s.selectNamed(snap, req, res)
+		return s.selectNamed(p, snap, req, res)
 	}
-	if s.picker == nil {
+	if p.picker == nil {
 		return errMissingWorker
 	}
 	base := &snap.candidates
@@ -130,7 +139,7 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 		if i := snap.index(req.PreferID); i >= 0 {
 			w := snap.workers[i]
 			inGroup := req.Group == nil || req.Group.contains(w.spec.ID)
-			if inGroup && s.admits(req, w) && w.tryAcquire(s.limit(w)) {
+			if inGroup && s.admits(req, w) && w.tryAcquire(p.limit(w)) {
 				return s.holdRank(req, w, res, req.PreferRank, req.HasPreferRank)
 			}
 		}
@@ -138,12 +147,12 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 	if req.Filter == nil && req.nExclude == 0 {
 		// Fast path: pick over the whole set. A busy pick means the policy
 		// saw no better free worker, or raced; the filtered path decides.
-		w := base.workers[s.picker.Pick(base.ids, base)]
-		if w.tryAcquire(s.limit(w)) {
+		w := base.workers[p.picker.Pick(base.ids, base)]
+		if w.tryAcquire(p.limit(w)) {
 			return s.hold(req, w, res)
 		}
 	}
-	return s.selectFiltered(base, req, res)
+	return s.selectFiltered(p, base, req, res)
 }
 
 // Retry releases res and reserves another worker, never one this request
@@ -178,7 +187,7 @@ func (s *Selector) holdRank(req *Request, w *Worker, res *Reservation, rank int,
 	return nil
 }
 
-func (s *Selector) selectNamed(snap *Snapshot, req *Request, res *Reservation) error {
+func (s *Selector) selectNamed(p *policy, snap *Snapshot, req *Request, res *Reservation) error {
 	i := snap.index(req.WorkerID)
 	if i < 0 {
 		if _, ok := s.reg.Get(req.WorkerID); ok {
@@ -199,14 +208,14 @@ func (s *Selector) selectNamed(snap *Snapshot, req *Request, res *Reservation) e
 	if req.Filter != nil && !req.Filter.Allow(w) {
 		return Errorf(InvalidArgument, "worker %d cannot serve this request", req.WorkerID)
 	}
-	if !w.tryAcquire(s.limit(w)) {
+	if !w.tryAcquire(p.limit(w)) {
 		return ErrResourceExhausted
 	}
 	return s.hold(req, w, res)
 }
 
 // selectFiltered collects the admitted free workers of base and picks among them.
-func (s *Selector) selectFiltered(base *candidates, req *Request, res *Reservation) error {
+func (s *Selector) selectFiltered(p *policy, base *candidates, req *Request, res *Reservation) error {
 	c := &req.scratch
 	for try := 0; try < 3; try++ {
 		c.reset()
@@ -216,7 +225,7 @@ func (s *Selector) selectFiltered(base *candidates, req *Request, res *Reservati
 				continue
 			}
 			admitted++
-			if w.free(s.limit(w)) {
+			if w.free(p.limit(w)) {
 				c.add(w)
 			}
 		}
@@ -226,10 +235,10 @@ func (s *Selector) selectFiltered(base *candidates, req *Request, res *Reservati
 		if len(c.ids) == 0 {
 			return ErrResourceExhausted
 		}
-		if s.mode == pickers.ModeWeighted {
+		if p.mode == pickers.ModeWeighted {
 			c.weights.Build()
 		}
-		if w := c.workers[s.picker.Pick(c.ids, c)]; w.tryAcquire(s.limit(w)) {
+		if w := c.workers[p.picker.Pick(c.ids, c)]; w.tryAcquire(p.limit(w)) {
 			return s.hold(req, w, res)
 		}
 	}

@@ -154,26 +154,36 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	r.SetConfigSource(func() (config.Config, error) { return loadServeConfig(args) })
 	sig := make(chan os.Signal, 2)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	return drainOnSignal(r, sig, log, os.Exit)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	return handleSignals(r, sig, log, os.Exit)
 }
 
-// drainOnSignal waits for a signal, then drains the router (up to
-// shutdown_timeout); a second signal exits at once through exit.
-func drainOnSignal(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exit func(int)) error {
+// handleSignals reloads the config on SIGHUP (a refused config leaves the
+// running one), and on SIGINT or SIGTERM drains the router (up to
+// shutdown_timeout); a second such signal exits at once through exit.
+func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exit func(int)) error {
 	s := <-sig
+	for ; s == syscall.SIGHUP; s = <-sig {
+		_, _, _ = r.ReloadFromSource() // the router logs what it applied or why it refused
+	}
 	log.Info("draining: open requests finish, new ones are refused; a second signal exits at once",
-		"signal", s.String(), "shutdown_timeout", r.Config.ShutdownTimeout)
+		"signal", s.String(), "shutdown_timeout", r.CurrentConfig().ShutdownTimeout)
 	done := make(chan error, 1)
 	go func() { done <- r.Close() }()
-	select {
-	case err := <-done:
-		log.Info("drained")
-		return err
-	case s = <-sig:
-		log.Warn("second signal: exiting now", "signal", s.String())
-		exit(1)
-		return nil
+	for {
+		select {
+		case err := <-done:
+			log.Info("drained")
+			return err
+		case s = <-sig:
+			if s == syscall.SIGHUP {
+				continue // no reload while draining
+			}
+			log.Warn("second signal: exiting now", "signal", s.String())
+			exit(1)
+			return nil
+		}
 	}
 }

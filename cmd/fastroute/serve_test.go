@@ -1,10 +1,12 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -38,7 +40,7 @@ func TestFirstSignalDrainsSecondExits(t *testing.T) {
 	sig := make(chan os.Signal, 2)
 	exited := make(chan int, 1)
 	returned := make(chan error, 1)
-	go func() { returned <- drainOnSignal(r, sig, log, func(code int) { exited <- code }) }()
+	go func() { returned <- handleSignals(r, sig, log, func(code int) { exited <- code }) }()
 	sig <- syscall.SIGTERM
 	time.Sleep(100 * time.Millisecond)
 	select {
@@ -57,4 +59,50 @@ func TestFirstSignalDrainsSecondExits(t *testing.T) {
 
 func TestVersionNamesTheBuild(t *testing.T) {
 	assert.Regexp(t, `^fastroute \S+, commit \S+.*, go1\.`, version())
+}
+
+func TestSIGHUPReloadsTheConfigFile(t *testing.T) {
+	var mocks []*mockworker.Worker
+	for id := uint64(1); id <= 2; id++ {
+		m, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: id})
+		require.NoError(t, err)
+		defer m.Close()
+		mocks = append(mocks, m)
+	}
+	path := filepath.Join(t.TempDir(), "fastroute.yaml")
+	write := func(text string) { require.NoError(t, os.WriteFile(path, []byte(text), 0o600)) }
+	write(fmt.Sprintf("workers:\n  - {id: 1, url: %q}\n", mocks[0].URL()))
+	args := []string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--mode", "round-robin"}
+	cfg, err := loadServeConfig(args)
+	require.NoError(t, err)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	r, err := router.Start(cfg, log)
+	require.NoError(t, err)
+	r.SetConfigSource(func() (config.Config, error) { return loadServeConfig(args) })
+
+	sig := make(chan os.Signal, 2)
+	returned := make(chan error, 1)
+	go func() { returned <- handleSignals(r, sig, log, func(int) { t.Error("no exit expected") }) }()
+
+	write(fmt.Sprintf("workers:\n  - {id: 1, url: %q}\n  - {id: 2, url: %q}\n", mocks[0].URL(), mocks[1].URL()))
+	sig <- syscall.SIGHUP
+	require.Eventually(t, func() bool { return r.Registry.Snapshot().Len() == 2 }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, "round-robin", string(r.CurrentConfig().Router.Mode), "flags still override the file on reload")
+
+	write("router: {mode: fastest}\n")
+	sig <- syscall.SIGHUP
+	time.Sleep(200 * time.Millisecond)
+	assert.Equal(t, 2, r.Registry.Snapshot().Len(), "a bad file is refused and the running config stays")
+	resp, err := http.Post("http://"+r.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(`{"messages":[]}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+
+	sig <- syscall.SIGTERM
+	select {
+	case err := <-returned:
+		assert.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("SIGTERM did not drain an idle router")
+	}
 }

@@ -43,6 +43,9 @@ type Options struct {
 	// declared for it (PUT /workers/{id}/loras). Both may be nil.
 	LoRAs    func(w *dataplane.Worker) []string
 	SetLoRAs func(id uint64, adapters []string) error
+	// Reload reads and applies the config again (POST /config/reload);
+	// may be nil.
+	Reload func() (applied, needRestart []string, err error)
 }
 
 // Handler returns the admin handler: the routes behind the token check and
@@ -132,6 +135,18 @@ func routes(o Options) *http.ServeMux {
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"id": id, "loras": body.LoRAs})
 	})
+	mux.HandleFunc("POST /config/reload", func(w http.ResponseWriter, _ *http.Request) {
+		if o.Reload == nil {
+			writeError(w, http.StatusNotImplemented, "config reload is not available")
+			return
+		}
+		applied, needRestart, err := o.Reload()
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "config reload refused, the running config stays: "+err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"applied": nonNil(applied), "need_restart": nonNil(needRestart)})
+	})
 	mux.HandleFunc("DELETE /workers/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id, ok := pathID(w, r)
 		if !ok {
@@ -144,6 +159,13 @@ func routes(o Options) *http.ServeMux {
 		writeJSON(w, http.StatusAccepted, map[string]any{"id": id, "draining": true})
 	})
 	return mux
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 // pathID reads the {id} of a path, answering 400 when it is not a number.

@@ -106,7 +106,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 			ex.respond(ctx, u, w)
 			return
 		}
-		if !retryable(err) || ex.req.Attempts() >= s.opts.Retries {
+		if !retryable(err) || int64(ex.req.Attempts()) >= s.retries.Load() {
 			ex.fail(ctx, w.ID(), err, nil)
 			return
 		}

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fastroute/fastroute/affinity"
@@ -58,6 +59,7 @@ type Server struct {
 	exchanges sync.Pool
 	parsers   fastjson.ParserPool
 	metrics   *Metrics
+	retries   atomic.Int64 // router.retries, reloadable
 	srv       *fasthttp.Server
 	log       *slog.Logger
 }
@@ -85,6 +87,7 @@ func New(opts Options) *Server {
 		log:       opts.Logger,
 	}
 	s.exchanges.New = func() any { return &exchange{s: s} }
+	s.retries.Store(int64(opts.Retries))
 	s.srv = &fasthttp.Server{
 		Handler:            s.Handle,
 		Name:               "fastroute",
@@ -110,6 +113,10 @@ func New(opts Options) *Server {
 	}
 	return s
 }
+
+// SetRetries changes how many times a request may move to another worker,
+// for the requests dispatched from now on.
+func (s *Server) SetRetries(n int) { s.retries.Store(int64(n)) }
 
 // Metrics returns the front end's counters.
 func (s *Server) Metrics() *Metrics { return s.metrics }

@@ -30,6 +30,8 @@ import (
 
 // Router is a started fastroute.
 type Router struct {
+	// Config is the configuration running now; Reload replaces it (read it
+	// through CurrentConfig while a reload may run).
 	Config   config.Config
 	Registry *dataplane.Registry
 	Selector *dataplane.Selector
@@ -43,6 +45,9 @@ type Router struct {
 	EmbedCache *affinity.Cache
 	Metrics    *metrics.Set
 
+	log         *slog.Logger
+	reloadMu    sync.Mutex // one reload at a time; guards Config and source
+	source      func() (config.Config, error)
 	ln, adminLn net.Listener
 	admin       *http.Server
 	gpu         *nvml.Collector
@@ -74,7 +79,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	aff := cfg.Router.SessionAffinity
 	affMode, _ := affinity.ParseMode(aff.Mode) // Validate checked it
-	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{},
+	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, log: log,
 		LoRA:     lora.New(reg),
 		Sessions: affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions})}
 	reg.OnLeave(r.Sessions.WorkerLeft)
@@ -113,7 +118,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	r.admin = &http.Server{
 		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken,
-			MetricsPublic: cfg.MetricsPublic, Logger: log,
+			MetricsPublic: cfg.MetricsPublic, Logger: log, Reload: r.ReloadFromSource,
 			Describe: r.describe, SetLoRAs: r.LoRA.Set, LoRAs: r.LoRA.Groups}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
@@ -134,6 +139,13 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	return r, nil
 }
 
+// CurrentConfig returns the configuration running now.
+func (r *Router) CurrentConfig() config.Config {
+	r.reloadMu.Lock()
+	defer r.reloadMu.Unlock()
+	return r.Config
+}
+
 // Addr returns the front end's address.
 func (r *Router) Addr() string { return r.ln.Addr().String() }
 
@@ -148,7 +160,7 @@ func (r *Router) Close() error {
 	if r.gpu != nil {
 		r.gpu.Close()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.Config.ShutdownTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), r.CurrentConfig().ShutdownTimeout)
 	defer cancel()
 	err := r.Frontend.Shutdown(ctx)
 	_ = r.ln.Close() // in case Serve had not yet taken the listener

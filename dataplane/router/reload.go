@@ -1,0 +1,129 @@
+package router
+
+import (
+	"fmt"
+	"os"
+	"reflect"
+	"slices"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+)
+
+// Reload applies a new config to the running router: workers added,
+// removed (drained: in-flight requests finish) or changed (replaced; the
+// old spec's in-flight requests finish on it), and router.mode,
+// router.busy_threshold and router.retries for new requests. Streams in
+// flight are untouched. A config that fails validation is refused with the
+// same error as at start, and nothing changes. Keys that a running router
+// cannot change (listeners, limits, telemetry, health, affinity) are
+// reported in needRestart and keep their old values.
+func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
+	r.reloadMu.Lock()
+	defer r.reloadMu.Unlock()
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if err := cfg.ResolveAdminToken(os.Getenv); err != nil {
+		return nil, nil, err
+	}
+	old := r.Config
+	for key, same := range map[string]bool{
+		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
+		"admin_token": old.AdminToken == cfg.AdminToken, "metrics_public": old.MetricsPublic == cfg.MetricsPublic,
+		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
+		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
+		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
+		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": old.Health == cfg.Health,
+		"limits": old.Limits == cfg.Limits,
+	} {
+		if !same {
+			needRestart = append(needRestart, key)
+		}
+	}
+	slices.Sort(needRestart)
+
+	if cfg.Router.Mode != old.Router.Mode || cfg.Router.BusyThreshold != old.Router.BusyThreshold {
+		if err := r.Selector.SetPolicy(cfg.Router.Mode, cfg.Router.BusyThreshold); err != nil {
+			return nil, needRestart, err // Validate checked both: not reached
+		}
+		applied = append(applied, fmt.Sprintf("router.mode=%s router.busy_threshold=%d", cfg.Router.Mode, cfg.Router.BusyThreshold))
+	}
+	if cfg.Router.Retries != old.Router.Retries {
+		r.Frontend.SetRetries(cfg.Router.Retries)
+		applied = append(applied, fmt.Sprintf("router.retries=%d", cfg.Router.Retries))
+	}
+	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
+
+	next := old // what runs now: the applied keys new, the others as they were
+	next.Router.Mode, next.Router.BusyThreshold, next.Router.Retries = cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.Retries
+	next.Workers = cfg.Workers
+	r.Config = next
+	r.log.Info("config reloaded", "applied", applied, "need_restart", needRestart)
+	return applied, needRestart, nil
+}
+
+// reloadWorkers brings the registry from the old config's workers to the
+// new ones' and says what it did.
+func (r *Router) reloadWorkers(old, next []dataplane.WorkerSpec) (applied []string) {
+	before := map[uint64]dataplane.WorkerSpec{}
+	for _, s := range old {
+		before[s.ID] = s
+	}
+	for _, s := range next {
+		prev, known := before[s.ID]
+		delete(before, s.ID)
+		w, registered := r.Registry.Get(s.ID)
+		switch {
+		case !registered:
+			if _, err := r.Registry.Add(s); err != nil {
+				r.log.Warn("reload: worker not added", "worker", s.ID, "err", err)
+				continue
+			}
+			applied = append(applied, fmt.Sprintf("worker %d added", s.ID))
+		case !known || w.Draining() || !reflect.DeepEqual(prev, s):
+			// Changed, still draining from an earlier removal, or added
+			// through the admin API: the config's spec replaces it.
+			if old, err := r.Registry.Replace(s); err == nil {
+				r.Frontend.Forget(old)
+				applied = append(applied, fmt.Sprintf("worker %d replaced", s.ID))
+			}
+		}
+	}
+	for id := range before {
+		if err := r.Registry.Drain(id); err == nil {
+			applied = append(applied, fmt.Sprintf("worker %d removed (draining)", id))
+		}
+	}
+	slices.Sort(applied)
+	return applied
+}
+
+// SetConfigSource sets where ReloadFromSource reads the config (the file
+// and flags the router was started with).
+func (r *Router) SetConfigSource(load func() (config.Config, error)) {
+	r.reloadMu.Lock()
+	defer r.reloadMu.Unlock()
+	r.source = load
+}
+
+// ReloadFromSource reads the config again and applies it (SIGHUP, POST
+// /config/reload).
+func (r *Router) ReloadFromSource() (applied, needRestart []string, err error) {
+	r.reloadMu.Lock()
+	load := r.source
+	r.reloadMu.Unlock()
+	if load == nil {
+		return nil, nil, errNoSource
+	}
+	cfg, err := load()
+	if err == nil {
+		applied, needRestart, err = r.Reload(cfg)
+	}
+	if err != nil {
+		r.log.Warn("config reload refused; the running config stays", "err", err)
+	}
+	return applied, needRestart, err
+}
+
+var errNoSource = dataplane.Errorf(dataplane.InvalidArgument, "this router was started without a config source to reload from")

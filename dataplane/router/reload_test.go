@@ -1,0 +1,86 @@
+package router
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/pickers"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
+	var logs syncBuffer
+	f := startFleetLog(t, mocks(2, 20, 25*time.Millisecond), func(c *config.Config) { c.AdminToken = "s3cret" }, &logs)
+	extra, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 3})
+	require.NoError(t, err)
+	t.Cleanup(func() { extra.Close() })
+
+	next := f.r.CurrentConfig()
+	source := func() (config.Config, error) { return next, nil }
+	f.r.SetConfigSource(source)
+
+	stream := f.post("/v1/chat/completions", streamBody, "x-worker-id", "1") // 0.5 s of stream on worker 1
+
+	// Worker 1 removed, worker 2 changed, worker 3 added; a new mode and retries; a limit that needs a restart.
+	next.Workers = []dataplane.WorkerSpec{
+		{ID: 2, URL: f.mocks[1].URL(), Capacity: 2},
+		{ID: 3, URL: extra.URL()},
+	}
+	next.Router.Mode, next.Router.Retries = pickers.ModeLeastLoaded, 1
+	next.Limits.MaxBodyBytes = 1 << 20
+	code, body := adminDo(t, f, "POST", "/config/reload", "", "s3cret")
+	require.Equal(t, http.StatusOK, code, body)
+	var answer struct{ Applied, NeedRestart []string }
+	require.NoError(t, json.Unmarshal([]byte(strings.ReplaceAll(body, "need_restart", "NeedRestart")), &answer))
+	assert.Equal(t, []string{"router.mode=least-loaded router.busy_threshold=64", "router.retries=1",
+		"worker 1 removed (draining)", "worker 2 replaced", "worker 3 added"}, answer.Applied)
+	assert.Equal(t, []string{"limits"}, answer.NeedRestart)
+	assert.Contains(t, logs.String(), `msg="config reloaded"`)
+
+	seen := map[string]int{}
+	for i := 0; i < 20; i++ {
+		resp := f.post("/v1/chat/completions", chatBody)
+		readAll(t, resp)
+		seen[resp.Header.Get("x-fastroute-worker")]++
+	}
+	assert.Zero(t, seen["1"], "the removed worker takes no new request")
+	assert.Positive(t, seen["2"])
+	assert.Positive(t, seen["3"])
+	w2, _ := f.r.Registry.Get(2)
+	assert.Equal(t, 2.0, w2.Spec().Capacity)
+	assert.Equal(t, pickers.ModeLeastLoaded, f.r.CurrentConfig().Router.Mode)
+	assert.Equal(t, config.Size(16<<20), f.r.CurrentConfig().Limits.MaxBodyBytes, "a key that needs a restart keeps its value")
+
+	full := readAll(t, stream)
+	assert.Contains(t, full, "data: [DONE]", "the stream in flight on the removed worker finished")
+	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(1); return !ok }, 5*time.Second, 20*time.Millisecond)
+	f.assertIdle()
+}
+
+func TestReloadRefusesABadConfigAndKeepsServing(t *testing.T) {
+	f := startFleet(t, mocks(1, 1, 0), nil)
+	bad := f.r.CurrentConfig()
+	bad.Router.Mode = "fastest"
+	_, _, err := f.r.Reload(bad)
+	assert.ErrorContains(t, err, "key router.mode: unknown mode \"fastest\"", "the same error as at start")
+	bad = f.r.CurrentConfig()
+	bad.Workers = append(bad.Workers, dataplane.WorkerSpec{ID: 9, URL: "http://h:1/v1"})
+	_, _, err = f.r.Reload(bad)
+	assert.ErrorContains(t, err, "key workers[1].url")
+	assert.Equal(t, 1, f.r.Registry.Snapshot().Len(), "nothing changed")
+
+	f.r.SetConfigSource(func() (config.Config, error) { return config.Load("/nonexistent/fastroute.yaml") })
+	code, body := adminDo(t, f, "POST", "/config/reload", "", "")
+	assert.Equal(t, http.StatusBadRequest, code)
+	assert.Contains(t, body, "config reload refused, the running config stays: config /nonexistent/fastroute.yaml")
+	resp := f.post("/v1/chat/completions", chatBody)
+	readAll(t, resp)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "still serving")
+}
