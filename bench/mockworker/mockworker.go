@@ -144,6 +144,12 @@ func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 		if !w.generate(ctx, path) {
 			w.active.Add(-1)
 		}
+	case ctx.IsPost():
+		// Any other engine route (/v1/responses, /tokenize, audio...):
+		// say which worker saw which path, so routing can be checked.
+		w.served.Add(1)
+		ctx.SetContentType("application/json")
+		ctx.SetBody(fmt.Appendf(nil, `{"object":"echo","path":%q,"worker":%d,"bytes":%d}`, path, w.opts.ID, len(ctx.PostBody())))
 	default:
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
 		ctx.SetContentType("application/json")

@@ -67,6 +67,10 @@ func (w *workerFlags) Set(v string) error {
 // bindFlags registers one flag per config key, defaulting to cfg's values.
 func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "front end address")
+	fs.Func("route", "an extra path to proxy like the OpenAI ones (repeatable)", func(v string) error {
+		cfg.Routes = append(cfg.Routes, v)
+		return nil
+	})
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "drain bound on SIGTERM; streams still open then are cut")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin address (metrics, pprof, workers)")
 	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer token every admin route needs (visible in ps: prefer --admin-token-file or "+config.AdminTokenEnv+")")

@@ -28,12 +28,16 @@ type Config struct {
 	// MetricsPublic opens GET /metrics alone to scrapers without the token.
 	MetricsPublic bool `yaml:"metrics_public"`
 	// ShutdownTimeout bounds the drain on SIGTERM; streams still open then are cut.
-	ShutdownTimeout time.Duration          `yaml:"shutdown_timeout"`
-	Router          Router                 `yaml:"router"`
-	Telemetry       Telemetry              `yaml:"telemetry"`
-	Health          Health                 `yaml:"health"`
-	Limits          Limits                 `yaml:"limits"`
-	Workers         []dataplane.WorkerSpec `yaml:"workers"`
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// Routes are extra paths proxied like the OpenAI ones, beyond every POST
+	// under /v1/ and the engines' own (/tokenize, /detokenize, /pooling,
+	// /classify, /score, /rerank, /generate).
+	Routes    []string               `yaml:"routes"`
+	Router    Router                 `yaml:"router"`
+	Telemetry Telemetry              `yaml:"telemetry"`
+	Health    Health                 `yaml:"health"`
+	Limits    Limits                 `yaml:"limits"`
+	Workers   []dataplane.WorkerSpec `yaml:"workers"`
 }
 
 // Router holds the selection settings.
@@ -211,6 +215,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Router.EmbeddingCacheSize < 0 || c.Router.EmbeddingCacheSize > 1<<26 {
 		return keyErr("router.embedding_cache_size", "%d is outside 0..%d (0 turns the cache off)", c.Router.EmbeddingCacheSize, 1<<26)
+	}
+	for i, r := range c.Routes {
+		if !strings.HasPrefix(r, "/") || strings.ContainsAny(r, "?# ") {
+			return keyErr(fmt.Sprintf("routes[%d]", i), "%q is not a path (it starts with / and has no query)", r)
+		}
 	}
 	if c.ShutdownTimeout <= 0 {
 		return keyErr("shutdown_timeout", "%v must be positive", c.ShutdownTimeout)

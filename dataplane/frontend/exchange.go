@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,8 @@ const (
 	headerQuery    = "x-query-instance-id"
 	headerServedBy = "x-fastroute-worker"
 )
+
+var eventStream = []byte("text/event-stream")
 
 // exchange is the pooled state of one proxied request. It doubles as the
 // client-facing body stream of a streamed answer: fasthttp reads it chunk by
@@ -74,17 +77,27 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 		return false, fmt.Errorf("header %s: %q is not true or false", headerQuery, v)
 	}
 	body := ctx.PostBody()
+	strict := ex.rt.strict()
 	if len(body) == 0 {
+		if !strict {
+			return query, nil
+		}
 		return false, errors.New("request body is empty; want a JSON object")
 	}
 	p := ex.s.parsers.Get()
 	defer ex.s.parsers.Put(p)
 	v, err := p.ParseBytes(body)
-	if err != nil {
-		return false, fmt.Errorf("request body is not valid JSON: %v", err)
+	switch {
+	case err != nil:
+		err = fmt.Errorf("request body is not valid JSON: %v", err)
+	case v.Type() != fastjson.TypeObject:
+		err = errors.New("request body must be a JSON object")
 	}
-	if v.Type() != fastjson.TypeObject {
-		return false, errors.New("request body must be a JSON object")
+	if err != nil {
+		if !strict {
+			return query, nil // not JSON (multipart, say): forwarded as it is, routed without a model
+		}
+		return false, err
 	}
 	ex.stream = v.GetBool("stream")
 	return query, ex.readSticky(h.Peek(ex.s.opts.SessionHeader), v)
@@ -142,7 +155,7 @@ func (ex *exchange) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 // copied and the exchange ends at once.
 func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker) {
 	body := ex.resp.BodyStream()
-	if ex.stream && body != nil {
+	if body != nil && (ex.stream || bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream)) {
 		ex.copyHeaders(ctx, u)
 		ctx.Response.SetBodyStream(ex, -1)
 		return

@@ -5,6 +5,7 @@
 package frontend
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -46,6 +47,9 @@ type Options struct {
 	SessionHeader string
 	// EmbedCache steers embedding requests to the worker that served their inputs; nil: off.
 	EmbedCache *affinity.Cache
+	// Routes are extra paths proxied like the OpenAI ones (beyond every
+	// POST under /v1/ and the engines' own routes).
+	Routes []string
 }
 
 // Server is the request front end.
@@ -59,7 +63,8 @@ type Server struct {
 	exchanges sync.Pool
 	parsers   fastjson.ParserPool
 	metrics   *Metrics
-	retries   atomic.Int64 // router.retries, reloadable
+	routes    map[string]struct{} // proxied paths outside /v1/
+	retries   atomic.Int64        // router.retries, reloadable
 	srv       *fasthttp.Server
 	log       *slog.Logger
 }
@@ -87,6 +92,10 @@ func New(opts Options) *Server {
 		log:       opts.Logger,
 	}
 	s.exchanges.New = func() any { return &exchange{s: s} }
+	s.routes = map[string]struct{}{}
+	for _, r := range append(slices.Clone(engineRoutes), opts.Routes...) {
+		s.routes[r] = struct{}{}
+	}
 	s.retries.Store(int64(opts.Retries))
 	s.srv = &fasthttp.Server{
 		Handler:            s.Handle,
@@ -221,10 +230,39 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		s.models(ctx)
+	case "/v1/responses":
+		s.proxy(ctx, routeResponses)
+	case "/v1/messages":
+		s.proxy(ctx, routeMessages)
 	case "/health":
 		s.health(ctx)
 	default:
-		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route "+strconv.Quote(string(ctx.Path())))
+		s.other(ctx)
+	}
+}
+
+// engineRoutes are the engines' own endpoints outside /v1/ (vLLM's and
+// SGLang's), proxied like the OpenAI ones.
+var engineRoutes = []string{"/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/generate"}
+
+var v1Prefix, modelsPrefix = []byte("/v1/"), []byte("/v1/models/")
+
+// other answers every path beyond the named ones: a POST under /v1/, to an
+// engine route or to a path of the routes key is proxied; GET
+// /v1/models/{id} is answered from the union of the workers' models;
+// anything else is a 404 naming the path.
+func (s *Server) other(ctx *fasthttp.RequestCtx) {
+	path := ctx.Path()
+	_, extra := s.routes[string(path)]
+	switch {
+	case ctx.IsPost() && (extra || bytes.HasPrefix(path, v1Prefix)):
+		s.proxy(ctx, routeOther)
+	case ctx.IsGet() && bytes.HasPrefix(path, modelsPrefix):
+		s.model(ctx, string(path[len(modelsPrefix):]))
+	case extra:
+		methodNotAllowed(ctx, "POST")
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route "+strconv.Quote(string(path)))
 	}
 }
 
@@ -307,12 +345,35 @@ func selectOutcome(err error) outcome {
 	return outcomeInvalid
 }
 
+// model is one entry of /v1/models.
+type model struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	OwnedBy string `json:"owned_by"`
+}
+
 func (s *Server) models(ctx *fasthttp.RequestCtx) {
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		OwnedBy string `json:"owned_by"`
+	out := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, id := range s.modelIDs() {
+		out.Data = append(out.Data, model{ID: id, Object: "model", OwnedBy: "fastroute"})
 	}
+	writeJSON(ctx, fasthttp.StatusOK, out)
+}
+
+// model answers GET /v1/models/{id} from the same union.
+func (s *Server) model(ctx *fasthttp.RequestCtx, id string) {
+	if _, ok := slices.BinarySearch(s.modelIDs(), id); !ok {
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "model "+strconv.Quote(id)+" is not served by any worker")
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, model{ID: id, Object: "model", OwnedBy: "fastroute"})
+}
+
+// modelIDs is the sorted union of the workers' models and adapters.
+func (s *Server) modelIDs() []string {
 	var ids []string
 	for _, w := range s.reg.All() {
 		adv := w.Advertised()
@@ -324,15 +385,7 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 		ids = append(ids, name)
 	}
 	slices.Sort(ids)
-	ids = slices.Compact(ids)
-	out := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: []model{}}
-	for _, id := range ids {
-		out.Data = append(out.Data, model{ID: id, Object: "model", OwnedBy: "fastroute"})
-	}
-	writeJSON(ctx, fasthttp.StatusOK, out)
+	return slices.Compact(ids)
 }
 
 func (s *Server) health(ctx *fasthttp.RequestCtx) {

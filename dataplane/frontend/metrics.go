@@ -14,10 +14,19 @@ const (
 	routeChat route = iota
 	routeCompletions
 	routeEmbeddings
+	routeResponses
+	routeMessages
+	routeOther // every other proxied path: more of /v1/, the engines' own, the routes key
 	numRoutes
 )
 
-var routeNames = [numRoutes]string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+var routeNames = [numRoutes]string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages", "other"}
+
+// strict reports a route whose body must be a JSON object (the OpenAI
+// generation and embedding APIs); the others are forwarded whatever they
+// carry (multipart audio, say), routed by their model when a JSON body
+// names one.
+func (r route) strict() bool { return r <= routeEmbeddings }
 
 // outcome enumerates how a request ended.
 type outcome uint8

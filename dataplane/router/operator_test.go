@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -157,5 +158,42 @@ func TestShutdownTimeoutCutsRequestsWaitingOnAWorker(t *testing.T) {
 	require.NoError(t, f.r.Close())
 	assert.Less(t, time.Since(start), 2*time.Second, "no wait for the worker's 3 s answer")
 	<-done
+	f.assertIdle()
+}
+
+func TestRoutesBeyondTheFirstThree(t *testing.T) {
+	f := startFleet(t, []mockworker.Options{{ID: 1, LoRAs: []string{"sql"}}, {ID: 2}}, func(c *config.Config) {
+		c.Routes = []string{"/custom/infer"}
+	})
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Group([]byte("sql")) != nil }, 5*time.Second, 20*time.Millisecond)
+	for _, path := range []string{"/v1/responses", "/v1/messages", "/v1/rerank", "/v1/score", "/v1/audio/transcriptions",
+		"/tokenize", "/detokenize", "/pooling", "/classify", "/generate", "/custom/infer"} {
+		resp := f.post(path, `{"model":"sql","prompt":"x"}`)
+		body := readAll(t, resp)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, body)
+		assert.Contains(t, body, `"path":"`+path+`","worker":1`, "%s went to the adapter's holder, path unchanged", path)
+	}
+	// A multipart body (audio) is forwarded as it is, routed without a model.
+	resp := f.post("/v1/audio/transcriptions", "--b\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nRIFF\r\n--b--\r\n",
+		"Content-Type", "multipart/form-data; boundary=b")
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), `"object":"echo"`)
+
+	resp = f.post("/nope", `{}`)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), `no route \"/nope\"`)
+
+	get := func(path string) (int, string) {
+		resp, err := f.client.Get("http://" + f.r.Addr() + path)
+		require.NoError(t, err)
+		return resp.StatusCode, readAll(t, resp)
+	}
+	code, body := get("/v1/models/sql")
+	assert.Equal(t, http.StatusOK, code)
+	assert.JSONEq(t, `{"id":"sql","object":"model","owned_by":"fastroute"}`, body)
+	code, body = get("/v1/models/none")
+	assert.Equal(t, http.StatusNotFound, code)
+	assert.Contains(t, body, `model \"none\" is not served by any worker`)
+	assert.EqualValues(t, 2, f.r.Frontend.Metrics().Requests("/v1/responses", "ok")+f.r.Frontend.Metrics().Requests("/v1/messages", "ok"))
 	f.assertIdle()
 }

@@ -89,7 +89,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		ReadTimeout: cfg.Limits.ReadTimeout, WriteTimeout: cfg.Limits.WriteTimeout,
 		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
 		UpstreamTimeout: cfg.Limits.UpstreamTimeout, Logger: log,
-		LoRA: r.LoRA, Affinity: r.Sessions, AffinityMode: affMode, SessionHeader: aff.Header,
+		LoRA: r.LoRA, Affinity: r.Sessions, AffinityMode: affMode, SessionHeader: aff.Header, Routes: cfg.Routes,
 	}
 	if n := cfg.Router.EmbeddingCacheSize; n > 0 {
 		r.EmbedCache = affinity.NewCache(n)

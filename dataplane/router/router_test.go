@@ -269,7 +269,7 @@ func TestBadRequests(t *testing.T) {
 		{"/v1/chat/completions", "{not json", 400, "not valid JSON"},
 		{"/v1/chat/completions", `["array"]`, 400, "must be a JSON object"},
 		{"/v1/chat/completions", `{"x":"` + strings.Repeat("a", 2000) + `"}`, 413, "max_body_bytes"},
-		{"/v1/nope", "{}", 404, "no route"},
+		{"/nope", "{}", 404, "no route"}, // every POST under /v1/ is proxied; other paths are not
 	} {
 		resp := f.post(c.path, c.body)
 		body := readAll(t, resp)
