@@ -109,7 +109,7 @@ type outcome struct {
 	status int
 	worker string
 	full   bool   // a complete answer ([DONE] for a stream, JSON for the rest)
-	broken bool   // 200 whose stream broke mid-way
+	broken bool   // 200 whose answer broke mid-way
 	errMsg string // OpenAI error message for status >= 400
 }
 
@@ -132,7 +132,10 @@ func doRequest(client *http.Client, base string, i int) (outcome, error) {
 		o.full = rerr == nil && strings.HasSuffix(strings.TrimSpace(string(data)), "data: [DONE]")
 		o.broken = !o.full
 	case o.status == http.StatusOK:
+		// An event-stream answer is streamed even to a non-streaming
+		// request, so a cut one reaches the client broken, as a stream does.
 		o.full = rerr == nil && json.Valid(data)
+		o.broken = !o.full
 	default:
 		var e struct {
 			Error struct{ Message string } `json:"error"`
