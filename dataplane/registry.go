@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/puzpuzpuz/xsync/v3"
@@ -151,6 +152,8 @@ type Registry struct {
 	onLeave atomic.Pointer[func(id uint64)]
 	grouper Grouper                          // guarded by mu
 	loads   *xsync.MapOf[string, *groupLoad] // per-group in-flight, across snapshots
+	eject   atomic.Pointer[EjectPolicy]
+	ejected atomic.Uint64 // ejections since start
 }
 
 // NewRegistry returns an empty registry.
@@ -197,14 +200,22 @@ func (r *Registry) All() []*Worker {
 	return out
 }
 
-// Add registers a worker. The spec is normalised; a duplicate id is refused.
-func (r *Registry) Add(spec WorkerSpec) (*Worker, error) {
+// Add registers a worker, routable at once (the workers a router starts
+// with). The spec is normalised; a duplicate id is refused.
+func (r *Registry) Add(spec WorkerSpec) (*Worker, error) { return r.add(spec, true) }
+
+// AddUnprobed registers a worker that becomes routable only once a health
+// probe passes (workers added while running: admin API, reload).
+func (r *Registry) AddUnprobed(spec WorkerSpec) (*Worker, error) { return r.add(spec, false) }
+
+func (r *Registry) add(spec WorkerSpec, healthy bool) (*Worker, error) {
 	if err := spec.Normalize(); err != nil {
 		return nil, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w := newWorker(spec)
+	w.healthy.Store(healthy)
 	if _, loaded := r.workers.LoadOrStore(spec.ID, w); loaded {
 		return nil, &DuplicateError{ID: spec.ID}
 	}
@@ -233,6 +244,70 @@ func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 	r.publishLocked()
 	return old, nil
 }
+
+// EjectPolicy is the passive health check, after Envoy's outlier
+// detection: After consecutive 5xx answers or transport failures take a
+// worker out of rotation for Base, doubled at each further ejection without
+// a good answer between, up to Max.
+type EjectPolicy struct {
+	After     int // 0: never eject
+	Base, Max time.Duration
+}
+
+// SetEjectPolicy sets the passive health check.
+func (r *Registry) SetEjectPolicy(p EjectPolicy) { r.eject.Store(&p) }
+
+// ReportAnswer records how a dispatch to w ended (ok: an answer below
+// 500). It returns the ejection time when this failure ejected w. A good
+// answer costs two atomic loads.
+func (r *Registry) ReportAnswer(w *Worker, ok bool) (ejectedFor time.Duration) {
+	if ok {
+		if w.failStreak.Load() != 0 {
+			w.failStreak.Store(0)
+		}
+		if w.ejections.Load() != 0 {
+			w.ejections.Store(0)
+		}
+		return 0
+	}
+	p := r.eject.Load()
+	if p == nil || p.After <= 0 || int(w.failStreak.Add(1)) < p.After || w.ejectedUntil.Load() != 0 {
+		return 0
+	}
+	if r.snap.Load().Len() <= 1 {
+		return 0 // never eject the last routable worker: a failing answer beats none
+	}
+	n := min(w.ejections.Add(1), 20)
+	d := min(p.Base<<(n-1), p.Max)
+	if !w.ejectedUntil.CompareAndSwap(0, time.Now().Add(d).UnixNano()) {
+		return 0
+	}
+	w.failStreak.Store(0)
+	r.ejected.Add(1)
+	r.mu.Lock()
+	r.publishLocked()
+	r.mu.Unlock()
+	r.left(w.spec.ID)
+	return d
+}
+
+// Readmit returns to rotation the ejected workers whose time is up at now,
+// and lists them.
+func (r *Registry) Readmit(now time.Time) (back []uint64) {
+	r.workers.Range(func(id uint64, w *Worker) bool {
+		if u := w.ejectedUntil.Load(); u != 0 && now.UnixNano() >= u && w.ejectedUntil.CompareAndSwap(u, 0) {
+			back = append(back, id)
+		}
+		return true
+	})
+	if len(back) > 0 {
+		r.Republish()
+	}
+	return back
+}
+
+// Ejections returns how many times a worker was ejected since start.
+func (r *Registry) Ejections() uint64 { return r.ejected.Load() }
 
 // Drain stops new requests to a worker; requests in flight finish. The worker
 // is removed by SweepDrained once idle.

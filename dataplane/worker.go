@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/fastroute/fastroute/telemetry/engine"
 )
@@ -117,6 +118,10 @@ type Worker struct {
 	dpNext   atomic.Uint64
 	adv      atomic.Pointer[Advertised] // what its /v1/models lists
 	engine   atomic.Pointer[engine.Stats]
+	// Passive health (outlier ejection), written as answers end.
+	failStreak   atomic.Int32 // consecutive 5xx or transport failures
+	ejections    atomic.Int32 // ejections since the last good answer
+	ejectedUntil atomic.Int64 // unix nanoseconds; 0: in rotation
 }
 
 // Advertised is what a worker's /v1/models answer lists: base models, and
@@ -149,8 +154,19 @@ func (w *Worker) Healthy() bool { return w.healthy.Load() }
 // Draining reports whether w takes no new requests.
 func (w *Worker) Draining() bool { return w.draining.Load() }
 
-// Routable reports healthy and not draining.
-func (w *Worker) Routable() bool { return w.healthy.Load() && !w.draining.Load() }
+// Routable reports healthy, not draining and not ejected.
+func (w *Worker) Routable() bool {
+	return w.healthy.Load() && !w.draining.Load() && w.ejectedUntil.Load() == 0
+}
+
+// Ejected returns when an ejected worker returns to rotation (zero: it is
+// not ejected), and how many times in a row it was ejected.
+func (w *Worker) Ejected() (until time.Time, ejections int) {
+	if u := w.ejectedUntil.Load(); u != 0 {
+		until = time.Unix(0, u)
+	}
+	return until, int(w.ejections.Load())
+}
 
 // Weight returns the telemetry weight (static capacity until telemetry runs).
 func (w *Worker) Weight() float64 { return math.Float64frombits(w.weight.Load()) }

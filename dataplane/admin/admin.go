@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"strconv"
+	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/metrics"
@@ -26,6 +27,12 @@ type WorkerInfo struct {
 	Occupancy int64   `json:"occupancy"`
 	Served    uint64  `json:"served"`
 	Weight    float64 `json:"weight"`
+	// Ejected is set while the passive health check keeps the worker out
+	// of rotation, for EjectedForSeconds more; Ejections counts its
+	// ejections since its last good answer.
+	Ejected           bool    `json:"ejected"`
+	EjectedForSeconds float64 `json:"ejected_for_seconds,omitempty"`
+	Ejections         int     `json:"ejections"`
 	dataplane.Advertised
 }
 
@@ -46,6 +53,9 @@ type Options struct {
 	// Reload reads and applies the config again (POST /config/reload);
 	// may be nil.
 	Reload func() (applied, needRestart []string, err error)
+	// Probe starts a health probe round (a registered worker is routable
+	// once one passes); may be nil.
+	Probe func()
 }
 
 // Handler returns the admin handler: the routes behind the token check and
@@ -72,9 +82,11 @@ func routes(o Options) *http.ServeMux {
 		out := []map[string]any{}
 		for _, wk := range o.Registry.All() {
 			info := map[string]any{}
+			until, ejections := wk.Ejected()
 			raw, _ := json.Marshal(WorkerInfo{
 				WorkerSpec: *wk.Spec(), Healthy: wk.Healthy(), Draining: wk.Draining(),
 				Occupancy: wk.Occupancy(), Served: wk.Served(), Weight: wk.Weight(), Advertised: wk.Advertised(),
+				Ejected: !until.IsZero(), EjectedForSeconds: max(time.Until(until).Seconds(), 0), Ejections: ejections,
 			})
 			_ = json.Unmarshal(raw, &info)
 			if o.LoRAs != nil {
@@ -95,7 +107,7 @@ func routes(o Options) *http.ServeMux {
 			writeError(w, http.StatusBadRequest, "invalid worker JSON: "+err.Error())
 			return
 		}
-		wk, err := o.Registry.Add(spec)
+		wk, err := o.Registry.AddUnprobed(spec)
 		if err != nil {
 			status := http.StatusBadRequest
 			var dup *dataplane.DuplicateError
@@ -104,6 +116,9 @@ func routes(o Options) *http.ServeMux {
 			}
 			writeError(w, status, err.Error())
 			return
+		}
+		if o.Probe != nil {
+			o.Probe()
 		}
 		writeJSON(w, http.StatusCreated, wk.Spec())
 	})

@@ -74,11 +74,17 @@ type Engine struct {
 	Timeout  time.Duration `yaml:"timeout"`
 }
 
-// Health configures worker health checks.
+// Health configures worker health checks: active probes, and the passive
+// check that ejects a worker after EjectAfter consecutive 5xx answers or
+// transport failures for EjectTime, doubled while it keeps failing, up to
+// EjectMax (0 turns ejection off).
 type Health struct {
 	Interval       time.Duration `yaml:"interval"`
 	Path           string        `yaml:"path"`
 	UnhealthyAfter int           `yaml:"unhealthy_after"`
+	EjectAfter     int           `yaml:"eject_after"`
+	EjectTime      time.Duration `yaml:"eject_time"`
+	EjectMax       time.Duration `yaml:"eject_max"`
 }
 
 // Limits bounds what one request may cost.
@@ -106,7 +112,8 @@ func Default() Config {
 		},
 		Telemetry: Telemetry{NVML: true, CPU: true, Interval: 250 * time.Millisecond,
 			Engine: Engine{Enabled: true, Interval: 50 * time.Millisecond, Timeout: time.Second}},
-		Health: Health{Interval: 2 * time.Second, Path: "/health", UnhealthyAfter: 3},
+		Health: Health{Interval: 2 * time.Second, Path: "/health", UnhealthyAfter: 3,
+			EjectAfter: 5, EjectTime: 5 * time.Second, EjectMax: 5 * time.Minute},
 		Limits: Limits{
 			MaxBodyBytes: 16 << 20, MaxHeaderBytes: 64 << 10, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
 			IdleTimeout: 2 * time.Minute, ConnectTimeout: 2 * time.Second, UpstreamTimeout: 10 * time.Minute,
@@ -241,6 +248,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Health.UnhealthyAfter < 1 {
 		return keyErr("health.unhealthy_after", "%d must be at least 1", c.Health.UnhealthyAfter)
+	}
+	if c.Health.EjectAfter < 0 {
+		return keyErr("health.eject_after", "%d is negative (0 turns ejection off)", c.Health.EjectAfter)
+	}
+	if c.Health.EjectTime <= 0 || c.Health.EjectMax < c.Health.EjectTime {
+		return keyErr("health.eject_time", "%v must be positive and at most health.eject_max (%v)", c.Health.EjectTime, c.Health.EjectMax)
 	}
 	if c.Limits.MaxBodyBytes <= 0 {
 		return keyErr("limits.max_body_bytes", "%d must be positive", c.Limits.MaxBodyBytes)

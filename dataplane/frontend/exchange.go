@@ -115,10 +115,12 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 		err := u.hc.Do(&ex.up, &ex.resp)
 		if err == nil {
 			s.metrics.firstByte.Observe(time.Since(t))
+			s.reportAnswer(w, ex.resp.StatusCode() < fasthttp.StatusInternalServerError)
 			ex.served()
 			ex.respond(ctx, u, w)
 			return
 		}
+		s.reportAnswer(w, false)
 		if !retryable(err) || int64(ex.req.Attempts()) >= s.retries.Load() {
 			ex.fail(ctx, w.ID(), err, nil)
 			return
@@ -195,8 +197,10 @@ func (ex *exchange) Read(p []byte) (int, error) {
 func (ex *exchange) CloseWithError(werr error) error {
 	switch {
 	case ex.readErr != nil && isTimeout(ex.readErr):
+		ex.s.reportAnswer(ex.res.Worker(), false)
 		ex.finish(outcomeTimeout)
 	case ex.readErr != nil:
+		ex.s.reportAnswer(ex.res.Worker(), false)
 		ex.finish(outcomeUpstreamError)
 	case werr != nil:
 		ex.finish(outcomeCancelled)

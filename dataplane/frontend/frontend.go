@@ -123,6 +123,13 @@ func New(opts Options) *Server {
 	return s
 }
 
+// reportAnswer feeds the passive health check: ok is an answer below 500.
+func (s *Server) reportAnswer(w *dataplane.Worker, ok bool) {
+	if d := s.reg.ReportAnswer(w, ok); d > 0 {
+		s.log.Warn("worker ejected after consecutive failures", "worker", w.ID(), "for", d)
+	}
+}
+
 // SetRetries changes how many times a request may move to another worker,
 // for the requests dispatched from now on.
 func (s *Server) SetRetries(n int) { s.retries.Store(int64(n)) }

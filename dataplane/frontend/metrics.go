@@ -105,5 +105,15 @@ func (m *Metrics) Collector(mode string, reg *dataplane.Registry) metrics.Collec
 		for _, wk := range workers {
 			w.Sample("fastroute_worker_weight", wk.Weight(), "worker", strconv.FormatUint(wk.ID(), 10))
 		}
+		w.Header("fastroute_worker_ejected", "gauge", "1 while the worker is ejected by the passive health check.")
+		for _, wk := range workers {
+			ejected := 0.0
+			if until, _ := wk.Ejected(); !until.IsZero() {
+				ejected = 1
+			}
+			w.Sample("fastroute_worker_ejected", ejected, "worker", strconv.FormatUint(wk.ID(), 10))
+		}
+		w.Header("fastroute_ejections_total", "counter", "Workers taken out of rotation after consecutive 5xx answers or transport failures.")
+		w.Sample("fastroute_ejections_total", float64(reg.Ejections()))
 	}
 }

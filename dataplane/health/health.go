@@ -106,6 +106,9 @@ func (c *Checker) CheckOnce() {
 	if changed {
 		c.reg.Republish() // LoRA residency and base models follow the listings
 	}
+	for _, id := range c.reg.Readmit(time.Now()) {
+		c.opts.Logger.Info("ejected worker back in rotation", "worker", id)
+	}
 	for _, w := range c.reg.SweepDrained() {
 		delete(c.failures, w.ID())
 		if c.opts.OnRemoved != nil {

@@ -174,6 +174,10 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 		c.Limits.UpstreamTimeout = 300 * time.Millisecond
 		c.Limits.ConnectTimeout = 200 * time.Millisecond
 		c.Health.Interval, c.Health.UnhealthyAfter = 50*time.Millisecond, 2
+		// Passive health ejects the failing workers for short spells, so
+		// they keep being tried (and the restarted one comes back) in a
+		// run this short.
+		c.Health.EjectTime, c.Health.EjectMax = 100*time.Millisecond, 400*time.Millisecond
 		c.Workers = append(c.Workers,
 			dataplane.WorkerSpec{ID: 5, URL: "http://" + deadAddr(t)},
 			dataplane.WorkerSpec{ID: 6, URL: "http://" + cut.addr()},
@@ -244,6 +248,7 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 	assert.Positive(t, counts["full"])
 	assert.Positive(t, f.r.Frontend.Metrics().Retries(), "refused connections were retried")
 	assert.Positive(t, restarted.Served(), "the restarted worker is used again")
+	assert.Positive(t, f.r.Registry.Ejections(), "the refusing, resetting and stalling workers were ejected for spells")
 
 	// No retry after the first byte: every request the resetting worker saw
 	// came back to its client from that worker (a broken stream or a 502

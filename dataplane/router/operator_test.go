@@ -197,3 +197,67 @@ func TestRoutesBeyondTheFirstThree(t *testing.T) {
 	assert.EqualValues(t, 2, f.r.Frontend.Metrics().Requests("/v1/responses", "ok")+f.r.Frontend.Metrics().Requests("/v1/messages", "ok"))
 	f.assertIdle()
 }
+
+func TestPassiveHealthEjectsAWorkerThatFailsAndReadmitsIt(t *testing.T) {
+	opts := []mockworker.Options{{ID: 1, FailRate: 1}, {ID: 2}}
+	f := startFleet(t, opts, func(c *config.Config) {
+		c.Health.EjectAfter, c.Health.EjectTime, c.Health.EjectMax = 3, 300*time.Millisecond, time.Second
+		c.Router.Retries = 0
+	})
+	served := func(n int) map[string]int {
+		out := map[string]int{}
+		for i := 0; i < n; i++ {
+			resp := f.post("/v1/chat/completions", chatBody)
+			readAll(t, resp)
+			out[fmt.Sprintf("%s:%d", resp.Header.Get("x-fastroute-worker"), resp.StatusCode)]++
+		}
+		return out
+	}
+	first := served(10) // round-robin: worker 1's third 500 ejects it
+	assert.Equal(t, 3, first["1:500"], "%v", first)
+	assert.Equal(t, 7, first["2:200"], "%v", first)
+	w1, _ := f.r.Registry.Get(1)
+	until, n := w1.Ejected()
+	require.False(t, until.IsZero())
+	assert.Equal(t, 1, n)
+	code, body := adminDo(t, f, "GET", "/workers", "", "")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, `"ejected":true`)
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, metrics, "fastroute_ejections_total 1\n")
+	assert.Contains(t, metrics, "fastroute_worker_ejected{worker=\"1\"} 1\n")
+
+	// Back after its time (the health loop readmits), it fails again: the
+	// second ejection lasts twice as long.
+	require.Eventually(t, func() bool { u, _ := w1.Ejected(); return u.IsZero() }, 3*time.Second, 20*time.Millisecond)
+	served(6)
+	until, n = w1.Ejected()
+	require.False(t, until.IsZero())
+	assert.Equal(t, 2, n)
+	assert.Greater(t, time.Until(until), 400*time.Millisecond, "600 ms the second time")
+	f.assertIdle()
+}
+
+func TestWorkerAddedWhileRunningIsRoutableAfterItsFirstProbe(t *testing.T) {
+	f := startFleet(t, mocks(1, 1, 0), nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := ln.Addr().String()
+	ln.Close()
+	code, body := adminDo(t, f, "POST", "/workers", fmt.Sprintf(`{"id":2,"url":"http://%s"}`, closed), "")
+	require.Equal(t, http.StatusCreated, code, body)
+	time.Sleep(300 * time.Millisecond) // probes of a closed port fail
+	assert.Equal(t, 1, f.r.Registry.Snapshot().Len(), "a worker on a closed port never entered rotation")
+	for i := 0; i < 5; i++ {
+		resp := f.post("/v1/chat/completions", chatBody)
+		readAll(t, resp)
+		assert.Equal(t, "1", resp.Header.Get("x-fastroute-worker"))
+	}
+	live, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 3})
+	require.NoError(t, err)
+	t.Cleanup(func() { live.Close() })
+	code, body = adminDo(t, f, "POST", "/workers", fmt.Sprintf(`{"id":3,"url":%q}`, live.URL()), "")
+	require.Equal(t, http.StatusCreated, code, body)
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Len() == 2 }, 2*time.Second, 10*time.Millisecond,
+		"a live worker enters rotation once its probe passes")
+}

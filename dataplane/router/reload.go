@@ -76,11 +76,12 @@ func (r *Router) reloadWorkers(old, next []dataplane.WorkerSpec) (applied []stri
 		w, registered := r.Registry.Get(s.ID)
 		switch {
 		case !registered:
-			if _, err := r.Registry.Add(s); err != nil {
+			if _, err := r.Registry.AddUnprobed(s); err != nil {
 				r.log.Warn("reload: worker not added", "worker", s.ID, "err", err)
 				continue
 			}
 			applied = append(applied, fmt.Sprintf("worker %d added", s.ID))
+			r.probeSoon()
 		case !known || w.Draining() || !reflect.DeepEqual(prev, s):
 			// Changed, still draining from an earlier removal, or added
 			// through the admin API: the config's spec replaces it.

@@ -73,6 +73,8 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 			return nil, fmt.Errorf("worker %d: %w", spec.ID, err)
 		}
 	}
+	h := cfg.Health
+	reg.SetEjectPolicy(dataplane.EjectPolicy{After: h.EjectAfter, Base: h.EjectTime, Max: h.EjectMax})
 	sel, err := dataplane.NewSelector(reg, cfg.Router.Mode, cfg.Router.BusyThreshold)
 	if err != nil {
 		return nil, err
@@ -118,7 +120,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	r.admin = &http.Server{
 		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken,
-			MetricsPublic: cfg.MetricsPublic, Logger: log, Reload: r.ReloadFromSource,
+			MetricsPublic: cfg.MetricsPublic, Logger: log, Reload: r.ReloadFromSource, Probe: r.probeSoon,
 			Describe: r.describe, SetLoRAs: r.LoRA.Set, LoRAs: r.LoRA.Groups}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
@@ -138,6 +140,10 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		"mode", cfg.Router.Mode, "workers", len(cfg.Workers))
 	return r, nil
 }
+
+// probeSoon runs a round of health probes now, so a worker added while
+// running (admin API, reload) enters rotation as soon as it answers.
+func (r *Router) probeSoon() { go r.Health.CheckOnce() }
 
 // CurrentConfig returns the configuration running now.
 func (r *Router) CurrentConfig() config.Config {

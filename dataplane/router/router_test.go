@@ -324,6 +324,7 @@ func TestRetryOnConnectFailure(t *testing.T) {
 	dead := deadAddr(t)
 	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) {
 		c.Health.Interval = time.Hour // keep the dead worker routable
+		c.Health.EjectAfter = 0       // passive health too
 		c.Workers = append(c.Workers, dataplane.WorkerSpec{ID: 9, URL: "http://" + dead})
 	})
 	for i := 0; i < 10; i++ {
@@ -454,7 +455,8 @@ func TestAdmin(t *testing.T) {
 	assert.Contains(t, body, "url:")
 	code, body = adminDo(t, f, "POST", "/workers", `{"id":3,"bogus":1}`, "s3cret")
 	assert.Equal(t, http.StatusBadRequest, code, body)
-	assert.Equal(t, 2, f.r.Registry.Snapshot().Len())
+	// Routable once its first health probe passes.
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Len() == 2 }, 2*time.Second, 10*time.Millisecond)
 
 	// Drain worker 1 while a stream runs on it: the stream finishes, new
 	// requests go to worker 2, and worker 1 leaves once idle.
