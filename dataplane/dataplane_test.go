@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/fastroute/fastroute/telemetry/engine"
@@ -573,4 +574,36 @@ func TestEngineCostSpreadsABurstByCapacity(t *testing.T) {
 		}
 		assertIdle(t, reg)
 	}
+}
+
+func TestEjection(t *testing.T) {
+	reg := newFleet(t, 2)
+	reg.SetEjectPolicy(EjectPolicy{After: 2, Base: time.Second, Max: 3 * time.Second})
+	w1, _ := reg.Get(1)
+	assert.Zero(t, reg.ReportAnswer(w1, false))
+	assert.Zero(t, reg.ReportAnswer(w1, true), "a good answer resets the streak")
+	assert.Zero(t, reg.ReportAnswer(w1, false))
+	assert.Equal(t, time.Second, reg.ReportAnswer(w1, false), "second failure in a row")
+	assert.Equal(t, []uint64{2}, reg.Snapshot().IDs())
+	w2, _ := reg.Get(2)
+	reg.ReportAnswer(w2, false)
+	assert.Zero(t, reg.ReportAnswer(w2, false), "the last routable worker is never ejected")
+
+	until, n := w1.Ejected()
+	assert.Equal(t, 1, n)
+	assert.Empty(t, reg.Readmit(until.Add(-time.Millisecond)))
+	assert.Equal(t, []uint64{1}, reg.Readmit(until))
+	assert.Equal(t, []uint64{1, 2}, reg.Snapshot().IDs())
+	reg.ReportAnswer(w1, false)
+	assert.Equal(t, 2*time.Second, reg.ReportAnswer(w1, false), "doubled while it keeps failing")
+	until, _ = w1.Ejected()
+	reg.Readmit(until)
+	reg.ReportAnswer(w1, false)
+	assert.Equal(t, 3*time.Second, reg.ReportAnswer(w1, false), "up to the max")
+	reg.Uneject(1)
+	until, n = w1.Ejected()
+	assert.True(t, until.IsZero())
+	assert.Zero(t, n)
+	assert.Equal(t, uint64(3), reg.Ejections())
+	assert.Zero(t, testing.AllocsPerRun(100, func() { reg.ReportAnswer(w1, true) }))
 }

@@ -306,6 +306,21 @@ func (r *Registry) Readmit(now time.Time) (back []uint64) {
 	return back
 }
 
+// Uneject returns a worker to rotation at once and forgets its failures:
+// it came back (its probes failed, then passed), so what it did before says
+// little now.
+func (r *Registry) Uneject(id uint64) {
+	w, ok := r.workers.Load(id)
+	if !ok {
+		return
+	}
+	w.failStreak.Store(0)
+	w.ejections.Store(0)
+	if w.ejectedUntil.Swap(0) != 0 {
+		r.Republish()
+	}
+}
+
 // Ejections returns how many times a worker was ejected since start.
 func (r *Registry) Ejections() uint64 { return r.ejected.Load() }
 

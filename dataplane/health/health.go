@@ -92,6 +92,7 @@ func (c *Checker) CheckOnce() {
 			}
 			if !w.Healthy() {
 				c.opts.Logger.Info("worker healthy again", "worker", id)
+				c.reg.Uneject(id) // it was down and came back: its old failures say little now
 			}
 			c.failures[id] = 0
 			c.reg.SetHealthy(id, true)
