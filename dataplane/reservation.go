@@ -21,6 +21,10 @@ func (r *Reservation) Rank() int { return r.rank }
 // Group returns the group (LoRA adapter) the request was routed by, or nil.
 func (r *Reservation) Group() *Group { return r.group }
 
+// Dispatched counts the request as sent to the reserved worker (Served);
+// a query-only pick is reserved but never dispatched.
+func (r *Reservation) Dispatched() { r.worker.occ.served.Add(1) }
+
 // Held reports whether the slot is still taken.
 func (r *Reservation) Held() bool { return r.held.Load() }
 

@@ -233,6 +233,9 @@ func (s *Selector) selectFiltered(p *policy, base *candidates, req *Request, res
 			return ErrNoEndpoints
 		}
 		if len(c.ids) == 0 {
+			if req.Group != nil {
+				return Errorf(ResourceExhausted, "every worker holding adapter %q is busy", req.Group.name)
+			}
 			return ErrResourceExhausted
 		}
 		if p.mode == pickers.ModeWeighted {

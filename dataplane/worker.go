@@ -103,7 +103,7 @@ func (s *WorkerSpec) Host() string {
 type occupancy struct {
 	_      [64]byte
 	n      atomic.Int64  // in flight
-	served atomic.Uint64 // reservations ever taken
+	served atomic.Uint64 // requests dispatched to it
 	_      [48]byte
 }
 
@@ -180,7 +180,8 @@ func (w *Worker) SetWeight(v float64) {
 	w.weight.Store(math.Float64bits(v))
 }
 
-// Served returns how many requests w has been reserved for since it registered.
+// Served returns how many requests were dispatched to w since it
+// registered (query-only picks are not).
 func (w *Worker) Served() uint64 { return w.occ.served.Load() }
 
 // Advertised returns what w last listed in /v1/models (zero before the first probe).
@@ -231,7 +232,6 @@ func (w *Worker) tryAcquire(limit int64) bool {
 		w.occ.n.Add(-1)
 		return false
 	}
-	w.occ.served.Add(1)
 	return true
 }
 

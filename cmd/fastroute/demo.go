@@ -84,7 +84,7 @@ func runDemo(args []string) error {
 	}
 	fmt.Println(sticky)
 
-	fmt.Println("\nper-worker counts (served by the mock / reserved by the router / in flight now), weight:")
+	fmt.Println("\nper-worker counts (served by the mock / dispatched by the router / in flight now), weight:")
 	var total int64
 	for i, m := range mocks {
 		w, _ := r.Registry.Get(cfg.Workers[i].ID)

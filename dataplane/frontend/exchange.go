@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
@@ -67,6 +68,9 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 		if err != nil {
 			return false, fmt.Errorf("header %s: %q is not a non-negative integer", headerDPRank, v)
 		}
+		if !ex.req.HasWorker {
+			return false, fmt.Errorf("header %s names a rank of the worker that %s names; send both", headerDPRank, headerWorkerID)
+		}
 		ex.req.DPRank, ex.req.HasDPRank = rank, true
 	}
 	switch v := h.Peek(headerQuery); string(v) {
@@ -111,6 +115,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 		w := ex.res.Worker()
 		u := s.upstreamOf(w)
 		ex.prepare(ctx, u, w)
+		ex.res.Dispatched()
 		t := time.Now()
 		err := u.hc.Do(&ex.up, &ex.resp)
 		if err == nil {
@@ -143,6 +148,8 @@ func (ex *exchange) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 	if w.Spec().DPSize > 1 {
 		ex.rankBuf = strconv.AppendInt(ex.rankBuf[:0], int64(ex.res.Rank()), 10)
 		ex.up.Header.SetBytesV(headerDPRank, ex.rankBuf)
+	} else {
+		ex.up.Header.Del(headerDPRank) // a worker without ranks never sees the client's
 	}
 	ex.resp.Reset()
 	// Always stream the upstream body: Do then returns once the response
@@ -212,8 +219,16 @@ func (ex *exchange) CloseWithError(werr error) error {
 
 // fail answers a dispatch that got no response from any worker tried.
 func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr error) {
-	ex.failedOnPin()
-	msg := fmt.Sprintf("worker %d failed before answering: %v", worker, err)
+	if ex.hard {
+		// The documented answer of a hard session whose worker is gone.
+		ex.failedOnPin()
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "no_endpoints", fmt.Sprintf(
+			"session %s is pinned to worker %d, which failed before answering (%s); the pin is dropped and the next request is pinned anew",
+			strconv.Quote(string(ex.session)), worker, transportFailure(err)))
+		ex.finish(outcomeUpstreamError)
+		return
+	}
+	msg := fmt.Sprintf("worker %d failed before answering: %s", worker, transportFailure(err))
 	if retryErr != nil {
 		msg += "; no other worker to retry on: " + retryErr.Error()
 	}
@@ -241,6 +256,24 @@ func (ex *exchange) finish(o outcome) {
 	ex.resp.Reset()
 	ex.up.Reset()
 	ex.s.exchanges.Put(ex)
+}
+
+// transportFailure says in a few words how a dispatch failed, instead of
+// the client library's text (fasthttp's advice to servers, say).
+func transportFailure(err error) string {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "connection reset"
+	case errors.Is(err, fasthttp.ErrDialTimeout):
+		return "connect timed out (limits.connect_timeout)"
+	case isTimeout(err):
+		return "no answer within limits.upstream_timeout"
+	case errors.Is(err, fasthttp.ErrConnectionClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed before the answer"
+	}
+	return err.Error()
 }
 
 // retryable reports a failure that may succeed on another worker: a

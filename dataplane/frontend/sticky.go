@@ -75,17 +75,13 @@ func (ex *exchange) route() error {
 		pin, st := s.opts.Affinity.Get(ex.session)
 		switch {
 		case st == affinity.Pinned && s.opts.AffinityMode == affinity.Hard:
+			// x-dp-rank comes only with x-worker-id, so the pin's rank holds.
 			req.WorkerID, req.HasWorker = pin.Worker, true
-			if !req.HasDPRank {
-				req.DPRank, req.HasDPRank = pin.Rank, true
-			}
+			req.DPRank, req.HasDPRank = pin.Rank, true
 			ex.hard = true
 		case st == affinity.Pinned:
 			req.PreferID, req.HasPrefer = pin.Worker, true
 			req.PreferRank, req.HasPreferRank = pin.Rank, true
-			if req.HasDPRank {
-				req.PreferRank = req.DPRank
-			}
 		case st == affinity.Lost && s.opts.AffinityMode == affinity.Hard:
 			s.opts.Affinity.Drop(ex.session)
 			return dataplane.Errorf(dataplane.NoEndpoints,

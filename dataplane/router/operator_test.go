@@ -261,3 +261,34 @@ func TestWorkerAddedWhileRunningIsRoutableAfterItsFirstProbe(t *testing.T) {
 	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Len() == 2 }, 2*time.Second, 10*time.Millisecond,
 		"a live worker enters rotation once its probe passes")
 }
+
+func TestDPRankQueryOnlyAndLoRABusyAnswers(t *testing.T) {
+	f := startFleet(t, []mockworker.Options{{ID: 1, Tokens: 20, TokenInterval: 25 * time.Millisecond, LoRAs: []string{"sql"}}, {ID: 2}},
+		func(c *config.Config) {
+			c.Router.BusyThreshold = 1
+			c.Workers[0].DPSize = 1
+		})
+	resp := f.post("/v1/chat/completions", chatBody, "x-dp-rank", "5")
+	body := readAll(t, resp)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, body, "x-dp-rank names a rank of the worker that x-worker-id names")
+
+	resp = f.post("/v1/chat/completions", chatBody, "x-worker-id", "2", "x-dp-rank", "0")
+	readAll(t, resp)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Empty(t, resp.Header.Get("x-mock-dp-rank"), "a worker without ranks never sees the header")
+
+	w2, _ := f.r.Registry.Get(2)
+	before := w2.Served()
+	resp = f.post("/v1/chat/completions", chatBody, "x-worker-id", "2", "x-query-instance-id", "true")
+	readAll(t, resp)
+	assert.Equal(t, before, w2.Served(), "a query-only pick is not a dispatch")
+
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Group([]byte("sql")) != nil }, 5*time.Second, 20*time.Millisecond)
+	hold := f.post("/v1/chat/completions", `{"model":"sql","stream":true,"messages":[]}`)
+	defer readAll(t, hold)
+	resp = f.post("/v1/chat/completions", `{"model":"sql","messages":[]}`)
+	body = readAll(t, resp)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Contains(t, body, `every worker holding adapter \"sql\" is busy`, "worker 2 is free but does not hold it")
+}

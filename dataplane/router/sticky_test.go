@@ -187,8 +187,9 @@ func TestDPRankRotatesPinsAndForwards(t *testing.T) {
 	f.assertIdle()
 }
 
-// A hard session whose worker fails at the transport gets a 502 naming the
-// worker, the pin is dropped, and the session's next request is pinned anew.
+// A hard session whose worker fails at the transport gets the documented
+// 503 naming the session and the worker (no client library text), the pin
+// is dropped, and the session's next request is pinned anew.
 func TestHardAffinityDropsThePinWhenTheWorkerFails(t *testing.T) {
 	f := startFleet(t, mocks(2, 1, 0), func(c *config.Config) {
 		c.Router.SessionAffinity.Mode = "hard"
@@ -202,8 +203,9 @@ func TestHardAffinityDropsThePinWhenTheWorkerFails(t *testing.T) {
 	}
 	resp := f.post("/v1/chat/completions", chatBody, "x-session-id", "h2")
 	text := readAll(t, resp)
-	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, text)
-	assert.Contains(t, text, "worker "+pinned+" failed")
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, text)
+	assert.Contains(t, text, `session \"h2\" is pinned to worker `+pinned+", which failed before answering (")
+	assert.NotContains(t, text, "Make sure the server", "fasthttp's advice to servers is not the client's business")
 	again := f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "h2")
 	assert.NotEqual(t, pinned, again, "pinned anew on a live worker")
 	f.assertIdle()
