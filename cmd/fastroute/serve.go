@@ -71,6 +71,8 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 		cfg.Routes = append(cfg.Routes, v)
 		return nil
 	})
+	fs.StringVar(&cfg.Log.Access, "log-access", cfg.Log.Access, "access log: off, all, or errors (400 and above, or cut)")
+	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "log format: text or json")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "drain bound on SIGTERM; streams still open then are cut")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin address (metrics, pprof, workers)")
 	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer token every admin route needs (visible in ps: prefer --admin-token-file or "+config.AdminTokenEnv+")")
@@ -156,7 +158,12 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var log *slog.Logger
+	if cfg.Log.Format == "json" {
+		log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	} else {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
 	r, err := router.Start(cfg, log)
 	if err != nil {
 		return err

@@ -37,6 +37,7 @@ type Config struct {
 	Telemetry Telemetry              `yaml:"telemetry"`
 	Health    Health                 `yaml:"health"`
 	Limits    Limits                 `yaml:"limits"`
+	Log       Log                    `yaml:"log"`
 	Workers   []dataplane.WorkerSpec `yaml:"workers"`
 }
 
@@ -87,6 +88,12 @@ type Health struct {
 	EjectMax       time.Duration `yaml:"eject_max"`
 }
 
+// Log configures the router's logs (slog, on stderr).
+type Log struct {
+	Access string `yaml:"access"` // off|all|errors: one line per request (errors: 400 and above, or cut)
+	Format string `yaml:"format"` // text|json
+}
+
 // Limits bounds what one request may cost.
 type Limits struct {
 	MaxBodyBytes Size `yaml:"max_body_bytes"`
@@ -103,6 +110,7 @@ type Limits struct {
 func Default() Config {
 	return Config{
 		Listen:          "127.0.0.1:8000",
+		Log:             Log{Access: "off", Format: "text"},
 		AdminListen:     "127.0.0.1:9090",
 		ShutdownTimeout: 30 * time.Second,
 		Router: Router{
@@ -222,6 +230,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Router.EmbeddingCacheSize < 0 || c.Router.EmbeddingCacheSize > 1<<26 {
 		return keyErr("router.embedding_cache_size", "%d is outside 0..%d (0 turns the cache off)", c.Router.EmbeddingCacheSize, 1<<26)
+	}
+	switch c.Log.Access {
+	case "off", "all", "errors":
+	default:
+		return keyErr("log.access", "%q is not off, all or errors", c.Log.Access)
+	}
+	if c.Log.Format != "text" && c.Log.Format != "json" {
+		return keyErr("log.format", "%q is not text or json", c.Log.Format)
 	}
 	for i, r := range c.Routes {
 		if !strings.HasPrefix(r, "/") || strings.ContainsAny(r, "?# ") {

@@ -2,9 +2,11 @@ package frontend
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"syscall"
 	"time"
@@ -44,13 +46,24 @@ type exchange struct {
 	keys    []uint64 // embedding cache keys
 	hard    bool     // bound to its worker by a hard session pin
 	copyBuf []byte   // reads a buffered answer's body
+
+	// For the access log.
+	path      []byte // copied only while the access log is on
+	picked    bool   // res names this request's worker (it may name an earlier one's)
+	status    int
+	firstByte time.Duration
+	bytes     int64
 }
 
-func (ex *exchange) begin(rt route, start time.Time) {
+func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.rt, ex.start = rt, start
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done, ex.hard = false, nil, false, false
 	ex.session, ex.model, ex.keys = ex.session[:0], ex.model[:0], ex.keys[:0]
+	ex.picked, ex.status, ex.firstByte, ex.bytes = false, 0, 0, 0
+	if ex.s.access != nil {
+		ex.path = append(ex.path[:0], ctx.Path()...)
+	}
 }
 
 // parse reads the routing headers and checks the body is a JSON object.
@@ -119,7 +132,8 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 		t := time.Now()
 		err := u.hc.Do(&ex.up, &ex.resp)
 		if err == nil {
-			s.metrics.firstByte.Observe(time.Since(t))
+			ex.firstByte = time.Since(t)
+			s.metrics.firstByte.Observe(ex.firstByte)
 			s.reportAnswer(w, ex.resp.StatusCode() < fasthttp.StatusInternalServerError)
 			ex.served()
 			ex.respond(ctx, u, w)
@@ -181,10 +195,12 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		}
 	}
 	ex.copyHeaders(ctx, u)
+	ex.bytes = int64(len(ctx.Response.Body()))
 	ex.finish(outcomeOK)
 }
 
 func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
+	ex.status = ex.resp.StatusCode()
 	ex.resp.Header.CopyTo(&ctx.Response.Header)
 	ctx.Response.Header.ResetConnectionClose()
 	ctx.Response.Header.SetBytesV(headerServedBy, u.idHeader)
@@ -193,6 +209,7 @@ func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 // Read passes the worker's streamed answer through.
 func (ex *exchange) Read(p []byte) (int, error) {
 	n, err := ex.resp.BodyStream().Read(p)
+	ex.bytes += int64(n)
 	if err != nil && err != io.EOF {
 		ex.readErr = err
 	}
@@ -225,6 +242,7 @@ func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr 
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "no_endpoints", fmt.Sprintf(
 			"session %s is pinned to worker %d, which failed before answering (%s); the pin is dropped and the next request is pinned anew",
 			strconv.Quote(string(ex.session)), worker, transportFailure(err)))
+		ex.status = fasthttp.StatusServiceUnavailable
 		ex.finish(outcomeUpstreamError)
 		return
 	}
@@ -234,10 +252,12 @@ func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr 
 	}
 	if isTimeout(err) {
 		writeError(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout", msg)
+		ex.status = fasthttp.StatusGatewayTimeout
 		ex.finish(outcomeTimeout)
 		return
 	}
 	writeError(ctx, fasthttp.StatusBadGateway, "upstream_error", msg)
+	ex.status = fasthttp.StatusBadGateway
 	ex.finish(outcomeUpstreamError)
 }
 
@@ -251,11 +271,44 @@ func (ex *exchange) finish(o outcome) {
 	ex.res.Release()
 	m := ex.s.metrics
 	m.requests[ex.rt][o].Inc()
-	m.total.Observe(time.Since(ex.start))
+	total := time.Since(ex.start)
+	m.total.Observe(total)
+	ex.logAccess(o, total)
 	_ = ex.resp.CloseBodyStream()
 	ex.resp.Reset()
 	ex.up.Reset()
 	ex.s.exchanges.Put(ex)
+}
+
+// end closes an exchange that was never dispatched (a bad request, no
+// worker, a query-only pick): count, log, back to the pool.
+func (ex *exchange) end(o outcome, status int) {
+	ex.s.metrics.requests[ex.rt][o].Inc()
+	ex.status = status
+	ex.logAccess(o, time.Since(ex.start))
+	ex.s.exchanges.Put(ex)
+}
+
+// logAccess writes the request's access line: with log.access all every
+// request, with errors those answered 400 or above or that did not end well.
+func (ex *exchange) logAccess(o outcome, total time.Duration) {
+	log := ex.s.access
+	if log == nil || (ex.s.opts.AccessErrorsOnly && ex.status < 400 && (o == outcomeOK || o == outcomeQuery)) {
+		return
+	}
+	var worker uint64
+	attempts := 0
+	if ex.picked {
+		worker = ex.res.Worker().ID()
+		if o != outcomeQuery {
+			attempts = ex.req.Attempts() + 1
+		}
+	}
+	log.LogAttrs(context.Background(), slog.LevelInfo, "access",
+		slog.String("method", "POST"), slog.String("path", string(ex.path)), slog.Int("status", ex.status),
+		slog.String("outcome", outcomeNames[o]), slog.Uint64("worker", worker), slog.Int("attempts", attempts),
+		slog.Float64("first_byte_ms", float64(ex.firstByte.Microseconds())/1000),
+		slog.Float64("total_ms", float64(total.Microseconds())/1000), slog.Int64("bytes", ex.bytes))
 }
 
 // transportFailure says in a few words how a dispatch failed, instead of

@@ -50,6 +50,10 @@ type Options struct {
 	// Routes are extra paths proxied like the OpenAI ones (beyond every
 	// POST under /v1/ and the engines' own routes).
 	Routes []string
+	// AccessLog gets one line per request (nil: no access log); with
+	// AccessErrorsOnly only those answered 400 or above or cut.
+	AccessLog        *slog.Logger
+	AccessErrorsOnly bool
 }
 
 // Server is the request front end.
@@ -64,6 +68,7 @@ type Server struct {
 	parsers   fastjson.ParserPool
 	metrics   *Metrics
 	routes    map[string]struct{} // proxied paths outside /v1/
+	access    *slog.Logger        // nil: no access log
 	retries   atomic.Int64        // router.retries, reloadable
 	srv       *fasthttp.Server
 	log       *slog.Logger
@@ -90,6 +95,7 @@ func New(opts Options) *Server {
 		upConns:   xsync.NewMapOf[net.Conn, struct{}](),
 		metrics:   newMetrics(),
 		log:       opts.Logger,
+		access:    opts.AccessLog,
 	}
 	s.exchanges.New = func() any { return &exchange{s: s} }
 	s.routes = map[string]struct{}{}
@@ -303,12 +309,11 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 		return
 	}
 	ex := s.exchanges.Get().(*exchange)
-	ex.begin(rt, start)
+	ex.begin(ctx, rt, start)
 	query, err := ex.parse(ctx)
 	if err != nil {
-		s.metrics.requests[rt][outcomeInvalid].Inc()
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error())
-		s.exchanges.Put(ex)
+		ex.end(outcomeInvalid, fasthttp.StatusBadRequest)
 		return
 	}
 	t := time.Now()
@@ -319,13 +324,12 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 	}
 	s.metrics.routeTime.Observe(time.Since(t))
 	if err != nil {
-		s.metrics.requests[rt][selectOutcome(err)].Inc()
 		writeSelectError(ctx, err)
-		s.exchanges.Put(ex)
+		ex.end(selectOutcome(err), ctx.Response.StatusCode())
 		return
 	}
+	ex.picked = true
 	if query {
-		s.metrics.requests[rt][outcomeQuery].Inc()
 		ex.res.Release()
 		ctx.SetContentType("application/json")
 		b := append(ctx.Response.Body()[:0], `{"worker_id":`...)
@@ -333,7 +337,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 		b = append(b, `,"dp_rank":`...)
 		b = strconv.AppendInt(b, int64(ex.res.Rank()), 10)
 		ctx.Response.SetBodyRaw(append(b, '}'))
-		s.exchanges.Put(ex)
+		ex.end(outcomeQuery, fasthttp.StatusOK)
 		return
 	}
 	ex.dispatch(ctx)

@@ -292,3 +292,34 @@ func TestDPRankQueryOnlyAndLoRABusyAnswers(t *testing.T) {
 	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
 	assert.Contains(t, body, `every worker holding adapter \"sql\" is busy`, "worker 2 is free but does not hold it")
 }
+
+func TestAccessLog(t *testing.T) {
+	var logs syncBuffer
+	f := startFleetLog(t, mocks(1, 3, 0), func(c *config.Config) { c.Log.Access = "all" }, &logs)
+	readAll(t, f.post("/v1/chat/completions", chatBody))
+	readAll(t, f.post("/v1/chat/completions", streamBody))
+	readAll(t, f.post("/v1/completions", "{not json"))
+	readAll(t, f.post("/tokenize", `{"prompt":"x"}`, "Authorization", "Bearer sk-secret"))
+	readAll(t, f.post("/v1/chat/completions", chatBody, "x-query-instance-id", "true"))
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	var access []string
+	for _, l := range lines {
+		if strings.Contains(l, "log=access") {
+			access = append(access, l)
+		}
+	}
+	require.Len(t, access, 5, "%s", logs.String())
+	assert.Regexp(t, `msg=access log=access method=POST path=/v1/chat/completions status=200 outcome=ok worker=1 attempts=1 first_byte_ms=[0-9.]+ total_ms=[0-9.]+ bytes=[1-9][0-9]*`, access[0])
+	assert.Regexp(t, `path=/v1/chat/completions status=200 outcome=ok worker=1 attempts=1 .* bytes=[1-9][0-9]*`, access[1], "the stream's bytes")
+	assert.Regexp(t, `path=/v1/completions status=400 outcome=invalid worker=0 attempts=0`, access[2])
+	assert.Contains(t, access[3], "path=/tokenize status=200")
+	assert.Regexp(t, `status=200 outcome=query worker=1 attempts=0`, access[4])
+	assert.NotContains(t, logs.String(), "sk-secret")
+
+	var errs syncBuffer
+	g := startFleetLog(t, mocks(1, 1, 0), func(c *config.Config) { c.Log.Access = "errors" }, &errs)
+	readAll(t, g.post("/v1/chat/completions", chatBody))
+	readAll(t, g.post("/v1/chat/completions", "[]"))
+	assert.Equal(t, 1, strings.Count(errs.String(), "log=access"), "only the error: %s", errs.String())
+	assert.Contains(t, errs.String(), "status=400")
+}

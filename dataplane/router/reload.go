@@ -35,7 +35,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
 		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": old.Health == cfg.Health,
-		"limits": old.Limits == cfg.Limits, "routes": slices.Equal(old.Routes, cfg.Routes),
+		"limits": old.Limits == cfg.Limits, "routes": slices.Equal(old.Routes, cfg.Routes), "log": old.Log == cfg.Log,
 	} {
 		if !same {
 			needRestart = append(needRestart, key)

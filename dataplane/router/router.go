@@ -93,6 +93,9 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		UpstreamTimeout: cfg.Limits.UpstreamTimeout, Logger: log,
 		LoRA: r.LoRA, Affinity: r.Sessions, AffinityMode: affMode, SessionHeader: aff.Header, Routes: cfg.Routes,
 	}
+	if cfg.Log.Access != "off" {
+		fo.AccessLog, fo.AccessErrorsOnly = log.With("log", "access"), cfg.Log.Access == "errors"
+	}
 	if n := cfg.Router.EmbeddingCacheSize; n > 0 {
 		r.EmbedCache = affinity.NewCache(n)
 		fo.EmbedCache = r.EmbedCache
