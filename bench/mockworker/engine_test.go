@@ -90,6 +90,8 @@ func TestEngineNonStreamingDisconnectWhileQueued(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
+	require.Eventually(t, func() bool { return scrape(t, w, "vllm:num_requests_running") == 1 }, 5*time.Second, 10*time.Millisecond,
+		"the long request runs before the second one queues")
 	queued, cancelQueued := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

@@ -107,7 +107,8 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.DurationVar(&cfg.Limits.WriteTimeout, "write-timeout", cfg.Limits.WriteTimeout, "client response write timeout")
 	fs.DurationVar(&cfg.Limits.IdleTimeout, "idle-timeout", cfg.Limits.IdleTimeout, "client keep-alive idle timeout")
 	fs.DurationVar(&cfg.Limits.ConnectTimeout, "connect-timeout", cfg.Limits.ConnectTimeout, "dial timeout to workers")
-	fs.DurationVar(&cfg.Limits.UpstreamTimeout, "upstream-timeout", cfg.Limits.UpstreamTimeout, "whole upstream answer timeout")
+	fs.DurationVar(&cfg.Limits.FirstByteTimeout, "first-byte-timeout", cfg.Limits.FirstByteTimeout, "wait for a worker's response headers (504 beyond)")
+	fs.DurationVar(&cfg.Limits.StreamIdleTimeout, "stream-idle-timeout", cfg.Limits.StreamIdleTimeout, "gap between two reads of a worker's answer (a stream is cut with an SSE error event)")
 	fs.Var(workers, "worker", "add a worker: id=N,url=http://host:port[,device=gpu|cpu,gpu_index=I,dp_size=D,capacity=C,loras=a;b,metrics_path=/metrics,max_inflight=M,cgroup_path=DIR] (repeatable)")
 }
 

@@ -98,12 +98,17 @@ type Log struct {
 type Limits struct {
 	MaxBodyBytes Size `yaml:"max_body_bytes"`
 	// MaxHeaderBytes bounds the request line and headers (431 beyond).
-	MaxHeaderBytes  Size          `yaml:"max_header_bytes"`
-	ReadTimeout     time.Duration `yaml:"read_timeout"`
-	WriteTimeout    time.Duration `yaml:"write_timeout"`
-	IdleTimeout     time.Duration `yaml:"idle_timeout"`
-	ConnectTimeout  time.Duration `yaml:"connect_timeout"`
-	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+	MaxHeaderBytes Size          `yaml:"max_header_bytes"`
+	ReadTimeout    time.Duration `yaml:"read_timeout"`
+	WriteTimeout   time.Duration `yaml:"write_timeout"`
+	IdleTimeout    time.Duration `yaml:"idle_timeout"`
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// FirstByteTimeout bounds the wait for a worker's response headers
+	// (a queued request included); StreamIdleTimeout the gap between two
+	// reads of its answer once bytes flow. Neither bounds a long stream
+	// that keeps sending.
+	FirstByteTimeout  time.Duration `yaml:"first_byte_timeout"`
+	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 }
 
 // Default returns the configuration of DESIGN.md with no workers.
@@ -124,7 +129,8 @@ func Default() Config {
 			EjectAfter: 5, EjectTime: 5 * time.Second, EjectMax: 5 * time.Minute},
 		Limits: Limits{
 			MaxBodyBytes: 16 << 20, MaxHeaderBytes: 64 << 10, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
-			IdleTimeout: 2 * time.Minute, ConnectTimeout: 2 * time.Second, UpstreamTimeout: 10 * time.Minute,
+			IdleTimeout: 2 * time.Minute, ConnectTimeout: 2 * time.Second,
+			FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 5 * time.Minute,
 		},
 	}
 }
@@ -280,7 +286,7 @@ func (c *Config) Validate() error {
 	for key, d := range map[string]time.Duration{
 		"limits.read_timeout": c.Limits.ReadTimeout, "limits.write_timeout": c.Limits.WriteTimeout,
 		"limits.idle_timeout": c.Limits.IdleTimeout, "limits.connect_timeout": c.Limits.ConnectTimeout,
-		"limits.upstream_timeout": c.Limits.UpstreamTimeout,
+		"limits.first_byte_timeout": c.Limits.FirstByteTimeout, "limits.stream_idle_timeout": c.Limits.StreamIdleTimeout,
 	} {
 		if d <= 0 {
 			return keyErr(key, "%v must be positive", d)

@@ -3,6 +3,7 @@ package frontend
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -46,6 +47,8 @@ type exchange struct {
 	keys    []uint64 // embedding cache keys
 	hard    bool     // bound to its worker by a hard session pin
 	copyBuf []byte   // reads a buffered answer's body
+	sse     bool     // the answer is an event stream
+	tail    []byte   // the error event still to send after a broken stream
 
 	// For the access log.
 	path      []byte // copied only while the access log is on
@@ -59,6 +62,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.rt, ex.start = rt, start
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done, ex.hard = false, nil, false, false
+	ex.sse, ex.tail = false, nil
 	ex.session, ex.model, ex.keys = ex.session[:0], ex.model[:0], ex.keys[:0]
 	ex.picked, ex.status, ex.firstByte, ex.bytes = false, 0, 0, 0
 	if ex.s.access != nil {
@@ -178,7 +182,8 @@ func (ex *exchange) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 // copied and the exchange ends at once.
 func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker) {
 	body := ex.resp.BodyStream()
-	if body != nil && (ex.stream || bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream)) {
+	ex.sse = bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream)
+	if body != nil && (ex.stream || ex.sse) {
 		ex.copyHeaders(ctx, u)
 		ctx.Response.SetBodyStream(ex, -1)
 		return
@@ -206,14 +211,48 @@ func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 	ctx.Response.Header.SetBytesV(headerServedBy, u.idHeader)
 }
 
-// Read passes the worker's streamed answer through.
+// Read passes the worker's streamed answer through. When an event
+// stream breaks, the client first gets an SSE error event saying why: a
+// stream the router cut (the worker went silent past stream_idle_timeout)
+// then ends cleanly; one whose worker broke it stays broken for the client
+// too.
 func (ex *exchange) Read(p []byte) (int, error) {
+	if ex.tail != nil {
+		n := copy(p, ex.tail)
+		if ex.tail = ex.tail[n:]; len(ex.tail) == 0 {
+			if isTimeout(ex.readErr) {
+				return n, io.EOF
+			}
+			return n, ex.readErr
+		}
+		return n, nil
+	}
 	n, err := ex.resp.BodyStream().Read(p)
 	ex.bytes += int64(n)
 	if err != nil && err != io.EOF {
 		ex.readErr = err
+		if ex.sse {
+			ex.tail = ex.errorEvent(err)
+			return n, nil
+		}
 	}
 	return n, err
+}
+
+// errorEvent is the SSE event that ends a broken stream: a blank line to
+// close any event the worker left half-written, then an OpenAI error.
+func (ex *exchange) errorEvent(err error) []byte {
+	status, typ, msg := fasthttp.StatusBadGateway, "upstream_error",
+		fmt.Sprintf("worker %d broke the stream: %s", ex.res.Worker().ID(), transportFailure(err))
+	if isTimeout(err) {
+		status, typ = fasthttp.StatusGatewayTimeout, "upstream_timeout"
+		msg = fmt.Sprintf("worker %d sent nothing for %v (limits.stream_idle_timeout); the stream is cut",
+			ex.res.Worker().ID(), ex.s.opts.StreamIdleTimeout)
+	}
+	var b errorBody
+	b.Error.Message, b.Error.Type, b.Error.Code = msg, typ, status
+	body, _ := json.Marshal(b)
+	return append(append([]byte("\n\ndata: "), body...), "\n\n"...)
 }
 
 // CloseWithError is called by fasthttp once the streamed answer is written
@@ -322,7 +361,7 @@ func transportFailure(err error) string {
 	case errors.Is(err, fasthttp.ErrDialTimeout):
 		return "connect timed out (limits.connect_timeout)"
 	case isTimeout(err):
-		return "no answer within limits.upstream_timeout"
+		return "no answer within limits.first_byte_timeout"
 	case errors.Is(err, fasthttp.ErrConnectionClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return "connection closed before the answer"
 	}

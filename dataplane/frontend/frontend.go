@@ -28,16 +28,17 @@ import (
 
 // Options configures a Server.
 type Options struct {
-	Selector        *dataplane.Selector
-	Retries         int
-	MaxBodyBytes    int
-	MaxHeaderBytes  int           // request line and headers (431 above); 0: fasthttp's 4 KiB
-	ReadTimeout     time.Duration // client request read (headers and body)
-	WriteTimeout    time.Duration // client response write
-	IdleTimeout     time.Duration // keep-alive idle
-	ConnectTimeout  time.Duration // dial to a worker
-	UpstreamTimeout time.Duration // whole upstream answer, stream included
-	Logger          *slog.Logger
+	Selector          *dataplane.Selector
+	Retries           int
+	MaxBodyBytes      int
+	MaxHeaderBytes    int           // request line and headers (431 above); 0: fasthttp's 4 KiB
+	ReadTimeout       time.Duration // client request read (headers and body)
+	WriteTimeout      time.Duration // client response write
+	IdleTimeout       time.Duration // keep-alive idle
+	ConnectTimeout    time.Duration // dial to a worker
+	FirstByteTimeout  time.Duration // a worker's response headers
+	StreamIdleTimeout time.Duration // gap between two reads of a worker's answer
+	Logger            *slog.Logger
 
 	// LoRA maps a request's model onto its adapter's workers; nil: off.
 	LoRA *lora.Residency
@@ -205,11 +206,14 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 			host:     host,
 			idHeader: strconv.AppendUint(nil, w.ID(), 10),
 			hc: &fasthttp.HostClient{
-				Addr:                      host,
-				Name:                      "fastroute",
-				MaxConns:                  4096,
-				ReadTimeout:               s.opts.UpstreamTimeout,
-				WriteTimeout:              s.opts.UpstreamTimeout,
+				Addr:     host,
+				Name:     "fastroute",
+				MaxConns: 4096,
+				// fasthttp sets this deadline before reading the response
+				// headers; once bytes flow the connection's own idle
+				// deadline replaces it (trackedConn).
+				ReadTimeout:               s.opts.FirstByteTimeout,
+				WriteTimeout:              s.opts.FirstByteTimeout,
 				MaxIdleConnDuration:       90 * time.Second,
 				MaxIdemponentCallAttempts: 1, // fastroute retries itself, on another worker
 				NoDefaultUserAgentHeader:  true,
@@ -218,7 +222,7 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 					if err != nil {
 						return nil, err
 					}
-					tc := &trackedConn{Conn: c, set: s.upConns}
+					tc := &trackedConn{Conn: c, set: s.upConns, idle: s.opts.StreamIdleTimeout}
 					s.upConns.Store(tc, struct{}{})
 					return tc, nil
 				},
@@ -471,10 +475,41 @@ func (l debugLogger) Printf(format string, args ...any) {
 }
 
 // trackedConn is an upstream connection listed in set while open, so a
-// shutdown that runs out of time can cut it.
+// shutdown that runs out of time can cut it. Once a read returns bytes, the
+// next must come within idle (stream_idle_timeout): the deadline moves
+// forward as bytes flow, at most every idle/8, so a stream that keeps
+// sending is never cut, and reads cost no deadline call each.
 type trackedConn struct {
 	net.Conn
-	set *xsync.MapOf[net.Conn, struct{}]
+	set      *xsync.MapOf[net.Conn, struct{}]
+	idle     time.Duration
+	deadline time.Time // the idle deadline last set; zero: fasthttp's own
+}
+
+// Read reads and moves the idle deadline forward when bytes came.
+func (c *trackedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && c.idle > 0 {
+		now := time.Now()
+		if next := now.Add(c.idle); next.Sub(c.deadline) > c.idle/8 {
+			c.deadline = next
+			_ = c.Conn.SetReadDeadline(next)
+		}
+	}
+	return n, err
+}
+
+// SetReadDeadline is fasthttp's, for a new request's headers: it replaces
+// the idle deadline until bytes flow again.
+func (c *trackedConn) SetReadDeadline(t time.Time) error {
+	c.deadline = time.Time{}
+	return c.Conn.SetReadDeadline(t)
+}
+
+// SetDeadline sets both deadlines, as SetReadDeadline does for reads.
+func (c *trackedConn) SetDeadline(t time.Time) error {
+	c.deadline = time.Time{}
+	return c.Conn.SetDeadline(t)
 }
 
 // Close closes the connection and drops it from the set.

@@ -171,7 +171,7 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 	f := startFleet(t, good, func(c *config.Config) {
 		c.Router.Mode = pickers.ModeP2C
 		c.Router.Retries = 3
-		c.Limits.UpstreamTimeout = 300 * time.Millisecond
+		c.Limits.FirstByteTimeout = 300 * time.Millisecond
 		c.Limits.ConnectTimeout = 200 * time.Millisecond
 		c.Health.Interval, c.Health.UnhealthyAfter = 50*time.Millisecond, 2
 		// Passive health ejects the failing workers for short spells, so

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -322,4 +323,39 @@ func TestAccessLog(t *testing.T) {
 	readAll(t, g.post("/v1/chat/completions", "[]"))
 	assert.Equal(t, 1, strings.Count(errs.String(), "log=access"), "only the error: %s", errs.String())
 	assert.Contains(t, errs.String(), "status=400")
+}
+
+// stallMidStream sends the headers and one event, then goes silent.
+func stallMidStream(c net.Conn, _ *http.Request) {
+	_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+	chunk := "data: {\"partial\":1}\n\n"
+	_, _ = fmt.Fprintf(c, "%x\r\n%s\r\n", len(chunk), chunk)
+	_, _ = io.Copy(io.Discard, c)
+}
+
+func TestStreamTimeoutsFitStreams(t *testing.T) {
+	silent := startFaultServer(t, stallMidStream)
+	f := startFleet(t, mocks(1, 30, 20*time.Millisecond), func(c *config.Config) {
+		c.Health.Interval, c.Health.EjectAfter = time.Hour, 0
+		c.Limits.FirstByteTimeout, c.Limits.StreamIdleTimeout = 200*time.Millisecond, 200*time.Millisecond
+		c.Workers = append(c.Workers, dataplane.WorkerSpec{ID: 2, URL: "http://" + silent.addr()})
+	})
+	// A 600 ms stream that keeps sending outlives both timeouts.
+	start := time.Now()
+	body := readAll(t, f.post("/v1/chat/completions", streamBody, "x-worker-id", "1"))
+	assert.Greater(t, time.Since(start), 500*time.Millisecond)
+	assert.True(t, strings.HasSuffix(body, "data: [DONE]\n\n"), "not cut: %q", body[max(0, len(body)-80):])
+
+	// A stream gone silent is cut after the idle gap with an SSE error event.
+	start = time.Now()
+	resp := f.post("/v1/chat/completions", streamBody, "x-worker-id", "2")
+	body = readAll(t, resp)
+	took := time.Since(start)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Greater(t, took, 150*time.Millisecond)
+	assert.Less(t, took, 2*time.Second)
+	assert.Contains(t, body, `data: {"partial":1}`)
+	assert.Contains(t, body, "\n\ndata: {\"error\":{\"message\":\"worker 2 sent nothing for 200ms (limits.stream_idle_timeout); the stream is cut\",\"type\":\"upstream_timeout\",\"code\":504}}\n\n")
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("/v1/chat/completions", "timeout"))
+	f.assertIdle()
 }

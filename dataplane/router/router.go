@@ -90,7 +90,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		MaxBodyBytes: int(cfg.Limits.MaxBodyBytes), MaxHeaderBytes: int(cfg.Limits.MaxHeaderBytes),
 		ReadTimeout: cfg.Limits.ReadTimeout, WriteTimeout: cfg.Limits.WriteTimeout,
 		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
-		UpstreamTimeout: cfg.Limits.UpstreamTimeout, Logger: log,
+		FirstByteTimeout: cfg.Limits.FirstByteTimeout, StreamIdleTimeout: cfg.Limits.StreamIdleTimeout, Logger: log,
 		LoRA: r.LoRA, Affinity: r.Sessions, AffinityMode: affMode, SessionHeader: aff.Header, Routes: cfg.Routes,
 	}
 	if cfg.Log.Access != "off" {

@@ -373,16 +373,17 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 	resp.Body.Close()
 	assert.Error(t, err, "a stream cut mid-way reaches the client as a broken stream")
 	assert.Contains(t, string(b), `"partial":1`)
+	assert.Contains(t, string(b), "\n\ndata: {\"error\":{\"message\":\"worker 5 broke the stream: ", "an SSE error event says why first")
 	assert.Zero(t, f.r.Frontend.Metrics().Retries())
 	f.assertIdle()
 	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("/v1/chat/completions", "upstream_error"))
 }
 
-func TestUpstreamTimeout(t *testing.T) {
+func TestFirstByteTimeout(t *testing.T) {
 	stalled := startFaultServer(t, stall)
 	f := startFleet(t, nil, func(c *config.Config) {
 		c.Health.Interval = time.Hour
-		c.Limits.UpstreamTimeout = 300 * time.Millisecond
+		c.Limits.FirstByteTimeout = 300 * time.Millisecond
 		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://" + stalled.addr()}}
 	})
 	start := time.Now()
