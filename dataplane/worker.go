@@ -213,7 +213,7 @@ func (w *Worker) SetEngine(st *engine.Stats) {
 		return
 	}
 	cp := *st
-	cp.Occupancy = w.occ.n.Load()
+	cp.Prepare(w.occ.n.Load())
 	w.engine.Store(&cp)
 }
 

@@ -18,6 +18,9 @@ func leastCost(n int, st State) int {
 	if !ok || n == 0 {
 		return -1
 	}
+	if _, ok := c.Cost(0); !ok {
+		return -1 // the usual case without engine telemetry: no random draw spent
+	}
 	s := scale(rand.Uint32(), n)
 	best, bestCost := -1, 0.0
 	for k := 0; k < n; k++ {

@@ -125,7 +125,10 @@ func TestLearnerLearnsSpeedAndSlots(t *testing.T) {
 }
 
 func TestCost(t *testing.T) {
-	st := Stats{Reading: Reading{Running: 3, Waiting: 2}, Slots: 4, TokenRate: 10, Occupancy: 5}
+	st := Stats{Reading: Reading{Running: 3, Waiting: 2}, Slots: 4, TokenRate: 10}
+	_, ok := st.Cost(5)
+	assert.False(t, ok, "not prepared")
+	st.Prepare(5)
 	c, ok := st.Cost(5)
 	require.True(t, ok)
 	assert.InDelta(t, 6.0/40, c, 1e-9, "(3 running + 2 waiting + 1) / (4 slots × 10 tokens/s)")
@@ -134,9 +137,12 @@ func TestCost(t *testing.T) {
 	c, _ = st.Cost(0)
 	assert.InDelta(t, 1.0/40, c, 1e-9, "completions since the reading; never below empty")
 	st.KVUsage = 0.9
+	st.Prepare(5)
 	c, _ = st.Cost(5)
 	assert.InDelta(t, 3*6.0/40, c, 1e-9, "a cache 90% full triples the cost")
-	_, ok = (&Stats{Slots: 4}).Cost(0)
+	unknown := Stats{Slots: 4}
+	unknown.Prepare(0)
+	_, ok = unknown.Cost(0)
 	assert.False(t, ok, "no cost before the speed is learned")
 }
 

@@ -18,6 +18,25 @@ type Stats struct {
 	// Occupancy is the router's in-flight count on the worker when the
 	// reading arrived: later dispatches and completions are the difference.
 	Occupancy int64
+
+	// Set by Prepare: Cost is max(0, queued + occupancy) + 1, times scale.
+	queued float64 // Running + Waiting − Occupancy
+	scale  float64 // KV penalty / Capacity; 0 while the capacity is unknown
+}
+
+// Prepare stamps the router's occupancy at the reading and precomputes the
+// cost's terms, so Cost is an add and a multiply. Call it once, before the
+// Stats are published.
+func (s *Stats) Prepare(occupancy int64) {
+	s.Occupancy = occupancy
+	s.queued = s.Running + s.Waiting - float64(occupancy)
+	s.scale = 0
+	if c := s.Capacity(); c > 0 {
+		s.scale = 1 / c
+		if s.KVUsage > KVPenaltyFrom {
+			s.scale *= 1 + 20*(s.KVUsage-KVPenaltyFrom)
+		}
+	}
 }
 
 // KVPenaltyFrom is the KV cache usage above which the cost rises: an engine
@@ -28,27 +47,16 @@ const KVPenaltyFrom = 0.8
 // or 0 while the speed is unknown.
 func (s *Stats) Capacity() float64 { return s.Slots * s.TokenRate }
 
-// Load is the engine's requests as of the reading plus the router's
-// dispatches since, less its completions since (occupancy is the router's
-// in-flight count now). It never falls below 0.
-func (s *Stats) Load(occupancy int64) float64 {
-	return max(0, s.Running+s.Waiting+float64(occupancy-s.Occupancy))
-}
-
 // Cost is the expected time to drain the engine's work including one more
 // request: (Load + 1) / Capacity, raised by 1 + 20 × (KVUsage − 0.8) when
 // the cache is over 80% full (×5 when full). Lower is better. It reports
-// false while the capacity is unknown. It does not allocate.
+// false while the capacity is unknown (or before Prepare). It does not
+// allocate.
 func (s *Stats) Cost(occupancy int64) (float64, bool) {
-	c := s.Capacity()
-	if !(c > 0) {
+	if s.scale == 0 {
 		return 0, false
 	}
-	cost := (s.Load(occupancy) + 1) / c
-	if s.KVUsage > KVPenaltyFrom {
-		cost *= 1 + 20*(s.KVUsage-KVPenaltyFrom)
-	}
-	return cost, true
+	return (max(0, s.queued+float64(occupancy)) + 1) * s.scale, true
 }
 
 // learnWindow is the shortest span a speed sample covers: at 50 ms scrapes
