@@ -48,17 +48,21 @@ type Row struct {
 	Result          Result
 }
 
-// front starts one front end before the workers and returns its address
-// and a stop function.
+// startFunc starts a front end before the workers and returns its address
+// and process (stopped with terminate).
+type startFunc func(bin, dir string, workers []string) (addr string, p *exec.Cmd, err error)
+
+// front is one front end of the comparison.
 type front struct {
 	name  string
-	start func(bin, dir string, workers []string) (addr string, stop func(), err error)
+	start startFunc
 }
 
 var fronts = []front{
 	{"direct", nil},
 	{"fastroute", startFastroute},
-	{"nginx", startNginx},
+	{"nginx", nginxFront("least_conn;", "auto")},
+	{"nginx-1w", nginxFront("least_conn;", "1")},
 	{"haproxy", startHAProxy},
 }
 
@@ -109,19 +113,25 @@ func RunE2E(o E2EOptions) ([]Row, error) {
 
 func runFront(f front, dir string, workers []string, wl Workload, o E2EOptions) (Result, error) {
 	targets := workers
+	pid := 0
 	if f.start != nil {
-		addr, stop, err := f.start(o.Binary, dir, workers)
+		addr, p, err := f.start(o.Binary, dir, workers)
 		if err != nil {
 			return Result{}, err
 		}
-		defer stop()
-		targets = []string{addr}
+		defer terminate(p)
+		targets, pid = []string{addr}, p.Process.Pid
 	}
 	if err := waitAnswer(targets[0], wl.Path, wl.Body); err != nil {
 		return Result{}, err
 	}
 	LoadSpread("warmup", targets, wl.Path, wl.Body, o.Connections, o.Duration/5)
+	cpu0 := treeCPU(pid)
 	r := LoadSpread(f.name, targets, wl.Path, wl.Body, o.Connections, o.Duration)
+	if pid != 0 && r.Requests > 0 {
+		r.CPUPerRequest = (treeCPU(pid) - cpu0) / time.Duration(r.Requests)
+		r.PeakRSS = treePeakRSS(pid)
+	}
 	if r.Errors > 0 {
 		return r, fmt.Errorf("%d requests failed", r.Errors)
 	}
@@ -165,14 +175,14 @@ func startMock(bin string, id int, flags []string) (string, func(), error) {
 	return addr, func() { terminate(p) }, nil
 }
 
-func startFastroute(bin, _ string, workers []string) (string, func(), error) {
+func startFastroute(bin, _ string, workers []string) (string, *exec.Cmd, error) {
 	// least-loaded against nginx's least_conn and HAProxy's leastconn.
 	return startServe(bin, workers, "--mode", "least-loaded", "--busy-threshold", "0", "--telemetry-nvml=false", "--telemetry-cpu=false")
 }
 
 // startServe starts `fastroute serve` in front of workers (ids 1..n) with
 // the extra flags.
-func startServe(bin string, workers []string, flags ...string) (string, func(), error) {
+func startServe(bin string, workers []string, flags ...string) (string, *exec.Cmd, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return "", nil, err
@@ -189,29 +199,26 @@ func startServe(bin string, workers []string, flags ...string) (string, func(), 
 	if err != nil {
 		return "", nil, err
 	}
-	return addr, func() { terminate(p) }, nil
+	return addr, p, nil
 }
 
-func startNginx(bin, dir string, workers []string) (string, func(), error) {
-	return nginxBalance("least_conn;")(bin, dir, workers)
-}
-
-// nginxBalance returns the start function of nginx with the upstream
-// balancing directive balance ("" is nginx's weighted round-robin).
-func nginxBalance(balance string) func(bin, dir string, workers []string) (string, func(), error) {
-	return func(_, dir string, workers []string) (string, func(), error) {
-		return startNginxConf(dir, workers, balance)
+// nginxFront returns the start function of nginx with the upstream
+// balancing directive balance ("" is nginx's weighted round-robin) and
+// worker_processes processes ("auto": one per CPU).
+func nginxFront(balance, processes string) startFunc {
+	return func(_, dir string, workers []string) (string, *exec.Cmd, error) {
+		return startNginxConf(dir, workers, balance, processes)
 	}
 }
 
-func startNginxConf(dir string, workers []string, balance string) (string, func(), error) {
+func startNginxConf(dir string, workers []string, balance, processes string) (string, *exec.Cmd, error) {
 	var servers strings.Builder
 	for _, w := range workers {
 		fmt.Fprintf(&servers, "    server %s;\n", w)
 	}
 	conf := func(addr string) string {
 		return fmt.Sprintf(`daemon off;
-worker_processes auto;
+worker_processes %[5]s;
 pid %[1]s/nginx.pid;
 error_log %[1]s/nginx-error.log warn;
 events { worker_connections 4096; }
@@ -237,14 +244,14 @@ http {
     }
   }
 }
-`, dir, servers.String(), addr, balance)
+`, dir, servers.String(), addr, balance, processes)
 	}
 	return startProxy(dir, "nginx.conf", conf, "nginx", func(path string) []string {
 		return []string{"-p", dir, "-c", path, "-e", filepath.Join(dir, "nginx-error.log")}
 	})
 }
 
-func startHAProxy(_, dir string, workers []string) (string, func(), error) {
+func startHAProxy(_, dir string, workers []string) (string, *exec.Cmd, error) {
 	var servers strings.Builder
 	for i, w := range workers {
 		fmt.Fprintf(&servers, "  server w%d %s\n", i+1, w)
@@ -272,7 +279,7 @@ backend workers
 
 // startProxy picks a free address, writes conf(addr) to dir/file and starts
 // bin with args(path of that file).
-func startProxy(dir, file string, conf func(addr string) string, bin string, args func(path string) []string) (string, func(), error) {
+func startProxy(dir, file string, conf func(addr string) string, bin string, args func(path string) []string) (string, *exec.Cmd, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return "", nil, err
@@ -285,7 +292,7 @@ func startProxy(dir, file string, conf func(addr string) string, bin string, arg
 	if err != nil {
 		return "", nil, err
 	}
-	return addr, func() { terminate(p) }, nil
+	return addr, p, nil
 }
 
 // spawn starts a child process whose output is kept only while it runs:

@@ -18,7 +18,12 @@ type Result struct {
 	Errors   int
 	Elapsed  time.Duration
 	P50, P99 time.Duration
-	sorted   []time.Duration // every successful request's latency, ascending
+	// CPUPerRequest is the front end's CPU time (its process and children,
+	// from /proc) divided by the requests; PeakRSS its peak resident set.
+	// Both zero for the direct runs.
+	CPUPerRequest time.Duration
+	PeakRSS       int64
+	sorted        []time.Duration // every successful request's latency, ascending
 }
 
 // Percentile returns the latency below which a share q (0..1) of the
@@ -91,6 +96,10 @@ func LoadSpread(name string, addrs []string, path string, body []byte, conns int
 
 // String formats one table row.
 func (r Result) String() string {
-	return fmt.Sprintf("%-12s %10.0f req/s  p50 %8s  p99 %8s  (%d ok, %d errors)",
+	line := fmt.Sprintf("%-12s %10.0f req/s  p50 %8s  p99 %8s  (%d ok, %d errors)",
 		r.Name, r.RPS(), r.P50.Round(time.Microsecond), r.P99.Round(time.Microsecond), r.Requests, r.Errors)
+	if r.CPUPerRequest > 0 {
+		line += fmt.Sprintf("  CPU %.1f µs/req, peak RSS %.1f MiB", float64(r.CPUPerRequest.Nanoseconds())/1000, float64(r.PeakRSS)/(1<<20))
+	}
+	return line
 }

@@ -21,16 +21,22 @@ func Table(rows []Row, o E2EOptions) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d connections, %v per front end and workload, %d mock workers, %d CPUs, %s\n\n",
 		o.Connections, o.Duration, o.Workers, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"))
-	b.WriteString("| workload | front end | req/s | p50 | p90 | p99 | p99.9 | req/s vs direct | req/s vs nginx | p99 vs nginx |\n")
-	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| workload | front end | req/s | p50 | p90 | p99 | p99.9 | req/s vs direct | req/s vs nginx | p99 vs nginx | CPU µs/req | CPU vs nginx-1w | peak RSS |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
 		direct, nginx := find(rows, r.Workload, "direct"), find(rows, r.Workload, "nginx")
 		fmt.Fprintf(&b, "| %s | %s | %.0f |", r.Workload, r.Front, r.Result.RPS())
 		for _, p := range percentiles {
 			fmt.Fprintf(&b, " %s |", fmtDur(r.Result.Percentile(p.q)))
 		}
-		fmt.Fprintf(&b, " %s | %s | %s |\n", ratio(r.Result.RPS(), direct.RPS()), ratio(r.Result.RPS(), nginx.RPS()),
+		fmt.Fprintf(&b, " %s | %s | %s |", ratio(r.Result.RPS(), direct.RPS()), ratio(r.Result.RPS(), nginx.RPS()),
 			ratio(float64(r.Result.P99), float64(nginx.P99)))
+		if r.Result.CPUPerRequest == 0 {
+			b.WriteString(" - | - | - |\n")
+			continue
+		}
+		fmt.Fprintf(&b, " %.1f | %s | %.1f MiB |\n", float64(r.Result.CPUPerRequest.Nanoseconds())/1000,
+			ratio(float64(r.Result.CPUPerRequest), float64(find(rows, r.Workload, "nginx-1w").CPUPerRequest)), float64(r.Result.PeakRSS)/(1<<20))
 	}
 	return b.String()
 }
@@ -64,7 +70,7 @@ func fmtDur(d time.Duration) string {
 }
 
 // frontColors gives each front end one color in every panel.
-var frontColors = map[string]string{"direct": "#7f7f7f", "fastroute": "#d62728", "nginx": "#2ca02c", "haproxy": "#1f77b4"}
+var frontColors = map[string]string{"direct": "#7f7f7f", "fastroute": "#d62728", "nginx": "#2ca02c", "nginx-1w": "#98df8a", "haproxy": "#1f77b4"}
 
 // Plot draws latency against percentile, one panel per workload, one line
 // per front end, on a log scale, as a standalone SVG.

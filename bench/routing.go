@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -108,7 +109,7 @@ func workload(seed uint64, rate float64, dur time.Duration) []job {
 // RoutingRouter is one router of the comparison.
 type RoutingRouter struct {
 	Name  string
-	start func(bin, dir string, workers []string) (string, func(), error)
+	start startFunc
 }
 
 // RoutingRouters lists every fastroute mode that picks (its defaults
@@ -127,12 +128,12 @@ func RoutingRouters() []RoutingRouter {
 		out = append(out, RoutingRouter{Name: name, start: fastrouteMode(m)})
 	}
 	return append(out,
-		RoutingRouter{Name: "nginx least_conn", start: nginxBalance("least_conn;")},
-		RoutingRouter{Name: "nginx round-robin", start: nginxBalance("")})
+		RoutingRouter{Name: "nginx least_conn", start: nginxFront("least_conn;", "auto")},
+		RoutingRouter{Name: "nginx round-robin", start: nginxFront("", "auto")})
 }
 
-func fastrouteMode(m pickers.Mode) func(bin, dir string, workers []string) (string, func(), error) {
-	return func(bin, _ string, workers []string) (string, func(), error) {
+func fastrouteMode(m pickers.Mode) startFunc {
+	return func(bin, _ string, workers []string) (string, *exec.Cmd, error) {
 		return startServe(bin, workers, "--mode", string(m))
 	}
 }
@@ -231,11 +232,11 @@ func runRoutingOnce(o RoutingOptions, dir string, rt RoutingRouter, jobs []job) 
 		addrs, stops = append(addrs, addr), append(stops, stop)
 		names[strconv.Itoa(i+1)] = e.name
 	}
-	front, stop, err := rt.start(o.Binary, dir, addrs)
+	front, p, err := rt.start(o.Binary, dir, addrs)
 	if err != nil {
 		return RoutingRow{}, err
 	}
-	stops = append(stops, stop) // the engines stop first: they end what they hold, so the router has no stream left to wait for
+	stops = append(stops, func() { terminate(p) }) // the engines stop first: they end what they hold, so the router has no stream left to wait for
 	if err := waitAnswer(front, "/v1/chat/completions", []byte(`{"model":"mock-model","max_tokens":1,"messages":[]}`)); err != nil {
 		return RoutingRow{}, err
 	}

@@ -1,0 +1,87 @@
+package bench
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clockTick is the unit of /proc/<pid>/stat's CPU times (USER_HZ, 100 on Linux).
+const clockTick = 10 * time.Millisecond
+
+// procTree lists pid and its descendants (nginx's workers, say) from /proc.
+func procTree(pid int) []int {
+	parents := map[int][]int{}
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		child, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		if f := statFields(child); len(f) > 1 {
+			if ppid, err := strconv.Atoi(f[1]); err == nil {
+				parents[ppid] = append(parents[ppid], child)
+			}
+		}
+	}
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		out = append(out, parents[out[i]]...)
+	}
+	return out
+}
+
+// statFields returns the fields of /proc/<pid>/stat after the command name
+// (state is field 0, ppid 1, utime 11, stime 12), or nil.
+func statFields(pid int) []string {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return nil
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
+}
+
+// treeCPU is the user plus system CPU time of pid and its descendants; 0
+// for pid 0 (no process: the direct runs).
+func treeCPU(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	var ticks int64
+	for _, p := range procTree(pid) {
+		f := statFields(p)
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += u + s
+	}
+	return time.Duration(ticks) * clockTick
+}
+
+// treePeakRSS is the sum of the peak resident sets (VmHWM) of pid and its
+// descendants, in bytes.
+func treePeakRSS(pid int) int64 {
+	var total int64
+	for _, p := range procTree(pid) {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+				total += kb << 10
+			}
+		}
+	}
+	return total
+}
