@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -92,6 +93,10 @@ func TestAddRefusesDuplicatesAndBadSpecs(t *testing.T) {
 	} {
 		_, err := reg.Add(c.spec)
 		assert.ErrorContains(t, err, c.want)
+		var fe *FieldError
+		if assert.ErrorAs(t, err, &fe, "typed, naming the field") {
+			assert.Equal(t, strings.SplitN(c.want, ":", 2)[0], fe.Field)
+		}
 	}
 	assert.Len(t, reg.All(), 1)
 }

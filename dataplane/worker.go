@@ -46,50 +46,63 @@ type WorkerSpec struct {
 // the spec. The error names the offending field.
 func (s *WorkerSpec) Normalize() error {
 	if s.ID == 0 {
-		return fmt.Errorf("id: must be a positive integer")
+		return fieldErr("id", "must be a positive integer")
 	}
 	u, err := url.Parse(s.URL)
 	if err != nil || u.Scheme != "http" || u.Host == "" {
-		return fmt.Errorf("url: %q is not an http://host:port address", s.URL)
+		return fieldErr("url", "%q is not an http://host:port address", s.URL)
 	}
 	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return fmt.Errorf("url: %q has more than http://host:port; requests keep their own path (/v1/...), so a base path would be dropped", s.URL)
+		return fieldErr("url", "%q has more than http://host:port; requests keep their own path (/v1/...), so a base path would be dropped", s.URL)
 	}
 	switch s.Device {
 	case "":
 		s.Device = DeviceCPU
 	case DeviceGPU, DeviceCPU:
 	default:
-		return fmt.Errorf("device: %q is not gpu or cpu", s.Device)
+		return fieldErr("device", "%q is not gpu or cpu", s.Device)
 	}
 	if s.GPUIndex < 0 {
-		return fmt.Errorf("gpu_index: %d is negative", s.GPUIndex)
+		return fieldErr("gpu_index", "%d is negative", s.GPUIndex)
 	}
 	if s.DPSize == 0 {
 		s.DPSize = 1
 	}
 	if s.DPSize < 0 || s.DPSize > 1024 {
-		return fmt.Errorf("dp_size: %d is outside 1..1024", s.DPSize)
+		return fieldErr("dp_size", "%d is outside 1..1024", s.DPSize)
 	}
 	if s.Capacity == 0 {
 		s.Capacity = 1
 	}
 	if !(s.Capacity > 0) || math.IsInf(s.Capacity, 0) {
-		return fmt.Errorf("capacity: %v must be a positive number", s.Capacity)
+		return fieldErr("capacity", "%v must be a positive number", s.Capacity)
 	}
 	if s.MetricsPath == "" {
 		s.MetricsPath = "/metrics"
 	}
 	if !strings.HasPrefix(s.MetricsPath, "/") {
-		return fmt.Errorf("metrics_path: %q must start with /", s.MetricsPath)
+		return fieldErr("metrics_path", "%q must start with /", s.MetricsPath)
 	}
 	if s.CgroupPath != "" && !strings.HasPrefix(s.CgroupPath, "/") {
-		return fmt.Errorf("cgroup_path: %q must be an absolute directory", s.CgroupPath)
+		return fieldErr("cgroup_path", "%q must be an absolute directory", s.CgroupPath)
 	}
 	if s.MaxInflight < 0 {
-		return fmt.Errorf("max_inflight: %d is negative (0: router.busy_threshold applies)", s.MaxInflight)
+		return fieldErr("max_inflight", "%d is negative (0: router.busy_threshold applies)", s.MaxInflight)
 	}
 	return nil
+}
+
+// FieldError names the spec field at fault, so callers (the config's
+// workers[i].<field>, the admin API) need not cut the message apart.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // Host returns the host:port part of the worker URL.

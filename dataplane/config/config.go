@@ -296,9 +296,11 @@ func (c *Config) Validate() error {
 	for i := range c.Workers {
 		w := &c.Workers[i]
 		if err := w.Normalize(); err != nil {
-			// Normalize reports "field: reason".
-			field, reason, _ := strings.Cut(err.Error(), ": ")
-			return keyErr(fmt.Sprintf("workers[%d].%s", i, field), "%s", reason)
+			var fe *dataplane.FieldError
+			if errors.As(err, &fe) {
+				return keyErr(fmt.Sprintf("workers[%d].%s", i, fe.Field), "%s", fe.Reason)
+			}
+			return keyErr(fmt.Sprintf("workers[%d]", i), "%v", err)
 		}
 		if seen[w.ID] {
 			return keyErr(fmt.Sprintf("workers[%d].id", i), "duplicate id %d", w.ID)
