@@ -29,6 +29,9 @@ func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
 	if w.opts.MetricsDialect == "sglang" {
 		metric("sglang:num_running_reqs", "gauge", "The number of running requests.", st.running)
 		metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", st.waiting)
+		if w.engine != nil {
+			metric("sglang:max_running_requests", "gauge", "The maximum number of running requests.", w.engine.o.MaxNumSeqs)
+		}
 		metric("sglang:token_usage", "gauge", "The token usage.", st.kvUsage)
 		metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", st.promptTokens)
 		metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", st.genTokens)

@@ -74,6 +74,9 @@ sglang:num_running_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 12.0
 # HELP sglang:num_queue_reqs The number of requests in the waiting queue
 # TYPE sglang:num_queue_reqs gauge
 sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0
+# HELP sglang:max_running_requests The maximum number of running requests
+# TYPE sglang:max_running_requests gauge
+sglang:max_running_requests{model_name="meta-llama/Llama-3.1-8B-Instruct"} 48.0
 `
 
 func TestParseVLLM(t *testing.T) {
@@ -97,6 +100,10 @@ func TestParseSGLang(t *testing.T) {
 	assert.Equal(t, 2.0, r.Waiting)
 	assert.Equal(t, 0.28, r.KVUsage)
 	assert.Equal(t, 7.557572e+06, r.Tokens)
+	assert.Equal(t, 48.0, r.MaxRunning)
+	var l Learner
+	assert.Equal(t, 48.0, l.Observe(r, 0).Slots, "the batch size SGLang reports")
+	assert.Equal(t, 8.0, l.Observe(r, 8).Slots, "max_inflight wins")
 }
 
 func TestParseRefusesPagesWithoutLoad(t *testing.T) {
@@ -210,6 +217,7 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 	st2, _ := s.get(2)
 	require.NotNil(t, st2)
 	assert.Equal(t, "sglang", st2.Dialect)
+	assert.Equal(t, 2.0, st2.Slots, "from sglang:max_running_requests")
 
 	info := map[string]any{}
 	sc.Describe(3, info)

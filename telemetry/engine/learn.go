@@ -8,8 +8,8 @@ import "time"
 // published; the request path reads it through an atomic pointer.
 type Stats struct {
 	Reading
-	// Slots is the learned batch size: the most requests seen running at
-	// once (or the configured max_inflight).
+	// Slots is the batch size: the configured max_inflight, else what the
+	// engine reports (SGLang), else the most requests seen running at once.
 	Slots float64
 	// TokenRate is the learned decode speed, in tokens per second per
 	// running request; 0 until two readings a second apart saw the engine
@@ -101,8 +101,11 @@ func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 	}
 	l.prev, l.have = r, true
 	slots := max(l.slots, 1)
-	if fixedSlots > 0 {
+	switch {
+	case fixedSlots > 0:
 		slots = float64(fixedSlots)
+	case r.MaxRunning > 0:
+		slots = r.MaxRunning
 	}
 	return Stats{Reading: r, Slots: slots, TokenRate: l.rate}
 }

@@ -21,19 +21,23 @@ import (
 // sets (one per model or data-parallel engine) are summed; KV usage is the
 // fullest one's.
 type Reading struct {
-	At       time.Time
-	Dialect  string  // "vllm" or "sglang"
-	Running  float64 // requests in the running batch
-	Waiting  float64 // requests queued behind it
-	KVUsage  float64 // share of the KV cache in use, 0..1
-	Tokens   float64 // generation tokens ever produced (a counter); -1 when not exported
-	Adapters []string
+	At      time.Time
+	Dialect string  // "vllm" or "sglang"
+	Running float64 // requests in the running batch
+	Waiting float64 // requests queued behind it
+	KVUsage float64 // share of the KV cache in use, 0..1
+	Tokens  float64 // generation tokens ever produced (a counter); -1 when not exported
+	// MaxRunning is the batch size the engine reports (SGLang's
+	// max_running_requests); 0 when it reports none and it is learned.
+	MaxRunning float64
+	Adapters   []string
 }
 
 // series names the metrics of one engine family.
 type series struct {
 	dialect                         string
 	running, waiting, tokens        string
+	maxRunning                      string
 	kvUsage                         []string // current name first
 	loraInfo                        string
 	runningAdapters, waitingAdapter string
@@ -45,7 +49,8 @@ var dialects = []series{
 		kvUsage:  []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
 		loraInfo: "vllm:lora_requests_info", runningAdapters: "running_lora_adapters", waitingAdapter: "waiting_lora_adapters"},
 	{dialect: "sglang", running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs",
-		tokens: "sglang:generation_tokens_total", kvUsage: []string{"sglang:token_usage"}},
+		tokens: "sglang:generation_tokens_total", kvUsage: []string{"sglang:token_usage"},
+		maxRunning: "sglang:max_running_requests"},
 }
 
 // ErrNoLoadSeries says a metrics page holds neither vLLM's nor SGLang's
@@ -68,6 +73,9 @@ func Parse(in io.Reader, at time.Time) (Reading, error) {
 		r := Reading{At: at, Dialect: d.dialect, Running: running, Waiting: waiting, Tokens: -1}
 		if t, ok := sum(fams[d.tokens]); ok {
 			r.Tokens = t
+		}
+		if d.maxRunning != "" {
+			r.MaxRunning, _ = sum(fams[d.maxRunning])
 		}
 		for _, name := range d.kvUsage {
 			if f := fams[name]; f != nil {
