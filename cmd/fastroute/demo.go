@@ -33,9 +33,13 @@ func runDemo(args []string) error {
 	mocks := make([]*mockworker.Worker, len(cfg.Workers))
 	for i := range cfg.Workers {
 		spec := &cfg.Workers[i]
-		m, err := mockworker.Start("127.0.0.1:0", mockworker.Options{
-			ID: spec.ID, Tokens: 6, TokenInterval: 15 * time.Millisecond, LoRAs: spec.LoRAs,
-		})
+		// Simulated engines: GPU-like ones with 8 running slots, the CPU
+		// one at 1/6 of their speed with 2.
+		engine := mockworker.EngineOptions{MaxNumSeqs: 8, InterTokenLatency: 15 * time.Millisecond, Speed: 1}
+		if spec.Device == "cpu" {
+			engine.MaxNumSeqs, engine.Speed = 2, 1.0/6
+		}
+		m, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: spec.ID, Tokens: 6, LoRAs: spec.LoRAs, Engine: engine})
 		if err != nil {
 			return err
 		}
@@ -51,9 +55,15 @@ func runDemo(args []string) error {
 	fmt.Printf("fastroute demo: router on %s (admin %s), mode %s, %d mock workers\n\n",
 		r.Addr(), r.AdminAddr(), cfg.Router.Mode, len(mocks))
 
-	// The CPU idle share needs two readings: wait for the CPU worker's weight.
+	// Wait for a first reading of every engine's metrics.
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if src, ok := r.Weights.Source(cfg.Workers[len(cfg.Workers)-1].ID); ok && !src.Static {
+		read := 0
+		for _, w := range r.Registry.All() {
+			if w.Engine() != nil {
+				read++
+			}
+		}
+		if read == len(mocks) {
 			break
 		}
 	}
@@ -94,6 +104,10 @@ func runDemo(args []string) error {
 		}
 		fmt.Printf("  worker %d (%s): %d / %d / %d, weight %.3g (%s)\n", w.ID(), w.Spec().Device,
 			m.Served(), w.Served(), w.Occupancy(), w.Weight(), source)
+		if st := w.Engine(); st != nil {
+			fmt.Printf("    engine (%s metrics): %g running, %g waiting, KV %.0f%%, batch size %g, %.0f tokens/s a request\n",
+				st.Dialect, st.Running, st.Waiting, 100*st.KVUsage, st.Slots, st.TokenRate)
+		}
 		total += m.Served()
 		if w.Occupancy() != 0 {
 			return fmt.Errorf("worker %d still holds %d reservations", w.ID(), w.Occupancy())
