@@ -69,6 +69,28 @@ func fmtDur(d time.Duration) string {
 	return fmt.Sprintf("%d µs", d.Microseconds())
 }
 
+// logPanel draws a latency panel with a log scale from the decade below lo
+// to the one above hi: title, frame, 1-2-5 gridlines and their labels. It
+// returns the y of a latency (values below the scale sit on its floor) and
+// the floor.
+func logPanel(b *strings.Builder, x0, top, pw, ph, lo, hi float64, title string) (y func(float64) float64, floor float64) {
+	lo, hi = math.Pow(10, math.Floor(math.Log10(lo))), math.Pow(10, math.Ceil(math.Log10(hi)))
+	y = func(v float64) float64 {
+		return top + ph - ph*(math.Log10(math.Max(v, lo))-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo))
+	}
+	fmt.Fprintf(b, `<text x="%.0f" y="%.0f" font-size="14" text-anchor="middle">%s</text>`+"\n", x0+pw/2, top-15, title)
+	fmt.Fprintf(b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", x0, top, pw, ph)
+	for v := lo; v <= hi*1.0001; v *= 10 {
+		for _, m := range []float64{1, 2, 5} {
+			if t := v * m; t <= hi*1.0001 {
+				fmt.Fprintf(b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x0, x0+pw, y(t), y(t))
+				fmt.Fprintf(b, `<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n", x0-5, y(t)+4, fmtDur(time.Duration(t)))
+			}
+		}
+	}
+	return y, lo
+}
+
 // frontColors gives each front end one color in every panel.
 var frontColors = map[string]string{"direct": "#7f7f7f", "fastroute": "#d62728", "nginx": "#2ca02c", "nginx-1w": "#98df8a", "haproxy": "#1f77b4"}
 
@@ -104,21 +126,8 @@ func Plot(rows []Row) string {
 		if math.IsInf(lo, 0) {
 			continue
 		}
-		lo, hi = math.Pow(10, math.Floor(math.Log10(lo))), math.Pow(10, math.Ceil(math.Log10(hi)))
-		y := func(v float64) float64 {
-			return top + ph - ph*(math.Log10(v)-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo))
-		}
+		y, lo := logPanel(&b, x0, top, pw, ph, lo, hi, wl+": latency by percentile (log scale)")
 		x := func(j int) float64 { return x0 + pw*(float64(j)+0.5)/float64(len(percentiles)) }
-		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="14" text-anchor="middle">%s: latency by percentile (log scale)</text>`+"\n", x0+pw/2, top-15, wl)
-		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", x0, top, pw, ph)
-		for v := lo; v <= hi*1.0001; v *= 10 {
-			for _, m := range []float64{1, 2, 5} {
-				if t := v * m; t <= hi*1.0001 {
-					fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x0, x0+pw, y(t), y(t))
-					fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n", x0-5, y(t)+4, fmtDur(time.Duration(t)))
-				}
-			}
-		}
 		for j, p := range percentiles {
 			fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">%s</text>`+"\n", x(j), top+ph+18, p.label)
 		}

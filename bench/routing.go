@@ -412,21 +412,9 @@ func RoutingPlot(rows []RoutingRow) string {
 		b.WriteString("</svg>\n")
 		return b.String()
 	}
-	lo, hi = math.Pow(10, math.Floor(math.Log10(lo))), math.Pow(10, math.Ceil(math.Log10(hi)))
-	y := func(v float64) float64 {
-		return top + ph - ph*(math.Log10(math.Max(v, lo))-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo))
-	}
+	hi = math.Pow(10, math.Ceil(math.Log10(hi)))
+	y, _ := logPanel(&b, left, top, pw, ph, lo, hi, "TTFT p99 by offered load (log scale), simulated heterogeneous fleet")
 	x := func(i int) float64 { return left + pw*(float64(i)+0.5)/float64(len(loads)) }
-	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="14" text-anchor="middle">TTFT p99 by offered load (log scale), simulated heterogeneous fleet</text>`+"\n", left+pw/2, top-15)
-	fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", left, top, pw, ph)
-	for v := lo; v <= hi*1.0001; v *= 10 {
-		for _, m := range []float64{1, 2, 5} {
-			if t := v * m; t <= hi*1.0001 {
-				fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", left, left+pw, y(t), y(t))
-				fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n", left-5, y(t)+4, fmtDur(time.Duration(t)))
-			}
-		}
-	}
 	for i, l := range loads {
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">%.0f%% of capacity</text>`+"\n", x(i), top+ph+18, l*100)
 	}

@@ -57,6 +57,9 @@ func (LoadAware) Pick(ids []uint64, st State) int {
 	if t == nil || t.Len() != n {
 		return P2C{}.Pick(ids, st)
 	}
+	// The same scan as leastCost's, written out: through a shared helper
+	// taking the cost as a function or a generic, the engine path measured
+	// 25% slower (250 -> 315 ns at 64 workers).
 	s := scale(rand.Uint32(), n)
 	best, bestCost := -1, 0.0
 	for k := 0; k < n; k++ {
