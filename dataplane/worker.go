@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/url"
@@ -142,6 +143,10 @@ type Worker struct {
 type Advertised struct {
 	Models   []string `json:"models"`
 	Adapters []string `json:"adapters"`
+	// Entries are the worker's own /v1/models entries by id, as it wrote
+	// them (created, max_model_len, root, parent...), passed through by the
+	// router's /v1/models.
+	Entries map[string]json.RawMessage `json:"-"`
 }
 
 func newWorker(spec WorkerSpec) *Worker {
@@ -208,6 +213,9 @@ func (w *Worker) Advertised() Advertised {
 // SetAdvertised records what w lists and reports whether it changed.
 func (w *Worker) SetAdvertised(a Advertised) bool {
 	if old := w.adv.Load(); old != nil && slices.Equal(old.Models, a.Models) && slices.Equal(old.Adapters, a.Adapters) {
+		if a.Entries != nil {
+			w.adv.Store(&a) // same routing, fresher fields
+		}
 		return false
 	}
 	w.adv.Store(&a)

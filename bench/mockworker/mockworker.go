@@ -35,6 +35,9 @@ type Options struct {
 	MetricsDialect string
 }
 
+// maxModelLen is the context length the mock's /v1/models reports.
+const maxModelLen = 8192
+
 // MaxBodyBytes is the largest request body accepted: above the router's
 // default, so the router's own limit is the one a client meets.
 const MaxBodyBytes = 64 << 20
@@ -159,10 +162,13 @@ func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 
 func (w *Worker) models(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
+	// vLLM's entry shape: the router passes these fields through.
 	b := []byte(`{"object":"list","data":[`)
-	b = fmt.Appendf(b, `{"id":%q,"object":"model"}`, w.opts.Model)
+	b = fmt.Appendf(b, `{"id":%q,"object":"model","created":1764600000,"owned_by":"vllm","root":%q,"parent":null,"max_model_len":%d}`,
+		w.opts.Model, w.opts.Model, maxModelLen)
 	for _, l := range w.opts.LoRAs {
-		b = fmt.Appendf(b, `,{"id":%q,"object":"model","parent":%q}`, l, w.opts.Model)
+		b = fmt.Appendf(b, `,{"id":%q,"object":"model","created":1764600000,"owned_by":"vllm","root":"/adapters/%s","parent":%q,"max_model_len":%d}`,
+			l, l, w.opts.Model, maxModelLen)
 	}
 	ctx.SetBody(append(b, "]}"...))
 }

@@ -14,6 +14,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -360,7 +361,8 @@ func selectOutcome(err error) outcome {
 	return outcomeInvalid
 }
 
-// model is one entry of /v1/models.
+// model is an entry of /v1/models for an id no worker described itself
+// (an adapter named only in the config or the admin API).
 type model struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
@@ -368,39 +370,67 @@ type model struct {
 }
 
 func (s *Server) models(ctx *fasthttp.RequestCtx) {
+	entries := s.modelEntries()
 	out := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: []model{}}
-	for _, id := range s.modelIDs() {
-		out.Data = append(out.Data, model{ID: id, Object: "model", OwnedBy: "fastroute"})
+		Object string            `json:"object"`
+		Data   []json.RawMessage `json:"data"`
+	}{Object: "list", Data: make([]json.RawMessage, 0, len(entries))}
+	for _, e := range entries {
+		out.Data = append(out.Data, e.raw)
 	}
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }
 
 // model answers GET /v1/models/{id} from the same union.
 func (s *Server) model(ctx *fasthttp.RequestCtx, id string) {
-	if _, ok := slices.BinarySearch(s.modelIDs(), id); !ok {
+	entries := s.modelEntries()
+	i, ok := slices.BinarySearchFunc(entries, id, func(e modelEntry, id string) int { return strings.Compare(e.id, id) })
+	if !ok {
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "model "+strconv.Quote(id)+" is not served by any worker")
 		return
 	}
-	writeJSON(ctx, fasthttp.StatusOK, model{ID: id, Object: "model", OwnedBy: "fastroute"})
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(entries[i].raw)
 }
 
-// modelIDs is the sorted union of the workers' models and adapters.
-func (s *Server) modelIDs() []string {
-	var ids []string
+// modelEntry is one id of the union and the entry shown for it.
+type modelEntry struct {
+	id  string
+	raw json.RawMessage
+}
+
+// modelEntries is the union of the workers' models and adapters, sorted by
+// id: each as the first worker (by id) that lists it wrote it, with all its
+// fields; ids only the config or the admin API name get a minimal entry.
+func (s *Server) modelEntries() []modelEntry {
+	seen := map[string]json.RawMessage{}
+	add := func(id string, raw json.RawMessage) {
+		if _, ok := seen[id]; !ok || (seen[id] == nil && raw != nil) {
+			seen[id] = raw
+		}
+	}
 	for _, w := range s.reg.All() {
 		adv := w.Advertised()
-		ids = append(ids, adv.Models...)
-		ids = append(ids, adv.Adapters...)
-		ids = append(ids, w.Spec().LoRAs...)
+		for _, id := range slices.Concat(adv.Models, adv.Adapters) {
+			add(id, adv.Entries[id])
+		}
+		for _, id := range w.Spec().LoRAs {
+			add(id, nil)
+		}
 	}
 	for name := range s.reg.Snapshot().Groups() { // adapters set through the admin API
-		ids = append(ids, name)
+		add(name, nil)
 	}
-	slices.Sort(ids)
-	return slices.Compact(ids)
+	out := make([]modelEntry, 0, len(seen))
+	for id, raw := range seen {
+		if raw == nil {
+			raw, _ = json.Marshal(model{ID: id, Object: "model", OwnedBy: "fastroute"})
+		}
+		out = append(out, modelEntry{id: id, raw: raw})
+	}
+	slices.SortFunc(out, func(a, b modelEntry) int { return strings.Compare(a.id, b.id) })
+	return out
 }
 
 func (s *Server) health(ctx *fasthttp.RequestCtx) {

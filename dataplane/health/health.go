@@ -4,6 +4,7 @@ package health
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"sync"
 	"time"
@@ -140,14 +141,16 @@ func (c *Checker) models(url string) *dataplane.Advertised {
 	if err != nil {
 		return nil
 	}
-	out := &dataplane.Advertised{Models: []string{}, Adapters: []string{}}
+	out := &dataplane.Advertised{Models: []string{}, Adapters: []string{}, Entries: map[string]json.RawMessage{}}
 	for _, m := range v.GetArray("data") {
 		id := m.GetStringBytes("id")
-		switch {
-		case len(id) == 0:
-		case len(m.GetStringBytes("parent")) > 0:
+		if len(id) == 0 || m.Type() != fastjson.TypeObject {
+			continue
+		}
+		out.Entries[string(id)] = m.MarshalTo(nil)
+		if len(m.GetStringBytes("parent")) > 0 {
 			out.Adapters = append(out.Adapters, string(id))
-		default:
+		} else {
 			out.Models = append(out.Models, string(id))
 		}
 	}

@@ -191,7 +191,7 @@ func TestRoutesBeyondTheFirstThree(t *testing.T) {
 	}
 	code, body := get("/v1/models/sql")
 	assert.Equal(t, http.StatusOK, code)
-	assert.JSONEq(t, `{"id":"sql","object":"model","owned_by":"fastroute"}`, body)
+	assert.JSONEq(t, `{"id":"sql","object":"model","created":1764600000,"owned_by":"vllm","root":"/adapters/sql","parent":"mock-model","max_model_len":8192}`, body)
 	code, body = get("/v1/models/none")
 	assert.Equal(t, http.StatusNotFound, code)
 	assert.Contains(t, body, `model \"none\" is not served by any worker`)

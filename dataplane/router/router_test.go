@@ -416,13 +416,25 @@ func TestModelsUnion(t *testing.T) {
 	opts := mocks(2, 1, 0)
 	opts[0].Model, opts[1].Model = "llama", "qwen"
 	opts[1].LoRAs = []string{"sql-lora"}
-	f := startFleet(t, opts, nil)
+	f := startFleet(t, opts, func(c *config.Config) { c.Workers[0].LoRAs = []string{"cfg-lora"} }) // not advertised
 	require.Eventually(t, func() bool {
 		resp, err := f.client.Get("http://" + f.r.Addr() + "/v1/models")
 		require.NoError(t, err)
 		body := readAll(t, resp)
 		return strings.Contains(body, `"llama"`) && strings.Contains(body, `"qwen"`) && strings.Contains(body, `"sql-lora"`)
 	}, 5*time.Second, 20*time.Millisecond)
+	resp, err := f.client.Get("http://" + f.r.Addr() + "/v1/models")
+	require.NoError(t, err)
+	var list struct {
+		Data []map[string]any
+	}
+	require.NoError(t, json.Unmarshal([]byte(readAll(t, resp)), &list))
+	require.Len(t, list.Data, 4)
+	assert.Equal(t, map[string]any{"id": "sql-lora", "object": "model", "created": 1764600000.0, "owned_by": "vllm",
+		"root": "/adapters/sql-lora", "parent": "qwen", "max_model_len": 8192.0}, list.Data[3], "the worker's own fields pass through")
+	assert.Equal(t, map[string]any{"id": "cfg-lora", "object": "model", "owned_by": "fastroute"}, list.Data[0],
+		"an adapter only the config names gets a minimal entry")
+	assert.Equal(t, "llama", list.Data[1]["id"], "sorted by id")
 }
 
 func adminDo(t *testing.T, f *fleet, method, path, body, token string) (int, string) {
