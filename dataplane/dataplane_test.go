@@ -612,3 +612,58 @@ func TestEjection(t *testing.T) {
 	assert.Equal(t, uint64(3), reg.Ejections())
 	assert.Zero(t, testing.AllocsPerRun(100, func() { reg.ReportAnswer(w1, true) }))
 }
+
+// TestCPUOverflowRule: with GPU and CPU workers and no engine readings,
+// device-aware-weighted sends to the CPU only while
+// cpu_inflight < gpu_inflight × cpus / (ratio × gpus).
+func TestCPUOverflowRule(t *testing.T) {
+	reg := NewRegistry()
+	for id, dev := range map[uint64]Device{1: DeviceGPU, 2: DeviceGPU, 3: DeviceCPU} {
+		s := spec(id)
+		s.Device = dev
+		_, err := reg.Add(s)
+		require.NoError(t, err)
+	}
+	sel := newSelector(t, reg, pickers.ModeWeighted, 0)
+	require.NoError(t, sel.SetPolicy(pickers.ModeWeighted, 0, 8))
+	var req Request
+	var res Reservation
+	for i := 0; i < 50; i++ { // one at a time: the GPUs are idle, the CPU is never needed
+		req.Reset()
+		require.NoError(t, sel.Select(&req, &res))
+		assert.NotEqual(t, uint64(3), res.Worker().ID())
+		res.Release()
+	}
+	held := make([]Reservation, 40)
+	cpu := 0
+	for i := range held {
+		var r Request
+		require.NoError(t, sel.Select(&r, &held[i]))
+		if held[i].Worker().ID() == 3 {
+			cpu++
+		}
+	}
+	// The CPU gets a request each time it holds fewer than gpu_inflight/16:
+	// at 1, 17 and 33 requests on the GPUs.
+	assert.Equal(t, 3, cpu)
+	for i := range held {
+		held[i].Release()
+	}
+	assertIdle(t, reg)
+
+	// Off (ratio 0), or with engine readings on every worker, the rule steps aside.
+	require.NoError(t, sel.SetPolicy(pickers.ModeWeighted, 0, 0))
+	seen := map[uint64]bool{}
+	for i := 0; i < 200; i++ {
+		req.Reset()
+		require.NoError(t, sel.Select(&req, &res))
+		seen[res.Worker().ID()] = true
+		res.Release()
+	}
+	assert.True(t, seen[3], "weighted draws reach the CPU worker")
+	assert.Zero(t, testing.AllocsPerRun(200, func() {
+		req.Reset()
+		_ = sel.Select(&req, &res)
+		res.Release()
+	}))
+}

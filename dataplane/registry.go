@@ -110,9 +110,12 @@ func (g *Group) Inflight() int64 { return g.load.n.Load() }
 // they advertise.
 type Snapshot struct {
 	candidates
-	groups  map[string]*Group
-	models  map[string]struct{}
-	version uint64
+	// gpus and cpus split the routable workers by device when both kinds
+	// are present (else both are empty), for the CPU overflow rule.
+	gpus, cpus candidates
+	groups     map[string]*Group
+	models     map[string]struct{}
+	version    uint64
 }
 
 // Group returns the named group, or nil. The lookup does not allocate.
@@ -401,6 +404,11 @@ func (r *Registry) publishLocked() {
 		routable := w.Routable()
 		if routable {
 			s.add(w)
+			if w.spec.Device == DeviceGPU {
+				s.gpus.add(w)
+			} else {
+				s.cpus.add(w)
+			}
 		}
 		for _, m := range w.Advertised().Models {
 			s.models[m] = struct{}{}
@@ -421,6 +429,10 @@ func (r *Registry) publishLocked() {
 		}
 	}
 	s.weights.Build()
+	if len(s.gpus.ids) == 0 || len(s.cpus.ids) == 0 {
+		s.gpus, s.cpus = candidates{}, candidates{}
+	}
+	s.gpus.weights.Build()
 	for _, g := range s.groups {
 		g.weights.Build()
 	}

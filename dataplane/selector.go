@@ -78,21 +78,31 @@ type Selector struct {
 
 // policy is how the selector picks; one request reads one policy throughout.
 type policy struct {
-	mode   pickers.Mode
-	picker pickers.Picker
-	busy   int64
+	mode     pickers.Mode
+	picker   pickers.Picker
+	busy     int64
+	cpuRatio float64              // device-aware-weighted's CPU overflow rule; 0: off
+	cpuPick  *pickers.LeastLoaded // inside the CPU group
 }
 
 // NewSelector returns a selector over reg. busyThreshold caps the requests in
-// flight per worker (0 = no cap).
+// flight per worker (0 = no cap). The CPU overflow rule is off until
+// SetPolicy sets a ratio.
 func NewSelector(reg *Registry, mode pickers.Mode, busyThreshold int) (*Selector, error) {
 	s := &Selector{reg: reg}
-	return s, s.SetPolicy(mode, busyThreshold)
+	return s, s.SetPolicy(mode, busyThreshold, 0)
 }
 
-// SetPolicy replaces the mode and the busy threshold for the requests
-// selected from now on; those in flight keep what they have.
-func (s *Selector) SetPolicy(mode pickers.Mode, busyThreshold int) error {
+// SetPolicy replaces the mode, the busy threshold and the CPU overflow
+// ratio for the requests selected from now on; those in flight keep what
+// they have.
+//
+// The CPU overflow rule is the reference framework's for
+// device-aware-weighted: while the fleet has both GPU and CPU workers and
+// no engine readings to price them, the CPU group takes a request only
+// while cpu_inflight < gpu_inflight × cpu_count / (cpuRatio × gpu_count),
+// least-loaded inside; the GPUs take the rest by weight.
+func (s *Selector) SetPolicy(mode pickers.Mode, busyThreshold int, cpuRatio float64) error {
 	p, err := pickers.New(mode)
 	if err != nil {
 		return err
@@ -100,8 +110,34 @@ func (s *Selector) SetPolicy(mode pickers.Mode, busyThreshold int) error {
 	if busyThreshold < 0 {
 		return fmt.Errorf("busy_threshold: %d is negative", busyThreshold)
 	}
-	s.policy.Store(&policy{mode: mode, picker: p, busy: int64(busyThreshold)})
+	if cpuRatio < 0 {
+		return fmt.Errorf("cpu_ratio: %v is negative", cpuRatio)
+	}
+	s.policy.Store(&policy{mode: mode, picker: p, busy: int64(busyThreshold), cpuRatio: cpuRatio, cpuPick: &pickers.LeastLoaded{}})
 	return nil
+}
+
+// overflow applies the CPU overflow rule: the device group to pick from,
+// or nil when the rule does not apply (off, another mode, one kind of
+// device, or engine readings that price every worker).
+func (p *policy) overflow(snap *Snapshot) (group *candidates, picker pickers.Picker) {
+	if p.cpuRatio == 0 || p.mode != pickers.ModeWeighted || len(snap.cpus.ids) == 0 {
+		return nil, nil
+	}
+	if _, priced := snap.candidates.Cost(0); priced {
+		return nil, nil
+	}
+	var gpuIn, cpuIn int64
+	for _, o := range snap.gpus.occ {
+		gpuIn += o.Load()
+	}
+	for _, o := range snap.cpus.occ {
+		cpuIn += o.Load()
+	}
+	if float64(cpuIn)*p.cpuRatio*float64(len(snap.gpus.ids)) < float64(gpuIn)*float64(len(snap.cpus.ids)) {
+		return &snap.cpus, p.cpuPick
+	}
+	return &snap.gpus, p.picker
 }
 
 // limit is w's in-flight cap: its own max_inflight, else the threshold.
@@ -145,9 +181,16 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 		}
 	}
 	if req.Filter == nil && req.nExclude == 0 {
-		// Fast path: pick over the whole set. A busy pick means the policy
-		// saw no better free worker, or raced; the filtered path decides.
-		w := base.workers[p.picker.Pick(base.ids, base)]
+		// Fast path: pick over the whole set (or the device group the CPU
+		// overflow rule names). A busy pick means the policy saw no better
+		// free worker, or raced; the filtered path decides.
+		set, picker := base, p.picker
+		if req.Group == nil {
+			if g, gp := p.overflow(snap); g != nil {
+				set, picker = g, gp
+			}
+		}
+		w := set.workers[picker.Pick(set.ids, set)]
 		if w.tryAcquire(p.limit(w)) {
 			return s.hold(req, w, res)
 		}

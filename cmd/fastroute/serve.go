@@ -84,6 +84,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	})
 	fs.IntVar(&cfg.Router.BusyThreshold, "busy-threshold", cfg.Router.BusyThreshold, "max in-flight per worker (0 = none)")
 	fs.IntVar(&cfg.Router.Retries, "retries", cfg.Router.Retries, "retries on transport failure before the first byte")
+	fs.Float64Var(&cfg.Router.CPURatio, "cpu-ratio", cfg.Router.CPURatio, "device-aware-weighted: CPU workers take a request only while cpu_inflight < gpu_inflight × cpus / (ratio × gpus) (0: off)")
 	fs.StringVar(&cfg.Router.SessionAffinity.Mode, "affinity-mode", cfg.Router.SessionAffinity.Mode, "session affinity: off|soft|hard")
 	fs.StringVar(&cfg.Router.SessionAffinity.Header, "affinity-header", cfg.Router.SessionAffinity.Header, "session id header")
 	fs.DurationVar(&cfg.Router.SessionAffinity.TTL, "affinity-ttl", cfg.Router.SessionAffinity.TTL, "idle session expiry")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -49,6 +50,10 @@ type Router struct {
 	SessionAffinity Affinity     `yaml:"session_affinity"`
 	// EmbeddingCacheSize bounds the embedding cache table (keys); 0 turns it off.
 	EmbeddingCacheSize int `yaml:"embedding_cache_size"`
+	// CPURatio is device-aware-weighted's CPU overflow rule (0: off): with
+	// GPU and CPU workers and no engine readings, the CPU group takes a
+	// request only while cpu_inflight < gpu_inflight × cpus / (ratio × gpus).
+	CPURatio float64 `yaml:"cpu_ratio"`
 }
 
 // Affinity holds the session-affinity settings.
@@ -121,7 +126,7 @@ func Default() Config {
 		Router: Router{
 			Mode: pickers.ModeWeighted, BusyThreshold: 64, Retries: 2,
 			SessionAffinity:    Affinity{Mode: "soft", Header: "x-session-id", TTL: 10 * time.Minute, MaxSessions: 100000},
-			EmbeddingCacheSize: 1 << 16,
+			EmbeddingCacheSize: 1 << 16, CPURatio: 8,
 		},
 		Telemetry: Telemetry{NVML: true, CPU: true, Interval: 250 * time.Millisecond,
 			Engine: Engine{Enabled: true, Interval: 50 * time.Millisecond, Timeout: time.Second}},
@@ -233,6 +238,9 @@ func (c *Config) Validate() error {
 	}
 	if a.MaxSessions <= 0 {
 		return keyErr("router.session_affinity.max_sessions", "%d must be positive", a.MaxSessions)
+	}
+	if !(c.Router.CPURatio >= 0) || math.IsInf(c.Router.CPURatio, 0) {
+		return keyErr("router.cpu_ratio", "%v must be a number, 0 or more (0 turns the CPU overflow rule off)", c.Router.CPURatio)
 	}
 	if c.Router.EmbeddingCacheSize < 0 || c.Router.EmbeddingCacheSize > 1<<26 {
 		return keyErr("router.embedding_cache_size", "%d is outside 0..%d (0 turns the cache off)", c.Router.EmbeddingCacheSize, 1<<26)

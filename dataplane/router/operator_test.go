@@ -166,7 +166,10 @@ func TestRoutesBeyondTheFirstThree(t *testing.T) {
 	f := startFleet(t, []mockworker.Options{{ID: 1, LoRAs: []string{"sql"}}, {ID: 2}}, func(c *config.Config) {
 		c.Routes = []string{"/custom/infer"}
 	})
-	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Group([]byte("sql")) != nil }, 5*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { // the worker's own /v1/models has been read
+		w, _ := f.r.Registry.Get(1)
+		return len(w.Advertised().Adapters) == 1
+	}, 5*time.Second, 20*time.Millisecond)
 	for _, path := range []string{"/v1/responses", "/v1/messages", "/v1/rerank", "/v1/score", "/v1/audio/transcriptions",
 		"/tokenize", "/detokenize", "/pooling", "/classify", "/generate", "/custom/infer"} {
 		resp := f.post(path, `{"model":"sql","prompt":"x"}`)

@@ -43,11 +43,12 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	slices.Sort(needRestart)
 
-	if cfg.Router.Mode != old.Router.Mode || cfg.Router.BusyThreshold != old.Router.BusyThreshold {
-		if err := r.Selector.SetPolicy(cfg.Router.Mode, cfg.Router.BusyThreshold); err != nil {
-			return nil, needRestart, err // Validate checked both: not reached
+	if cfg.Router.Mode != old.Router.Mode || cfg.Router.BusyThreshold != old.Router.BusyThreshold || cfg.Router.CPURatio != old.Router.CPURatio {
+		if err := r.Selector.SetPolicy(cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.CPURatio); err != nil {
+			return nil, needRestart, err // Validate checked them: not reached
 		}
-		applied = append(applied, fmt.Sprintf("router.mode=%s router.busy_threshold=%d", cfg.Router.Mode, cfg.Router.BusyThreshold))
+		applied = append(applied, fmt.Sprintf("router.mode=%s router.busy_threshold=%d router.cpu_ratio=%g",
+			cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.CPURatio))
 	}
 	if cfg.Router.Retries != old.Router.Retries {
 		r.Frontend.SetRetries(cfg.Router.Retries)
@@ -57,6 +58,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 
 	next := old // what runs now: the applied keys new, the others as they were
 	next.Router.Mode, next.Router.BusyThreshold, next.Router.Retries = cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.Retries
+	next.Router.CPURatio = cfg.Router.CPURatio
 	next.Workers = cfg.Workers
 	r.Config = next
 	r.log.Info("config reloaded", "applied", applied, "need_restart", needRestart)

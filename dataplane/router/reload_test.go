@@ -39,7 +39,7 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	var answer struct{ Applied, NeedRestart []string }
 	require.NoError(t, json.Unmarshal([]byte(strings.ReplaceAll(body, "need_restart", "NeedRestart")), &answer))
-	assert.Equal(t, []string{"router.mode=least-loaded router.busy_threshold=64", "router.retries=1",
+	assert.Equal(t, []string{"router.mode=least-loaded router.busy_threshold=64 router.cpu_ratio=8", "router.retries=1",
 		"worker 1 removed (draining)", "worker 2 replaced", "worker 3 added"}, answer.Applied)
 	assert.Equal(t, []string{"limits"}, answer.NeedRestart)
 	assert.Contains(t, logs.String(), `msg="config reloaded"`)

@@ -76,6 +76,9 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	h := cfg.Health
 	reg.SetEjectPolicy(dataplane.EjectPolicy{After: h.EjectAfter, Base: h.EjectTime, Max: h.EjectMax})
 	sel, err := dataplane.NewSelector(reg, cfg.Router.Mode, cfg.Router.BusyThreshold)
+	if err == nil {
+		err = sel.SetPolicy(cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.CPURatio)
+	}
 	if err != nil {
 		return nil, err
 	}
