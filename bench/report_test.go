@@ -54,12 +54,7 @@ func TestE2ESmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	bin := filepath.Join(t.TempDir(), "fastroute")
-	// The CPU-only build works under both test runs (cgo and CGO_ENABLED=0).
-	build := exec.Command("go", "build", "-tags", "nonvml", "-o", bin, "../cmd/fastroute")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := buildBinary(t)
 	dir := t.TempDir()
 	rows, err := RunE2E(E2EOptions{Binary: bin, Workers: 2, Connections: 4, Duration: 200 * time.Millisecond, OutDir: dir})
 	require.NoError(t, err)
@@ -73,4 +68,16 @@ func TestE2ESmoke(t *testing.T) {
 	assert.Equal(t, 1+len(rows), strings.Count(string(md), "| non-streaming |")+strings.Count(string(md), "| streaming |")+1)
 	_, err = os.Stat(filepath.Join(dir, "results.svg"))
 	assert.NoError(t, err)
+}
+
+// buildBinary builds the CPU-only fastroute binary for the smoke tests: it
+// works under both test runs (cgo and CGO_ENABLED=0).
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "fastroute")
+	build := exec.Command("go", "build", "-tags", "nonvml", "-o", bin, "../cmd/fastroute")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return bin
 }

@@ -64,11 +64,7 @@ func TestRoutingSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	bin := filepath.Join(t.TempDir(), "fastroute")
-	build := exec.Command("go", "build", "-tags", "nonvml", "-o", bin, "../cmd/fastroute")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := buildBinary(t)
 	dir := t.TempDir()
 	rows, err := RunRouting(RoutingOptions{Binary: bin, Warmup: 300 * time.Millisecond, Duration: 700 * time.Millisecond,
 		Timeout: 5 * time.Second, Loads: []float64{0.3}, Seed: 1, OutDir: dir,
