@@ -81,7 +81,8 @@ func TestTTLExpiresIdleSessionsOnly(t *testing.T) {
 	_, st = tb.Get([]byte("busy"))
 	assert.Equal(t, Pinned, st)
 	assert.Equal(t, 1, tb.Len())
-	assert.EqualValues(t, 1, tb.expired.Value())
+	_, expired := tb.Evictions()
+	assert.EqualValues(t, 1, expired)
 	clock.advance(11 * time.Second)
 	assert.Equal(t, 1, tb.Tick())
 	assert.Zero(t, tb.Len())
@@ -97,7 +98,8 @@ func TestMaxSessionsEvictsTheOldestCreated(t *testing.T) {
 		_, st := tb.Get(fmt.Appendf(nil, "s%d", i))
 		assert.Equal(t, want, st, "s%d", i)
 	}
-	assert.EqualValues(t, 2, tb.evicted.Value())
+	evicted, _ := tb.Evictions()
+	assert.EqualValues(t, 2, evicted)
 	// A session recreated after eviction is new: s0 comes back, s2 (oldest) goes.
 	tb.Put([]byte("s0"), Pin{Worker: 9})
 	_, st := tb.Get([]byte("s2"))

@@ -4,7 +4,6 @@ import (
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
@@ -18,8 +17,8 @@ type Cache struct {
 	m      *xsync.MapOf[uint64, cached]
 	ring   []clockSlot
 	hand   atomic.Uint64
-	hits   metrics.Counter
-	misses metrics.Counter
+	hits   atomic.Uint64
+	misses atomic.Uint64
 }
 
 type cached struct {
@@ -53,10 +52,10 @@ func Key(input []byte) uint64 {
 func (c *Cache) Lookup(key uint64) (worker uint64, ok bool) {
 	e, ok := c.m.Load(key)
 	if !ok {
-		c.misses.Inc()
+		c.misses.Add(1)
 		return 0, false
 	}
-	c.hits.Inc()
+	c.hits.Add(1)
 	if s := &c.ring[e.slot]; !s.ref.Load() {
 		s.ref.Store(true)
 	}
@@ -96,19 +95,7 @@ func (c *Cache) Record(key, worker uint64) {
 func (c *Cache) Len() int { return c.m.Size() }
 
 // Hits returns how many lookups found their key.
-func (c *Cache) Hits() uint64 { return c.hits.Value() }
+func (c *Cache) Hits() uint64 { return c.hits.Load() }
 
 // Misses returns how many lookups found no key.
-func (c *Cache) Misses() uint64 { return c.misses.Value() }
-
-// Collector exports the hit and miss counts and the size.
-func (c *Cache) Collector() metrics.Collector {
-	return func(w *metrics.Writer) {
-		w.Header("fastroute_embedding_cache_hits_total", "counter", "Embedding inputs found in the cache table.")
-		w.Sample("fastroute_embedding_cache_hits_total", float64(c.Hits()))
-		w.Header("fastroute_embedding_cache_misses_total", "counter", "Embedding inputs not found in the cache table.")
-		w.Sample("fastroute_embedding_cache_misses_total", float64(c.Misses()))
-		w.Header("fastroute_embedding_cache_keys", "gauge", "Keys held by the embedding cache table.")
-		w.Sample("fastroute_embedding_cache_keys", float64(c.Len()))
-	}
-}
+func (c *Cache) Misses() uint64 { return c.misses.Load() }

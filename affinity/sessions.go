@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
@@ -76,8 +75,8 @@ type Table struct {
 	next    atomic.Uint64   // next creation slot
 	size    atomic.Int64
 	clock   atomic.Int64 // unix nanoseconds of the last Tick
-	evicted metrics.Counter
-	expired metrics.Counter
+	evicted atomic.Uint64
+	expired atomic.Uint64
 }
 
 type session struct {
@@ -157,12 +156,12 @@ func (t *Table) evictFor(slot, h uint64) {
 }
 
 // deleteIf removes h's session when cond holds, counting it in count (may be nil).
-func (t *Table) deleteIf(h uint64, cond func(*session) bool, count *metrics.Counter) {
+func (t *Table) deleteIf(h uint64, cond func(*session) bool, count *atomic.Uint64) {
 	t.m.Compute(h, func(s *session, loaded bool) (*session, bool) {
 		if loaded && cond(s) {
 			t.size.Add(-1)
 			if count != nil {
-				count.Inc()
+				count.Add(1)
 			}
 			return s, true
 		}
@@ -201,11 +200,11 @@ func (t *Table) Tick() int {
 		}
 		return true
 	})
-	before := t.expired.Value()
+	before := t.expired.Load()
 	for _, h := range stale {
 		t.deleteIf(h, func(s *session) bool { return s.used.Load() < cutoff }, &t.expired)
 	}
-	return int(t.expired.Value() - before)
+	return int(t.expired.Load() - before)
 }
 
 // Run ticks every interval until ctx ends.
@@ -225,13 +224,6 @@ func (t *Table) Run(ctx context.Context, interval time.Duration) {
 // Len returns the number of sessions held.
 func (t *Table) Len() int { return int(t.size.Load()) }
 
-// Collector exports fastroute_affinity_sessions and the eviction counts.
-func (t *Table) Collector() metrics.Collector {
-	return func(w *metrics.Writer) {
-		w.Header("fastroute_affinity_sessions", "gauge", "Sessions pinned to a worker.")
-		w.Sample("fastroute_affinity_sessions", float64(t.Len()))
-		w.Header("fastroute_affinity_evictions_total", "counter", "Sessions removed, by reason.")
-		w.Sample("fastroute_affinity_evictions_total", float64(t.evicted.Value()), "reason", "max_sessions")
-		w.Sample("fastroute_affinity_evictions_total", float64(t.expired.Value()), "reason", "ttl")
-	}
-}
+// Evictions returns how many sessions were removed for the max_sessions
+// bound and for their idle TTL.
+func (t *Table) Evictions() (maxSessions, ttl uint64) { return t.evicted.Load(), t.expired.Load() }

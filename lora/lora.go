@@ -12,12 +12,10 @@
 package lora
 
 import (
-	"cmp"
 	"slices"
 	"strconv"
 
 	"github.com/fastroute/fastroute/dataplane"
-	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
@@ -85,21 +83,4 @@ func (r *Residency) Resolve(snap *dataplane.Snapshot, model []byte) (*dataplane.
 	}
 	return nil, dataplane.Errorf(dataplane.NotFound,
 		"model %s is neither a base model nor a LoRA adapter of any worker", strconv.Quote(string(model)))
-}
-
-// Collector exports each adapter's requests in flight as fastroute_lora_inflight.
-func (r *Residency) Collector() metrics.Collector {
-	return func(w *metrics.Writer) {
-		type load struct {
-			name string
-			n    int64
-		}
-		var loads []load
-		r.reg.GroupLoads(func(name string, n int64) { loads = append(loads, load{name, n}) })
-		slices.SortFunc(loads, func(a, b load) int { return cmp.Compare(a.name, b.name) })
-		w.Header("fastroute_lora_inflight", "gauge", "Requests in flight routed to a LoRA adapter's workers.")
-		for _, l := range loads {
-			w.Sample("fastroute_lora_inflight", float64(l.n), "lora", l.name)
-		}
-	}
 }

@@ -109,11 +109,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		Logger: log, OnRemoved: func(w *dataplane.Worker) { r.Frontend.Forget(w); r.LoRA.Forget(w) },
 	})
 	r.Metrics.Register(r.Frontend.Metrics().Collector(string(cfg.Router.Mode), reg))
-	r.Metrics.Register(r.LoRA.Collector())
-	r.Metrics.Register(r.Sessions.Collector())
-	if r.EmbedCache != nil {
-		r.Metrics.Register(r.EmbedCache.Collector())
-	}
+	r.Metrics.Register(r.stateCollector())
 	r.startTelemetry(log)
 	r.startEngines(log)
 

@@ -1,0 +1,43 @@
+package router
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/fastroute/fastroute/dataplane/metrics"
+)
+
+// stateCollector writes the families of the state kept below the core
+// (LoRA loads, session pins, the embedding cache): those packages expose
+// counts, and the Prometheus text is written here, in one place.
+func (r *Router) stateCollector() metrics.Collector {
+	return func(w *metrics.Writer) {
+		type load struct {
+			name string
+			n    int64
+		}
+		var loads []load
+		r.Registry.GroupLoads(func(name string, n int64) { loads = append(loads, load{name, n}) })
+		slices.SortFunc(loads, func(a, b load) int { return cmp.Compare(a.name, b.name) })
+		w.Header("fastroute_lora_inflight", "gauge", "Requests in flight routed to a LoRA adapter's workers.")
+		for _, l := range loads {
+			w.Sample("fastroute_lora_inflight", float64(l.n), "lora", l.name)
+		}
+
+		evicted, expired := r.Sessions.Evictions()
+		w.Header("fastroute_affinity_sessions", "gauge", "Sessions pinned to a worker.")
+		w.Sample("fastroute_affinity_sessions", float64(r.Sessions.Len()))
+		w.Header("fastroute_affinity_evictions_total", "counter", "Sessions removed, by reason.")
+		w.Sample("fastroute_affinity_evictions_total", float64(evicted), "reason", "max_sessions")
+		w.Sample("fastroute_affinity_evictions_total", float64(expired), "reason", "ttl")
+
+		if c := r.EmbedCache; c != nil {
+			w.Header("fastroute_embedding_cache_hits_total", "counter", "Embedding inputs found in the cache table.")
+			w.Sample("fastroute_embedding_cache_hits_total", float64(c.Hits()))
+			w.Header("fastroute_embedding_cache_misses_total", "counter", "Embedding inputs not found in the cache table.")
+			w.Sample("fastroute_embedding_cache_misses_total", float64(c.Misses()))
+			w.Header("fastroute_embedding_cache_keys", "gauge", "Keys held by the embedding cache table.")
+			w.Sample("fastroute_embedding_cache_keys", float64(c.Len()))
+		}
+	}
+}
