@@ -312,8 +312,11 @@ func TestNoWorkersAnswers503(t *testing.T) {
 }
 
 // deadAddr returns a loopback address nothing listens on.
+// deadAddr is an address where nothing listens. It is on 127.0.0.2, so the
+// port it frees is not taken by the next 127.0.0.1:0 listener of another
+// test running beside this one.
 func deadAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	ln.Close()
