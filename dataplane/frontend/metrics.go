@@ -78,8 +78,10 @@ func (m *Metrics) Requests(routePath, outcomeName string) uint64 {
 func (m *Metrics) Retries() uint64 { return m.retries.Value() }
 
 // Collector writes the front end's families and the per-worker gauges.
-func (m *Metrics) Collector(mode string, reg *dataplane.Registry) metrics.Collector {
+// mode names the selection mode running at the scrape (a reload may change it).
+func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics.Collector {
 	return func(w *metrics.Writer) {
+		mode := mode()
 		w.Header("fastroute_requests_total", "counter", "Requests by route, mode and outcome.")
 		for r := range numRoutes {
 			for o := range numOutcomes {

@@ -56,6 +56,8 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	w2, _ := f.r.Registry.Get(2)
 	assert.Equal(t, 2.0, w2.Spec().Capacity)
 	assert.Equal(t, pickers.ModeLeastLoaded, f.r.CurrentConfig().Router.Mode)
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "s3cret")
+	assert.Contains(t, metrics, `mode="least-loaded"`, "the metrics name the mode running now")
 	assert.Equal(t, config.Size(16<<20), f.r.CurrentConfig().Limits.MaxBodyBytes, "a key that needs a restart keeps its value")
 
 	full := readAll(t, stream)

@@ -108,7 +108,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		Interval: cfg.Health.Interval, Path: cfg.Health.Path, UnhealthyAfter: cfg.Health.UnhealthyAfter,
 		Logger: log, OnRemoved: func(w *dataplane.Worker) { r.Frontend.Forget(w); r.LoRA.Forget(w) },
 	})
-	r.Metrics.Register(r.Frontend.Metrics().Collector(string(cfg.Router.Mode), reg))
+	r.Metrics.Register(r.Frontend.Metrics().Collector(func() string { return string(r.CurrentConfig().Router.Mode) }, reg))
 	r.Metrics.Register(r.stateCollector())
 	r.startTelemetry(log)
 	r.startEngines(log)
