@@ -36,16 +36,23 @@ func (c *CgroupUsage) Refresh(now time.Time) (idle float64, ok bool, err error) 
 	if err != nil {
 		return 0, false, fmt.Errorf("cgroup %s: %w", c.dir, err)
 	}
+	idle, ok = c.Observe(now, st.Usage, q)
+	return idle, ok, nil
+}
+
+// Observe takes a reading already made (the cgroup's usage_usec and
+// quota at now) and returns the idle share since the previous one.
+func (c *CgroupUsage) Observe(now time.Time, usage time.Duration, q Quota) (idle float64, ok bool) {
 	prev, at, primed := c.prev, c.at, c.primed
-	c.prev, c.at, c.primed = st.Usage, now, true
+	c.prev, c.at, c.primed = usage, now, true
 	dt := now.Sub(at).Seconds()
-	if !primed || dt <= 0 || st.Usage < prev {
-		return 0, false, nil
+	if !primed || dt <= 0 || usage < prev {
+		return 0, false
 	}
 	cpus := c.hostCPUs
 	if !q.Unlimited && q.CPUs > 0 {
 		cpus = q.CPUs
 	}
-	used := (st.Usage - prev).Seconds() / (cpus * dt)
-	return min(max(1-used, 0), 1), true, nil
+	used := (usage - prev).Seconds() / (cpus * dt)
+	return min(max(1-used, 0), 1), true
 }

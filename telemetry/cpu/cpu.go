@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -223,13 +224,16 @@ type Sample struct {
 // through an atomic pointer, so readers never block.
 type Collector struct {
 	root   string
+	cgroup *CgroupUsage // this process tree's cgroup: the idle share of a quota
 	prev   Times
 	primed bool // prev holds a reading
 	latest atomic.Pointer[Sample]
 }
 
 // NewCollector returns a collector reading under root ("/" in production).
-func NewCollector(root string) *Collector { return &Collector{root: root} }
+func NewCollector(root string) *Collector {
+	return &Collector{root: root, cgroup: NewCgroupUsage(filepath.Join(root, "sys/fs/cgroup"), runtime.NumCPU())}
+}
 
 // Latest returns the newest sample, or nil before the second Refresh (an
 // idle share needs two /proc/stat readings).
@@ -261,11 +265,8 @@ func (c *Collector) Refresh(now time.Time) error {
 		return err
 	}
 	s.Idle = s.IdleRatio
-	if p := c.latest.Load(); p != nil && !s.Quota.Unlimited && s.Quota.CPUs > 0 {
-		if dt := now.Sub(p.At).Seconds(); dt > 0 && s.Throttling.Usage >= p.Throttling.Usage {
-			used := (s.Throttling.Usage - p.Throttling.Usage).Seconds() / (s.Quota.CPUs * dt)
-			s.Idle = min(max(1-used, 0), 1)
-		}
+	if idle, ok := c.cgroup.Observe(now, s.Throttling.Usage, s.Quota); ok && !s.Quota.Unlimited && s.Quota.CPUs > 0 {
+		s.Idle = idle
 	}
 	c.latest.Store(s)
 	return nil
