@@ -287,9 +287,7 @@ func (r *Registry) ReportAnswer(w *Worker, ok bool) (ejectedFor time.Duration) {
 	}
 	w.failStreak.Store(0)
 	r.ejected.Add(1)
-	r.mu.Lock()
-	r.publishLocked()
-	r.mu.Unlock()
+	r.Republish()
 	r.left(w.spec.ID)
 	return d
 }
