@@ -8,18 +8,29 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
+// stats is what /metrics reports.
+func (w *Worker) stats() engineStats {
+	if w.engine != nil {
+		return w.engine.stats()
+	}
+	return engineStats{running: int(w.active.Load()), genTokens: w.tokens.Load()}
+}
+
+// Queue returns the requests the worker is working on and those waiting
+// for a slot, as its /metrics reports them.
+func (w *Worker) Queue() (running, waiting int) {
+	st := w.stats()
+	return st.running, st.waiting
+}
+
 // metrics answers /metrics in the Prometheus text format, with the series
 // names and labels of vLLM (default) or SGLang. Without the engine
 // simulator the requests being answered count as running and none waits.
 func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
-	var st engineStats
+	st := w.stats()
 	maxLoRA := DefaultMaxLoRA
 	if w.engine != nil {
-		st = w.engine.stats()
 		maxLoRA = w.engine.o.MaxLoRA
-	} else {
-		st.running = int(w.active.Load())
-		st.genTokens = w.tokens.Load()
 	}
 	model := fmt.Sprintf("{model_name=%q}", w.opts.Model)
 	var b []byte

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,10 +10,12 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/hangup"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 )
@@ -50,6 +53,19 @@ type exchange struct {
 	sse     bool     // the answer is an event stream
 	tail    []byte   // the error event still to send after a broken stream
 
+	// The upstream connection in use (send to endConn).
+	conn       *trackedConn
+	connHandle any       // its pool record
+	connOf     *upstream // its pool
+	br         *bufio.Reader
+	bodyDone   bool // the answer's body was read to its end
+
+	// Client hang-up while the worker works (watchClient to unwatch).
+	client hangup.Conn                 // the client connection, while watched
+	token  uint32                      // owner token of conn: the client connection's generation, or 1
+	watch  atomic.Uint64               // token<<1 while watched, | 1 once the client hung up
+	upConn atomic.Pointer[trackedConn] // conn, for the watcher's goroutine
+
 	// For the access log.
 	path      []byte // copied only while the access log is on
 	picked    bool   // res names this request's worker (it may name an earlier one's)
@@ -62,7 +78,8 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.rt, ex.start = rt, start
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done, ex.hard = false, nil, false, false
-	ex.sse, ex.tail = false, nil
+	ex.sse, ex.tail, ex.bodyDone, ex.client = false, nil, false, hangup.Conn{}
+	ex.watch.Store(0)
 	ex.session, ex.model, ex.keys = ex.session[:0], ex.model[:0], ex.keys[:0]
 	ex.picked, ex.status, ex.firstByte, ex.bytes = false, 0, 0, 0
 	if ex.s.access != nil {
@@ -128,19 +145,24 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 // one on a transport failure before the first response byte.
 func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 	s := ex.s
+	ex.watchClient(ctx)
 	for {
 		w := ex.res.Worker()
 		u := s.upstreamOf(w)
 		ex.prepare(ctx, u, w)
 		ex.res.Dispatched()
 		t := time.Now()
-		err := u.hc.Do(&ex.up, &ex.resp)
+		err := ex.send(u)
 		if err == nil {
 			ex.firstByte = time.Since(t)
 			s.metrics.firstByte.Observe(ex.firstByte)
 			s.reportAnswer(w, ex.resp.StatusCode() < fasthttp.StatusInternalServerError)
 			ex.served()
 			ex.respond(ctx, u, w)
+			return
+		}
+		if ex.hungUp() {
+			ex.abandon(ctx)
 			return
 		}
 		s.reportAnswer(w, false)
@@ -170,11 +192,6 @@ func (ex *exchange) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		ex.up.Header.Del(headerDPRank) // a worker without ranks never sees the client's
 	}
 	ex.resp.Reset()
-	// Always stream the upstream body: Do then returns once the response
-	// headers are in, so an error from Do means no byte came back and the
-	// request may move to another worker; a failure while reading the body
-	// comes later and is never retried.
-	ex.resp.StreamBody = true
 }
 
 // respond copies the worker's answer to the client: a streamed answer is
@@ -184,6 +201,9 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 	body := ex.resp.BodyStream()
 	ex.sse = bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream)
 	if body != nil && (ex.stream || ex.sse) {
+		// From here a client that leaves is noticed by fasthttp's next
+		// write of a chunk.
+		ex.unwatch()
 		ex.copyHeaders(ctx, u)
 		ctx.Response.SetBodyStream(ex, -1)
 		return
@@ -195,10 +215,15 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		ctx.Response.ResetBody()
 		if _, err := io.CopyBuffer(ctx.Response.BodyWriter(), body, ex.copyBuf); err != nil {
 			ctx.Response.ResetBody()
+			if ex.hungUp() {
+				ex.abandon(ctx)
+				return
+			}
 			ex.fail(ctx, w.ID(), fmt.Errorf("answer cut after the headers: %w", err), nil)
 			return
 		}
 	}
+	ex.bodyDone = true
 	ex.copyHeaders(ctx, u)
 	ex.bytes = int64(len(ctx.Response.Body()))
 	ex.finish(outcomeOK)
@@ -229,6 +254,9 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	}
 	n, err := ex.resp.BodyStream().Read(p)
 	ex.bytes += int64(n)
+	if err == io.EOF {
+		ex.bodyDone = true
+	}
 	if err != nil && err != io.EOF {
 		ex.readErr = err
 		if ex.sse {
@@ -307,16 +335,67 @@ func (ex *exchange) finish(o outcome) {
 		return
 	}
 	ex.done = true
+	ex.unwatch()
+	ex.endConn()
 	ex.res.Release()
 	m := ex.s.metrics
 	m.requests[ex.rt][o].Inc()
 	total := time.Since(ex.start)
 	m.total.Observe(total)
 	ex.logAccess(o, total)
-	_ = ex.resp.CloseBodyStream()
 	ex.resp.Reset()
 	ex.up.Reset()
 	ex.s.exchanges.Put(ex)
+}
+
+// abandon ends an exchange whose client closed its connection while the
+// worker was still working on the request: the upstream connection is cut
+// (the engine stops), the reservation released, the request counted as
+// cancelled and logged with nginx's 499.
+func (ex *exchange) abandon(ctx *fasthttp.RequestCtx) {
+	ctx.SetConnectionClose()
+	ex.status = statusClientClosed
+	ctx.SetStatusCode(statusClientClosed)
+	ex.finish(outcomeCancelled)
+}
+
+// statusClientClosed is nginx's status of a request whose client left first.
+const statusClientClosed = 499
+
+// watchClient watches the client's connection while the request waits on
+// a worker, so that a client that hangs up cuts the upstream request.
+func (ex *exchange) watchClient(ctx *fasthttp.RequestCtx) {
+	s := ex.s
+	c, _ := s.conns.Load(ctx.Conn())
+	if ex.token = c.Gen(); ex.token == 0 || s.hangups == nil {
+		ex.token = 1 // not watched: any owner token but 0 (none)
+		return
+	}
+	ex.watch.Store(uint64(ex.token) << 1)
+	ex.client = c
+	if !s.hangups.Begin(c, ex) {
+		ex.watch.Store(uint64(ex.token)<<1 | 1) // gone already
+	}
+}
+
+// unwatch stops watching the client's connection.
+func (ex *exchange) unwatch() {
+	if ex.client.Gen() != 0 {
+		ex.s.hangups.End(ex.client, ex)
+		ex.client = hangup.Conn{}
+	}
+}
+
+// hungUp reports a client that closed its connection while watched.
+func (ex *exchange) hungUp() bool { return ex.watch.Load()&1 != 0 }
+
+// clientHungUp is the hangup watcher's callback: it marks the exchange
+// working for the client connection of generation gen and cuts its
+// upstream connection.
+func clientHungUp(ex *exchange, gen uint32) {
+	if ex.watch.CompareAndSwap(uint64(gen)<<1, uint64(gen)<<1|1) {
+		ex.cut(gen)
+	}
 }
 
 // end closes an exchange that was never dispatched (a bad request, no

@@ -21,6 +21,7 @@ import (
 
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/hangup"
 	"github.com/fastroute/fastroute/lora"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
@@ -64,23 +65,17 @@ type Server struct {
 	sel       *dataplane.Selector
 	reg       *dataplane.Registry
 	upstreams *xsync.MapOf[*dataplane.Worker, *upstream]
-	conns     *xsync.MapOf[net.Conn, struct{}] // open client connections
-	upConns   *xsync.MapOf[net.Conn, struct{}] // open upstream connections
+	conns     *xsync.MapOf[net.Conn, hangup.Conn] // open client connections, watched for hang-ups
+	upConns   *xsync.MapOf[net.Conn, struct{}]    // open upstream connections
 	exchanges sync.Pool
 	parsers   fastjson.ParserPool
 	metrics   *Metrics
-	routes    map[string]struct{} // proxied paths outside /v1/
-	access    *slog.Logger        // nil: no access log
-	retries   atomic.Int64        // router.retries, reloadable
+	routes    map[string]struct{}       // proxied paths outside /v1/
+	access    *slog.Logger              // nil: no access log
+	retries   atomic.Int64              // router.retries, reloadable
+	hangups   *hangup.Watcher[exchange] // nil: client hang-ups are noticed only on write
 	srv       *fasthttp.Server
 	log       *slog.Logger
-}
-
-// upstream is the pooled keep-alive client of one worker.
-type upstream struct {
-	hc       *fasthttp.HostClient
-	host     string
-	idHeader []byte // worker id as header text
 }
 
 // New returns a Server; call Serve to start it.
@@ -93,13 +88,18 @@ func New(opts Options) *Server {
 		sel:       opts.Selector,
 		reg:       opts.Selector.Registry(),
 		upstreams: xsync.NewMapOf[*dataplane.Worker, *upstream](),
-		conns:     xsync.NewMapOf[net.Conn, struct{}](),
+		conns:     xsync.NewMapOf[net.Conn, hangup.Conn](),
 		upConns:   xsync.NewMapOf[net.Conn, struct{}](),
 		metrics:   newMetrics(),
 		log:       opts.Logger,
 		access:    opts.AccessLog,
 	}
 	s.exchanges.New = func() any { return &exchange{s: s} }
+	if w, err := hangup.New(clientHungUp); err != nil {
+		s.log.Warn("client hang-ups are noticed only when the router writes to them", "err", err)
+	} else {
+		s.hangups = w
+	}
 	s.routes = map[string]struct{}{}
 	for _, r := range append(slices.Clone(engineRoutes), opts.Routes...) {
 		s.routes[r] = struct{}{}
@@ -155,7 +155,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.ShutdownWithContext(ctx)
 	if ctx.Err() != nil {
 		n := 0
-		s.conns.Range(func(c net.Conn, _ struct{}) bool {
+		s.conns.Range(func(c net.Conn, _ hangup.Conn) bool {
 			_ = c.Close()
 			n++
 			return true
@@ -175,17 +175,29 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		u.hc.CloseIdleConnections()
 		return true
 	})
+	if s.hangups != nil {
+		err = errors.Join(err, s.hangups.Close())
+	}
 	return err
 }
 
 // trackConn keeps the set of open client connections, so a shutdown that
-// runs out of time can cut them.
+// runs out of time can cut them, and watches each for its client's
+// hang-up.
 func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
 	switch st {
 	case fasthttp.StateNew:
-		s.conns.Store(c, struct{}{})
+		var hc hangup.Conn
+		if s.hangups != nil {
+			if fd, err := hangup.Descriptor(c); err == nil {
+				hc, _ = s.hangups.Add(fd)
+			}
+		}
+		s.conns.Store(c, hc)
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
-		s.conns.Delete(c)
+		if hc, ok := s.conns.LoadAndDelete(c); ok && s.hangups != nil {
+			s.hangups.Remove(hc)
+		}
 	}
 }
 
@@ -194,43 +206,6 @@ func (s *Server) Forget(w *dataplane.Worker) {
 	if u, ok := s.upstreams.LoadAndDelete(w); ok {
 		u.hc.CloseIdleConnections()
 	}
-}
-
-func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
-	if u, ok := s.upstreams.Load(w); ok {
-		return u
-	}
-	u, _ := s.upstreams.LoadOrCompute(w, func() *upstream {
-		host := w.Spec().Host()
-		dialTimeout := s.opts.ConnectTimeout
-		return &upstream{
-			host:     host,
-			idHeader: strconv.AppendUint(nil, w.ID(), 10),
-			hc: &fasthttp.HostClient{
-				Addr:     host,
-				Name:     "fastroute",
-				MaxConns: 4096,
-				// fasthttp sets this deadline before reading the response
-				// headers; once bytes flow the connection's own idle
-				// deadline replaces it (trackedConn).
-				ReadTimeout:               s.opts.FirstByteTimeout,
-				WriteTimeout:              s.opts.FirstByteTimeout,
-				MaxIdleConnDuration:       90 * time.Second,
-				MaxIdemponentCallAttempts: 1, // fastroute retries itself, on another worker
-				NoDefaultUserAgentHeader:  true,
-				Dial: func(addr string) (net.Conn, error) {
-					c, err := fasthttp.DialTimeout(addr, dialTimeout)
-					if err != nil {
-						return nil, err
-					}
-					tc := &trackedConn{Conn: c, set: s.upConns, idle: s.opts.StreamIdleTimeout}
-					s.upConns.Store(tc, struct{}{})
-					return tc, nil
-				},
-			},
-		}
-	})
-	return u
 }
 
 // Handle routes one request.
@@ -502,48 +477,4 @@ func (l debugLogger) Printf(format string, args ...any) {
 	if l.log.Enabled(context.Background(), slog.LevelDebug) {
 		l.log.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
 	}
-}
-
-// trackedConn is an upstream connection listed in set while open, so a
-// shutdown that runs out of time can cut it. Once a read returns bytes, the
-// next must come within idle (stream_idle_timeout): the deadline moves
-// forward as bytes flow, at most every idle/8, so a stream that keeps
-// sending is never cut, and reads cost no deadline call each.
-type trackedConn struct {
-	net.Conn
-	set      *xsync.MapOf[net.Conn, struct{}]
-	idle     time.Duration
-	deadline time.Time // the idle deadline last set; zero: fasthttp's own
-}
-
-// Read reads and moves the idle deadline forward when bytes came.
-func (c *trackedConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 && c.idle > 0 {
-		now := time.Now()
-		if next := now.Add(c.idle); next.Sub(c.deadline) > c.idle/8 {
-			c.deadline = next
-			_ = c.Conn.SetReadDeadline(next)
-		}
-	}
-	return n, err
-}
-
-// SetReadDeadline is fasthttp's, for a new request's headers: it replaces
-// the idle deadline until bytes flow again.
-func (c *trackedConn) SetReadDeadline(t time.Time) error {
-	c.deadline = time.Time{}
-	return c.Conn.SetReadDeadline(t)
-}
-
-// SetDeadline sets both deadlines, as SetReadDeadline does for reads.
-func (c *trackedConn) SetDeadline(t time.Time) error {
-	c.deadline = time.Time{}
-	return c.Conn.SetDeadline(t)
-}
-
-// Close closes the connection and drops it from the set.
-func (c *trackedConn) Close() error {
-	c.set.Delete(c)
-	return c.Conn.Close()
 }
