@@ -581,6 +581,38 @@ func TestEngineCostSpreadsABurstByCapacity(t *testing.T) {
 	}
 }
 
+// Without max_inflight a worker's cap is the one learned from its engine
+// (two batches) in place of busy_threshold, which stays the cap of a
+// worker without engine readings; a threshold of 0 turns both off.
+func TestLearnedAdmissionLimit(t *testing.T) {
+	reg := newFleet(t, 2)
+	w1, _ := reg.Get(1)
+	w1.SetEngine(&engine.Stats{Slots: 2, Admit: 4})
+	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 3)
+	var res [20]Reservation
+	n := 0
+	for ; n < len(res); n++ {
+		var req Request
+		if sel.Select(&req, &res[n]) != nil {
+			break
+		}
+	}
+	assert.Equal(t, 7, n, "4 on the engine that said its batch is 2, 3 (busy_threshold) on the other")
+	assert.EqualValues(t, 4, w1.Occupancy())
+	for i := range n {
+		res[i].Release()
+	}
+	require.NoError(t, sel.SetPolicy(pickers.ModeLeastLoaded, 0, 0))
+	for i := range res {
+		var req Request
+		require.NoError(t, sel.Select(&req, &res[i]), "busy_threshold 0: no cap, learned or not")
+	}
+	for i := range res {
+		res[i].Release()
+	}
+	assertIdle(t, reg)
+}
+
 func TestEjection(t *testing.T) {
 	reg := newFleet(t, 2)
 	reg.SetEjectPolicy(EjectPolicy{After: 2, Base: time.Second, Max: 3 * time.Second})

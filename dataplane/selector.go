@@ -140,10 +140,17 @@ func (p *policy) overflow(snap *Snapshot) (group *candidates, picker pickers.Pic
 	return &snap.gpus, p.picker
 }
 
-// limit is w's in-flight cap: its own max_inflight, else the threshold.
+// limit is w's in-flight cap: its own max_inflight, else the one learned
+// from its engine (two batches), else the busy threshold. A threshold of 0
+// (no cap) also turns the learned one off.
 func (p *policy) limit(w *Worker) int64 {
 	if m := w.spec.MaxInflight; m > 0 {
 		return int64(m)
+	}
+	if p.busy > 0 {
+		if st := w.engine.Load(); st != nil && st.Admit > 0 {
+			return st.Admit
+		}
 	}
 	return p.busy
 }

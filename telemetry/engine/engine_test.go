@@ -131,6 +131,22 @@ func TestLearnerLearnsSpeedAndSlots(t *testing.T) {
 	assert.InDelta(t, 50, restarted.TokenRate, 5, "a counter that went back (engine restart) keeps the learned speed")
 }
 
+func TestLearnerAdmitsTwoBatchesOnceTheBatchSizeIsKnown(t *testing.T) {
+	var l Learner
+	t0 := time.Unix(1000, 0)
+	st := l.Observe(Reading{At: t0, Running: 5}, 0)
+	assert.Zero(t, st.Admit, "five running says nothing of the batch size")
+	st = l.Observe(Reading{At: t0.Add(time.Second), Running: 8, Waiting: 3}, 0)
+	assert.EqualValues(t, 16, st.Admit, "a queue behind eight running: the batch is eight")
+	st = l.Observe(Reading{At: t0.Add(2 * time.Second), Running: 2}, 0)
+	assert.EqualValues(t, 16, st.Admit, "learned once, kept")
+
+	var sg Learner
+	assert.EqualValues(t, 64, sg.Observe(Reading{At: t0, MaxRunning: 32}, 0).Admit, "SGLang says its batch size")
+	var fixed Learner
+	assert.EqualValues(t, 6, fixed.Observe(Reading{At: t0}, 3).Admit, "max_inflight is the batch size")
+}
+
 func TestCost(t *testing.T) {
 	st := Stats{Reading: Reading{Running: 3, Waiting: 2}, Slots: 4, TokenRate: 10}
 	_, ok := st.Cost(5)

@@ -11,6 +11,11 @@ type Stats struct {
 	// Slots is the batch size: the configured max_inflight, else what the
 	// engine reports (SGLang), else the most requests seen running at once.
 	Slots float64
+	// Admit is the learned in-flight limit: two batches (one running, one
+	// queued behind it) once the batch size is known, because the engine
+	// reports it (SGLang) or was seen queueing behind a full batch; 0 until
+	// then.
+	Admit int64
 	// TokenRate is the learned decode speed, in tokens per second per
 	// running request; 0 until two readings a second apart saw the engine
 	// busy and its token counter move.
@@ -72,6 +77,7 @@ type Learner struct {
 	prev       Reading
 	have       bool
 	slots      float64
+	full       bool // a queue was seen behind running requests: slots is the batch size
 	rate       float64
 	winStart   time.Time
 	winTokens  float64 // tokens generated in the window
@@ -82,6 +88,7 @@ type Learner struct {
 // Occupancy. fixedSlots, when positive, replaces the learned batch size.
 func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 	l.slots = max(l.slots, r.Running)
+	l.full = l.full || (r.Waiting > 0 && r.Running > 0)
 	if l.have && r.Tokens >= l.prev.Tokens && l.prev.Tokens >= 0 && r.At.After(l.prev.At) {
 		dt := r.At.Sub(l.prev.At).Seconds()
 		l.winTokens += r.Tokens - l.prev.Tokens
@@ -100,12 +107,16 @@ func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 		l.winStart, l.winTokens, l.winRunning = r.At, 0, 0
 	}
 	l.prev, l.have = r, true
-	slots := max(l.slots, 1)
+	slots, known := max(l.slots, 1), l.full
 	switch {
 	case fixedSlots > 0:
-		slots = float64(fixedSlots)
+		slots, known = float64(fixedSlots), true
 	case r.MaxRunning > 0:
-		slots = r.MaxRunning
+		slots, known = r.MaxRunning, true
 	}
-	return Stats{Reading: r, Slots: slots, TokenRate: l.rate}
+	st := Stats{Reading: r, Slots: slots, TokenRate: l.rate}
+	if known {
+		st.Admit = 2 * int64(slots)
+	}
+	return st
 }

@@ -188,6 +188,9 @@ func (s *Scraper) Describe(id uint64, info map[string]any) {
 	info["engine_kv_usage"] = l.KVUsage
 	info["engine_age_seconds"] = time.Since(l.At).Seconds()
 	info["engine_slots"] = l.Slots
+	if l.Admit > 0 {
+		info["engine_admit_limit"] = l.Admit
+	}
 	info["engine_token_rate"] = l.TokenRate
 	if len(l.Adapters) > 0 {
 		info["engine_loras"] = l.Adapters
