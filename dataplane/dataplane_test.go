@@ -488,8 +488,8 @@ func TestResetClearsEveryExportedField(t *testing.T) {
 			f.SetBool(true)
 		case reflect.Int:
 			f.SetInt(3)
-		case reflect.Uint64:
-			f.SetUint(3)
+		case reflect.Uint64, reflect.Uint8:
+			f.SetUint(2)
 		case reflect.Pointer:
 			f.Set(reflect.New(f.Type().Elem()))
 		case reflect.Interface:
@@ -506,6 +506,57 @@ func TestResetClearsEveryExportedField(t *testing.T) {
 		}
 	}
 	assert.Zero(t, r.Attempts())
+}
+
+// Each phase picks from its pool (prefill: prefill and both workers;
+// decode: decode and both) with its own picker; a named worker must serve
+// the phase; an empty pool is a 503.
+func TestPhasesPickFromTheirPools(t *testing.T) {
+	reg := NewRegistry()
+	for id, role := range map[uint64]Role{1: RolePrefill, 2: RolePrefill, 3: RoleDecode, 4: RoleBoth} {
+		sp := spec(id)
+		sp.Role = role
+		_, err := reg.Add(sp)
+		require.NoError(t, err)
+	}
+	sel := newSelector(t, reg, pickers.ModeRoundRobin, 0)
+	require.NoError(t, sel.SetPhaseModes(pickers.ModeLeastLoaded, ""))
+	seen := map[Phase]map[uint64]int{PhasePrefill: {}, PhaseDecode: {}, PhaseAny: {}}
+	held := make([]Reservation, 0, 12)
+	for i := 0; i < 12; i++ {
+		for ph := range seen {
+			var req Request
+			req.Phase = ph
+			res := &Reservation{}
+			if ph == PhasePrefill {
+				held = held[:len(held)+1] // least-loaded spreads only what it holds
+				res = &held[len(held)-1]
+			}
+			require.NoError(t, sel.Select(&req, res))
+			seen[ph][res.Worker().ID()]++
+			if ph != PhasePrefill {
+				res.Release()
+			}
+		}
+	}
+	assert.Equal(t, map[uint64]int{1: 4, 2: 4, 4: 4}, seen[PhasePrefill], "least-loaded over prefill and both")
+	assert.Equal(t, map[uint64]int{3: 6, 4: 6}, seen[PhaseDecode], "round-robin over decode and both")
+	assert.Len(t, seen[PhaseAny], 4, "disaggregation off: every worker")
+	for i := range held {
+		held[i].Release()
+	}
+
+	named := Request{WorkerID: 3, HasWorker: true, Phase: PhasePrefill}
+	var res Reservation
+	assert.ErrorContains(t, sel.Select(&named, &res), "worker 3 has role decode and does not serve the prefill phase")
+	require.NoError(t, reg.Drain(3))
+	require.NoError(t, reg.Drain(4))
+	decode := Request{Phase: PhaseDecode}
+	err := sel.Select(&decode, &res)
+	assert.True(t, errors.Is(err, ErrNoEndpoints), "%v", err)
+	assert.ErrorContains(t, err, "no routable worker serves the decode phase")
+	assert.ErrorContains(t, sel.SetPhaseModes(pickers.ModeDirect, ""), "needs the worker named")
+	assertIdle(t, reg)
 }
 
 type allowNone struct{}

@@ -19,6 +19,9 @@ type candidates struct {
 	weights pickers.WeightTable
 }
 
+// Len returns the number of candidates (of a snapshot: the routable workers).
+func (c *candidates) Len() int { return len(c.ids) }
+
 // Occupancy returns the live in-flight counters, aligned with the ids.
 func (c *candidates) Occupancy() []*atomic.Int64 { return c.occ }
 
@@ -98,9 +101,6 @@ type Group struct {
 // Name returns the group name.
 func (g *Group) Name() string { return g.name }
 
-// Len returns the number of routable members.
-func (g *Group) Len() int { return len(g.ids) }
-
 // Inflight returns the requests in flight routed by this group.
 func (g *Group) Inflight() int64 { return g.load.n.Load() }
 
@@ -113,9 +113,23 @@ type Snapshot struct {
 	// gpus and cpus split the routable workers by device when both kinds
 	// are present (else both are empty), for the CPU overflow rule.
 	gpus, cpus candidates
-	groups     map[string]*Group
-	models     map[string]struct{}
-	version    uint64
+	// prefill and decode are the pools of a disaggregated request: the
+	// workers whose role serves the phase.
+	prefill, decode candidates
+	groups          map[string]*Group
+	models          map[string]struct{}
+	version         uint64
+}
+
+// pool returns the candidates of a phase.
+func (s *Snapshot) pool(p Phase) *candidates {
+	switch p {
+	case PhasePrefill:
+		return &s.prefill
+	case PhaseDecode:
+		return &s.decode
+	}
+	return &s.candidates
 }
 
 // Group returns the named group, or nil. The lookup does not allocate.
@@ -138,9 +152,6 @@ func (s *Snapshot) IDs() []uint64 { return s.ids }
 
 // Workers returns the routable workers aligned with IDs (do not modify).
 func (s *Snapshot) Workers() []*Worker { return s.workers }
-
-// Len returns the number of routable workers.
-func (s *Snapshot) Len() int { return len(s.ids) }
 
 // Version increases with every publication.
 func (s *Snapshot) Version() uint64 { return s.version }
@@ -407,6 +418,12 @@ func (r *Registry) publishLocked() {
 			} else {
 				s.cpus.add(w)
 			}
+			if w.spec.Role.serves(PhasePrefill) {
+				s.prefill.add(w)
+			}
+			if w.spec.Role.serves(PhaseDecode) {
+				s.decode.add(w)
+			}
 		}
 		for _, m := range w.Advertised().Models {
 			s.models[m] = struct{}{}
@@ -431,6 +448,8 @@ func (r *Registry) publishLocked() {
 		s.gpus, s.cpus = candidates{}, candidates{}
 	}
 	s.gpus.weights.Build()
+	s.prefill.weights.Build()
+	s.decode.weights.Build()
 	for _, g := range s.groups {
 		g.weights.Build()
 	}

@@ -37,6 +37,9 @@ type Request struct {
 	Group *Group
 	// Filter restricts the candidates further; nil admits all.
 	Filter Filter
+	// Phase picks from the pool of that phase (disaggregation) with its
+	// picker; PhaseAny: every worker.
+	Phase Phase
 
 	exclude  [MaxAttempts]uint64
 	nExclude int
@@ -53,7 +56,7 @@ func (r *Request) Reset() {
 	r.WorkerID, r.HasWorker = 0, false
 	r.PreferID, r.HasPrefer, r.PreferRank, r.HasPreferRank = 0, false, 0, false
 	r.DPRank, r.HasDPRank = 0, false
-	r.Group, r.Filter = nil, nil
+	r.Group, r.Filter, r.Phase = nil, nil, PhaseAny
 	r.nExclude = 0
 }
 
@@ -80,9 +83,17 @@ type Selector struct {
 type policy struct {
 	mode     pickers.Mode
 	picker   pickers.Picker
+	phases   [3]phasePolicy // by Phase: the picker of each pool
 	busy     int64
 	cpuRatio float64              // device-aware-weighted's CPU overflow rule; 0: off
 	cpuPick  *pickers.LeastLoaded // inside the CPU group
+}
+
+// phasePolicy is the picker of one phase's pool.
+type phasePolicy struct {
+	mode   pickers.Mode // the mode in use
+	own    pickers.Mode // the phase's configured mode; "": the router's
+	picker pickers.Picker
 }
 
 // NewSelector returns a selector over reg. busyThreshold caps the requests in
@@ -113,8 +124,48 @@ func (s *Selector) SetPolicy(mode pickers.Mode, busyThreshold int, cpuRatio floa
 	if cpuRatio < 0 {
 		return fmt.Errorf("cpu_ratio: %v is negative", cpuRatio)
 	}
-	s.policy.Store(&policy{mode: mode, picker: p, busy: int64(busyThreshold), cpuRatio: cpuRatio, cpuPick: &pickers.LeastLoaded{}})
+	np := &policy{mode: mode, picker: p, busy: int64(busyThreshold), cpuRatio: cpuRatio, cpuPick: &pickers.LeastLoaded{}}
+	np.phases[PhaseAny] = phasePolicy{mode: mode, picker: p}
+	var prefill, decode pickers.Mode
+	if old := s.policy.Load(); old != nil {
+		prefill, decode = old.phases[PhasePrefill].own, old.phases[PhaseDecode].own
+	}
+	np.setPhases(prefill, decode)
+	s.policy.Store(np)
 	return nil
+}
+
+// SetPhaseModes gives the prefill and decode pools pickers of their own
+// ("" keeps the router's mode for that pool), from the next request on.
+func (s *Selector) SetPhaseModes(prefill, decode pickers.Mode) error {
+	for _, m := range []pickers.Mode{prefill, decode} {
+		if m == pickers.ModeDirect {
+			return fmt.Errorf("mode %q cannot pick a phase's worker: it needs the worker named", m)
+		}
+		if _, err := pickers.New(m); m != "" && err != nil {
+			return err
+		}
+	}
+	np := *s.policy.Load()
+	np.setPhases(prefill, decode)
+	s.policy.Store(&np)
+	return nil
+}
+
+// setPhases gives each phase a picker of its own (a round-robin turn is
+// per pool): of its own mode, or of the router's where that is "".
+func (p *policy) setPhases(prefill, decode pickers.Mode) {
+	for ph, own := range [...]pickers.Mode{PhasePrefill: prefill, PhaseDecode: decode} {
+		if ph == int(PhaseAny) {
+			continue
+		}
+		m := own
+		if m == "" {
+			m = p.mode
+		}
+		pk, _ := pickers.New(m)
+		p.phases[ph] = phasePolicy{mode: m, own: own, picker: pk}
+	}
 }
 
 // overflow applies the CPU overflow rule: the device group to pick from,
@@ -171,7 +222,10 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 	if p.picker == nil {
 		return errMissingWorker
 	}
-	base := &snap.candidates
+	base := snap.pool(req.Phase)
+	if base.Len() == 0 {
+		return Errorf(NoEndpoints, "no routable worker serves the %s phase", req.Phase)
+	}
 	if g := req.Group; g != nil {
 		if g.Len() == 0 {
 			return Errorf(NoEndpoints, "no routable worker holds adapter %q", g.name)
@@ -187,12 +241,13 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 			}
 		}
 	}
-	if req.Filter == nil && req.nExclude == 0 {
+	pp := &p.phases[req.Phase]
+	if req.Filter == nil && req.nExclude == 0 && (req.Group == nil || req.Phase == PhaseAny) {
 		// Fast path: pick over the whole set (or the device group the CPU
 		// overflow rule names). A busy pick means the policy saw no better
 		// free worker, or raced; the filtered path decides.
-		set, picker := base, p.picker
-		if req.Group == nil {
+		set, picker := base, pp.picker
+		if req.Group == nil && req.Phase == PhaseAny {
 			if g, gp := p.overflow(snap); g != nil {
 				set, picker = g, gp
 			}
@@ -202,7 +257,7 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 			return s.hold(req, w, res)
 		}
 	}
-	return s.selectFiltered(p, base, req, res)
+	return s.selectFiltered(p, pp, base, req, res)
 }
 
 // Retry releases res and reserves another worker, never one this request
@@ -220,7 +275,7 @@ func (s *Selector) Retry(req *Request, res *Reservation) error {
 }
 
 func (s *Selector) admits(req *Request, w *Worker) bool {
-	return !req.excluded(w.spec.ID) && (req.Filter == nil || req.Filter.Allow(w))
+	return !req.excluded(w.spec.ID) && w.spec.Role.serves(req.Phase) && (req.Filter == nil || req.Filter.Allow(w))
 }
 
 // hold records the reservation with its data-parallel rank: the pinned one
@@ -255,6 +310,9 @@ func (s *Selector) selectNamed(p *policy, snap *Snapshot, req *Request, res *Res
 	if g := req.Group; g != nil && !g.contains(w.spec.ID) {
 		return Errorf(InvalidArgument, "worker %d does not hold adapter %q", req.WorkerID, g.name)
 	}
+	if !w.spec.Role.serves(req.Phase) {
+		return Errorf(InvalidArgument, "worker %d has role %s and does not serve the %s phase", req.WorkerID, w.spec.Role, req.Phase)
+	}
 	if req.Filter != nil && !req.Filter.Allow(w) {
 		return Errorf(InvalidArgument, "worker %d cannot serve this request", req.WorkerID)
 	}
@@ -265,7 +323,7 @@ func (s *Selector) selectNamed(p *policy, snap *Snapshot, req *Request, res *Res
 }
 
 // selectFiltered collects the admitted free workers of base and picks among them.
-func (s *Selector) selectFiltered(p *policy, base *candidates, req *Request, res *Reservation) error {
+func (s *Selector) selectFiltered(p *policy, pp *phasePolicy, base *candidates, req *Request, res *Reservation) error {
 	c := &req.scratch
 	for try := 0; try < 3; try++ {
 		c.reset()
@@ -288,10 +346,10 @@ func (s *Selector) selectFiltered(p *policy, base *candidates, req *Request, res
 			}
 			return ErrResourceExhausted
 		}
-		if p.mode == pickers.ModeWeighted {
+		if pp.mode == pickers.ModeWeighted {
 			c.weights.Build()
 		}
-		if w := c.workers[p.picker.Pick(c.ids, c)]; w.tryAcquire(p.limit(w)) {
+		if w := c.workers[pp.picker.Pick(c.ids, c)]; w.tryAcquire(p.limit(w)) {
 			return s.hold(req, w, res)
 		}
 	}

@@ -22,6 +22,40 @@ const (
 	DeviceCPU Device = "cpu"
 )
 
+// Role is the phases of a split (disaggregated) request a worker serves.
+type Role string
+
+// The roles of the config.
+const (
+	RoleBoth    Role = "both" // the default: either phase, or a whole request
+	RolePrefill Role = "prefill"
+	RoleDecode  Role = "decode"
+)
+
+// Phase is the part of a request one selection is for.
+type Phase uint8
+
+// The phases. PhaseAny is every request while disaggregation is off;
+// PhaseDecode is also a whole (aggregated) request while it is on.
+const (
+	PhaseAny Phase = iota
+	PhasePrefill
+	PhaseDecode
+)
+
+func (p Phase) String() string { return [...]string{"any", "prefill", "decode"}[p] }
+
+// serves reports whether a worker of role r may take phase p.
+func (r Role) serves(p Phase) bool {
+	switch p {
+	case PhasePrefill:
+		return r != RoleDecode
+	case PhaseDecode:
+		return r != RolePrefill
+	}
+	return true
+}
+
 // WorkerSpec is the static description of a worker, as configured.
 type WorkerSpec struct {
 	ID       uint64   `json:"id" yaml:"id"`
@@ -41,6 +75,11 @@ type WorkerSpec struct {
 	// CgroupPath is a co-located CPU worker's cgroup v2 directory: its CPU
 	// use there weighs it in device-aware-weighted mode.
 	CgroupPath string `json:"cgroup_path,omitempty" yaml:"cgroup_path"`
+	// Role is the phases of a disaggregated request the worker serves
+	// (default both).
+	Role Role `json:"role" yaml:"role"`
+	// BootstrapPort is the KV bootstrap port of an SGLang prefill worker.
+	BootstrapPort int `json:"bootstrap_port,omitempty" yaml:"bootstrap_port"`
 }
 
 // Normalize fills defaults (cpu device, dp_size 1, capacity 1) and validates
@@ -89,6 +128,16 @@ func (s *WorkerSpec) Normalize() error {
 	}
 	if s.MaxInflight < 0 {
 		return fieldErr("max_inflight", "%d is negative (0: router.busy_threshold applies)", s.MaxInflight)
+	}
+	switch s.Role {
+	case "":
+		s.Role = RoleBoth
+	case RoleBoth, RolePrefill, RoleDecode:
+	default:
+		return fieldErr("role", "%q is not prefill, decode or both", s.Role)
+	}
+	if s.BootstrapPort < 0 || s.BootstrapPort > 65535 {
+		return fieldErr("bootstrap_port", "%d is outside 1..65535", s.BootstrapPort)
 	}
 	return nil
 }

@@ -21,7 +21,7 @@ type workerFlags []dataplane.WorkerSpec
 
 func (w *workerFlags) String() string { return fmt.Sprint(len(*w), " workers") }
 
-// Set parses "id=1,url=http://h:p,device=gpu,gpu_index=0,dp_size=1,capacity=1,loras=a;b,metrics_path=/metrics,max_inflight=0,cgroup_path=/sys/fs/cgroup/x".
+// Set parses "id=1,url=http://h:p,device=gpu,gpu_index=0,dp_size=1,capacity=1,loras=a;b,metrics_path=/metrics,max_inflight=0,cgroup_path=/sys/fs/cgroup/x,role=both,bootstrap_port=8998".
 func (w *workerFlags) Set(v string) error {
 	var s dataplane.WorkerSpec
 	for _, kv := range strings.Split(v, ",") {
@@ -53,6 +53,10 @@ func (w *workerFlags) Set(v string) error {
 			s.MaxInflight, err = strconv.Atoi(val)
 		case "cgroup_path":
 			s.CgroupPath = val
+		case "role":
+			s.Role = dataplane.Role(val)
+		case "bootstrap_port":
+			s.BootstrapPort, err = strconv.Atoi(val)
 		default:
 			return fmt.Errorf("unknown worker key %q", k)
 		}
@@ -85,6 +89,18 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.IntVar(&cfg.Router.BusyThreshold, "busy-threshold", cfg.Router.BusyThreshold, "max in-flight per worker (0 = none)")
 	fs.IntVar(&cfg.Router.Retries, "retries", cfg.Router.Retries, "retries on transport failure before the first byte")
 	fs.Float64Var(&cfg.Router.CPURatio, "cpu-ratio", cfg.Router.CPURatio, "device-aware-weighted: CPU workers take a request only while cpu_inflight < gpu_inflight × cpus / (ratio × gpus) (0: off)")
+	d := &cfg.Router.Disaggregation
+	fs.StringVar(&d.Protocol, "disagg-protocol", d.Protocol, "prefill/decode disaggregation: off, vllm-nixl or sglang-bootstrap")
+	fs.Func("prefill-mode", "the prefill pool's selection mode (default: --mode)", func(v string) error {
+		d.PrefillMode = pickers.Mode(v)
+		return nil
+	})
+	fs.Func("decode-mode", "the decode pool's selection mode (default: --mode)", func(v string) error {
+		d.DecodeMode = pickers.Mode(v)
+		return nil
+	})
+	fs.IntVar(&d.MinPrefillTokens, "min-prefill-tokens", d.MinPrefillTokens, "prompts shorter than this (4 body bytes a token) go whole to a decode worker")
+	fs.StringVar(&d.Fallback, "disagg-fallback", d.Fallback, "with no routable prefill worker: aggregated (whole, to a decode worker) or error (503)")
 	fs.StringVar(&cfg.Router.SessionAffinity.Mode, "affinity-mode", cfg.Router.SessionAffinity.Mode, "session affinity: off|soft|hard")
 	fs.StringVar(&cfg.Router.SessionAffinity.Header, "affinity-header", cfg.Router.SessionAffinity.Header, "session id header")
 	fs.DurationVar(&cfg.Router.SessionAffinity.TTL, "affinity-ttl", cfg.Router.SessionAffinity.TTL, "idle session expiry")
@@ -110,7 +126,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.DurationVar(&cfg.Limits.ConnectTimeout, "connect-timeout", cfg.Limits.ConnectTimeout, "dial timeout to workers")
 	fs.DurationVar(&cfg.Limits.FirstByteTimeout, "first-byte-timeout", cfg.Limits.FirstByteTimeout, "wait for a worker's response headers (504 beyond)")
 	fs.DurationVar(&cfg.Limits.StreamIdleTimeout, "stream-idle-timeout", cfg.Limits.StreamIdleTimeout, "gap between two reads of a worker's answer (a stream is cut with an SSE error event)")
-	fs.Var(workers, "worker", "add a worker: id=N,url=http://host:port[,device=gpu|cpu,gpu_index=I,dp_size=D,capacity=C,loras=a;b,metrics_path=/metrics,max_inflight=M,cgroup_path=DIR] (repeatable)")
+	fs.Var(workers, "worker", "add a worker: id=N,url=http://host:port[,device=gpu|cpu,gpu_index=I,dp_size=D,capacity=C,loras=a;b,metrics_path=/metrics,max_inflight=M,cgroup_path=DIR,role=prefill|decode|both,bootstrap_port=P] (repeatable)")
 }
 
 // loadServeConfig reads --config (when given) and applies the other flags over it.

@@ -54,6 +54,31 @@ type Router struct {
 	// GPU and CPU workers and no engine readings, the CPU group takes a
 	// request only while cpu_inflight < gpu_inflight × cpus / (ratio × gpus).
 	CPURatio float64 `yaml:"cpu_ratio"`
+	// Disaggregation splits generation requests between a prefill and a
+	// decode pool (workers' role).
+	Disaggregation Disaggregation `yaml:"disaggregation"`
+}
+
+// The disaggregation protocols.
+const (
+	DisaggOff     = "off"
+	DisaggVLLM    = "vllm-nixl"        // vLLM's KV connector: prefill first, its kv_transfer_params to decode
+	DisaggSGLang  = "sglang-bootstrap" // SGLang's: both at once, meeting at the prefill's bootstrap port
+	FallbackAggr  = "aggregated"
+	FallbackError = "error"
+)
+
+// Disaggregation configures prefill/decode disaggregation.
+type Disaggregation struct {
+	Protocol    string       `yaml:"protocol"`     // off|vllm-nixl|sglang-bootstrap
+	PrefillMode pickers.Mode `yaml:"prefill_mode"` // the prefill pool's picker; "": router.mode
+	DecodeMode  pickers.Mode `yaml:"decode_mode"`  // the decode pool's picker; "": router.mode
+	// MinPrefillTokens sends prompts shorter than this (estimated at 4
+	// body bytes a token) whole to a decode worker.
+	MinPrefillTokens int `yaml:"min_prefill_tokens"`
+	// Fallback is what a request gets while no prefill worker is routable:
+	// aggregated (whole, to a decode worker, counted) or error (503).
+	Fallback string `yaml:"fallback"`
 }
 
 // Affinity holds the session-affinity settings.
@@ -127,6 +152,7 @@ func Default() Config {
 			Mode: pickers.ModeWeighted, BusyThreshold: 64, Retries: 2,
 			SessionAffinity:    Affinity{Mode: "soft", Header: "x-session-id", TTL: 10 * time.Minute, MaxSessions: 100000},
 			EmbeddingCacheSize: 1 << 16, CPURatio: 8,
+			Disaggregation: Disaggregation{Protocol: DisaggOff, Fallback: FallbackAggr},
 		},
 		Telemetry: Telemetry{NVML: true, CPU: true, Interval: 250 * time.Millisecond,
 			Engine: Engine{Enabled: true, Interval: 50 * time.Millisecond, Timeout: time.Second}},
@@ -245,6 +271,9 @@ func (c *Config) Validate() error {
 	if c.Router.EmbeddingCacheSize < 0 || c.Router.EmbeddingCacheSize > 1<<26 {
 		return keyErr("router.embedding_cache_size", "%d is outside 0..%d (0 turns the cache off)", c.Router.EmbeddingCacheSize, 1<<26)
 	}
+	if err := c.Router.Disaggregation.validate(); err != nil {
+		return err
+	}
 	switch c.Log.Access {
 	case "off", "all", "errors":
 	default:
@@ -314,6 +343,33 @@ func (c *Config) Validate() error {
 			return keyErr(fmt.Sprintf("workers[%d].id", i), "duplicate id %d", w.ID)
 		}
 		seen[w.ID] = true
+		if c.Router.Disaggregation.Protocol == DisaggSGLang && w.Role != dataplane.RoleDecode && w.BootstrapPort == 0 {
+			return keyErr(fmt.Sprintf("workers[%d].bootstrap_port", i),
+				"required: worker %d serves the prefill phase (role %s) under router.disaggregation.protocol %s", w.ID, w.Role, DisaggSGLang)
+		}
+	}
+	return nil
+}
+
+func (d *Disaggregation) validate() error {
+	switch d.Protocol {
+	case DisaggOff, DisaggVLLM, DisaggSGLang:
+	default:
+		return keyErr("router.disaggregation.protocol", "%q is not off, %s or %s", d.Protocol, DisaggVLLM, DisaggSGLang)
+	}
+	for key, m := range map[string]pickers.Mode{"prefill_mode": d.PrefillMode, "decode_mode": d.DecodeMode} {
+		if m == "" {
+			continue
+		}
+		if _, err := pickers.ParseMode(string(m)); err != nil || m == pickers.ModeDirect {
+			return keyErr("router.disaggregation."+key, "%q is not a mode that picks a worker (one of %v but direct)", m, pickers.Modes)
+		}
+	}
+	if d.MinPrefillTokens < 0 {
+		return keyErr("router.disaggregation.min_prefill_tokens", "%d is negative", d.MinPrefillTokens)
+	}
+	if d.Fallback != FallbackAggr && d.Fallback != FallbackError {
+		return keyErr("router.disaggregation.fallback", "%q is not %s or %s", d.Fallback, FallbackAggr, FallbackError)
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package frontend
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -39,8 +38,7 @@ type exchange struct {
 	start   time.Time
 	req     dataplane.Request
 	res     dataplane.Reservation
-	up      fasthttp.Request
-	resp    fasthttp.Response
+	upCall  // the request to the (decode) worker
 	stream  bool
 	readErr error
 	done    bool
@@ -53,18 +51,11 @@ type exchange struct {
 	sse     bool     // the answer is an event stream
 	tail    []byte   // the error event still to send after a broken stream
 
-	// The upstream connection in use (send to endConn).
-	conn       *trackedConn
-	connHandle any       // its pool record
-	connOf     *upstream // its pool
-	br         *bufio.Reader
-	bodyDone   bool // the answer's body was read to its end
-
 	// Client hang-up while the worker works (watchClient to unwatch).
-	client hangup.Conn                 // the client connection, while watched
-	token  uint32                      // owner token of conn: the client connection's generation, or 1
-	watch  atomic.Uint64               // token<<1 while watched, | 1 once the client hung up
-	upConn atomic.Pointer[trackedConn] // conn, for the watcher's goroutine
+	client hangup.Conn   // the client connection, while watched
+	token  uint32        // owner token of conn: the client connection's generation, or 1
+	watch  atomic.Uint64 // token<<1 while watched, | 1 once the client hung up
+	stop   atomic.Uint32 // why the upstream calls stop early (stopHungUp, stopPrefill); 0: they run
 
 	// For the access log.
 	path      []byte // copied only while the access log is on
@@ -80,6 +71,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.stream, ex.readErr, ex.done, ex.hard = false, nil, false, false
 	ex.sse, ex.tail, ex.bodyDone, ex.client = false, nil, false, hangup.Conn{}
 	ex.watch.Store(0)
+	ex.stop.Store(0)
 	ex.session, ex.model, ex.keys = ex.session[:0], ex.model[:0], ex.keys[:0]
 	ex.picked, ex.status, ex.firstByte, ex.bytes = false, 0, 0, 0
 	if ex.s.access != nil {
@@ -152,7 +144,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 		ex.prepare(ctx, u, w)
 		ex.res.Dispatched()
 		t := time.Now()
-		err := ex.send(u)
+		err := ex.send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
 			ex.firstByte = time.Since(t)
 			s.metrics.firstByte.Observe(ex.firstByte)
@@ -336,7 +328,7 @@ func (ex *exchange) finish(o outcome) {
 	}
 	ex.done = true
 	ex.unwatch()
-	ex.endConn()
+	ex.endConn(ex.token)
 	ex.res.Release()
 	m := ex.s.metrics
 	m.requests[ex.rt][o].Inc()
@@ -373,8 +365,9 @@ func (ex *exchange) watchClient(ctx *fasthttp.RequestCtx) {
 	}
 	ex.watch.Store(uint64(ex.token) << 1)
 	ex.client = c
-	if !s.hangups.Begin(c, ex) {
-		ex.watch.Store(uint64(ex.token)<<1 | 1) // gone already
+	if !s.hangups.Begin(c, ex) { // gone already
+		ex.watch.Store(uint64(ex.token)<<1 | 1)
+		ex.stop.Store(stopHungUp)
 	}
 }
 
@@ -389,11 +382,18 @@ func (ex *exchange) unwatch() {
 // hungUp reports a client that closed its connection while watched.
 func (ex *exchange) hungUp() bool { return ex.watch.Load()&1 != 0 }
 
+// Why an exchange's upstream calls stop early.
+const (
+	stopHungUp  = 1 + iota // the client closed its connection
+	stopPrefill            // the prefill of a disaggregated request failed
+)
+
 // clientHungUp is the hangup watcher's callback: it marks the exchange
 // working for the client connection of generation gen and cuts its
-// upstream connection.
+// upstream connections.
 func clientHungUp(ex *exchange, gen uint32) {
 	if ex.watch.CompareAndSwap(uint64(gen)<<1, uint64(gen)<<1|1) {
+		ex.stop.CompareAndSwap(0, stopHungUp)
 		ex.cut(gen)
 	}
 }

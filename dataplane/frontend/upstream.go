@@ -1,7 +1,9 @@
 package frontend
 
 import (
+	"bufio"
 	"errors"
+	"io"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -89,73 +91,112 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 	return u
 }
 
-// errClientGone ends a dispatch whose client closed its connection.
-var errClientGone = errors.New("the client closed its connection")
+// upCall is one request to a worker and its answer, on one pooled
+// connection of the worker's upstream.
+type upCall struct {
+	up         fasthttp.Request
+	resp       fasthttp.Response
+	conn       *trackedConn
+	connHandle any       // its pool record
+	connOf     *upstream // its pool
+	br         *bufio.Reader
+	bodyDone   bool                        // the answer's body was read to its end
+	upConn     atomic.Pointer[trackedConn] // conn, for the goroutine that may cut it
+}
 
-// send writes the request on a pooled connection of u and reads the
-// answer's headers, leaving its body to stream: an error means no byte of
-// an answer came back, so the request may move to another worker. The
-// first byte must come within first_byte_timeout; once bytes flow the
-// connection's idle deadline takes over (trackedConn).
-func (ex *exchange) send(u *upstream) error {
-	h, c, err := u.conns.acquire()
+// errStopped ends a dispatch stopped from outside: its client closed its
+// connection, or its prefill failed.
+var errStopped = errors.New("the request was stopped")
+
+// send writes c.up on a pooled connection of u and reads the answer's
+// headers, leaving its body to stream: an error means no byte of an
+// answer came back, so the request may move to another worker. The first
+// byte must come within firstByte (0: no limit); once bytes flow the
+// connection's idle deadline takes over (trackedConn). token marks the
+// connection as the caller's until endConn, so that cut (from another
+// goroutine, once stop is set) closes this connection and no other.
+func (c *upCall) send(u *upstream, token uint32, firstByte time.Duration, stop *atomic.Uint32) error {
+	h, tc, err := u.conns.acquire()
 	if err != nil {
 		return err
 	}
-	ex.conn, ex.connHandle, ex.connOf = c, h, u
-	c.owner.Store(ex.token)
-	ex.upConn.Store(c)
-	if ex.hungUp() { // the client left before the connection was published
-		ex.endConn()
-		return errClientGone
+	c.conn, c.connHandle, c.connOf, c.bodyDone = tc, h, u, false
+	tc.owner.Store(token)
+	c.upConn.Store(tc)
+	if stop.Load() != 0 { // stopped before the connection was published
+		c.endConn(token)
+		return errStopped
 	}
 	var deadline time.Time
-	if d := ex.s.opts.FirstByteTimeout; d > 0 {
-		deadline = time.Now().Add(d)
+	if firstByte > 0 {
+		deadline = time.Now().Add(firstByte)
 	}
-	if err = c.SetDeadline(deadline); err == nil {
-		bw := u.hc.AcquireWriter(c)
-		if err = ex.up.Write(bw); err == nil {
+	if err = tc.SetDeadline(deadline); err == nil {
+		bw := u.hc.AcquireWriter(tc)
+		if err = c.up.Write(bw); err == nil {
 			err = bw.Flush()
 		}
 		u.hc.ReleaseWriter(bw)
 	}
 	if err == nil {
-		ex.br = u.hc.AcquireReader(c)
-		ex.resp.StreamBody = true
-		err = ex.resp.ReadLimitBody(ex.br, 0)
+		c.br = u.hc.AcquireReader(tc)
+		c.resp.StreamBody = true
+		err = c.resp.ReadLimitBody(c.br, 0)
 	}
 	if err != nil {
-		ex.endConn()
+		c.endConn(token)
 	}
 	return err
 }
 
-// endConn gives the exchange's upstream connection back: to the pool when
-// the answer was read to its end and nobody cut it, closed otherwise.
-func (ex *exchange) endConn() {
-	c := ex.conn
-	if c == nil {
+// endConn gives the connection back: to the pool when the answer was read
+// to its end and nobody cut it, closed otherwise.
+func (c *upCall) endConn(token uint32) {
+	tc := c.conn
+	if tc == nil {
 		return
 	}
-	ex.upConn.Store(nil)
-	reuse := ex.bodyDone && !ex.resp.ConnectionClose() && ex.resp.Header.ContentLength() != -2 &&
-		c.owner.CompareAndSwap(ex.token, 0)
-	_ = ex.resp.CloseBodyStream()
-	if ex.br != nil {
-		ex.connOf.hc.ReleaseReader(ex.br)
-		ex.br = nil
+	c.upConn.Store(nil)
+	reuse := c.bodyDone && !c.resp.ConnectionClose() && c.resp.Header.ContentLength() != -2 &&
+		tc.owner.CompareAndSwap(token, 0)
+	_ = c.resp.CloseBodyStream()
+	if c.br != nil {
+		c.connOf.hc.ReleaseReader(c.br)
+		c.br = nil
 	}
-	ex.connOf.conns.release(ex.connHandle, reuse)
-	ex.conn, ex.connHandle, ex.connOf = nil, nil, nil
+	c.connOf.conns.release(c.connHandle, reuse)
+	c.conn, c.connHandle, c.connOf = nil, nil, nil
 }
 
-// cut closes the upstream connection of the exchange's request whose
-// token is given, unless the exchange already gave it back. Closing the
-// connection is how an engine learns to stop working on a request.
-func (ex *exchange) cut(token uint32) {
-	if c := ex.upConn.Load(); c != nil && c.owner.CompareAndSwap(token, 0) {
-		_ = c.Conn.Close()
+// cut closes the connection of the call marked with token, unless the
+// call already gave it back. Closing the connection is how an engine
+// learns to stop working on a request.
+func (c *upCall) cut(token uint32) {
+	if tc := c.upConn.Load(); tc != nil && tc.owner.CompareAndSwap(token, 0) {
+		_ = tc.Conn.Close()
+	}
+}
+
+// readAll reads the rest of a sent call's answer into dst.
+func (c *upCall) readAll(dst []byte) ([]byte, error) {
+	body := c.resp.BodyStream()
+	if body == nil {
+		c.bodyDone = true
+		return dst, nil
+	}
+	for {
+		if len(dst) == cap(dst) {
+			dst = append(dst, 0)[:len(dst)]
+		}
+		n, err := body.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
+		if err == io.EOF {
+			c.bodyDone = true
+			return dst, nil
+		}
+		if err != nil {
+			return dst, err
+		}
 	}
 }
 
