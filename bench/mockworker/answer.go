@@ -27,7 +27,15 @@ type call struct {
 	prompt       int // prompt tokens, estimated at 4 bytes a token of the body
 	maxOut       int // answer tokens
 	capped       bool
+	// vLLM's KV-connector roles, from the request's kv_transfer_params:
+	// remoteDecode asks this worker to prefill for another's decode;
+	// remotePrefill says another worker prefilled (the KV comes over).
+	remoteDecode, remotePrefill bool
 }
+
+// transferPerToken is the simulated KV transfer time of one prompt token
+// when another worker prefilled.
+const transferPerToken = 2 * time.Microsecond
 
 // generate answers a generation or embedding request. It reports true when
 // the answer streams on after it returns (the stream then ends the request).
@@ -51,6 +59,9 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) (streaming bool
 		includeUsage: v.GetBool("stream_options", "include_usage"),
 		prompt:       max(len(ctx.PostBody())/4, 1),
 		maxOut:       w.opts.Tokens,
+	}
+	if kv := v.Get("kv_transfer_params"); kv != nil {
+		c.remoteDecode, c.remotePrefill = kv.GetBool("do_remote_decode"), kv.GetBool("do_remote_prefill")
 	}
 	if path == "/v1/embeddings" {
 		w.embeddings(ctx, v, c.model)
@@ -79,15 +90,22 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) (streaming bool
 		text = fmt.Appendf(text, "tok%d ", i)
 	}
 	finish := c.finishReason(n)
+	var body []byte
 	if c.completion {
-		ctx.SetBody(fmt.Appendf(nil,
-			`{"id":"cmpl-%d","object":"text_completion","created":%d,"model":%q,"worker":%d,"choices":[{"index":0,"text":%q,"finish_reason":%q}],"usage":%s}`,
-			c.id, time.Now().Unix(), c.model, w.opts.ID, text, finish, c.usage(n)))
-		return false
+		body = fmt.Appendf(nil,
+			`{"id":"cmpl-%d","object":"text_completion","created":%d,"model":%q,"worker":%d,"choices":[{"index":0,"text":%q,"finish_reason":%q}],"usage":%s`,
+			c.id, time.Now().Unix(), c.model, w.opts.ID, text, finish, c.usage(n))
+	} else {
+		body = fmt.Appendf(nil,
+			`{"id":"chatcmpl-%d","object":"chat.completion","created":%d,"model":%q,"worker":%d,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":%q}],"usage":%s`,
+			c.id, time.Now().Unix(), c.model, w.opts.ID, text, finish, c.usage(n))
 	}
-	ctx.SetBody(fmt.Appendf(nil,
-		`{"id":"chatcmpl-%d","object":"chat.completion","created":%d,"model":%q,"worker":%d,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":%q}],"usage":%s}`,
-		c.id, time.Now().Unix(), c.model, w.opts.ID, text, finish, c.usage(n)))
+	if c.remoteDecode { // where the decode worker fetches this prompt's KV cache
+		host, port, _ := net.SplitHostPort(w.Addr())
+		body = fmt.Appendf(body, `,"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"mock-%d","remote_block_ids":[%d],"remote_host":%q,"remote_port":%s}`,
+			w.opts.ID, c.id, host, port)
+	}
+	ctx.SetBody(append(body, '}'))
 	return false
 }
 
@@ -128,7 +146,12 @@ func (w *Worker) tokenSource(ctx *fasthttp.RequestCtx, v *fastjson.Value, c *cal
 	if slices.Contains(w.opts.LoRAs, c.model) {
 		lora = c.model
 	}
-	s, err := w.engine.submit(c.prompt, c.maxOut, lora)
+	prompt := c.prompt
+	if c.remotePrefill { // the KV cache comes over instead of a prefill
+		time.Sleep(time.Duration(prompt) * transferPerToken)
+		prompt = 1
+	}
+	s, err := w.engine.submit(prompt, c.maxOut, lora)
 	if err != nil {
 		return nil, err
 	}

@@ -33,23 +33,35 @@ var eventStream = []byte("text/event-stream")
 // client-facing body stream of a streamed answer: fasthttp reads it chunk by
 // chunk and closes it exactly once, which ends the exchange.
 type exchange struct {
-	s       *Server
-	rt      route
-	start   time.Time
-	req     dataplane.Request
-	res     dataplane.Reservation
-	upCall  // the request to the (decode) worker
-	stream  bool
-	readErr error
-	done    bool
-	rankBuf []byte
-	session []byte   // session id (affinity on), copied from the header
-	model   []byte   // the body's model field
-	keys    []uint64 // embedding cache keys
-	hard    bool     // bound to its worker by a hard session pin
-	copyBuf []byte   // reads a buffered answer's body
-	sse     bool     // the answer is an event stream
-	tail    []byte   // the error event still to send after a broken stream
+	s      *Server
+	rt     route
+	start  time.Time
+	req    dataplane.Request
+	res    dataplane.Reservation
+	upCall // the request to the (decode) worker
+
+	// A request split between a prefill and a decode worker (Disagg).
+	split     bool
+	decoding  bool // its decode leg was dispatched
+	preReq    dataplane.Request
+	preRes    dataplane.Reservation
+	pre       upCall        // the prefill request
+	body      []byte        // the body sent to the decode worker; nil: the client's
+	preAnswer []byte        // the prefill answer
+	reqID     []byte        // X-Request-Id of both legs
+	preDone   chan struct{} // closed when an SGLang prefill leg ends; nil: none running
+	preErr    error         // why an SGLang prefill leg failed (read after preDone)
+	stream    bool
+	readErr   error
+	done      bool
+	rankBuf   []byte
+	session   []byte   // session id (affinity on), copied from the header
+	model     []byte   // the body's model field
+	keys      []uint64 // embedding cache keys
+	hard      bool     // bound to its worker by a hard session pin
+	copyBuf   []byte   // reads a buffered answer's body
+	sse       bool     // the answer is an event stream
+	tail      []byte   // the error event still to send after a broken stream
 
 	// Client hang-up while the worker works (watchClient to unwatch).
 	client hangup.Conn   // the client connection, while watched
@@ -72,6 +84,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.sse, ex.tail, ex.bodyDone, ex.client = false, nil, false, hangup.Conn{}
 	ex.watch.Store(0)
 	ex.stop.Store(0)
+	ex.split, ex.decoding, ex.body, ex.preDone, ex.preErr = false, false, nil, nil, nil
 	ex.session, ex.model, ex.keys = ex.session[:0], ex.model[:0], ex.keys[:0]
 	ex.picked, ex.status, ex.firstByte, ex.bytes = false, 0, 0, 0
 	if ex.s.access != nil {
@@ -106,6 +119,11 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 	default:
 		return false, fmt.Errorf("header %s: %q is not true or false", headerQuery, v)
 	}
+	if ex.s.opts.Disagg.Protocol != ProtocolOff {
+		if err := ex.parseDisagg(h, len(ctx.PostBody())); err != nil {
+			return false, err
+		}
+	}
 	body := ctx.PostBody()
 	strict := ex.rt.strict()
 	if len(body) == 0 {
@@ -137,7 +155,7 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 // one on a transport failure before the first response byte.
 func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 	s := ex.s
-	ex.watchClient(ctx)
+	ex.decoding = ex.split
 	for {
 		w := ex.res.Worker()
 		u := s.upstreamOf(w)
@@ -155,6 +173,10 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 		}
 		if ex.hungUp() {
 			ex.abandon(ctx)
+			return
+		}
+		if perr := ex.prefillStopped(); perr != nil {
+			ex.failSplit(ctx, perr)
 			return
 		}
 		s.reportAnswer(w, false)
@@ -176,7 +198,14 @@ func (ex *exchange) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 	ex.up.Header.ResetConnectionClose()
 	ex.up.SetRequestURIBytes(ctx.RequestURI())
 	ex.up.Header.SetHost(u.host)
-	ex.up.SetBodyRaw(ctx.PostBody())
+	if ex.body != nil {
+		ex.up.SetBodyRaw(ex.body)
+	} else {
+		ex.up.SetBodyRaw(ctx.PostBody())
+	}
+	if ex.split {
+		ex.up.Header.SetBytesV(headerRequestID, ex.reqID)
+	}
 	if w.Spec().DPSize > 1 {
 		ex.rankBuf = strconv.AppendInt(ex.rankBuf[:0], int64(ex.res.Rank()), 10)
 		ex.up.Header.SetBytesV(headerDPRank, ex.rankBuf)
@@ -209,6 +238,10 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 			ctx.Response.ResetBody()
 			if ex.hungUp() {
 				ex.abandon(ctx)
+				return
+			}
+			if perr := ex.prefillStopped(); perr != nil {
+				ex.failSplit(ctx, perr)
 				return
 			}
 			ex.fail(ctx, w.ID(), fmt.Errorf("answer cut after the headers: %w", err), nil)
@@ -293,6 +326,14 @@ func (ex *exchange) CloseWithError(werr error) error {
 	return nil
 }
 
+// failSplit answers a split request whose decode leg was stopped because
+// its prefill leg failed.
+func (ex *exchange) failSplit(ctx *fasthttp.RequestCtx, err error) {
+	writeError(ctx, fasthttp.StatusBadGateway, "upstream_error", err.Error()+"; the decode request is cut")
+	ex.status = fasthttp.StatusBadGateway
+	ex.finish(outcomeUpstreamError)
+}
+
 // fail answers a dispatch that got no response from any worker tried.
 func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr error) {
 	if ex.hard {
@@ -328,10 +369,19 @@ func (ex *exchange) finish(o outcome) {
 	}
 	ex.done = true
 	ex.unwatch()
+	if ex.split {
+		ex.endPrefill()
+	}
 	ex.endConn(ex.token)
 	ex.res.Release()
 	m := ex.s.metrics
 	m.requests[ex.rt][o].Inc()
+	switch {
+	case !ex.split:
+		m.phases[phaseAggregated][o].Inc()
+	case ex.decoding:
+		m.phases[phaseDecode][o].Inc()
+	}
 	total := time.Since(ex.start)
 	m.total.Observe(total)
 	ex.logAccess(o, total)
@@ -395,6 +445,7 @@ func clientHungUp(ex *exchange, gen uint32) {
 	if ex.watch.CompareAndSwap(uint64(gen)<<1, uint64(gen)<<1|1) {
 		ex.stop.CompareAndSwap(0, stopHungUp)
 		ex.cut(gen)
+		ex.pre.cut(gen)
 	}
 }
 

@@ -57,6 +57,8 @@ type Options struct {
 	// AccessErrorsOnly only those answered 400 or above or cut.
 	AccessLog        *slog.Logger
 	AccessErrorsOnly bool
+	// Disagg splits generation requests between prefill and decode workers.
+	Disagg Disagg
 }
 
 // Server is the request front end.
@@ -300,6 +302,8 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 	if err = ex.route(); err == nil {
 		if err = s.sel.Select(&ex.req, &ex.res); err != nil {
 			err = ex.selectFailed(err)
+		} else if ex.split {
+			err = ex.selectPrefill()
 		}
 	}
 	s.metrics.routeTime.Observe(time.Since(t))
@@ -309,6 +313,12 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 		return
 	}
 	ex.picked = true
+	if query && ex.split {
+		ex.res.Release()
+		ex.queryDisagg(ctx)
+		ex.end(outcomeQuery, fasthttp.StatusOK)
+		return
+	}
 	if query {
 		ex.res.Release()
 		ctx.SetContentType("application/json")
@@ -318,6 +328,10 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 		b = strconv.AppendInt(b, int64(ex.res.Rank()), 10)
 		ctx.Response.SetBodyRaw(append(b, '}'))
 		ex.end(outcomeQuery, fasthttp.StatusOK)
+		return
+	}
+	ex.watchClient(ctx)
+	if ex.split && !ex.prefill(ctx) {
 		return
 	}
 	ex.dispatch(ctx)

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/fastroute/fastroute/dataplane"
@@ -47,32 +48,47 @@ var outcomeNames = [numOutcomes]string{"ok", "query", "invalid", "no_endpoints",
 
 // Metrics are the front end's counters and histograms.
 type Metrics struct {
-	requests  [numRoutes][numOutcomes]metrics.Counter
-	retries   metrics.Counter
-	routeTime *metrics.Histogram
-	firstByte *metrics.Histogram
-	total     *metrics.Histogram
+	requests [numRoutes][numOutcomes]metrics.Counter
+	retries  metrics.Counter
+	// Disaggregation: outcomes by leg, prefill legs' time, fallbacks.
+	phases          [numPhases][numOutcomes]metrics.Counter
+	prefillTime     *metrics.Histogram
+	disaggFallbacks metrics.Counter
+	routeTime       *metrics.Histogram
+	firstByte       *metrics.Histogram
+	total           *metrics.Histogram
 }
 
 func newMetrics() *Metrics {
 	return &Metrics{
-		routeTime: metrics.NewHistogram([]float64{1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 1e-4, 1e-3}),
-		firstByte: metrics.NewHistogram(metrics.DefaultBuckets),
-		total:     metrics.NewHistogram(metrics.DefaultBuckets),
+		routeTime:   metrics.NewHistogram([]float64{1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 1e-4, 1e-3}),
+		firstByte:   metrics.NewHistogram(metrics.DefaultBuckets),
+		prefillTime: metrics.NewHistogram(metrics.DefaultBuckets),
+		total:       metrics.NewHistogram(metrics.DefaultBuckets),
 	}
 }
 
 // Requests returns the count for one route and outcome name (for tests and the demo).
 func (m *Metrics) Requests(routePath, outcomeName string) uint64 {
-	for r, rn := range routeNames {
-		for o, on := range outcomeNames {
-			if rn == routePath && on == outcomeName {
-				return m.requests[r][o].Value()
-			}
-		}
+	r, o := slices.Index(routeNames[:], routePath), slices.Index(outcomeNames[:], outcomeName)
+	if r < 0 || o < 0 {
+		return 0
 	}
-	return 0
+	return m.requests[r][o].Value()
 }
+
+// Phase returns the count of one leg (aggregated, prefill, decode) and outcome.
+func (m *Metrics) Phase(phaseName, outcomeName string) uint64 {
+	p, o := slices.Index(phaseNames[:], phaseName), slices.Index(outcomeNames[:], outcomeName)
+	if p < 0 || o < 0 {
+		return 0
+	}
+	return m.phases[p][o].Value()
+}
+
+// DisaggFallbacks returns how many split requests ran whole for want of a
+// prefill worker.
+func (m *Metrics) DisaggFallbacks() uint64 { return m.disaggFallbacks.Value() }
 
 // Retries returns how many times a request moved to another worker.
 func (m *Metrics) Retries() uint64 { return m.retries.Value() }
@@ -89,6 +105,16 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 					"route", routeNames[r], "mode", mode, "outcome", outcomeNames[o])
 			}
 		}
+		w.Header("fastroute_phase_requests_total", "counter", "Requests by phase (aggregated: whole on one worker; prefill and decode: the legs of a split request) and outcome.")
+		for p := range numPhases {
+			for o := range numOutcomes {
+				w.Sample("fastroute_phase_requests_total", float64(m.phases[p][o].Value()), "phase", phaseNames[p], "outcome", outcomeNames[o])
+			}
+		}
+		w.Header("fastroute_prefill_seconds", "histogram", "Time of the prefill leg of split requests, to its answer's end.")
+		w.Histogram("fastroute_prefill_seconds", m.prefillTime)
+		w.Header("fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on a decode worker for want of a routable prefill worker.")
+		w.Sample("fastroute_disagg_fallbacks_total", float64(m.disaggFallbacks.Value()))
 		w.Header("fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte.")
 		w.Sample("fastroute_retries_total", float64(m.retries.Value()))
 		w.Header("fastroute_route_seconds", "histogram", "Time to select and reserve a worker.")

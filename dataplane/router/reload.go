@@ -34,6 +34,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
+		"router.disaggregation":       old.Router.Disaggregation == cfg.Router.Disaggregation,
 		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": old.Health == cfg.Health,
 		"limits": old.Limits == cfg.Limits, "routes": slices.Equal(old.Routes, cfg.Routes), "log": old.Log == cfg.Log,
 	} {

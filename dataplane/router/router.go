@@ -79,6 +79,9 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if err == nil {
 		err = sel.SetPolicy(cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.CPURatio)
 	}
+	if err == nil {
+		err = sel.SetPhaseModes(cfg.Router.Disaggregation.PrefillMode, cfg.Router.Disaggregation.DecodeMode)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -95,6 +98,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
 		FirstByteTimeout: cfg.Limits.FirstByteTimeout, StreamIdleTimeout: cfg.Limits.StreamIdleTimeout, Logger: log,
 		LoRA: r.LoRA, Affinity: r.Sessions, AffinityMode: affMode, SessionHeader: aff.Header, Routes: cfg.Routes,
+		Disagg: disaggOptions(cfg.Router.Disaggregation),
 	}
 	if cfg.Log.Access != "off" {
 		fo.AccessLog, fo.AccessErrorsOnly = log.With("log", "access"), cfg.Log.Access == "errors"
@@ -263,4 +267,16 @@ func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
 // 100ms..10s. It is also the granularity of the sessions' idle clock.
 func sweepEvery(ttl time.Duration) time.Duration {
 	return min(max(ttl/10, 100*time.Millisecond), 10*time.Second)
+}
+
+// disaggOptions maps the config's disaggregation keys onto the front end's.
+func disaggOptions(d config.Disaggregation) frontend.Disagg {
+	out := frontend.Disagg{MinPrefillTokens: d.MinPrefillTokens, FallbackAggregated: d.Fallback == config.FallbackAggr}
+	switch d.Protocol {
+	case config.DisaggVLLM:
+		out.Protocol = frontend.ProtocolVLLM
+	case config.DisaggSGLang:
+		out.Protocol = frontend.ProtocolSGLang
+	}
+	return out
 }

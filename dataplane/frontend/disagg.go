@@ -1,0 +1,341 @@
+package frontend
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/disagg"
+	"github.com/valyala/fasthttp"
+)
+
+// Protocol is the wire protocol of prefill/decode disaggregation.
+type Protocol uint8
+
+// The protocols.
+const (
+	ProtocolOff    Protocol = iota
+	ProtocolVLLM            // vLLM's KV connector (NIXL): prefill, then decode with its kv_transfer_params
+	ProtocolSGLang          // SGLang's bootstrap: prefill and decode at once, meeting in a room
+)
+
+// Disagg configures prefill/decode disaggregation; the zero value is off.
+type Disagg struct {
+	Protocol Protocol
+	// MinPrefillTokens sends prompts shorter than this (estimated at 4
+	// body bytes a token) whole to a decode worker.
+	MinPrefillTokens int
+	// FallbackAggregated sends a request whole to a decode worker while no
+	// prefill worker is routable (counted); false answers 503.
+	FallbackAggregated bool
+}
+
+// Request headers of disaggregation.
+const (
+	headerPrefillWorker = "x-prefill-worker-id"
+	headerDecodeWorker  = "x-decode-worker-id"
+	headerRequestID     = "X-Request-Id"
+)
+
+// phase enumerates the legs of requests, for metric labels.
+type phase uint8
+
+const (
+	phaseAggregated phase = iota // a whole request on one worker
+	phasePrefill                 // the prefill leg of a split request
+	phaseDecode                  // the decode leg (the client's answer) of a split request
+	numPhases
+)
+
+var phaseNames = [numPhases]string{"aggregated", "prefill", "decode"}
+
+// parseDisagg reads the phase headers of a request the front end may
+// split; it decides whether it does.
+func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
+	d := &ex.s.opts.Disagg
+	ex.req.Phase = dataplane.PhaseDecode // prefill-only workers never take a whole request
+	if v := h.Peek(headerDecodeWorker); len(v) > 0 {
+		id, err := fasthttp.ParseUint(v)
+		if err != nil || id == 0 {
+			return fmt.Errorf("header %s: %q is not a positive integer worker id", headerDecodeWorker, v)
+		}
+		if ex.req.HasWorker && ex.req.WorkerID != uint64(id) {
+			return fmt.Errorf("headers %s and %s name different workers", headerWorkerID, headerDecodeWorker)
+		}
+		ex.req.WorkerID, ex.req.HasWorker = uint64(id), true
+	}
+	ex.preReq.Reset()
+	ex.preReq.Phase = dataplane.PhasePrefill
+	if v := h.Peek(headerPrefillWorker); len(v) > 0 {
+		id, err := fasthttp.ParseUint(v)
+		if err != nil || id == 0 {
+			return fmt.Errorf("header %s: %q is not a positive integer worker id", headerPrefillWorker, v)
+		}
+		ex.preReq.WorkerID, ex.preReq.HasWorker = uint64(id), true
+	}
+	generation := ex.rt == routeChat || ex.rt == routeCompletions
+	ex.split = generation && (bodyLen/4 >= d.MinPrefillTokens || ex.preReq.HasWorker)
+	return nil
+}
+
+// selectPrefill reserves the prefill worker of a split request, after its
+// decode worker. With no prefill worker routable the request runs whole
+// on its decode worker (fallback aggregated, counted) or fails; on an
+// error the decode reservation is released.
+func (ex *exchange) selectPrefill() error {
+	err := ex.s.sel.Select(&ex.preReq, &ex.preRes)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, dataplane.ErrNoEndpoints) && !ex.preReq.HasWorker && ex.s.opts.Disagg.FallbackAggregated {
+		ex.split = false
+		ex.s.metrics.disaggFallbacks.Inc()
+		return nil
+	}
+	ex.res.Release()
+	return err
+}
+
+// prefill runs the prefill leg of a split request before its decode leg
+// (dispatch): vLLM's at once, on this goroutine; SGLang's started beside
+// the decode leg. It reports false when it answered the client (an error,
+// or the client left).
+func (ex *exchange) prefill(ctx *fasthttp.RequestCtx) bool {
+	ex.reqID = append(ex.reqID[:0], ctx.Request.Header.Peek(headerRequestID)...)
+	if len(ex.reqID) == 0 {
+		var id [16]byte
+		_, _ = rand.Read(id[:])
+		ex.reqID = hex.AppendEncode(append(ex.reqID[:0], "fastroute-"...), id[:])
+	}
+	if ex.s.opts.Disagg.Protocol == ProtocolSGLang {
+		return ex.startBootstrap(ctx)
+	}
+	return ex.prefillVLLM(ctx)
+}
+
+// prefillVLLM sends the prefill request of vLLM's protocol, moving it to
+// another prefill worker on a transport failure, and makes the decode body
+// from its answer's kv_transfer_params.
+func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
+	s := ex.s
+	body, err := disagg.PrefillBody(ctx.PostBody())
+	if err != nil { // parse checked the body is a JSON object: not reached
+		return ex.answerPrefill(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error(), outcomeInvalid)
+	}
+	start := time.Now()
+	for {
+		w := ex.preRes.Worker()
+		u := s.upstreamOf(w)
+		ex.preparePrefill(ctx, u, w, body)
+		ex.preRes.Dispatched()
+		err := ex.pre.send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
+		if err == nil {
+			return ex.prefilled(ctx, w, start)
+		}
+		if ex.hungUp() {
+			s.metrics.phases[phasePrefill][outcomeCancelled].Inc()
+			ex.abandon(ctx)
+			return false
+		}
+		s.reportAnswer(w, false)
+		if !retryable(err) || int64(ex.preReq.Attempts()) >= s.retries.Load() {
+			return ex.prefillFailed(ctx, w, err, nil)
+		}
+		s.metrics.retries.Inc()
+		if rerr := s.sel.Retry(&ex.preReq, &ex.preRes); rerr != nil {
+			return ex.prefillFailed(ctx, w, err, rerr)
+		}
+	}
+}
+
+// prefilled reads a vLLM prefill answer: an error status passes to the
+// client (a 5xx as a 502 naming the worker), an answer without
+// kv_transfer_params is a 502, else the decode body carries them.
+func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, start time.Time) bool {
+	s := ex.s
+	var err error
+	ex.preAnswer, err = ex.pre.readAll(ex.preAnswer[:0])
+	status := ex.pre.resp.StatusCode()
+	ex.pre.endConn(ex.token)
+	ex.preRes.Release()
+	s.metrics.prefillTime.Observe(time.Since(start))
+	switch {
+	case err != nil && ex.hungUp():
+		s.metrics.phases[phasePrefill][outcomeCancelled].Inc()
+		ex.abandon(ctx)
+		return false
+	case err != nil:
+		s.reportAnswer(w, false)
+		return ex.prefillFailed(ctx, w, fmt.Errorf("answer cut after the headers: %w", err), nil)
+	case status >= fasthttp.StatusInternalServerError:
+		s.reportAnswer(w, false)
+		return ex.answerPrefill(ctx, fasthttp.StatusBadGateway, "upstream_error",
+			fmt.Sprintf("prefill worker %d answered %d: %s", w.ID(), status, excerpt(ex.preAnswer)), outcomeUpstreamError)
+	case status >= fasthttp.StatusBadRequest: // the engine refused the request: the client's to see
+		s.reportAnswer(w, true)
+		s.metrics.phases[phasePrefill][outcomeOK].Inc()
+		ex.status = status
+		ctx.SetStatusCode(status)
+		ctx.SetContentType("application/json")
+		ctx.SetBody(ex.preAnswer)
+		ex.finish(outcomeOK)
+		return false
+	}
+	s.reportAnswer(w, true)
+	params, err := disagg.TransferParams(ex.preAnswer)
+	if err == nil {
+		ex.body, err = disagg.DecodeBody(ctx.PostBody(), params)
+	}
+	if err != nil {
+		return ex.answerPrefill(ctx, fasthttp.StatusBadGateway, "upstream_error",
+			fmt.Sprintf("prefill worker %d: %v (is it a vLLM engine with a KV connector?)", w.ID(), err), outcomeUpstreamError)
+	}
+	s.metrics.phases[phasePrefill][outcomeOK].Inc()
+	return true
+}
+
+// startBootstrap adds SGLang's bootstrap fields to the body and sends the
+// prefill request on its own goroutine; the decode leg runs meanwhile.
+// When the prefill fails, the decode request is cut and the client told.
+func (ex *exchange) startBootstrap(ctx *fasthttp.RequestCtx) bool {
+	w := ex.preRes.Worker()
+	host, _, err := net.SplitHostPort(w.Spec().Host())
+	if err == nil {
+		var room [8]byte
+		_, _ = rand.Read(room[:])
+		ex.body, err = disagg.BootstrapBody(ctx.PostBody(), host, w.Spec().BootstrapPort, binary.LittleEndian.Uint64(room[:])>>1)
+	}
+	if err != nil {
+		return ex.answerPrefill(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error(), outcomeInvalid)
+	}
+	ex.preparePrefill(ctx, ex.s.upstreamOf(w), w, ex.body)
+	ex.preDone = make(chan struct{})
+	go ex.bootstrapPrefill(w)
+	return true
+}
+
+// bootstrapPrefill is the prefill leg of an SGLang request: its answer is
+// read and dropped (the client gets the decode worker's).
+func (ex *exchange) bootstrapPrefill(w *dataplane.Worker) {
+	s := ex.s
+	defer close(ex.preDone)
+	start := time.Now()
+	ex.preRes.Dispatched()
+	err := ex.pre.send(s.upstreamOf(w), ex.token, s.opts.FirstByteTimeout, &ex.stop)
+	status := 0
+	if err == nil {
+		ex.preAnswer, err = ex.pre.readAll(ex.preAnswer[:0])
+		status = ex.pre.resp.StatusCode()
+		if err == nil && status >= fasthttp.StatusBadRequest {
+			err = fmt.Errorf("answered %d: %s", status, excerpt(ex.preAnswer))
+		}
+	}
+	ex.pre.endConn(ex.token)
+	ex.preRes.Release()
+	s.metrics.prefillTime.Observe(time.Since(start))
+	if err == nil {
+		s.reportAnswer(w, true)
+		s.metrics.phases[phasePrefill][outcomeOK].Inc()
+		return
+	}
+	if ex.stop.Load() == stopHungUp {
+		s.metrics.phases[phasePrefill][outcomeCancelled].Inc()
+		return
+	}
+	s.reportAnswer(w, status > 0 && status < fasthttp.StatusInternalServerError)
+	s.metrics.phases[phasePrefill][outcomeUpstreamError].Inc()
+	ex.preErr = fmt.Errorf("prefill worker %d failed: %s", w.ID(), transportFailure(err))
+	if ex.stop.CompareAndSwap(0, stopPrefill) {
+		ex.cut(ex.token) // the decode request waits for a prefill that will never come
+	}
+}
+
+// prefillStopped reports the prefill failure that stopped the decode leg
+// of an SGLang request, once the prefill goroutine has ended.
+func (ex *exchange) prefillStopped() error {
+	if ex.preDone == nil || ex.stop.Load() != stopPrefill {
+		return nil
+	}
+	<-ex.preDone
+	return ex.preErr
+}
+
+// endPrefill waits for an SGLang prefill leg still running (the decode
+// leg ended first) and releases the prefill reservation of any split
+// request.
+func (ex *exchange) endPrefill() {
+	if ex.preDone != nil {
+		<-ex.preDone
+		ex.preDone = nil
+	}
+	ex.pre.endConn(ex.token)
+	ex.preRes.Release()
+}
+
+// preparePrefill builds the prefill request: the client's headers and
+// path, body, the request id both legs share.
+func (ex *exchange) preparePrefill(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker, body []byte) {
+	ex.pre.up.Reset()
+	ctx.Request.Header.CopyTo(&ex.pre.up.Header)
+	ex.pre.up.Header.ResetConnectionClose()
+	ex.pre.up.SetRequestURIBytes(ctx.RequestURI())
+	ex.pre.up.Header.SetHost(u.host)
+	ex.pre.up.Header.SetBytesV(headerRequestID, ex.reqID)
+	ex.pre.up.SetBodyRaw(body)
+	ex.pre.up.Header.Del(headerDPRank)
+	if w.Spec().DPSize > 1 {
+		ex.rankBuf = strconv.AppendInt(ex.rankBuf[:0], int64(ex.preRes.Rank()), 10)
+		ex.pre.up.Header.SetBytesV(headerDPRank, ex.rankBuf)
+	}
+	ex.pre.resp.Reset()
+}
+
+// prefillFailed answers a prefill that got no answer from any prefill
+// worker tried.
+func (ex *exchange) prefillFailed(ctx *fasthttp.RequestCtx, w *dataplane.Worker, err, retryErr error) bool {
+	msg := fmt.Sprintf("prefill worker %d failed before answering: %s", w.ID(), transportFailure(err))
+	if retryErr != nil {
+		msg += "; no other prefill worker to retry on: " + retryErr.Error()
+	}
+	if isTimeout(err) {
+		return ex.answerPrefill(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout", msg, outcomeTimeout)
+	}
+	return ex.answerPrefill(ctx, fasthttp.StatusBadGateway, "upstream_error", msg, outcomeUpstreamError)
+}
+
+// answerPrefill ends a split request whose prefill leg failed.
+func (ex *exchange) answerPrefill(ctx *fasthttp.RequestCtx, status int, typ, msg string, o outcome) bool {
+	ex.s.metrics.phases[phasePrefill][o].Inc()
+	writeError(ctx, status, typ, msg)
+	ex.status = status
+	ex.finish(o)
+	return false
+}
+
+// excerpt is the start of a worker's answer, for an error message.
+func excerpt(b []byte) string {
+	const n = 200
+	if len(b) > n {
+		return strconv.Quote(string(b[:n])) + "…"
+	}
+	return strconv.Quote(string(b))
+}
+
+// queryDisagg answers a query-only split request with both picks.
+func (ex *exchange) queryDisagg(ctx *fasthttp.RequestCtx) {
+	b := append(ctx.Response.Body()[:0], `{"prefill_worker_id":`...)
+	b = strconv.AppendUint(b, ex.preRes.Worker().ID(), 10)
+	b = append(b, `,"decode_worker_id":`...)
+	b = strconv.AppendUint(b, ex.res.Worker().ID(), 10)
+	b = append(b, `,"dp_rank":`...)
+	b = strconv.AppendInt(b, int64(ex.res.Rank()), 10)
+	ctx.SetContentType("application/json")
+	ctx.Response.SetBodyRaw(append(b, '}'))
+	ex.preRes.Release()
+}

@@ -1,0 +1,358 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// seen is one request an engine stand-in received.
+type seen struct {
+	body      map[string]any
+	requestID string
+	path      string
+}
+
+// standIn is a stand-in for one engine over loopback: it records what it
+// receives and answers with answer.
+type standIn struct {
+	*httptest.Server
+	mu     sync.Mutex
+	got    []seen
+	answer func(w http.ResponseWriter, r *http.Request, body map[string]any)
+}
+
+func startEngine(t *testing.T, answer func(w http.ResponseWriter, r *http.Request, body map[string]any)) *standIn {
+	t.Helper()
+	e := &standIn{answer: answer}
+	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			if r.URL.Path == "/health" {
+				_, _ = io.WriteString(w, "ok")
+				return
+			}
+			http.NotFound(w, r)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		var body map[string]any
+		_ = json.Unmarshal(b, &body)
+		e.mu.Lock()
+		e.got = append(e.got, seen{body: body, requestID: r.Header.Get("X-Request-Id"), path: r.URL.Path})
+		e.mu.Unlock()
+		e.answer(w, r, body)
+	}))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func (e *standIn) received() []seen {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]seen(nil), e.got...)
+}
+
+const kvParams = `{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"p1","remote_block_ids":[4,5],"remote_host":"10.0.0.1","remote_port":5600}`
+
+// vllmPrefill answers a prefill request as vLLM with a KV connector does.
+func vllmPrefill(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"}}],"kv_transfer_params":`+kvParams+`}`)
+}
+
+// sseDecode streams a short answer.
+func sseDecode(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	for i := 0; i < 3; i++ {
+		fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\"d%d\"}}]}\n\n", i)
+		w.(http.Flusher).Flush()
+	}
+	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+}
+
+// stallUntilCut holds the request until the router closes its connection.
+func stallUntilCut(cut chan<- struct{}) func(http.ResponseWriter, *http.Request, map[string]any) {
+	return func(_ http.ResponseWriter, r *http.Request, _ map[string]any) {
+		<-r.Context().Done()
+		cut <- struct{}{}
+	}
+}
+
+// startPD runs a router in front of engines given as (role, server) pairs,
+// ids from 1 in order.
+func startPD(t *testing.T, protocol string, workers []pdWorker, tweak func(*config.Config)) *fleet {
+	t.Helper()
+	return startFleet(t, nil, func(c *config.Config) {
+		c.Router.Disaggregation.Protocol = protocol
+		c.Router.Retries = 2
+		for i, w := range workers {
+			c.Workers = append(c.Workers, dataplane.WorkerSpec{ID: uint64(i + 1), URL: w.url, Role: w.role, BootstrapPort: 8998 + i})
+		}
+		if tweak != nil {
+			tweak(c)
+		}
+	})
+}
+
+type pdWorker struct {
+	role dataplane.Role
+	url  string
+}
+
+const pdBody = `{"model":"m","messages":[{"role":"user","content":"a long prompt"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":50,"max_completion_tokens":60,"min_tokens":2,"temperature":0.5}`
+
+func TestVLLMDisaggregationBodiesAndAnswer(t *testing.T) {
+	prefill, decode := startEngine(t, vllmPrefill), startEngine(t, sseDecode)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}}, nil)
+
+	resp := f.post("/v1/chat/completions", pdBody, "X-Request-Id", "req-42")
+	require.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, "2", resp.Header.Get("x-fastroute-worker"))
+	out := readAll(t, resp)
+	assert.Contains(t, out, "d2")
+	assert.True(t, strings.HasSuffix(out, "data: [DONE]\n\n"))
+
+	p, d := prefill.received(), decode.received()
+	require.Len(t, p, 1)
+	require.Len(t, d, 1)
+	pb := p[0].body
+	assert.Equal(t, false, pb["stream"])
+	assert.EqualValues(t, 1, pb["max_tokens"])
+	assert.EqualValues(t, 1, pb["max_completion_tokens"])
+	for _, k := range []string{"stream_options", "min_tokens", "min_completion_tokens"} {
+		assert.NotContains(t, pb, k)
+	}
+	assert.Equal(t, map[string]any{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
+		"remote_block_ids": nil, "remote_host": nil, "remote_port": nil}, pb["kv_transfer_params"])
+	assert.Equal(t, "m", pb["model"])
+	assert.Equal(t, 0.5, pb["temperature"])
+
+	var client, want map[string]any
+	require.NoError(t, json.Unmarshal([]byte(pdBody), &client))
+	require.NoError(t, json.Unmarshal([]byte(kvParams), &want))
+	client["kv_transfer_params"] = want
+	assert.Equal(t, client, d[0].body, "the decode worker gets the client's body and the prefill's transfer parameters")
+	assert.Equal(t, "req-42", p[0].requestID)
+	assert.Equal(t, "req-42", d[0].requestID)
+
+	// Without a client id both legs share a made-up one.
+	readAll(t, f.post("/v1/chat/completions", pdBody))
+	p, d = prefill.received(), decode.received()
+	assert.NotEmpty(t, p[1].requestID)
+	assert.Equal(t, p[1].requestID, d[1].requestID)
+
+	f.assertIdle()
+	m := f.r.Frontend.Metrics()
+	assert.EqualValues(t, 2, m.Phase("prefill", "ok"))
+	assert.EqualValues(t, 2, m.Phase("decode", "ok"))
+
+	// Query-only names both picks and dispatches nothing.
+	resp = f.post("/v1/chat/completions", pdBody, "x-query-instance-id", "true")
+	assert.JSONEq(t, `{"prefill_worker_id":1,"decode_worker_id":2,"dp_rank":0}`, readAll(t, resp))
+	assert.Len(t, prefill.received(), 2)
+	f.assertIdle()
+}
+
+func TestVLLMDisaggregationFailures(t *testing.T) {
+	noParams := startEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		_, _ = io.WriteString(w, `{"choices":[]}`)
+	})
+	decode := startEngine(t, sseDecode)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, noParams.URL}, {dataplane.RoleDecode, decode.URL}}, nil)
+	resp := f.post("/v1/chat/completions", pdBody)
+	assert.Equal(t, 502, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), "prefill worker 1: answer has no kv_transfer_params")
+	assert.Empty(t, decode.received(), "never a silent aggregated run")
+	f.assertIdle()
+
+	// A prefill worker that refuses connections: the request moves to the
+	// other prefill worker; the decode worker gets that one's parameters.
+	prefill := startEngine(t, vllmPrefill)
+	f = startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, "http://" + deadAddr(t)}, {dataplane.RolePrefill, prefill.URL},
+		{dataplane.RoleDecode, "http://" + deadAddr(t)}, {dataplane.RoleDecode, decode.URL}}, nil)
+	for i := 0; i < 4; i++ {
+		resp = f.post("/v1/chat/completions", pdBody)
+		out := readAll(t, resp)
+		require.Equal(t, 200, resp.StatusCode, out)
+	}
+	for _, s := range decode.received()[:4] {
+		assert.Equal(t, "p1", s.body["kv_transfer_params"].(map[string]any)["remote_engine_id"], "a decode retry keeps the transfer parameters")
+	}
+	f.assertIdle()
+
+	// The only prefill worker dead: a 502 naming it.
+	f = startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, "http://" + deadAddr(t)}, {dataplane.RoleDecode, decode.URL}}, nil)
+	resp = f.post("/v1/chat/completions", pdBody)
+	assert.Equal(t, 502, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), "prefill worker 1 failed before answering: connection refused")
+	f.assertIdle()
+}
+
+func TestPrefillPoolEmptyFallbacksAndShortPrompts(t *testing.T) {
+	decode := startEngine(t, sseDecode)
+	prefill := startEngine(t, vllmPrefill)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RoleDecode, decode.URL}}, nil)
+	resp := f.post("/v1/chat/completions", pdBody)
+	assert.Equal(t, 200, resp.StatusCode)
+	readAll(t, resp)
+	assert.NotContains(t, decode.received()[0].body, "kv_transfer_params", "aggregated: the client's body as it is")
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().DisaggFallbacks())
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Phase("aggregated", "ok"))
+
+	f = startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RoleDecode, decode.URL}}, func(c *config.Config) {
+		c.Router.Disaggregation.Fallback = config.FallbackError
+	})
+	resp = f.post("/v1/chat/completions", pdBody)
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), "no routable worker serves the prefill phase")
+	f.assertIdle()
+
+	// min_prefill_tokens: a short prompt runs whole on a decode worker.
+	f = startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}}, func(c *config.Config) {
+		c.Router.Disaggregation.MinPrefillTokens = 1000
+	})
+	readAll(t, f.post("/v1/chat/completions", pdBody))
+	assert.Empty(t, prefill.received())
+	// Named workers: the phase headers, checked against the roles.
+	resp = f.post("/v1/chat/completions", pdBody, "x-prefill-worker-id", "2")
+	assert.Equal(t, 400, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), "worker 2 has role decode and does not serve the prefill phase")
+	resp = f.post("/v1/chat/completions", pdBody, "x-prefill-worker-id", "1", "x-decode-worker-id", "2")
+	assert.Equal(t, 200, resp.StatusCode)
+	readAll(t, resp)
+	assert.Len(t, prefill.received(), 1, "a named prefill worker splits even a short prompt")
+	f.assertIdle()
+}
+
+func TestClientLeavingDuringPrefillOrDecodeCutsBoth(t *testing.T) {
+	cut := make(chan struct{}, 2)
+	stalledPrefill, decode := startEngine(t, stallUntilCut(cut)), startEngine(t, sseDecode)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, stalledPrefill.URL}, {dataplane.RoleDecode, decode.URL}}, nil)
+	conn := f.sendRaw(pdBody)
+	require.Eventually(t, func() bool { return len(stalledPrefill.received()) == 1 }, 5*time.Second, 5*time.Millisecond)
+	require.NoError(t, conn.Close())
+	select {
+	case <-cut:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the prefill request was not cut")
+	}
+	f.assertIdle()
+	assert.Empty(t, decode.received())
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Phase("prefill", "cancelled"))
+
+	prefill, stalledDecode := startEngine(t, vllmPrefill), startEngine(t, stallUntilCut(cut))
+	f = startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, stalledDecode.URL}}, nil)
+	conn = f.sendRaw(pdBody)
+	require.Eventually(t, func() bool { return len(stalledDecode.received()) == 1 }, 5*time.Second, 5*time.Millisecond)
+	require.NoError(t, conn.Close())
+	select {
+	case <-cut:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the decode request was not cut")
+	}
+	f.assertIdle()
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Phase("decode", "cancelled"))
+}
+
+func TestSGLangBootstrap(t *testing.T) {
+	arrived := make(chan struct{}, 4)
+	prefill := startEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		arrived <- struct{}{}
+		_, _ = io.WriteString(w, `{"choices":[]}`)
+	})
+	decode := startEngine(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+		select { // both requests are in flight at once
+		case <-arrived:
+		case <-time.After(5 * time.Second):
+			http.Error(w, "no prefill request beside this one", 500)
+			return
+		}
+		sseDecode(w, r, body)
+	})
+	f := startPD(t, config.DisaggSGLang, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}}, nil)
+	resp := f.post("/v1/chat/completions", pdBody)
+	require.Equal(t, 200, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), "data: [DONE]")
+	p, d := prefill.received(), decode.received()
+	require.Len(t, p, 1)
+	require.Len(t, d, 1)
+	assert.Equal(t, p[0].body, d[0].body, "the same body to both")
+	assert.Equal(t, "127.0.0.1", d[0].body["bootstrap_host"])
+	assert.EqualValues(t, 8998, d[0].body["bootstrap_port"])
+	room, ok := d[0].body["bootstrap_room"].(float64)
+	assert.True(t, ok && room >= 0, "a room: %v", d[0].body["bootstrap_room"])
+	assert.Equal(t, true, d[0].body["stream"], "the client's fields as they are")
+	f.assertIdle()
+
+	// A prefill that fails cuts the decode request, and the client is told.
+	cut := make(chan struct{}, 1)
+	failing := startEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		time.Sleep(50 * time.Millisecond)
+		http.Error(w, `{"error":"bootstrap failed"}`, 500)
+	})
+	waiting := startEngine(t, stallUntilCut(cut))
+	f = startPD(t, config.DisaggSGLang, []pdWorker{{dataplane.RolePrefill, failing.URL}, {dataplane.RoleDecode, waiting.URL}}, nil)
+	resp = f.post("/v1/chat/completions", pdBody)
+	assert.Equal(t, 502, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), "prefill worker 1 failed")
+	select {
+	case <-cut:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the decode request was not cut")
+	}
+	f.assertIdle()
+}
+
+func TestSGLangNeedsBootstrapPorts(t *testing.T) {
+	cfg := config.Default()
+	cfg.Router.Disaggregation.Protocol = config.DisaggSGLang
+	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:1", Role: dataplane.RolePrefill}}
+	assert.ErrorContains(t, cfg.Validate(), "workers[0].bootstrap_port: required")
+}
+
+// The simulated engines play both roles from the request's own fields.
+func TestDisaggregationOverSimulatedEngines(t *testing.T) {
+	eng := mockworker.EngineOptions{MaxNumSeqs: 4, InterTokenLatency: 2 * time.Millisecond, PrefillPerToken: 100 * time.Microsecond}
+	f := startFleet(t, []mockworker.Options{{ID: 1, Engine: eng}, {ID: 2, Engine: eng}}, func(c *config.Config) {
+		c.Router.Disaggregation.Protocol = config.DisaggVLLM
+		c.Workers[0].Role, c.Workers[1].Role = dataplane.RolePrefill, dataplane.RoleDecode
+	})
+	body := `{"model":"mock-model","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"` + strings.Repeat("long prompt ", 100) + `"}]}`
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, "http://"+f.r.Addr()+"/v1/chat/completions", strings.NewReader(body))
+			resp, err := f.client.Do(req)
+			if !assert.NoError(t, err) {
+				return
+			}
+			out, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, 200, resp.StatusCode, string(out))
+			assert.Equal(t, "2", resp.Header.Get("x-fastroute-worker"))
+			assert.Equal(t, 8, strings.Count(string(out), `"content":"tok`), string(out))
+		}()
+	}
+	wg.Wait()
+	f.assertIdle()
+	m := f.r.Frontend.Metrics()
+	assert.EqualValues(t, 8, m.Phase("prefill", "ok"))
+	assert.EqualValues(t, 8, m.Phase("decode", "ok"))
+	assert.Equal(t, strconv.Itoa(8), strconv.FormatInt(f.mocks[0].Served(), 10), "every prompt prefilled on the prefill engine")
+}
