@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/router"
 )
@@ -93,6 +94,11 @@ func runDemo(args []string) error {
 		return err
 	}
 	fmt.Println(sticky)
+	split, err := demoDisagg(client)
+	if err != nil {
+		return fmt.Errorf("disaggregated request: %w", err)
+	}
+	fmt.Println(split)
 
 	fmt.Println("\nper-worker counts (served by the mock / dispatched by the router / in flight now), weight:")
 	var total int64
@@ -196,6 +202,38 @@ func demoQuery(client *http.Client, base string) (string, error) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return "query only          -> " + strings.TrimSpace(string(b)) + "  (not dispatched)", nil
+}
+
+// demoDisagg runs a second router in front of a prefill and a decode
+// engine (vLLM's KV-connector protocol) and sends one streaming request
+// through it.
+func demoDisagg(client *http.Client) (string, error) {
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Router.Disaggregation.Protocol = config.DisaggVLLM
+	engine := mockworker.EngineOptions{MaxNumSeqs: 8, InterTokenLatency: 15 * time.Millisecond, PrefillPerToken: 200 * time.Microsecond}
+	for id, role := range []dataplane.Role{dataplane.RolePrefill, dataplane.RoleDecode} {
+		m, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: uint64(id + 11), Tokens: 6, Engine: engine})
+		if err != nil {
+			return "", err
+		}
+		defer m.Close()
+		cfg.Workers = append(cfg.Workers, dataplane.WorkerSpec{ID: uint64(id + 11), URL: m.URL(), Role: role})
+	}
+	r, err := router.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		return "", err
+	}
+	defer r.Close()
+	line, err := demoRequest(client, "http://"+r.Addr(), 1, true)
+	if err != nil {
+		return "", err
+	}
+	m := r.Frontend.Metrics()
+	if m.Phase("prefill", "ok") != 1 || m.Phase("decode", "ok") != 1 {
+		return "", fmt.Errorf("prefill legs ok %d, decode legs ok %d; want 1 and 1", m.Phase("prefill", "ok"), m.Phase("decode", "ok"))
+	}
+	return strings.Replace(line, "request 1  chat, stream  -> worker", "disaggregated (vllm-nixl): prefill on worker 11, decode on worker", 1), nil
 }
 
 // stickyRequests is how many requests demoSticky sends.
