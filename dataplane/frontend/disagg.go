@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/disagg"
 	"github.com/valyala/fasthttp"
@@ -89,6 +90,7 @@ func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
 // on its decode worker (fallback aggregated, counted) or fails; on an
 // error the decode reservation is released.
 func (ex *exchange) selectPrefill() error {
+	ex.routePrefill()
 	err := ex.s.sel.Select(&ex.preReq, &ex.preRes)
 	if err == nil {
 		return nil
@@ -100,6 +102,31 @@ func (ex *exchange) selectPrefill() error {
 	}
 	ex.res.Release()
 	return err
+}
+
+// prefillPin marks a session's prefill pin in the session table, apart
+// from its decode (or whole-request) pin.
+const prefillPin = "\x00prefill"
+
+// routePrefill prefers the prefill worker of the session's earlier
+// requests. The prefill pin is soft in both affinity modes: a prefill
+// worker holds no state the decode needs, only a prefix cache worth
+// reusing.
+func (ex *exchange) routePrefill() {
+	if len(ex.session) == 0 || ex.preReq.HasWorker {
+		return
+	}
+	ex.preKey = append(append(ex.preKey[:0], ex.session...), prefillPin...)
+	if pin, st := ex.s.opts.Affinity.Get(ex.preKey); st == affinity.Pinned {
+		ex.preReq.PreferID, ex.preReq.HasPrefer = pin.Worker, true
+	}
+}
+
+// prefillServed pins the session's prefill to the worker that answered.
+func (ex *exchange) prefillServed(w *dataplane.Worker) {
+	if len(ex.session) > 0 {
+		ex.s.opts.Affinity.Put(ex.preKey, affinity.Pin{Worker: w.ID(), Rank: ex.preRes.Rank()})
+	}
 }
 
 // prefill runs the prefill leg of a split request before its decode leg
@@ -197,6 +224,7 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 			fmt.Sprintf("prefill worker %d: %v (is it a vLLM engine with a KV connector?)", w.ID(), err), outcomeUpstreamError)
 	}
 	s.metrics.phases[phasePrefill][outcomeOK].Inc()
+	ex.prefillServed(w)
 	return true
 }
 
@@ -242,6 +270,7 @@ func (ex *exchange) bootstrapPrefill(w *dataplane.Worker) {
 	if err == nil {
 		s.reportAnswer(w, true)
 		s.metrics.phases[phasePrefill][outcomeOK].Inc()
+		ex.prefillServed(w)
 		return
 	}
 	if ex.stop.Load() == stopHungUp {

@@ -49,6 +49,7 @@ type exchange struct {
 	body      []byte        // the body sent to the decode worker; nil: the client's
 	preAnswer []byte        // the prefill answer
 	reqID     []byte        // X-Request-Id of both legs
+	preKey    []byte        // the session's prefill pin key
 	preDone   chan struct{} // closed when an SGLang prefill leg ends; nil: none running
 	preErr    error         // why an SGLang prefill leg failed (read after preDone)
 	stream    bool

@@ -317,6 +317,21 @@ func TestSGLangBootstrap(t *testing.T) {
 	f.assertIdle()
 }
 
+// A session keeps its prefill worker and its decode worker, each pinned
+// in its own phase.
+func TestSessionPinsPerPhase(t *testing.T) {
+	p1, p2, d1, d2 := startEngine(t, vllmPrefill), startEngine(t, vllmPrefill), startEngine(t, sseDecode), startEngine(t, sseDecode)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, p1.URL}, {dataplane.RolePrefill, p2.URL},
+		{dataplane.RoleDecode, d1.URL}, {dataplane.RoleDecode, d2.URL}}, nil) // round-robin would alternate both
+	for i := 0; i < 4; i++ {
+		readAll(t, f.post("/v1/chat/completions", pdBody, "x-session-id", "s1"))
+	}
+	assert.Equal(t, 4, len(p1.received())+len(p2.received()))
+	assert.True(t, len(p1.received()) == 4 || len(p2.received()) == 4, "prefill stays: %d/%d", len(p1.received()), len(p2.received()))
+	assert.True(t, len(d1.received()) == 4 || len(d2.received()) == 4, "decode stays: %d/%d", len(d1.received()), len(d2.received()))
+	f.assertIdle()
+}
+
 func TestSGLangNeedsBootstrapPorts(t *testing.T) {
 	cfg := config.Default()
 	cfg.Router.Disaggregation.Protocol = config.DisaggSGLang
