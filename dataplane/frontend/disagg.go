@@ -119,6 +119,8 @@ func (ex *exchange) routePrefill() {
 	ex.preKey = append(append(ex.preKey[:0], ex.session...), prefillPin...)
 	if pin, st := ex.s.opts.Affinity.Get(ex.preKey); st == affinity.Pinned {
 		ex.preReq.PreferID, ex.preReq.HasPrefer = pin.Worker, true
+	} else if id, ok := ex.s.reg.Snapshot().Rendezvous(affinity.Key(ex.preKey), dataplane.PhasePrefill, nil); ok {
+		ex.preReq.PreferID, ex.preReq.HasPrefer = id, true
 	}
 }
 

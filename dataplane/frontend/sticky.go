@@ -87,6 +87,10 @@ func (ex *exchange) route() error {
 			return dataplane.Errorf(dataplane.NoEndpoints,
 				"session %s was pinned to worker %d, which left; the pin is dropped and the next request is pinned anew",
 				strconv.Quote(string(ex.session)), pin.Worker)
+		default: // no pin here: where every router places the session
+			if id, ok := s.reg.Snapshot().Rendezvous(affinity.Key(ex.session), req.Phase, req.Group); ok {
+				req.PreferID, req.HasPrefer = id, true
+			}
 		}
 	}
 	if len(ex.keys) > 0 && !req.HasWorker && !req.HasPrefer {

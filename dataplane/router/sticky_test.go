@@ -210,3 +210,21 @@ func TestHardAffinityDropsThePinWhenTheWorkerFails(t *testing.T) {
 	assert.NotEqual(t, pinned, again, "pinned anew on a live worker")
 	f.assertIdle()
 }
+
+// Two routers in front of the same workers place each new session on the
+// same worker (rendezvous hashing), without talking to each other.
+func TestReplicasPlaceSessionsAlike(t *testing.T) {
+	a := startFleet(t, mocks(3, 1, 0), nil)
+	b := startFleet(t, nil, func(c *config.Config) { c.Workers = a.r.Config.Workers })
+	used := map[string]bool{}
+	for i := 0; i < 20; i++ {
+		session := fmt.Sprintf("s%d", i)
+		onA := a.servedBy("/v1/chat/completions", chatBody, "x-session-id", session)
+		onB := b.servedBy("/v1/chat/completions", chatBody, "x-session-id", session)
+		assert.Equal(t, onA, onB, "session %s", session)
+		used[onA] = true
+	}
+	assert.Len(t, used, 3, "sessions spread over the workers")
+	a.assertIdle()
+	b.assertIdle()
+}
