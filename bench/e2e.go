@@ -180,8 +180,9 @@ func startFastroute(bin, _ string, workers []string) (string, *exec.Cmd, error) 
 	return startServe(bin, workers, "--mode", "least-loaded", "--busy-threshold", "0", "--telemetry-nvml=false", "--telemetry-cpu=false")
 }
 
-// startServe starts `fastroute serve` in front of workers (ids 1..n) with
-// the extra flags.
+// startServe starts `fastroute serve` with the extra flags in front of
+// workers ("host:port", maybe followed by more --worker keys:
+// "host:port,role=decode"), ids from 1.
 func startServe(bin string, workers []string, flags ...string) (string, *exec.Cmd, error) {
 	addr, err := freeAddr()
 	if err != nil {

@@ -30,8 +30,11 @@ type RoutingOptions struct {
 	Timeout  time.Duration // a request not answered by then counts as timed out
 	Loads    []float64     // offered load as shares of the fleet's capacity
 	Routers  []string      // routers to run (names of RoutingRouters); empty: all
-	Seed     uint64        // workload seed
-	OutDir   string        // where routing.md and routing.svg go
+	// PDLoad is the load of the prefill/decode comparison (PDSetups on
+	// pdFleet); 0 skips it.
+	PDLoad float64
+	Seed   uint64 // workload seed
+	OutDir string // where routing.md and routing.svg go
 }
 
 // simEngine is one simulated engine of the routing fleet.
@@ -44,6 +47,26 @@ type simEngine struct {
 // The fleet: two GPU-like engines with different batch sizes and a CPU-like
 // one at 1/6 of their speed. Every engine has the same step model.
 var routingFleet = []simEngine{{"gpu-a", 16, 1}, {"gpu-b", 24, 1}, {"cpu", 4, 1.0 / 6}}
+
+// The prefill/decode comparison's fleet: three engines like gpu-a, run all
+// whole or one prefilling for two decoding.
+var pdFleet = []simEngine{{"gpu-1", 16, 1}, {"gpu-2", 16, 1}, {"gpu-3", 16, 1}}
+
+// PDSetups are the two ways the comparison runs pdFleet: aggregated in the
+// default mode, and disaggregated with vLLM's protocol.
+func PDSetups() []RoutingRouter {
+	return []RoutingRouter{
+		{Name: "aggregated: 3 whole (default mode)", start: fastrouteMode(pickers.ModeWeighted)},
+		{Name: "disaggregated vllm-nixl: 1 prefill + 2 decode", start: func(bin, _ string, workers []string) (string, *exec.Cmd, error) {
+			roles := []string{"prefill", "decode", "decode"}
+			specs := make([]string, len(workers))
+			for i, w := range workers {
+				specs[i] = w + ",role=" + roles[i]
+			}
+			return startServe(bin, specs, "--disagg-protocol", "vllm-nixl")
+		}},
+	}
+}
 
 const (
 	simITL          = 4 * time.Millisecond
@@ -144,8 +167,9 @@ type RoutingRow struct {
 	Router     string
 	Offered    float64 // requests per second offered
 	TTFT, E2E  []time.Duration
-	Completed  int // requests answered in full (measured window)
-	Failed     int // errors and timeouts (measured window)
+	ITL        []time.Duration // per completed request: its mean gap between tokens
+	Completed  int             // requests answered in full (measured window)
+	Failed     int             // errors and timeouts (measured window)
 	Window     time.Duration
 	Timeout    time.Duration  // failed requests count as this slow
 	ByWorker   map[string]int // completed requests per engine
@@ -193,7 +217,7 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 			if len(o.Routers) > 0 && !slices.Contains(o.Routers, rt.Name) {
 				continue
 			}
-			row, err := runRoutingOnce(o, dir, rt, jobs)
+			row, err := runRoutingOnce(o, dir, routingFleet, rt, jobs)
 			if err != nil {
 				return nil, fmt.Errorf("%s at %.0f%%: %w", rt.Name, load*100, err)
 			}
@@ -203,6 +227,24 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 		}
 	}
 	table := RoutingTable(rows, fleetCap, o)
+	if o.PDLoad > 0 {
+		pdCap := 0.0
+		for _, e := range pdFleet {
+			pdCap += e.capacity(meanP, meanO)
+		}
+		jobs := workload(o.Seed, o.PDLoad*pdCap, o.Warmup+o.Duration)
+		var pd []RoutingRow
+		for _, rt := range PDSetups() {
+			row, err := runRoutingOnce(o, dir, pdFleet, rt, jobs)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", rt.Name, err)
+			}
+			row.Load, row.Offered = o.PDLoad, o.PDLoad*pdCap
+			fmt.Println("  " + row.String())
+			pd = append(pd, row)
+		}
+		table += "\n" + PDTable(pd, pdCap)
+	}
 	if err := os.WriteFile(filepath.Join(o.OutDir, "routing.md"), []byte(table), 0o644); err != nil {
 		return nil, err
 	}
@@ -215,7 +257,7 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 
 // runRoutingOnce starts a fresh fleet and the router, replays jobs and
 // measures the ones that arrive after the warm-up.
-func runRoutingOnce(o RoutingOptions, dir string, rt RoutingRouter, jobs []job) (RoutingRow, error) {
+func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingRouter, jobs []job) (RoutingRow, error) {
 	var addrs []string
 	var stops []func()
 	defer func() {
@@ -224,7 +266,7 @@ func runRoutingOnce(o RoutingOptions, dir string, rt RoutingRouter, jobs []job) 
 		}
 	}()
 	names := map[string]string{} // x-mock-worker id → engine name
-	for i, e := range routingFleet {
+	for i, e := range fleet {
 		addr, stop, err := startMock(o.Binary, i+1, e.flags())
 		if err != nil {
 			return RoutingRow{}, err
@@ -244,6 +286,7 @@ func runRoutingOnce(o RoutingOptions, dir string, rt RoutingRouter, jobs []job) 
 	defer client.CloseIdleConnections()
 	type outcome struct {
 		ttft, e2e time.Duration
+		tokens    int
 		ok        bool
 		worker    string
 	}
@@ -253,13 +296,13 @@ func runRoutingOnce(o RoutingOptions, dir string, rt RoutingRouter, jobs []job) 
 	for i, j := range jobs {
 		time.Sleep(time.Until(start.Add(j.at)))
 		wg.Go(func() {
-			ttft, e2e, worker, err := streamOnce(client, front, j, o.Timeout)
-			results[i] = outcome{ttft: ttft, e2e: e2e, ok: err == nil, worker: worker}
+			ttft, e2e, tokens, worker, err := streamOnce(client, front, j, o.Timeout)
+			results[i] = outcome{ttft: ttft, e2e: e2e, tokens: tokens, ok: err == nil, worker: worker}
 		})
 	}
 	wg.Wait()
 	row := RoutingRow{Router: rt.Name, Window: o.Duration, Timeout: o.Timeout, ByWorker: map[string]int{}}
-	for _, e := range routingFleet {
+	for _, e := range fleet {
 		row.WorkerList = append(row.WorkerList, e.name)
 	}
 	for i, j := range jobs {
@@ -273,12 +316,16 @@ func runRoutingOnce(o RoutingOptions, dir string, rt RoutingRouter, jobs []job) 
 		} else {
 			row.Completed++
 			row.ByWorker[names[r.worker]]++
+			if r.tokens > 1 {
+				row.ITL = append(row.ITL, (r.e2e-r.ttft)/time.Duration(r.tokens-1))
+			}
 		}
 		row.TTFT = append(row.TTFT, r.ttft)
 		row.E2E = append(row.E2E, r.e2e)
 	}
 	slices.Sort(row.TTFT)
 	slices.Sort(row.E2E)
+	slices.Sort(row.ITL)
 	return row, nil
 }
 
@@ -292,40 +339,43 @@ func chatBody(prompt, out int) []byte {
 }
 
 // streamOnce sends one streaming request and times its first token and its
-// end; worker is the answering engine's x-mock-worker header.
-func streamOnce(client *http.Client, addr string, j job, timeout time.Duration) (ttft, e2e time.Duration, worker string, err error) {
+// end, counting its tokens; worker is the answering engine's x-mock-worker
+// header.
+func streamOnce(client *http.Client, addr string, j job, timeout time.Duration) (ttft, e2e time.Duration, tokens int, worker string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", bytes.NewReader(chatBody(j.prompt, j.out)))
 	if err != nil {
-		return 0, 0, "", err
+		return 0, 0, 0, "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	t := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
-		return time.Since(t), time.Since(t), "", err
+		return time.Since(t), time.Since(t), 0, "", err
 	}
 	defer resp.Body.Close()
 	worker = resp.Header.Get("x-mock-worker")
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, resp.Body)
-		return time.Since(t), time.Since(t), worker, fmt.Errorf("status %d", resp.StatusCode)
+		return time.Since(t), time.Since(t), 0, worker, fmt.Errorf("status %d", resp.StatusCode)
 	}
 	rd := bufio.NewReader(resp.Body)
 	for {
 		line, rerr := rd.ReadSlice('\n')
-		if bytes.HasPrefix(line, []byte("data: {")) && ttft == 0 {
-			ttft = time.Since(t)
+		if bytes.HasPrefix(line, []byte("data: {")) {
+			if tokens++; ttft == 0 {
+				ttft = time.Since(t)
+			}
 		}
 		if bytes.HasPrefix(line, []byte("data: [DONE]")) {
-			return ttft, time.Since(t), worker, nil
+			return ttft, time.Since(t), tokens, worker, nil
 		}
 		if rerr != nil && rerr != bufio.ErrBufferFull {
 			if ttft == 0 {
 				ttft = time.Since(t)
 			}
-			return ttft, time.Since(t), worker, fmt.Errorf("stream cut: %w", rerr)
+			return ttft, time.Since(t), tokens, worker, fmt.Errorf("stream cut: %w", rerr)
 		}
 	}
 }
@@ -379,6 +429,22 @@ func RoutingTable(rows []RoutingRow, fleetCap float64, o RoutingOptions) string 
 		fmt.Fprintf(&b, "| %.0f%% | %s | %s | %s | %s | %s | %.1f | %d | %s | %s |\n", r.Load*100, r.Router,
 			r.lat(r.TTFT, 0.5), r.lat(r.TTFT, 0.99), r.lat(r.E2E, 0.5), r.lat(r.E2E, 0.99),
 			r.RPS(), r.Failed, r.Shares(), ref)
+	}
+	return b.String()
+}
+
+// PDTable formats the prefill/decode comparison: TTFT and the gap between
+// tokens, aggregated and disaggregated on the same engines.
+func PDTable(rows []RoutingRow, fleetCap float64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Prefill/decode disaggregation, the same three engines (like gpu-a; %.1f req/s run whole) at %.0f%% of that:\n\n",
+		fleetCap, 100*rows[0].Load)
+	fmt.Fprintf(&b, "| setup | TTFT p50 | TTFT p99 | inter-token p50 | inter-token p99 | e2e p99 | completed req/s | failed | share %% (%s) |\n",
+		strings.Join(rows[0].WorkerList, "/"))
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %.1f | %d | %s |\n", r.Router, r.lat(r.TTFT, 0.5), r.lat(r.TTFT, 0.99),
+			fmtDur(pct(r.ITL, 0.5)), fmtDur(pct(r.ITL, 0.99)), r.lat(r.E2E, 0.99), r.RPS(), r.Failed, r.Shares())
 	}
 	return b.String()
 }

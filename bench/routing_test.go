@@ -67,7 +67,7 @@ func TestRoutingSmoke(t *testing.T) {
 	bin := buildBinary(t)
 	dir := t.TempDir()
 	rows, err := RunRouting(RoutingOptions{Binary: bin, Warmup: 300 * time.Millisecond, Duration: 700 * time.Millisecond,
-		Timeout: 5 * time.Second, Loads: []float64{0.3}, Seed: 1, OutDir: dir,
+		Timeout: 5 * time.Second, Loads: []float64{0.3}, Seed: 1, OutDir: dir, PDLoad: 0.3,
 		Routers: []string{"fastroute device-aware-weighted (default)", "nginx least_conn"}})
 	require.NoError(t, err)
 	require.Len(t, rows, 2)
@@ -79,6 +79,8 @@ func TestRoutingSmoke(t *testing.T) {
 	md, err := os.ReadFile(filepath.Join(dir, "routing.md"))
 	require.NoError(t, err)
 	assert.Equal(t, 2, strings.Count(string(md), "| 30% |"))
+	assert.Contains(t, string(md), "| disaggregated vllm-nixl: 1 prefill + 2 decode |")
+	assert.NotContains(t, string(md), "| disaggregated vllm-nixl: 1 prefill + 2 decode | 0s", "its requests were answered")
 	_, err = os.Stat(filepath.Join(dir, "routing.svg"))
 	assert.NoError(t, err)
 }
