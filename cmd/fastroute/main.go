@@ -14,7 +14,8 @@ const usage = `usage: fastroute <command> [flags]
 
 commands:
   serve       run the router (--config FILE, flags override the file)
-  mockworker  run an OpenAI-compatible fake worker
+  register    keep a worker's key alive on etcd for discovering routers (--etcd, --id, --url)
+  mockworker  run an OpenAI-compatible fake worker (--etcd: registered on etcd)
   demo        run 3 mock workers and the router, send real requests, print the split
   bench       measure routing overhead against direct calls to a mock worker
   bench-e2e   fastroute, nginx, HAProxy and direct side by side (mock worker processes)
@@ -31,6 +32,8 @@ func main() {
 	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
 	case "serve":
 		err = runServe(args)
+	case "register":
+		err = runRegister(args)
 	case "mockworker":
 		err = runMockWorker(args)
 	case "demo":

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 
 	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/discovery"
 )
 
 func runMockWorker(args []string) error {
@@ -31,6 +34,7 @@ func runMockWorker(args []string) error {
 	fs.IntVar(&e.BlockSize, "block-size", mockworker.DefaultBlockSize, "engine: tokens per KV cache block")
 	fs.IntVar(&e.MaxLoRA, "max-lora", mockworker.DefaultMaxLoRA, "engine: adapters per batch (reported in vllm:lora_requests_info)")
 	fs.StringVar(&o.MetricsDialect, "metrics-dialect", "vllm", "names of the /metrics series: vllm or sglang")
+	etcd := bindEtcdFlags(fs, "etcd-")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -51,8 +55,19 @@ func runMockWorker(args []string) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "mockworker %d listening on %s\n", o.ID, w.Addr())
+	var reg *discovery.Registration
+	if etcd.endpoints != "" {
+		if reg, err = etcd.register(dataplane.WorkerSpec{ID: o.ID, URL: w.URL(), LoRAs: o.LoRAs, MaxInflight: e.MaxNumSeqs}); err != nil {
+			_ = w.Close()
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "mockworker %d registered as %s\n", o.ID, reg.Key())
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	<-sig
-	return w.Close()
+	if reg != nil {
+		err = reg.Close()
+	}
+	return errors.Join(err, w.Close())
 }

@@ -40,6 +40,25 @@ type Config struct {
 	Limits    Limits                 `yaml:"limits"`
 	Log       Log                    `yaml:"log"`
 	Workers   []dataplane.WorkerSpec `yaml:"workers"`
+	// Discovery finds more workers on etcd, beside the static ones.
+	Discovery Discovery `yaml:"discovery"`
+}
+
+// Discovery configures worker discovery.
+type Discovery struct {
+	Etcd Etcd `yaml:"etcd"`
+}
+
+// Etcd locates the etcd cluster workers register on (no endpoints: off).
+type Etcd struct {
+	Endpoints   []string      `yaml:"endpoints"`
+	Prefix      string        `yaml:"prefix"`
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	Username    string        `yaml:"username"`
+	Password    string        `yaml:"password"`
+	CertFile    string        `yaml:"cert_file"`
+	KeyFile     string        `yaml:"key_file"`
+	CAFile      string        `yaml:"ca_file"`
 }
 
 // Router holds the selection settings.
@@ -158,6 +177,7 @@ func Default() Config {
 			Engine: Engine{Enabled: true, Interval: 50 * time.Millisecond, Timeout: time.Second}},
 		Health: Health{Interval: 2 * time.Second, Path: "/health", UnhealthyAfter: 3,
 			EjectAfter: 5, EjectTime: 5 * time.Second, EjectMax: 5 * time.Minute},
+		Discovery: Discovery{Etcd: Etcd{Prefix: "/fastroute", DialTimeout: 2 * time.Second}},
 		Limits: Limits{
 			MaxBodyBytes: 16 << 20, MaxHeaderBytes: 64 << 10, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
 			IdleTimeout: 2 * time.Minute, ConnectTimeout: 2 * time.Second,
@@ -273,6 +293,17 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Router.Disaggregation.validate(); err != nil {
 		return err
+	}
+	if e := c.Discovery.Etcd; len(e.Endpoints) > 0 {
+		if !strings.HasPrefix(e.Prefix, "/") {
+			return keyErr("discovery.etcd.prefix", "%q must start with /", e.Prefix)
+		}
+		if e.DialTimeout <= 0 {
+			return keyErr("discovery.etcd.dial_timeout", "%v must be positive", e.DialTimeout)
+		}
+		if (e.CertFile == "") != (e.KeyFile == "") {
+			return keyErr("discovery.etcd.cert_file", "cert_file and key_file go together")
+		}
 	}
 	switch c.Log.Access {
 	case "off", "all", "errors":

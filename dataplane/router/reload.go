@@ -28,6 +28,17 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		return nil, nil, err
 	}
 	old := r.Config
+	if r.Discovery != nil {
+		static := map[uint64]bool{}
+		for _, s := range old.Workers {
+			static[s.ID] = true
+		}
+		for i, s := range cfg.Workers {
+			if !static[s.ID] && r.Discovery.Known(s.ID) {
+				return nil, nil, fmt.Errorf("key workers[%d].id: %d is a worker found on etcd; an id is never used twice", i, s.ID)
+			}
+		}
+	}
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
 		"admin_token": old.AdminToken == cfg.AdminToken, "metrics_public": old.MetricsPublic == cfg.MetricsPublic,
@@ -35,6 +46,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
 		"router.disaggregation":       old.Router.Disaggregation == cfg.Router.Disaggregation,
+		"discovery":                   reflect.DeepEqual(old.Discovery, cfg.Discovery),
 		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": old.Health == cfg.Health,
 		"limits": old.Limits == cfg.Limits, "routes": slices.Equal(old.Routes, cfg.Routes), "log": old.Log == cfg.Log,
 	} {

@@ -21,6 +21,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/frontend"
 	"github.com/fastroute/fastroute/dataplane/health"
 	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/discovery"
 	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/telemetry/cpu"
 	"github.com/fastroute/fastroute/telemetry/engine"
@@ -44,6 +45,8 @@ type Router struct {
 	// EmbedCache is nil when router.embedding_cache_size is 0.
 	EmbedCache *affinity.Cache
 	Metrics    *metrics.Set
+	// Discovery is nil unless discovery.etcd names endpoints.
+	Discovery *discovery.Watcher
 
 	log         *slog.Logger
 	reloadMu    sync.Mutex // one reload at a time; guards Config and source
@@ -130,6 +133,11 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 			Describe: r.describe, SetLoRAs: r.LoRA.Set, LoRAs: r.LoRA.Groups}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
+	if err := r.startDiscovery(log); err != nil {
+		r.ln.Close()
+		r.adminLn.Close()
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { _ = r.Frontend.Serve(r.ln) }()
@@ -167,6 +175,7 @@ func (r *Router) AdminAddr() string { return r.adminLn.Addr().String() }
 // Close stops the health loop and both listeners, waiting for open
 // requests up to shutdown_timeout and cutting those still open then.
 func (r *Router) Close() error {
+	r.closeDiscovery()
 	r.cancel()
 	r.loops.Wait()
 	if r.gpu != nil {
@@ -253,8 +262,20 @@ func (r *Router) startEngines(log *slog.Logger) {
 	})
 }
 
-// describe adds the telemetry view of a worker to GET /workers.
+// closeDiscovery stops watching etcd; the workers found stay.
+func (r *Router) closeDiscovery() {
+	if r.Discovery != nil {
+		_ = r.Discovery.Close()
+	}
+}
+
+// describe adds the telemetry view of a worker to GET /workers, and where
+// it came from when discovery found it.
 func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
+	if r.Discovery != nil && r.Discovery.Known(w.ID()) {
+		info["discovered"] = "etcd"
+		info["discovery_up"] = r.Discovery.Up()
+	}
 	if r.Weights != nil {
 		r.Weights.Describe(w, info)
 	}

@@ -1,0 +1,175 @@
+package router
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/discovery"
+	"github.com/fastroute/fastroute/discovery/etcdtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// clusterRouter starts a router that discovers its workers on e.
+func clusterRouter(t *testing.T, e *etcdtest.Server, prefix string, tweak func(*config.Config)) *fleet {
+	return startFleet(t, nil, func(c *config.Config) {
+		c.Discovery.Etcd = config.Etcd{Endpoints: []string{e.Endpoint}, Prefix: prefix, DialTimeout: time.Second}
+		if tweak != nil {
+			tweak(c)
+		}
+	})
+}
+
+func routable(f *fleet, id uint64) bool {
+	for _, got := range f.r.Registry.Snapshot().IDs() {
+		if got == id {
+			return true
+		}
+	}
+	return false
+}
+
+func register(t *testing.T, e *etcdtest.Server, prefix string, m *mockworker.Worker, id uint64, ttl time.Duration) *discovery.Registration {
+	t.Helper()
+	reg, err := discovery.Register(discovery.Options{Endpoints: []string{e.Endpoint}, Prefix: prefix, DialTimeout: time.Second},
+		dataplane.WorkerSpec{ID: id, URL: m.URL()}, ttl)
+	require.NoError(t, err)
+	return reg
+}
+
+func startMocks(t *testing.T, n int) []*mockworker.Worker {
+	t.Helper()
+	var out []*mockworker.Worker
+	for i := 0; i < n; i++ {
+		m, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: uint64(i + 1), Tokens: 1})
+		require.NoError(t, err)
+		t.Cleanup(func() { m.Close() })
+		out = append(out, m)
+	}
+	return out
+}
+
+// Two routers see registered workers join, take requests, place sessions
+// alike, and leave: at once on a clean deregistration, within the lease
+// TTL when the registrar dies.
+func TestTwoRoutersFollowEtcd(t *testing.T) {
+	e := etcdtest.Start(t)
+	const prefix = "/t1"
+	a, b := clusterRouter(t, e, prefix, nil), clusterRouter(t, e, prefix, nil)
+	ms := startMocks(t, 3)
+	var regs []*discovery.Registration
+	for i, m := range ms {
+		regs = append(regs, register(t, e, prefix, m, uint64(i+1), 2*time.Second))
+	}
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Len() == 3 }, 5*time.Second, 10*time.Millisecond)
+	}
+	status, body := adminDo(t, a, "GET", "/workers", "", "")
+	assert.Equal(t, 200, status)
+	assert.Contains(t, body, `"discovered":"etcd"`)
+	for i := 0; i < 12; i++ {
+		session := fmt.Sprintf("s%d", i)
+		assert.Equal(t, a.servedBy("/v1/chat/completions", chatBody, "x-session-id", session),
+			b.servedBy("/v1/chat/completions", chatBody, "x-session-id", session), "session %s", session)
+	}
+
+	require.NoError(t, regs[0].Close())
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { return !routable(f, 1) }, 2*time.Second, 10*time.Millisecond, "a deregistered worker drains at once")
+	}
+	require.NoError(t, regs[1].Abandon()) // the registrar dies: its lease runs out
+	left := time.Now()
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { return !routable(f, 2) }, 3*time.Second+time.Second, 20*time.Millisecond, "worker 2 outlived its lease")
+	}
+	assert.Less(t, time.Since(left), 3*time.Second+500*time.Millisecond, "TTL + 1s")
+	assert.True(t, routable(a, 3) && routable(b, 3))
+	a.assertIdle()
+	b.assertIdle()
+	_ = regs[2].Close()
+}
+
+// With etcd gone the routers route on the last known workers and say so;
+// once it is back they resync, and no request is lost meanwhile.
+func TestEtcdOutageKeepsRouting(t *testing.T) {
+	e := etcdtest.Start(t)
+	const prefix = "/t2"
+	f := clusterRouter(t, e, prefix, nil)
+	ms := startMocks(t, 2)
+	reg := register(t, e, prefix, ms[0], 1, 5*time.Second)
+	defer reg.Close()
+	require.Eventually(t, func() bool { return routable(f, 1) }, 5*time.Second, 10*time.Millisecond)
+
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	failures := 0
+	var mu sync.Mutex
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			resp, err := f.client.Post("http://"+f.r.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+			mu.Lock()
+			if err != nil || resp.StatusCode != 200 {
+				failures++
+			}
+			mu.Unlock()
+			if err == nil {
+				readAll(t, resp)
+			}
+		}
+	}()
+	e.Stop()
+	require.Eventually(t, func() bool { return !f.r.Discovery.Up() }, 5*time.Second, 20*time.Millisecond)
+	_, body := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, body, "fastroute_discovery_up 0")
+	_, body = adminDo(t, f, "GET", "/workers", "", "")
+	assert.Contains(t, body, `"discovery_up":false`)
+	time.Sleep(500 * time.Millisecond)
+	assert.True(t, routable(f, 1), "the last known workers stay")
+
+	e.Restart()
+	require.Eventually(t, func() bool { return f.r.Discovery.Up() }, 10*time.Second, 20*time.Millisecond)
+	late := register(t, e, prefix, ms[1], 2, 5*time.Second)
+	defer late.Close()
+	require.Eventually(t, func() bool { return routable(f, 2) }, 5*time.Second, 10*time.Millisecond, "in step again")
+	close(stop)
+	wg.Wait()
+	assert.Zero(t, failures, "requests lost to the etcd outage")
+	assert.True(t, routable(f, 1))
+	f.assertIdle()
+}
+
+// An id is never used twice: an etcd key with a config file's id is
+// ignored, and a reload cannot add an id etcd already gave.
+func TestDiscoveredAndStaticIDsNeverClash(t *testing.T) {
+	e := etcdtest.Start(t)
+	const prefix = "/t3"
+	ms := startMocks(t, 2)
+	f := clusterRouter(t, e, prefix, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: ms[0].URL()}}
+	})
+	clash := register(t, e, prefix, ms[1], 1, 5*time.Second)
+	defer clash.Close()
+	other := register(t, e, prefix, ms[1], 2, 5*time.Second)
+	defer other.Close()
+	require.Eventually(t, func() bool { return routable(f, 2) }, 5*time.Second, 10*time.Millisecond)
+	w, _ := f.r.Registry.Get(1)
+	assert.Equal(t, ms[0].URL(), w.Spec().URL, "the config file's worker 1 stays")
+
+	cfg := f.r.CurrentConfig()
+	cfg.Workers = append(cfg.Workers, dataplane.WorkerSpec{ID: 2, URL: ms[0].URL()})
+	_, _, err := f.r.Reload(cfg)
+	assert.ErrorContains(t, err, "2 is a worker found on etcd")
+}

@@ -1,0 +1,74 @@
+package router
+
+import (
+	"fmt"
+	"log/slog"
+	"reflect"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/discovery"
+)
+
+// startDiscovery watches etcd for workers when discovery.etcd names
+// endpoints; the static workers of the config stay beside them.
+func (r *Router) startDiscovery(log *slog.Logger) error {
+	e := r.Config.Discovery.Etcd
+	if len(e.Endpoints) == 0 {
+		return nil
+	}
+	w, err := discovery.Watch(discovery.Options{Endpoints: e.Endpoints, Prefix: e.Prefix, DialTimeout: e.DialTimeout,
+		Username: e.Username, Password: e.Password, CertFile: e.CertFile, KeyFile: e.KeyFile, CAFile: e.CAFile, Logger: log},
+		discoveryTarget{r})
+	if err != nil {
+		return fmt.Errorf("discovery.etcd: %w", err)
+	}
+	r.Discovery = w
+	r.Metrics.Register(func(mw *metrics.Writer) {
+		up := 0.0
+		if w.Up() {
+			up = 1
+		}
+		mw.Header("fastroute_discovery_up", "gauge", "1 while etcd answers; 0: routing on the last known workers.")
+		mw.Sample("fastroute_discovery_up", up)
+	})
+	return nil
+}
+
+// discoveryTarget applies what etcd says to the registry.
+type discoveryTarget struct{ r *Router }
+
+// Put adds a discovered worker (routable after its first probe) or
+// replaces it when its spec changed. An id the config file uses is
+// refused: a worker is never there twice.
+func (t discoveryTarget) Put(spec dataplane.WorkerSpec) error {
+	r := t.r
+	for _, s := range r.CurrentConfig().Workers {
+		if s.ID == spec.ID {
+			return fmt.Errorf("id %d is a worker of the config file; the etcd key is ignored", spec.ID)
+		}
+	}
+	if err := spec.Normalize(); err != nil {
+		return err
+	}
+	w, ok := r.Registry.Get(spec.ID)
+	switch {
+	case !ok:
+		if _, err := r.Registry.AddUnprobed(spec); err != nil {
+			return err
+		}
+		r.log.Info("worker found on etcd", "worker", spec.ID, "url", spec.URL)
+		r.probeSoon()
+	case w.Draining() || !reflect.DeepEqual(w.Spec(), spec):
+		old, err := r.Registry.Replace(spec)
+		if err != nil {
+			return err
+		}
+		r.Frontend.Forget(old)
+		r.log.Info("worker changed on etcd", "worker", spec.ID)
+	}
+	return nil
+}
+
+// Drain drains a worker that left etcd: its requests finish.
+func (t discoveryTarget) Drain(id uint64) { _ = t.r.Registry.Drain(id) }

@@ -1,0 +1,284 @@
+// Package discovery finds workers on etcd: each is a key
+// <prefix>/workers/<id> holding its spec as JSON (the fields of POST
+// /workers), attached to a lease its registrar keeps alive (Register). A
+// router lists the prefix, then watches it: a put adds or replaces the
+// worker, a delete or an expired lease drains it. A compacted watch or a
+// reconnection resyncs from a fresh list. While etcd is unreachable the
+// router keeps the last known set and says so (Up).
+package discovery
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Options locate etcd and the keys.
+type Options struct {
+	Endpoints   []string
+	Prefix      string // default /fastroute
+	DialTimeout time.Duration
+	Username    string
+	Password    string
+	// TLS files; all empty: plain connections.
+	CertFile, KeyFile, CAFile string
+	Logger                    *slog.Logger
+}
+
+// WorkersKey is the key prefix of the workers under prefix.
+func WorkersKey(prefix string) string { return strings.TrimSuffix(prefix, "/") + "/workers/" }
+
+// client connects to etcd.
+func client(o Options) (*clientv3.Client, error) {
+	if len(o.Endpoints) == 0 {
+		return nil, errors.New("discovery.etcd.endpoints: none")
+	}
+	cfg := clientv3.Config{Endpoints: o.Endpoints, DialTimeout: o.DialTimeout, Username: o.Username, Password: o.Password,
+		Logger: zap.NewNop()} // its own errors reach the log as discovery's
+	if o.CertFile != "" || o.KeyFile != "" || o.CAFile != "" {
+		t := &tls.Config{MinVersion: tls.VersionTLS12}
+		if o.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("discovery.etcd.cert_file: %w", err)
+			}
+			t.Certificates = []tls.Certificate{cert}
+		}
+		if o.CAFile != "" {
+			pem, err := os.ReadFile(o.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("discovery.etcd.ca_file: %w", err)
+			}
+			t.RootCAs = x509.NewCertPool()
+			if !t.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("discovery.etcd.ca_file: %s holds no PEM certificate", o.CAFile)
+			}
+		}
+		cfg.TLS = t
+	}
+	return clientv3.New(cfg)
+}
+
+// Target is what discovery changes: the router's workers.
+type Target interface {
+	// Put adds the worker, or replaces it when its spec changed.
+	Put(spec dataplane.WorkerSpec) error
+	// Drain removes the worker once its requests end.
+	Drain(id uint64)
+}
+
+// Watcher keeps a Target in step with the workers on etcd.
+type Watcher struct {
+	o      Options
+	cli    *clientv3.Client
+	target Target
+	log    *slog.Logger
+	up     atomic.Bool
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu    sync.Mutex
+	known map[uint64]string // spec JSON by id, as last applied
+}
+
+// probeEvery is how often a watching router checks etcd still answers.
+const probeEvery = time.Second
+
+// Watch lists and watches the workers under o.Prefix until Close. It
+// returns at once; the first list runs in the background (Up reports it).
+func Watch(o Options, target Target) (*Watcher, error) {
+	if o.Prefix == "" {
+		o.Prefix = "/fastroute"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	cli, err := client(o)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &Watcher{o: o, cli: cli, target: target, log: o.Logger.With("component", "discovery"), cancel: cancel,
+		done: make(chan struct{}), known: map[uint64]string{}}
+	go w.run(ctx)
+	return w, nil
+}
+
+// Up reports whether etcd answered the last list or probe.
+func (w *Watcher) Up() bool { return w.up.Load() }
+
+// Known reports whether id is a worker found on etcd.
+func (w *Watcher) Known(id uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.known[id]
+	return ok
+}
+
+// Close stops watching; the workers found stay.
+func (w *Watcher) Close() error {
+	w.cancel()
+	<-w.done
+	return w.cli.Close()
+}
+
+func (w *Watcher) setUp(up bool, err error) {
+	if w.up.Swap(up) != up || (!up && err != nil && w.log.Enabled(context.Background(), slog.LevelDebug)) {
+		if up {
+			w.log.Info("etcd reachable: workers in step", "endpoints", w.o.Endpoints)
+		} else {
+			w.log.Warn("etcd unreachable: routing on the last known workers", "endpoints", w.o.Endpoints, "err", err)
+		}
+	}
+}
+
+// run lists, then watches from the list's revision; a watch that fails
+// (compaction, a lost connection) or a failed probe starts over.
+func (w *Watcher) run(ctx context.Context) {
+	defer close(w.done)
+	prefix := WorkersKey(w.o.Prefix)
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		lctx, lcancel := context.WithTimeout(ctx, w.o.DialTimeout+time.Second)
+		resp, err := w.cli.Get(lctx, prefix, clientv3.WithPrefix())
+		lcancel()
+		if err != nil {
+			w.setUp(false, err)
+			sleep(ctx, backoff)
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		w.sync(resp.Kvs)
+		w.setUp(true, nil)
+		w.follow(ctx, prefix, resp.Header.Revision+1)
+	}
+}
+
+// follow applies the watch events until the watch fails or a probe does.
+func (w *Watcher) follow(ctx context.Context, prefix string, rev int64) {
+	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer wcancel()
+	events := w.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+	probe := time.NewTicker(probeEvery)
+	defer probe.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-probe.C:
+			pctx, pcancel := context.WithTimeout(ctx, w.o.DialTimeout)
+			_, err := w.cli.Get(pctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+			pcancel()
+			if err != nil {
+				w.setUp(false, err)
+				return // list again once it answers
+			}
+		case wr, ok := <-events:
+			if !ok || wr.Err() != nil || wr.Canceled {
+				if wr.CompactRevision != 0 {
+					w.log.Info("etcd watch compacted: listing the workers again", "revision", wr.CompactRevision)
+				}
+				return
+			}
+			for _, ev := range wr.Events {
+				w.apply(string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete)
+			}
+		}
+	}
+}
+
+// sync applies a full list: every key put, every known worker not listed
+// drained.
+func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
+	listed := map[uint64]bool{}
+	for _, kv := range kvs {
+		if id, ok := w.apply(string(kv.Key), kv.Value, false); ok {
+			listed[id] = true
+		}
+	}
+	w.mu.Lock()
+	var gone []uint64
+	for id := range w.known {
+		if !listed[id] {
+			gone = append(gone, id)
+			delete(w.known, id)
+		}
+	}
+	w.mu.Unlock()
+	for _, id := range gone {
+		w.log.Info("worker gone from etcd: draining", "worker", id)
+		w.target.Drain(id)
+	}
+}
+
+// apply one key: a put adds or replaces its worker, a delete drains it.
+// It returns the worker's id when the key names one.
+func (w *Watcher) apply(key string, value []byte, deleted bool) (uint64, bool) {
+	id, err := strconv.ParseUint(key[strings.LastIndexByte(key, '/')+1:], 10, 64)
+	if err != nil || id == 0 {
+		w.log.Warn("etcd key is not <prefix>/workers/<id>: ignored", "key", key)
+		return 0, false
+	}
+	w.mu.Lock()
+	prev, known := w.known[id]
+	switch {
+	case deleted:
+		delete(w.known, id)
+	case known && prev == string(value):
+		w.mu.Unlock()
+		return id, true // unchanged (a lease refresh, a resync)
+	}
+	w.mu.Unlock()
+	if deleted {
+		if known {
+			w.log.Info("worker left etcd (deleted or lease expired): draining", "worker", id)
+			w.target.Drain(id)
+		}
+		return id, true
+	}
+	var spec dataplane.WorkerSpec
+	if err := json.Unmarshal(value, &spec); err != nil {
+		w.log.Warn("etcd worker spec is not JSON: ignored", "key", key, "err", err)
+		return 0, false
+	}
+	if spec.ID == 0 {
+		spec.ID = id
+	}
+	if spec.ID != id {
+		w.log.Warn("etcd worker spec names another id than its key: ignored", "key", key, "id", spec.ID)
+		return 0, false
+	}
+	if err := w.target.Put(spec); err != nil {
+		w.log.Warn("etcd worker refused", "worker", id, "err", err)
+		return 0, false
+	}
+	w.mu.Lock()
+	w.known[id] = string(value)
+	w.mu.Unlock()
+	return id, true
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
