@@ -2,9 +2,11 @@
 // <prefix>/workers/<id> holding its spec as JSON (the fields of POST
 // /workers), attached to a lease its registrar keeps alive (Register). A
 // router lists the prefix, then watches it: a put adds or replaces the
-// worker, a delete or an expired lease drains it. A compacted watch or a
-// reconnection resyncs from a fresh list. While etcd is unreachable the
-// router keeps the last known set and says so (Up).
+// worker, a delete or an expired lease drains it. A drain mark
+// <prefix>/drain/<id> (MarkDrain, on the worker's lease) drains the worker
+// on every router until it is deleted or the worker's registration ends.
+// A compacted watch or a reconnection resyncs from a fresh list. While
+// etcd is unreachable the router keeps the last known set and says so (Up).
 package discovery
 
 import (
@@ -41,7 +43,10 @@ type Options struct {
 }
 
 // WorkersKey is the key prefix of the workers under prefix.
-func WorkersKey(prefix string) string { return strings.TrimSuffix(prefix, "/") + "/workers/" }
+func WorkersKey(prefix string) string { return root(prefix) + "workers/" }
+
+// root is prefix with one trailing slash.
+func root(prefix string) string { return strings.TrimSuffix(prefix, "/") + "/" }
 
 // client connects to etcd.
 func client(o Options) (*clientv3.Client, error) {
@@ -93,7 +98,8 @@ type Watcher struct {
 	done   chan struct{}
 
 	mu    sync.Mutex
-	known map[uint64]string // spec JSON by id, as last applied
+	known map[uint64]string // spec JSON by id, as last seen
+	marks map[uint64]bool   // drain marks
 }
 
 // probeEvery is how often a watching router checks etcd still answers.
@@ -114,7 +120,7 @@ func Watch(o Options, target Target) (*Watcher, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &Watcher{o: o, cli: cli, target: target, log: o.Logger.With("component", "discovery"), cancel: cancel,
-		done: make(chan struct{}), known: map[uint64]string{}}
+		done: make(chan struct{}), known: map[uint64]string{}, marks: map[uint64]bool{}}
 	go w.run(ctx)
 	return w, nil
 }
@@ -151,7 +157,7 @@ func (w *Watcher) setUp(up bool, err error) {
 // (compaction, a lost connection) or a failed probe starts over.
 func (w *Watcher) run(ctx context.Context) {
 	defer close(w.done)
-	prefix := WorkersKey(w.o.Prefix)
+	prefix := root(w.o.Prefix)
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		lctx, lcancel := context.WithTimeout(ctx, w.o.DialTimeout+time.Second)
@@ -203,12 +209,33 @@ func (w *Watcher) follow(ctx context.Context, prefix string, rev int64) {
 	}
 }
 
-// sync applies a full list: every key put, every known worker not listed
-// drained.
+// sync applies a full list: the drain marks, then every worker put and
+// every known worker not listed drained.
 func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
+	marks := map[uint64]bool{}
+	for _, kv := range kvs {
+		if kind, id, ok := w.parse(string(kv.Key)); ok && kind == "drain" {
+			marks[id] = true
+		}
+	}
+	w.mu.Lock()
+	var lifted []uint64
+	for id := range w.marks {
+		if !marks[id] {
+			lifted = append(lifted, id)
+		}
+	}
+	w.mu.Unlock()
+	for id := range marks {
+		w.mark(id, true)
+	}
+	for _, id := range lifted {
+		w.mark(id, false)
+	}
 	listed := map[uint64]bool{}
 	for _, kv := range kvs {
-		if id, ok := w.apply(string(kv.Key), kv.Value, false); ok {
+		if kind, id, ok := w.parse(string(kv.Key)); ok && kind == "workers" {
+			w.apply(string(kv.Key), kv.Value, false)
 			listed[id] = true
 		}
 	}
@@ -227,51 +254,110 @@ func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
 	}
 }
 
-// apply one key: a put adds or replaces its worker, a delete drains it.
-// It returns the worker's id when the key names one.
-func (w *Watcher) apply(key string, value []byte, deleted bool) (uint64, bool) {
-	id, err := strconv.ParseUint(key[strings.LastIndexByte(key, '/')+1:], 10, 64)
-	if err != nil || id == 0 {
-		w.log.Warn("etcd key is not <prefix>/workers/<id>: ignored", "key", key)
-		return 0, false
+// parse splits a key into its kind (workers or drain) and id.
+func (w *Watcher) parse(key string) (kind string, id uint64, ok bool) {
+	kind, text, ok := strings.Cut(strings.TrimPrefix(key, root(w.o.Prefix)), "/")
+	id, err := strconv.ParseUint(text, 10, 64)
+	if !ok || err != nil || id == 0 || (kind != "workers" && kind != "drain") {
+		return "", 0, false
+	}
+	return kind, id, true
+}
+
+// apply one key: a worker's put adds or replaces it, a delete drains it; a
+// drain mark's put drains its worker, its delete brings it back.
+func (w *Watcher) apply(key string, value []byte, deleted bool) {
+	kind, id, ok := w.parse(key)
+	if !ok {
+		w.log.Warn("etcd key is not <prefix>/workers/<id> or <prefix>/drain/<id>: ignored", "key", key)
+		return
+	}
+	if kind == "drain" {
+		w.mark(id, !deleted)
+		return
 	}
 	w.mu.Lock()
 	prev, known := w.known[id]
+	marked := w.marks[id]
 	switch {
 	case deleted:
 		delete(w.known, id)
 	case known && prev == string(value):
 		w.mu.Unlock()
-		return id, true // unchanged (a lease refresh, a resync)
+		return // unchanged (a resync)
 	}
 	w.mu.Unlock()
-	if deleted {
-		if known {
-			w.log.Info("worker left etcd (deleted or lease expired): draining", "worker", id)
-			w.target.Drain(id)
-		}
-		return id, true
+	switch {
+	case deleted && known:
+		w.log.Info("worker left etcd (deleted or lease expired): draining", "worker", id)
+		w.target.Drain(id)
+	case deleted:
+	case marked || w.put(id, value): // a marked worker waits for its mark to go
+		w.mu.Lock()
+		w.known[id] = string(value)
+		w.mu.Unlock()
 	}
+}
+
+// put hands a worker's spec to the target; false when it is refused.
+func (w *Watcher) put(id uint64, value []byte) bool {
 	var spec dataplane.WorkerSpec
 	if err := json.Unmarshal(value, &spec); err != nil {
-		w.log.Warn("etcd worker spec is not JSON: ignored", "key", key, "err", err)
-		return 0, false
+		w.log.Warn("etcd worker spec is not JSON: ignored", "worker", id, "err", err)
+		return false
 	}
 	if spec.ID == 0 {
 		spec.ID = id
 	}
 	if spec.ID != id {
-		w.log.Warn("etcd worker spec names another id than its key: ignored", "key", key, "id", spec.ID)
-		return 0, false
+		w.log.Warn("etcd worker spec names another id than its key: ignored", "worker", id, "spec_id", spec.ID)
+		return false
 	}
 	if err := w.target.Put(spec); err != nil {
 		w.log.Warn("etcd worker refused", "worker", id, "err", err)
-		return 0, false
+		return false
 	}
+	return true
+}
+
+// mark sets or lifts the drain mark of worker id.
+func (w *Watcher) mark(id uint64, on bool) {
 	w.mu.Lock()
-	w.known[id] = string(value)
+	was := w.marks[id]
+	if on {
+		w.marks[id] = true
+	} else {
+		delete(w.marks, id)
+	}
+	spec, known := w.known[id]
 	w.mu.Unlock()
-	return id, true
+	switch {
+	case on && !was:
+		w.log.Info("drain mark on etcd: draining", "worker", id)
+		w.target.Drain(id)
+	case !on && was && known:
+		w.log.Info("drain mark lifted on etcd: the worker is back", "worker", id)
+		w.put(id, []byte(spec))
+	}
+}
+
+// MarkDrain writes the drain mark of worker id, on the lease of its key,
+// so every router drains it until the mark is deleted or the worker's
+// registration ends.
+func (w *Watcher) MarkDrain(id uint64) error {
+	ctx, cancel := context.WithTimeout(context.Background(), w.o.DialTimeout+time.Second)
+	defer cancel()
+	idText := strconv.FormatUint(id, 10)
+	resp, err := w.cli.Get(ctx, WorkersKey(w.o.Prefix)+idText)
+	if err != nil {
+		return err
+	}
+	var opts []clientv3.OpOption
+	if len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0 {
+		opts = append(opts, clientv3.WithLease(clientv3.LeaseID(resp.Kvs[0].Lease)))
+	}
+	_, err = w.cli.Put(ctx, root(w.o.Prefix)+"drain/"+idText, "", opts...)
+	return err
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -56,6 +56,9 @@ type Options struct {
 	// Probe starts a health probe round (a registered worker is routable
 	// once one passes); may be nil.
 	Probe func()
+	// Drain drains a worker (DELETE /workers/{id}); nil: Registry.Drain.
+	// An error for a registered worker answers 503.
+	Drain func(id uint64) error
 }
 
 // Handler returns the admin handler: the routes behind the token check and
@@ -167,8 +170,16 @@ func routes(o Options) *http.ServeMux {
 		if !ok {
 			return
 		}
-		if err := o.Registry.Drain(id); err != nil {
-			writeError(w, http.StatusNotFound, err.Error())
+		drain := o.Registry.Drain
+		if o.Drain != nil {
+			drain = o.Drain
+		}
+		if err := drain(id); err != nil {
+			status := http.StatusNotFound
+			if _, ok := o.Registry.Get(id); ok {
+				status = http.StatusServiceUnavailable
+			}
+			writeError(w, status, err.Error())
 			return
 		}
 		writeJSON(w, http.StatusAccepted, map[string]any{"id": id, "draining": true})

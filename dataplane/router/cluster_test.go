@@ -173,3 +173,35 @@ func TestDiscoveredAndStaticIDsNeverClash(t *testing.T) {
 	_, _, err := f.r.Reload(cfg)
 	assert.ErrorContains(t, err, "2 is a worker found on etcd")
 }
+
+// DELETE /workers/{id} on one replica drains a discovered worker on every
+// replica, until its registration ends.
+func TestDrainMarkHonouredByEveryReplica(t *testing.T) {
+	e := etcdtest.Start(t)
+	const prefix = "/t4"
+	a, b := clusterRouter(t, e, prefix, nil), clusterRouter(t, e, prefix, nil)
+	ms := startMocks(t, 2)
+	regs := []*discovery.Registration{register(t, e, prefix, ms[0], 1, 5*time.Second), register(t, e, prefix, ms[1], 2, 5*time.Second)}
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Len() == 2 }, 5*time.Second, 10*time.Millisecond)
+	}
+	status, _ := adminDo(t, a, "DELETE", "/workers/1", "", "")
+	assert.Equal(t, 202, status)
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { return !routable(f, 1) }, 3*time.Second, 10*time.Millisecond, "the other replica drains it too")
+	}
+	time.Sleep(300 * time.Millisecond)
+	assert.False(t, routable(b, 1), "the mark holds")
+	assert.True(t, routable(a, 2) && routable(b, 2))
+
+	// A new registration of the worker (a restart) starts without the mark.
+	require.NoError(t, regs[0].Close())
+	again := register(t, e, prefix, ms[0], 1, 5*time.Second)
+	defer again.Close()
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { return routable(f, 1) }, 5*time.Second, 10*time.Millisecond)
+	}
+	_ = regs[1].Close()
+	a.assertIdle()
+	b.assertIdle()
+}

@@ -72,3 +72,19 @@ func (t discoveryTarget) Put(spec dataplane.WorkerSpec) error {
 
 // Drain drains a worker that left etcd: its requests finish.
 func (t discoveryTarget) Drain(id uint64) { _ = t.r.Registry.Drain(id) }
+
+// drainWorker drains a worker (DELETE /workers/{id}); one found on etcd is
+// drained on every router through a drain mark there.
+func (r *Router) drainWorker(id uint64) error {
+	if r.Discovery == nil || !r.Discovery.Known(id) {
+		return r.Registry.Drain(id)
+	}
+	err := r.Discovery.MarkDrain(id)
+	if derr := r.Registry.Drain(id); derr != nil {
+		return derr
+	}
+	if err != nil {
+		return fmt.Errorf("worker %d drained on this router only: the drain mark could not be written to etcd: %v", id, err)
+	}
+	return nil
+}
