@@ -165,9 +165,13 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 	good := []mockworker.Options{
 		{ID: 1, Tokens: 4, TokenInterval: time.Millisecond},
 		{ID: 2, Tokens: 4, TokenInterval: time.Millisecond},
-		{ID: 3, Tokens: 4, TokenInterval: time.Millisecond}, // killed and restarted
 		{ID: 4, Tokens: 4, TokenInterval: time.Millisecond, FailRate: 0.5},
 	}
+	// Worker 3 is killed and restarted on the same address: on 127.0.0.3,
+	// so that no other test's 127.0.0.1:0 listener takes its port meanwhile.
+	restartable := mockworker.Options{ID: 3, Tokens: 4, TokenInterval: time.Millisecond}
+	killed, err := mockworker.Start("127.0.0.3:0", restartable)
+	require.NoError(t, err)
 	f := startFleet(t, good, func(c *config.Config) {
 		c.Router.Mode = pickers.ModeP2C
 		c.Router.Retries = 3
@@ -179,6 +183,7 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 		// run this short.
 		c.Health.EjectTime, c.Health.EjectMax = 100*time.Millisecond, 400*time.Millisecond
 		c.Workers = append(c.Workers,
+			dataplane.WorkerSpec{ID: 3, URL: killed.URL()},
 			dataplane.WorkerSpec{ID: 5, URL: "http://" + deadAddr(t)},
 			dataplane.WorkerSpec{ID: 6, URL: "http://" + cut.addr()},
 			dataplane.WorkerSpec{ID: 7, URL: "http://" + stalled.addr()})
@@ -207,12 +212,11 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 		}()
 	}
 	// Kill worker 3 a third of the way in, restart it on the same address at two thirds.
-	killed := f.mocks[2]
 	addr := killed.Addr()
 	require.Eventually(t, func() bool { return next.Load() > total/3 }, 30*time.Second, time.Millisecond)
 	killed.Kill()
 	require.Eventually(t, func() bool { return next.Load() > 2*total/3 }, 30*time.Second, time.Millisecond)
-	restarted, err := mockworker.Start(addr, good[2])
+	restarted, err := mockworker.Start(addr, restartable)
 	require.NoError(t, err)
 	wg.Wait()
 	close(errs)
