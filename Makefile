@@ -7,7 +7,7 @@ BENCHTIME ?= 200ms
 # would flood every cgo build's output.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: build test test-race test-nonvml bench bench-e2e bench-routing fuzz demo lint
+.PHONY: build test test-race test-nonvml bench bench-e2e bench-routing fuzz demo demo-cluster lint
 
 build:
 	$(GO) build -buildvcs=auto -o bin/fastroute ./cmd/fastroute
@@ -54,6 +54,12 @@ fuzz:
 ## demo: mock workers plus the router on loopback, a few real requests.
 demo:
 	$(GO) run ./cmd/fastroute demo
+
+## demo-cluster: a local etcd, two router replicas and three mock workers
+## registered on it; one worker's registrar dies. Installs etcd-server.
+demo-cluster:
+	@command -v etcd >/dev/null || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq etcd-server; }
+	$(GO) run ./cmd/fastroute demo-cluster
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

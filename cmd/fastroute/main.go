@@ -17,6 +17,7 @@ commands:
   register    keep a worker's key alive on etcd for discovering routers (--etcd, --id, --url)
   mockworker  run an OpenAI-compatible fake worker (--etcd: registered on etcd)
   demo        run 3 mock workers and the router, send real requests, print the split
+  demo-cluster  a local etcd, two router replicas, three registered mock workers; one dies
   bench       measure routing overhead against direct calls to a mock worker
   bench-e2e   fastroute, nginx, HAProxy and direct side by side (mock worker processes)
   bench-routing  routing quality on simulated engines: every mode beside nginx
@@ -38,6 +39,8 @@ func main() {
 		err = runMockWorker(args)
 	case "demo":
 		err = runDemo(args)
+	case "demo-cluster":
+		err = runDemoCluster(args)
 	case "bench":
 		err = runBench(args)
 	case "bench-e2e":

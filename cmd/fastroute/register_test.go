@@ -71,3 +71,8 @@ func TestRegisterKeepsTheKeyUntilSIGTERM(t *testing.T) {
 		"SIGTERM removes the key at once")
 	assert.Error(t, registerUntil([]string{"--id", "1", "--url", "http://h:1"}, sig), "--etcd is required")
 }
+
+func TestDemoCluster(t *testing.T) {
+	etcdtest.Start(t) // skips without etcd; the demo starts its own
+	require.NoError(t, runDemoCluster([]string{"--ttl", "1s"}))
+}
