@@ -7,7 +7,7 @@ BENCHTIME ?= 200ms
 # would flood every cgo build's output.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: build test test-race test-nonvml bench bench-e2e bench-routing fuzz demo demo-cluster lint
+.PHONY: build test test-race test-nonvml bench bench-e2e bench-routing bench-streams fuzz demo demo-cluster lint
 
 build:
 	$(GO) build -buildvcs=auto -o bin/fastroute ./cmd/fastroute
@@ -44,6 +44,14 @@ ROUTING_FLAGS ?=
 bench-routing: build
 	@command -v nginx >/dev/null || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nginx; }
 	PATH="$$PATH:/usr/sbin" ./bin/fastroute bench-routing $(ROUTING_FLAGS)
+
+## bench-streams: 1,000, 5,000 and 8,000 concurrent SSE streams (64 chunks
+## 100 ms apart) direct, through fastroute and through nginx (one worker
+## process): errors, RSS per stream, goroutines, chunk gaps. Installs nginx.
+STREAMS_FLAGS ?=
+bench-streams: build
+	@command -v nginx >/dev/null || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nginx; }
+	PATH="$$PATH:/usr/sbin" ./bin/fastroute bench-streams $(STREAMS_FLAGS)
 
 ## fuzz: each fuzz target for FUZZTIME.
 fuzz:

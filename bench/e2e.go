@@ -222,7 +222,8 @@ func startNginxConf(dir string, workers []string, balance, processes string) (st
 worker_processes %[5]s;
 pid %[1]s/nginx.pid;
 error_log %[1]s/nginx-error.log warn;
-events { worker_connections 4096; }
+worker_rlimit_nofile 20000;
+events { worker_connections 20000; }
 http {
   access_log off;
   client_body_temp_path %[1]s/body;

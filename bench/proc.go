@@ -69,7 +69,11 @@ func treeCPU(pid int) time.Duration {
 
 // treePeakRSS is the sum of the peak resident sets (VmHWM) of pid and its
 // descendants, in bytes.
-func treePeakRSS(pid int) int64 {
+func treePeakRSS(pid int) int64 { return treeStatus(pid, "VmHWM:") }
+
+// treeStatus sums one kB field of /proc/<pid>/status (VmHWM:, VmRSS:) over
+// pid and its descendants, in bytes.
+func treeStatus(pid int, field string) int64 {
 	var total int64
 	for _, p := range procTree(pid) {
 		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p), "status"))
@@ -77,7 +81,7 @@ func treePeakRSS(pid int) int64 {
 			continue
 		}
 		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			if v, ok := strings.CutPrefix(line, field); ok {
 				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 				total += kb << 10
 			}

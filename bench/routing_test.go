@@ -84,3 +84,25 @@ func TestRoutingSmoke(t *testing.T) {
 	_, err = os.Stat(filepath.Join(dir, "routing.svg"))
 	assert.NoError(t, err)
 }
+
+func TestStreamsSmoke(t *testing.T) {
+	if _, err := exec.LookPath("nginx"); err != nil {
+		t.Skip("nginx not installed; `make bench-streams` installs it")
+	}
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	rows, err := RunStreams(StreamsOptions{Binary: bin, Counts: []int{40}, Chunks: 8, Gap: 20 * time.Millisecond, OutDir: dir})
+	require.NoError(t, err)
+	require.Len(t, rows, 3)
+	for _, r := range rows {
+		assert.Equal(t, 40, r.OK, "%s: %v", r.Front, r.Errors)
+		assert.GreaterOrEqual(t, r.GapP99, 15*time.Millisecond, "%s: the worker's pace shows", r.Front)
+	}
+	assert.Positive(t, rows[1].Goroutines, "fastroute's goroutines are read")
+	md, err := os.ReadFile(filepath.Join(dir, "streams.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "| fastroute | 40 | 40 | 0 |")
+}

@@ -87,3 +87,29 @@ func runBenchRouting(args []string) error {
 	_, err = bench.RunRouting(o)
 	return err
 }
+
+func runBenchStreams(args []string) error {
+	fs := flag.NewFlagSet("bench-streams", flag.ContinueOnError)
+	o := bench.StreamsOptions{}
+	counts := fs.String("streams", "1000,5000,8000", "concurrent streams per run")
+	fs.IntVar(&o.Chunks, "chunks", 64, "chunks per stream")
+	fs.DurationVar(&o.Gap, "gap", 100*time.Millisecond, "the worker's pause before each chunk")
+	fs.StringVar(&o.OutDir, "out", "bench/out", "directory for streams.md")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	for _, c := range strings.Split(*counts, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n <= 0 {
+			return fmt.Errorf("--streams: %q is not a positive count", c)
+		}
+		o.Counts = append(o.Counts, n)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	o.Binary = self
+	_, err = bench.RunStreams(o)
+	return err
+}

@@ -21,6 +21,7 @@ commands:
   bench       measure routing overhead against direct calls to a mock worker
   bench-e2e   fastroute, nginx, HAProxy and direct side by side (mock worker processes)
   bench-routing  routing quality on simulated engines: every mode beside nginx
+  bench-streams  thousands of concurrent SSE streams through fastroute and nginx
   version     print the module version and commit
 `
 
@@ -47,6 +48,8 @@ func main() {
 		err = runBenchE2E(args)
 	case "bench-routing":
 		err = runBenchRouting(args)
+	case "bench-streams":
+		err = runBenchStreams(args)
 	case "version", "--version", "-version":
 		fmt.Println(version())
 	case "-h", "--help", "help":
