@@ -86,10 +86,12 @@ func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
 }
 
 // selectPrefill reserves the prefill worker of a split request, after its
-// decode worker. With no prefill worker routable the request runs whole
-// on its decode worker (fallback aggregated, counted) or fails; on an
-// error the decode reservation is released.
+// decode worker, among those holding its LoRA adapter if it names one.
+// With no such prefill worker routable the request runs whole on its
+// decode worker (fallback aggregated, counted) or fails; on an error the
+// decode reservation is released.
 func (ex *exchange) selectPrefill() error {
+	ex.preReq.Group = ex.req.Group // a LoRA adapter's prefill runs where the adapter is too
 	ex.routePrefill()
 	err := ex.s.sel.Select(&ex.preReq, &ex.preRes)
 	if err == nil {
@@ -119,7 +121,7 @@ func (ex *exchange) routePrefill() {
 	ex.preKey = append(append(ex.preKey[:0], ex.session...), prefillPin...)
 	if pin, st := ex.s.opts.Affinity.Get(ex.preKey); st == affinity.Pinned {
 		ex.preReq.PreferID, ex.preReq.HasPrefer = pin.Worker, true
-	} else if id, ok := ex.s.reg.Snapshot().Rendezvous(affinity.Key(ex.preKey), dataplane.PhasePrefill, nil); ok {
+	} else if id, ok := ex.s.reg.Snapshot().Rendezvous(affinity.Key(ex.preKey), dataplane.PhasePrefill, ex.preReq.Group); ok {
 		ex.preReq.PreferID, ex.preReq.HasPrefer = id, true
 	}
 }

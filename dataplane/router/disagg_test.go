@@ -332,6 +332,35 @@ func TestSessionPinsPerPhase(t *testing.T) {
 	f.assertIdle()
 }
 
+// A LoRA request splits between a prefill and a decode worker that both
+// hold its adapter; with no prefill worker holding it, it runs whole.
+func TestLoRAInsideThePhasePools(t *testing.T) {
+	p1, p2, d1, d2 := startEngine(t, vllmPrefill), startEngine(t, vllmPrefill), startEngine(t, sseDecode), startEngine(t, sseDecode)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, p1.URL}, {dataplane.RolePrefill, p2.URL},
+		{dataplane.RoleDecode, d1.URL}, {dataplane.RoleDecode, d2.URL}}, func(c *config.Config) {
+		c.Workers[1].LoRAs, c.Workers[3].LoRAs = []string{"sql"}, []string{"sql"}
+		c.Workers[2].LoRAs = []string{"only-decode"}
+	})
+	sql := strings.Replace(pdBody, `"model":"m"`, `"model":"sql"`, 1)
+	for i := 0; i < 3; i++ {
+		resp := f.post("/v1/chat/completions", sql)
+		assert.Equal(t, 200, resp.StatusCode)
+		readAll(t, resp)
+	}
+	assert.Empty(t, p1.received())
+	assert.Len(t, p2.received(), 3, "the prefill worker holding the adapter")
+	assert.Empty(t, d1.received())
+	assert.Len(t, d2.received(), 3, "the decode worker holding the adapter")
+
+	resp := f.post("/v1/chat/completions", strings.Replace(pdBody, `"model":"m"`, `"model":"only-decode"`, 1))
+	assert.Equal(t, 200, resp.StatusCode)
+	readAll(t, resp)
+	assert.Len(t, d1.received(), 1)
+	assert.NotContains(t, d1.received()[0].body, "kv_transfer_params", "no prefill worker holds it: run whole")
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().DisaggFallbacks())
+	f.assertIdle()
+}
+
 func TestSGLangNeedsBootstrapPorts(t *testing.T) {
 	cfg := config.Default()
 	cfg.Router.Disaggregation.Protocol = config.DisaggSGLang
