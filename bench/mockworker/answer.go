@@ -31,6 +31,8 @@ type call struct {
 	// remoteDecode asks this worker to prefill for another's decode;
 	// remotePrefill says another worker prefilled (the KV comes over).
 	remoteDecode, remotePrefill bool
+	// onlyPrefill: SGLang's prefill of a bootstrap room, one token.
+	onlyPrefill bool
 }
 
 // transferPerToken is the simulated KV transfer time of one prompt token
@@ -62,6 +64,18 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) (streaming bool
 	}
 	if kv := v.Get("kv_transfer_params"); kv != nil {
 		c.remoteDecode, c.remotePrefill = kv.GetBool("do_remote_decode"), kv.GetBool("do_remote_prefill")
+	}
+	room, peer, bootPrefill, bootDecode := w.bootstrapRole(v)
+	if bootPrefill { // its answer is dropped: one token, not streamed
+		c.stream, c.maxOut, c.onlyPrefill = false, 1, true
+		defer w.prefilled(room)
+	}
+	if bootDecode {
+		if err := awaitPrefill(peer, room); err != nil {
+			writeErr(ctx, fasthttp.StatusBadGateway, "server_error", "mock: "+err.Error())
+			return false
+		}
+		c.remotePrefill = true
 	}
 	if path == "/v1/embeddings" {
 		w.embeddings(ctx, v, c.model)
@@ -141,6 +155,9 @@ func (w *Worker) tokenSource(ctx *fasthttp.RequestCtx, v *fastjson.Value, c *cal
 			c.maxOut, c.capped = m, true
 			break
 		}
+	}
+	if c.onlyPrefill {
+		c.maxOut = 1
 	}
 	lora := ""
 	if slices.Contains(w.opts.LoRAs, c.model) {

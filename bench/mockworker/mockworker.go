@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,7 @@ type Worker struct {
 	conns  sync.Map      // open net.Conn → struct{}, for Kill
 	engine *engine       // nil unless Engine.MaxNumSeqs > 0
 	tokens atomic.Uint64 // tokens sent without the engine
+	rooms  sync.Map      // SGLang bootstrap room → chan closed once prefilled
 }
 
 // Start listens on addr ("127.0.0.1:0" picks a port) and serves until Close.
@@ -140,6 +142,8 @@ func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString("ok")
 	case path == "/v1/models" && ctx.IsGet():
 		w.models(ctx)
+	case strings.HasPrefix(path, "/bootstrap/") && ctx.IsGet():
+		w.bootstrap(ctx)
 	case path == "/metrics" && ctx.IsGet():
 		w.metrics(ctx)
 	case ctx.IsPost() && (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/embeddings"):

@@ -368,6 +368,29 @@ func TestSGLangNeedsBootstrapPorts(t *testing.T) {
 	assert.ErrorContains(t, cfg.Validate(), "workers[0].bootstrap_port: required")
 }
 
+// The simulated engines play both SGLang roles: the decode waits on the
+// prefill worker's bootstrap port until the room is prefilled.
+func TestSGLangOverSimulatedEngines(t *testing.T) {
+	eng := mockworker.EngineOptions{MaxNumSeqs: 4, InterTokenLatency: 2 * time.Millisecond, PrefillPerToken: 100 * time.Microsecond}
+	f := startFleet(t, []mockworker.Options{{ID: 1, Engine: eng}, {ID: 2, Engine: eng}}, func(c *config.Config) {
+		c.Router.Disaggregation.Protocol = config.DisaggSGLang
+		c.Workers[0].Role, c.Workers[1].Role = dataplane.RolePrefill, dataplane.RoleDecode
+		_, port, _ := strings.Cut(strings.TrimPrefix(c.Workers[0].URL, "http://"), ":")
+		c.Workers[0].BootstrapPort, _ = strconv.Atoi(port) // a mock's bootstrap port is its HTTP port
+	})
+	body := `{"model":"mock-model","stream":true,"max_tokens":6,"messages":[{"role":"user","content":"` + strings.Repeat("long prompt ", 100) + `"}]}`
+	for i := 0; i < 4; i++ {
+		resp := f.post("/v1/chat/completions", body)
+		out := readAll(t, resp)
+		require.Equal(t, 200, resp.StatusCode, out)
+		assert.Equal(t, 6, strings.Count(out, `"content":"tok`), out)
+		assert.Equal(t, "2", resp.Header.Get("x-fastroute-worker"))
+	}
+	assert.EqualValues(t, 4, f.mocks[0].Served(), "each room prefilled on the prefill engine")
+	assert.EqualValues(t, 4, f.r.Frontend.Metrics().Phase("prefill", "ok"))
+	f.assertIdle()
+}
+
 // The simulated engines play both roles from the request's own fields.
 func TestDisaggregationOverSimulatedEngines(t *testing.T) {
 	eng := mockworker.EngineOptions{MaxNumSeqs: 4, InterTokenLatency: 2 * time.Millisecond, PrefillPerToken: 100 * time.Microsecond}
