@@ -361,6 +361,18 @@ func TestLoRAInsideThePhasePools(t *testing.T) {
 	f.assertIdle()
 }
 
+func TestRoleThroughTheAdminAPI(t *testing.T) {
+	prefill := startEngine(t, vllmPrefill)
+	f := startPD(t, config.DisaggVLLM, nil, nil)
+	status, body := adminDo(t, f, "POST", "/workers", `{"id":5,"url":"`+prefill.URL+`","role":"prefill"}`, "")
+	assert.Equal(t, 201, status, body)
+	_, body = adminDo(t, f, "GET", "/workers", "", "")
+	assert.Contains(t, body, `"role":"prefill"`)
+	status, body = adminDo(t, f, "POST", "/workers", `{"id":6,"url":"`+prefill.URL+`","role":"encode"}`, "")
+	assert.Equal(t, 400, status)
+	assert.Contains(t, body, `role: \"encode\" is not prefill, decode or both`)
+}
+
 func TestSGLangNeedsBootstrapPorts(t *testing.T) {
 	cfg := config.Default()
 	cfg.Router.Disaggregation.Protocol = config.DisaggSGLang
