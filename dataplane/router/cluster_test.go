@@ -205,3 +205,22 @@ func TestDrainMarkHonouredByEveryReplica(t *testing.T) {
 	a.assertIdle()
 	b.assertIdle()
 }
+
+// The same spec put again (a resync) keeps the worker as it is; a changed
+// one replaces it.
+func TestDiscoveredSpecPutTwiceKeepsTheWorker(t *testing.T) {
+	f := startFleet(t, nil, nil)
+	m := startMocks(t, 1)[0]
+	target := discoveryTarget{f.r}
+	spec := dataplane.WorkerSpec{ID: 4, URL: m.URL()}
+	require.NoError(t, target.Put(spec))
+	first, _ := f.r.Registry.Get(4)
+	require.NoError(t, target.Put(spec))
+	again, _ := f.r.Registry.Get(4)
+	assert.Same(t, first, again)
+	spec.Capacity = 2
+	require.NoError(t, target.Put(spec))
+	changed, _ := f.r.Registry.Get(4)
+	assert.NotSame(t, first, changed)
+	assert.Equal(t, 2.0, changed.Spec().Capacity)
+}

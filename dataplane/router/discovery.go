@@ -59,7 +59,7 @@ func (t discoveryTarget) Put(spec dataplane.WorkerSpec) error {
 		}
 		r.log.Info("worker found on etcd", "worker", spec.ID, "url", spec.URL)
 		r.probeSoon()
-	case w.Draining() || !reflect.DeepEqual(w.Spec(), spec):
+	case w.Draining() || !reflect.DeepEqual(*w.Spec(), spec):
 		old, err := r.Registry.Replace(spec)
 		if err != nil {
 			return err
