@@ -105,6 +105,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.StringVar(&cfg.Router.SessionAffinity.Header, "affinity-header", cfg.Router.SessionAffinity.Header, "session id header")
 	fs.DurationVar(&cfg.Router.SessionAffinity.TTL, "affinity-ttl", cfg.Router.SessionAffinity.TTL, "idle session expiry")
 	fs.IntVar(&cfg.Router.SessionAffinity.MaxSessions, "affinity-max-sessions", cfg.Router.SessionAffinity.MaxSessions, "session table bound")
+	fs.StringVar(&cfg.Router.LoRAPlacement, "lora-placement", cfg.Router.LoRAPlacement, "an adapter no routable worker holds: off (404/503) or rendezvous (placed by hashing its name)")
 	fs.IntVar(&cfg.Router.EmbeddingCacheSize, "embedding-cache-size", cfg.Router.EmbeddingCacheSize, "embedding cache table keys (0 = off)")
 	fs.BoolVar(&cfg.Telemetry.NVML, "telemetry-nvml", cfg.Telemetry.NVML, "poll GPUs through NVML")
 	fs.BoolVar(&cfg.Telemetry.CPU, "telemetry-cpu", cfg.Telemetry.CPU, "poll /proc and cgroup CPU state")

@@ -69,6 +69,12 @@ type Router struct {
 	SessionAffinity Affinity     `yaml:"session_affinity"`
 	// EmbeddingCacheSize bounds the embedding cache table (keys); 0 turns it off.
 	EmbeddingCacheSize int `yaml:"embedding_cache_size"`
+	// LoRAPlacement is where a request for an adapter no routable worker
+	// holds goes: off (404 for an unknown model, 503 for an adapter whose
+	// holders are all gone) or rendezvous (the worker rendezvous hashing of
+	// the adapter's name picks, the same on every replica: for engines that
+	// load adapters at run time).
+	LoRAPlacement string `yaml:"lora_placement"`
 	// CPURatio is device-aware-weighted's CPU overflow rule (0: off): with
 	// GPU and CPU workers and no engine readings, the CPU group takes a
 	// request only while cpu_inflight < gpu_inflight × cpus / (ratio × gpus).
@@ -170,7 +176,7 @@ func Default() Config {
 		Router: Router{
 			Mode: pickers.ModeWeighted, BusyThreshold: 64, Retries: 2,
 			SessionAffinity:    Affinity{Mode: "soft", Header: "x-session-id", TTL: 10 * time.Minute, MaxSessions: 100000},
-			EmbeddingCacheSize: 1 << 16, CPURatio: 8,
+			EmbeddingCacheSize: 1 << 16, CPURatio: 8, LoRAPlacement: "off",
 			Disaggregation: Disaggregation{Protocol: DisaggOff, Fallback: FallbackAggr},
 		},
 		Telemetry: Telemetry{NVML: true, CPU: true, Interval: 250 * time.Millisecond,
@@ -290,6 +296,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Router.EmbeddingCacheSize < 0 || c.Router.EmbeddingCacheSize > 1<<26 {
 		return keyErr("router.embedding_cache_size", "%d is outside 0..%d (0 turns the cache off)", c.Router.EmbeddingCacheSize, 1<<26)
+	}
+	if p := c.Router.LoRAPlacement; p != "off" && p != "rendezvous" {
+		return keyErr("router.lora_placement", "%q is not off or rendezvous", p)
 	}
 	if err := c.Router.Disaggregation.validate(); err != nil {
 		return err

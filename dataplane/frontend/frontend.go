@@ -44,6 +44,10 @@ type Options struct {
 
 	// LoRA maps a request's model onto its adapter's workers; nil: off.
 	LoRA *lora.Residency
+	// PlaceAdapters sends a request for an adapter no routable worker
+	// holds (an unknown model name included) to the worker rendezvous
+	// hashing of its name picks, instead of a 404 or 503.
+	PlaceAdapters bool
 	// Affinity pins sessions named by SessionHeader when AffinityMode is not Off.
 	Affinity      *affinity.Table
 	AffinityMode  affinity.Mode

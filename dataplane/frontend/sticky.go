@@ -65,7 +65,16 @@ func (ex *exchange) route() error {
 	s := ex.s
 	req := &ex.req
 	if s.opts.LoRA != nil {
-		g, err := s.opts.LoRA.Resolve(s.reg.Snapshot(), ex.model)
+		snap := s.reg.Snapshot()
+		g, err := s.opts.LoRA.Resolve(snap, ex.model)
+		if s.opts.PlaceAdapters && (errors.Is(err, dataplane.ErrNotFound) || (g != nil && g.Len() == 0)) {
+			// No routable worker holds the adapter: the one its name hashes
+			// to (the same on every replica) loads it.
+			if id, ok := snap.Rendezvous(affinity.Key(ex.model), req.Phase, nil); ok {
+				req.PreferID, req.HasPrefer = id, true
+			}
+			g, err = nil, nil
+		}
 		if err != nil {
 			return err
 		}

@@ -45,6 +45,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
+		"router.lora_placement":       old.Router.LoRAPlacement == cfg.Router.LoRAPlacement,
 		"router.disaggregation":       old.Router.Disaggregation == cfg.Router.Disaggregation,
 		"discovery":                   reflect.DeepEqual(old.Discovery, cfg.Discovery),
 		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": old.Health == cfg.Health,

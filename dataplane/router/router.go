@@ -101,7 +101,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
 		FirstByteTimeout: cfg.Limits.FirstByteTimeout, StreamIdleTimeout: cfg.Limits.StreamIdleTimeout, Logger: log,
 		LoRA: r.LoRA, Affinity: r.Sessions, AffinityMode: affMode, SessionHeader: aff.Header, Routes: cfg.Routes,
-		Disagg: disaggOptions(cfg.Router.Disaggregation),
+		Disagg: disaggOptions(cfg.Router.Disaggregation), PlaceAdapters: cfg.Router.LoRAPlacement == "rendezvous",
 	}
 	if cfg.Log.Access != "off" {
 		fo.AccessLog, fo.AccessErrorsOnly = log.With("log", "access"), cfg.Log.Access == "errors"

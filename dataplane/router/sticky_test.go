@@ -228,3 +228,30 @@ func TestReplicasPlaceSessionsAlike(t *testing.T) {
 	a.assertIdle()
 	b.assertIdle()
 }
+
+// With lora_placement rendezvous, an adapter no worker holds goes to the
+// worker its name hashes to, the same through every replica; off, it is
+// the documented 404.
+func TestUnheldAdaptersArePlacedAlikeByReplicas(t *testing.T) {
+	placed := func(c *config.Config) { c.Router.LoRAPlacement = "rendezvous" }
+	a := startFleet(t, mocks(3, 1, 0), placed)
+	b := startFleet(t, nil, func(c *config.Config) { placed(c); c.Workers = a.r.Config.Workers })
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { return f.r.Registry.Snapshot().ListsModels() }, 5*time.Second, 10*time.Millisecond)
+	}
+	used := map[string]bool{}
+	for i := 0; i < 12; i++ {
+		body := fmt.Sprintf(`{"model":"adapter-%d","messages":[]}`, i)
+		onA, onB := a.servedBy("/v1/chat/completions", body), b.servedBy("/v1/chat/completions", body)
+		assert.Equal(t, onA, onB, "adapter-%d", i)
+		assert.Equal(t, onA, a.servedBy("/v1/chat/completions", body), "adapter-%d stays on its worker", i)
+		used[onA] = true
+	}
+	assert.Len(t, used, 3, "adapters spread over the workers")
+
+	off := startFleet(t, nil, func(c *config.Config) { c.Workers = a.r.Config.Workers })
+	require.Eventually(t, func() bool { return off.r.Registry.Snapshot().ListsModels() }, 5*time.Second, 10*time.Millisecond)
+	resp := off.post("/v1/chat/completions", `{"model":"adapter-1","messages":[]}`)
+	assert.Equal(t, 404, resp.StatusCode)
+	readAll(t, resp)
+}
