@@ -2,7 +2,6 @@ package main
 
 import (
 	"os"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,39 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// recorder is a discovery target that keeps what it was told.
-type recorder struct {
-	mu      sync.Mutex
-	put     map[uint64]dataplane.WorkerSpec
-	drained []uint64
-}
-
-func (r *recorder) Put(s dataplane.WorkerSpec) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.put[s.ID] = s
-	return nil
-}
-
-func (r *recorder) Drain(id uint64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.drained = append(r.drained, id)
-}
-
-func (r *recorder) state() (map[uint64]dataplane.WorkerSpec, []uint64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	put := map[uint64]dataplane.WorkerSpec{}
-	for k, v := range r.put {
-		put[k] = v
-	}
-	return put, append([]uint64(nil), r.drained...)
-}
-
 func TestRegisterKeepsTheKeyUntilSIGTERM(t *testing.T) {
 	e := etcdtest.Start(t)
-	rec := &recorder{put: map[uint64]dataplane.WorkerSpec{}}
+	rec := &etcdtest.Recorder{}
 	w, err := discovery.Watch(discovery.Options{Endpoints: []string{e.Endpoint}, Prefix: "/reg", DialTimeout: time.Second}, rec)
 	require.NoError(t, err)
 	defer w.Close()
@@ -57,17 +26,17 @@ func TestRegisterKeepsTheKeyUntilSIGTERM(t *testing.T) {
 		done <- registerUntil([]string{"--etcd", e.Endpoint, "--prefix", "/reg", "--ttl", "2s", "--id", "9",
 			"--url", "http://10.0.0.9:8000", "--device", "gpu", "--role", "decode", "--max-inflight", "32"}, sig)
 	}()
-	require.Eventually(t, func() bool { put, _ := rec.state(); return len(put) == 1 }, 5*time.Second, 10*time.Millisecond)
-	put, _ := rec.state()
+	require.Eventually(t, func() bool { put, _ := rec.State(); return len(put) == 1 }, 5*time.Second, 10*time.Millisecond)
+	put, _ := rec.State()
 	assert.Equal(t, dataplane.WorkerSpec{ID: 9, URL: "http://10.0.0.9:8000", Device: dataplane.DeviceGPU, DPSize: 1, Capacity: 1,
 		MetricsPath: "/metrics", MaxInflight: 32, Role: dataplane.RoleDecode}, put[9])
 	time.Sleep(3 * time.Second) // beyond the TTL: the lease is kept alive
-	_, drained := rec.state()
+	_, drained := rec.State()
 	assert.Empty(t, drained)
 
 	sig <- syscall.SIGTERM
 	require.NoError(t, <-done)
-	require.Eventually(t, func() bool { _, d := rec.state(); return len(d) == 1 && d[0] == 9 }, 2*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { _, d := rec.State(); return len(d) == 1 && d[0] == 9 }, 2*time.Second, 10*time.Millisecond,
 		"SIGTERM removes the key at once")
 	assert.Error(t, registerUntil([]string{"--id", "1", "--url", "http://h:1"}, sig), "--etcd is required")
 }

@@ -9,9 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/fastroute/fastroute/dataplane"
 	"github.com/stretchr/testify/require"
 )
 
@@ -81,4 +83,40 @@ func (s *Server) Stop() {
 		_ = s.cmd.Process.Kill()
 		<-s.stopped
 	}
+}
+
+// Recorder is a discovery target that keeps what it was told.
+type Recorder struct {
+	mu      sync.Mutex
+	put     map[uint64]dataplane.WorkerSpec
+	drained []uint64
+}
+
+// Put records an added or replaced worker.
+func (r *Recorder) Put(s dataplane.WorkerSpec) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.put == nil {
+		r.put = map[uint64]dataplane.WorkerSpec{}
+	}
+	r.put[s.ID] = s
+	return nil
+}
+
+// Drain records a drained worker.
+func (r *Recorder) Drain(id uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.drained = append(r.drained, id)
+}
+
+// State returns the workers put (last spec by id) and the drains in order.
+func (r *Recorder) State() (map[uint64]dataplane.WorkerSpec, []uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	put := map[uint64]dataplane.WorkerSpec{}
+	for k, v := range r.put {
+		put[k] = v
+	}
+	return put, append([]uint64(nil), r.drained...)
 }

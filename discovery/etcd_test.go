@@ -1,0 +1,57 @@
+package discovery
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/discovery/etcdtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A watch from a revision etcd compacted away ends the follow without
+// applying anything, and the fresh list that follows (sync) brings the
+// target in step: new workers put, a worker deleted meanwhile drained.
+func TestCompactedWatchEndsAndTheListResyncs(t *testing.T) {
+	e := etcdtest.Start(t)
+	o := Options{Endpoints: []string{e.Endpoint}, Prefix: "/c", DialTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cli, err := client(o)
+	require.NoError(t, err)
+	defer cli.Close()
+	ctx := context.Background()
+	var last int64
+	for id := 1; id <= 3; id++ {
+		resp, err := cli.Put(ctx, WorkersKey(o.Prefix)+strconv.Itoa(id), `{"url":"http://10.0.0.`+strconv.Itoa(id)+`:8000"}`)
+		require.NoError(t, err)
+		last = resp.Header.Revision
+	}
+	_, err = cli.Compact(ctx, last)
+	require.NoError(t, err)
+
+	rec := &etcdtest.Recorder{}
+	w := &Watcher{o: o, cli: cli, target: rec, log: o.Logger, known: map[uint64]string{9: `{"url":"http://gone:1"}`}, marks: map[uint64]bool{}}
+	ended := make(chan struct{})
+	go func() { w.follow(ctx, root(o.Prefix), 1); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a compacted watch did not end the follow")
+	}
+	put, drained := rec.State()
+	assert.Empty(t, put, "nothing applied from a compacted watch")
+	assert.Empty(t, drained)
+
+	list, err := cli.Get(ctx, root(o.Prefix), clientv3.WithPrefix())
+	require.NoError(t, err)
+	w.sync(list.Kvs)
+	put, drained = rec.State()
+	assert.Len(t, put, 3)
+	assert.Equal(t, "http://10.0.0.2:8000", put[2].URL)
+	assert.Equal(t, []uint64{9}, drained, "the worker that left while unwatched is drained")
+	assert.True(t, w.Known(1) && !w.Known(9))
+}
