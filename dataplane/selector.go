@@ -209,9 +209,16 @@ func (p *policy) limit(w *Worker) int64 {
 // Registry returns the registry the selector reads.
 func (s *Selector) Registry() *Registry { return s.reg }
 
-// Select picks a worker for req and reserves one slot on it in res.
+// Select picks a worker for req and reserves one slot on it in res, from
+// the registry's current snapshot.
 func (s *Selector) Select(req *Request, res *Reservation) error {
-	snap := s.reg.Snapshot()
+	return s.SelectIn(s.reg.Snapshot(), req, res)
+}
+
+// SelectIn is Select on a snapshot the caller already holds, so that one
+// request sees one view of the workers from its routing (LoRA groups,
+// rendezvous placement) to its pick.
+func (s *Selector) SelectIn(snap *Snapshot, req *Request, res *Reservation) error {
 	if snap.Len() == 0 {
 		return ErrNoEndpoints
 	}

@@ -90,10 +90,10 @@ func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
 // With no such prefill worker routable the request runs whole on its
 // decode worker (fallback aggregated, counted) or fails; on an error the
 // decode reservation is released.
-func (ex *exchange) selectPrefill() error {
+func (ex *exchange) selectPrefill(snap *dataplane.Snapshot) error {
 	ex.preReq.Group = ex.req.Group // a LoRA adapter's prefill runs where the adapter is too
-	ex.routePrefill()
-	err := ex.s.sel.Select(&ex.preReq, &ex.preRes)
+	ex.routePrefill(snap)
+	err := ex.s.sel.SelectIn(snap, &ex.preReq, &ex.preRes)
 	if err == nil {
 		return nil
 	}
@@ -114,14 +114,14 @@ const prefillPin = "\x00prefill"
 // requests. The prefill pin is soft in both affinity modes: a prefill
 // worker holds no state the decode needs, only a prefix cache worth
 // reusing.
-func (ex *exchange) routePrefill() {
+func (ex *exchange) routePrefill(snap *dataplane.Snapshot) {
 	if len(ex.session) == 0 || ex.preReq.HasWorker {
 		return
 	}
 	ex.preKey = append(append(ex.preKey[:0], ex.session...), prefillPin...)
 	if pin, st := ex.s.opts.Affinity.Get(ex.preKey); st == affinity.Pinned {
 		ex.preReq.PreferID, ex.preReq.HasPrefer = pin.Worker, true
-	} else if id, ok := ex.s.reg.Snapshot().Rendezvous(affinity.Key(ex.preKey), dataplane.PhasePrefill, ex.preReq.Group); ok {
+	} else if id, ok := snap.Rendezvous(affinity.Key(ex.preKey), dataplane.PhasePrefill, ex.preReq.Group); ok {
 		ex.preReq.PreferID, ex.preReq.HasPrefer = id, true
 	}
 }

@@ -303,11 +303,12 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 		return
 	}
 	t := time.Now()
-	if err = ex.route(); err == nil {
-		if err = s.sel.Select(&ex.req, &ex.res); err != nil {
+	snap := s.reg.Snapshot()
+	if err = ex.route(snap); err == nil {
+		if err = s.sel.SelectIn(snap, &ex.req, &ex.res); err != nil {
 			err = ex.selectFailed(err)
 		} else if ex.split {
-			err = ex.selectPrefill()
+			err = ex.selectPrefill(snap)
 		}
 	}
 	s.metrics.routeTime.Observe(time.Since(t))

@@ -60,12 +60,11 @@ func (ex *exchange) readSticky(session []byte, v *fastjson.Value) error {
 }
 
 // route applies LoRA residency, the session pin and embedding-cache hits to
-// the selection request. The error is final for the request.
-func (ex *exchange) route() error {
+// the selection request, on the snapshot the selection then picks from. The error is final for the request.
+func (ex *exchange) route(snap *dataplane.Snapshot) error {
 	s := ex.s
 	req := &ex.req
 	if s.opts.LoRA != nil {
-		snap := s.reg.Snapshot()
 		g, err := s.opts.LoRA.Resolve(snap, ex.model)
 		if s.opts.PlaceAdapters && (errors.Is(err, dataplane.ErrNotFound) || (g != nil && g.Len() == 0)) {
 			// No routable worker holds the adapter: the one its name hashes
@@ -97,7 +96,7 @@ func (ex *exchange) route() error {
 				"session %s was pinned to worker %d, which left; the pin is dropped and the next request is pinned anew",
 				strconv.Quote(string(ex.session)), pin.Worker)
 		default: // no pin here: where every router places the session
-			if id, ok := s.reg.Snapshot().Rendezvous(affinity.Key(ex.session), req.Phase, req.Group); ok {
+			if id, ok := snap.Rendezvous(affinity.Key(ex.session), req.Phase, req.Group); ok {
 				req.PreferID, req.HasPrefer = id, true
 			}
 		}
