@@ -60,7 +60,8 @@ func (ex *exchange) readSticky(session []byte, v *fastjson.Value) error {
 }
 
 // route applies LoRA residency, the session pin and embedding-cache hits to
-// the selection request, on the snapshot the selection then picks from. The error is final for the request.
+// the selection request, on the snapshot the selection then picks from.
+// The error is final for the request.
 func (ex *exchange) route(snap *dataplane.Snapshot) error {
 	s := ex.s
 	req := &ex.req
