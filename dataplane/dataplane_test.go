@@ -750,3 +750,42 @@ func TestCPUOverflowRule(t *testing.T) {
 		res.Release()
 	}))
 }
+
+// The registry tells every subscriber of each worker change once: joined,
+// left (drained, unhealthy, ejected), replaced (a new spec), removed
+// (swept).
+func TestSubscribersHearEveryChange(t *testing.T) {
+	reg := newFleet(t, 4)
+	type heard struct {
+		id     uint64
+		change Change
+	}
+	var a, b []heard
+	reg.Subscribe(func(w *Worker, c Change) { a = append(a, heard{w.ID(), c}) })
+	reg.Subscribe(func(w *Worker, c Change) { b = append(b, heard{w.ID(), c}) })
+
+	require.NoError(t, reg.Drain(1))
+	reg.SetHealthy(2, false)
+	reg.SetEjectPolicy(EjectPolicy{After: 1, Base: time.Minute, Max: time.Minute})
+	w3, _ := reg.Get(3)
+	reg.ReportAnswer(w3, false)
+	sp := spec(4)
+	sp.Capacity = 2
+	old4, _ := reg.Get(4)
+	_, err := reg.Replace(sp)
+	require.NoError(t, err)
+	require.NoError(t, reg.Drain(4))
+	new4, _ := reg.Get(4)
+	assert.NotSame(t, old4, new4)
+	assert.ElementsMatch(t, []uint64{1, 4}, workerIDs(reg.SweepDrained()))
+	assert.Empty(t, reg.SweepDrained(), "swept once")
+
+	_, err = reg.Add(spec(9))
+	require.NoError(t, err)
+	for _, got := range [][]heard{a, b} {
+		require.Len(t, got, 9)
+		assert.Equal(t, []heard{{1, Left}, {2, Left}, {3, Left}, {4, Replaced}, {4, Joined}, {4, Left}}, got[:6])
+		assert.ElementsMatch(t, []heard{{1, Removed}, {4, Removed}}, got[6:8])
+		assert.Equal(t, heard{9, Joined}, got[8])
+	}
+}

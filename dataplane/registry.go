@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -163,9 +164,9 @@ type Registry struct {
 	mu      sync.Mutex // writers only
 	workers *xsync.MapOf[uint64, *Worker]
 	snap    atomic.Pointer[Snapshot]
-	onLeave atomic.Pointer[func(id uint64)]
-	grouper Grouper                          // guarded by mu
-	loads   *xsync.MapOf[string, *groupLoad] // per-group in-flight, across snapshots
+	subs    atomic.Pointer[[]func(*Worker, Change)] // copied on Subscribe
+	grouper Grouper                                 // guarded by mu
+	loads   *xsync.MapOf[string, *groupLoad]        // per-group in-flight, across snapshots
 	eject   atomic.Pointer[EjectPolicy]
 	ejected atomic.Uint64 // ejections since start
 }
@@ -177,9 +178,62 @@ func NewRegistry() *Registry {
 	return r
 }
 
-// OnLeave sets a hook called (off the request path) whenever a worker stops
-// being routable or is removed, so affinity pins can be dropped.
-func (r *Registry) OnLeave(fn func(id uint64)) { r.onLeave.Store(&fn) }
+// Change is what happened to a worker, for the registry's subscribers.
+type Change uint8
+
+// The changes.
+const (
+	// Joined: the worker was registered (added, or the new spec of a
+	// replaced one); it is routable once healthy.
+	Joined Change = iota + 1
+	// Left: the worker stopped being routable (drained, unhealthy,
+	// ejected); it may come back.
+	Left
+	// Replaced: a new spec took the worker's id (a reload, discovery); this
+	// worker object is retired once its requests end.
+	Replaced
+	// Removed: the worker is gone from the registry (swept once drained
+	// and idle).
+	Removed
+)
+
+// Subscribe adds fn to the functions told of every worker change. They run
+// in the goroutine that made the change (an admin call, the health loop,
+// the sweep, an answer that ejects), outside the registry's lock, so they
+// must be quick and may call the registry.
+func (r *Registry) Subscribe(fn func(w *Worker, c Change)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var subs []func(*Worker, Change)
+	if old := r.subs.Load(); old != nil {
+		subs = append(subs, *old...)
+	}
+	subs = append(subs, fn)
+	r.subs.Store(&subs)
+}
+
+// notify tells the subscribers of a change.
+func (r *Registry) notify(w *Worker, c Change) {
+	if subs := r.subs.Load(); subs != nil {
+		for _, fn := range *subs {
+			fn(w, c)
+		}
+	}
+}
+
+// Run sweeps drained workers every interval until ctx ends.
+func (r *Registry) Run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.SweepDrained()
+		}
+	}
+}
 
 // SetGrouper sets what names each worker's groups and republishes.
 func (r *Registry) SetGrouper(g Grouper) {
@@ -227,13 +281,15 @@ func (r *Registry) add(spec WorkerSpec, healthy bool) (*Worker, error) {
 		return nil, err
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	w := newWorker(spec)
 	w.healthy.Store(healthy)
 	if _, loaded := r.workers.LoadOrStore(spec.ID, w); loaded {
+		r.mu.Unlock()
 		return nil, &DuplicateError{ID: spec.ID}
 	}
 	r.publishLocked()
+	r.mu.Unlock()
+	r.notify(w, Joined)
 	return w, nil
 }
 
@@ -246,9 +302,9 @@ func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 		return nil, err
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	old, ok := r.workers.Load(spec.ID)
 	if !ok {
+		r.mu.Unlock()
 		return nil, Errorf(NotFound, "unknown worker id %d", spec.ID)
 	}
 	w := newWorker(spec)
@@ -256,6 +312,9 @@ func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 	w.adv.Store(old.adv.Load())
 	r.workers.Store(spec.ID, w)
 	r.publishLocked()
+	r.mu.Unlock()
+	r.notify(old, Replaced)
+	r.notify(w, Joined)
 	return old, nil
 }
 
@@ -299,7 +358,7 @@ func (r *Registry) ReportAnswer(w *Worker, ok bool) (ejectedFor time.Duration) {
 	w.failStreak.Store(0)
 	r.ejected.Add(1)
 	r.Republish()
-	r.left(w.spec.ID)
+	r.notify(w, Left)
 	return d
 }
 
@@ -349,12 +408,12 @@ func (r *Registry) Drain(id uint64) error {
 	r.mu.Lock()
 	r.publishLocked()
 	r.mu.Unlock()
-	r.left(id)
+	r.notify(w, Left)
 	return nil
 }
 
-// SweepDrained removes draining workers that have no request in flight and
-// returns them, so callers can drop what they keep per worker.
+// SweepDrained removes draining workers that have no request in flight,
+// tells the subscribers (Removed) and returns them. Run calls it.
 func (r *Registry) SweepDrained() []*Worker {
 	var gone []*Worker
 	r.workers.Range(func(_ uint64, w *Worker) bool {
@@ -363,10 +422,19 @@ func (r *Registry) SweepDrained() []*Worker {
 		}
 		return true
 	})
+	removed := gone[:0]
 	for _, w := range gone {
-		r.workers.Delete(w.spec.ID)
+		deleted := false
+		r.workers.Compute(w.spec.ID, func(cur *Worker, loaded bool) (*Worker, bool) {
+			deleted = loaded && cur == w // not one a Replace put there meanwhile
+			return cur, deleted
+		})
+		if deleted {
+			removed = append(removed, w)
+			r.notify(w, Removed)
+		}
 	}
-	return gone
+	return removed
 }
 
 // SetHealthy records a health verdict and republishes on a change.
@@ -379,7 +447,7 @@ func (r *Registry) SetHealthy(id uint64, healthy bool) {
 	r.publishLocked()
 	r.mu.Unlock()
 	if !healthy {
-		r.left(id)
+		r.notify(w, Left)
 	}
 }
 
@@ -398,12 +466,6 @@ func (r *Registry) GroupLoads(fn func(name string, inflight int64)) {
 		fn(name, l.n.Load())
 		return true
 	})
-}
-
-func (r *Registry) left(id uint64) {
-	if fn := r.onLeave.Load(); fn != nil {
-		(*fn)(id)
-	}
 }
 
 func (r *Registry) publishLocked() {

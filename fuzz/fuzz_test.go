@@ -259,7 +259,11 @@ func FuzzStickySelection(f *testing.F) {
 			t.Fatal(err)
 		}
 		sessions := affinity.NewTable(affinity.Options{TTL: time.Hour, MaxSessions: 4})
-		reg.OnLeave(sessions.WorkerLeft)
+		reg.Subscribe(func(w *dataplane.Worker, c dataplane.Change) {
+			if c == dataplane.Left {
+				sessions.WorkerLeft(w.ID())
+			}
+		})
 		var held []*dataplane.Reservation
 		for _, op := range ops {
 			arg := int(op >> 4)

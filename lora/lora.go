@@ -29,6 +29,11 @@ type Residency struct {
 func New(reg *dataplane.Registry) *Residency {
 	r := &Residency{reg: reg, set: xsync.NewMapOf[uint64, []string]()}
 	reg.SetGrouper(r)
+	reg.Subscribe(func(w *dataplane.Worker, c dataplane.Change) {
+		if c == dataplane.Removed {
+			r.forget(w)
+		}
+	})
 	return r
 }
 
@@ -62,8 +67,8 @@ func (r *Residency) Set(id uint64, adapters []string) error {
 	return nil
 }
 
-// Forget drops what was declared for a worker that left the registry.
-func (r *Residency) Forget(w *dataplane.Worker) { r.set.Delete(w.ID()) }
+// forget drops what was declared for a worker that left the registry.
+func (r *Residency) forget(w *dataplane.Worker) { r.set.Delete(w.ID()) }
 
 // Resolve maps a request's model onto its adapter group. It returns nil and
 // no error when the model names no adapter: empty, a base model some worker

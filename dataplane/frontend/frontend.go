@@ -101,6 +101,7 @@ func New(opts Options) *Server {
 		access:    opts.AccessLog,
 	}
 	s.exchanges.New = func() any { return &exchange{s: s} }
+	s.reg.Subscribe(s.workerChanged)
 	if w, err := hangup.New(clientHungUp); err != nil {
 		s.log.Warn("client hang-ups are noticed only when the router writes to them", "err", err)
 	} else {
@@ -207,8 +208,16 @@ func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
 	}
 }
 
-// Forget drops the pooled client of a worker that left the registry.
-func (s *Server) Forget(w *dataplane.Worker) {
+// workerChanged drops the pooled client of a worker object that left the
+// registry or was replaced by a new spec.
+func (s *Server) workerChanged(w *dataplane.Worker, c dataplane.Change) {
+	if c == dataplane.Removed || c == dataplane.Replaced {
+		s.forget(w)
+	}
+}
+
+// forget drops the pooled client of a worker.
+func (s *Server) forget(w *dataplane.Worker) {
 	if u, ok := s.upstreams.LoadAndDelete(w); ok {
 		u.hc.CloseIdleConnections()
 	}

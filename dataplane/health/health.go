@@ -20,8 +20,6 @@ type Options struct {
 	Path           string
 	UnhealthyAfter int
 	Logger         *slog.Logger
-	// OnRemoved is called for each drained worker removed from the registry.
-	OnRemoved func(w *dataplane.Worker)
 }
 
 // Checker runs the probes. Its state is only touched by its own goroutine.
@@ -38,11 +36,25 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Checker{
+	c := &Checker{
 		reg: reg, opts: opts, failures: map[uint64]int{},
 		client: &fasthttp.Client{Name: "fastroute-health", ReadTimeout: opts.Interval, WriteTimeout: opts.Interval,
 			MaxIdemponentCallAttempts: 1},
 	}
+	reg.Subscribe(c.workerChanged)
+	return c
+}
+
+// workerChanged forgets the probe failures of a worker that left the
+// registry.
+func (c *Checker) workerChanged(w *dataplane.Worker, change dataplane.Change) {
+	if change != dataplane.Removed {
+		return
+	}
+	c.mu.Lock()
+	delete(c.failures, w.ID())
+	c.mu.Unlock()
+	c.opts.Logger.Info("drained worker removed", "worker", w.ID())
 }
 
 // Run probes every Interval until ctx ends.
@@ -110,13 +122,6 @@ func (c *Checker) CheckOnce() {
 	}
 	for _, id := range c.reg.Readmit(time.Now()) {
 		c.opts.Logger.Info("ejected worker back in rotation", "worker", id)
-	}
-	for _, w := range c.reg.SweepDrained() {
-		delete(c.failures, w.ID())
-		if c.opts.OnRemoved != nil {
-			c.opts.OnRemoved(w)
-		}
-		c.opts.Logger.Info("drained worker removed", "worker", w.ID())
 	}
 	c.mu.Unlock()
 }

@@ -60,11 +60,9 @@ func (t discoveryTarget) Put(spec dataplane.WorkerSpec) error {
 		r.log.Info("worker found on etcd", "worker", spec.ID, "url", spec.URL)
 		r.probeSoon()
 	case w.Draining() || !reflect.DeepEqual(*w.Spec(), spec):
-		old, err := r.Registry.Replace(spec)
-		if err != nil {
+		if _, err := r.Registry.Replace(spec); err != nil {
 			return err
 		}
-		r.Frontend.Forget(old)
 		r.log.Info("worker changed on etcd", "worker", spec.ID)
 	}
 	return nil

@@ -101,8 +101,7 @@ func (r *Router) reloadWorkers(old, next []dataplane.WorkerSpec) (applied []stri
 		case !known || w.Draining() || !reflect.DeepEqual(prev, s):
 			// Changed, still draining from an earlier removal, or added
 			// through the admin API: the config's spec replaces it.
-			if old, err := r.Registry.Replace(s); err == nil {
-				r.Frontend.Forget(old)
+			if _, err := r.Registry.Replace(s); err == nil {
 				applied = append(applied, fmt.Sprintf("worker %d replaced", s.ID))
 			}
 		}

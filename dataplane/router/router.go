@@ -93,7 +93,11 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, log: log,
 		LoRA:     lora.New(reg),
 		Sessions: affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions})}
-	reg.OnLeave(r.Sessions.WorkerLeft)
+	reg.Subscribe(func(w *dataplane.Worker, c dataplane.Change) {
+		if c == dataplane.Left {
+			r.Sessions.WorkerLeft(w.ID()) // affinity sits below the registry: it is told here
+		}
+	})
 	fo := frontend.Options{
 		Selector: sel, Retries: cfg.Router.Retries,
 		MaxBodyBytes: int(cfg.Limits.MaxBodyBytes), MaxHeaderBytes: int(cfg.Limits.MaxHeaderBytes),
@@ -113,7 +117,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.Frontend = frontend.New(fo)
 	r.Health = health.New(reg, health.Options{
 		Interval: cfg.Health.Interval, Path: cfg.Health.Path, UnhealthyAfter: cfg.Health.UnhealthyAfter,
-		Logger: log, OnRemoved: func(w *dataplane.Worker) { r.Frontend.Forget(w); r.LoRA.Forget(w) },
+		Logger: log,
 	})
 	r.Metrics.Register(r.Frontend.Metrics().Collector(func() string { return string(r.CurrentConfig().Router.Mode) }, reg))
 	r.Metrics.Register(r.stateCollector())
@@ -143,6 +147,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	go func() { _ = r.Frontend.Serve(r.ln) }()
 	go func() { _ = r.admin.Serve(r.adminLn) }()
 	r.loops.Go(func() { r.Health.Run(ctx) })
+	r.loops.Go(func() { reg.Run(ctx, cfg.Health.Interval) })
 	r.loops.Go(func() { r.Sessions.Run(ctx, sweepEvery(aff.TTL)) })
 	if r.Weights != nil {
 		r.loops.Go(func() { r.Weights.Run(ctx) })
