@@ -242,20 +242,24 @@ func TestRetryNeverRepeatsAWorker(t *testing.T) {
 	assertIdle(t, reg)
 }
 
-type evenOnly struct{}
-
-func (evenOnly) Allow(w *Worker) bool { return w.ID()%2 == 0 }
-
-func TestFilterAndPrefer(t *testing.T) {
-	reg := newFleet(t, 6)
+func TestPoolAndPrefer(t *testing.T) {
+	reg := NewRegistry()
+	for id := uint64(1); id <= 6; id++ {
+		sp := spec(id)
+		if sp.Role = RolePrefill; id%2 == 0 {
+			sp.Role = RoleDecode
+		}
+		_, err := reg.Add(sp)
+		require.NoError(t, err)
+	}
 	sel := newSelector(t, reg, pickers.ModeRandom, 1)
 	var res [3]Reservation
 	for i := range res {
-		require.NoError(t, sel.Select(&Request{Filter: evenOnly{}}, &res[i]))
+		require.NoError(t, sel.Select(&Request{Phase: PhaseDecode}, &res[i]))
 		assert.Zero(t, res[i].Worker().ID()%2)
 	}
 	var extra Reservation
-	assert.ErrorIs(t, sel.Select(&Request{Filter: evenOnly{}}, &extra), ErrResourceExhausted,
+	assert.ErrorIs(t, sel.Select(&Request{Phase: PhaseDecode}, &extra), ErrResourceExhausted,
 		"all admitted workers busy")
 	for i := range res {
 		res[i].Release()
@@ -333,10 +337,9 @@ func TestSelectReserveReleaseAllocatesNothing(t *testing.T) {
 		})
 		assert.Zero(t, allocs, "%s fast path", mode)
 
-		// Filtered path with a retry: scratch comes from the pool.
+		// A retry takes the filtered path: scratch comes from the request.
 		allocs = testing.AllocsPerRun(2000, func() {
 			req.Reset()
-			req.Filter = evenOnly{}
 			if err := sel.Select(&req, &res); err != nil {
 				t.Fatal(err)
 			}
@@ -492,8 +495,6 @@ func TestResetClearsEveryExportedField(t *testing.T) {
 			f.SetUint(2)
 		case reflect.Pointer:
 			f.Set(reflect.New(f.Type().Elem()))
-		case reflect.Interface:
-			f.Set(reflect.ValueOf(allowNone{}))
 		default:
 			t.Fatalf("field %s: kind %v not covered by this test", v.Type().Field(i).Name, f.Kind())
 		}
@@ -558,10 +559,6 @@ func TestPhasesPickFromTheirPools(t *testing.T) {
 	assert.ErrorContains(t, sel.SetPhaseModes(pickers.ModeDirect, ""), "needs the worker named")
 	assertIdle(t, reg)
 }
-
-type allowNone struct{}
-
-func (allowNone) Allow(*Worker) bool { return false }
 
 // TestEngineCostSpreadsABurstByCapacity holds 100 requests picked between
 // two scrapes: the router's own dispatches since the reading count on top

@@ -119,7 +119,6 @@ type Snapshot struct {
 	prefill, decode candidates
 	groups          map[string]*Group
 	models          map[string]struct{}
-	version         uint64
 }
 
 // pool returns the candidates of a phase.
@@ -153,9 +152,6 @@ func (s *Snapshot) IDs() []uint64 { return s.ids }
 
 // Workers returns the routable workers aligned with IDs (do not modify).
 func (s *Snapshot) Workers() []*Worker { return s.workers }
-
-// Version increases with every publication.
-func (s *Snapshot) Version() uint64 { return s.version }
 
 // Registry holds every registered worker. Writes (register, drain, health and
 // weight changes) serialise on a mutex and publish a new Snapshot; the request
@@ -470,7 +466,7 @@ func (r *Registry) GroupLoads(fn func(name string, inflight int64)) {
 
 func (r *Registry) publishLocked() {
 	all := r.All()
-	s := &Snapshot{version: r.snap.Load().version + 1, groups: map[string]*Group{}, models: map[string]struct{}{}}
+	s := &Snapshot{groups: map[string]*Group{}, models: map[string]struct{}{}}
 	for _, w := range all {
 		routable := w.Routable()
 		if routable {

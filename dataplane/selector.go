@@ -10,12 +10,6 @@ import (
 // MaxAttempts bounds the workers one request may try: the first plus retries.
 const MaxAttempts = 8
 
-// Filter narrows the candidates of one request (LoRA residency, for one).
-// Implementations must not allocate; a nil Filter admits every worker.
-type Filter interface {
-	Allow(w *Worker) bool
-}
-
 // Request is what selection needs to know about one request. The zero value
 // asks for any worker; it is reused across requests through Reset.
 type Request struct {
@@ -35,8 +29,6 @@ type Request struct {
 	// Group restricts the candidates to its members (the workers holding
 	// a LoRA adapter) and counts the request in the group's load; nil: all.
 	Group *Group
-	// Filter restricts the candidates further; nil admits all.
-	Filter Filter
 	// Phase picks from the pool of that phase (disaggregation) with its
 	// picker; PhaseAny: every worker.
 	Phase Phase
@@ -56,7 +48,7 @@ func (r *Request) Reset() {
 	r.WorkerID, r.HasWorker = 0, false
 	r.PreferID, r.HasPrefer, r.PreferRank, r.HasPreferRank = 0, false, 0, false
 	r.DPRank, r.HasDPRank = 0, false
-	r.Group, r.Filter, r.Phase = nil, nil, PhaseAny
+	r.Group, r.Phase = nil, PhaseAny
 	r.nExclude = 0
 }
 
@@ -249,7 +241,7 @@ func (s *Selector) SelectIn(snap *Snapshot, req *Request, res *Reservation) erro
 		}
 	}
 	pp := &p.phases[req.Phase]
-	if req.Filter == nil && req.nExclude == 0 && (req.Group == nil || req.Phase == PhaseAny) {
+	if req.nExclude == 0 && (req.Group == nil || req.Phase == PhaseAny) {
 		// Fast path: pick over the whole set (or the device group the CPU
 		// overflow rule names). A busy pick means the policy saw no better
 		// free worker, or raced; the filtered path decides.
@@ -282,7 +274,7 @@ func (s *Selector) Retry(req *Request, res *Reservation) error {
 }
 
 func (s *Selector) admits(req *Request, w *Worker) bool {
-	return !req.excluded(w.spec.ID) && w.spec.Role.serves(req.Phase) && (req.Filter == nil || req.Filter.Allow(w))
+	return !req.excluded(w.spec.ID) && w.spec.Role.serves(req.Phase)
 }
 
 // hold records the reservation with its data-parallel rank: the pinned one
@@ -319,9 +311,6 @@ func (s *Selector) selectNamed(p *policy, snap *Snapshot, req *Request, res *Res
 	}
 	if !w.spec.Role.serves(req.Phase) {
 		return Errorf(InvalidArgument, "worker %d has role %s and does not serve the %s phase", req.WorkerID, w.spec.Role, req.Phase)
-	}
-	if req.Filter != nil && !req.Filter.Allow(w) {
-		return Errorf(InvalidArgument, "worker %d cannot serve this request", req.WorkerID)
 	}
 	if !w.tryAcquire(p.limit(w)) {
 		return ErrResourceExhausted
