@@ -1,5 +1,6 @@
 // Package health probes workers, marks them healthy or not in the registry,
-// refreshes the models each one advertises and removes drained idle workers.
+// refreshes the models each one advertises, readmits ejected workers whose
+// time is up and forgets the workers the registry removed.
 package health
 
 import (
@@ -22,7 +23,8 @@ type Options struct {
 	Logger         *slog.Logger
 }
 
-// Checker runs the probes. Its state is only touched by its own goroutine.
+// Checker runs the probes. Its failure counts are guarded by mu (Run,
+// CheckOnce callers and the registry's removals share them).
 type Checker struct {
 	reg      *dataplane.Registry
 	opts     Options
