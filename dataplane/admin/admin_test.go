@@ -1,0 +1,67 @@
+package admin
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func call(t *testing.T, srv *httptest.Server, method, path, body, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// Every route needs the token (metrics may be public); a drain answers
+// 404 for an unknown worker and 503 when the drain hook fails for a known
+// one.
+func TestTokenAndDrainAnswers(t *testing.T) {
+	reg := dataplane.NewRegistry()
+	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://127.0.0.1:1"})
+	require.NoError(t, err)
+	srv := httptest.NewServer(Handler(Options{Registry: reg, Metrics: &metrics.Set{}, Token: "s3cret", MetricsPublic: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Drain: func(id uint64) error {
+			if id == 1 {
+				return errors.New("etcd refused the drain mark")
+			}
+			return reg.Drain(id)
+		}}))
+	defer srv.Close()
+
+	for _, path := range []string{"/workers", "/debug/pprof/cmdline"} {
+		status, body := call(t, srv, "GET", path, "", "")
+		assert.Equal(t, http.StatusUnauthorized, status, path)
+		assert.NotContains(t, body, "s3cret")
+		status, _ = call(t, srv, "GET", path, "", "wrong")
+		assert.Equal(t, http.StatusUnauthorized, status, path)
+	}
+	status, body := call(t, srv, "GET", "/workers", "", "s3cret")
+	assert.Equal(t, http.StatusOK, status)
+	assert.Contains(t, body, `"id":1`)
+	status, _ = call(t, srv, "GET", "/metrics", "", "")
+	assert.Equal(t, http.StatusOK, status, "metrics_public opens /metrics alone")
+
+	status, body = call(t, srv, "DELETE", "/workers/1", "", "s3cret")
+	assert.Equal(t, http.StatusServiceUnavailable, status)
+	assert.Contains(t, body, "etcd refused the drain mark")
+	status, _ = call(t, srv, "DELETE", "/workers/7", "", "s3cret")
+	assert.Equal(t, http.StatusNotFound, status)
+}
