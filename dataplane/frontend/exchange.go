@@ -172,12 +172,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 			ex.respond(ctx, u, w)
 			return
 		}
-		if ex.hungUp() {
-			ex.abandon(ctx)
-			return
-		}
-		if perr := ex.prefillStopped(); perr != nil {
-			ex.failSplit(ctx, perr)
+		if ex.endStopped(ctx) {
 			return
 		}
 		s.reportAnswer(w, false)
@@ -237,12 +232,7 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		ctx.Response.ResetBody()
 		if _, err := io.CopyBuffer(ctx.Response.BodyWriter(), body, ex.copyBuf); err != nil {
 			ctx.Response.ResetBody()
-			if ex.hungUp() {
-				ex.abandon(ctx)
-				return
-			}
-			if perr := ex.prefillStopped(); perr != nil {
-				ex.failSplit(ctx, perr)
+			if ex.endStopped(ctx) {
 				return
 			}
 			ex.fail(ctx, w.ID(), fmt.Errorf("answer cut after the headers: %w", err), nil)
@@ -325,6 +315,21 @@ func (ex *exchange) CloseWithError(werr error) error {
 		ex.finish(outcomeOK)
 	}
 	return nil
+}
+
+// endStopped ends an exchange whose upstream call failed because it was
+// stopped from outside: its client left (abandon) or its SGLang prefill
+// failed (failSplit). It reports false for a failure of the worker's own.
+func (ex *exchange) endStopped(ctx *fasthttp.RequestCtx) bool {
+	if ex.hungUp() {
+		ex.abandon(ctx)
+		return true
+	}
+	if perr := ex.prefillStopped(); perr != nil {
+		ex.failSplit(ctx, perr)
+		return true
+	}
+	return false
 }
 
 // failSplit answers a split request whose decode leg was stopped because
