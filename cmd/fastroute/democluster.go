@@ -6,11 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -19,6 +16,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/router"
 	"github.com/fastroute/fastroute/discovery"
+	"github.com/fastroute/fastroute/discovery/etcdlocal"
 )
 
 // runDemoCluster runs a local etcd (the etcd binary), two router replicas
@@ -32,11 +30,20 @@ func runDemoCluster(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	stopEtcd, endpoint, err := startLocalEtcd()
+	dir, err := os.MkdirTemp("", "fastroute-etcd")
 	if err != nil {
 		return err
 	}
-	defer stopEtcd()
+	defer os.RemoveAll(dir)
+	etcd, err := etcdlocal.Start(dir)
+	if errors.Is(err, etcdlocal.ErrNotInstalled) {
+		return fmt.Errorf("%w; `make demo-cluster` installs it", err)
+	}
+	if err != nil {
+		return err
+	}
+	defer etcd.Stop()
+	endpoint := etcd.Endpoint
 	opts := discovery.Options{Endpoints: []string{endpoint}, Prefix: "/demo", DialTimeout: 2 * time.Second}
 
 	var routers []*router.Router
@@ -136,46 +143,4 @@ func waitRoutable(routers []*router.Router, n int, within time.Duration) error {
 		}
 	}
 	return fmt.Errorf("the routers did not find %d workers on etcd within %v", n, within)
-}
-
-// startLocalEtcd starts the etcd binary on free loopback ports with a
-// throw-away data directory.
-func startLocalEtcd() (stop func(), endpoint string, err error) {
-	if _, err := exec.LookPath("etcd"); err != nil {
-		return nil, "", errors.New("etcd not found: install it (Debian: apt-get install etcd-server; `make demo-cluster` does)")
-	}
-	ports := make([]string, 2)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, "", err
-		}
-		ports[i] = ln.Addr().String()
-		ln.Close()
-	}
-	dir, err := os.MkdirTemp("", "fastroute-etcd")
-	if err != nil {
-		return nil, "", err
-	}
-	client, peer := ports[0], ports[1]
-	cmd := exec.Command("etcd", "--name", "demo", "--data-dir", filepath.Join(dir, "data"),
-		"--listen-client-urls", "http://"+client, "--advertise-client-urls", "http://"+client,
-		"--listen-peer-urls", "http://"+peer, "--initial-advertise-peer-urls", "http://"+peer, "--initial-cluster", "demo=http://"+peer)
-	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, "", err
-	}
-	stop = func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		os.RemoveAll(dir)
-	}
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if c, err := net.DialTimeout("tcp", client, 100*time.Millisecond); err == nil {
-			c.Close()
-			return stop, client, nil
-		}
-	}
-	stop()
-	return nil, "", errors.New("etcd did not start within 10s")
 }

@@ -1,88 +1,41 @@
 // Package etcdtest runs a real etcd (Debian's etcd-server binary) on
 // loopback for tests, or skips the test where it is not installed
-// (.ci/run installs it).
+// (.ci/run installs it), and records what discovery tells a target.
 package etcdtest
 
 import (
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
+	"errors"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/discovery/etcdlocal"
 	"github.com/stretchr/testify/require"
 )
 
 // Server is a running etcd of one member.
 type Server struct {
-	// Endpoint is its client address, host:port.
-	Endpoint string
-	t        testing.TB
-	dir      string
-	peer     string
-	cmd      *exec.Cmd
-	stopped  chan struct{}
-	starts   int
-}
-
-func freePort(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
+	*etcdlocal.Process
+	t testing.TB
 }
 
 // Start starts etcd for the test and stops it at its end; it skips the
 // test when etcd is not installed.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	if _, err := exec.LookPath("etcd"); err != nil {
+	p, err := etcdlocal.Start(t.TempDir())
+	if errors.Is(err, etcdlocal.ErrNotInstalled) {
 		t.Skip("etcd not installed (Debian package etcd-server; .ci/run installs it)")
 	}
-	s := &Server{t: t, dir: t.TempDir(), Endpoint: freePort(t), peer: freePort(t)}
-	s.Restart()
-	t.Cleanup(s.Stop)
-	return s
+	require.NoError(t, err)
+	t.Cleanup(p.Stop)
+	return &Server{Process: p, t: t}
 }
 
 // Restart starts a stopped etcd again on the same ports and data.
 func (s *Server) Restart() {
 	s.t.Helper()
-	s.starts++
-	s.cmd = exec.Command("etcd", "--name", "t", "--data-dir", filepath.Join(s.dir, "data"),
-		"--listen-client-urls", "http://"+s.Endpoint, "--advertise-client-urls", "http://"+s.Endpoint,
-		"--listen-peer-urls", "http://"+s.peer, "--initial-advertise-peer-urls", "http://"+s.peer,
-		"--initial-cluster", "t=http://"+s.peer)
-	log, err := os.Create(filepath.Join(s.dir, fmt.Sprintf("etcd-%d.log", s.starts)))
-	require.NoError(s.t, err)
-	s.cmd.Stdout, s.cmd.Stderr = log, log
-	require.NoError(s.t, s.cmd.Start())
-	stopped := make(chan struct{})
-	s.stopped = stopped
-	cmd := s.cmd
-	go func() { _ = cmd.Wait(); log.Close(); close(stopped) }()
-	require.Eventually(s.t, func() bool {
-		c, err := net.DialTimeout("tcp", s.Endpoint, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	}, 10*time.Second, 20*time.Millisecond, "etcd did not start")
-}
-
-// Stop kills etcd (a crash, as far as its clients can tell).
-func (s *Server) Stop() {
-	select {
-	case <-s.stopped:
-	default:
-		_ = s.cmd.Process.Kill()
-		<-s.stopped
-	}
+	require.NoError(s.t, s.Process.Restart())
 }
 
 // Recorder is a discovery target that keeps what it was told.

@@ -1,0 +1,98 @@
+// Package etcdlocal runs a one-member etcd (the etcd binary, Debian's
+// etcd-server) on loopback with its own data directory: for the tests and
+// `fastroute demo-cluster`.
+package etcdlocal
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+)
+
+// ErrNotInstalled says the etcd binary is not on PATH.
+var ErrNotInstalled = errors.New("etcd not found: install it (Debian: apt-get install etcd-server)")
+
+// Process is a running (or stopped) etcd.
+type Process struct {
+	// Endpoint is its client address, host:port.
+	Endpoint string
+	peer     string
+	dir      string
+	cmd      *exec.Cmd
+	stopped  chan struct{}
+	starts   int
+}
+
+// Start starts etcd on free loopback ports, keeping its data and logs in
+// dir, and waits until it takes connections.
+func Start(dir string) (*Process, error) {
+	if _, err := exec.LookPath("etcd"); err != nil {
+		return nil, ErrNotInstalled
+	}
+	p := &Process{dir: dir}
+	var err error
+	if p.Endpoint, err = freeAddr(); err == nil {
+		p.peer, err = freeAddr()
+	}
+	if err == nil {
+		err = p.Restart()
+	}
+	return p, err
+}
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// Restart starts a stopped etcd again on the same ports and data.
+func (p *Process) Restart() error {
+	p.starts++
+	p.cmd = exec.Command("etcd", "--name", "local", "--data-dir", filepath.Join(p.dir, "data"),
+		"--listen-client-urls", "http://"+p.Endpoint, "--advertise-client-urls", "http://"+p.Endpoint,
+		"--listen-peer-urls", "http://"+p.peer, "--initial-advertise-peer-urls", "http://"+p.peer,
+		"--initial-cluster", "local=http://"+p.peer)
+	log, err := os.Create(filepath.Join(p.dir, fmt.Sprintf("etcd-%d.log", p.starts)))
+	if err != nil {
+		return err
+	}
+	p.cmd.Stdout, p.cmd.Stderr = log, log
+	if err := p.cmd.Start(); err != nil {
+		log.Close()
+		return err
+	}
+	stopped := make(chan struct{})
+	p.stopped = stopped
+	cmd := p.cmd
+	go func() { _ = cmd.Wait(); log.Close(); close(stopped) }()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if c, err := net.DialTimeout("tcp", p.Endpoint, 100*time.Millisecond); err == nil {
+			c.Close()
+			return nil
+		}
+	}
+	p.Stop()
+	return errors.New("etcd did not start within 10s")
+}
+
+// Stop kills etcd (a crash, as far as its clients can tell) and waits for
+// it to exit.
+func (p *Process) Stop() {
+	if p.cmd == nil {
+		return
+	}
+	select {
+	case <-p.stopped:
+	default:
+		_ = p.cmd.Process.Kill()
+		<-p.stopped
+	}
+}
