@@ -212,46 +212,44 @@ func (w *Watcher) follow(ctx context.Context, prefix string, rev int64) {
 // sync applies a full list: the drain marks, then every worker put and
 // every known worker not listed drained.
 func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
-	marks := map[uint64]bool{}
+	listed := map[string]map[uint64]bool{"drain": {}, "workers": {}}
 	for _, kv := range kvs {
-		if kind, id, ok := w.parse(string(kv.Key)); ok && kind == "drain" {
-			marks[id] = true
+		if kind, id, ok := w.parse(string(kv.Key)); ok {
+			listed[kind][id] = true
 		}
 	}
 	w.mu.Lock()
-	var lifted []uint64
-	for id := range w.marks {
-		if !marks[id] {
-			lifted = append(lifted, id)
-		}
+	lifted, gone := unlisted(w.marks, listed["drain"]), unlisted(w.known, listed["workers"])
+	for _, id := range gone {
+		delete(w.known, id)
 	}
 	w.mu.Unlock()
-	for id := range marks {
+	for id := range listed["drain"] {
 		w.mark(id, true)
 	}
 	for _, id := range lifted {
 		w.mark(id, false)
 	}
-	listed := map[uint64]bool{}
 	for _, kv := range kvs {
-		if kind, id, ok := w.parse(string(kv.Key)); ok && kind == "workers" {
+		if kind, _, ok := w.parse(string(kv.Key)); ok && kind == "workers" {
 			w.apply(string(kv.Key), kv.Value, false)
-			listed[id] = true
 		}
 	}
-	w.mu.Lock()
-	var gone []uint64
-	for id := range w.known {
-		if !listed[id] {
-			gone = append(gone, id)
-			delete(w.known, id)
-		}
-	}
-	w.mu.Unlock()
 	for _, id := range gone {
 		w.log.Info("worker gone from etcd: draining", "worker", id)
 		w.target.Drain(id)
 	}
+}
+
+// unlisted returns the ids of m that listed lacks.
+func unlisted[V any](m map[uint64]V, listed map[uint64]bool) []uint64 {
+	var out []uint64
+	for id := range m {
+		if !listed[id] {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // parse splits a key into its kind (workers or drain) and id.
