@@ -147,6 +147,9 @@ func (s *Snapshot) HasModel(name []byte) bool {
 // ListsModels reports whether any worker has listed its base models.
 func (s *Snapshot) ListsModels() bool { return len(s.models) > 0 }
 
+// Has reports whether worker id is routable in the snapshot.
+func (s *Snapshot) Has(id uint64) bool { return s.index(id) >= 0 }
+
 // IDs returns the sorted routable worker ids (do not modify).
 func (s *Snapshot) IDs() []uint64 { return s.ids }
 

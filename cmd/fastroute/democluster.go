@@ -109,7 +109,7 @@ func runDemoCluster(args []string) error {
 	}
 	start := time.Now()
 	for i, r := range routers {
-		for snapshotHas(r, 1) {
+		for r.Registry.Snapshot().Has(1) {
 			if time.Since(start) > *ttl+5*time.Second {
 				return fmt.Errorf("replica %d still routes to worker 1", i+1)
 			}
@@ -119,15 +119,6 @@ func runDemoCluster(args []string) error {
 	}
 	fmt.Println("\ndemo-cluster ok")
 	return nil
-}
-
-func snapshotHas(r *router.Router, id uint64) bool {
-	for _, got := range r.Registry.Snapshot().IDs() {
-		if got == id {
-			return true
-		}
-	}
-	return false
 }
 
 func waitRoutable(routers []*router.Router, n int, within time.Duration) error {

@@ -163,7 +163,7 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 	for {
 		w := ex.preRes.Worker()
 		u := s.upstreamOf(w)
-		ex.preparePrefill(ctx, u, w, body)
+		ex.pre.prepare(ctx, u, w, body, ex.reqID, ex.preRes.Rank(), &ex.rankBuf)
 		ex.preRes.Dispatched()
 		err := ex.pre.send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
@@ -246,7 +246,7 @@ func (ex *exchange) startBootstrap(ctx *fasthttp.RequestCtx) bool {
 	if err != nil {
 		return ex.answerPrefill(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error(), outcomeInvalid)
 	}
-	ex.preparePrefill(ctx, ex.s.upstreamOf(w), w, ex.body)
+	ex.pre.prepare(ctx, ex.s.upstreamOf(w), w, ex.body, ex.reqID, ex.preRes.Rank(), &ex.rankBuf)
 	ex.preDone = make(chan struct{})
 	go ex.bootstrapPrefill(w)
 	return true
@@ -309,24 +309,6 @@ func (ex *exchange) endPrefill() {
 	}
 	ex.pre.endConn(ex.token)
 	ex.preRes.Release()
-}
-
-// preparePrefill builds the prefill request: the client's headers and
-// path, body, the request id both legs share.
-func (ex *exchange) preparePrefill(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker, body []byte) {
-	ex.pre.up.Reset()
-	ctx.Request.Header.CopyTo(&ex.pre.up.Header)
-	ex.pre.up.Header.ResetConnectionClose()
-	ex.pre.up.SetRequestURIBytes(ctx.RequestURI())
-	ex.pre.up.Header.SetHost(u.host)
-	ex.pre.up.Header.SetBytesV(headerRequestID, ex.reqID)
-	ex.pre.up.SetBodyRaw(body)
-	ex.pre.up.Header.Del(headerDPRank)
-	if w.Spec().DPSize > 1 {
-		ex.rankBuf = strconv.AppendInt(ex.rankBuf[:0], int64(ex.preRes.Rank()), 10)
-		ex.pre.up.Header.SetBytesV(headerDPRank, ex.rankBuf)
-	}
-	ex.pre.resp.Reset()
 }
 
 // prefillFailed answers a prefill that got no answer from any prefill

@@ -189,26 +189,37 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 }
 
 func (ex *exchange) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker) {
-	ex.up.Reset()
-	ctx.Request.Header.CopyTo(&ex.up.Header)
-	ex.up.Header.ResetConnectionClose()
-	ex.up.SetRequestURIBytes(ctx.RequestURI())
-	ex.up.Header.SetHost(u.host)
-	if ex.body != nil {
-		ex.up.SetBodyRaw(ex.body)
-	} else {
-		ex.up.SetBodyRaw(ctx.PostBody())
+	body, reqID := ex.body, []byte(nil)
+	if body == nil {
+		body = ctx.PostBody()
 	}
 	if ex.split {
-		ex.up.Header.SetBytesV(headerRequestID, ex.reqID)
+		reqID = ex.reqID
+	}
+	ex.upCall.prepare(ctx, u, w, body, reqID, ex.res.Rank(), &ex.rankBuf)
+}
+
+// prepare builds the call's request from the client's: its headers and
+// path for the worker's host, body, the request id both legs of a split
+// request share (nil: none added) and the data-parallel rank of a worker
+// with ranks (a worker without ranks never sees the client's).
+func (c *upCall) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker, body, reqID []byte, rank int, rankBuf *[]byte) {
+	c.up.Reset()
+	ctx.Request.Header.CopyTo(&c.up.Header)
+	c.up.Header.ResetConnectionClose()
+	c.up.SetRequestURIBytes(ctx.RequestURI())
+	c.up.Header.SetHost(u.host)
+	c.up.SetBodyRaw(body)
+	if reqID != nil {
+		c.up.Header.SetBytesV(headerRequestID, reqID)
 	}
 	if w.Spec().DPSize > 1 {
-		ex.rankBuf = strconv.AppendInt(ex.rankBuf[:0], int64(ex.res.Rank()), 10)
-		ex.up.Header.SetBytesV(headerDPRank, ex.rankBuf)
+		*rankBuf = strconv.AppendInt((*rankBuf)[:0], int64(rank), 10)
+		c.up.Header.SetBytesV(headerDPRank, *rankBuf)
 	} else {
-		ex.up.Header.Del(headerDPRank) // a worker without ranks never sees the client's
+		c.up.Header.Del(headerDPRank)
 	}
-	ex.resp.Reset()
+	c.resp.Reset()
 }
 
 // respond copies the worker's answer to the client: a streamed answer is

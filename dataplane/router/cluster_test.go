@@ -26,15 +26,6 @@ func clusterRouter(t *testing.T, e *etcdtest.Server, prefix string, tweak func(*
 	})
 }
 
-func routable(f *fleet, id uint64) bool {
-	for _, got := range f.r.Registry.Snapshot().IDs() {
-		if got == id {
-			return true
-		}
-	}
-	return false
-}
-
 func register(t *testing.T, e *etcdtest.Server, prefix string, m *mockworker.Worker, id uint64, ttl time.Duration) *discovery.Registration {
 	t.Helper()
 	reg, err := discovery.Register(discovery.Options{Endpoints: []string{e.Endpoint}, Prefix: prefix, DialTimeout: time.Second},
@@ -81,15 +72,15 @@ func TestTwoRoutersFollowEtcd(t *testing.T) {
 
 	require.NoError(t, regs[0].Close())
 	for _, f := range []*fleet{a, b} {
-		require.Eventually(t, func() bool { return !routable(f, 1) }, 2*time.Second, 10*time.Millisecond, "a deregistered worker drains at once")
+		require.Eventually(t, func() bool { return !f.r.Registry.Snapshot().Has(1) }, 2*time.Second, 10*time.Millisecond, "a deregistered worker drains at once")
 	}
 	require.NoError(t, regs[1].Abandon()) // the registrar dies: its lease runs out
 	left := time.Now()
 	for _, f := range []*fleet{a, b} {
-		require.Eventually(t, func() bool { return !routable(f, 2) }, 3*time.Second+time.Second, 20*time.Millisecond, "worker 2 outlived its lease")
+		require.Eventually(t, func() bool { return !f.r.Registry.Snapshot().Has(2) }, 3*time.Second+time.Second, 20*time.Millisecond, "worker 2 outlived its lease")
 	}
 	assert.Less(t, time.Since(left), 3*time.Second+500*time.Millisecond, "TTL + 1s")
-	assert.True(t, routable(a, 3) && routable(b, 3))
+	assert.True(t, a.r.Registry.Snapshot().Has(3) && b.r.Registry.Snapshot().Has(3))
 	a.assertIdle()
 	b.assertIdle()
 	_ = regs[2].Close()
@@ -104,7 +95,7 @@ func TestEtcdOutageKeepsRouting(t *testing.T) {
 	ms := startMocks(t, 2)
 	reg := register(t, e, prefix, ms[0], 1, 5*time.Second)
 	defer reg.Close()
-	require.Eventually(t, func() bool { return routable(f, 1) }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(1) }, 5*time.Second, 10*time.Millisecond)
 
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
@@ -137,17 +128,17 @@ func TestEtcdOutageKeepsRouting(t *testing.T) {
 	_, body = adminDo(t, f, "GET", "/workers", "", "")
 	assert.Contains(t, body, `"discovery_up":false`)
 	time.Sleep(500 * time.Millisecond)
-	assert.True(t, routable(f, 1), "the last known workers stay")
+	assert.True(t, f.r.Registry.Snapshot().Has(1), "the last known workers stay")
 
 	e.Restart()
 	require.Eventually(t, func() bool { return f.r.Discovery.Up() }, 10*time.Second, 20*time.Millisecond)
 	late := register(t, e, prefix, ms[1], 2, 5*time.Second)
 	defer late.Close()
-	require.Eventually(t, func() bool { return routable(f, 2) }, 5*time.Second, 10*time.Millisecond, "in step again")
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(2) }, 5*time.Second, 10*time.Millisecond, "in step again")
 	close(stop)
 	wg.Wait()
 	assert.Zero(t, failures, "requests lost to the etcd outage")
-	assert.True(t, routable(f, 1))
+	assert.True(t, f.r.Registry.Snapshot().Has(1))
 	f.assertIdle()
 }
 
@@ -164,7 +155,7 @@ func TestDiscoveredAndStaticIDsNeverClash(t *testing.T) {
 	defer clash.Close()
 	other := register(t, e, prefix, ms[1], 2, 5*time.Second)
 	defer other.Close()
-	require.Eventually(t, func() bool { return routable(f, 2) }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(2) }, 5*time.Second, 10*time.Millisecond)
 	w, _ := f.r.Registry.Get(1)
 	assert.Equal(t, ms[0].URL(), w.Spec().URL, "the config file's worker 1 stays")
 
@@ -188,18 +179,18 @@ func TestDrainMarkHonouredByEveryReplica(t *testing.T) {
 	status, _ := adminDo(t, a, "DELETE", "/workers/1", "", "")
 	assert.Equal(t, 202, status)
 	for _, f := range []*fleet{a, b} {
-		require.Eventually(t, func() bool { return !routable(f, 1) }, 3*time.Second, 10*time.Millisecond, "the other replica drains it too")
+		require.Eventually(t, func() bool { return !f.r.Registry.Snapshot().Has(1) }, 3*time.Second, 10*time.Millisecond, "the other replica drains it too")
 	}
 	time.Sleep(300 * time.Millisecond)
-	assert.False(t, routable(b, 1), "the mark holds")
-	assert.True(t, routable(a, 2) && routable(b, 2))
+	assert.False(t, b.r.Registry.Snapshot().Has(1), "the mark holds")
+	assert.True(t, a.r.Registry.Snapshot().Has(2) && b.r.Registry.Snapshot().Has(2))
 
 	// A new registration of the worker (a restart) starts without the mark.
 	require.NoError(t, regs[0].Close())
 	again := register(t, e, prefix, ms[0], 1, 5*time.Second)
 	defer again.Close()
 	for _, f := range []*fleet{a, b} {
-		require.Eventually(t, func() bool { return routable(f, 1) }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(1) }, 5*time.Second, 10*time.Millisecond)
 	}
 	_ = regs[1].Close()
 	a.assertIdle()
