@@ -115,21 +115,39 @@ var errStopped = errors.New("the request was stopped")
 // connection's idle deadline takes over (trackedConn). token marks the
 // connection as the caller's until endConn, so that cut (from another
 // goroutine, once stop is set) closes this connection and no other.
+//
+// A pooled connection that fails before any answer byte is most often one
+// the worker closed while it idled (it restarted, or its own keep-alive
+// timeout ran out): the request then goes again on another connection to
+// the same worker, until one that was never used before fails too. So a
+// worker's restart costs no request and no mark against its health.
 func (c *upCall) send(u *upstream, token uint32, firstByte time.Duration, stop *atomic.Uint32) error {
+	var deadline time.Time
+	if firstByte > 0 {
+		deadline = time.Now().Add(firstByte)
+	}
+	for {
+		reused, err := c.sendOn(u, token, deadline, stop)
+		if err == nil || !reused || isTimeout(err) || stop.Load() != 0 {
+			return err
+		}
+	}
+}
+
+// sendOn is one try of send on one connection; reused says the connection
+// had carried a request before.
+func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, stop *atomic.Uint32) (reused bool, err error) {
 	h, tc, err := u.conns.acquire()
 	if err != nil {
-		return err
+		return false, err
 	}
+	reused, tc.used = tc.used, true
 	c.conn, c.connHandle, c.connOf, c.bodyDone = tc, h, u, false
 	tc.owner.Store(token)
 	c.upConn.Store(tc)
 	if stop.Load() != 0 { // stopped before the connection was published
 		c.endConn(token)
-		return errStopped
-	}
-	var deadline time.Time
-	if firstByte > 0 {
-		deadline = time.Now().Add(firstByte)
+		return reused, errStopped
 	}
 	if err = tc.SetDeadline(deadline); err == nil {
 		bw := u.hc.AcquireWriter(tc)
@@ -146,7 +164,7 @@ func (c *upCall) send(u *upstream, token uint32, firstByte time.Duration, stop *
 	if err != nil {
 		c.endConn(token)
 	}
-	return err
+	return reused, err
 }
 
 // endConn gives the connection back: to the pool when the answer was read
@@ -211,6 +229,7 @@ type trackedConn struct {
 	idle     time.Duration
 	deadline time.Time     // the idle deadline last set; zero: the first-byte one
 	owner    atomic.Uint32 // token of the exchange using it; 0: none, or cut
+	used     bool          // it carried a request before (its holder alone reads it)
 }
 
 // Read reads and moves the idle deadline forward when bytes came.
