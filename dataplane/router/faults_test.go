@@ -194,6 +194,13 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, total)
+	// The last sixth waits until the restarted worker 3 is routable again,
+	// so that whether it is used again does not hang on how fast the health
+	// loop runs on a loaded machine.
+	back := make(chan struct{})
+	var backOnce sync.Once
+	letBack := func() { backOnce.Do(func() { close(back) }) }
+	defer letBack()
 	for c := 0; c < clients; c++ {
 		wg.Add(1)
 		go func() {
@@ -202,6 +209,9 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 				i := int(next.Add(1) - 1)
 				if i >= total {
 					return
+				}
+				if i >= 5*total/6 {
+					<-back
 				}
 				o, err := doRequest(f.client, base, i)
 				if err != nil {
@@ -218,6 +228,9 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 	require.Eventually(t, func() bool { return next.Load() > 2*total/3 }, 30*time.Second, time.Millisecond)
 	restarted, err := mockworker.Start(addr, restartable)
 	require.NoError(t, err)
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(3) }, 10*time.Second, time.Millisecond,
+		"the restarted worker is routable again")
+	letBack()
 	wg.Wait()
 	close(errs)
 	for err := range errs {
