@@ -136,9 +136,13 @@ func TestLearnerAdmitsTwoBatchesOnceTheBatchSizeIsKnown(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	st := l.Observe(Reading{At: t0, Running: 5}, 0)
 	assert.Zero(t, st.Admit, "five running says nothing of the batch size")
-	st = l.Observe(Reading{At: t0.Add(time.Second), Running: 8, Waiting: 3}, 0)
-	assert.EqualValues(t, 16, st.Admit, "a queue behind eight running: the batch is eight")
-	st = l.Observe(Reading{At: t0.Add(2 * time.Second), Running: 2}, 0)
+	st = l.Observe(Reading{At: t0.Add(time.Second), Running: 6, Waiting: 3}, 0)
+	assert.Zero(t, st.Admit, "one reading of a queue may be requests the next step admits")
+	st = l.Observe(Reading{At: t0.Add(2 * time.Second), Running: 8, Waiting: 3}, 0)
+	assert.Zero(t, st.Admit, "the queue moved: still ramping")
+	st = l.Observe(Reading{At: t0.Add(3 * time.Second), Running: 8, Waiting: 2}, 0)
+	assert.EqualValues(t, 16, st.Admit, "a queue stayed behind eight running: the batch is eight")
+	st = l.Observe(Reading{At: t0.Add(4 * time.Second), Running: 2}, 0)
 	assert.EqualValues(t, 16, st.Admit, "learned once, kept")
 
 	var sg Learner

@@ -77,7 +77,7 @@ type Learner struct {
 	prev       Reading
 	have       bool
 	slots      float64
-	full       bool // a queue was seen behind running requests: slots is the batch size
+	full       bool // a queue stayed behind running requests: slots is the batch size
 	rate       float64
 	winStart   time.Time
 	winTokens  float64 // tokens generated in the window
@@ -88,7 +88,12 @@ type Learner struct {
 // Occupancy. fixedSlots, when positive, replaces the learned batch size.
 func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 	l.slots = max(l.slots, r.Running)
-	l.full = l.full || (r.Waiting > 0 && r.Running > 0)
+	// A queue behind the same running count in two readings in a row: the
+	// batch is full. One reading of a queue may only be requests the
+	// scheduler admits at its next step (a ramp), and a batch size learned
+	// from that would cap the worker below what it runs.
+	queued := r.Waiting > 0 && r.Running > 0
+	l.full = l.full || (queued && l.have && l.prev.Waiting > 0 && l.prev.Running == r.Running)
 	if l.have && r.Tokens >= l.prev.Tokens && l.prev.Tokens >= 0 && r.At.After(l.prev.At) {
 		dt := r.At.Sub(l.prev.At).Seconds()
 		l.winTokens += r.Tokens - l.prev.Tokens
