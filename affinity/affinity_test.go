@@ -205,3 +205,16 @@ func TestCacheConcurrentRecordStaysBounded(t *testing.T) {
 	assert.LessOrEqual(t, c.Len(), 64, "no entry outlives its slot")
 	assert.EqualValues(t, 32*500, c.Hits()+c.Misses())
 }
+
+func BenchmarkTableGet(b *testing.B) {
+	tbl := NewTable(Options{TTL: time.Minute, MaxSessions: 20000})
+	for i := 0; i < 10000; i++ {
+		tbl.Put(fmt.Appendf(nil, "session-%d", i), Pin{Worker: uint64(i%64 + 1)})
+	}
+	id := []byte("0b7c1c3e-6f1a-4d43-9a57-3c2f0e1d5b9a")
+	tbl.Put(id, Pin{Worker: 42, Rank: 1})
+	b.ReportAllocs()
+	for b.Loop() {
+		tbl.Get(id)
+	}
+}

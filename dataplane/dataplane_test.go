@@ -105,7 +105,7 @@ func TestDrainedWorkerIsKeptWhileBusy(t *testing.T) {
 	reg := newFleet(t, 2)
 	sel := newSelector(t, reg, pickers.ModeDirect, 0)
 	var res Reservation
-	require.NoError(t, sel.Select(&Request{WorkerID: 2, HasWorker: true}, &res))
+	require.NoError(t, sel.Select(&Request{WorkerID: 2}, &res))
 	require.NoError(t, reg.Drain(2))
 	assert.Empty(t, workerIDs(reg.SweepDrained()), "in-flight request keeps the worker")
 	assert.True(t, res.Release())
@@ -178,16 +178,16 @@ func TestDirectMode(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 	assert.ErrorContains(t, err, "x-worker-id")
 
-	require.NoError(t, sel.Select(&Request{WorkerID: 2, HasWorker: true}, &res))
+	require.NoError(t, sel.Select(&Request{WorkerID: 2}, &res))
 	assert.EqualValues(t, 2, res.Worker().ID())
 	res.Release()
 
-	err = sel.Select(&Request{WorkerID: 9, HasWorker: true}, &res)
+	err = sel.Select(&Request{WorkerID: 9}, &res)
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 	assert.ErrorContains(t, err, "unknown worker id 9")
 
 	reg.SetHealthy(3, false)
-	err = sel.Select(&Request{WorkerID: 3, HasWorker: true}, &res)
+	err = sel.Select(&Request{WorkerID: 3}, &res)
 	assert.ErrorIs(t, err, ErrNoEndpoints)
 	assert.ErrorContains(t, err, "not routable")
 	assertIdle(t, reg)
@@ -209,10 +209,10 @@ func TestDPRank(t *testing.T) {
 	}
 	assert.Equal(t, []int{0, 1, 2, 0, 1, 2}, ranks, "ranks rotate within the worker")
 
-	require.NoError(t, sel.Select(&Request{WorkerID: 1, HasWorker: true, DPRank: 2, HasDPRank: true}, &res))
+	require.NoError(t, sel.Select(&Request{WorkerID: 1, DPRank: 2, HasDPRank: true}, &res))
 	assert.Equal(t, 2, res.Rank())
 	res.Release()
-	err = sel.Select(&Request{WorkerID: 1, HasWorker: true, DPRank: 3, HasDPRank: true}, &res)
+	err = sel.Select(&Request{WorkerID: 1, DPRank: 3, HasDPRank: true}, &res)
 	assert.ErrorContains(t, err, "dp rank 3 is outside 0..2")
 	assertIdle(t, reg)
 }
@@ -236,7 +236,7 @@ func TestRetryNeverRepeatsAWorker(t *testing.T) {
 	assertIdle(t, reg)
 
 	// A request bound to its worker cannot move.
-	req = Request{WorkerID: 1, HasWorker: true}
+	req = Request{WorkerID: 1}
 	require.NoError(t, sel.Select(&req, &res))
 	assert.ErrorContains(t, sel.Retry(&req, &res), "bound to it")
 	assertIdle(t, reg)
@@ -265,14 +265,14 @@ func TestPoolAndPrefer(t *testing.T) {
 		res[i].Release()
 	}
 	for k := 0; k < 20; k++ {
-		require.NoError(t, sel.Select(&Request{PreferID: 5, HasPrefer: true}, &extra))
+		require.NoError(t, sel.Select(&Request{preferID: 5}, &extra))
 		assert.EqualValues(t, 5, extra.Worker().ID())
 		extra.Release()
 	}
 	// A busy preferred worker yields to another.
 	var hold Reservation
-	require.NoError(t, sel.Select(&Request{WorkerID: 5, HasWorker: true}, &hold))
-	require.NoError(t, sel.Select(&Request{PreferID: 5, HasPrefer: true}, &extra))
+	require.NoError(t, sel.Select(&Request{WorkerID: 5}, &hold))
+	require.NoError(t, sel.Select(&Request{preferID: 5}, &extra))
 	assert.NotEqualValues(t, 5, extra.Worker().ID())
 	extra.Release()
 	hold.Release()
@@ -478,14 +478,19 @@ func TestSnapshotIndexMatchesBinarySearch(t *testing.T) {
 
 // TestResetClearsEveryExportedField guards Reset's field-by-field clearing:
 // a field added to Request and forgotten there fails here.
-func TestResetClearsEveryExportedField(t *testing.T) {
+// Reset clears every field of a Request but the exclusions (Attempts says
+// they are gone) and the scratch space; byte and key buffers keep their
+// capacity.
+func TestResetClearsEveryField(t *testing.T) {
 	var r Request
 	v := reflect.ValueOf(&r).Elem()
+	kept := map[string]bool{"exclude": true, "nExclude": true, "scratch": true}
 	for i := 0; i < v.NumField(); i++ {
-		f := v.Field(i)
-		if !v.Type().Field(i).IsExported() {
+		name := v.Type().Field(i).Name
+		if kept[name] {
 			continue
 		}
+		f := reflect.NewAt(v.Field(i).Type(), v.Field(i).Addr().UnsafePointer()).Elem()
 		switch f.Kind() {
 		case reflect.Bool:
 			f.SetBool(true)
@@ -495,15 +500,23 @@ func TestResetClearsEveryExportedField(t *testing.T) {
 			f.SetUint(2)
 		case reflect.Pointer:
 			f.Set(reflect.New(f.Type().Elem()))
+		case reflect.Slice:
+			f.Set(reflect.MakeSlice(f.Type(), 2, 8))
 		default:
-			t.Fatalf("field %s: kind %v not covered by this test", v.Type().Field(i).Name, f.Kind())
+			t.Fatalf("field %s: kind %v not covered by this test", name, f.Kind())
 		}
 	}
 	r.nExclude = 2
 	r.Reset()
 	for i := 0; i < v.NumField(); i++ {
-		if v.Type().Field(i).IsExported() {
-			assert.True(t, v.Field(i).IsZero(), "Reset leaves %s set", v.Type().Field(i).Name)
+		name := v.Type().Field(i).Name
+		switch f := v.Field(i); {
+		case kept[name]:
+		case f.Kind() == reflect.Slice:
+			assert.Zero(t, f.Len(), "Reset leaves %s filled", name)
+			assert.Equal(t, 8, f.Cap(), "Reset drops the buffer of %s", name)
+		default:
+			assert.True(t, f.IsZero(), "Reset leaves %s set", name)
 		}
 	}
 	assert.Zero(t, r.Attempts())
@@ -547,7 +560,7 @@ func TestPhasesPickFromTheirPools(t *testing.T) {
 		held[i].Release()
 	}
 
-	named := Request{WorkerID: 3, HasWorker: true, Phase: PhasePrefill}
+	named := Request{WorkerID: 3, Phase: PhasePrefill}
 	var res Reservation
 	assert.ErrorContains(t, sel.Select(&named, &res), "worker 3 has role decode and does not serve the prefill phase")
 	require.NoError(t, reg.Drain(3))

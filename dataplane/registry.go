@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/puzpuzpuz/xsync/v3"
 )
@@ -77,13 +78,6 @@ func (c *candidates) index(id uint64) int {
 // contains reports whether id is among the candidate ids.
 func (c *candidates) contains(id uint64) bool { return c.index(id) >= 0 }
 
-// Grouper names the groups a worker belongs to: the LoRA adapters it holds,
-// each name once. The registry asks it at every publication, off the request
-// path.
-type Grouper interface {
-	Groups(w *Worker) []string
-}
-
 // groupLoad is a group's requests in flight; it outlives snapshots.
 type groupLoad struct {
 	_ [64]byte
@@ -107,8 +101,8 @@ func (g *Group) Inflight() int64 { return g.load.n.Load() }
 
 // Snapshot is an immutable view of the routable workers sorted by id,
 // published through an atomic pointer so readers never lock. It also holds
-// the groups (LoRA adapters) of all registered workers and the base models
-// they advertise.
+// the catalog of the adapters and base models of all registered workers,
+// and one group per adapter.
 type Snapshot struct {
 	candidates
 	// gpus and cpus split the routable workers by device when both kinds
@@ -117,8 +111,8 @@ type Snapshot struct {
 	// prefill and decode are the pools of a disaggregated request: the
 	// workers whose role serves the phase.
 	prefill, decode candidates
-	groups          map[string]*Group
-	models          map[string]struct{}
+	catalog         lora.Catalog
+	groups          []*Group // by adapter number in the catalog
 }
 
 // pool returns the candidates of a phase.
@@ -132,20 +126,20 @@ func (s *Snapshot) pool(p Phase) *candidates {
 	return &s.candidates
 }
 
-// Group returns the named group, or nil. The lookup does not allocate.
-func (s *Snapshot) Group(name []byte) *Group { return s.groups[string(name)] }
-
-// Groups returns the groups by name (do not modify).
-func (s *Snapshot) Groups() map[string]*Group { return s.groups }
-
-// HasModel reports whether some registered worker advertises the base model.
-func (s *Snapshot) HasModel(name []byte) bool {
-	_, ok := s.models[string(name)]
-	return ok
+// Group returns the named adapter's group, or nil. The lookup does not
+// allocate.
+func (s *Snapshot) Group(name []byte) *Group {
+	if i, ok := s.catalog.Adapter(name); ok {
+		return s.groups[i]
+	}
+	return nil
 }
 
-// ListsModels reports whether any worker has listed its base models.
-func (s *Snapshot) ListsModels() bool { return len(s.models) > 0 }
+// Groups returns every adapter's group (do not modify).
+func (s *Snapshot) Groups() []*Group { return s.groups }
+
+// Catalog returns the adapters and base models of the registered workers.
+func (s *Snapshot) Catalog() *lora.Catalog { return &s.catalog }
 
 // Has reports whether worker id is routable in the snapshot.
 func (s *Snapshot) Has(id uint64) bool { return s.index(id) >= 0 }
@@ -164,7 +158,6 @@ type Registry struct {
 	workers *xsync.MapOf[uint64, *Worker]
 	snap    atomic.Pointer[Snapshot]
 	subs    atomic.Pointer[[]func(*Worker, Change)] // copied on Subscribe
-	grouper Grouper                                 // guarded by mu
 	loads   *xsync.MapOf[string, *groupLoad]        // per-group in-flight, across snapshots
 	eject   atomic.Pointer[EjectPolicy]
 	ejected atomic.Uint64 // ejections since start
@@ -234,14 +227,6 @@ func (r *Registry) Run(ctx context.Context, every time.Duration) {
 	}
 }
 
-// SetGrouper sets what names each worker's groups and republishes.
-func (r *Registry) SetGrouper(g Grouper) {
-	r.mu.Lock()
-	r.grouper = g
-	r.publishLocked()
-	r.mu.Unlock()
-}
-
 // Snapshot returns the current routable view. It never blocks.
 func (r *Registry) Snapshot() *Snapshot { return r.snap.Load() }
 
@@ -309,6 +294,7 @@ func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 	w := newWorker(spec)
 	w.healthy.Store(old.Healthy())
 	w.adv.Store(old.adv.Load())
+	w.declared.Store(old.declared.Load())
 	r.workers.Store(spec.ID, w)
 	r.publishLocked()
 	r.mu.Unlock()
@@ -436,6 +422,25 @@ func (r *Registry) SweepDrained() []*Worker {
 	return removed
 }
 
+// SetAdapters replaces the adapters declared for worker id (admin API; the
+// spec's until then) and republishes, so new requests see the change at
+// once.
+func (r *Registry) SetAdapters(id uint64, adapters []string) error {
+	w, ok := r.workers.Load(id)
+	if !ok {
+		return Errorf(NotFound, "unknown worker id %d", id)
+	}
+	for i, a := range adapters {
+		if a == "" {
+			return Errorf(InvalidArgument, "loras[%d]: empty adapter name", i)
+		}
+	}
+	declared := slices.Clone(adapters)
+	w.declared.Store(&declared)
+	r.Republish()
+	return nil
+}
+
 // SetHealthy records a health verdict and republishes on a change.
 func (r *Registry) SetHealthy(id uint64, healthy bool) {
 	w, ok := r.workers.Load(id)
@@ -469,7 +474,7 @@ func (r *Registry) GroupLoads(fn func(name string, inflight int64)) {
 
 func (r *Registry) publishLocked() {
 	all := r.All()
-	s := &Snapshot{groups: map[string]*Group{}, models: map[string]struct{}{}}
+	s := &Snapshot{}
 	for _, w := range all {
 		routable := w.Routable()
 		if routable {
@@ -487,20 +492,16 @@ func (r *Registry) publishLocked() {
 			}
 		}
 		for _, m := range w.Advertised().Models {
-			s.models[m] = struct{}{}
+			s.catalog.AddModel(m)
 		}
-		if r.grouper == nil {
-			continue
-		}
-		for _, name := range r.grouper.Groups(w) {
-			g := s.groups[name]
-			if g == nil {
+		for _, name := range w.Adapters() {
+			i := s.catalog.AddAdapter(name)
+			if i == len(s.groups) {
 				load, _ := r.loads.LoadOrCompute(name, func() *groupLoad { return &groupLoad{} })
-				g = &Group{name: name, load: load}
-				s.groups[name] = g
+				s.groups = append(s.groups, &Group{name: name, load: load})
 			}
 			if routable {
-				g.add(w)
+				s.groups[i].add(w)
 			}
 		}
 	}

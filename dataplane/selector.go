@@ -10,28 +10,40 @@ import (
 // MaxAttempts bounds the workers one request may try: the first plus retries.
 const MaxAttempts = 8
 
-// Request is what selection needs to know about one request. The zero value
-// asks for any worker; it is reused across requests through Reset.
+// Request is what selection needs to know about one request: what the
+// client sent that routes it, and what routing made of that. The zero value
+// asks for any worker; it is reused across requests through Reset, and its
+// byte fields keep their capacity, so the front end fills them with append.
 type Request struct {
-	// WorkerID names the worker when HasWorker is set (direct mode, hard
-	// session pin): that worker or an error, never another.
-	WorkerID  uint64
-	HasWorker bool
-	// PreferID names a worker to take while it is free (soft pin, cache
-	// hit); PreferRank is its rank when HasPreferRank (a soft pin's).
-	PreferID      uint64
-	HasPrefer     bool
-	PreferRank    int
-	HasPreferRank bool
+	// Model is the body's model field: an adapter's name routes the
+	// request to the workers holding the adapter.
+	Model []byte
+	// Session is the request's session id (ignored while session affinity
+	// is off): its pin, else the worker its id hashes to.
+	Session []byte
+	// CacheKeys are the keys of an embedding request's inputs: the worker
+	// that served most of them is preferred.
+	CacheKeys []uint64
+	// WorkerID names the worker (direct mode, a named phase worker; routing
+	// sets it for a hard session pin): that worker or an error, never
+	// another. 0: none.
+	WorkerID uint64
 	// DPRank pins the data-parallel rank when HasDPRank is set.
 	DPRank    int
 	HasDPRank bool
-	// Group restricts the candidates to its members (the workers holding
-	// a LoRA adapter) and counts the request in the group's load; nil: all.
-	Group *Group
 	// Phase picks from the pool of that phase (disaggregation) with its
 	// picker; PhaseAny: every worker.
 	Phase Phase
+
+	// What routing decided (route): a worker to take while it is free (a
+	// soft pin, a cache hit, a rendezvous placement; 0: none) and the
+	// pinned rank there; the adapter group the candidates are restricted
+	// to (nil: all); a hard session pin.
+	preferID      uint64
+	preferRank    int
+	hasPreferRank bool
+	group         *Group
+	hard          bool
 
 	exclude  [MaxAttempts]uint64
 	nExclude int
@@ -45,10 +57,10 @@ type Request struct {
 // a pinned selection. The exclusions and the scratch space need no clearing
 // (nExclude bounds the first, selectFiltered resets the second).
 func (r *Request) Reset() {
-	r.WorkerID, r.HasWorker = 0, false
-	r.PreferID, r.HasPrefer, r.PreferRank, r.HasPreferRank = 0, false, 0, false
-	r.DPRank, r.HasDPRank = 0, false
-	r.Group, r.Phase = nil, PhaseAny
+	r.Model, r.Session, r.CacheKeys = r.Model[:0], r.Session[:0], r.CacheKeys[:0]
+	r.WorkerID, r.DPRank, r.HasDPRank, r.Phase = 0, 0, false, PhaseAny
+	r.preferID, r.preferRank, r.hasPreferRank = 0, 0, false
+	r.group, r.hard = nil, false
 	r.nExclude = 0
 }
 
@@ -64,11 +76,12 @@ func (r *Request) excluded(id uint64) bool {
 	return false
 }
 
-// Selector picks and reserves workers: the allocation-free, lock-free core of
-// the request path.
+// Selector routes, picks and reserves workers: the allocation-free,
+// lock-free core of the request path.
 type Selector struct {
-	reg    *Registry
-	policy atomic.Pointer[policy] // swapped whole by SetPolicy (config reload)
+	reg     *Registry
+	policy  atomic.Pointer[policy] // swapped whole by SetPolicy (config reload)
+	routing atomic.Pointer[Routing]
 }
 
 // policy is how the selector picks; one request reads one policy throughout.
@@ -90,9 +103,11 @@ type phasePolicy struct {
 
 // NewSelector returns a selector over reg. busyThreshold caps the requests in
 // flight per worker (0 = no cap). The CPU overflow rule is off until
-// SetPolicy sets a ratio.
+// SetPolicy sets a ratio; routing resolves LoRA adapters and nothing more
+// until SetRouting says otherwise.
 func NewSelector(reg *Registry, mode pickers.Mode, busyThreshold int) (*Selector, error) {
 	s := &Selector{reg: reg}
+	s.routing.Store(&Routing{})
 	return s, s.SetPolicy(mode, busyThreshold, 0)
 }
 
@@ -201,21 +216,25 @@ func (p *policy) limit(w *Worker) int64 {
 // Registry returns the registry the selector reads.
 func (s *Selector) Registry() *Registry { return s.reg }
 
-// Select picks a worker for req and reserves one slot on it in res, from
-// the registry's current snapshot.
+// Select routes req (LoRA adapter, session pin, embedding cache) and
+// reserves one slot on the worker it picks in res, all on the registry's
+// current snapshot, so one request sees one view of the workers.
 func (s *Selector) Select(req *Request, res *Reservation) error {
-	return s.SelectIn(s.reg.Snapshot(), req, res)
+	snap := s.reg.Snapshot()
+	rt := s.routing.Load()
+	if err := s.route(rt, snap, req); err != nil {
+		return err
+	}
+	return s.pinFailed(rt, req, s.pick(snap, req, res))
 }
 
-// SelectIn is Select on a snapshot the caller already holds, so that one
-// request sees one view of the workers from its routing (LoRA groups,
-// rendezvous placement) to its pick.
-func (s *Selector) SelectIn(snap *Snapshot, req *Request, res *Reservation) error {
+// pick reserves a worker for a routed request on snap.
+func (s *Selector) pick(snap *Snapshot, req *Request, res *Reservation) error {
 	if snap.Len() == 0 {
 		return ErrNoEndpoints
 	}
 	p := s.policy.Load()
-	if req.HasWorker {
+	if req.WorkerID != 0 {
 		return s.selectNamed(p, snap, req, res)
 	}
 	if p.picker == nil {
@@ -225,28 +244,28 @@ func (s *Selector) SelectIn(snap *Snapshot, req *Request, res *Reservation) erro
 	if base.Len() == 0 {
 		return Errorf(NoEndpoints, "no routable worker serves the %s phase", req.Phase)
 	}
-	if g := req.Group; g != nil {
+	if g := req.group; g != nil {
 		if g.Len() == 0 {
 			return Errorf(NoEndpoints, "no routable worker holds adapter %q", g.name)
 		}
 		base = &g.candidates
 	}
-	if req.HasPrefer {
-		if i := snap.index(req.PreferID); i >= 0 {
+	if req.preferID != 0 {
+		if i := snap.index(req.preferID); i >= 0 {
 			w := snap.workers[i]
-			inGroup := req.Group == nil || req.Group.contains(w.spec.ID)
+			inGroup := req.group == nil || req.group.contains(w.spec.ID)
 			if inGroup && s.admits(req, w) && w.tryAcquire(p.limit(w)) {
-				return s.holdRank(req, w, res, req.PreferRank, req.HasPreferRank)
+				return s.holdRank(req, w, res, req.preferRank, req.hasPreferRank)
 			}
 		}
 	}
 	pp := &p.phases[req.Phase]
-	if req.nExclude == 0 && (req.Group == nil || req.Phase == PhaseAny) {
+	if req.nExclude == 0 && (req.group == nil || req.Phase == PhaseAny) {
 		// Fast path: pick over the whole set (or the device group the CPU
 		// overflow rule names). A busy pick means the policy saw no better
 		// free worker, or raced; the filtered path decides.
 		set, picker := base, pp.picker
-		if req.Group == nil && req.Phase == PhaseAny {
+		if req.group == nil && req.Phase == PhaseAny {
 			if g, gp := p.overflow(snap); g != nil {
 				set, picker = g, gp
 			}
@@ -260,17 +279,18 @@ func (s *Selector) SelectIn(snap *Snapshot, req *Request, res *Reservation) erro
 }
 
 // Retry releases res and reserves another worker, never one this request
-// already tried. A request bound to a named worker cannot move.
+// already tried, as routing first decided (it is not routed again). A
+// request bound to a named worker cannot move.
 func (s *Selector) Retry(req *Request, res *Reservation) error {
 	if w := res.Worker(); w != nil && req.nExclude < MaxAttempts {
 		req.exclude[req.nExclude] = w.ID()
 		req.nExclude++
 	}
 	res.Release()
-	if req.HasWorker {
+	if req.WorkerID != 0 {
 		return Errorf(NoEndpoints, "worker %d failed and the request is bound to it", req.WorkerID)
 	}
-	return s.Select(req, res)
+	return s.pick(s.reg.Snapshot(), req, res)
 }
 
 func (s *Selector) admits(req *Request, w *Worker) bool {
@@ -287,7 +307,7 @@ func (s *Selector) holdRank(req *Request, w *Worker, res *Reservation, rank int,
 	if !pinned || rank < 0 || rank >= w.spec.DPSize {
 		rank = w.nextRank()
 	}
-	res.hold(w, req.Group, rank)
+	res.hold(w, req.group, rank)
 	return nil
 }
 
@@ -306,7 +326,7 @@ func (s *Selector) selectNamed(p *policy, snap *Snapshot, req *Request, res *Res
 	if req.HasDPRank && (req.DPRank < 0 || req.DPRank >= w.spec.DPSize) {
 		return Errorf(InvalidArgument, "dp rank %d is outside 0..%d of worker %d", req.DPRank, w.spec.DPSize-1, w.spec.ID)
 	}
-	if g := req.Group; g != nil && !g.contains(w.spec.ID) {
+	if g := req.group; g != nil && !g.contains(w.spec.ID) {
 		return Errorf(InvalidArgument, "worker %d does not hold adapter %q", req.WorkerID, g.name)
 	}
 	if !w.spec.Role.serves(req.Phase) {
@@ -337,8 +357,8 @@ func (s *Selector) selectFiltered(p *policy, pp *phasePolicy, base *candidates, 
 			return ErrNoEndpoints
 		}
 		if len(c.ids) == 0 {
-			if req.Group != nil {
-				return Errorf(ResourceExhausted, "every worker holding adapter %q is busy", req.Group.name)
+			if req.group != nil {
+				return Errorf(ResourceExhausted, "every worker holding adapter %q is busy", req.group.name)
 			}
 			return ErrResourceExhausted
 		}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/telemetry/engine"
 )
 
@@ -180,6 +181,7 @@ type Worker struct {
 	weight   atomic.Uint64 // float64 bits of the telemetry weight
 	dpNext   atomic.Uint64
 	adv      atomic.Pointer[Advertised] // what its /v1/models lists
+	declared atomic.Pointer[[]string]   // adapters set through the admin API; nil: the spec's
 	engine   atomic.Pointer[engine.Stats]
 	// Passive health (outlier ejection), written as answers end.
 	failStreak   atomic.Int32 // consecutive 5xx or transport failures
@@ -277,14 +279,36 @@ func (w *Worker) Engine() *engine.Stats { return w.engine.Load() }
 
 // SetEngine stores a copy of the engine's latest Stats (nil: none fresh),
 // stamped with the worker's occupancy now so later dispatches count on top.
-func (w *Worker) SetEngine(st *engine.Stats) {
+// It reports whether the adapters the engine runs changed (the registry
+// must republish for its LoRA groups to follow).
+func (w *Worker) SetEngine(st *engine.Stats) (adaptersChanged bool) {
+	var before []string
+	if old := w.engine.Load(); old != nil {
+		before = old.Adapters
+	}
 	if st == nil {
 		w.engine.Store(nil)
-		return
+		return len(before) > 0
 	}
 	cp := *st
 	cp.Prepare(w.occ.n.Load())
 	w.engine.Store(&cp)
+	return !slices.Equal(before, st.Adapters)
+}
+
+// Adapters returns the LoRA adapters w holds, each once, sorted: those
+// declared for it (the admin API's list, else its spec's), those it lists
+// in /v1/models and those its engine runs.
+func (w *Worker) Adapters() []string {
+	declared := w.spec.LoRAs
+	if d := w.declared.Load(); d != nil {
+		declared = *d
+	}
+	var running []string
+	if st := w.engine.Load(); st != nil {
+		running = st.Adapters
+	}
+	return lora.Held(declared, w.Advertised().Adapters, running)
 }
 
 // nextRank returns the data-parallel rank for a request that names none.

@@ -10,7 +10,6 @@ import (
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/frontend"
-	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/valyala/fasthttp"
 )
@@ -128,7 +127,7 @@ func FuzzSelectSequence(f *testing.F) {
 			case 0, 1: // select
 				req.Reset()
 				if op%16 == 1 {
-					req.WorkerID, req.HasWorker = id, true
+					req.WorkerID = id
 				}
 				res := new(dataplane.Reservation)
 				if err := sel.Select(&req, res); err == nil {
@@ -230,10 +229,11 @@ func FuzzRequestParsing(f *testing.F) {
 	})
 }
 
-// FuzzStickySelection drives LoRA-filtered, hard-pinned selection with random
-// residency changes, drains and releases: a LoRA pick always holds the
-// adapter, a hard-pinned request gets its pinned worker or an error (never
-// another worker), and every occupancy and adapter load returns to 0.
+// FuzzStickySelection drives the selector's own routing — LoRA adapters and
+// hard session pins — with random residency changes, drains and releases: a
+// LoRA pick always holds the adapter, a hard-pinned request gets its pinned
+// worker or an error (never another worker), and every occupancy and adapter
+// load returns to 0.
 func FuzzStickySelection(f *testing.F) {
 	f.Add([]byte{0x01, 0x12, 0x23, 0x34, 0x45, 0x56, 0x67, 0x78})
 	f.Add([]byte{0xf0, 0xe1, 0xd2, 0xc3, 0xb4, 0xa5, 0x96, 0x87, 0x00, 0x11})
@@ -253,47 +253,37 @@ func FuzzStickySelection(f *testing.F) {
 				t.Fatal(err)
 			}
 		}
-		res := lora.New(reg)
 		sel, err := dataplane.NewSelector(reg, pickers.ModeP2C, busy)
 		if err != nil {
 			t.Fatal(err)
 		}
 		sessions := affinity.NewTable(affinity.Options{TTL: time.Hour, MaxSessions: 4})
-		reg.Subscribe(func(w *dataplane.Worker, c dataplane.Change) {
-			if c == dataplane.Left {
-				sessions.WorkerLeft(w.ID())
-			}
-		})
+		sel.SetRouting(dataplane.Routing{Sessions: sessions, SessionMode: affinity.Hard, SessionHeader: "x-session-id"})
 		var held []*dataplane.Reservation
 		for _, op := range ops {
 			arg := int(op >> 4)
 			switch op & 0x07 {
 			case 0, 1, 2: // select for adapter arg%adapters under session arg%5
 				name := fmt.Sprintf("a%d", arg%adapters)
-				sid := fmt.Appendf(nil, "s%d", arg%5)
-				req := dataplane.Request{Group: reg.Snapshot().Group([]byte(name))}
-				pin, st := sessions.Get(sid)
-				if st == affinity.Pinned {
-					req.WorkerID, req.HasWorker = pin.Worker, true
+				if reg.Snapshot().Group([]byte(name)) == nil {
+					// Every holder of it was re-declared away: with no base
+					// model listed, the name would count as one.
+					continue
 				}
-				if st == affinity.Lost {
-					sessions.Drop(sid)
-				}
+				req := dataplane.Request{Model: []byte(name), Session: fmt.Appendf(nil, "s%d", arg%5)}
+				pin, st := sessions.Get(req.Session)
 				r := &dataplane.Reservation{}
-				if req.Group == nil {
-					continue // every holder of it was re-declared away
-				}
 				if err := sel.Select(&req, r); err != nil {
 					continue
 				}
 				w := r.Worker()
-				if !slices.Contains(res.Groups(w), name) {
+				if !slices.Contains(w.Adapters(), name) {
 					t.Fatalf("worker %d does not hold %s", w.ID(), name)
 				}
 				if st == affinity.Pinned && w.ID() != pin.Worker {
 					t.Fatalf("hard pin to %d answered by %d", pin.Worker, w.ID())
 				}
-				sessions.Put(sid, affinity.Pin{Worker: w.ID()})
+				sel.Answered(&req, r)
 				held = append(held, r)
 			case 3, 4: // release one
 				if len(held) > 0 {
@@ -304,7 +294,7 @@ func FuzzStickySelection(f *testing.F) {
 			case 5: // re-declare a worker's adapters
 				id := uint64(arg%workers + 1)
 				if _, ok := reg.Get(id); ok {
-					_ = res.Set(id, []string{fmt.Sprintf("a%d", arg%adapters)})
+					_ = reg.SetAdapters(id, []string{fmt.Sprintf("a%d", arg%adapters)})
 				}
 			case 6: // drain a worker
 				_ = reg.Drain(uint64(arg%workers + 1))

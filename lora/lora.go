@@ -1,91 +1,104 @@
-// Package lora tracks LoRA residency (adapter → workers holding it) and maps
-// a request's model onto the adapter's worker group.
+// Package lora holds the rules of LoRA routing, apart from any worker or
+// snapshot type: which adapters a worker holds, and what a request's model
+// names — an adapter of the fleet, a base model, or nothing any worker
+// serves.
 //
-// A worker holds the adapters configured for it (or set later through the
-// admin API, which replaces the configured list), those it lists in its
-// /v1/models answer (entries with a parent model, refreshed with the health
-// checks) and those its engine reports running or waiting
-// (vllm:lora_requests_info, refreshed with the engine metrics). The registry asks the Residency for each worker's adapters when it
-// publishes a snapshot, and builds one candidate group per adapter there, so
-// the request path finds its candidates with one map lookup and picks among
-// them as it would among all workers.
+// A worker holds the adapters declared for it (configured, or set through
+// the admin API, which replaces the configured list), those its /v1/models
+// answer lists (entries with a parent model) and those its engine reports
+// running or waiting (vllm:lora_requests_info). The registry publishes a
+// Catalog with every snapshot and builds one candidate group per adapter
+// beside it, so the request path resolves a model with one map lookup and
+// picks among the adapter's holders as it would among all workers.
 package lora
 
 import (
 	"slices"
 	"strconv"
-
-	"github.com/fastroute/fastroute/dataplane"
-	"github.com/puzpuzpuz/xsync/v3"
 )
 
-// Residency is the adapter → workers map of one registry.
-type Residency struct {
-	reg *dataplane.Registry
-	set *xsync.MapOf[uint64, []string] // admin-set adapters, replacing the configured ones
-}
-
-// New returns the residency of reg and makes reg group workers by adapter.
-func New(reg *dataplane.Registry) *Residency {
-	r := &Residency{reg: reg, set: xsync.NewMapOf[uint64, []string]()}
-	reg.SetGrouper(r)
-	reg.Subscribe(func(w *dataplane.Worker, c dataplane.Change) {
-		if c == dataplane.Removed {
-			r.forget(w)
-		}
-	})
-	return r
-}
-
-// Groups returns the adapters w holds, each once, sorted.
-func (r *Residency) Groups(w *dataplane.Worker) []string {
-	declared, ok := r.set.Load(w.ID())
-	if !ok {
-		declared = w.Spec().LoRAs
-	}
-	out := append(slices.Clone(declared), w.Advertised().Adapters...)
-	if st := w.Engine(); st != nil {
-		out = append(out, st.Adapters...) // running or waiting there (vllm:lora_requests_info)
-	}
+// Held returns the adapters a worker holds, each once, sorted: those
+// declared for it, those it lists and those its engine runs.
+func Held(declared, listed, running []string) []string {
+	out := make([]string, 0, len(declared)+len(listed)+len(running))
+	out = append(append(append(out, declared...), listed...), running...)
 	slices.Sort(out)
 	return slices.Compact(out)
 }
 
-// Set replaces the adapters declared for worker id (admin API) and
-// republishes, so new requests see the change at once.
-func (r *Residency) Set(id uint64, adapters []string) error {
-	if _, ok := r.reg.Get(id); !ok {
-		return dataplane.Errorf(dataplane.NotFound, "unknown worker id %d", id)
-	}
-	for i, a := range adapters {
-		if a == "" {
-			return dataplane.Errorf(dataplane.InvalidArgument, "loras[%d]: empty adapter name", i)
-		}
-	}
-	r.set.Store(id, slices.Clone(adapters))
-	r.reg.Republish()
-	return nil
+// Catalog is what a fleet serves by name: its adapters, numbered in the
+// order they were added (the registry keeps its groups in that order), and
+// its base models. It is built off the request path and only read once
+// published.
+type Catalog struct {
+	adapters map[string]int
+	names    []string
+	models   map[string]struct{}
 }
 
-// forget drops what was declared for a worker that left the registry.
-func (r *Residency) forget(w *dataplane.Worker) { r.set.Delete(w.ID()) }
+// AddAdapter adds an adapter and returns its number (the one it already
+// had when added before).
+func (c *Catalog) AddAdapter(name string) int {
+	if i, ok := c.adapters[name]; ok {
+		return i
+	}
+	if c.adapters == nil {
+		c.adapters = map[string]int{}
+	}
+	c.adapters[name] = len(c.names)
+	c.names = append(c.names, name)
+	return len(c.names) - 1
+}
 
-// Resolve maps a request's model onto its adapter group. It returns nil and
-// no error when the model names no adapter: empty, a base model some worker
-// lists, or any name while no worker has listed its base models yet
-// (configured adapters alone do not tell which base models exist). A model no
-// worker lists as a base model or adapter is a NotFound error naming it.
-// It does not allocate unless it fails.
-func (r *Residency) Resolve(snap *dataplane.Snapshot, model []byte) (*dataplane.Group, error) {
+// AddModel adds a base model some worker lists.
+func (c *Catalog) AddModel(name string) {
+	if c.models == nil {
+		c.models = map[string]struct{}{}
+	}
+	c.models[name] = struct{}{}
+}
+
+// Adapter returns the number of the named adapter. It does not allocate.
+func (c *Catalog) Adapter(name []byte) (int, bool) {
+	i, ok := c.adapters[string(name)]
+	return i, ok
+}
+
+// Adapters returns the adapter names by number (do not modify).
+func (c *Catalog) Adapters() []string { return c.names }
+
+// HasModel reports whether some worker lists the base model.
+func (c *Catalog) HasModel(name []byte) bool {
+	_, ok := c.models[string(name)]
+	return ok
+}
+
+// ListsModels reports whether any worker has listed its base models.
+func (c *Catalog) ListsModels() bool { return len(c.models) > 0 }
+
+// UnknownModelError is a model no worker lists as a base model or holds as
+// an adapter.
+type UnknownModelError struct{ Model string }
+
+func (e *UnknownModelError) Error() string {
+	return "model " + strconv.Quote(e.Model) + " is neither a base model nor a LoRA adapter of any worker"
+}
+
+// Resolve maps a request's model onto the number of its adapter. It
+// returns -1 and no error when the model names no adapter: empty, a base
+// model some worker lists, or any name while no worker has listed its base
+// models yet (declared adapters alone do not tell which base models
+// exist). Any other model is an *UnknownModelError. It does not allocate
+// unless it fails.
+func (c *Catalog) Resolve(model []byte) (int, error) {
 	if len(model) == 0 {
-		return nil, nil
+		return -1, nil
 	}
-	if g := snap.Group(model); g != nil {
-		return g, nil
+	if i, ok := c.Adapter(model); ok {
+		return i, nil
 	}
-	if snap.HasModel(model) || !snap.ListsModels() {
-		return nil, nil
+	if c.HasModel(model) || !c.ListsModels() {
+		return -1, nil
 	}
-	return nil, dataplane.Errorf(dataplane.NotFound,
-		"model %s is neither a base model nor a LoRA adapter of any worker", strconv.Quote(string(model)))
+	return -1, &UnknownModelError{Model: string(model)}
 }

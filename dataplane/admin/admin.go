@@ -34,6 +34,9 @@ type WorkerInfo struct {
 	EjectedForSeconds float64 `json:"ejected_for_seconds,omitempty"`
 	Ejections         int     `json:"ejections"`
 	dataplane.Advertised
+	// ResidentLoRAs is every adapter the worker holds: declared, listed
+	// and run by its engine.
+	ResidentLoRAs []string `json:"resident_loras"`
 }
 
 // Options configures the admin handler.
@@ -46,10 +49,6 @@ type Options struct {
 	Logger        *slog.Logger // admin writes are logged here (default slog.Default)
 	// Describe adds fields to a worker's JSON (telemetry age, say); may be nil.
 	Describe func(w *dataplane.Worker, info map[string]any)
-	// LoRAs lists the adapters a worker holds; SetLoRAs replaces those
-	// declared for it (PUT /workers/{id}/loras). Both may be nil.
-	LoRAs    func(w *dataplane.Worker) []string
-	SetLoRAs func(id uint64, adapters []string) error
 	// Reload reads and applies the config again (POST /config/reload);
 	// may be nil.
 	Reload func() (applied, needRestart []string, err error)
@@ -82,25 +81,15 @@ func routes(o Options) *http.ServeMux {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("GET /workers", func(w http.ResponseWriter, _ *http.Request) {
-		out := []map[string]any{}
-		for _, wk := range o.Registry.All() {
-			info := map[string]any{}
-			until, ejections := wk.Ejected()
-			raw, _ := json.Marshal(WorkerInfo{
-				WorkerSpec: *wk.Spec(), Healthy: wk.Healthy(), Draining: wk.Draining(),
-				Occupancy: wk.Occupancy(), Served: wk.Served(), Weight: wk.Weight(), Advertised: wk.Advertised(),
-				Ejected: !until.IsZero(), EjectedForSeconds: max(time.Until(until).Seconds(), 0), Ejections: ejections,
-			})
-			_ = json.Unmarshal(raw, &info)
-			if o.LoRAs != nil {
-				info["resident_loras"] = o.LoRAs(wk)
+		out := []byte{'['}
+		for i, wk := range o.Registry.All() {
+			if i > 0 {
+				out = append(out, ',')
 			}
-			if o.Describe != nil {
-				o.Describe(wk, info)
-			}
-			out = append(out, info)
+			out = append(out, o.workerJSON(wk)...)
 		}
-		writeJSON(w, http.StatusOK, out)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(append(out, "]\n"...))
 	})
 	mux.HandleFunc("POST /workers", func(w http.ResponseWriter, r *http.Request) {
 		var spec dataplane.WorkerSpec
@@ -130,10 +119,6 @@ func routes(o Options) *http.ServeMux {
 		if !ok {
 			return
 		}
-		if o.SetLoRAs == nil {
-			writeError(w, http.StatusNotImplemented, "LoRA residency is not tracked")
-			return
-		}
 		var body struct {
 			LoRAs []string `json:"loras"`
 		}
@@ -143,7 +128,7 @@ func routes(o Options) *http.ServeMux {
 			writeError(w, http.StatusBadRequest, `want {"loras":["adapter",...]}`)
 			return
 		}
-		if err := o.SetLoRAs(id, body.LoRAs); err != nil {
+		if err := o.Registry.SetAdapters(id, body.LoRAs); err != nil {
 			status := http.StatusBadRequest
 			if errors.Is(err, dataplane.ErrNotFound) {
 				status = http.StatusNotFound
@@ -246,6 +231,28 @@ func (o Options) logWrites(h http.Handler) http.Handler {
 		h.ServeHTTP(sw, r)
 		o.Logger.Info("admin write", "method", r.Method, "path", r.URL.Path, "status", sw.status, "remote", r.RemoteAddr)
 	})
+}
+
+// workerJSON is one worker of GET /workers: its WorkerInfo and the fields
+// Describe adds, one object, each part marshalled once.
+func (o Options) workerJSON(wk *dataplane.Worker) []byte {
+	until, ejections := wk.Ejected()
+	b, _ := json.Marshal(WorkerInfo{
+		WorkerSpec: *wk.Spec(), Healthy: wk.Healthy(), Draining: wk.Draining(),
+		Occupancy: wk.Occupancy(), Served: wk.Served(), Weight: wk.Weight(), Advertised: wk.Advertised(),
+		Ejected: !until.IsZero(), EjectedForSeconds: max(time.Until(until).Seconds(), 0), Ejections: ejections,
+		ResidentLoRAs: wk.Adapters(),
+	})
+	if o.Describe == nil {
+		return b
+	}
+	extra := map[string]any{}
+	o.Describe(wk, extra)
+	if len(extra) == 0 {
+		return b
+	}
+	e, _ := json.Marshal(extra)
+	return append(append(b[:len(b)-1], ','), e[1:]...)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -4,13 +4,11 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"strconv"
 	"time"
 
-	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/disagg"
 	"github.com/valyala/fasthttp"
@@ -32,9 +30,6 @@ type Disagg struct {
 	// MinPrefillTokens sends prompts shorter than this (estimated at 4
 	// body bytes a token) whole to a decode worker.
 	MinPrefillTokens int
-	// FallbackAggregated sends a request whole to a decode worker while no
-	// prefill worker is routable (counted); false answers 503.
-	FallbackAggregated bool
 }
 
 // Request headers of disaggregation.
@@ -66,10 +61,10 @@ func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
 		if err != nil || id == 0 {
 			return fmt.Errorf("header %s: %q is not a positive integer worker id", headerDecodeWorker, v)
 		}
-		if ex.req.HasWorker && ex.req.WorkerID != uint64(id) {
+		if ex.req.WorkerID != 0 && ex.req.WorkerID != uint64(id) {
 			return fmt.Errorf("headers %s and %s name different workers", headerWorkerID, headerDecodeWorker)
 		}
-		ex.req.WorkerID, ex.req.HasWorker = uint64(id), true
+		ex.req.WorkerID = uint64(id)
 	}
 	ex.preReq.Reset()
 	ex.preReq.Phase = dataplane.PhasePrefill
@@ -78,59 +73,23 @@ func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
 		if err != nil || id == 0 {
 			return fmt.Errorf("header %s: %q is not a positive integer worker id", headerPrefillWorker, v)
 		}
-		ex.preReq.WorkerID, ex.preReq.HasWorker = uint64(id), true
+		ex.preReq.WorkerID = uint64(id)
 	}
 	generation := ex.rt == routeChat || ex.rt == routeCompletions
-	ex.split = generation && (bodyLen/4 >= d.MinPrefillTokens || ex.preReq.HasWorker)
+	ex.split = generation && (bodyLen/4 >= d.MinPrefillTokens || ex.preReq.WorkerID != 0)
 	return nil
 }
 
-// selectPrefill reserves the prefill worker of a split request, after its
-// decode worker, among those holding its LoRA adapter if it names one.
-// With no such prefill worker routable the request runs whole on its
-// decode worker (fallback aggregated, counted) or fails; on an error the
-// decode reservation is released.
-func (ex *exchange) selectPrefill(snap *dataplane.Snapshot) error {
-	ex.preReq.Group = ex.req.Group // a LoRA adapter's prefill runs where the adapter is too
-	ex.routePrefill(snap)
-	err := ex.s.sel.SelectIn(snap, &ex.preReq, &ex.preRes)
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, dataplane.ErrNoEndpoints) && !ex.preReq.HasWorker && ex.s.opts.Disagg.FallbackAggregated {
+// selectSplit reserves both workers of a split request; while no prefill
+// worker is routable it runs whole on its decode worker (fallback
+// aggregated, counted) or fails.
+func (ex *exchange) selectSplit() error {
+	split, err := ex.s.sel.SelectSplit(&ex.req, &ex.preReq, &ex.res, &ex.preRes)
+	if err == nil && !split {
 		ex.split = false
 		ex.s.metrics.disaggFallbacks.Inc()
-		return nil
 	}
-	ex.res.Release()
 	return err
-}
-
-// prefillPin marks a session's prefill pin in the session table, apart
-// from its decode (or whole-request) pin.
-const prefillPin = "\x00prefill"
-
-// routePrefill prefers the prefill worker of the session's earlier
-// requests. The prefill pin is soft in both affinity modes: a prefill
-// worker holds no state the decode needs, only a prefix cache worth
-// reusing.
-func (ex *exchange) routePrefill(snap *dataplane.Snapshot) {
-	if len(ex.session) == 0 || ex.preReq.HasWorker {
-		return
-	}
-	ex.preKey = append(append(ex.preKey[:0], ex.session...), prefillPin...)
-	if pin, st := ex.s.opts.Affinity.Get(ex.preKey); st == affinity.Pinned {
-		ex.preReq.PreferID, ex.preReq.HasPrefer = pin.Worker, true
-	} else if id, ok := snap.Rendezvous(affinity.Key(ex.preKey), dataplane.PhasePrefill, ex.preReq.Group); ok {
-		ex.preReq.PreferID, ex.preReq.HasPrefer = id, true
-	}
-}
-
-// prefillServed pins the session's prefill to the worker that answered.
-func (ex *exchange) prefillServed(w *dataplane.Worker) {
-	if len(ex.session) > 0 {
-		ex.s.opts.Affinity.Put(ex.preKey, affinity.Pin{Worker: w.ID(), Rank: ex.preRes.Rank()})
-	}
 }
 
 // prefill runs the prefill leg of a split request before its decode leg
@@ -228,7 +187,7 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 			fmt.Sprintf("prefill worker %d: %v (is it a vLLM engine with a KV connector?)", w.ID(), err), outcomeUpstreamError)
 	}
 	s.metrics.phases[phasePrefill][outcomeOK].Inc()
-	ex.prefillServed(w)
+	ex.s.sel.Answered(&ex.preReq, &ex.preRes)
 	return true
 }
 
@@ -274,7 +233,7 @@ func (ex *exchange) bootstrapPrefill(w *dataplane.Worker) {
 	if err == nil {
 		s.reportAnswer(w, true)
 		s.metrics.phases[phasePrefill][outcomeOK].Inc()
-		ex.prefillServed(w)
+		ex.s.sel.Answered(&ex.preReq, &ex.preRes)
 		return
 	}
 	if ex.stop.Load() == stopHungUp {

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/hangup"
 	"github.com/valyala/fasthttp"
@@ -49,20 +50,15 @@ type exchange struct {
 	body      []byte        // the body sent to the decode worker; nil: the client's
 	preAnswer []byte        // the prefill answer
 	reqID     []byte        // X-Request-Id of both legs
-	preKey    []byte        // the session's prefill pin key
 	preDone   chan struct{} // closed when an SGLang prefill leg ends; nil: none running
 	preErr    error         // why an SGLang prefill leg failed (read after preDone)
 	stream    bool
 	readErr   error
 	done      bool
 	rankBuf   []byte
-	session   []byte   // session id (affinity on), copied from the header
-	model     []byte   // the body's model field
-	keys      []uint64 // embedding cache keys
-	hard      bool     // bound to its worker by a hard session pin
-	copyBuf   []byte   // reads a buffered answer's body
-	sse       bool     // the answer is an event stream
-	tail      []byte   // the error event still to send after a broken stream
+	copyBuf   []byte // reads a buffered answer's body
+	sse       bool   // the answer is an event stream
+	tail      []byte // the error event still to send after a broken stream
 
 	// Client hang-up while the worker works (watchClient to unwatch).
 	client hangup.Conn   // the client connection, while watched
@@ -81,12 +77,11 @@ type exchange struct {
 func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.rt, ex.start = rt, start
 	ex.req.Reset()
-	ex.stream, ex.readErr, ex.done, ex.hard = false, nil, false, false
+	ex.stream, ex.readErr, ex.done = false, nil, false
 	ex.sse, ex.tail, ex.bodyDone, ex.client = false, nil, false, hangup.Conn{}
 	ex.watch.Store(0)
 	ex.stop.Store(0)
 	ex.split, ex.decoding, ex.body, ex.preDone, ex.preErr = false, false, nil, nil, nil
-	ex.session, ex.model, ex.keys = ex.session[:0], ex.model[:0], ex.keys[:0]
 	ex.picked, ex.status, ex.firstByte, ex.bytes = false, 0, 0, 0
 	if ex.s.access != nil {
 		ex.path = append(ex.path[:0], ctx.Path()...)
@@ -101,14 +96,14 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 		if err != nil || id == 0 {
 			return false, fmt.Errorf("header %s: %q is not a positive integer worker id", headerWorkerID, v)
 		}
-		ex.req.WorkerID, ex.req.HasWorker = uint64(id), true
+		ex.req.WorkerID = uint64(id)
 	}
 	if v := h.Peek(headerDPRank); len(v) > 0 {
 		rank, err := fasthttp.ParseUint(v)
 		if err != nil {
 			return false, fmt.Errorf("header %s: %q is not a non-negative integer", headerDPRank, v)
 		}
-		if !ex.req.HasWorker {
+		if ex.req.WorkerID == 0 {
 			return false, fmt.Errorf("header %s names a rank of the worker that %s names; send both", headerDPRank, headerWorkerID)
 		}
 		ex.req.DPRank, ex.req.HasDPRank = rank, true
@@ -149,7 +144,47 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 		return false, err
 	}
 	ex.stream = v.GetBool("stream")
-	return query, ex.readSticky(h.Peek(ex.s.opts.SessionHeader), v)
+	return query, ex.readRouting(h, v)
+}
+
+// readRouting copies what routes a request into its selection request:
+// the session id, the model (a LoRA adapter, maybe) and the embedding
+// inputs' cache keys, each only when routing uses it. It copies into the
+// request's reused buffers, so it allocates nothing once they have grown.
+func (ex *exchange) readRouting(h *fasthttp.RequestHeader, v *fastjson.Value) error {
+	rt := ex.s.sel.Routing()
+	if rt.WantsSession() {
+		ex.req.Session = append(ex.req.Session[:0], h.Peek(rt.SessionHeader)...)
+	}
+	if m := v.Get("model"); m != nil {
+		b, err := m.StringBytes()
+		if err != nil {
+			return errors.New(`field "model" must be a string`)
+		}
+		ex.req.Model = append(ex.req.Model[:0], b...)
+	}
+	if ex.rt != routeEmbeddings || !rt.WantsCacheKeys() {
+		return nil
+	}
+	in := v.Get("input")
+	if in == nil {
+		return nil
+	}
+	switch in.Type() {
+	case fastjson.TypeString:
+		ex.req.CacheKeys = append(ex.req.CacheKeys, affinity.Key(in.GetStringBytes()))
+	case fastjson.TypeArray:
+		arr, _ := in.Array()
+		for _, e := range arr {
+			if len(ex.req.CacheKeys) == dataplane.MaxCacheKeys {
+				break
+			}
+			if b, err := e.StringBytes(); err == nil { // token-id inputs are not tracked
+				ex.req.CacheKeys = append(ex.req.CacheKeys, affinity.Key(b))
+			}
+		}
+	}
+	return nil
 }
 
 // dispatch sends the request to the reserved worker, moving it to another
@@ -168,7 +203,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 			ex.firstByte = time.Since(t)
 			s.metrics.firstByte.Observe(ex.firstByte)
 			s.reportAnswer(w, ex.resp.StatusCode() < fasthttp.StatusInternalServerError)
-			ex.served()
+			s.sel.Answered(&ex.req, &ex.res)
 			ex.respond(ctx, u, w)
 			return
 		}
@@ -353,13 +388,9 @@ func (ex *exchange) failSplit(ctx *fasthttp.RequestCtx, err error) {
 
 // fail answers a dispatch that got no response from any worker tried.
 func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr error) {
-	if ex.hard {
-		// The documented answer of a hard session whose worker is gone.
-		ex.failedOnPin()
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "no_endpoints", fmt.Sprintf(
-			"session %s is pinned to worker %d, which failed before answering (%s); the pin is dropped and the next request is pinned anew",
-			strconv.Quote(string(ex.session)), worker, transportFailure(err)))
-		ex.status = fasthttp.StatusServiceUnavailable
+	if perr := ex.s.sel.Unanswered(&ex.req, worker, transportFailure(err)); perr != nil {
+		writeSelectError(ctx, perr) // a hard session's pinned worker is gone
+		ex.status = ctx.Response.StatusCode()
 		ex.finish(outcomeUpstreamError)
 		return
 	}

@@ -19,10 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/hangup"
-	"github.com/fastroute/fastroute/lora"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -41,19 +39,6 @@ type Options struct {
 	FirstByteTimeout  time.Duration // a worker's response headers
 	StreamIdleTimeout time.Duration // gap between two reads of a worker's answer
 	Logger            *slog.Logger
-
-	// LoRA maps a request's model onto its adapter's workers; nil: off.
-	LoRA *lora.Residency
-	// PlaceAdapters sends a request for an adapter no routable worker
-	// holds (an unknown model name included) to the worker rendezvous
-	// hashing of its name picks, instead of a 404 or 503.
-	PlaceAdapters bool
-	// Affinity pins sessions named by SessionHeader when AffinityMode is not Off.
-	Affinity      *affinity.Table
-	AffinityMode  affinity.Mode
-	SessionHeader string
-	// EmbedCache steers embedding requests to the worker that served their inputs; nil: off.
-	EmbedCache *affinity.Cache
 	// Routes are extra paths proxied like the OpenAI ones (beyond every
 	// POST under /v1/ and the engines' own routes).
 	Routes []string
@@ -312,13 +297,10 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 		return
 	}
 	t := time.Now()
-	snap := s.reg.Snapshot()
-	if err = ex.route(snap); err == nil {
-		if err = s.sel.SelectIn(snap, &ex.req, &ex.res); err != nil {
-			err = ex.selectFailed(err)
-		} else if ex.split {
-			err = ex.selectPrefill(snap)
-		}
+	if ex.split {
+		err = ex.selectSplit()
+	} else {
+		err = s.sel.Select(&ex.req, &ex.res)
 	}
 	s.metrics.routeTime.Observe(time.Since(t))
 	if err != nil {
@@ -422,8 +404,8 @@ func (s *Server) modelEntries() []modelEntry {
 			add(id, nil)
 		}
 	}
-	for name := range s.reg.Snapshot().Groups() { // adapters set through the admin API
-		add(name, nil)
+	for _, g := range s.reg.Snapshot().Groups() { // adapters set through the admin API
+		add(g.Name(), nil)
 	}
 	out := make([]modelEntry, 0, len(seen))
 	for id, raw := range seen {

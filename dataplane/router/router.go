@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"slices"
 	"sync"
 	"time"
 
@@ -22,7 +21,6 @@ import (
 	"github.com/fastroute/fastroute/dataplane/health"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/discovery"
-	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/telemetry/cpu"
 	"github.com/fastroute/fastroute/telemetry/engine"
 	"github.com/fastroute/fastroute/telemetry/nvml"
@@ -40,7 +38,6 @@ type Router struct {
 	Health   *health.Checker
 	Weights  *weights.Loop   // nil when telemetry is off
 	Engines  *engine.Scraper // nil when telemetry.engine is off
-	LoRA     *lora.Residency
 	Sessions *affinity.Table
 	// EmbedCache is nil when router.embedding_cache_size is 0.
 	EmbedCache *affinity.Cache
@@ -91,12 +88,14 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	aff := cfg.Router.SessionAffinity
 	affMode, _ := affinity.ParseMode(aff.Mode) // Validate checked it
 	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, log: log,
-		LoRA:     lora.New(reg),
 		Sessions: affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions})}
-	reg.Subscribe(func(w *dataplane.Worker, c dataplane.Change) {
-		if c == dataplane.Left {
-			r.Sessions.WorkerLeft(w.ID()) // affinity sits below the registry: it is told here
-		}
+	if n := cfg.Router.EmbeddingCacheSize; n > 0 {
+		r.EmbedCache = affinity.NewCache(n)
+	}
+	sel.SetRouting(dataplane.Routing{
+		Sessions: r.Sessions, SessionMode: affMode, SessionHeader: aff.Header, EmbedCache: r.EmbedCache,
+		PlaceAdapters:   cfg.Router.LoRAPlacement == "rendezvous",
+		PrefillFallback: cfg.Router.Disaggregation.Fallback == config.FallbackAggr,
 	})
 	fo := frontend.Options{
 		Selector: sel, Retries: cfg.Router.Retries,
@@ -104,15 +103,10 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		ReadTimeout: cfg.Limits.ReadTimeout, WriteTimeout: cfg.Limits.WriteTimeout,
 		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
 		FirstByteTimeout: cfg.Limits.FirstByteTimeout, StreamIdleTimeout: cfg.Limits.StreamIdleTimeout, Logger: log,
-		LoRA: r.LoRA, Affinity: r.Sessions, AffinityMode: affMode, SessionHeader: aff.Header, Routes: cfg.Routes,
-		Disagg: disaggOptions(cfg.Router.Disaggregation), PlaceAdapters: cfg.Router.LoRAPlacement == "rendezvous",
+		Routes: cfg.Routes, Disagg: disaggOptions(cfg.Router.Disaggregation),
 	}
 	if cfg.Log.Access != "off" {
 		fo.AccessLog, fo.AccessErrorsOnly = log.With("log", "access"), cfg.Log.Access == "errors"
-	}
-	if n := cfg.Router.EmbeddingCacheSize; n > 0 {
-		r.EmbedCache = affinity.NewCache(n)
-		fo.EmbedCache = r.EmbedCache
 	}
 	r.Frontend = frontend.New(fo)
 	r.Health = health.New(reg, health.Options{
@@ -134,7 +128,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.admin = &http.Server{
 		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken,
 			MetricsPublic: cfg.MetricsPublic, Logger: log, Reload: r.ReloadFromSource, Probe: r.probeSoon,
-			Describe: r.describe, SetLoRAs: r.LoRA.Set, LoRAs: r.LoRA.Groups, Drain: r.drainWorker}),
+			Describe: r.describe, Drain: r.drainWorker}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	if err := r.startDiscovery(log); err != nil {
@@ -245,16 +239,8 @@ func (r *Router) startEngines(log *slog.Logger) {
 			if !ok {
 				return
 			}
-			var before, after []string
-			if old := w.Engine(); old != nil {
-				before = old.Adapters
-			}
-			if st != nil {
-				after = st.Adapters
-			}
-			w.SetEngine(st)
-			if !slices.Equal(before, after) {
-				reg.Republish() // the adapters the engine reports join the LoRA groups
+			if w.SetEngine(st) {
+				reg.Republish() // the adapters the engine runs join the LoRA groups
 			}
 		},
 	})
@@ -297,7 +283,7 @@ func sweepEvery(ttl time.Duration) time.Duration {
 
 // disaggOptions maps the config's disaggregation keys onto the front end's.
 func disaggOptions(d config.Disaggregation) frontend.Disagg {
-	out := frontend.Disagg{MinPrefillTokens: d.MinPrefillTokens, FallbackAggregated: d.Fallback == config.FallbackAggr}
+	out := frontend.Disagg{MinPrefillTokens: d.MinPrefillTokens}
 	switch d.Protocol {
 	case config.DisaggVLLM:
 		out.Protocol = frontend.ProtocolVLLM

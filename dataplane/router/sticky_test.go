@@ -237,7 +237,7 @@ func TestUnheldAdaptersArePlacedAlikeByReplicas(t *testing.T) {
 	a := startFleet(t, mocks(3, 1, 0), placed)
 	b := startFleet(t, nil, func(c *config.Config) { placed(c); c.Workers = a.r.Config.Workers })
 	for _, f := range []*fleet{a, b} {
-		require.Eventually(t, func() bool { return f.r.Registry.Snapshot().ListsModels() }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Catalog().ListsModels() }, 5*time.Second, 10*time.Millisecond)
 	}
 	used := map[string]bool{}
 	for i := 0; i < 12; i++ {
@@ -250,7 +250,7 @@ func TestUnheldAdaptersArePlacedAlikeByReplicas(t *testing.T) {
 	assert.Len(t, used, 3, "adapters spread over the workers")
 
 	off := startFleet(t, nil, func(c *config.Config) { c.Workers = a.r.Config.Workers })
-	require.Eventually(t, func() bool { return off.r.Registry.Snapshot().ListsModels() }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return off.r.Registry.Snapshot().Catalog().ListsModels() }, 5*time.Second, 10*time.Millisecond)
 	resp := off.post("/v1/chat/completions", `{"model":"adapter-1","messages":[]}`)
 	assert.Equal(t, 404, resp.StatusCode)
 	readAll(t, resp)

@@ -1,0 +1,250 @@
+package dataplane
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/fastroute/fastroute/affinity"
+)
+
+// MaxSessionID bounds a session id; a longer one is refused.
+const MaxSessionID = 256
+
+// MaxCacheKeys bounds the embedding inputs one request is tracked by.
+const MaxCacheKeys = 64
+
+// prefillPin marks a session's prefill pin in the session table, apart
+// from its decode (or whole-request) pin.
+const prefillPin = "\x00prefill"
+
+// Routing is the request policy around the pick: LoRA adapters, session
+// pins, the embedding cache and the fallback of split requests. The zero
+// value resolves adapters and nothing more.
+type Routing struct {
+	// Sessions pins sessions while SessionMode is not affinity.Off; the
+	// session id comes in the header SessionHeader names.
+	Sessions      *affinity.Table
+	SessionMode   affinity.Mode
+	SessionHeader string
+	// EmbedCache steers an embedding request to the worker that served
+	// most of its inputs; nil: off.
+	EmbedCache *affinity.Cache
+	// PlaceAdapters sends a request for an adapter no routable worker
+	// holds (an unknown model name included) to the worker rendezvous
+	// hashing of its name picks, instead of a 404 or 503.
+	PlaceAdapters bool
+	// PrefillFallback runs a split request whole on its decode worker
+	// while no prefill worker is routable (SelectSplit); false: it fails.
+	PrefillFallback bool
+}
+
+// WantsSession reports whether requests' session ids are used.
+func (rt *Routing) WantsSession() bool { return rt.SessionMode != affinity.Off && rt.Sessions != nil }
+
+// WantsCacheKeys reports whether embedding inputs' keys are used.
+func (rt *Routing) WantsCacheKeys() bool { return rt.EmbedCache != nil }
+
+// SetRouting sets the routing policy. Call it once, before requests flow;
+// the session table is told of every worker that leaves from then on.
+func (s *Selector) SetRouting(rt Routing) {
+	s.routing.Store(&rt)
+	if rt.Sessions != nil {
+		s.reg.Subscribe(func(w *Worker, c Change) {
+			if c == Left {
+				rt.Sessions.WorkerLeft(w.ID())
+			}
+		})
+	}
+}
+
+// Routing returns the routing policy (do not modify).
+func (s *Selector) Routing() *Routing { return s.routing.Load() }
+
+// route decides from what the client sent where req may and should go on
+// snap: the adapter's group, a hard pin (WorkerID) or a worker to prefer.
+// The error is final for the request.
+func (s *Selector) route(rt *Routing, snap *Snapshot, req *Request) error {
+	if req.Phase != PhasePrefill { // a prefill follows its decode's adapter (SelectSplit)
+		if err := rt.resolve(snap, req); err != nil {
+			return err
+		}
+	}
+	if len(req.Session) > 0 && rt.WantsSession() {
+		if err := rt.routeSession(snap, req); err != nil {
+			return err
+		}
+	}
+	if len(req.CacheKeys) > 0 && rt.EmbedCache != nil && req.WorkerID == 0 && req.preferID == 0 {
+		req.preferID = rt.cacheHolder(req.CacheKeys)
+	}
+	return nil
+}
+
+// resolve restricts req to the workers holding the adapter its model
+// names; with PlaceAdapters, an adapter no routable worker holds goes to
+// the worker its name hashes to (the same on every replica), which loads
+// it.
+func (rt *Routing) resolve(snap *Snapshot, req *Request) error {
+	i, err := snap.catalog.Resolve(req.Model)
+	var g *Group
+	if i >= 0 {
+		g = snap.groups[i]
+	}
+	if rt.PlaceAdapters && (err != nil || (g != nil && g.Len() == 0)) {
+		if id, ok := snap.Rendezvous(affinity.Key(req.Model), req.Phase, nil); ok {
+			req.preferID = id
+		}
+		return nil
+	}
+	if err != nil {
+		return &Error{Code: NotFound, Msg: err.Error()}
+	}
+	req.group = g
+	return nil
+}
+
+// routeSession applies the session's pin: hard (the pinned worker or an
+// error) or soft (preferred while free); a session pinned nowhere here
+// prefers the worker every router places it on. A prefill's pin is soft in
+// both modes: a prefill worker holds no state the decode needs, only a
+// prefix cache worth reusing.
+func (rt *Routing) routeSession(snap *Snapshot, req *Request) error {
+	if len(req.Session) > MaxSessionID && req.Phase != PhasePrefill {
+		return Errorf(InvalidArgument, "header %s: session id is longer than %d bytes", rt.SessionHeader, MaxSessionID)
+	}
+	if req.WorkerID != 0 {
+		return nil
+	}
+	hard := rt.SessionMode == affinity.Hard && req.Phase != PhasePrefill
+	pin, st := rt.Sessions.Get(req.Session)
+	switch {
+	case st == affinity.Pinned && hard:
+		// x-dp-rank comes only with x-worker-id, so the pin's rank holds.
+		req.WorkerID, req.DPRank, req.HasDPRank, req.hard = pin.Worker, pin.Rank, true, true
+	case st == affinity.Pinned:
+		req.preferID, req.preferRank, req.hasPreferRank = pin.Worker, pin.Rank, true
+	case st == affinity.Lost && hard:
+		rt.Sessions.Drop(req.Session)
+		return Errorf(NoEndpoints,
+			"session %s was pinned to worker %d, which left; the pin is dropped and the next request is pinned anew",
+			strconv.Quote(string(req.Session)), pin.Worker)
+	default: // no pin here: where every router places the session
+		if id, ok := snap.Rendezvous(affinity.Key(req.Session), req.Phase, req.group); ok {
+			req.preferID = id
+		}
+	}
+	return nil
+}
+
+// cacheHolder returns the worker that served most of keys (0: none).
+func (rt *Routing) cacheHolder(keys []uint64) uint64 {
+	var ids [8]uint64
+	var hits [8]int
+	n := 0
+	for _, k := range keys {
+		w, ok := rt.EmbedCache.Lookup(k)
+		if !ok {
+			continue
+		}
+		i := 0
+		for i < n && ids[i] != w {
+			i++
+		}
+		if i == n {
+			if n == len(ids) {
+				continue
+			}
+			ids[n] = w
+			n++
+		}
+		hits[i]++
+	}
+	best := -1
+	for i := 0; i < n; i++ {
+		if best < 0 || hits[i] > hits[best] {
+			best = i
+		}
+	}
+	if best < 0 {
+		return 0
+	}
+	return ids[best]
+}
+
+// pinFailed drops a hard pin whose worker cannot take the request (gone,
+// not routable), so the error is given once and the next request of the
+// session is pinned anew. A busy worker keeps its pin.
+func (s *Selector) pinFailed(rt *Routing, req *Request, err error) error {
+	if err == nil || !req.hard {
+		return err
+	}
+	e, ok := err.(*Error) // selection's own errors; errors.As would cost an allocation per request
+	if !ok || e.Code == ResourceExhausted {
+		return err
+	}
+	rt.Sessions.Drop(req.Session)
+	return Errorf(e.Code, "session %s is pinned to worker %d: %s; the pin is dropped",
+		strconv.Quote(string(req.Session)), req.WorkerID, e.Msg)
+}
+
+// SelectSplit routes and reserves both workers of a split (disaggregated)
+// request on one snapshot: the decode worker as Select does, then the
+// prefill worker (pre.Phase is PhasePrefill) among those holding the same
+// adapter, preferring the session's prefill pin. While no prefill worker is
+// routable and pre names none, the request runs whole on its decode worker
+// if Routing.PrefillFallback is set: split is false, and only decRes is
+// held. On an error neither is.
+func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (split bool, err error) {
+	snap := s.reg.Snapshot()
+	rt := s.routing.Load()
+	if err = s.route(rt, snap, dec); err == nil {
+		err = s.pinFailed(rt, dec, s.pick(snap, dec, decRes))
+	}
+	if err != nil {
+		return false, err
+	}
+	pre.group = dec.group
+	if len(dec.Session) > 0 {
+		pre.Session = append(append(pre.Session[:0], dec.Session...), prefillPin...)
+	}
+	if err = s.route(rt, snap, pre); err == nil {
+		err = s.pick(snap, pre, preRes)
+	}
+	if err == nil {
+		return true, nil
+	}
+	if errors.Is(err, ErrNoEndpoints) && pre.WorkerID == 0 && rt.PrefillFallback {
+		return false, nil
+	}
+	decRes.Release()
+	return false, err
+}
+
+// Answered records where req went once its worker (res) answered: the
+// session is pinned (again) to that worker and rank, and the worker now
+// caches the embedding inputs.
+func (s *Selector) Answered(req *Request, res *Reservation) {
+	rt := s.routing.Load()
+	w := res.Worker().ID()
+	if len(req.Session) > 0 && rt.WantsSession() {
+		rt.Sessions.Put(req.Session, affinity.Pin{Worker: w, Rank: res.Rank()})
+	}
+	if rt.EmbedCache != nil {
+		for _, k := range req.CacheKeys {
+			rt.EmbedCache.Record(k, w)
+		}
+	}
+}
+
+// Unanswered is told that req's worker failed before answering and no other
+// took the request. A hard-pinned session loses its pin, and the error to
+// answer says so; nil when routing has nothing to add.
+func (s *Selector) Unanswered(req *Request, worker uint64, cause string) error {
+	if !req.hard {
+		return nil
+	}
+	s.routing.Load().Sessions.Drop(req.Session)
+	return Errorf(NoEndpoints,
+		"session %s is pinned to worker %d, which failed before answering (%s); the pin is dropped and the next request is pinned anew",
+		strconv.Quote(string(req.Session)), worker, cause)
+}

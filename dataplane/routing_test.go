@@ -1,0 +1,382 @@
+package dataplane
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/affinity"
+	"github.com/fastroute/fastroute/pickers"
+	"github.com/fastroute/fastroute/telemetry/engine"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// loraFleet registers n workers; worker i holds adapters i%adapters and
+// (i+1)%adapters, so each adapter has 2n/adapters holders.
+func loraFleet(tb testing.TB, n, adapters int) *Registry {
+	reg := NewRegistry()
+	for i := 0; i < n; i++ {
+		_, err := reg.Add(WorkerSpec{ID: uint64(i + 1), URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+i),
+			LoRAs: []string{fmt.Sprintf("lora-%d", i%adapters), fmt.Sprintf("lora-%d", (i+1)%adapters)}})
+		require.NoError(tb, err)
+	}
+	return reg
+}
+
+func TestSetAdaptersReplacesTheDeclaredOnes(t *testing.T) {
+	reg := loraFleet(t, 4, 4)
+	require.NoError(t, reg.SetAdapters(3, []string{"hot"}))
+	w3, _ := reg.Get(3)
+	assert.Equal(t, []string{"hot"}, w3.Adapters())
+	snap := reg.Snapshot()
+	for name, want := range map[string]int{"hot": 1, "lora-2": 1, "lora-3": 1, "lora-1": 2} {
+		assert.Equal(t, want, snap.Group([]byte(name)).Len(), name) // worker 3 left lora-2 and lora-3
+	}
+	assert.ErrorIs(t, reg.SetAdapters(99, []string{"x"}), ErrNotFound)
+	assert.ErrorContains(t, reg.SetAdapters(3, []string{""}), "loras[0]: empty adapter name")
+	_, err := reg.Replace(WorkerSpec{ID: 3, URL: "http://127.0.0.1:9999", LoRAs: []string{"cfg"}})
+	require.NoError(t, err)
+	w3, _ = reg.Get(3)
+	assert.Equal(t, []string{"hot"}, w3.Adapters(), "what the admin set outlives a reload of the spec")
+}
+
+func TestAdaptersTheEngineRunsAreHeld(t *testing.T) {
+	reg := loraFleet(t, 4, 4)
+	w2, _ := reg.Get(2)
+	assert.True(t, w2.SetEngine(&engine.Stats{Reading: engine.Reading{Adapters: []string{"lora-0", "seen-at-run-time"}}}))
+	assert.False(t, w2.SetEngine(&engine.Stats{Reading: engine.Reading{Adapters: []string{"lora-0", "seen-at-run-time"}}}))
+	reg.Republish()
+	assert.Equal(t, []string{"lora-0", "lora-1", "lora-2", "seen-at-run-time"}, w2.Adapters())
+	assert.Equal(t, 1, reg.Snapshot().Group([]byte("seen-at-run-time")).Len(), "no config names it; the engine runs it on worker 2")
+	assert.True(t, w2.SetEngine(nil), "the reading went stale")
+	reg.Republish()
+	assert.Equal(t, []string{"lora-1", "lora-2"}, w2.Adapters())
+}
+
+// TestPicksOnlyHoldersAndCountsLoad: 64 goroutines select by model under
+// every mode; each pick holds the adapter, every adapter's load and every
+// worker's occupancy return to 0.
+func TestPicksOnlyHoldersAndCountsLoad(t *testing.T) {
+	for _, mode := range []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeRandom, pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted} {
+		reg := loraFleet(t, 64, 16)
+		sel := newSelector(t, reg, mode, 4)
+		var wg sync.WaitGroup
+		for g := 0; g < 64; g++ {
+			wg.Go(func() {
+				var req Request
+				var res Reservation
+				for i := 0; i < 300; i++ {
+					name := fmt.Sprintf("lora-%d", (g+i)%16)
+					req.Reset()
+					req.Model = append(req.Model, name...)
+					if err := sel.Select(&req, &res); err != nil {
+						require.ErrorIs(t, err, ErrResourceExhausted)
+						continue
+					}
+					if !slices.Contains(res.Worker().Spec().LoRAs, name) || res.Group().Name() != name {
+						t.Errorf("%s: worker %d does not hold %s", mode, res.Worker().ID(), name)
+					}
+					res.Release()
+				}
+			})
+		}
+		wg.Wait()
+		for _, g := range reg.Snapshot().Groups() {
+			assert.Zero(t, g.Inflight(), "%s %s", mode, g.Name())
+		}
+		assertIdle(t, reg)
+	}
+}
+
+func TestAllHoldersBusyIsExhaustedAndNamedWorkerMustHold(t *testing.T) {
+	reg := loraFleet(t, 4, 4)
+	sel := newSelector(t, reg, pickers.ModeP2C, 1)
+	model := []byte("lora-0") // workers 1 and 4
+	var held [2]Reservation
+	for i := range held {
+		require.NoError(t, sel.Select(&Request{Model: model}, &held[i]))
+	}
+	g := reg.Snapshot().Group(model)
+	assert.Equal(t, int64(2), g.Inflight())
+	var res Reservation
+	assert.ErrorIs(t, sel.Select(&Request{Model: model}, &res), ErrResourceExhausted)
+	for i := range held {
+		held[i].Release()
+	}
+	assert.ErrorContains(t, sel.Select(&Request{Model: model, WorkerID: 2}, &res), `worker 2 does not hold adapter "lora-0"`)
+	require.NoError(t, reg.Drain(1))
+	require.NoError(t, reg.Drain(4))
+	assert.ErrorContains(t, sel.Select(&Request{Model: model}, &res), `no routable worker holds adapter "lora-0"`)
+	assert.Zero(t, g.Inflight())
+}
+
+// A model no worker lists is a 404 once workers list base models; with
+// rendezvous placement it goes to the worker its name hashes to.
+func TestUnknownModelAndAdapterPlacement(t *testing.T) {
+	reg := loraFleet(t, 4, 4)
+	sel := newSelector(t, reg, pickers.ModeRoundRobin, 0)
+	var res Reservation
+	require.NoError(t, sel.Select(&Request{Model: []byte("base")}, &res), "no worker listed its models: nothing to judge by")
+	res.Release()
+	w1, _ := reg.Get(1)
+	w1.SetAdvertised(Advertised{Models: []string{"base"}})
+	reg.Republish()
+	require.NoError(t, sel.Select(&Request{Model: []byte("base")}, &res))
+	res.Release()
+	err := sel.Select(&Request{Model: []byte("other")}, &res)
+	assert.ErrorIs(t, err, ErrNotFound)
+	assert.EqualError(t, err, `model "other" is neither a base model nor a LoRA adapter of any worker`)
+
+	sel.SetRouting(Routing{PlaceAdapters: true})
+	want, ok := reg.Snapshot().Rendezvous(affinity.Key([]byte("other")), PhaseAny, nil)
+	require.True(t, ok)
+	for range 5 {
+		require.NoError(t, sel.Select(&Request{Model: []byte("other")}, &res))
+		assert.Equal(t, want, res.Worker().ID())
+		res.Release()
+	}
+	assertIdle(t, reg)
+}
+
+func sessionSelector(t testing.TB, reg *Registry, mode affinity.Mode) (*Selector, *affinity.Table) {
+	sel := newSelector(t, reg, pickers.ModeRoundRobin, 1)
+	tbl := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 100})
+	sel.SetRouting(Routing{Sessions: tbl, SessionMode: mode, SessionHeader: "x-session-id"})
+	return sel, tbl
+}
+
+// selectAnswered is one request of a session that its worker answers.
+func selectAnswered(t *testing.T, sel *Selector, session string) uint64 {
+	t.Helper()
+	req := Request{Session: []byte(session)}
+	var res Reservation
+	require.NoError(t, sel.Select(&req, &res))
+	sel.Answered(&req, &res)
+	res.Release()
+	return res.Worker().ID()
+}
+
+func TestHardSessionPin(t *testing.T) {
+	reg := newFleet(t, 4)
+	sel, tbl := sessionSelector(t, reg, affinity.Hard)
+	first := selectAnswered(t, sel, "s")
+	for range 5 {
+		assert.Equal(t, first, selectAnswered(t, sel, "s"), "a hard pin holds")
+	}
+
+	// Its worker busy: a 429, and the pin stays.
+	var busy, res Reservation
+	require.NoError(t, sel.Select(&Request{WorkerID: first}, &busy))
+	assert.ErrorIs(t, sel.Select(&Request{Session: []byte("s")}, &res), ErrResourceExhausted)
+	busy.Release()
+	_, st := tbl.Get([]byte("s"))
+	assert.Equal(t, affinity.Pinned, st)
+
+	// Its worker failed before answering: the pin goes, and the error says so.
+	req := Request{Session: []byte("s")}
+	require.NoError(t, sel.Select(&req, &res))
+	res.Release()
+	assert.ErrorContains(t, sel.Unanswered(&req, first, "connection refused"),
+		`session "s" is pinned to worker `+fmt.Sprint(first)+`, which failed before answering (connection refused); the pin is dropped`)
+	_, st = tbl.Get([]byte("s"))
+	assert.Equal(t, affinity.Missing, st)
+	assert.NoError(t, sel.Unanswered(&Request{}, first, "x"), "an unpinned request has nothing to add")
+
+	// Its worker left: one 503 naming it, then a new pin elsewhere.
+	first = selectAnswered(t, sel, "s")
+	require.NoError(t, reg.Drain(first))
+	err := sel.Select(&Request{Session: []byte("s")}, &res)
+	assert.ErrorIs(t, err, ErrNoEndpoints)
+	assert.ErrorContains(t, err, fmt.Sprintf("pinned to worker %d, which left", first))
+	assert.NotEqual(t, first, selectAnswered(t, sel, "s"))
+	assertIdle(t, reg)
+}
+
+func TestSoftSessionPinYieldsWhileBusy(t *testing.T) {
+	reg := newFleet(t, 4)
+	sel, _ := sessionSelector(t, reg, affinity.Soft)
+	first := selectAnswered(t, sel, "s")
+	var busy Reservation
+	require.NoError(t, sel.Select(&Request{WorkerID: first}, &busy))
+	moved := selectAnswered(t, sel, "s")
+	assert.NotEqual(t, first, moved, "a soft pin yields to a free worker")
+	busy.Release()
+	assert.Equal(t, moved, selectAnswered(t, sel, "s"), "and moves with the answer")
+
+	long := make([]byte, MaxSessionID+1)
+	var res Reservation
+	assert.ErrorContains(t, sel.Select(&Request{Session: long}, &res), "header x-session-id: session id is longer than 256 bytes")
+	assertIdle(t, reg)
+}
+
+func TestEmbeddingCacheSteersToTheHolderOfMostInputs(t *testing.T) {
+	reg := newFleet(t, 4)
+	sel := newSelector(t, reg, pickers.ModeRoundRobin, 0)
+	sel.SetRouting(Routing{EmbedCache: affinity.NewCache(100)})
+	keys := []uint64{affinity.Key([]byte("a")), affinity.Key([]byte("b")), affinity.Key([]byte("c"))}
+	req := Request{CacheKeys: keys[:2]}
+	var res Reservation
+	require.NoError(t, sel.Select(&req, &res))
+	sel.Answered(&req, &res)
+	res.Release()
+	holder := res.Worker().ID()
+	req = Request{CacheKeys: keys[2:]}
+	require.NoError(t, sel.Select(&req, &res))
+	sel.Answered(&req, &res) // c is cached on another worker (round-robin moved on)
+	res.Release()
+	require.NotEqual(t, holder, res.Worker().ID())
+	for range 4 {
+		require.NoError(t, sel.Select(&Request{CacheKeys: keys}, &res))
+		assert.Equal(t, holder, res.Worker().ID(), "two of three inputs are there")
+		res.Release()
+	}
+	assertIdle(t, reg)
+}
+
+// A split request's prefill follows its session's prefill pin (soft in hard
+// mode too) and its decode's adapter; with no prefill worker it falls back
+// to running whole on its decode worker, or fails releasing everything.
+func TestSelectSplit(t *testing.T) {
+	reg := NewRegistry()
+	for id, role := range map[uint64]Role{1: RolePrefill, 2: RolePrefill, 3: RoleDecode, 4: RoleDecode} {
+		_, err := reg.Add(WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), Role: role, LoRAs: []string{"ad"}})
+		require.NoError(t, err)
+	}
+	sel, tbl := sessionSelector(t, reg, affinity.Hard)
+	split := func() (pre, dec uint64, ok bool, err error) {
+		d, p := Request{Session: []byte("s"), Model: []byte("ad"), Phase: PhaseDecode}, Request{Phase: PhasePrefill}
+		var dr, pr Reservation
+		ok, err = sel.SelectSplit(&d, &p, &dr, &pr)
+		if err != nil {
+			return 0, 0, false, err
+		}
+		sel.Answered(&d, &dr)
+		dr.Release()
+		if ok {
+			assert.Equal(t, "ad", pr.Group().Name())
+			sel.Answered(&p, &pr)
+			pr.Release()
+			pre = pr.Worker().ID()
+		}
+		return pre, dr.Worker().ID(), ok, nil
+	}
+	pre, dec, ok, err := split()
+	require.NoError(t, err)
+	require.True(t, ok)
+	for range 3 {
+		p, d, _, err := split()
+		require.NoError(t, err)
+		assert.Equal(t, [2]uint64{pre, dec}, [2]uint64{p, d}, "both pins hold")
+	}
+	_, st := tbl.Get(append([]byte("s"), prefillPin...))
+	assert.Equal(t, affinity.Pinned, st)
+
+	var busy Reservation // the prefill pin is soft: a busy pinned prefill worker yields
+	require.NoError(t, sel.Select(&Request{WorkerID: pre, Phase: PhasePrefill}, &busy))
+	p, _, _, err := split()
+	require.NoError(t, err)
+	assert.NotEqual(t, pre, p)
+	busy.Release()
+
+	require.NoError(t, reg.Drain(1))
+	require.NoError(t, reg.Drain(2))
+	_, _, _, err = split()
+	assert.ErrorIs(t, err, ErrNoEndpoints)
+	rt := *sel.Routing()
+	rt.PrefillFallback = true
+	sel.routing.Store(&rt)
+	_, d, ok, err := split()
+	require.NoError(t, err)
+	assert.False(t, ok, "run whole")
+	assert.Equal(t, dec, d)
+	assertIdle(t, reg)
+}
+
+func TestRoutedSelectDoesNotAllocate(t *testing.T) {
+	reg := loraFleet(t, 64, 16)
+	for _, w := range reg.All() {
+		require.NoError(t, reg.SetAdapters(w.ID(), append(w.Spec().LoRAs, "x")))
+	}
+	sel := newSelector(t, reg, pickers.ModeWeighted, 64)
+	tbl := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 1000})
+	sel.SetRouting(Routing{Sessions: tbl, SessionMode: affinity.Soft, EmbedCache: affinity.NewCache(100)})
+	session := []byte("0b7c1c3e-6f1a-4d43-9a57-3c2f0e1d5b9a")
+	tbl.Put(session, affinity.Pin{Worker: 42, Rank: 1})
+	var req Request
+	var res Reservation
+	n := testing.AllocsPerRun(1000, func() {
+		req.Reset()
+		req.Model = append(req.Model, "lora-5"...)
+		req.Session = append(req.Session, session...)
+		req.CacheKeys = append(req.CacheKeys, 7, 8)
+		if err := sel.Select(&req, &res); err != nil {
+			t.Fatal(err)
+		}
+		sel.Answered(&req, &res)
+		res.Release()
+	})
+	assert.Zero(t, n)
+}
+
+// BenchmarkLoRAPick holds the "LoRA filter + pick ≤ 100 ns at 64 workers and
+// 16 adapters" target: resolve the model to its group, pick, reserve, release.
+func BenchmarkLoRAPick(b *testing.B) {
+	for _, mode := range []pickers.Mode{pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted} {
+		b.Run(string(mode), func(b *testing.B) {
+			sel := newSelector(b, loraFleet(b, 64, 16), mode, 64)
+			var req Request
+			var r Reservation
+			models := make([][]byte, 16)
+			for i := range models {
+				models[i] = fmt.Appendf(nil, "lora-%d", i)
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				req.Reset()
+				req.Model = append(req.Model, models[i&15]...)
+				if err := sel.Select(&req, &r); err != nil {
+					b.Fatal(err)
+				}
+				r.Release()
+				i++
+			}
+		})
+	}
+}
+
+// BenchmarkAffinityPick holds the "affinity lookup + pick ≤ 60 ns, 0 allocs
+// for a known session" target (64 workers with 2 ranks, 10k sessions in the
+// table): the soft pin's worker and rank, reserved and released.
+func BenchmarkAffinityPick(b *testing.B) {
+	reg := NewRegistry()
+	for i := 1; i <= 64; i++ {
+		_, err := reg.Add(WorkerSpec{ID: uint64(i), URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+i), DPSize: 2})
+		require.NoError(b, err)
+	}
+	sel := newSelector(b, reg, pickers.ModeP2C, 64)
+	tbl := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 20000})
+	sel.SetRouting(Routing{Sessions: tbl, SessionMode: affinity.Soft})
+	for i := 0; i < 10000; i++ {
+		tbl.Put(fmt.Appendf(nil, "session-%d", i), affinity.Pin{Worker: uint64(i%64 + 1)})
+	}
+	session := []byte("0b7c1c3e-6f1a-4d43-9a57-3c2f0e1d5b9a")
+	tbl.Put(session, affinity.Pin{Worker: 42, Rank: 1})
+	var req Request
+	var res Reservation
+	b.ReportAllocs()
+	for b.Loop() {
+		req.Reset()
+		req.Session = append(req.Session, session...)
+		if err := sel.Select(&req, &res); err != nil {
+			b.Fatal(err)
+		}
+		if res.Worker().ID() != 42 || res.Rank() != 1 {
+			b.Fatalf("pin not honoured: worker %d rank %d", res.Worker().ID(), res.Rank())
+		}
+		res.Release()
+	}
+}
