@@ -24,7 +24,7 @@ test-nonvml:
 
 ## bench: the micro-benchmarks of pickers, the selection core and the GPU refresh.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/weights
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./dataplane/loops/weights
 
 ## bench-e2e: fastroute, nginx (least_conn), HAProxy (leastconn) and direct,
 ## one after the other, same mock workers and load; table and plot in bench/out.

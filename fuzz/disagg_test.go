@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/fastroute/fastroute/dataplane/disagg"
+	"github.com/fastroute/fastroute/dataplane/http/disagg"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )

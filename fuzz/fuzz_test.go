@@ -9,7 +9,7 @@ import (
 
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
-	"github.com/fastroute/fastroute/dataplane/frontend"
+	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/valyala/fasthttp"
 )

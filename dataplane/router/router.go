@@ -15,16 +15,16 @@ import (
 
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
-	"github.com/fastroute/fastroute/dataplane/admin"
 	"github.com/fastroute/fastroute/dataplane/config"
-	"github.com/fastroute/fastroute/dataplane/frontend"
-	"github.com/fastroute/fastroute/dataplane/health"
+	"github.com/fastroute/fastroute/dataplane/http/admin"
+	"github.com/fastroute/fastroute/dataplane/http/frontend"
+	"github.com/fastroute/fastroute/dataplane/loops/health"
+	"github.com/fastroute/fastroute/dataplane/loops/weights"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/discovery"
 	"github.com/fastroute/fastroute/telemetry/cpu"
 	"github.com/fastroute/fastroute/telemetry/engine"
 	"github.com/fastroute/fastroute/telemetry/nvml"
-	"github.com/fastroute/fastroute/telemetry/weights"
 )
 
 // Router is a started fastroute.
@@ -203,13 +203,14 @@ func (r *Router) startTelemetry(log *slog.Logger) {
 		gpu := nvml.NewSystem()
 		if err := gpu.Start(); err != nil {
 			log.Warn("gpu telemetry unavailable; gpu workers keep their static capacity", "err", err)
-			o.NoGPU = err.Error()
+			o.Sources = append(o.Sources, weights.GPUDown(err.Error()))
 		} else {
-			r.gpu, o.GPU = gpu, gpu
+			r.gpu = gpu
+			o.Sources = append(o.Sources, weights.NewGPU(gpu))
 		}
 	}
 	if t.CPU {
-		o.CPU = cpu.NewCollector("/")
+		o.Sources = append(o.Sources, weights.NewCPU(cpu.NewCollector("/")))
 	}
 	r.Weights = weights.New(o)
 	r.Metrics.Register(r.Weights.Collector())

@@ -1,11 +1,12 @@
 // Package cpu reads CPU telemetry from procfs and cgroup v2 without cgo:
-// /proc/stat deltas (idle share), /proc/loadavg, /proc/meminfo, and the
-// cgroup's cpu.max quota and cpu.stat throttling. Every reader takes a root
-// path, so tests run against fixture trees and production reads "/".
+// /proc/stat deltas (idle share) and the cgroup's cpu.max quota and cpu.stat
+// usage and throttling — what the weights use, nothing more (the load
+// average and memory were read every tick for no reader and are gone).
+// Every reader takes a root path, so tests run against fixture trees and
+// production reads "/".
 package cpu
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -57,65 +58,6 @@ func IdleShare(prev, cur Times) (float64, bool) {
 		return 0, false
 	}
 	return float64(cur.Idle-prev.Idle) / float64(cur.Total-prev.Total), true
-}
-
-// ReadLoadAvg returns the 1, 5 and 15 minute load averages.
-func ReadLoadAvg(root string) ([3]float64, error) {
-	var out [3]float64
-	data, err := os.ReadFile(filepath.Join(root, "proc/loadavg"))
-	if err != nil {
-		return out, err
-	}
-	fields := strings.Fields(string(data))
-	if len(fields) < 3 {
-		return out, fmt.Errorf("proc/loadavg: %q has fewer than 3 fields", data)
-	}
-	for i := range out {
-		if out[i], err = strconv.ParseFloat(fields[i], 64); err != nil {
-			return out, fmt.Errorf("proc/loadavg: field %d: %v", i+1, err)
-		}
-	}
-	return out, nil
-}
-
-// MemInfo holds the /proc/meminfo fields the router uses, in bytes.
-type MemInfo struct {
-	Total, Available uint64
-}
-
-// ReadMemInfo parses MemTotal and MemAvailable.
-func ReadMemInfo(root string) (MemInfo, error) {
-	f, err := os.Open(filepath.Join(root, "proc/meminfo"))
-	if err != nil {
-		return MemInfo{}, err
-	}
-	defer f.Close()
-	var m MemInfo
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		key, rest, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		var dst *uint64
-		switch key {
-		case "MemTotal":
-			dst = &m.Total
-		case "MemAvailable":
-			dst = &m.Available
-		default:
-			continue
-		}
-		kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-		if err != nil {
-			return MemInfo{}, fmt.Errorf("proc/meminfo: %s: %v", key, err)
-		}
-		*dst = kb * 1024
-	}
-	if m.Total == 0 {
-		return MemInfo{}, errors.New("proc/meminfo: no MemTotal")
-	}
-	return m, sc.Err()
 }
 
 // Quota is a cgroup v2 cpu.max: Max CPUs' worth of time per period, or
@@ -214,8 +156,6 @@ type Sample struct {
 	// Idle is the idle share of the CPU this cgroup may use: of its cpu.max
 	// quota where one is set (from cpu.stat usage), else IdleRatio.
 	Idle       float64
-	LoadAvg    [3]float64
-	Mem        MemInfo
 	Quota      Quota
 	Throttling Throttling
 }
@@ -252,12 +192,6 @@ func (c *Collector) Refresh(now time.Time) error {
 		return nil
 	}
 	s := &Sample{At: now, IdleRatio: idle}
-	if s.LoadAvg, err = ReadLoadAvg(c.root); err != nil {
-		return err
-	}
-	if s.Mem, err = ReadMemInfo(c.root); err != nil {
-		return err
-	}
 	if s.Quota, err = ReadQuota(c.root); err != nil {
 		return err
 	}

@@ -62,9 +62,9 @@ func (c *Collector) Close() {
 // Latest returns the newest snapshot, or nil before the first Refresh.
 func (c *Collector) Latest() *Snapshot { return c.latest.Load() }
 
-// Refresh reads every device once and publishes the snapshot. Utilization
-// and memory are required; power and temperature are read where available.
-// Refresh runs on one goroutine at a time.
+// Refresh reads every device's utilization and memory once (what the
+// weights use, nothing more) and publishes the snapshot. Refresh runs on one
+// goroutine at a time.
 func (c *Collector) Refresh(now time.Time) error {
 	s := &Snapshot{At: now, GPUs: make([]GPU, len(c.devices))}
 	for i, d := range c.devices {
@@ -80,18 +80,12 @@ func (c *Collector) Refresh(now time.Time) error {
 		if ret != gonvml.SUCCESS {
 			return fmt.Errorf("gpu %d utilization: %v", i, ret)
 		}
-		g.Utilization, g.MemoryUtil = float64(u.Gpu)/100, float64(u.Memory)/100
+		g.Utilization = float64(u.Gpu) / 100
 		m, ret := d.GetMemoryInfo()
 		if ret != gonvml.SUCCESS {
 			return fmt.Errorf("gpu %d memory: %v", i, ret)
 		}
 		g.MemoryUsed, g.MemoryTotal = m.Used, m.Total
-		if mw, ret := d.GetPowerUsage(); ret == gonvml.SUCCESS {
-			g.PowerWatts = float64(mw) / 1000
-		}
-		if t, ret := d.GetTemperature(gonvml.TEMPERATURE_GPU); ret == gonvml.SUCCESS {
-			g.TempCelsius = t
-		}
 	}
 	c.latest.Store(s)
 	return nil

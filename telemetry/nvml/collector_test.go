@@ -16,16 +16,14 @@ import (
 
 func TestRefreshFollowsMockedUtilization(t *testing.T) {
 	u0, u1 := uint32(10), uint32(90)
-	c := New(nvmltest.FakeLib(nvmltest.FakeGPU(0, &u0, true), nvmltest.FakeGPU(1, &u1, false)))
+	c := New(nvmltest.FakeLib(nvmltest.FakeGPU(0, &u0), nvmltest.FakeGPU(1, &u1)))
 	require.NoError(t, c.Start())
 	defer c.Close()
 	assert.Nil(t, c.Latest())
 	require.NoError(t, c.Refresh(time.Unix(100, 0)))
 	s := c.Latest()
 	require.Len(t, s.GPUs, 2)
-	assert.Equal(t, GPU{Index: 0, UUID: "GPU-a", Utilization: 0.10, MemoryUtil: 0.05, MemoryUsed: 20 << 30,
-		MemoryTotal: 80 << 30, PowerWatts: 350, TempCelsius: 61}, s.GPUs[0])
-	assert.Zero(t, s.GPUs[1].PowerWatts, "power not supported reads as 0")
+	assert.Equal(t, GPU{Index: 0, UUID: "GPU-a", Utilization: 0.10, MemoryUsed: 20 << 30, MemoryTotal: 80 << 30}, s.GPUs[0])
 	assert.InDelta(t, 0.9, s.GPUs[1].Utilization, 1e-9)
 
 	u0 = 75
@@ -47,7 +45,7 @@ func TestInitFailuresAreUnavailableNotPanics(t *testing.T) {
 
 func TestRefreshErrorKeepsLastSnapshot(t *testing.T) {
 	u := uint32(40)
-	dev := nvmltest.FakeGPU(0, &u, true)
+	dev := nvmltest.FakeGPU(0, &u)
 	c := New(nvmltest.FakeLib(dev))
 	require.NoError(t, c.Start())
 	require.NoError(t, c.Refresh(time.Unix(1, 0)))
@@ -63,7 +61,7 @@ func BenchmarkRefresh8GPUs(b *testing.B) {
 	var devs []*mock.Device
 	u := uint32(50)
 	for i := 0; i < 8; i++ {
-		devs = append(devs, nvmltest.FakeGPU(i, &u, true))
+		devs = append(devs, nvmltest.FakeGPU(i, &u))
 	}
 	c := New(nvmltest.FakeLib(devs...))
 	require.NoError(b, c.Start())
@@ -88,7 +86,7 @@ func TestRealNVML(t *testing.T) {
 	for _, g := range s.GPUs {
 		assert.Positive(t, g.MemoryTotal, "gpu %d", g.Index)
 		assert.LessOrEqual(t, g.Utilization, 1.0)
-		t.Logf("gpu %d %s: util %.0f%%, mem %d/%d MiB, %.0f W, %d C", g.Index, g.UUID,
-			100*g.Utilization, g.MemoryUsed>>20, g.MemoryTotal>>20, g.PowerWatts, g.TempCelsius)
+		t.Logf("gpu %d %s: util %.0f%%, mem %d/%d MiB", g.Index, g.UUID,
+			100*g.Utilization, g.MemoryUsed>>20, g.MemoryTotal>>20)
 	}
 }

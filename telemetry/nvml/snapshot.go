@@ -13,11 +13,8 @@ type GPU struct {
 	Index       int
 	UUID        string
 	Utilization float64 // SM busy share, 0..1
-	MemoryUtil  float64 // memory controller busy share, 0..1
 	MemoryUsed  uint64  // bytes
 	MemoryTotal uint64  // bytes
-	PowerWatts  float64 // 0 where the device does not report it
-	TempCelsius uint32  // 0 where the device does not report it
 }
 
 // Snapshot is one refresh of every GPU.

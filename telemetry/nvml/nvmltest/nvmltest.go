@@ -11,8 +11,8 @@ import (
 
 // FakeGPU is a mock device with index i and UUID GPU-a, GPU-b, ...; its
 // utilization is read from *util at every call, so a test changes it between
-// refreshes. Memory reads 20 of 80 GiB used; power fails unless powerOK.
-func FakeGPU(i int, util *uint32, powerOK bool) *mock.Device {
+// refreshes. Memory reads 20 of 80 GiB used.
+func FakeGPU(i int, util *uint32) *mock.Device {
 	return &mock.Device{
 		GetIndexFunc: func() (int, gonvml.Return) { return i, gonvml.SUCCESS },
 		GetUUIDFunc:  func() (string, gonvml.Return) { return "GPU-" + string(rune('a'+i)), gonvml.SUCCESS },
@@ -22,13 +22,6 @@ func FakeGPU(i int, util *uint32, powerOK bool) *mock.Device {
 		GetMemoryInfoFunc: func() (gonvml.Memory, gonvml.Return) {
 			return gonvml.Memory{Total: 80 << 30, Used: 20 << 30, Free: 60 << 30}, gonvml.SUCCESS
 		},
-		GetPowerUsageFunc: func() (uint32, gonvml.Return) {
-			if !powerOK {
-				return 0, gonvml.ERROR_NOT_SUPPORTED
-			}
-			return 350000, gonvml.SUCCESS
-		},
-		GetTemperatureFunc: func(gonvml.TemperatureSensors) (uint32, gonvml.Return) { return 61, gonvml.SUCCESS },
 	}
 }
 

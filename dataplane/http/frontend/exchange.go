@@ -15,7 +15,7 @@ import (
 
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
-	"github.com/fastroute/fastroute/dataplane/hangup"
+	"github.com/fastroute/fastroute/dataplane/http/hangup"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 )

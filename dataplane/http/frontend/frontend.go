@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
-	"github.com/fastroute/fastroute/dataplane/hangup"
+	"github.com/fastroute/fastroute/dataplane/http/hangup"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"

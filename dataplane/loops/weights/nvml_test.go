@@ -23,13 +23,13 @@ import (
 // load swaps the split at the next tick.
 func TestBusierGPUGetsProportionallyFewerRequests(t *testing.T) {
 	u0, u1 := uint32(20), uint32(60)
-	c := nvml.New(nvmltest.FakeLib(nvmltest.FakeGPU(0, &u0, true), nvmltest.FakeGPU(1, &u1, true)))
+	c := nvml.New(nvmltest.FakeLib(nvmltest.FakeGPU(0, &u0), nvmltest.FakeGPU(1, &u1)))
 	require.NoError(t, c.Start())
 	defer c.Close()
 	reg := registry(t,
 		dataplane.WorkerSpec{ID: 1, Device: dataplane.DeviceGPU, GPUIndex: 0},
 		dataplane.WorkerSpec{ID: 2, Device: dataplane.DeviceGPU, GPUIndex: 1})
-	l := New(Options{Registry: reg, GPU: c, Interval: interval, Logger: quiet})
+	l := New(Options{Registry: reg, Sources: []Source{NewGPU(c)}, Interval: interval, Logger: quiet})
 	l.Tick(time.Now())
 	w1, _ := reg.Get(1)
 	assert.InDelta(t, 0.8*0.75, w1.Weight(), 1e-9)
@@ -50,7 +50,7 @@ func BenchmarkTick8GPUsAndCPU(b *testing.B) {
 	var devs []*mock.Device
 	var specs []dataplane.WorkerSpec
 	for i := 0; i < 8; i++ {
-		devs = append(devs, nvmltest.FakeGPU(i, &u, true))
+		devs = append(devs, nvmltest.FakeGPU(i, &u))
 		specs = append(specs, dataplane.WorkerSpec{ID: uint64(i + 1), Device: dataplane.DeviceGPU, GPUIndex: i})
 		specs = append(specs, dataplane.WorkerSpec{ID: uint64(i + 9), Device: dataplane.DeviceCPU, Capacity: 0.25})
 	}
@@ -58,14 +58,14 @@ func BenchmarkTick8GPUsAndCPU(b *testing.B) {
 	require.NoError(b, gpu.Start())
 	root := b.TempDir()
 	for name, body := range map[string]string{
-		"proc/stat": "cpu 100 0 100 700 100 0 0 0 0 0\n", "proc/loadavg": "0.5 0.4 0.3 1/1 1\n",
-		"proc/meminfo": "MemTotal: 1000 kB\nMemAvailable: 500 kB\n", "sys/fs/cgroup/cpu.max": "max 100000\n",
+		"proc/stat":              "cpu 100 0 100 700 100 0 0 0 0 0\n",
+		"sys/fs/cgroup/cpu.max":  "max 100000\n",
 		"sys/fs/cgroup/cpu.stat": "usage_usec 10\n",
 	} {
 		require.NoError(b, os.MkdirAll(filepath.Dir(filepath.Join(root, name)), 0o755))
 		require.NoError(b, os.WriteFile(filepath.Join(root, name), []byte(body), 0o644))
 	}
-	l := New(Options{Registry: registry(b, specs...), GPU: gpu, CPU: cpu.NewCollector(root), Interval: interval, Logger: quiet})
+	l := New(Options{Registry: registry(b, specs...), Sources: []Source{NewGPU(gpu), NewCPU(cpu.NewCollector(root))}, Interval: interval, Logger: quiet})
 	b.ReportAllocs()
 	for b.Loop() {
 		l.Tick(time.Now())

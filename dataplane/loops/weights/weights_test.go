@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// fixedGPU and fixedCPU are sources whose next reading the test sets.
+// fixedGPU and fixedCPU are readers whose next reading the test sets.
 type fixedGPU struct{ snap atomic.Pointer[nvml.Snapshot] }
 
 func (f *fixedGPU) Refresh(time.Time) error { return nil }
@@ -101,7 +101,7 @@ func TestCPUAndGPUWorkersSplitByCapacity(t *testing.T) {
 	gpu, host := &fixedGPU{}, &fixedCPU{}
 	now := time.Unix(5000, 0)
 	gpu.snap.Store(&nvml.Snapshot{At: now, GPUs: []nvml.GPU{{Index: 0, MemoryTotal: 80 << 30}}})
-	l := New(Options{Registry: reg, GPU: gpu, CPU: host, Interval: interval, Logger: quiet})
+	l := New(Options{Registry: reg, Sources: []Source{NewGPU(gpu), NewCPU(host)}, Interval: interval, Logger: quiet})
 	l.Tick(now) // the first cgroup reading: no share yet
 	now = now.Add(time.Second)
 	gpu.snap.Store(&nvml.Snapshot{At: now, GPUs: []nvml.GPU{{Index: 0, MemoryTotal: 80 << 30}}})
@@ -130,7 +130,7 @@ func TestCPUWorkersAreMeasuredByTheirOwnCgroup(t *testing.T) {
 	host := &fixedCPU{}
 	now := time.Unix(100, 0)
 	host.sample.Store(&cpu.Sample{At: now, Idle: 0.9}) // the router's host: not any worker's
-	l := New(Options{Registry: reg, CPU: host, Interval: interval, Logger: quiet})
+	l := New(Options{Registry: reg, Sources: []Source{NewCPU(host)}, Interval: interval, Logger: quiet})
 	l.Tick(now)
 	setUsage(t, busy, 1500*time.Millisecond)
 	l.Tick(now.Add(time.Second))
@@ -138,9 +138,9 @@ func TestCPUWorkersAreMeasuredByTheirOwnCgroup(t *testing.T) {
 	assert.InDelta(t, 0.25, weight(1), 1e-9, "1.5 of 2 CPUs used: idle 0.25")
 	assert.InDelta(t, 1, weight(2), 1e-9)
 	assert.InDelta(t, 0.5, weight(3), 1e-9, "no cgroup_path: its static capacity, not the host's idle share")
-	src, _ := l.Source(3)
+	src, _ := l.Origin(3)
 	assert.Equal(t, "no cgroup_path: nothing measures this worker's CPU", src.Reason)
-	src, _ = l.Source(4)
+	src, _ = l.Origin(4)
 	assert.True(t, src.Static)
 	assert.Contains(t, src.Reason, "cgroup /nonexistent/cgroup")
 }
@@ -153,7 +153,7 @@ func TestStaleTelemetryDecaysToCapacityAndIsCountedOnce(t *testing.T) {
 	gpu := &fixedGPU{}
 	t0 := time.Unix(9000, 0)
 	gpu.snap.Store(&nvml.Snapshot{At: t0, GPUs: []nvml.GPU{{Index: 0, Utilization: 0.9}, {Index: 1}}})
-	l := New(Options{Registry: reg, GPU: gpu, Interval: interval,
+	l := New(Options{Registry: reg, Sources: []Source{NewGPU(gpu)}, Interval: interval,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	w1, _ := reg.Get(1)
 	w2, _ := reg.Get(2)
@@ -161,7 +161,7 @@ func TestStaleTelemetryDecaysToCapacityAndIsCountedOnce(t *testing.T) {
 	l.Tick(t0.Add(StaleAfter * interval)) // exactly 3 periods old: still fresh
 	assert.InDelta(t, 0.2, w1.Weight(), 1e-9)
 	assert.InDelta(t, 1.0, w2.Weight(), 1e-9)
-	src, _ := l.Source(1)
+	src, _ := l.Origin(1)
 	assert.False(t, src.Static)
 
 	for k := 0; k < 3; k++ { // older: static capacity, logged and counted once per worker
@@ -169,8 +169,8 @@ func TestStaleTelemetryDecaysToCapacityAndIsCountedOnce(t *testing.T) {
 	}
 	assert.Equal(t, 2.0, w1.Weight())
 	assert.Equal(t, 1.0, w2.Weight())
-	src, _ = l.Source(1)
-	assert.Equal(t, Source{Static: true, Reason: "gpu reading is stale"}, src)
+	src, _ = l.Origin(1)
+	assert.Equal(t, Origin{Static: true, Reason: "gpu reading is stale"}, src)
 	assert.EqualValues(t, 2, l.fallbacks.Value())
 	assert.Equal(t, 2, strings.Count(logs.String(), "falls back to static capacity"), logs.String())
 	assert.Equal(t, 2.0, reg.Snapshot().Weights().Weight(0), "the published snapshot carries the new weight")
@@ -190,14 +190,14 @@ func TestWorkersMapByUUIDOrIndex(t *testing.T) {
 	gpu := &fixedGPU{}
 	now := time.Unix(100, 0)
 	gpu.snap.Store(&nvml.Snapshot{At: now, GPUs: []nvml.GPU{{Index: 0, UUID: "GPU-a"}, {Index: 1, UUID: "GPU-b", Utilization: 0.5}}})
-	l := New(Options{Registry: reg, GPU: gpu, Interval: interval, Logger: quiet})
+	l := New(Options{Registry: reg, Sources: []Source{NewGPU(gpu)}, Interval: interval, Logger: quiet})
 	l.Tick(now)
 	w1, _ := reg.Get(1)
 	assert.InDelta(t, 0.5, w1.Weight(), 1e-9, "the uuid wins over the index")
 	for id, reason := range map[uint64]string{2: "gpu index 7 not found", 3: "gpu GPU-zz not found", 4: "cpu telemetry is off"} {
-		src, ok := l.Source(id)
+		src, ok := l.Origin(id)
 		require.True(t, ok)
-		assert.Equal(t, Source{Static: true, Reason: reason}, src, "worker %d", id)
+		assert.Equal(t, Origin{Static: true, Reason: reason}, src, "worker %d", id)
 	}
 }
 
@@ -207,7 +207,7 @@ func TestMetricsAndDescribe(t *testing.T) {
 	gpu, host := &fixedGPU{}, &fixedCPU{}
 	now := time.Now()
 	gpu.snap.Store(&nvml.Snapshot{At: now, GPUs: []nvml.GPU{{Index: 0, Utilization: 0.5, MemoryUsed: 1 << 30, MemoryTotal: 4 << 30}}})
-	l := New(Options{Registry: reg, GPU: gpu, CPU: host, Interval: interval, Logger: quiet})
+	l := New(Options{Registry: reg, Sources: []Source{NewGPU(gpu), NewCPU(host)}, Interval: interval, Logger: quiet})
 	l.Tick(now)
 	var set metrics.Set
 	set.Register(l.Collector())
@@ -243,6 +243,65 @@ func TestRemovedWorkersAreForgotten(t *testing.T) {
 	require.NoError(t, reg.Drain(2))
 	reg.SweepDrained()
 	l.Tick(time.Now())
-	_, ok := l.Source(2)
+	_, ok := l.Origin(2)
 	assert.False(t, ok)
+}
+
+// halfSource weighs the workers with an even id at half their capacity,
+// and says why it cannot weigh worker 4.
+type halfSource struct{ refreshed int }
+
+func (h *halfSource) Name() string                          { return "half" }
+func (h *halfSource) Measures(s *dataplane.WorkerSpec) bool { return s.ID%2 == 0 }
+func (h *halfSource) Refresh(time.Time, []*dataplane.Worker) error {
+	h.refreshed++
+	return nil
+}
+func (h *halfSource) Collect(w *metrics.Writer) { w.Header("half", "gauge", "test") }
+func (h *halfSource) Weigh(s *dataplane.WorkerSpec, _ time.Time) (float64, time.Time, string) {
+	if s.ID == 4 {
+		return 0, time.Time{}, "worker 4 is not measured"
+	}
+	return s.Capacity / 2, time.Unix(1, 0), ""
+}
+
+// Sources are asked in order; the first that measures a worker weighs it,
+// and a worker none measures keeps its capacity. A GPU library that did not
+// start says why on every GPU worker.
+func TestSourcesWeighTheWorkersTheyMeasure(t *testing.T) {
+	reg := registry(t,
+		dataplane.WorkerSpec{ID: 1, Capacity: 2},
+		dataplane.WorkerSpec{ID: 2, Capacity: 2},
+		dataplane.WorkerSpec{ID: 4, Capacity: 2},
+		dataplane.WorkerSpec{ID: 6, Device: dataplane.DeviceGPU, Capacity: 2},
+		dataplane.WorkerSpec{ID: 7, Device: dataplane.DeviceGPU, Capacity: 2})
+	half := &halfSource{}
+	l := New(Options{Registry: reg, Sources: []Source{half, GPUDown("nvml: library not found")}, Interval: interval, Logger: quiet})
+	l.Tick(time.Unix(1, 0))
+	assert.Equal(t, 1, half.refreshed)
+	want := map[uint64]Origin{
+		1: {Static: true, Reason: "cpu telemetry is off"},
+		2: {At: time.Unix(1, 0)},
+		4: {Static: true, Reason: "worker 4 is not measured"},
+		6: {At: time.Unix(1, 0)}, // half comes first
+		7: {Static: true, Reason: "nvml: library not found"},
+	}
+	for id, o := range want {
+		got, ok := l.Origin(id)
+		require.True(t, ok)
+		assert.Equal(t, o, got, "worker %d", id)
+		w, _ := reg.Get(id)
+		if o.Static {
+			assert.Equal(t, 2.0, w.Weight(), "worker %d", id)
+		} else {
+			assert.Equal(t, 1.0, w.Weight(), "worker %d", id)
+		}
+	}
+	var set metrics.Set
+	set.Register(l.Collector())
+	var out bytes.Buffer
+	_, err := set.WriteTo(&out)
+	require.NoError(t, err)
+	assert.Contains(t, out.String(), "# TYPE half gauge\n")
+	assert.Contains(t, out.String(), "# TYPE fastroute_gpu_utilization_ratio gauge\n")
 }

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
-	"github.com/fastroute/fastroute/dataplane/disagg"
+	"github.com/fastroute/fastroute/dataplane/http/disagg"
 	"github.com/valyala/fasthttp"
 )
 
