@@ -10,6 +10,7 @@ import (
 	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/puzpuzpuz/xsync/v3"
+	"golang.org/x/sys/cpu"
 )
 
 // candidates is a set of workers a picker chooses from, as aligned slices.
@@ -80,9 +81,9 @@ func (c *candidates) contains(id uint64) bool { return c.index(id) >= 0 }
 
 // groupLoad is a group's requests in flight; it outlives snapshots.
 type groupLoad struct {
-	_ [64]byte
+	_ cpu.CacheLinePad
 	n atomic.Int64
-	_ [56]byte
+	_ cpu.CacheLinePad
 }
 
 // Group is one group (LoRA adapter) of a snapshot: its routable members

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/telemetry/engine"
+	"golang.org/x/sys/cpu"
 )
 
 // Device is the kind of hardware a worker runs on.
@@ -165,10 +166,10 @@ func (s *WorkerSpec) Host() string {
 // occupancy holds a worker's hot counters on a cache line of their own, so
 // counters of different workers never share a line (no false sharing).
 type occupancy struct {
-	_      [64]byte
+	_      cpu.CacheLinePad
 	n      atomic.Int64  // in flight
 	served atomic.Uint64 // requests dispatched to it
-	_      [48]byte
+	_      cpu.CacheLinePad
 }
 
 // Worker is one inference server as the data plane sees it. Spec never

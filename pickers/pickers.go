@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
+
+	"golang.org/x/sys/cpu"
 )
 
 // State gives a picker read access to the live state of the candidates.
@@ -80,9 +82,9 @@ func New(m Mode) (Picker, error) {
 
 // paddedCounter keeps a hot atomic counter on its own cache line.
 type paddedCounter struct {
-	_ [64]byte
+	_ cpu.CacheLinePad
 	n atomic.Uint64
-	_ [56]byte
+	_ cpu.CacheLinePad
 }
 
 // RoundRobin cycles through the candidates with one atomic counter.

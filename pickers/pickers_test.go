@@ -54,11 +54,16 @@ func ids(n int) []uint64 {
 	return out
 }
 
-func allPickers() map[string]Picker {
-	return map[string]Picker{
-		"round-robin": &RoundRobin{}, "random": Random{}, "p2c": P2C{},
-		"least-loaded": &LeastLoaded{}, "weighted": Weighted{}, "load-aware": LoadAware{},
+// allPickers builds one picker of every mode that has one (direct needs the
+// worker named), so a new mode is tested and benchmarked once it is in Modes.
+func allPickers() map[Mode]Picker {
+	out := map[Mode]Picker{}
+	for _, m := range Modes {
+		if p, err := New(m); err == nil && p != nil {
+			out[m] = p
+		}
 	}
+	return out
 }
 
 func TestEmptyCandidatesReturnMinusOne(t *testing.T) {
@@ -295,8 +300,11 @@ func TestPickersConcurrentOccupancyReturnsToZero(t *testing.T) {
 }
 
 func BenchmarkPick(b *testing.B) {
-	for _, name := range []string{"round-robin", "random", "p2c", "least-loaded", "weighted"} {
+	for _, name := range Modes {
 		p := allPickers()[name]
+		if p == nil {
+			continue
+		}
 		for _, n := range []int{4, 64, 1024} {
 			st := newTestState(n)
 			for i := range st.occ {

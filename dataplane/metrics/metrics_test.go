@@ -36,7 +36,7 @@ func TestHistogramBucketsAndText(t *testing.T) {
 
 func TestRecordingIsRaceFreeAndAllocationFree(t *testing.T) {
 	h := NewHistogram(DefaultBuckets)
-	var c Counter
+	c := NewCounter()
 	var wg sync.WaitGroup
 	for g := 0; g < 64; g++ {
 		wg.Add(1)

@@ -60,12 +60,25 @@ type Metrics struct {
 }
 
 func newMetrics() *Metrics {
-	return &Metrics{
-		routeTime:   metrics.NewHistogram([]float64{1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 1e-4, 1e-3}),
-		firstByte:   metrics.NewHistogram(metrics.DefaultBuckets),
-		prefillTime: metrics.NewHistogram(metrics.DefaultBuckets),
-		total:       metrics.NewHistogram(metrics.DefaultBuckets),
+	m := &Metrics{
+		retries:         metrics.NewCounter(),
+		disaggFallbacks: metrics.NewCounter(),
+		routeTime:       metrics.NewHistogram([]float64{1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 1e-4, 1e-3}),
+		firstByte:       metrics.NewHistogram(metrics.DefaultBuckets),
+		prefillTime:     metrics.NewHistogram(metrics.DefaultBuckets),
+		total:           metrics.NewHistogram(metrics.DefaultBuckets),
 	}
+	for r := range m.requests {
+		for o := range m.requests[r] {
+			m.requests[r][o] = metrics.NewCounter()
+		}
+	}
+	for p := range m.phases {
+		for o := range m.phases[p] {
+			m.phases[p][o] = metrics.NewCounter()
+		}
+	}
+	return m
 }
 
 // Requests returns the count for one route and outcome name (for tests and the demo).

@@ -80,7 +80,7 @@ func New(o Options) *Loop {
 	if o.Interval <= 0 {
 		o.Interval = 250 * time.Millisecond
 	}
-	return &Loop{opts: o, origins: map[uint64]Origin{}, errs: make([]string, len(o.Sources))}
+	return &Loop{opts: o, origins: map[uint64]Origin{}, errs: make([]string, len(o.Sources)), fallbacks: metrics.NewCounter()}
 }
 
 // Run ticks every Interval until ctx ends.
