@@ -64,7 +64,7 @@ func (s *Selector) Routing() *Routing { return s.routing.Load() }
 // snap: the adapter's group, a hard pin (WorkerID) or a worker to prefer.
 // The error is final for the request.
 func (s *Selector) route(rt *Routing, snap *Snapshot, req *Request) error {
-	if req.Phase != PhasePrefill { // a prefill follows its decode's adapter (SelectSplit)
+	if len(req.Model) > 0 && req.Phase != PhasePrefill { // a prefill follows its decode's adapter (SelectSplit)
 		if err := rt.resolve(snap, req); err != nil {
 			return err
 		}

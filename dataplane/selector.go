@@ -221,6 +221,9 @@ func (s *Selector) Registry() *Registry { return s.reg }
 // current snapshot, so one request sees one view of the workers.
 func (s *Selector) Select(req *Request, res *Reservation) error {
 	snap := s.reg.Snapshot()
+	if len(req.Model)+len(req.Session)+len(req.CacheKeys) == 0 {
+		return s.pick(snap, req, res) // nothing to route by
+	}
 	rt := s.routing.Load()
 	if err := s.route(rt, snap, req); err != nil {
 		return err
