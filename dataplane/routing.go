@@ -33,9 +33,20 @@ type Routing struct {
 	// holds (an unknown model name included) to the worker rendezvous
 	// hashing of its name picks, instead of a 404 or 503.
 	PlaceAdapters bool
+	// MinPrefillTokens sends prompts shorter than this (estimated at 4
+	// body bytes a token) whole to a decode worker instead of splitting
+	// them (Splits).
+	MinPrefillTokens int
 	// PrefillFallback runs a split request whole on its decode worker
 	// while no prefill worker is routable (SelectSplit); false: it fails.
 	PrefillFallback bool
+}
+
+// Splits reports whether a generation request whose body is promptBytes
+// long goes to a prefill and a decode worker (disaggregation on): a long
+// enough prompt, or one whose prefill worker is named.
+func (rt *Routing) Splits(promptBytes int, prefillNamed bool) bool {
+	return prefillNamed || promptBytes/4 >= rt.MinPrefillTokens
 }
 
 // WantsSession reports whether requests' session ids are used.

@@ -380,3 +380,11 @@ func BenchmarkAffinityPick(b *testing.B) {
 		res.Release()
 	}
 }
+
+func TestSplitsLongPromptsAndNamedPrefills(t *testing.T) {
+	rt := Routing{MinPrefillTokens: 100}
+	assert.False(t, rt.Splits(399, false), "99 tokens at 4 bytes a token")
+	assert.True(t, rt.Splits(400, false))
+	assert.True(t, rt.Splits(10, true), "a named prefill worker splits any prompt")
+	assert.True(t, (&Routing{}).Splits(0, false), "no minimum: every generation request")
+}

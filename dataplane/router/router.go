@@ -94,8 +94,9 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	sel.SetRouting(dataplane.Routing{
 		Sessions: r.Sessions, SessionMode: affMode, SessionHeader: aff.Header, EmbedCache: r.EmbedCache,
-		PlaceAdapters:   cfg.Router.LoRAPlacement == "rendezvous",
-		PrefillFallback: cfg.Router.Disaggregation.Fallback == config.FallbackAggr,
+		PlaceAdapters:    cfg.Router.LoRAPlacement == "rendezvous",
+		MinPrefillTokens: cfg.Router.Disaggregation.MinPrefillTokens,
+		PrefillFallback:  cfg.Router.Disaggregation.Fallback == config.FallbackAggr,
 	})
 	fo := frontend.Options{
 		Selector: sel, Retries: cfg.Router.Retries,
@@ -284,7 +285,7 @@ func sweepEvery(ttl time.Duration) time.Duration {
 
 // disaggOptions maps the config's disaggregation keys onto the front end's.
 func disaggOptions(d config.Disaggregation) frontend.Disagg {
-	out := frontend.Disagg{MinPrefillTokens: d.MinPrefillTokens}
+	var out frontend.Disagg
 	switch d.Protocol {
 	case config.DisaggVLLM:
 		out.Protocol = frontend.ProtocolVLLM

@@ -24,12 +24,11 @@ const (
 	ProtocolSGLang          // SGLang's bootstrap: prefill and decode at once, meeting in a room
 )
 
-// Disagg configures prefill/decode disaggregation; the zero value is off.
+// Disagg configures prefill/decode disaggregation's wire protocol; the
+// zero value is off. Which requests split is routing's to say
+// (dataplane.Routing.Splits).
 type Disagg struct {
 	Protocol Protocol
-	// MinPrefillTokens sends prompts shorter than this (estimated at 4
-	// body bytes a token) whole to a decode worker.
-	MinPrefillTokens int
 }
 
 // Request headers of disaggregation.
@@ -54,7 +53,6 @@ var phaseNames = [numPhases]string{"aggregated", "prefill", "decode"}
 // parseDisagg reads the phase headers of a request the front end may
 // split; it decides whether it does.
 func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
-	d := &ex.s.opts.Disagg
 	ex.req.Phase = dataplane.PhaseDecode // prefill-only workers never take a whole request
 	if v := h.Peek(headerDecodeWorker); len(v) > 0 {
 		id, err := fasthttp.ParseUint(v)
@@ -76,7 +74,7 @@ func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
 		ex.preReq.WorkerID = uint64(id)
 	}
 	generation := ex.rt == routeChat || ex.rt == routeCompletions
-	ex.split = generation && (bodyLen/4 >= d.MinPrefillTokens || ex.preReq.WorkerID != 0)
+	ex.split = generation && ex.s.sel.Routing().Splits(bodyLen, ex.preReq.WorkerID != 0)
 	return nil
 }
 
