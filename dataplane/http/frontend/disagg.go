@@ -120,9 +120,9 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 	for {
 		w := ex.preRes.Worker()
 		u := s.upstreamOf(w)
-		ex.pre.prepare(ctx, u, w, body, ex.reqID, ex.preRes.Rank(), &ex.rankBuf)
+		ex.prefillCall().prepare(ctx, u, w, body, ex.reqID, ex.preRes.Rank(), &ex.rankBuf)
 		ex.preRes.Dispatched()
-		err := ex.pre.send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
+		err := ex.prefillCall().send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
 			return ex.prefilled(ctx, w, start)
 		}
@@ -148,9 +148,9 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, start time.Time) bool {
 	s := ex.s
 	var err error
-	ex.preAnswer, err = ex.pre.readAll(ex.preAnswer[:0])
-	status := ex.pre.resp.StatusCode()
-	ex.pre.endConn(ex.token)
+	ex.preAnswer, err = ex.prefillCall().readAll(ex.preAnswer[:0])
+	status := ex.prefillCall().resp.StatusCode()
+	ex.prefillCall().endConn(ex.token)
 	ex.preRes.Release()
 	s.metrics.prefillTime.Observe(time.Since(start))
 	switch {
@@ -203,7 +203,7 @@ func (ex *exchange) startBootstrap(ctx *fasthttp.RequestCtx) bool {
 	if err != nil {
 		return ex.answerPrefill(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error(), outcomeInvalid)
 	}
-	ex.pre.prepare(ctx, ex.s.upstreamOf(w), w, ex.body, ex.reqID, ex.preRes.Rank(), &ex.rankBuf)
+	ex.prefillCall().prepare(ctx, ex.s.upstreamOf(w), w, ex.body, ex.reqID, ex.preRes.Rank(), &ex.rankBuf)
 	ex.preDone = make(chan struct{})
 	go ex.bootstrapPrefill(w)
 	return true
@@ -216,16 +216,16 @@ func (ex *exchange) bootstrapPrefill(w *dataplane.Worker) {
 	defer close(ex.preDone)
 	start := time.Now()
 	ex.preRes.Dispatched()
-	err := ex.pre.send(s.upstreamOf(w), ex.token, s.opts.FirstByteTimeout, &ex.stop)
+	err := ex.prefillCall().send(s.upstreamOf(w), ex.token, s.opts.FirstByteTimeout, &ex.stop)
 	status := 0
 	if err == nil {
-		ex.preAnswer, err = ex.pre.readAll(ex.preAnswer[:0])
-		status = ex.pre.resp.StatusCode()
+		ex.preAnswer, err = ex.prefillCall().readAll(ex.preAnswer[:0])
+		status = ex.prefillCall().resp.StatusCode()
 		if err == nil && status >= fasthttp.StatusBadRequest {
 			err = fmt.Errorf("answered %d: %s", status, excerpt(ex.preAnswer))
 		}
 	}
-	ex.pre.endConn(ex.token)
+	ex.prefillCall().endConn(ex.token)
 	ex.preRes.Release()
 	s.metrics.prefillTime.Observe(time.Since(start))
 	if err == nil {
@@ -264,8 +264,22 @@ func (ex *exchange) endPrefill() {
 		<-ex.preDone
 		ex.preDone = nil
 	}
-	ex.pre.endConn(ex.token)
+	if pre := ex.pre.Load(); pre != nil {
+		pre.endConn(ex.token)
+	}
 	ex.preRes.Release()
+}
+
+// prefillCall returns the exchange's prefill call, made at its first split
+// request: most exchanges never split, and an upCall is 1.5 KiB that every
+// open stream would hold.
+func (ex *exchange) prefillCall() *upCall {
+	if pre := ex.pre.Load(); pre != nil {
+		return pre
+	}
+	pre := &upCall{}
+	ex.pre.Store(pre)
+	return pre
 }
 
 // prefillFailed answers a prefill that got no answer from any prefill

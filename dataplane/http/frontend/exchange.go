@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -46,12 +47,12 @@ type exchange struct {
 	decoding  bool // its decode leg was dispatched
 	preReq    dataplane.Request
 	preRes    dataplane.Reservation
-	pre       upCall        // the prefill request
-	body      []byte        // the body sent to the decode worker; nil: the client's
-	preAnswer []byte        // the prefill answer
-	reqID     []byte        // X-Request-Id of both legs
-	preDone   chan struct{} // closed when an SGLang prefill leg ends; nil: none running
-	preErr    error         // why an SGLang prefill leg failed (read after preDone)
+	pre       atomic.Pointer[upCall] // the prefill request; made at the first split request (prefillCall)
+	body      []byte                 // the body sent to the decode worker; nil: the client's
+	preAnswer []byte                 // the prefill answer
+	reqID     []byte                 // X-Request-Id of both legs
+	preDone   chan struct{}          // closed when an SGLang prefill leg ends; nil: none running
+	preErr    error                  // why an SGLang prefill leg failed (read after preDone)
 	stream    bool
 	readErr   error
 	done      bool
@@ -329,6 +330,47 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// SupportsBodyWriteTo makes fasthttp frame a streamed answer from WriteTo
+// instead of reading it into a 4 KiB buffer of its own held for the whole
+// stream.
+func (ex *exchange) SupportsBodyWriteTo() bool { return true }
+
+// copyBufs are the buffers streamed answers are copied through, each lent
+// only while a chunk of an answer is at hand.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
+
+// WriteTo copies the streamed answer to w, fasthttp's chunk writer, which
+// flushes each chunk. Between chunks of a chunked answer it waits for the
+// worker's next bytes holding no buffer (the connection reader's Peek; a
+// chunked body's end is bytes still to come, so that wait always ends),
+// and borrows a copy buffer only to move them: an open stream that waits
+// on its worker costs no copy buffer.
+func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
+	chunked := ex.resp.Header.ContentLength() == -1
+	var total int64
+	for {
+		if chunked && ex.tail == nil && ex.br != nil {
+			_, _ = ex.br.Peek(1) // an error is met again by Read
+		}
+		bp := copyBufs.Get().(*[]byte)
+		n, err := ex.Read(*bp)
+		if n > 0 {
+			if _, werr := w.Write((*bp)[:n]); werr != nil {
+				copyBufs.Put(bp)
+				return total, werr
+			}
+			total += int64(n)
+		}
+		copyBufs.Put(bp)
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
 // errorEvent is the SSE event that ends a broken stream: a blank line to
 // close any event the worker left half-written, then an OpenAI error.
 func (ex *exchange) errorEvent(err error) []byte {
@@ -493,7 +535,9 @@ func clientHungUp(ex *exchange, gen uint32) {
 	if ex.watch.CompareAndSwap(uint64(gen)<<1, uint64(gen)<<1|1) {
 		ex.stop.CompareAndSwap(0, stopHungUp)
 		ex.cut(gen)
-		ex.pre.cut(gen)
+		if pre := ex.pre.Load(); pre != nil {
+			pre.cut(gen)
+		}
 	}
 }
 

@@ -1,15 +1,23 @@
 package frontend
 
 import (
+	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"net/http"
 	"os"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/pickers"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -76,4 +84,88 @@ func TestHostPoolLendsTrackedConnections(t *testing.T) {
 	pool.release(h2, false)
 	assert.Zero(t, set.Size(), "a closed connection leaves the set")
 	assert.Zero(t, hc.ConnsCount())
+}
+
+// rawWorker answers every request on its connections with answer(i), the
+// i-th request it got (from 0), written in the given pieces with pause
+// between them.
+func rawWorker(t *testing.T, pause time.Duration, answer func(i int) []string) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	var n atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					for k, piece := range answer(int(n.Add(1) - 1)) {
+						if k > 0 {
+							time.Sleep(pause)
+						}
+						if _, err := c.Write([]byte(piece)); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// A streamed answer passes chunk by chunk however it is framed: chunked
+// with its end arriving on its own after a pause (the copy waits for it
+// holding no buffer), or a stream request answered with a Content-Length
+// body larger than a read buffer, in two pieces. The upstream connection
+// is kept for the next request, and occupancy returns to 0.
+func TestStreamedAnswersEndHoweverFramed(t *testing.T) {
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+	body := `{"id":"x","pad":"` + strings.Repeat("p", 6000) + `"}` // more than a read buffer: streamed
+	addr := rawWorker(t, 50*time.Millisecond, func(i int) []string {
+		if i%2 == 1 {
+			head := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+			return []string{head + body[:3000], body[3000:]}
+		}
+		return []string{sse + "9\r\ndata: a\n\n\r\n", "9\r\ndata: b\n\n\r\n", "0\r\n\r\n"}
+	})
+	reg := dataplane.NewRegistry()
+	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://" + addr})
+	require.NoError(t, err)
+	sel, err := dataplane.NewSelector(reg, pickers.ModeRoundRobin, 0)
+	require.NoError(t, err)
+	s := New(Options{Selector: sel, ConnectTimeout: 2 * time.Second, FirstByteTimeout: 5 * time.Second, StreamIdleTimeout: 5 * time.Second,
+		Logger: slog.New(slog.DiscardHandler)})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+
+	for i := 0; i < 4; i++ {
+		resp, err := http.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(got))
+		if i%2 == 1 {
+			assert.JSONEq(t, body, string(got))
+		} else {
+			assert.Equal(t, "data: a\n\ndata: b\n\n", string(got))
+		}
+	}
+	w, _ := reg.Get(1)
+	assert.Zero(t, w.Occupancy())
+	assert.Equal(t, 1, s.upstreamOf(w).hc.ConnsCount(), "one upstream connection carried every answer")
 }
