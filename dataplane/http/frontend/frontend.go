@@ -28,14 +28,18 @@ import (
 
 // Options configures a Server.
 type Options struct {
-	Selector          *dataplane.Selector
-	Retries           int
-	MaxBodyBytes      int
-	MaxHeaderBytes    int           // request line and headers (431 above); 0: fasthttp's 4 KiB
-	ReadTimeout       time.Duration // client request read (headers and body)
-	WriteTimeout      time.Duration // client response write
-	IdleTimeout       time.Duration // keep-alive idle
-	ConnectTimeout    time.Duration // dial to a worker
+	Selector       *dataplane.Selector
+	Retries        int
+	MaxBodyBytes   int
+	MaxHeaderBytes int           // request line and headers (431 above); 0: fasthttp's 4 KiB
+	ReadTimeout    time.Duration // client request read (headers and body)
+	WriteTimeout   time.Duration // client response write
+	IdleTimeout    time.Duration // keep-alive idle
+	ConnectTimeout time.Duration // dial to a worker
+	// DialsPerWorker bounds the connects in flight to one worker (0:
+	// DefaultDialsPerWorker); the others wait their turn (up to
+	// FirstByteTimeout) instead of all racing for its accept queue.
+	DialsPerWorker    int
 	FirstByteTimeout  time.Duration // a worker's response headers
 	StreamIdleTimeout time.Duration // gap between two reads of a worker's answer
 	Logger            *slog.Logger
@@ -67,6 +71,7 @@ type Server struct {
 	hangups   *hangup.Watcher[exchange] // nil: client hang-ups are noticed only on write
 	srv       *fasthttp.Server
 	log       *slog.Logger
+	dial      func(addr string, timeout time.Duration) (net.Conn, error) // fasthttp.DialTimeout; tests count dials
 }
 
 // New returns a Server; call Serve to start it.
@@ -84,6 +89,7 @@ func New(opts Options) *Server {
 		metrics:   newMetrics(),
 		log:       opts.Logger,
 		access:    opts.AccessLog,
+		dial:      fasthttp.DialTimeout,
 	}
 	s.exchanges.New = func() any { return &exchange{s: s} }
 	s.reg.Subscribe(s.workerChanged)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -168,4 +169,54 @@ func TestStreamedAnswersEndHoweverFramed(t *testing.T) {
 	w, _ := reg.Get(1)
 	assert.Zero(t, w.Occupancy())
 	assert.Equal(t, 1, s.upstreamOf(w).hc.ConnsCount(), "one upstream connection carried every answer")
+}
+
+// A burst of requests that each need a new connection to one worker
+// connects DialsPerWorker at a time, and every request is answered.
+func TestConnectsToAWorkerAreBounded(t *testing.T) {
+	const body = `{"id":"x","choices":[]}`
+	addr := rawWorker(t, 0, func(int) []string {
+		return []string{fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)}
+	})
+	reg := dataplane.NewRegistry()
+	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://" + addr})
+	require.NoError(t, err)
+	sel, err := dataplane.NewSelector(reg, pickers.ModeRoundRobin, 0)
+	require.NoError(t, err)
+	s := New(Options{Selector: sel, ConnectTimeout: 2 * time.Second, FirstByteTimeout: 5 * time.Second, DialsPerWorker: 3,
+		Logger: slog.New(slog.DiscardHandler)})
+	var inFlight, most, dials atomic.Int32
+	s.dial = func(addr string, timeout time.Duration) (net.Conn, error) {
+		n := inFlight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		dials.Add(1)
+		time.Sleep(20 * time.Millisecond) // a slow handshake: the burst piles up
+		defer inFlight.Add(-1)
+		return fasthttp.DialTimeout(addr, timeout)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
+	var wg sync.WaitGroup
+	for range 24 {
+		wg.Go(func() {
+			resp, err := client.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"m","messages":[]}`))
+			if !assert.NoError(t, err) {
+				return
+			}
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusOK, resp.StatusCode, string(got))
+		})
+	}
+	wg.Wait()
+	assert.LessOrEqual(t, most.Load(), int32(3), "connects in flight to the worker")
+	assert.Greater(t, dials.Load(), int32(3), "the burst needed more connections than turns")
+	w, _ := reg.Get(1)
+	assert.Zero(t, w.Occupancy())
 }

@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
 	"io"
 	"net"
@@ -60,19 +61,36 @@ func (p *hostPool[C]) release(h any, reuse bool) {
 	p.closeConn(h.(C))
 }
 
+// DefaultDialsPerWorker is the connects in flight to one worker. A burst
+// of thousands of new streams would otherwise send a worker thousands of
+// SYNs at once: past the kernel's SYN and accept queues (tcp_max_syn_backlog,
+// somaxconn) they are dropped, retried a second and then three seconds
+// later, and the connects time out — and the worker is ejected for
+// failures that are only the burst's. Queued here, the connects go at the
+// pace the worker accepts them.
+const DefaultDialsPerWorker = 128
+
+// errDialQueue fails a connect that waited its turn for too long.
+var errDialQueue = errors.New("waited limits.first_byte_timeout for a turn to connect (too many connects in flight)")
+
 func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 	if u, ok := s.upstreams.Load(w); ok {
 		return u
 	}
 	u, _ := s.upstreams.LoadOrCompute(w, func() *upstream {
 		host := w.Spec().Host()
-		dialTimeout := s.opts.ConnectTimeout
+		dialTimeout, queueTimeout := s.opts.ConnectTimeout, s.opts.FirstByteTimeout
+		turns := make(chan struct{}, cmp.Or(s.opts.DialsPerWorker, DefaultDialsPerWorker))
 		hc := &fasthttp.HostClient{
 			Addr:                host,
 			MaxConns:            4096,
 			MaxIdleConnDuration: 90 * time.Second,
 			Dial: func(addr string) (net.Conn, error) {
-				c, err := fasthttp.DialTimeout(addr, dialTimeout)
+				if err := takeTurn(turns, queueTimeout); err != nil {
+					return nil, err
+				}
+				c, err := s.dial(addr, dialTimeout)
+				<-turns
 				if err != nil {
 					return nil, err
 				}
@@ -89,6 +107,27 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 		}
 	})
 	return u
+}
+
+// takeTurn waits for a place in turns, up to wait (0: no limit).
+func takeTurn(turns chan struct{}, wait time.Duration) error {
+	select {
+	case turns <- struct{}{}:
+		return nil
+	default:
+	}
+	var timeout <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case turns <- struct{}{}:
+		return nil
+	case <-timeout:
+		return errDialQueue
+	}
 }
 
 // upCall is one request to a worker and its answer, on one pooled
