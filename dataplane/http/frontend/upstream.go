@@ -63,10 +63,10 @@ func (p *hostPool[C]) release(h any, reuse bool) {
 
 // DefaultDialsPerWorker is the connects in flight to one worker. A burst
 // of thousands of new streams would otherwise send a worker thousands of
-// SYNs at once: past the kernel's SYN and accept queues (tcp_max_syn_backlog,
-// somaxconn) they are dropped, retried a second and then three seconds
-// later, and the connects time out — and the worker is ejected for
-// failures that are only the burst's. Queued here, the connects go at the
+// SYNs at once: past the kernel's listen queues (tcp_max_syn_backlog,
+// somaxconn) connects are dropped, retried a second and then three seconds
+// later, and time out — and the worker is ejected for failures that are
+// only the burst's. Queued here, the connects go at the
 // pace the worker accepts them.
 const DefaultDialsPerWorker = 128
 
