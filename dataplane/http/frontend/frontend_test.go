@@ -220,3 +220,59 @@ func TestConnectsToAWorkerAreBounded(t *testing.T) {
 	w, _ := reg.Get(1)
 	assert.Zero(t, w.Occupancy())
 }
+
+// deadlineConn counts the deadlines set on it and reads a byte at a time.
+type deadlineConn struct {
+	net.Conn
+	calls    int
+	rd, wd   time.Time
+	readable int
+}
+
+func (c *deadlineConn) SetDeadline(t time.Time) error { c.calls++; c.rd, c.wd = t, t; return nil }
+func (c *deadlineConn) SetReadDeadline(t time.Time) error {
+	c.calls++
+	c.rd = t
+	return nil
+}
+func (c *deadlineConn) SetWriteDeadline(t time.Time) error {
+	c.calls++
+	c.wd = t
+	return nil
+}
+func (c *deadlineConn) Read(p []byte) (int, error) { return 1, nil }
+
+// Upstream deadlines are coarse: request after request on one connection
+// sets none while the one there is due within an eighth of the timeout
+// after the asked one; a stream's reads after the first are held to the
+// idle timeout, set at most every eighth of it; no deadline is ever
+// earlier than asked.
+func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
+	dc := &deadlineConn{}
+	tc := &trackedConn{Conn: dc, idle: 8 * time.Second}
+	first := time.Now().Add(80 * time.Second)
+	require.NoError(t, tc.arm(first, firstByteSlack(first)))
+	assert.Equal(t, 1, dc.calls, "one call sets both deadlines")
+	assert.False(t, dc.rd.Before(first))
+	for range 100 { // short answers: one read each
+		d := time.Now().Add(80 * time.Second)
+		require.NoError(t, tc.arm(d, firstByteSlack(d)))
+		_, _ = tc.Read(make([]byte, 1))
+		assert.False(t, dc.rd.Before(d), "never earlier than asked")
+		assert.False(t, dc.wd.Before(d))
+	}
+	assert.Equal(t, 1, dc.calls, "no deadline call per request")
+
+	later := time.Now().Add(200 * time.Second) // a longer wait than the one set
+	require.NoError(t, tc.arm(later, firstByteSlack(later)))
+	assert.Equal(t, 2, dc.calls)
+
+	for range 50 { // a stream: reads after the first wait up to idle
+		_, _ = tc.Read(make([]byte, 1))
+	}
+	assert.Equal(t, 3, dc.calls, "one idle deadline for reads in quick succession")
+	assert.WithinDuration(t, time.Now().Add(9*time.Second), dc.rd, time.Second)
+
+	require.NoError(t, tc.arm(time.Time{}, 0))
+	assert.True(t, dc.rd.IsZero() && dc.wd.IsZero(), "no limit clears both")
+}

@@ -188,7 +188,7 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, stop *ato
 		c.endConn(token)
 		return reused, errStopped
 	}
-	if err = tc.SetDeadline(deadline); err == nil {
+	if err = tc.arm(deadline, firstByteSlack(deadline)); err == nil {
 		bw := u.hc.AcquireWriter(tc)
 		if err = c.up.Write(bw); err == nil {
 			err = bw.Flush()
@@ -258,37 +258,82 @@ func (c *upCall) readAll(dst []byte) ([]byte, error) {
 }
 
 // trackedConn is an upstream connection listed in set while open, so a
-// shutdown that runs out of time can cut it. Once a read returns bytes, the
-// next must come within idle (stream_idle_timeout): the deadline moves
-// forward as bytes flow, at most every idle/8, so a stream that keeps
-// sending is never cut, and reads cost no deadline call each.
+// shutdown that runs out of time can cut it.
+//
+// Its deadlines are coarse: a deadline up to an eighth of its timeout later
+// than asked serves, so one is set on the connection only when the one
+// there is earlier than asked or later than that. A request's first read
+// waits for the answer's first byte (arm); each later read must come within
+// idle (stream_idle_timeout) of the one before. So a connection that
+// carries request after request of short answers sets a deadline about
+// every first_byte_timeout/8, not two or three per request, and a stream
+// that keeps sending is never cut.
 type trackedConn struct {
 	net.Conn
-	set      *xsync.MapOf[net.Conn, struct{}]
-	idle     time.Duration
-	deadline time.Time     // the idle deadline last set; zero: the first-byte one
-	owner    atomic.Uint32 // token of the exchange using it; 0: none, or cut
-	used     bool          // it carried a request before (its holder alone reads it)
+	set    *xsync.MapOf[net.Conn, struct{}]
+	idle   time.Duration
+	rd, wd time.Time     // the read and write deadlines set on Conn
+	reads  int           // reads of the current answer
+	owner  atomic.Uint32 // token of the exchange using it; 0: none, or cut
+	used   bool          // it carried a request before (its holder alone reads it)
 }
 
-// Read reads and moves the idle deadline forward when bytes came.
+// coarse returns the deadline to set for want, or ok when cur, the one
+// set, serves: it is no earlier than want and at most slack later. A zero
+// want (no limit) is served only by no deadline.
+func coarse(cur, want time.Time, slack time.Duration) (next time.Time, ok bool) {
+	if want.IsZero() {
+		return want, cur.IsZero()
+	}
+	if !cur.IsZero() && !cur.Before(want) && !cur.After(want.Add(slack)) {
+		return cur, true
+	}
+	return want.Add(slack), false
+}
+
+// firstByteSlack is the slack of a first-byte deadline: an eighth of the
+// time left to it.
+func firstByteSlack(deadline time.Time) time.Duration {
+	if deadline.IsZero() {
+		return 0
+	}
+	return time.Until(deadline) / 8
+}
+
+// arm starts a request on the connection: its write and its answer's first
+// byte are due by deadline (zero: no limit), give or take slack.
+func (c *trackedConn) arm(deadline time.Time, slack time.Duration) error {
+	c.reads = 0
+	rd, rok := coarse(c.rd, deadline, slack)
+	wd, wok := coarse(c.wd, deadline, slack)
+	switch {
+	case !rok && !wok && rd.Equal(wd):
+		c.rd, c.wd = rd, wd
+		return c.Conn.SetDeadline(rd)
+	case !rok:
+		c.rd = rd
+		if err := c.Conn.SetReadDeadline(rd); err != nil {
+			return err
+		}
+	}
+	if !wok {
+		c.wd = wd
+		return c.Conn.SetWriteDeadline(wd)
+	}
+	return nil
+}
+
+// Read reads the answer: its first read under the first-byte deadline, each
+// later one within idle.
 func (c *trackedConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 && c.idle > 0 {
-		now := time.Now()
-		if next := now.Add(c.idle); next.Sub(c.deadline) > c.idle/8 {
-			c.deadline = next
+	if c.reads > 0 && c.idle > 0 {
+		if next, ok := coarse(c.rd, time.Now().Add(c.idle), c.idle/8); !ok {
+			c.rd = next
 			_ = c.Conn.SetReadDeadline(next)
 		}
 	}
-	return n, err
-}
-
-// SetDeadline sets the deadlines of a new request (send): the read one
-// replaces the idle deadline until bytes flow again.
-func (c *trackedConn) SetDeadline(t time.Time) error {
-	c.deadline = time.Time{}
-	return c.Conn.SetDeadline(t)
+	c.reads++
+	return c.Conn.Read(p)
 }
 
 // Close closes the connection and drops it from the set.
