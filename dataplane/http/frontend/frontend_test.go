@@ -125,6 +125,28 @@ func rawWorker(t *testing.T, pause time.Duration, answer func(i int) []string) s
 	return ln.Addr().String()
 }
 
+// serveOne starts a front end over one worker at addr (opts completed with
+// its selector, a quiet logger and connect and first-byte timeouts; dial,
+// when set, replaces its connects) and returns the registry, the server and
+// the URL of its chat route.
+func serveOne(t *testing.T, addr string, opts Options, dial func(string, time.Duration) (net.Conn, error)) (*dataplane.Registry, *Server, string) {
+	reg := dataplane.NewRegistry()
+	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://" + addr})
+	require.NoError(t, err)
+	opts.Selector, err = dataplane.NewSelector(reg, pickers.ModeRoundRobin, 0)
+	require.NoError(t, err)
+	opts.ConnectTimeout, opts.FirstByteTimeout, opts.Logger = 2*time.Second, 5*time.Second, slog.New(slog.DiscardHandler)
+	s := New(opts)
+	if dial != nil {
+		s.dial = dial
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	return reg, s, "http://" + ln.Addr().String() + "/v1/chat/completions"
+}
+
 // A streamed answer passes chunk by chunk however it is framed: chunked
 // with its end arriving on its own after a pause (the copy waits for it
 // holding no buffer), or a stream request answered with a Content-Length
@@ -140,21 +162,10 @@ func TestStreamedAnswersEndHoweverFramed(t *testing.T) {
 		}
 		return []string{sse + "9\r\ndata: a\n\n\r\n", "9\r\ndata: b\n\n\r\n", "0\r\n\r\n"}
 	})
-	reg := dataplane.NewRegistry()
-	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://" + addr})
-	require.NoError(t, err)
-	sel, err := dataplane.NewSelector(reg, pickers.ModeRoundRobin, 0)
-	require.NoError(t, err)
-	s := New(Options{Selector: sel, ConnectTimeout: 2 * time.Second, FirstByteTimeout: 5 * time.Second, StreamIdleTimeout: 5 * time.Second,
-		Logger: slog.New(slog.DiscardHandler)})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	reg, s, url := serveOne(t, addr, Options{StreamIdleTimeout: 5 * time.Second}, nil)
 
 	for i := 0; i < 4; i++ {
-		resp, err := http.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
-			strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+		resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
 		require.NoError(t, err)
 		got, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -178,15 +189,8 @@ func TestConnectsToAWorkerAreBounded(t *testing.T) {
 	addr := rawWorker(t, 0, func(int) []string {
 		return []string{fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)}
 	})
-	reg := dataplane.NewRegistry()
-	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://" + addr})
-	require.NoError(t, err)
-	sel, err := dataplane.NewSelector(reg, pickers.ModeRoundRobin, 0)
-	require.NoError(t, err)
-	s := New(Options{Selector: sel, ConnectTimeout: 2 * time.Second, FirstByteTimeout: 5 * time.Second, DialsPerWorker: 3,
-		Logger: slog.New(slog.DiscardHandler)})
 	var inFlight, most, dials atomic.Int32
-	s.dial = func(addr string, timeout time.Duration) (net.Conn, error) {
+	reg, _, url := serveOne(t, addr, Options{DialsPerWorker: 3}, func(addr string, timeout time.Duration) (net.Conn, error) {
 		n := inFlight.Add(1)
 		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 		}
@@ -194,18 +198,13 @@ func TestConnectsToAWorkerAreBounded(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // a slow handshake: the burst piles up
 		defer inFlight.Add(-1)
 		return fasthttp.DialTimeout(addr, timeout)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	})
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
 	var wg sync.WaitGroup
 	for range 24 {
 		wg.Go(func() {
-			resp, err := client.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
-				strings.NewReader(`{"model":"m","messages":[]}`))
+			resp, err := client.Post(url, "application/json", strings.NewReader(`{"model":"m","messages":[]}`))
 			if !assert.NoError(t, err) {
 				return
 			}
