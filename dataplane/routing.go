@@ -208,20 +208,14 @@ func (s *Selector) pinFailed(rt *Routing, req *Request, err error) error {
 func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (split bool, err error) {
 	snap := s.reg.Snapshot()
 	rt := s.routing.Load()
-	if err = s.route(rt, snap, dec); err == nil {
-		err = s.pinFailed(rt, dec, s.pick(snap, dec, decRes))
-	}
-	if err != nil {
+	if err = s.routeAndPick(rt, snap, dec, decRes); err != nil {
 		return false, err
 	}
 	pre.group = dec.group
 	if len(dec.Session) > 0 {
 		pre.Session = append(append(pre.Session[:0], dec.Session...), prefillPin...)
 	}
-	if err = s.route(rt, snap, pre); err == nil {
-		err = s.pick(snap, pre, preRes)
-	}
-	if err == nil {
+	if err = s.routeAndPick(rt, snap, pre, preRes); err == nil {
 		return true, nil
 	}
 	if errors.Is(err, ErrNoEndpoints) && pre.WorkerID == 0 && rt.PrefillFallback {

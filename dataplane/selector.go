@@ -220,11 +220,14 @@ func (s *Selector) Registry() *Registry { return s.reg }
 // reserves one slot on the worker it picks in res, all on the registry's
 // current snapshot, so one request sees one view of the workers.
 func (s *Selector) Select(req *Request, res *Reservation) error {
-	snap := s.reg.Snapshot()
+	return s.routeAndPick(s.routing.Load(), s.reg.Snapshot(), req, res)
+}
+
+// routeAndPick routes req and reserves the worker it picks, both on snap.
+func (s *Selector) routeAndPick(rt *Routing, snap *Snapshot, req *Request, res *Reservation) error {
 	if len(req.Model)+len(req.Session)+len(req.CacheKeys) == 0 {
 		return s.pick(snap, req, res) // nothing to route by
 	}
-	rt := s.routing.Load()
 	if err := s.route(rt, snap, req); err != nil {
 		return err
 	}

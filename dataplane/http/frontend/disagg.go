@@ -116,13 +116,13 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 	if err != nil { // parse checked the body is a JSON object: not reached
 		return ex.answerPrefill(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error(), outcomeInvalid)
 	}
-	start := time.Now()
+	start, pre := time.Now(), ex.prefillCall()
 	for {
 		w := ex.preRes.Worker()
 		u := s.upstreamOf(w)
-		ex.prefillCall().prepare(ctx, u, w, body, ex.reqID, ex.preRes.Rank(), &ex.rankBuf)
+		pre.prepare(ctx, u, w, body, ex.reqID, ex.preRes.Rank(), &ex.rankBuf)
 		ex.preRes.Dispatched()
-		err := ex.prefillCall().send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
+		err := pre.send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
 			return ex.prefilled(ctx, w, start)
 		}
@@ -146,11 +146,11 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 // client (a 5xx as a 502 naming the worker), an answer without
 // kv_transfer_params is a 502, else the decode body carries them.
 func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, start time.Time) bool {
-	s := ex.s
+	s, pre := ex.s, ex.prefillCall()
 	var err error
-	ex.preAnswer, err = ex.prefillCall().readAll(ex.preAnswer[:0])
-	status := ex.prefillCall().resp.StatusCode()
-	ex.prefillCall().endConn(ex.token)
+	ex.preAnswer, err = pre.readAll(ex.preAnswer[:0])
+	status := pre.resp.StatusCode()
+	pre.endConn(ex.token)
 	ex.preRes.Release()
 	s.metrics.prefillTime.Observe(time.Since(start))
 	switch {
@@ -212,20 +212,20 @@ func (ex *exchange) startBootstrap(ctx *fasthttp.RequestCtx) bool {
 // bootstrapPrefill is the prefill leg of an SGLang request: its answer is
 // read and dropped (the client gets the decode worker's).
 func (ex *exchange) bootstrapPrefill(w *dataplane.Worker) {
-	s := ex.s
+	s, pre := ex.s, ex.prefillCall()
 	defer close(ex.preDone)
 	start := time.Now()
 	ex.preRes.Dispatched()
-	err := ex.prefillCall().send(s.upstreamOf(w), ex.token, s.opts.FirstByteTimeout, &ex.stop)
+	err := pre.send(s.upstreamOf(w), ex.token, s.opts.FirstByteTimeout, &ex.stop)
 	status := 0
 	if err == nil {
-		ex.preAnswer, err = ex.prefillCall().readAll(ex.preAnswer[:0])
-		status = ex.prefillCall().resp.StatusCode()
+		ex.preAnswer, err = pre.readAll(ex.preAnswer[:0])
+		status = pre.resp.StatusCode()
 		if err == nil && status >= fasthttp.StatusBadRequest {
 			err = fmt.Errorf("answered %d: %s", status, excerpt(ex.preAnswer))
 		}
 	}
-	ex.prefillCall().endConn(ex.token)
+	pre.endConn(ex.token)
 	ex.preRes.Release()
 	s.metrics.prefillTime.Observe(time.Since(start))
 	if err == nil {

@@ -355,11 +355,11 @@ func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
 		bp := copyBufs.Get().(*[]byte)
 		n, err := ex.Read(*bp)
 		if n > 0 {
-			if _, werr := w.Write((*bp)[:n]); werr != nil {
-				copyBufs.Put(bp)
-				return total, werr
+			wn, werr := w.Write((*bp)[:n])
+			total += int64(wn)
+			if werr != nil {
+				err = werr // the client is gone: the copy ends
 			}
-			total += int64(n)
 		}
 		copyBufs.Put(bp)
 		if err == io.EOF {

@@ -250,12 +250,12 @@ func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 	dc := &deadlineConn{}
 	tc := &trackedConn{Conn: dc, idle: 8 * time.Second}
 	first := time.Now().Add(80 * time.Second)
-	require.NoError(t, tc.arm(first, firstByteSlack(first)))
+	require.NoError(t, tc.arm(first))
 	assert.Equal(t, 1, dc.calls, "one call sets both deadlines")
 	assert.False(t, dc.rd.Before(first))
 	for range 100 { // short answers: one read each
 		d := time.Now().Add(80 * time.Second)
-		require.NoError(t, tc.arm(d, firstByteSlack(d)))
+		require.NoError(t, tc.arm(d))
 		_, _ = tc.Read(make([]byte, 1))
 		assert.False(t, dc.rd.Before(d), "never earlier than asked")
 		assert.False(t, dc.wd.Before(d))
@@ -263,7 +263,7 @@ func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 	assert.Equal(t, 1, dc.calls, "no deadline call per request")
 
 	later := time.Now().Add(200 * time.Second) // a longer wait than the one set
-	require.NoError(t, tc.arm(later, firstByteSlack(later)))
+	require.NoError(t, tc.arm(later))
 	assert.Equal(t, 2, dc.calls)
 
 	for range 50 { // a stream: reads after the first wait up to idle
@@ -272,6 +272,6 @@ func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 	assert.Equal(t, 3, dc.calls, "one idle deadline for reads in quick succession")
 	assert.WithinDuration(t, time.Now().Add(9*time.Second), dc.rd, time.Second)
 
-	require.NoError(t, tc.arm(time.Time{}, 0))
+	require.NoError(t, tc.arm(time.Time{}))
 	assert.True(t, dc.rd.IsZero() && dc.wd.IsZero(), "no limit clears both")
 }

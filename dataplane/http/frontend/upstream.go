@@ -188,7 +188,7 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, stop *ato
 		c.endConn(token)
 		return reused, errStopped
 	}
-	if err = tc.arm(deadline, firstByteSlack(deadline)); err == nil {
+	if err = tc.arm(deadline); err == nil {
 		bw := u.hc.AcquireWriter(tc)
 		if err = c.up.Write(bw); err == nil {
 			err = bw.Flush()
@@ -291,19 +291,12 @@ func coarse(cur, want time.Time, slack time.Duration) (next time.Time, ok bool) 
 	return want.Add(slack), false
 }
 
-// firstByteSlack is the slack of a first-byte deadline: an eighth of the
-// time left to it.
-func firstByteSlack(deadline time.Time) time.Duration {
-	if deadline.IsZero() {
-		return 0
-	}
-	return time.Until(deadline) / 8
-}
-
 // arm starts a request on the connection: its write and its answer's first
-// byte are due by deadline (zero: no limit), give or take slack.
-func (c *trackedConn) arm(deadline time.Time, slack time.Duration) error {
+// byte are due by deadline (zero: no limit), or up to an eighth of the time
+// left to it later.
+func (c *trackedConn) arm(deadline time.Time) error {
 	c.reads = 0
+	slack := time.Until(deadline) / 8
 	rd, rok := coarse(c.rd, deadline, slack)
 	wd, wok := coarse(c.wd, deadline, slack)
 	switch {
