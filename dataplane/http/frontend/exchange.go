@@ -341,16 +341,16 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }
 
 // WriteTo copies the streamed answer to w, fasthttp's chunk writer, which
 // flushes each chunk. Between chunks of a chunked answer it waits for the
-// worker's next bytes holding no buffer (the connection reader's Peek; a
-// chunked body's end is bytes still to come, so that wait always ends),
-// and borrows a copy buffer only to move them: an open stream that waits
-// on its worker costs no copy buffer.
+// worker's next bytes holding no buffer (awaitStream; a chunked body's end
+// is bytes still to come, so that wait always ends), and borrows a copy
+// buffer only to move them: an open stream that waits on its worker holds
+// neither a read nor a copy buffer.
 func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
 	chunked := ex.resp.Header.ContentLength() == -1
 	var total int64
 	for {
 		if chunked && ex.tail == nil && ex.br != nil {
-			_, _ = ex.br.Peek(1) // an error is met again by Read
+			ex.awaitStream()
 		}
 		bp := copyBufs.Get().(*[]byte)
 		n, err := ex.Read(*bp)

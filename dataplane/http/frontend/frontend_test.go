@@ -275,3 +275,64 @@ func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 	require.NoError(t, tc.arm(time.Time{}))
 	assert.True(t, dc.rd.IsZero() && dc.wd.IsZero(), "no limit clears both")
 }
+
+// A stream between chunks holds no read buffer: awaitStream lends the
+// connection reader's buffer out while it waits for the worker's next bytes,
+// with one look at the socket before the wait and none after it, and the
+// bytes that come are read whole through the same reader.
+func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	worker, err := ln.Accept()
+	require.NoError(t, err)
+	defer worker.Close()
+	tc := newTrackedConn(conn, xsync.NewMapOf[net.Conn, struct{}](), 0)
+	defer tc.Close()
+	require.NotNil(t, tc.raw, "a TCP connection waits without a buffer")
+	c := &upCall{conn: tc, br: bufio.NewReaderSize(tc, 4096)}
+
+	_, err = worker.Write([]byte("ab"))
+	require.NoError(t, err)
+	_, err = c.br.Peek(2)
+	require.NoError(t, err)
+	c.awaitStream() // bytes buffered: nothing to wait for
+	require.Equal(t, 4096, c.br.Size())
+	_, _ = c.br.Discard(2)
+
+	var sizes []int // the reader's buffer at each look, in the waiting goroutine
+	tc.readable = func(fd uintptr) bool {
+		sizes = append(sizes, c.br.Size())
+		return tc.peekOnce(fd)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); c.awaitStream() }()
+	time.Sleep(50 * time.Millisecond)
+	_, err = worker.Write([]byte("next chunk"))
+	require.NoError(t, err)
+	<-done
+	assert.Equal(t, []int{0, 0}, sizes, "it waited holding no buffer: a look that found nothing, then the wake-up")
+	assert.Equal(t, 4096, c.br.Size(), "a buffer is back to read with")
+	got, err := c.br.Peek(10)
+	require.NoError(t, err)
+	assert.Equal(t, "next chunk", string(got))
+	_, _ = c.br.Discard(10)
+
+	// The idle deadline bounds the wait, and the read after it says so.
+	tc.idle, tc.reads = 30*time.Millisecond, 1
+	c.awaitStream()
+	_, err = c.br.ReadByte()
+	assert.True(t, isTimeout(err), "got %v", err)
+
+	tc.readable = tc.peekOnce
+	x := []byte("x")
+	require.Zero(t, testing.AllocsPerRun(200, func() { // enough runs that the race detector's dropped pool entries round away
+		tc.rd, tc.idle = time.Time{}, 0
+		_ = tc.Conn.SetReadDeadline(time.Time{})
+		_, _ = worker.Write(x)
+		c.awaitStream()
+		_, _ = c.br.ReadByte()
+	}), "waiting allocates nothing once a reader is lent")
+}

@@ -7,12 +7,16 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
 )
 
 // upstream is the keep-alive connection pool of one worker. fasthttp's
@@ -94,7 +98,7 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 				if err != nil {
 					return nil, err
 				}
-				tc := &trackedConn{Conn: c, set: s.upConns, idle: s.opts.StreamIdleTimeout}
+				tc := newTrackedConn(c, s.upConns, s.opts.StreamIdleTimeout)
 				s.upConns.Store(tc, struct{}{})
 				return tc, nil
 			},
@@ -139,6 +143,7 @@ type upCall struct {
 	connHandle any       // its pool record
 	connOf     *upstream // its pool
 	br         *bufio.Reader
+	shell      *bufio.Reader               // an empty reader that takes br's buffer while a stream waits (awaitStream)
 	bodyDone   bool                        // the answer's body was read to its end
 	upConn     atomic.Pointer[trackedConn] // conn, for the goroutine that may cut it
 }
@@ -196,6 +201,9 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, stop *ato
 		u.hc.ReleaseWriter(bw)
 	}
 	if err == nil {
+		if tc.raw != nil { // the first byte may be minutes away: wait for it holding no read buffer
+			tc.awaitReadable()
+		}
 		c.br = u.hc.AcquireReader(tc)
 		c.resp.StreamBody = true
 		err = c.resp.ReadLimitBody(c.br, 0)
@@ -234,6 +242,41 @@ func (c *upCall) cut(token uint32) {
 	}
 }
 
+// lentReaders hold the read buffers of connections whose streams wait for
+// their worker's next bytes (awaitStream), each in a reader of its own.
+var lentReaders sync.Pool
+
+// awaitStream waits for the worker's next bytes of a sent call's streamed
+// answer. With none buffered it lends the connection reader's buffer out
+// while it waits, and takes one back (the same or another) when bytes
+// come: an open stream whose worker is between chunks holds no read
+// buffer. fasthttp's body stream keeps reading through br, whose contents,
+// not its address, move. A wait that fails (the idle deadline, a cut
+// connection) is met again by the next read.
+func (c *upCall) awaitStream() {
+	br, tc := c.br, c.conn
+	if br.Buffered() > 0 {
+		return
+	}
+	if tc.raw == nil { // not a socket: wait holding the buffer
+		_, _ = br.Peek(1)
+		return
+	}
+	if c.shell == nil {
+		c.shell = new(bufio.Reader)
+	}
+	*c.shell, *br = *br, bufio.Reader{}
+	lentReaders.Put(c.shell)
+	tc.awaitReadable()
+	if r, _ := lentReaders.Get().(*bufio.Reader); r != nil {
+		*br, *r = *r, bufio.Reader{}
+		c.shell = r
+	} else { // the pool was emptied by a collection: Reset makes a buffer
+		c.shell = nil
+	}
+	br.Reset(tc)
+}
+
 // readAll reads the rest of a sent call's answer into dst.
 func (c *upCall) readAll(dst []byte) ([]byte, error) {
 	body := c.resp.BodyStream()
@@ -270,12 +313,25 @@ func (c *upCall) readAll(dst []byte) ([]byte, error) {
 // that keeps sending is never cut.
 type trackedConn struct {
 	net.Conn
-	set    *xsync.MapOf[net.Conn, struct{}]
-	idle   time.Duration
-	rd, wd time.Time     // the read and write deadlines set on Conn
-	reads  int           // reads of the current answer
-	owner  atomic.Uint32 // token of the exchange using it; 0: none, or cut
-	used   bool          // it carried a request before (its holder alone reads it)
+	set      *xsync.MapOf[net.Conn, struct{}]
+	idle     time.Duration
+	rd, wd   time.Time     // the read and write deadlines set on Conn
+	reads    int           // reads of the current answer
+	owner    atomic.Uint32 // token of the exchange using it; 0: none, or cut
+	used     bool          // it carried a request before (its holder alone reads it)
+	raw      syscall.RawConn
+	peeked   bool                  // awaitReadable looked at the socket once
+	readable func(fd uintptr) bool // c.peekOnce, made once
+}
+
+func newTrackedConn(c net.Conn, set *xsync.MapOf[net.Conn, struct{}], idle time.Duration) *trackedConn {
+	tc := &trackedConn{Conn: c, set: set, idle: idle}
+	if sc, ok := c.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			tc.raw, tc.readable = raw, tc.peekOnce
+		}
+	}
+	return tc
 }
 
 // coarse returns the deadline to set for want, or ok when cur, the one
@@ -319,14 +375,42 @@ func (c *trackedConn) arm(deadline time.Time) error {
 // Read reads the answer: its first read under the first-byte deadline, each
 // later one within idle.
 func (c *trackedConn) Read(p []byte) (int, error) {
+	c.armIdle()
+	c.reads++
+	return c.Conn.Read(p)
+}
+
+// armIdle sets the idle deadline of a read after an answer's first.
+func (c *trackedConn) armIdle() {
 	if c.reads > 0 && c.idle > 0 {
 		if next, ok := coarse(c.rd, time.Now().Add(c.idle), c.idle/8); !ok {
 			c.rd = next
 			_ = c.Conn.SetReadDeadline(next)
 		}
 	}
-	c.reads++
-	return c.Conn.Read(p)
+}
+
+// awaitReadable waits, under the read deadline a read would have, until
+// the socket has bytes to read, its end or an error, reading nothing. It
+// makes the system calls a read would: one look that finds nothing, and
+// none after the poller says bytes came (a wake-up without them only makes
+// the next read wait as usual).
+func (c *trackedConn) awaitReadable() {
+	c.armIdle()
+	c.peeked = false
+	_ = c.raw.Read(c.readable)
+}
+
+// peekOnce is awaitReadable's test, called before each wait for the socket:
+// the first time it peeks, later it reports the poller's wake-up.
+func (c *trackedConn) peekOnce(fd uintptr) bool {
+	if c.peeked {
+		return true
+	}
+	c.peeked = true
+	var b byte // recvfrom without an address: unix.Recvfrom allocates one
+	_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b)), 1, unix.MSG_PEEK, 0, 0)
+	return errno != unix.EAGAIN
 }
 
 // Close closes the connection and drops it from the set.
