@@ -203,16 +203,23 @@ func holdStream(client *http.Client, addr string, body []byte, chunks int, timeo
 	}
 }
 
-// goroutines reads the goroutine count from fastroute's pprof endpoint.
+// goroutines reads the goroutine count from fastroute's /metrics. (A
+// goroutine profile every 200 ms made about 10 MB of garbage in the router
+// at 1,000 streams, which its measured resident set counted.)
 func goroutines(admin string) int {
-	resp, err := http.Get("http://" + admin + "/debug/pprof/goroutine?debug=1")
+	resp, err := http.Get("http://" + admin + "/metrics")
 	if err != nil {
 		return 0
 	}
 	defer resp.Body.Close()
-	line, _ := bufio.NewReader(resp.Body).ReadString('\n')
-	n, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "goroutine profile: total")))
-	return n
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
 }
 
 // String is the row as one progress line.

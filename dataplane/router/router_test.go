@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -503,6 +505,11 @@ func TestAdmin(t *testing.T) {
 		"fastroute_retries_total"} {
 		assert.Contains(t, body, name)
 	}
+	_, after, ok := strings.Cut(body, "\ngo_goroutines ")
+	require.True(t, ok, "the goroutine count is exported")
+	n, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(after, "\n", 2)[0]))
+	require.NoError(t, err)
+	assert.InDelta(t, runtime.NumGoroutine(), n, 20, "the router's goroutines (this test's process)")
 	code, _ = adminDo(t, f, "GET", "/debug/pprof/", "", "s3cret")
 	assert.Equal(t, http.StatusOK, code)
 	f.assertIdle()
