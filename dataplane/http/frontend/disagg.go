@@ -64,17 +64,18 @@ func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
 		}
 		ex.req.WorkerID = uint64(id)
 	}
-	ex.preReq.Reset()
-	ex.preReq.Phase = dataplane.PhasePrefill
+	pre := ex.prefillLeg()
+	pre.req.Reset()
+	pre.req.Phase = dataplane.PhasePrefill
 	if v := h.Peek(headerPrefillWorker); len(v) > 0 {
 		id, err := fasthttp.ParseUint(v)
 		if err != nil || id == 0 {
 			return fmt.Errorf("header %s: %q is not a positive integer worker id", headerPrefillWorker, v)
 		}
-		ex.preReq.WorkerID = uint64(id)
+		pre.req.WorkerID = uint64(id)
 	}
 	generation := ex.rt == routeChat || ex.rt == routeCompletions
-	ex.split = generation && ex.s.sel.Routing().Splits(bodyLen, ex.preReq.WorkerID != 0)
+	ex.split = generation && ex.s.sel.Routing().Splits(bodyLen, pre.req.WorkerID != 0)
 	return nil
 }
 
@@ -82,7 +83,8 @@ func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
 // worker is routable it runs whole on its decode worker (fallback
 // aggregated, counted) or fails.
 func (ex *exchange) selectSplit() error {
-	split, err := ex.s.sel.SelectSplit(&ex.req, &ex.preReq, &ex.res, &ex.preRes)
+	pre := ex.prefillLeg()
+	split, err := ex.s.sel.SelectSplit(&ex.req, &pre.req, &ex.res, &pre.res)
 	if err == nil && !split {
 		ex.split = false
 		ex.s.metrics.disaggFallbacks.Inc()
@@ -95,11 +97,12 @@ func (ex *exchange) selectSplit() error {
 // the decode leg. It reports false when it answered the client (an error,
 // or the client left).
 func (ex *exchange) prefill(ctx *fasthttp.RequestCtx) bool {
-	ex.reqID = append(ex.reqID[:0], ctx.Request.Header.Peek(headerRequestID)...)
-	if len(ex.reqID) == 0 {
+	pre := ex.prefillLeg()
+	pre.reqID = append(pre.reqID[:0], ctx.Request.Header.Peek(headerRequestID)...)
+	if len(pre.reqID) == 0 {
 		var id [16]byte
 		_, _ = rand.Read(id[:])
-		ex.reqID = hex.AppendEncode(append(ex.reqID[:0], "fastroute-"...), id[:])
+		pre.reqID = hex.AppendEncode(append(pre.reqID[:0], "fastroute-"...), id[:])
 	}
 	if ex.s.opts.Disagg.Protocol == ProtocolSGLang {
 		return ex.startBootstrap(ctx)
@@ -116,12 +119,12 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 	if err != nil { // parse checked the body is a JSON object: not reached
 		return ex.answerPrefill(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error(), outcomeInvalid)
 	}
-	start, pre := time.Now(), ex.prefillCall()
+	start, pre := time.Now(), ex.prefillLeg()
 	for {
-		w := ex.preRes.Worker()
+		w := pre.res.Worker()
 		u := s.upstreamOf(w)
-		pre.prepare(ctx, u, w, body, ex.reqID, ex.preRes.Rank(), &ex.rankBuf)
-		ex.preRes.Dispatched()
+		pre.prepare(ctx, u, w, body, pre.reqID, pre.res.Rank(), &ex.rankBuf)
+		pre.res.Dispatched()
 		err := pre.send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
 			return ex.prefilled(ctx, w, start)
@@ -132,11 +135,11 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 			return false
 		}
 		s.reportAnswer(w, false)
-		if !retryable(err) || int64(ex.preReq.Attempts()) >= s.retries.Load() {
+		if !retryable(err) || int64(pre.req.Attempts()) >= s.retries.Load() {
 			return ex.prefillFailed(ctx, w, err, nil)
 		}
 		s.metrics.retries.Inc()
-		if rerr := s.sel.Retry(&ex.preReq, &ex.preRes); rerr != nil {
+		if rerr := s.sel.Retry(&pre.req, &pre.res); rerr != nil {
 			return ex.prefillFailed(ctx, w, err, rerr)
 		}
 	}
@@ -146,12 +149,12 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 // client (a 5xx as a 502 naming the worker), an answer without
 // kv_transfer_params is a 502, else the decode body carries them.
 func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, start time.Time) bool {
-	s, pre := ex.s, ex.prefillCall()
+	s, pre := ex.s, ex.prefillLeg()
 	var err error
-	ex.preAnswer, err = pre.readAll(ex.preAnswer[:0])
+	pre.answer, err = pre.readAll(pre.answer[:0])
 	status := pre.resp.StatusCode()
 	pre.endConn(ex.token)
-	ex.preRes.Release()
+	pre.res.Release()
 	s.metrics.prefillTime.Observe(time.Since(start))
 	switch {
 	case err != nil && ex.hungUp():
@@ -164,19 +167,19 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 	case status >= fasthttp.StatusInternalServerError:
 		s.reportAnswer(w, false)
 		return ex.answerPrefill(ctx, fasthttp.StatusBadGateway, "upstream_error",
-			fmt.Sprintf("prefill worker %d answered %d: %s", w.ID(), status, excerpt(ex.preAnswer)), outcomeUpstreamError)
+			fmt.Sprintf("prefill worker %d answered %d: %s", w.ID(), status, excerpt(pre.answer)), outcomeUpstreamError)
 	case status >= fasthttp.StatusBadRequest: // the engine refused the request: the client's to see
 		s.reportAnswer(w, true)
 		s.metrics.phases[phasePrefill][outcomeOK].Inc()
 		ex.status = status
 		ctx.SetStatusCode(status)
 		ctx.SetContentType("application/json")
-		ctx.SetBody(ex.preAnswer)
+		ctx.SetBody(pre.answer)
 		ex.finish(outcomeOK)
 		return false
 	}
 	s.reportAnswer(w, true)
-	params, err := disagg.TransferParams(ex.preAnswer)
+	params, err := disagg.TransferParams(pre.answer)
 	if err == nil {
 		ex.body, err = disagg.DecodeBody(ctx.PostBody(), params)
 	}
@@ -185,7 +188,7 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 			fmt.Sprintf("prefill worker %d: %v (is it a vLLM engine with a KV connector?)", w.ID(), err), outcomeUpstreamError)
 	}
 	s.metrics.phases[phasePrefill][outcomeOK].Inc()
-	ex.s.sel.Answered(&ex.preReq, &ex.preRes)
+	ex.s.sel.Answered(&pre.req, &pre.res)
 	return true
 }
 
@@ -193,7 +196,8 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 // prefill request on its own goroutine; the decode leg runs meanwhile.
 // When the prefill fails, the decode request is cut and the client told.
 func (ex *exchange) startBootstrap(ctx *fasthttp.RequestCtx) bool {
-	w := ex.preRes.Worker()
+	pre := ex.prefillLeg()
+	w := pre.res.Worker()
 	host, _, err := net.SplitHostPort(w.Spec().Host())
 	if err == nil {
 		var room [8]byte
@@ -203,35 +207,35 @@ func (ex *exchange) startBootstrap(ctx *fasthttp.RequestCtx) bool {
 	if err != nil {
 		return ex.answerPrefill(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error(), outcomeInvalid)
 	}
-	ex.prefillCall().prepare(ctx, ex.s.upstreamOf(w), w, ex.body, ex.reqID, ex.preRes.Rank(), &ex.rankBuf)
-	ex.preDone = make(chan struct{})
-	go ex.bootstrapPrefill(w)
+	pre.prepare(ctx, ex.s.upstreamOf(w), w, ex.body, pre.reqID, pre.res.Rank(), &ex.rankBuf)
+	pre.done = make(chan struct{})
+	go ex.bootstrapPrefill(pre, w)
 	return true
 }
 
 // bootstrapPrefill is the prefill leg of an SGLang request: its answer is
 // read and dropped (the client gets the decode worker's).
-func (ex *exchange) bootstrapPrefill(w *dataplane.Worker) {
-	s, pre := ex.s, ex.prefillCall()
-	defer close(ex.preDone)
+func (ex *exchange) bootstrapPrefill(pre *prefillLeg, w *dataplane.Worker) {
+	s := ex.s
+	defer close(pre.done)
 	start := time.Now()
-	ex.preRes.Dispatched()
+	pre.res.Dispatched()
 	err := pre.send(s.upstreamOf(w), ex.token, s.opts.FirstByteTimeout, &ex.stop)
 	status := 0
 	if err == nil {
-		ex.preAnswer, err = pre.readAll(ex.preAnswer[:0])
+		pre.answer, err = pre.readAll(pre.answer[:0])
 		status = pre.resp.StatusCode()
 		if err == nil && status >= fasthttp.StatusBadRequest {
-			err = fmt.Errorf("answered %d: %s", status, excerpt(ex.preAnswer))
+			err = fmt.Errorf("answered %d: %s", status, excerpt(pre.answer))
 		}
 	}
 	pre.endConn(ex.token)
-	ex.preRes.Release()
+	pre.res.Release()
 	s.metrics.prefillTime.Observe(time.Since(start))
 	if err == nil {
 		s.reportAnswer(w, true)
 		s.metrics.phases[phasePrefill][outcomeOK].Inc()
-		ex.s.sel.Answered(&ex.preReq, &ex.preRes)
+		ex.s.sel.Answered(&pre.req, &pre.res)
 		return
 	}
 	if ex.stop.Load() == stopHungUp {
@@ -240,7 +244,7 @@ func (ex *exchange) bootstrapPrefill(w *dataplane.Worker) {
 	}
 	s.reportAnswer(w, status > 0 && status < fasthttp.StatusInternalServerError)
 	s.metrics.phases[phasePrefill][outcomeUpstreamError].Inc()
-	ex.preErr = fmt.Errorf("prefill worker %d failed: %s", w.ID(), transportFailure(err))
+	pre.err = fmt.Errorf("prefill worker %d failed: %s", w.ID(), transportFailure(err))
 	if ex.stop.CompareAndSwap(0, stopPrefill) {
 		ex.cut(ex.token) // the decode request waits for a prefill that will never come
 	}
@@ -249,35 +253,49 @@ func (ex *exchange) bootstrapPrefill(w *dataplane.Worker) {
 // prefillStopped reports the prefill failure that stopped the decode leg
 // of an SGLang request, once the prefill goroutine has ended.
 func (ex *exchange) prefillStopped() error {
-	if ex.preDone == nil || ex.stop.Load() != stopPrefill {
+	pre := ex.pre.Load()
+	if pre == nil || pre.done == nil || ex.stop.Load() != stopPrefill {
 		return nil
 	}
-	<-ex.preDone
-	return ex.preErr
+	<-pre.done
+	return pre.err
 }
 
 // endPrefill waits for an SGLang prefill leg still running (the decode
 // leg ended first) and releases the prefill reservation of any split
 // request.
 func (ex *exchange) endPrefill() {
-	if ex.preDone != nil {
-		<-ex.preDone
-		ex.preDone = nil
+	pre := ex.pre.Load()
+	if pre == nil {
+		return
 	}
-	if pre := ex.pre.Load(); pre != nil {
-		pre.endConn(ex.token)
+	if pre.done != nil {
+		<-pre.done
+		pre.done = nil
 	}
-	ex.preRes.Release()
+	pre.endConn(ex.token)
+	pre.res.Release()
 }
 
-// prefillCall returns the exchange's prefill call, made at its first split
-// request: most exchanges never split, and an upCall is 1.5 KiB that every
+// prefillLeg is the prefill side of an exchange's split requests.
+type prefillLeg struct {
+	upCall // the request to the prefill worker
+	req    dataplane.Request
+	res    dataplane.Reservation
+	answer []byte        // the prefill answer
+	reqID  []byte        // X-Request-Id of both legs
+	done   chan struct{} // closed when an SGLang prefill leg ends; nil: none running
+	err    error         // why an SGLang prefill leg failed (read after done)
+}
+
+// prefillLeg returns the exchange's prefill leg, made at its first request
+// that may split: most exchanges never split, and a leg is 2 KiB that every
 // open stream would hold.
-func (ex *exchange) prefillCall() *upCall {
+func (ex *exchange) prefillLeg() *prefillLeg {
 	if pre := ex.pre.Load(); pre != nil {
 		return pre
 	}
-	pre := &upCall{}
+	pre := &prefillLeg{}
 	ex.pre.Store(pre)
 	return pre
 }
@@ -315,13 +333,14 @@ func excerpt(b []byte) string {
 
 // queryDisagg answers a query-only split request with both picks.
 func (ex *exchange) queryDisagg(ctx *fasthttp.RequestCtx) {
+	pre := ex.prefillLeg()
 	b := append(ctx.Response.Body()[:0], `{"prefill_worker_id":`...)
-	b = strconv.AppendUint(b, ex.preRes.Worker().ID(), 10)
+	b = strconv.AppendUint(b, pre.res.Worker().ID(), 10)
 	b = append(b, `,"decode_worker_id":`...)
 	b = strconv.AppendUint(b, ex.res.Worker().ID(), 10)
 	b = append(b, `,"dp_rank":`...)
 	b = strconv.AppendInt(b, int64(ex.res.Rank()), 10)
 	ctx.SetContentType("application/json")
 	ctx.Response.SetBodyRaw(append(b, '}'))
-	ex.preRes.Release()
+	pre.res.Release()
 }

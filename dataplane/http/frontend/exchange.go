@@ -43,23 +43,17 @@ type exchange struct {
 	upCall // the request to the (decode) worker
 
 	// A request split between a prefill and a decode worker (Disagg).
-	split     bool
-	decoding  bool // its decode leg was dispatched
-	preReq    dataplane.Request
-	preRes    dataplane.Reservation
-	pre       atomic.Pointer[upCall] // the prefill request; made at the first split request (prefillCall)
-	body      []byte                 // the body sent to the decode worker; nil: the client's
-	preAnswer []byte                 // the prefill answer
-	reqID     []byte                 // X-Request-Id of both legs
-	preDone   chan struct{}          // closed when an SGLang prefill leg ends; nil: none running
-	preErr    error                  // why an SGLang prefill leg failed (read after preDone)
-	stream    bool
-	readErr   error
-	done      bool
-	rankBuf   []byte
-	copyBuf   []byte // reads a buffered answer's body
-	sse       bool   // the answer is an event stream
-	tail      []byte // the error event still to send after a broken stream
+	split    bool
+	decoding bool                       // its decode leg was dispatched
+	pre      atomic.Pointer[prefillLeg] // made at the first request that may split (prefillLeg)
+	body     []byte                     // the body sent to the decode worker; nil: the client's
+	stream   bool
+	readErr  error
+	done     bool
+	rankBuf  []byte
+	copyBuf  []byte // reads a buffered answer's body
+	sse      bool   // the answer is an event stream
+	tail     []byte // the error event still to send after a broken stream
 
 	// Client hang-up while the worker works (watchClient to unwatch).
 	client hangup.Conn   // the client connection, while watched
@@ -82,7 +76,10 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.sse, ex.tail, ex.bodyDone, ex.client = false, nil, false, hangup.Conn{}
 	ex.watch.Store(0)
 	ex.stop.Store(0)
-	ex.split, ex.decoding, ex.body, ex.preDone, ex.preErr = false, false, nil, nil, nil
+	ex.split, ex.decoding, ex.body = false, false, nil
+	if pre := ex.pre.Load(); pre != nil {
+		pre.done, pre.err = nil, nil
+	}
 	ex.picked, ex.status, ex.firstByte, ex.bytes = false, 0, 0, 0
 	if ex.s.access != nil {
 		ex.path = append(ex.path[:0], ctx.Path()...)
@@ -230,7 +227,7 @@ func (ex *exchange) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		body = ctx.PostBody()
 	}
 	if ex.split {
-		reqID = ex.reqID
+		reqID = ex.pre.Load().reqID
 	}
 	ex.upCall.prepare(ctx, u, w, body, reqID, ex.res.Rank(), &ex.rankBuf)
 }
