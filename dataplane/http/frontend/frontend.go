@@ -144,7 +144,7 @@ func (s *Server) SetRetries(n int) { s.retries.Store(int64(n)) }
 func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // Serve answers requests on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(clientListener{ln}) }
 
 // Shutdown stops accepting, waits for open requests until ctx ends, then
 // cuts the connections still open (their streams end, their reservations

@@ -336,3 +336,52 @@ func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
 		_, _ = c.br.ReadByte()
 	}), "waiting allocates nothing once a reader is lent")
 }
+
+// fasthttp's read of a request's first byte reads the whole request in one
+// call; the reads that follow take the rest from it, then from the socket.
+func TestAClientRequestIsReadAheadFromItsFirstByte(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer client.Close()
+	c, err := clientListener{ln}.Accept()
+	require.NoError(t, err)
+	defer c.Close()
+	cc := c.(*clientConn)
+	_, err = cc.SyscallConn()
+	require.NoError(t, err, "the hang-up watcher reaches the socket")
+
+	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+	go func() { time.Sleep(20 * time.Millisecond); _, _ = client.Write([]byte(req)) }()
+	one := make([]byte, 1)
+	n, err := cc.Read(one) // waits for the request
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	assert.Equal(t, "P", string(one))
+	assert.Equal(t, len(req), cc.n, "the whole request came in the first read")
+	rest := make([]byte, 64<<10)
+	n, err = cc.Read(rest)
+	require.NoError(t, err)
+	assert.Equal(t, req[1:], string(rest[:n]))
+	assert.Nil(t, cc.ahead, "the buffer goes back once read")
+
+	big := strings.Repeat("a", 10<<10) // larger than a read-ahead buffer
+	_, err = client.Write([]byte(big))
+	require.NoError(t, err)
+	var got []byte
+	n, err = cc.Read(one)
+	require.NoError(t, err)
+	got = append(got, one[:n]...)
+	for len(got) < len(big) {
+		n, err = cc.Read(rest)
+		require.NoError(t, err)
+		got = append(got, rest[:n]...)
+	}
+	assert.Equal(t, big, string(got))
+
+	require.NoError(t, cc.SetReadDeadline(time.Now().Add(30*time.Millisecond)))
+	_, err = cc.Read(one)
+	assert.True(t, isTimeout(err), "an idle connection's deadline ends the wait: %v", err)
+}

@@ -313,24 +313,18 @@ func (c *upCall) readAll(dst []byte) ([]byte, error) {
 // that keeps sending is never cut.
 type trackedConn struct {
 	net.Conn
-	set      *xsync.MapOf[net.Conn, struct{}]
-	idle     time.Duration
-	rd, wd   time.Time     // the read and write deadlines set on Conn
-	reads    int           // reads of the current answer
-	owner    atomic.Uint32 // token of the exchange using it; 0: none, or cut
-	used     bool          // it carried a request before (its holder alone reads it)
-	raw      syscall.RawConn
-	peeked   bool                  // awaitReadable looked at the socket once
-	readable func(fd uintptr) bool // c.peekOnce, made once
+	set    *xsync.MapOf[net.Conn, struct{}]
+	idle   time.Duration
+	rd, wd time.Time     // the read and write deadlines set on Conn
+	reads  int           // reads of the current answer
+	owner  atomic.Uint32 // token of the exchange using it; 0: none, or cut
+	used   bool          // it carried a request before (its holder alone reads it)
+	socketWait
 }
 
 func newTrackedConn(c net.Conn, set *xsync.MapOf[net.Conn, struct{}], idle time.Duration) *trackedConn {
 	tc := &trackedConn{Conn: c, set: set, idle: idle}
-	if sc, ok := c.(syscall.Conn); ok {
-		if raw, err := sc.SyscallConn(); err == nil {
-			tc.raw, tc.readable = raw, tc.peekOnce
-		}
-	}
+	tc.socketWait.init(c)
 	return tc
 }
 
@@ -390,24 +384,45 @@ func (c *trackedConn) armIdle() {
 	}
 }
 
-// awaitReadable waits, under the read deadline a read would have, until
-// the socket has bytes to read, its end or an error, reading nothing. It
-// makes the system calls a read would: one look that finds nothing, and
-// none after the poller says bytes came (a wake-up without them only makes
-// the next read wait as usual).
+// awaitReadable waits for the answer's next bytes (socketWait.await) under
+// the read deadline a read would have.
 func (c *trackedConn) awaitReadable() {
 	c.armIdle()
-	c.peeked = false
-	_ = c.raw.Read(c.readable)
+	c.await()
 }
 
-// peekOnce is awaitReadable's test, called before each wait for the socket:
-// the first time it peeks, later it reports the poller's wake-up.
-func (c *trackedConn) peekOnce(fd uintptr) bool {
-	if c.peeked {
+// socketWait waits for a socket to have bytes to read holding no buffer.
+type socketWait struct {
+	raw      syscall.RawConn // nil: not a socket, it cannot wait so
+	peeked   bool
+	readable func(fd uintptr) bool // peekOnce, made once
+}
+
+func (w *socketWait) init(c net.Conn) {
+	if sc, ok := c.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			w.raw, w.readable = raw, w.peekOnce
+		}
+	}
+}
+
+// await waits, under the socket's read deadline, until it has bytes to
+// read, its end or an error, reading nothing. It makes the system calls a
+// read would: one look that finds nothing, and none after the poller says
+// bytes came (a wake-up without them only makes the next read wait as
+// usual). A failed wait is met again by the next read.
+func (w *socketWait) await() {
+	w.peeked = false
+	_ = w.raw.Read(w.readable)
+}
+
+// peekOnce is await's test, called before each wait for the socket: the
+// first time it peeks, later it reports the poller's wake-up.
+func (w *socketWait) peekOnce(fd uintptr) bool {
+	if w.peeked {
 		return true
 	}
-	c.peeked = true
+	w.peeked = true
 	var b byte // recvfrom without an address: unix.Recvfrom allocates one
 	_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b)), 1, unix.MSG_PEEK, 0, 0)
 	return errno != unix.EAGAIN
