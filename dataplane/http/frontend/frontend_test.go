@@ -281,20 +281,13 @@ func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 // with one look at the socket before the wait and none after it, and the
 // bytes that come are read whole through the same reader.
 func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	worker, err := ln.Accept()
-	require.NoError(t, err)
-	defer worker.Close()
+	conn, worker := loopbackPair(t, func(ln net.Listener) (net.Conn, error) { return ln.Accept() })
 	tc := newTrackedConn(conn, xsync.NewMapOf[net.Conn, struct{}](), 0)
 	defer tc.Close()
 	require.NotNil(t, tc.raw, "a TCP connection waits without a buffer")
 	c := &upCall{conn: tc, br: bufio.NewReaderSize(tc, 4096)}
 
-	_, err = worker.Write([]byte("ab"))
+	_, err := worker.Write([]byte("ab"))
 	require.NoError(t, err)
 	_, err = c.br.Peek(2)
 	require.NoError(t, err)
@@ -340,17 +333,9 @@ func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
 // fasthttp's read of a request's first byte reads the whole request in one
 // call; the reads that follow take the rest from it, then from the socket.
 func TestAClientRequestIsReadAheadFromItsFirstByte(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	defer client.Close()
-	c, err := clientListener{ln}.Accept()
-	require.NoError(t, err)
-	defer c.Close()
+	client, c := loopbackPair(t, func(ln net.Listener) (net.Conn, error) { return clientListener{ln}.Accept() })
 	cc := c.(*clientConn)
-	_, err = cc.SyscallConn()
+	_, err := cc.SyscallConn()
 	require.NoError(t, err, "the hang-up watcher reaches the socket")
 
 	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
@@ -384,4 +369,19 @@ func TestAClientRequestIsReadAheadFromItsFirstByte(t *testing.T) {
 	require.NoError(t, cc.SetReadDeadline(time.Now().Add(30*time.Millisecond)))
 	_, err = cc.Read(one)
 	assert.True(t, isTimeout(err), "an idle connection's deadline ends the wait: %v", err)
+}
+
+// loopbackPair dials a loopback listener and returns both ends: the dialed
+// one and the one accept returns; both are closed when the test ends.
+func loopbackPair(t *testing.T, accept func(net.Listener) (net.Conn, error)) (dialed, accepted net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	dialed, err = net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	accepted, err = accept(ln)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dialed.Close(); _ = accepted.Close() })
+	return dialed, accepted
 }
