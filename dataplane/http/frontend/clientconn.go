@@ -3,7 +3,6 @@ package frontend
 import (
 	"errors"
 	"net"
-	"sync"
 	"syscall"
 )
 
@@ -24,46 +23,24 @@ func (l clientListener) Accept() (net.Conn, error) {
 // in one call. fasthttp, which holds no read buffer on an idle keep-alive
 // connection (ReduceMemoryUsage), reads a request's first byte alone and
 // then the rest: a read that finds nothing yet, the one byte, and the rest.
-// Here that first read waits for the socket holding no buffer (a look that
-// finds nothing), reads what came into a buffer lent for it, and hands the
-// rest out to the reads that follow: one system call fewer per request.
+// Here that first read waits for the request and reads it ahead (readAhead),
+// and the reads that follow take it from there: one system call fewer per
+// request, two fewer when it had already come.
 type clientConn struct {
 	net.Conn
-	socketWait
-	ahead  *[]byte // bytes read past what was asked; nil: none
-	off, n int     // what is left of ahead: [off, n)
+	readAhead
 }
 
-// aheadBufs lend the buffers requests are first read into: most requests
-// fit whole; the rest of a larger one is read as asked.
-var aheadBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
-
 func (c *clientConn) Read(p []byte) (int, error) {
-	if c.ahead != nil {
-		n := copy(p, (*c.ahead)[c.off:c.n])
-		if c.off += n; c.off == c.n {
-			aheadBufs.Put(c.ahead)
-			c.ahead = nil
-		}
-		return n, nil
+	if c.pending() {
+		return c.take(p)
 	}
-	if len(p) != 1 || c.raw == nil { // only fasthttp's read of a request's first byte reads ahead
+	// Only fasthttp's read of a request's first byte reads ahead; when its
+	// wait fails, so does the read.
+	if len(p) != 1 || c.raw == nil || !c.await() {
 		return c.Conn.Read(p)
 	}
-	c.await()
-	bp := aheadBufs.Get().(*[]byte)
-	n, err := c.Conn.Read(*bp)
-	if n == 0 {
-		aheadBufs.Put(bp)
-		return 0, err
-	}
-	p[0] = (*bp)[0]
-	if n == 1 {
-		aheadBufs.Put(bp)
-	} else {
-		c.ahead, c.off, c.n = bp, 1, n
-	}
-	return 1, nil
+	return c.take(p)
 }
 
 var errNotASocket = errors.New("the client connection is not a socket")

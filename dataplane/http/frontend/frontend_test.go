@@ -278,8 +278,8 @@ func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 
 // A stream between chunks holds no read buffer: awaitStream lends the
 // connection reader's buffer out while it waits for the worker's next bytes,
-// with one look at the socket before the wait and none after it, and the
-// bytes that come are read whole through the same reader.
+// with a read before the wait and one after it, and the bytes that come are
+// read whole through the same reader.
 func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
 	conn, worker := loopbackPair(t, func(ln net.Listener) (net.Conn, error) { return ln.Accept() })
 	tc := newTrackedConn(conn, xsync.NewMapOf[net.Conn, struct{}](), 0)
@@ -295,10 +295,10 @@ func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
 	require.Equal(t, 4096, c.br.Size())
 	_, _ = c.br.Discard(2)
 
-	var sizes []int // the reader's buffer at each look, in the waiting goroutine
-	tc.readable = func(fd uintptr) bool {
+	var sizes []int // the reader's buffer at each read of the wait, in the waiting goroutine
+	tc.fill = func(fd uintptr) bool {
 		sizes = append(sizes, c.br.Size())
-		return tc.peekOnce(fd)
+		return tc.readOnce(fd)
 	}
 	done := make(chan struct{})
 	go func() { defer close(done); c.awaitStream() }()
@@ -306,7 +306,7 @@ func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
 	_, err = worker.Write([]byte("next chunk"))
 	require.NoError(t, err)
 	<-done
-	assert.Equal(t, []int{0, 0}, sizes, "it waited holding no buffer: a look that found nothing, then the wake-up")
+	assert.Equal(t, []int{0, 0}, sizes, "it waited holding no buffer: a read that found nothing, then the one after the wake-up")
 	assert.Equal(t, 4096, c.br.Size(), "a buffer is back to read with")
 	got, err := c.br.Peek(10)
 	require.NoError(t, err)
@@ -319,7 +319,7 @@ func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
 	_, err = c.br.ReadByte()
 	assert.True(t, isTimeout(err), "got %v", err)
 
-	tc.readable = tc.peekOnce
+	tc.fill = tc.readOnce
 	x := []byte("x")
 	require.Zero(t, testing.AllocsPerRun(200, func() { // enough runs that the race detector's dropped pool entries round away
 		tc.rd, tc.idle = time.Time{}, 0
@@ -350,7 +350,7 @@ func TestAClientRequestIsReadAheadFromItsFirstByte(t *testing.T) {
 	n, err = cc.Read(rest)
 	require.NoError(t, err)
 	assert.Equal(t, req[1:], string(rest[:n]))
-	assert.Nil(t, cc.ahead, "the buffer goes back once read")
+	assert.Nil(t, cc.buf, "the buffer goes back once read")
 
 	big := strings.Repeat("a", 10<<10) // larger than a read-ahead buffer
 	_, err = client.Write([]byte(big))
@@ -369,6 +369,11 @@ func TestAClientRequestIsReadAheadFromItsFirstByte(t *testing.T) {
 	require.NoError(t, cc.SetReadDeadline(time.Now().Add(30*time.Millisecond)))
 	_, err = cc.Read(one)
 	assert.True(t, isTimeout(err), "an idle connection's deadline ends the wait: %v", err)
+
+	require.NoError(t, cc.SetReadDeadline(time.Time{}))
+	require.NoError(t, client.Close())
+	_, err = cc.Read(one)
+	assert.Equal(t, io.EOF, err, "a client that leaves ends the wait as a read would")
 }
 
 // loopbackPair dials a loopback listener and returns both ends: the dialed

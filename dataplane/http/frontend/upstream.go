@@ -9,14 +9,11 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
-	"golang.org/x/sys/unix"
 )
 
 // upstream is the keep-alive connection pool of one worker. fasthttp's
@@ -223,7 +220,7 @@ func (c *upCall) endConn(token uint32) {
 	}
 	c.upConn.Store(nil)
 	reuse := c.bodyDone && !c.resp.ConnectionClose() && c.resp.Header.ContentLength() != -2 &&
-		tc.owner.CompareAndSwap(token, 0)
+		!tc.pending() && tc.owner.CompareAndSwap(token, 0) // bytes past the answer: a worker out of step
 	_ = c.resp.CloseBodyStream()
 	if c.br != nil {
 		c.connOf.hc.ReleaseReader(c.br)
@@ -255,7 +252,7 @@ var lentReaders sync.Pool
 // connection) is met again by the next read.
 func (c *upCall) awaitStream() {
 	br, tc := c.br, c.conn
-	if br.Buffered() > 0 {
+	if br.Buffered() > 0 || tc.pending() {
 		return
 	}
 	if tc.raw == nil { // not a socket: wait holding the buffer
@@ -319,12 +316,12 @@ type trackedConn struct {
 	reads  int           // reads of the current answer
 	owner  atomic.Uint32 // token of the exchange using it; 0: none, or cut
 	used   bool          // it carried a request before (its holder alone reads it)
-	socketWait
+	readAhead
 }
 
 func newTrackedConn(c net.Conn, set *xsync.MapOf[net.Conn, struct{}], idle time.Duration) *trackedConn {
 	tc := &trackedConn{Conn: c, set: set, idle: idle}
-	tc.socketWait.init(c)
+	tc.readAhead.init(c)
 	return tc
 }
 
@@ -369,6 +366,9 @@ func (c *trackedConn) arm(deadline time.Time) error {
 // Read reads the answer: its first read under the first-byte deadline, each
 // later one within idle.
 func (c *trackedConn) Read(p []byte) (int, error) {
+	if c.pending() {
+		return c.take(p)
+	}
 	c.armIdle()
 	c.reads++
 	return c.Conn.Read(p)
@@ -384,48 +384,16 @@ func (c *trackedConn) armIdle() {
 	}
 }
 
-// awaitReadable waits for the answer's next bytes (socketWait.await) under
-// the read deadline a read would have.
+// awaitReadable waits for the answer's next bytes under the read deadline
+// a read would have, and reads them ahead (readAhead.await).
 func (c *trackedConn) awaitReadable() {
+	if c.pending() {
+		return
+	}
 	c.armIdle()
-	c.await()
-}
-
-// socketWait waits for a socket to have bytes to read holding no buffer.
-type socketWait struct {
-	raw      syscall.RawConn // nil: not a socket, it cannot wait so
-	peeked   bool
-	readable func(fd uintptr) bool // peekOnce, made once
-}
-
-func (w *socketWait) init(c net.Conn) {
-	if sc, ok := c.(syscall.Conn); ok {
-		if raw, err := sc.SyscallConn(); err == nil {
-			w.raw, w.readable = raw, w.peekOnce
-		}
+	if c.await() {
+		c.reads++
 	}
-}
-
-// await waits, under the socket's read deadline, until it has bytes to
-// read, its end or an error, reading nothing. It makes the system calls a
-// read would: one look that finds nothing, and none after the poller says
-// bytes came (a wake-up without them only makes the next read wait as
-// usual). A failed wait is met again by the next read.
-func (w *socketWait) await() {
-	w.peeked = false
-	_ = w.raw.Read(w.readable)
-}
-
-// peekOnce is await's test, called before each wait for the socket: the
-// first time it peeks, later it reports the poller's wake-up.
-func (w *socketWait) peekOnce(fd uintptr) bool {
-	if w.peeked {
-		return true
-	}
-	w.peeked = true
-	var b byte // recvfrom without an address: unix.Recvfrom allocates one
-	_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b)), 1, unix.MSG_PEEK, 0, 0)
-	return errno != unix.EAGAIN
 }
 
 // Close closes the connection and drops it from the set.
