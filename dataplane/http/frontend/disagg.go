@@ -123,7 +123,8 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 	for {
 		w := pre.res.Worker()
 		u := s.upstreamOf(w)
-		pre.prepare(ctx, u, w, body, pre.reqID, pre.res.Rank(), &ex.rankBuf)
+		pre.copyClient(ctx)
+		pre.prepare(u, w, body, pre.reqID, pre.res.Rank(), &ex.rankBuf)
 		pre.res.Dispatched()
 		err := pre.send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
@@ -207,7 +208,8 @@ func (ex *exchange) startBootstrap(ctx *fasthttp.RequestCtx) bool {
 	if err != nil {
 		return ex.answerPrefill(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error(), outcomeInvalid)
 	}
-	pre.prepare(ctx, ex.s.upstreamOf(w), w, ex.body, pre.reqID, pre.res.Rank(), &ex.rankBuf)
+	pre.copyClient(ctx)
+	pre.prepare(ex.s.upstreamOf(w), w, ex.body, pre.reqID, pre.res.Rank(), &ex.rankBuf)
 	pre.done = make(chan struct{})
 	go ex.bootstrapPrefill(pre, w)
 	return true
@@ -279,13 +281,23 @@ func (ex *exchange) endPrefill() {
 
 // prefillLeg is the prefill side of an exchange's split requests.
 type prefillLeg struct {
-	upCall // the request to the prefill worker
+	upCall                  // the request to the prefill worker
+	own    fasthttp.Request // up: a copy of the client's request (the decode leg sends the client's own)
 	req    dataplane.Request
 	res    dataplane.Reservation
 	answer []byte        // the prefill answer
 	reqID  []byte        // X-Request-Id of both legs
 	done   chan struct{} // closed when an SGLang prefill leg ends; nil: none running
 	err    error         // why an SGLang prefill leg failed (read after done)
+}
+
+// copyClient makes the leg's request a copy of the client's, as the client
+// sent it: the decode leg edits the client's own.
+func (pre *prefillLeg) copyClient(ctx *fasthttp.RequestCtx) {
+	pre.own.Reset()
+	ctx.Request.Header.CopyTo(&pre.own.Header)
+	pre.own.SetRequestURIBytes(ctx.RequestURI())
+	pre.up = &pre.own
 }
 
 // prefillLeg returns the exchange's prefill leg, made at its first request

@@ -221,28 +221,29 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
 	}
 }
 
+// prepare makes the client's request the worker's: it is sent as it is,
+// edited for the worker, not copied (the proxy reads nothing of it after).
 func (ex *exchange) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker) {
-	body, reqID := ex.body, []byte(nil)
-	if body == nil {
-		body = ctx.PostBody()
-	}
+	var reqID []byte
 	if ex.split {
 		reqID = ex.pre.Load().reqID
 	}
-	ex.upCall.prepare(ctx, u, w, body, reqID, ex.res.Rank(), &ex.rankBuf)
+	ex.up = &ctx.Request
+	// Sent as received: the raw URI and the Host header prepare sets, not
+	// the URI fasthttp parsed (normalized, with the client's host).
+	ex.up.SetRequestURIBytes(ctx.RequestURI())
+	ex.upCall.prepare(u, w, ex.body, reqID, ex.res.Rank(), &ex.rankBuf)
 }
 
-// prepare builds the call's request from the client's: its headers and
-// path for the worker's host, body, the request id both legs of a split
-// request share (nil: none added) and the data-parallel rank of a worker
-// with ranks (a worker without ranks never sees the client's).
-func (c *upCall) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker, body, reqID []byte, rank int, rankBuf *[]byte) {
-	c.up.Reset()
-	ctx.Request.Header.CopyTo(&c.up.Header)
-	c.up.Header.ResetConnectionClose()
-	c.up.SetRequestURIBytes(ctx.RequestURI())
+// prepare edits the call's request (up) for the worker: its host, body
+// (nil: the one it has), the request id both legs of a split request
+// share (nil: none added) and the data-parallel rank of a worker with
+// ranks (a worker without ranks never sees the client's).
+func (c *upCall) prepare(u *upstream, w *dataplane.Worker, body, reqID []byte, rank int, rankBuf *[]byte) {
 	c.up.Header.SetHost(u.host)
-	c.up.SetBodyRaw(body)
+	if body != nil {
+		c.up.SetBodyRaw(body)
+	}
 	if reqID != nil {
 		c.up.Header.SetBytesV(headerRequestID, reqID)
 	}
@@ -473,7 +474,7 @@ func (ex *exchange) finish(o outcome) {
 	m.total.Observe(total)
 	ex.logAccess(o, total)
 	ex.resp.Reset()
-	ex.up.Reset()
+	ex.up = nil // the client's: fasthttp resets it
 	ex.s.exchanges.Put(ex)
 }
 

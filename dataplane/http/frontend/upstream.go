@@ -134,7 +134,7 @@ func takeTurn(turns chan struct{}, wait time.Duration) error {
 // upCall is one request to a worker and its answer, on one pooled
 // connection of the worker's upstream.
 type upCall struct {
-	up         fasthttp.Request
+	up         *fasthttp.Request // the request sent (prepare)
 	resp       fasthttp.Response
 	conn       *trackedConn
 	connHandle any       // its pool record
@@ -192,8 +192,15 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, stop *ato
 	}
 	if err = tc.arm(deadline); err == nil {
 		bw := u.hc.AcquireWriter(tc)
+		// A client's Connection: close is for its own connection (and may
+		// be the request itself: it is restored for fasthttp to read).
+		closing := c.up.Header.ConnectionClose()
+		c.up.Header.ResetConnectionClose()
 		if err = c.up.Write(bw); err == nil {
 			err = bw.Flush()
+		}
+		if closing {
+			c.up.Header.SetConnectionClose()
 		}
 		u.hc.ReleaseWriter(bw)
 	}
