@@ -342,7 +342,9 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }
 // worker's next bytes holding no buffer (awaitStream; a chunked body's end
 // is bytes still to come, so that wait always ends), and borrows a copy
 // buffer only to move them: an open stream that waits on its worker holds
-// neither a read nor a copy buffer.
+// neither a read nor a copy buffer. Chunks that came together leave in one
+// write (readyChunk): a client behind on a fast stream costs a write per
+// batch, not per token.
 func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
 	chunked := ex.resp.Header.ContentLength() == -1
 	var total int64
@@ -352,6 +354,11 @@ func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
 		}
 		bp := copyBufs.Get().(*[]byte)
 		n, err := ex.Read(*bp)
+		for err == nil && n < len(*bp) && ex.readyChunk() {
+			var m int
+			m, err = ex.Read((*bp)[n:])
+			n += m
+		}
 		if n > 0 {
 			wn, werr := w.Write((*bp)[:n])
 			total += int64(wn)
@@ -367,6 +374,18 @@ func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
 			return total, err
 		}
 	}
+}
+
+// readyChunk reports whether a Read now returns answer bytes without
+// waiting: the next chunk's size line and a byte after it are buffered. (A
+// Read ends at a chunk's end, with its CRLF; only what has come is taken.)
+func (ex *exchange) readyChunk() bool {
+	if ex.tail != nil || ex.br == nil {
+		return false
+	}
+	b, _ := ex.br.Peek(ex.br.Buffered())
+	i := bytes.IndexByte(b, '\n')
+	return i >= 0 && i < len(b)-1
 }
 
 // errorEvent is the SSE event that ends a broken stream: a blank line to

@@ -127,9 +127,9 @@ func rawWorker(t *testing.T, pause time.Duration, answer func(i int) []string) s
 
 // serveOne starts a front end over one worker at addr (opts completed with
 // its selector, a quiet logger and connect and first-byte timeouts; dial,
-// when set, replaces its connects) and returns the registry, the server and
-// the URL of its chat route.
-func serveOne(t *testing.T, addr string, opts Options, dial func(string, time.Duration) (net.Conn, error)) (*dataplane.Registry, *Server, string) {
+// when set, replaces its connects; wrap, when given, wraps its listener) and
+// returns the registry, the server and the URL of its chat route.
+func serveOne(t *testing.T, addr string, opts Options, dial func(string, time.Duration) (net.Conn, error), wrap ...func(net.Listener) net.Listener) (*dataplane.Registry, *Server, string) {
 	reg := dataplane.NewRegistry()
 	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://" + addr})
 	require.NoError(t, err)
@@ -142,6 +142,9 @@ func serveOne(t *testing.T, addr string, opts Options, dial func(string, time.Du
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	for _, w := range wrap {
+		ln = w(ln)
+	}
 	go func() { _ = s.Serve(ln) }()
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
 	return reg, s, "http://" + ln.Addr().String() + "/v1/chat/completions"
@@ -446,4 +449,44 @@ func TestTheWorkerGetsTheClientsRequestForItsHost(t *testing.T) {
 		_ = c.Close()
 	}
 	assert.Equal(t, int32(1), conns.Load(), "the worker's connection stays open across both")
+}
+
+// Chunks of a stream that came together leave in one write to the client;
+// one that comes later leaves on its own.
+func TestChunksThatCameTogetherLeaveTogether(t *testing.T) {
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+	burst := strings.Repeat("9\r\ndata: a\n\n\r\n", 5)
+	addr := rawWorker(t, 50*time.Millisecond, func(int) []string {
+		return []string{sse + burst, "9\r\ndata: b\n\n\r\n0\r\n\r\n"}
+	})
+	var writes atomic.Int32
+	_, _, url := serveOne(t, addr, Options{}, nil, func(ln net.Listener) net.Listener { return writeCounter{ln, &writes} })
+	resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+	require.NoError(t, err)
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Equal(t, strings.Repeat("data: a\n\n", 5)+"data: b\n\n", string(got))
+	assert.Equal(t, int32(3), writes.Load(), "the head and the burst, the late chunk, the end")
+}
+
+// writeCounter counts the writes to the connections it accepts.
+type writeCounter struct {
+	net.Listener
+	n *atomic.Int32
+}
+
+func (l writeCounter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	return countedConn{c, l.n}, err
+}
+
+type countedConn struct {
+	net.Conn
+	n *atomic.Int32
+}
+
+func (c countedConn) Write(p []byte) (int, error) {
+	c.n.Add(1)
+	return c.Conn.Write(p)
 }
