@@ -267,6 +267,10 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		// write of a chunk.
 		ex.unwatch()
 		ex.copyHeaders(ctx, u)
+		// A stream is never sent again: its request body (a long prompt,
+		// maybe) is not held for as long as the answer streams.
+		ctx.Request.ResetBody()
+		ex.body = nil
 		ctx.Response.SetBodyStream(ex, -1)
 		return
 	}

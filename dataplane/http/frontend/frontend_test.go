@@ -127,9 +127,10 @@ func rawWorker(t *testing.T, pause time.Duration, answer func(i int) []string) s
 
 // serveOne starts a front end over one worker at addr (opts completed with
 // its selector, a quiet logger and connect and first-byte timeouts; dial,
-// when set, replaces its connects; wrap, when given, wraps its listener) and
-// returns the registry, the server and the URL of its chat route.
-func serveOne(t *testing.T, addr string, opts Options, dial func(string, time.Duration) (net.Conn, error), wrap ...func(net.Listener) net.Listener) (*dataplane.Registry, *Server, string) {
+// when set, replaces its connects; setup, when given, sees the server and
+// wraps its listener before it serves) and returns the registry, the server
+// and the URL of its chat route.
+func serveOne(t *testing.T, addr string, opts Options, dial func(string, time.Duration) (net.Conn, error), setup ...func(*Server, net.Listener) net.Listener) (*dataplane.Registry, *Server, string) {
 	reg := dataplane.NewRegistry()
 	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://" + addr})
 	require.NoError(t, err)
@@ -142,8 +143,8 @@ func serveOne(t *testing.T, addr string, opts Options, dial func(string, time.Du
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	for _, w := range wrap {
-		ln = w(ln)
+	for _, f := range setup {
+		ln = f(s, ln)
 	}
 	go func() { _ = s.Serve(ln) }()
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
@@ -460,7 +461,7 @@ func TestChunksThatCameTogetherLeaveTogether(t *testing.T) {
 		return []string{sse + burst, "9\r\ndata: b\n\n\r\n0\r\n\r\n"}
 	})
 	var writes atomic.Int32
-	_, _, url := serveOne(t, addr, Options{}, nil, func(ln net.Listener) net.Listener { return writeCounter{ln, &writes} })
+	_, _, url := serveOne(t, addr, Options{}, nil, func(_ *Server, ln net.Listener) net.Listener { return writeCounter{ln, &writes} })
 	resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
 	require.NoError(t, err)
 	got, err := io.ReadAll(resp.Body)
@@ -489,4 +490,39 @@ type countedConn struct {
 func (c countedConn) Write(p []byte) (int, error) {
 	c.n.Add(1)
 	return c.Conn.Write(p)
+}
+
+// Once an answer streams, the request is never sent again: its body is let
+// go of when the handler returns, not held for as long as the stream runs;
+// a buffered answer's request keeps its body to the end.
+func TestAStreamDoesNotHoldItsRequestBody(t *testing.T) {
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+	addr := rawWorker(t, 20*time.Millisecond, func(i int) []string {
+		if i == 1 {
+			return []string{"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"}
+		}
+		return []string{sse + "9\r\ndata: a\n\n\r\n", "0\r\n\r\n"}
+	})
+	held := make(chan int, 2)
+	_, _, url := serveOne(t, addr, Options{}, nil, func(s *Server, ln net.Listener) net.Listener {
+		handle := s.srv.Handler
+		s.srv.Handler = func(ctx *fasthttp.RequestCtx) {
+			handle(ctx)
+			held <- len(ctx.Request.Body())
+		}
+		return ln
+	})
+	prompt := strings.Repeat("p", 32<<10)
+	for _, stream := range []bool{true, false} {
+		body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":%q}]}`, stream, prompt)
+		resp, err := http.Post(url, "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if n := <-held; stream {
+			assert.Zero(t, n, "a streamed answer's request body is released")
+		} else {
+			assert.Equal(t, len(body), n)
+		}
+	}
 }
