@@ -25,7 +25,7 @@ func (l clientListener) Accept() (net.Conn, error) {
 // then the rest: a read that finds nothing yet, the one byte, and the rest.
 // Here that first read waits for the request and reads it ahead (readAhead),
 // and the reads that follow take it from there: one system call fewer per
-// request, two fewer when it had already come.
+// request, whether or not it had already come.
 type clientConn struct {
 	net.Conn
 	readAhead
