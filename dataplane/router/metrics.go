@@ -10,7 +10,8 @@ import (
 
 // stateCollector writes the families of the state kept below the core
 // (LoRA loads, session pins, the embedding cache): those packages expose
-// counts, and the Prometheus text is written here, in one place.
+// counts, and the Prometheus text is written here, in one place. The
+// process's goroutine count comes last.
 func (r *Router) stateCollector() metrics.Collector {
 	return func(w *metrics.Writer) {
 		type load struct {

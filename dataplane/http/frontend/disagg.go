@@ -123,8 +123,7 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 	for {
 		w := pre.res.Worker()
 		u := s.upstreamOf(w)
-		pre.copyClient(ctx)
-		pre.prepare(u, w, body, pre.reqID, pre.res.Rank(), &ex.rankBuf)
+		pre.prepare(ctx, u, w, body, &ex.rankBuf)
 		pre.res.Dispatched()
 		err := pre.send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
@@ -208,8 +207,7 @@ func (ex *exchange) startBootstrap(ctx *fasthttp.RequestCtx) bool {
 	if err != nil {
 		return ex.answerPrefill(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error(), outcomeInvalid)
 	}
-	pre.copyClient(ctx)
-	pre.prepare(ex.s.upstreamOf(w), w, ex.body, pre.reqID, pre.res.Rank(), &ex.rankBuf)
+	pre.prepare(ctx, ex.s.upstreamOf(w), w, ex.body, &ex.rankBuf)
 	pre.done = make(chan struct{})
 	go ex.bootstrapPrefill(pre, w)
 	return true
@@ -291,13 +289,15 @@ type prefillLeg struct {
 	err    error         // why an SGLang prefill leg failed (read after done)
 }
 
-// copyClient makes the leg's request a copy of the client's, as the client
-// sent it: the decode leg edits the client's own.
-func (pre *prefillLeg) copyClient(ctx *fasthttp.RequestCtx) {
+// prepare makes the leg's request for prefill worker w: a copy of the
+// client's as the client sent it (the decode leg edits the client's own),
+// with body, the request id both legs share and the reserved rank.
+func (pre *prefillLeg) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker, body []byte, rankBuf *[]byte) {
 	pre.own.Reset()
 	ctx.Request.Header.CopyTo(&pre.own.Header)
 	pre.own.SetRequestURIBytes(ctx.RequestURI())
 	pre.up = &pre.own
+	pre.upCall.prepare(u, w, body, pre.reqID, pre.res.Rank(), rankBuf)
 }
 
 // prefillLeg returns the exchange's prefill leg, made at its first request

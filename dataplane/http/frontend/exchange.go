@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -337,10 +336,6 @@ func (ex *exchange) Read(p []byte) (int, error) {
 // stream.
 func (ex *exchange) SupportsBodyWriteTo() bool { return true }
 
-// copyBufs are the buffers streamed answers are copied through, each lent
-// only while a chunk of an answer is at hand.
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
-
 // WriteTo copies the streamed answer to w, fasthttp's chunk writer, which
 // flushes each chunk. Between chunks of a chunked answer it waits for the
 // worker's next bytes holding no buffer (awaitStream; a chunked body's end
@@ -356,7 +351,7 @@ func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
 		if chunked && ex.tail == nil && ex.br != nil {
 			ex.awaitStream()
 		}
-		bp := copyBufs.Get().(*[]byte)
+		bp := lentBufs.Get().(*[]byte)
 		n, err := ex.Read(*bp)
 		for err == nil && n < len(*bp) && ex.readyChunk() {
 			var m int
@@ -370,7 +365,7 @@ func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
 				err = werr // the client is gone: the copy ends
 			}
 		}
-		copyBufs.Put(bp)
+		lentBufs.Put(bp)
 		if err == io.EOF {
 			return total, nil
 		}

@@ -205,9 +205,7 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, stop *ato
 		u.hc.ReleaseWriter(bw)
 	}
 	if err == nil {
-		if tc.raw != nil { // the first byte may be minutes away: wait for it holding no read buffer
-			tc.awaitReadable()
-		}
+		tc.awaitReadable() // the first byte may be minutes away: wait for it holding no read buffer
 		c.br = u.hc.AcquireReader(tc)
 		c.resp.StreamBody = true
 		err = c.resp.ReadLimitBody(c.br, 0)
