@@ -3,6 +3,7 @@ package frontend
 import (
 	"errors"
 	"net"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -29,9 +30,15 @@ func (l clientListener) Accept() (net.Conn, error) {
 type clientConn struct {
 	net.Conn
 	readAhead
+	handoff atomic.Int32 // a take-over's and fasthttp's hand-off of the connection (handOff)
+	probed  bool         // a read of nothing came (pipelined)
 }
 
 func (c *clientConn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		c.probed = true
+		return 0, nil
+	}
 	if c.pending() {
 		return c.take(p)
 	}
@@ -41,6 +48,16 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		return c.Conn.Read(p)
 	}
 	return c.take(p)
+}
+
+// pipelined reports whether fasthttp read bytes past the request it
+// hijacked the connection at (hc): the next request, sent before this
+// one's answer. hc then reads through fasthttp's reader, which holds them,
+// and not this connection; a read of nothing from hc tells which.
+func (c *clientConn) pipelined(hc net.Conn) bool {
+	c.probed = false
+	_, _ = hc.Read(nil)
+	return !c.probed
 }
 
 var errNotASocket = errors.New("the client connection is not a socket")

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -30,9 +31,8 @@ const (
 
 var eventStream = []byte("text/event-stream")
 
-// exchange is the pooled state of one proxied request. It doubles as the
-// client-facing body stream of a streamed answer: fasthttp reads it chunk by
-// chunk and closes it exactly once, which ends the exchange.
+// exchange is the pooled state of one proxied request. A streamed answer
+// ends it from the goroutine that sends it (sendStream).
 type exchange struct {
 	s      *Server
 	rt     route
@@ -40,6 +40,12 @@ type exchange struct {
 	req    dataplane.Request
 	res    dataplane.Reservation
 	upCall // the request to the (decode) worker
+
+	// The request's write to the current worker (writeRequest), for answer.
+	sent     time.Time
+	deadline time.Time // its first byte's
+	reused   bool      // its connection had carried a request before
+	writeErr error
 
 	// A request split between a prefill and a decode worker (Disagg).
 	split    bool
@@ -53,6 +59,13 @@ type exchange struct {
 	copyBuf  []byte // reads a buffered answer's body
 	sse      bool   // the answer is an event stream
 	tail     []byte // the error event still to send after a broken stream
+
+	// The client's connection taken over from fasthttp (takeOver).
+	ctx          *fasthttp.RequestCtx // the client's, once taken over
+	taken        net.Conn             // the connection, while the exchange runs on it (runTaken); nil: fasthttp's
+	head         []byte               // a streamed answer's response head, sent with its first chunk
+	sendStreamFn fasthttp.HijackHandler
+	runTakenFn   fasthttp.HijackHandler
 
 	// Client hang-up while the worker works (watchClient to unwatch).
 	client hangup.Conn   // the client connection, while watched
@@ -76,6 +89,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.watch.Store(0)
 	ex.stop.Store(0)
 	ex.split, ex.decoding, ex.body = false, false, nil
+	ex.ctx, ex.taken = nil, nil
 	if pre := ex.pre.Load(); pre != nil {
 		pre.done, pre.err = nil, nil
 	}
@@ -184,39 +198,65 @@ func (ex *exchange) readRouting(h *fasthttp.RequestHeader, v *fastjson.Value) er
 	return nil
 }
 
+// run sends the request, after its prefill when it is split; streamed: the
+// answer streams (respond).
+func (ex *exchange) run(ctx *fasthttp.RequestCtx) (streamed bool) {
+	if ex.split && !ex.prefill(ctx) {
+		return false
+	}
+	return ex.dispatch(ctx)
+}
+
 // dispatch sends the request to the reserved worker, moving it to another
 // one on a transport failure before the first response byte.
-func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) {
-	s := ex.s
+func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 	ex.decoding = ex.split
+	ex.writeRequest(ctx)
+	return ex.answer(ctx)
+}
+
+// writeRequest sends the request to the reserved worker (answer reads what
+// comes back).
+func (ex *exchange) writeRequest(ctx *fasthttp.RequestCtx) {
+	s, w := ex.s, ex.res.Worker()
+	u := s.upstreamOf(w)
+	ex.prepare(ctx, u, w)
+	ex.res.Dispatched()
+	ex.sent = time.Now()
+	ex.deadline = firstByteDeadline(s.opts.FirstByteTimeout)
+	ex.reused, ex.writeErr = ex.write(u, ex.token, ex.deadline, &ex.stop)
+}
+
+// answer reads the worker's answer to the request write sent and passes it
+// on (respond), writing the request to another worker after a transport
+// failure before its first byte.
+func (ex *exchange) answer(ctx *fasthttp.RequestCtx) (streamed bool) {
+	s := ex.s
 	for {
 		w := ex.res.Worker()
 		u := s.upstreamOf(w)
-		ex.prepare(ctx, u, w)
-		ex.res.Dispatched()
-		t := time.Now()
-		err := ex.send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
+		err := ex.readHead(u, ex.token, ex.deadline, &ex.stop, ex.reused, ex.writeErr)
 		if err == nil {
-			ex.firstByte = time.Since(t)
+			ex.firstByte = time.Since(ex.sent)
 			s.metrics.firstByte.Observe(ex.firstByte)
 			s.reportAnswer(w, ex.resp.StatusCode() < fasthttp.StatusInternalServerError)
 			s.sel.Answered(&ex.req, &ex.res)
-			ex.respond(ctx, u, w)
-			return
+			return ex.respond(ctx, u, w)
 		}
 		if ex.endStopped(ctx) {
-			return
+			return false
 		}
 		s.reportAnswer(w, false)
 		if !retryable(err) || int64(ex.req.Attempts()) >= s.retries.Load() {
 			ex.fail(ctx, w.ID(), err, nil)
-			return
+			return false
 		}
 		s.metrics.retries.Inc()
 		if rerr := s.sel.Retry(&ex.req, &ex.res); rerr != nil {
 			ex.fail(ctx, w.ID(), err, rerr)
-			return
+			return false
 		}
+		ex.writeRequest(ctx)
 	}
 }
 
@@ -256,9 +296,10 @@ func (c *upCall) prepare(u *upstream, w *dataplane.Worker, body, reqID []byte, r
 }
 
 // respond copies the worker's answer to the client: a streamed answer is
-// handed to fasthttp as a body stream (flushed per chunk), a buffered one is
-// copied and the exchange ends at once.
-func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker) {
+// sent on the connection taken over from fasthttp (sendStream), a buffered
+// one is copied and the exchange ends at once. streamed: the answer
+// streams.
+func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker) (streamed bool) {
 	body := ex.resp.BodyStream()
 	ex.sse = bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream)
 	if body != nil && (ex.stream || ex.sse) {
@@ -270,8 +311,12 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		// maybe) is not held for as long as the answer streams.
 		ctx.Request.ResetBody()
 		ex.body = nil
-		ctx.Response.SetBodyStream(ex, -1)
-		return
+		if ex.taken != nil {
+			ex.sendStream(ex.taken)
+		} else {
+			ex.takeOver(ctx, ex.sendStreamFn)
+		}
+		return true
 	}
 	if body != nil {
 		if ex.copyBuf == nil {
@@ -280,17 +325,17 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		ctx.Response.ResetBody()
 		if _, err := io.CopyBuffer(ctx.Response.BodyWriter(), body, ex.copyBuf); err != nil {
 			ctx.Response.ResetBody()
-			if ex.endStopped(ctx) {
-				return
+			if !ex.endStopped(ctx) {
+				ex.fail(ctx, w.ID(), fmt.Errorf("answer cut after the headers: %w", err), nil)
 			}
-			ex.fail(ctx, w.ID(), fmt.Errorf("answer cut after the headers: %w", err), nil)
-			return
+			return false
 		}
 	}
 	ex.bodyDone = true
 	ex.copyHeaders(ctx, u)
 	ex.bytes = int64(len(ctx.Response.Body()))
 	ex.finish(outcomeOK)
+	return false
 }
 
 func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
@@ -300,12 +345,12 @@ func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 	ctx.Response.Header.SetBytesV(headerServedBy, u.idHeader)
 }
 
-// Read passes the worker's streamed answer through. When an event
+// readAnswer passes the worker's streamed answer through. When an event
 // stream breaks, the client first gets an SSE error event saying why: a
 // stream the router cut (the worker went silent past stream_idle_timeout)
 // then ends cleanly; one whose worker broke it stays broken for the client
 // too.
-func (ex *exchange) Read(p []byte) (int, error) {
+func (ex *exchange) readAnswer(p []byte) (int, error) {
 	if ex.tail != nil {
 		n := copy(p, ex.tail)
 		if ex.tail = ex.tail[n:]; len(ex.tail) == 0 {
@@ -329,50 +374,6 @@ func (ex *exchange) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
-}
-
-// SupportsBodyWriteTo makes fasthttp frame a streamed answer from WriteTo
-// instead of reading it into a 4 KiB buffer of its own held for the whole
-// stream.
-func (ex *exchange) SupportsBodyWriteTo() bool { return true }
-
-// WriteTo copies the streamed answer to w, fasthttp's chunk writer, which
-// flushes each chunk. Between chunks of a chunked answer it waits for the
-// worker's next bytes holding no buffer (awaitStream; a chunked body's end
-// is bytes still to come, so that wait always ends), and borrows a copy
-// buffer only to move them: an open stream that waits on its worker holds
-// neither a read nor a copy buffer. Chunks that came together leave in one
-// write (readyChunk): a client behind on a fast stream costs a write per
-// batch, not per token.
-func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
-	chunked := ex.resp.Header.ContentLength() == -1
-	var total int64
-	for {
-		if chunked && ex.tail == nil && ex.br != nil {
-			ex.awaitStream()
-		}
-		bp := lentBufs.Get().(*[]byte)
-		n, err := ex.Read(*bp)
-		for err == nil && n < len(*bp) && ex.readyChunk() {
-			var m int
-			m, err = ex.Read((*bp)[n:])
-			n += m
-		}
-		if n > 0 {
-			wn, werr := w.Write((*bp)[:n])
-			total += int64(wn)
-			if werr != nil {
-				err = werr // the client is gone: the copy ends
-			}
-		}
-		lentBufs.Put(bp)
-		if err == io.EOF {
-			return total, nil
-		}
-		if err != nil {
-			return total, err
-		}
-	}
 }
 
 // readyChunk reports whether a Read now returns answer bytes without
@@ -401,24 +402,6 @@ func (ex *exchange) errorEvent(err error) []byte {
 	b.Error.Message, b.Error.Type, b.Error.Code = msg, typ, status
 	body, _ := json.Marshal(b)
 	return append(append([]byte("\n\ndata: "), body...), "\n\n"...)
-}
-
-// CloseWithError is called by fasthttp once the streamed answer is written
-// or abandoned; werr is the client write error, if any.
-func (ex *exchange) CloseWithError(werr error) error {
-	switch {
-	case ex.readErr != nil && isTimeout(ex.readErr):
-		ex.s.reportAnswer(ex.res.Worker(), false)
-		ex.finish(outcomeTimeout)
-	case ex.readErr != nil:
-		ex.s.reportAnswer(ex.res.Worker(), false)
-		ex.finish(outcomeUpstreamError)
-	case werr != nil:
-		ex.finish(outcomeCancelled)
-	default:
-		ex.finish(outcomeOK)
-	}
-	return nil
 }
 
 // endStopped ends an exchange whose upstream call failed because it was

@@ -69,6 +69,8 @@ type Server struct {
 	access    *slog.Logger              // nil: no access log
 	retries   atomic.Int64              // router.retries, reloadable
 	hangups   *hangup.Watcher[exchange] // nil: client hang-ups are noticed only on write
+	takeovers atomic.Int64              // client connections taken over from fasthttp (takeOver), until closed or served by it again
+	closing   atomic.Bool               // Shutdown began: a connection given back is closed (continueConn)
 	srv       *fasthttp.Server
 	log       *slog.Logger
 	dial      func(addr string, timeout time.Duration) (net.Conn, error) // fasthttp.DialTimeout; tests count dials
@@ -91,7 +93,11 @@ func New(opts Options) *Server {
 		access:    opts.AccessLog,
 		dial:      fasthttp.DialTimeout,
 	}
-	s.exchanges.New = func() any { return &exchange{s: s} }
+	s.exchanges.New = func() any {
+		ex := &exchange{s: s}
+		ex.sendStreamFn, ex.runTakenFn = ex.sendStream, ex.runTaken
+		return ex
+	}
 	s.reg.Subscribe(s.workerChanged)
 	if w, err := hangup.New(clientHungUp); err != nil {
 		s.log.Warn("client hang-ups are noticed only when the router writes to them", "err", err)
@@ -121,6 +127,7 @@ func New(opts Options) *Server {
 		NoDefaultDate:                true,
 		NoDefaultContentType:         true,
 		CloseOnShutdown:              true,
+		KeepHijackedConns:            true, // a take-over gives them back (giveBack)
 		ErrorHandler:                 s.readError,
 		ConnState:                    s.trackConn,
 		Logger:                       debugLogger{opts.Logger},
@@ -150,7 +157,11 @@ func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(clientListene
 // cuts the connections still open (their streams end, their reservations
 // are released), and closes the idle upstream connections.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.closing.Store(true)
 	err := s.srv.ShutdownWithContext(ctx)
+	if err == nil {
+		err = s.awaitTakeovers(ctx)
+	}
 	if ctx.Err() != nil {
 		n := 0
 		s.conns.Range(func(c net.Conn, _ hangup.Conn) bool {
@@ -167,6 +178,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		// Cut connections end their handlers at once; wait for that.
 		wait, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err = s.srv.ShutdownWithContext(wait)
+		if err == nil {
+			err = s.awaitTakeovers(wait)
+		}
 		cancel()
 	}
 	s.upstreams.Range(func(_ *dataplane.Worker, u *upstream) bool {
@@ -192,9 +206,15 @@ func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
 			}
 		}
 		s.conns.Store(c, hc)
-	case fasthttp.StateClosed, fasthttp.StateHijacked:
+	case fasthttp.StateClosed:
 		if hc, ok := s.conns.LoadAndDelete(c); ok && s.hangups != nil {
 			s.hangups.Remove(hc)
+		}
+	case fasthttp.StateHijacked:
+		// The exchange took the connection over (takeOver): it stays
+		// tracked, and is served again once both are done with it.
+		if cc, ok := c.(*clientConn); ok {
+			s.handOff(cc)
 		}
 	}
 }
@@ -333,10 +353,17 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 		return
 	}
 	ex.watchClient(ctx)
-	if ex.split && !ex.prefill(ctx) {
+	if ex.stream {
+		// A stream request waits on its worker, and streams, in a
+		// goroutine of its own (takeOver); the request goes out first,
+		// unless its prefill comes before.
+		if !ex.split {
+			ex.writeRequest(ctx)
+		}
+		ex.takeOver(ctx, ex.runTakenFn)
 		return
 	}
-	ex.dispatch(ctx)
+	ex.run(ctx)
 }
 
 func selectOutcome(err error) outcome {

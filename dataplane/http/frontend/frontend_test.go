@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -468,7 +470,147 @@ func TestChunksThatCameTogetherLeaveTogether(t *testing.T) {
 	resp.Body.Close()
 	require.NoError(t, err)
 	assert.Equal(t, strings.Repeat("data: a\n\n", 5)+"data: b\n\n", string(got))
-	assert.Equal(t, int32(3), writes.Load(), "the head and the burst, the late chunk, the end")
+	assert.Equal(t, int32(2), writes.Load(), "the head and the burst, then the late chunk and the end")
+}
+
+// streamRequest is a raw HTTP request for a streamed chat completion.
+func streamRequest(proto, extra string) string {
+	body := `{"model":"m","stream":true,"messages":[]}`
+	return fmt.Sprintf("POST /v1/chat/completions %s\r\nHost: r\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		proto, extra, len(body), body)
+}
+
+// A stream is sent from its own goroutine on the client's connection,
+// which then serves the client's next requests, streamed or not; every
+// stream is counted until its connection closes, and occupancy returns to
+// 0.
+func TestAStreamedConnectionServesItsNextRequests(t *testing.T) {
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+	const body = `{"ok":true}`
+	addr := rawWorker(t, 20*time.Millisecond, func(i int) []string {
+		if i == 2 {
+			return []string{fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)}
+		}
+		return []string{sse + "9\r\ndata: a\n\n\r\n", "9\r\ndata: b\n\n\r\n", "0\r\n\r\n"}
+	})
+	reg, s, url := serveOne(t, addr, Options{}, nil)
+	c, err := net.Dial("tcp", strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions"))
+	require.NoError(t, err)
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	br := bufio.NewReader(c)
+	for i, want := range []string{"data: a\n\ndata: b\n\n", "data: a\n\ndata: b\n\n", body, "data: a\n\ndata: b\n\n"} {
+		_, err = io.WriteString(c, streamRequest("HTTP/1.1", ""))
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err, "answer %d", i)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, want, string(got), "answer %d", i)
+		assert.False(t, resp.Close, "answer %d keeps the connection", i)
+		assert.Equal(t, "1", resp.Header.Get(headerServedBy))
+		if want != body {
+			assert.Equal(t, []string{"chunked"}, resp.TransferEncoding)
+		}
+	}
+	assert.Positive(t, s.takeovers.Load(), "the connection a stream handed back is counted while open")
+	_ = c.Close()
+	require.Eventually(t, func() bool { return s.takeovers.Load() == 0 }, 5*time.Second, 10*time.Millisecond)
+	w, _ := reg.Get(1)
+	assert.Zero(t, w.Occupancy())
+}
+
+// A stream answers a client that reads HTTP/1.0, one that asks to close,
+// and one that sent its next request behind it (pipelined) on a
+// connection closed after the answer, which says so.
+func TestAStreamClosesTheConnectionsItCannotKeep(t *testing.T) {
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+	addr := rawWorker(t, 20*time.Millisecond, func(int) []string {
+		return []string{sse + "9\r\ndata: a\n\n\r\n", "9\r\ndata: b\n\n\r\n0\r\n\r\n"}
+	})
+	reg, s, url := serveOne(t, addr, Options{}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	for _, tc := range []struct{ name, send string }{
+		{"HTTP/1.0", streamRequest("HTTP/1.0", "")},
+		{"Connection: close", streamRequest("HTTP/1.1", "Connection: close\r\n")},
+		{"pipelined", streamRequest("HTTP/1.1", "") + streamRequest("HTTP/1.1", "")},
+	} {
+		c, err := net.Dial("tcp", front)
+		require.NoError(t, err)
+		require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+		_, err = io.WriteString(c, tc.send)
+		require.NoError(t, err)
+		raw, err := io.ReadAll(c) // to the connection's end
+		require.NoError(t, err, tc.name)
+		resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(raw)), nil)
+		require.NoError(t, err, tc.name)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, err, tc.name)
+		assert.Equal(t, "data: a\n\ndata: b\n\n", string(got), tc.name)
+		assert.True(t, resp.Close, tc.name)
+		assert.Equal(t, tc.name != "HTTP/1.0", slices.Equal(resp.TransferEncoding, []string{"chunked"}), tc.name)
+		assert.Equal(t, 1, bytes.Count(raw, []byte("HTTP/1.")), "%s: one answer", tc.name)
+		_ = c.Close()
+	}
+	require.Eventually(t, func() bool { return s.takeovers.Load() == 0 }, 5*time.Second, 10*time.Millisecond)
+	w, _ := reg.Get(1)
+	assert.Zero(t, w.Occupancy())
+}
+
+// Shutdown waits for a stream still open (fasthttp no longer counts its
+// connection), which ends whole, and its connection is then closed.
+func TestShutdownWaitsForOpenStreams(t *testing.T) {
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+	addr := rawWorker(t, 150*time.Millisecond, func(int) []string {
+		return []string{sse + "9\r\ndata: a\n\n\r\n", "9\r\ndata: b\n\n\r\n", "9\r\ndata: c\n\n\r\n0\r\n\r\n"}
+	})
+	reg, s, url := serveOne(t, addr, Options{}, nil)
+	resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	first := make([]byte, len("data: a\n\n"))
+	_, err = io.ReadFull(resp.Body, first)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- s.Shutdown(context.Background()) }()
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("Shutdown returned with a stream open: %v", err)
+	default:
+	}
+	rest, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, "data: b\n\ndata: c\n\n", string(rest))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown did not return after the stream ended")
+	}
+	w, _ := reg.Get(1)
+	assert.Zero(t, w.Occupancy())
+}
+
+// firstWrite calls seen at the first write to each connection it accepts.
+type firstWrite struct {
+	net.Listener
+	seen func()
+}
+
+func (l firstWrite) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	return &firstWriteConn{Conn: c, seen: l.seen}, err
+}
+
+type firstWriteConn struct {
+	net.Conn
+	seen func()
+	once sync.Once
+}
+
+func (c *firstWriteConn) Write(p []byte) (int, error) {
+	c.once.Do(c.seen)
+	return c.Conn.Write(p)
 }
 
 // writeCounter counts the writes to the connections it accepts.
@@ -493,8 +635,8 @@ func (c countedConn) Write(p []byte) (int, error) {
 }
 
 // Once an answer streams, the request is never sent again: its body is let
-// go of when the handler returns, not held for as long as the stream runs;
-// a buffered answer's request keeps its body to the end.
+// go of before the answer's first write to the client, not held for as long
+// as the stream runs; a buffered answer's request keeps its body to the end.
 func TestAStreamDoesNotHoldItsRequestBody(t *testing.T) {
 	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 	addr := rawWorker(t, 20*time.Millisecond, func(i int) []string {
@@ -503,19 +645,23 @@ func TestAStreamDoesNotHoldItsRequestBody(t *testing.T) {
 		}
 		return []string{sse + "9\r\ndata: a\n\n\r\n", "0\r\n\r\n"}
 	})
+	var current atomic.Pointer[fasthttp.RequestCtx]
 	held := make(chan int, 2)
 	_, _, url := serveOne(t, addr, Options{}, nil, func(s *Server, ln net.Listener) net.Listener {
 		handle := s.srv.Handler
 		s.srv.Handler = func(ctx *fasthttp.RequestCtx) {
+			current.Store(ctx)
 			handle(ctx)
-			held <- len(ctx.Request.Body())
 		}
-		return ln
+		// The body's length as the answer's first bytes leave, read by
+		// the goroutine that writes them.
+		return firstWrite{ln, func() { held <- len(current.Load().Request.Body()) }}
 	})
 	prompt := strings.Repeat("p", 32<<10)
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}} // a connection each
 	for _, stream := range []bool{true, false} {
 		body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":%q}]}`, stream, prompt)
-		resp, err := http.Post(url, "application/json", strings.NewReader(body))
+		resp, err := client.Post(url, "application/json", strings.NewReader(body))
 		require.NoError(t, err)
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()

@@ -163,21 +163,38 @@ var errStopped = errors.New("the request was stopped")
 // the same worker, until one that was never used before fails too. So a
 // worker's restart costs no request and no mark against its health.
 func (c *upCall) send(u *upstream, token uint32, firstByte time.Duration, stop *atomic.Uint32) error {
-	var deadline time.Time
-	if firstByte > 0 {
-		deadline = time.Now().Add(firstByte)
+	deadline := firstByteDeadline(firstByte)
+	reused, err := c.write(u, token, deadline, stop)
+	return c.readHead(u, token, deadline, stop, reused, err)
+}
+
+// firstByteDeadline is when a worker's first answer byte is due (zero: no
+// limit).
+func firstByteDeadline(firstByte time.Duration) time.Time {
+	if firstByte <= 0 {
+		return time.Time{}
 	}
+	return time.Now().Add(firstByte)
+}
+
+// readHead is the rest of send once write sent the request (err: how it
+// failed; reused: on a connection that had carried a request before): it
+// reads the answer's headers, sending the request again where send says.
+func (c *upCall) readHead(u *upstream, token uint32, deadline time.Time, stop *atomic.Uint32, reused bool, err error) error {
 	for {
-		reused, err := c.sendOn(u, token, deadline, stop)
+		if err == nil {
+			err = c.awaitHead(token)
+		}
 		if err == nil || !reused || isTimeout(err) || stop.Load() != 0 {
 			return err
 		}
+		reused, err = c.write(u, token, deadline, stop)
 	}
 }
 
-// sendOn is one try of send on one connection; reused says the connection
-// had carried a request before.
-func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, stop *atomic.Uint32) (reused bool, err error) {
+// write sends c.up on a pooled connection of u; reused says the
+// connection had carried a request before.
+func (c *upCall) write(u *upstream, token uint32, deadline time.Time, stop *atomic.Uint32) (reused bool, err error) {
 	h, tc, err := u.conns.acquire()
 	if err != nil {
 		return false, err
@@ -204,16 +221,24 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, stop *ato
 		}
 		u.hc.ReleaseWriter(bw)
 	}
-	if err == nil {
-		tc.awaitReadable() // the first byte may be minutes away: wait for it holding no read buffer
-		c.br = u.hc.AcquireReader(tc)
-		c.resp.StreamBody = true
-		err = c.resp.ReadLimitBody(c.br, 0)
-	}
 	if err != nil {
 		c.endConn(token)
 	}
 	return reused, err
+}
+
+// awaitHead waits for the answer to the request write sent and reads its
+// headers, leaving its body to stream.
+func (c *upCall) awaitHead(token uint32) error {
+	tc := c.conn
+	tc.awaitReadable() // the first byte may be minutes away: wait for it holding no read buffer
+	c.br = c.connOf.hc.AcquireReader(tc)
+	c.resp.StreamBody = true
+	err := c.resp.ReadLimitBody(c.br, 0)
+	if err != nil {
+		c.endConn(token)
+	}
+	return err
 }
 
 // endConn gives the connection back: to the pool when the answer was read

@@ -1,0 +1,264 @@
+package frontend
+
+import (
+	"context"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// A stream leaves fasthttp's serving goroutine: the client's connection
+// is taken over (ctx.Hijack) and the exchange goes on in the fresh
+// goroutine fasthttp starts for it, which writes the response itself: the
+// head and chunk framing of a streamed answer, or a whole answer. An open
+// stream so holds no fasthttp response writer and only the shallow stack
+// of that goroutine, not the deep one of a serving loop that waits inside
+// a handler; and a burst of new streams ties up fasthttp's serving
+// goroutines only while their requests are read, not while their workers
+// work. A request that asks for a stream is taken over before it is sent
+// (runTaken), any other answer that turns out to stream once it does
+// (sendStream). When the answer ends well on a keep-alive connection,
+// fasthttp serves the connection's next requests again (handOff).
+
+// takeOver has fasthttp hand the client's connection to run, in a
+// goroutine of its own, once the handler returns.
+func (ex *exchange) takeOver(ctx *fasthttp.RequestCtx, run fasthttp.HijackHandler) {
+	ex.ctx = ctx
+	ex.s.takeovers.Add(1)
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(run)
+}
+
+// runTaken waits for the answer to a stream request on the connection c
+// taken over from fasthttp, and sends it there, streamed or not.
+func (ex *exchange) runTaken(c net.Conn) {
+	s, ctx := ex.s, ex.ctx
+	ex.taken = c
+	var streamed bool
+	if ex.split {
+		streamed = ex.run(ctx)
+	} else {
+		streamed = ex.answer(ctx) // proxy wrote the request
+	}
+	if streamed {
+		return // sendStream answered and gave the connection back
+	}
+	// The exchange ended (it is back in its pool) with its answer, an
+	// error maybe, in ctx.Response.
+	keep := s.keepAfter(ctx, c)
+	if !keep {
+		closeAfter(&ctx.Response.Header)
+	}
+	s.armWrite(c)
+	_, err := ctx.Response.WriteTo(c)
+	s.giveBack(ctx, c, keep && err == nil)
+}
+
+// sendStream sends the streamed answer on the client's connection c (the
+// one taken over, through which fasthttp's reader still reads), ends the
+// exchange and gives the connection back.
+func (ex *exchange) sendStream(c net.Conn) {
+	s, ctx := ex.s, ex.ctx
+	keep := s.keepAfter(ctx, c)
+	// A worker's answer of unknown length is chunked for an HTTP/1.1
+	// client; an HTTP/1.0 one reads it until the connection closes.
+	h := &ctx.Response.Header
+	framed := false
+	if ex.resp.Header.ContentLength() < 0 {
+		framed = ctx.Request.Header.IsHTTP11()
+		if framed {
+			h.SetContentLength(-1)
+		} else {
+			h.Del(fasthttp.HeaderTransferEncoding)
+		}
+	}
+	if !keep {
+		closeAfter(h)
+	}
+	ex.head = h.AppendBytes(ex.head[:0])
+	s.armWrite(c)
+	complete, werr := ex.copyStream(c, framed) // ex is back in its pool
+	s.giveBack(ctx, c, keep && complete && werr == nil)
+}
+
+// keepAfter says whether the connection c taken over for ctx's request
+// may serve the next one: an HTTP/1.1 client that did not ask to close,
+// and sent nothing yet past this request (pipelined), while the server
+// runs.
+func (s *Server) keepAfter(ctx *fasthttp.RequestCtx, c net.Conn) bool {
+	cc, _ := ctx.Conn().(*clientConn)
+	return cc != nil && !cc.pipelined(c) && ctx.Request.Header.IsHTTP11() &&
+		!ctx.Request.Header.ConnectionClose() && !ctx.Response.Header.ConnectionClose() && !s.closing.Load()
+}
+
+// closeAfter marks a response as the connection's last.
+func closeAfter(h *fasthttp.ResponseHeader) {
+	h.Del(fasthttp.HeaderConnection) // fasthttp's keep-alive for HTTP/1.0
+	h.SetConnectionClose()
+}
+
+// armWrite bounds the response's write by limits.write_timeout, as
+// fasthttp does for the responses it writes.
+func (s *Server) armWrite(c net.Conn) {
+	if s.opts.WriteTimeout > 0 {
+		_ = c.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout))
+	}
+}
+
+// giveBack ends the take-over of ctx's connection c: fasthttp serves its
+// next request (keep), or it is closed.
+func (s *Server) giveBack(ctx *fasthttp.RequestCtx, c net.Conn, keep bool) {
+	conn := ctx.Conn() // the connection as tracked (trackConn)
+	if keep {
+		_ = c.SetWriteDeadline(time.Time{})
+		s.handOff(conn.(*clientConn))
+		return
+	}
+	_ = c.Close()
+	s.trackConn(conn, fasthttp.StateClosed)
+	s.takeovers.Add(-1)
+}
+
+// Room a lent buffer keeps around a chunk of the answer for its framing:
+// the size line before it (4 KiB is "1000\r\n"), its CRLF and the last
+// chunk after it.
+const (
+	chunkHeadRoom = 8
+	chunkTailRoom = len("\r\n0\r\n\r\n")
+)
+
+// copyStream copies the streamed answer, after the response head, to the
+// client's connection w, framed in chunks when framed, and ends the
+// exchange (endStream). Between chunks of a chunked answer it waits for the
+// worker's next bytes holding no buffer (awaitStream; a chunked body's end
+// is bytes still to come, so that wait always ends), and borrows a buffer
+// only to move them: an open stream that waits on its worker holds neither
+// a read nor a write buffer. Chunks that came together leave in one write
+// (readyChunk), the head with the first and the last chunk with the end: a
+// client behind on a fast stream costs a write per batch, not per token.
+// Once the worker's answer ended, the exchange ends before the last bytes
+// leave, so that a client that has them finds the router's books closed.
+// complete: the answer was sent to its end; werr: the client's write
+// failed.
+func (ex *exchange) copyStream(w io.Writer, framed bool) (complete bool, werr error) {
+	chunked := ex.resp.Header.ContentLength() == -1
+	for headSent := false; ; headSent = true {
+		if chunked && ex.tail == nil && ex.br != nil {
+			ex.awaitStream()
+		}
+		bp := lentBufs.Get().(*[]byte)
+		buf := *bp
+		lo, hi := 0, len(buf)
+		if framed {
+			lo, hi = chunkHeadRoom, len(buf)-chunkTailRoom
+		}
+		n, err := ex.readAnswer(buf[lo:hi])
+		for err == nil && lo+n < hi && ex.readyChunk() {
+			var m int
+			m, err = ex.readAnswer(buf[lo+n : hi])
+			n += m
+		}
+		out := buf[lo : lo+n]
+		if framed {
+			out = frameChunk(buf, lo, n, err == io.EOF)
+		}
+		ended := err != nil
+		switch {
+		case !headSent:
+			ex.head = append(ex.head, out...)
+			out = ex.head
+		case ended:
+			ex.endStream(nil) // ex is back in its pool: out is not its
+		}
+		if len(out) > 0 {
+			_, werr = w.Write(out)
+		}
+		lentBufs.Put(bp)
+		if werr != nil || ended {
+			if !ended || !headSent {
+				ex.endStream(werr)
+			}
+			return err == io.EOF && werr == nil, werr
+		}
+	}
+}
+
+// frameChunk frames the n answer bytes at buf[lo:] as an HTTP/1.1 chunk in
+// place, using the room around them, and adds the last chunk when last.
+func frameChunk(buf []byte, lo, n int, last bool) []byte {
+	start, end := lo, lo
+	if n > 0 {
+		var size [8]byte
+		line := append(strconv.AppendUint(size[:0], uint64(n), 16), '\r', '\n')
+		start = lo - len(line)
+		copy(buf[start:], line)
+		end = lo + n
+		end += copy(buf[end:], "\r\n")
+	}
+	if last {
+		end += copy(buf[end:], "0\r\n\r\n")
+	}
+	return buf[start:end]
+}
+
+// endStream ends the exchange of a streamed answer; werr is the client
+// write error, if any.
+func (ex *exchange) endStream(werr error) {
+	switch {
+	case ex.readErr != nil && isTimeout(ex.readErr):
+		ex.s.reportAnswer(ex.res.Worker(), false)
+		ex.finish(outcomeTimeout)
+	case ex.readErr != nil:
+		ex.s.reportAnswer(ex.res.Worker(), false)
+		ex.finish(outcomeUpstreamError)
+	case werr != nil:
+		ex.finish(outcomeCancelled)
+	default:
+		ex.finish(outcomeOK)
+	}
+}
+
+// handOff has fasthttp serve a connection's next requests after a
+// take-over, once both the taker and fasthttp's goroutine that gave it up
+// (its StateHijacked, trackConn) are done with it: that goroutine still
+// drops the connection from fasthttp's own books after the stream started.
+func (s *Server) handOff(cc *clientConn) {
+	if cc.handoff.Add(1) == 2 {
+		go s.continueConn(cc)
+	}
+}
+
+// continueConn serves a connection given back until it closes or is taken
+// over again; once Shutdown began, it closes it. It counts as a stream
+// for Shutdown until then. (Should Shutdown begin between the check and
+// ServeConn counting the connection as fasthttp's, the connection is
+// served until its client closes it, it idles out, or Shutdown's time runs
+// out and cuts it.)
+func (s *Server) continueConn(cc *clientConn) {
+	cc.handoff.Store(0)
+	if s.closing.Load() {
+		_ = cc.Close()
+		s.trackConn(cc, fasthttp.StateClosed)
+	} else {
+		_ = s.srv.ServeConn(cc)
+	}
+	s.takeovers.Add(-1)
+}
+
+// awaitTakeovers waits until no connection is taken over from fasthttp
+// (fasthttp's Shutdown no longer counts them), or ctx ends.
+func (s *Server) awaitTakeovers(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for s.takeovers.Load() != 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
