@@ -30,7 +30,7 @@ func (l clientListener) Accept() (net.Conn, error) {
 type clientConn struct {
 	net.Conn
 	readAhead
-	handoff atomic.Int32 // a take-over's and fasthttp's hand-off of the connection (handOff)
+	handoff atomic.Int32 // a take-over's and fasthttp's hand-off of the connection (handedOff)
 	probed  bool         // a read of nothing came (pipelined)
 }
 
@@ -59,6 +59,13 @@ func (c *clientConn) pipelined(hc net.Conn) bool {
 	_, _ = hc.Read(nil)
 	return !c.probed
 }
+
+// handedOff is called by a take-over that gives the connection back
+// (giveBack) and by fasthttp's goroutine that gave it up, once done with
+// it (its StateHijacked, trackConn: it still drops the connection from
+// fasthttp's own books after the take-over began). The second to come
+// reports true: fasthttp may serve the connection again (continueConn).
+func (c *clientConn) handedOff() bool { return c.handoff.Add(1) == 2 }
 
 var errNotASocket = errors.New("the client connection is not a socket")
 

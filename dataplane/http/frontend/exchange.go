@@ -61,11 +61,11 @@ type exchange struct {
 	tail     []byte // the error event still to send after a broken stream
 
 	// The client's connection taken over from fasthttp (takeOver).
-	ctx          *fasthttp.RequestCtx // the client's, once taken over
-	taken        net.Conn             // the connection, while the exchange runs on it (runTaken); nil: fasthttp's
-	head         []byte               // a streamed answer's response head, sent with its first chunk
-	sendStreamFn fasthttp.HijackHandler
-	runTakenFn   fasthttp.HijackHandler
+	ctx           *fasthttp.RequestCtx // the client's, once taken over
+	taken         net.Conn             // the connection, while the exchange runs on it (runTaken); nil: fasthttp's
+	head          []byte               // a streamed answer's response head, sent with its first chunk
+	streamTakenFn fasthttp.HijackHandler
+	runTakenFn    fasthttp.HijackHandler
 
 	// Client hang-up while the worker works (watchClient to unwatch).
 	client hangup.Conn   // the client connection, while watched
@@ -296,9 +296,9 @@ func (c *upCall) prepare(u *upstream, w *dataplane.Worker, body, reqID []byte, r
 }
 
 // respond copies the worker's answer to the client: a streamed answer is
-// sent on the connection taken over from fasthttp (sendStream), a buffered
-// one is copied and the exchange ends at once. streamed: the answer
-// streams.
+// sent on the connection taken over from fasthttp (sendStream, from the
+// take-over's goroutine), a buffered one is copied and the exchange ends
+// at once. streamed: the answer streams.
 func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker) (streamed bool) {
 	body := ex.resp.BodyStream()
 	ex.sse = bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream)
@@ -311,10 +311,8 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		// maybe) is not held for as long as the answer streams.
 		ctx.Request.ResetBody()
 		ex.body = nil
-		if ex.taken != nil {
-			ex.sendStream(ex.taken)
-		} else {
-			ex.takeOver(ctx, ex.sendStreamFn)
+		if ex.taken == nil {
+			ex.takeOver(ctx, ex.streamTakenFn)
 		}
 		return true
 	}

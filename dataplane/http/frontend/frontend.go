@@ -95,7 +95,7 @@ func New(opts Options) *Server {
 	}
 	s.exchanges.New = func() any {
 		ex := &exchange{s: s}
-		ex.sendStreamFn, ex.runTakenFn = ex.sendStream, ex.runTaken
+		ex.streamTakenFn, ex.runTakenFn = ex.streamTaken, ex.runTaken
 		return ex
 	}
 	s.reg.Subscribe(s.workerChanged)
@@ -213,8 +213,8 @@ func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
 	case fasthttp.StateHijacked:
 		// The exchange took the connection over (takeOver): it stays
 		// tracked, and is served again once both are done with it.
-		if cc, ok := c.(*clientConn); ok {
-			s.handOff(cc)
+		if cc, ok := c.(*clientConn); ok && cc.handedOff() {
+			go s.continueConn(cc)
 		}
 	}
 }

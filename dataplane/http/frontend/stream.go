@@ -18,10 +18,10 @@ import (
 // of that goroutine, not the deep one of a serving loop that waits inside
 // a handler; and a burst of new streams ties up fasthttp's serving
 // goroutines only while their requests are read, not while their workers
-// work. A request that asks for a stream is taken over before it is sent
+// work. A request that asks for a stream is taken over once it is written
 // (runTaken), any other answer that turns out to stream once it does
 // (sendStream). When the answer ends well on a keep-alive connection,
-// fasthttp serves the connection's next requests again (handOff).
+// fasthttp serves the connection's next requests again (giveBack).
 
 // takeOver has fasthttp hand the client's connection to run, in a
 // goroutine of its own, once the handler returns.
@@ -33,8 +33,10 @@ func (ex *exchange) takeOver(ctx *fasthttp.RequestCtx, run fasthttp.HijackHandle
 }
 
 // runTaken waits for the answer to a stream request on the connection c
-// taken over from fasthttp, and sends it there, streamed or not.
+// taken over from fasthttp, sends it there, streamed or not, and gives the
+// connection back.
 func (ex *exchange) runTaken(c net.Conn) {
+	growStack4K()
 	s, ctx := ex.s, ex.ctx
 	ex.taken = c
 	var streamed bool
@@ -43,8 +45,9 @@ func (ex *exchange) runTaken(c net.Conn) {
 	} else {
 		streamed = ex.answer(ctx) // proxy wrote the request
 	}
-	if streamed {
-		return // sendStream answered and gave the connection back
+	if streamed { // respond left it to be sent from here, the stack's shallowest
+		s.giveBack(ctx, c, ex.sendStream(c))
+		return
 	}
 	// The exchange ended (it is back in its pool) with its answer, an
 	// error maybe, in ctx.Response.
@@ -57,12 +60,19 @@ func (ex *exchange) runTaken(c net.Conn) {
 	s.giveBack(ctx, c, keep && err == nil)
 }
 
-// sendStream sends the streamed answer on the client's connection c (the
-// one taken over, through which fasthttp's reader still reads), ends the
-// exchange and gives the connection back.
-func (ex *exchange) sendStream(c net.Conn) {
+// streamTaken sends an answer that turned out to stream (respond) on the
+// connection c taken over from fasthttp, and gives the connection back.
+func (ex *exchange) streamTaken(c net.Conn) {
 	s, ctx := ex.s, ex.ctx
-	keep := s.keepAfter(ctx, c)
+	s.giveBack(ctx, c, ex.sendStream(c))
+}
+
+// sendStream sends the streamed answer on the client's connection c (the
+// one taken over, through which fasthttp's reader still reads) and ends the
+// exchange. keep: the connection may serve the next request.
+func (ex *exchange) sendStream(c net.Conn) (keep bool) {
+	s, ctx := ex.s, ex.ctx
+	keep = s.keepAfter(ctx, c)
 	// A worker's answer of unknown length is chunked for an HTTP/1.1
 	// client; an HTTP/1.0 one reads it until the connection closes.
 	h := &ctx.Response.Header
@@ -81,7 +91,7 @@ func (ex *exchange) sendStream(c net.Conn) {
 	ex.head = h.AppendBytes(ex.head[:0])
 	s.armWrite(c)
 	complete, werr := ex.copyStream(c, framed) // ex is back in its pool
-	s.giveBack(ctx, c, keep && complete && werr == nil)
+	return keep && complete && werr == nil
 }
 
 // keepAfter says whether the connection c taken over for ctx's request
@@ -109,12 +119,16 @@ func (s *Server) armWrite(c net.Conn) {
 }
 
 // giveBack ends the take-over of ctx's connection c: fasthttp serves its
-// next request (keep), or it is closed.
+// next request (keep), from this goroutine, whose stack has grown to
+// fasthttp's needs already, when fasthttp's goroutine that gave the
+// connection up is done with it (handedOff); or it is closed.
 func (s *Server) giveBack(ctx *fasthttp.RequestCtx, c net.Conn, keep bool) {
 	conn := ctx.Conn() // the connection as tracked (trackConn)
 	if keep {
 		_ = c.SetWriteDeadline(time.Time{})
-		s.handOff(conn.(*clientConn))
+		if cc := conn.(*clientConn); cc.handedOff() {
+			s.continueConn(cc)
+		}
 		return
 	}
 	_ = c.Close()
@@ -221,23 +235,16 @@ func (ex *exchange) endStream(werr error) {
 	}
 }
 
-// handOff has fasthttp serve a connection's next requests after a
-// take-over, once both the taker and fasthttp's goroutine that gave it up
-// (its StateHijacked, trackConn) are done with it: that goroutine still
-// drops the connection from fasthttp's own books after the stream started.
-func (s *Server) handOff(cc *clientConn) {
-	if cc.handoff.Add(1) == 2 {
-		go s.continueConn(cc)
-	}
-}
-
 // continueConn serves a connection given back until it closes or is taken
-// over again; once Shutdown began, it closes it. It counts as a stream
+// over again (the request context of the take-over, which fasthttp lets go
+// of when the take-over returns, is held until then); once Shutdown began,
+// it closes it. It counts as a stream
 // for Shutdown until then. (Should Shutdown begin between the check and
 // ServeConn counting the connection as fasthttp's, the connection is
 // served until its client closes it, it idles out, or Shutdown's time runs
 // out and cuts it.)
 func (s *Server) continueConn(cc *clientConn) {
+	growStack8K()
 	cc.handoff.Store(0)
 	if s.closing.Load() {
 		_ = cc.Close()
@@ -262,3 +269,27 @@ func (s *Server) awaitTakeovers(ctx context.Context) error {
 	}
 	return nil
 }
+
+// A take-over's goroutine starts on a small stack, and what it runs
+// (reading the answer's head, then fasthttp's serving loop on a connection
+// given back) needs 4 KiB, then 8: left to itself the stack grows in steps
+// deep in those calls, each a copy of every frame below. growStack4K and
+// growStack8K make room at once while the stack is shallow, one cheap copy
+// (CockroachDB's growstack does the same).
+//
+//go:noinline
+func growStack4K() {
+	var frame [2 << 10]byte
+	keepFrame(frame[:])
+}
+
+//go:noinline
+func growStack8K() {
+	var frame [4 << 10]byte
+	keepFrame(frame[:])
+}
+
+// keepFrame keeps a frame the compiler would drop.
+//
+//go:noinline
+func keepFrame([]byte) {}
