@@ -119,15 +119,16 @@ func (s *Server) armWrite(c net.Conn) {
 }
 
 // giveBack ends the take-over of ctx's connection c: fasthttp serves its
-// next request (keep), from this goroutine, whose stack has grown to
-// fasthttp's needs already, when fasthttp's goroutine that gave the
-// connection up is done with it (handedOff); or it is closed.
+// next request (keep), once its goroutine that gave the connection up is
+// done with it (handedOff); or it is closed. The connection is served from
+// a fresh goroutine: this one's stack and request context are let go of,
+// and a connection that idles holds neither.
 func (s *Server) giveBack(ctx *fasthttp.RequestCtx, c net.Conn, keep bool) {
 	conn := ctx.Conn() // the connection as tracked (trackConn)
 	if keep {
 		_ = c.SetWriteDeadline(time.Time{})
 		if cc := conn.(*clientConn); cc.handedOff() {
-			s.continueConn(cc)
+			go s.continueConn(cc)
 		}
 		return
 	}
@@ -236,15 +237,13 @@ func (ex *exchange) endStream(werr error) {
 }
 
 // continueConn serves a connection given back until it closes or is taken
-// over again (the request context of the take-over, which fasthttp lets go
-// of when the take-over returns, is held until then); once Shutdown began,
-// it closes it. It counts as a stream
+// over again; once Shutdown began, it closes it. It counts as a stream
 // for Shutdown until then. (Should Shutdown begin between the check and
 // ServeConn counting the connection as fasthttp's, the connection is
 // served until its client closes it, it idles out, or Shutdown's time runs
 // out and cuts it.)
 func (s *Server) continueConn(cc *clientConn) {
-	growStack8K()
+	growStack4K()
 	cc.handoff.Store(0)
 	if s.closing.Load() {
 		_ = cc.Close()
@@ -270,22 +269,18 @@ func (s *Server) awaitTakeovers(ctx context.Context) error {
 	return nil
 }
 
-// A take-over's goroutine starts on a small stack, and what it runs
-// (reading the answer's head, then fasthttp's serving loop on a connection
-// given back) needs 4 KiB, then 8: left to itself the stack grows in steps
-// deep in those calls, each a copy of every frame below. growStack4K and
-// growStack8K make room at once while the stack is shallow, one cheap copy
-// (CockroachDB's growstack does the same).
+// growStack4K grows the calling goroutine's stack to 4 KiB at once. A
+// take-over's goroutine, and the one that serves a connection given back,
+// start on a smaller stack, and what they run (reading an answer's head;
+// fasthttp's serving loop waiting for a request) needs 4 KiB: left to
+// itself the stack grows deep in those calls, a copy of every frame below.
+// Grown while the stack is shallow, it is one cheap copy (CockroachDB's
+// growstack does the same). A request's handler needs 8 KiB, grown as it
+// runs: an open stream or an idle connection holds 4.
 //
 //go:noinline
 func growStack4K() {
 	var frame [2 << 10]byte
-	keepFrame(frame[:])
-}
-
-//go:noinline
-func growStack8K() {
-	var frame [4 << 10]byte
 	keepFrame(frame[:])
 }
 
