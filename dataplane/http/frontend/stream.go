@@ -237,7 +237,7 @@ func (ex *exchange) endStream(werr error) {
 }
 
 // continueConn serves a connection given back until it closes or is taken
-// over again; once Shutdown began, it closes it. It counts as a stream
+// over again; once Shutdown began, it closes it. It counts as taken over
 // for Shutdown until then. (Should Shutdown begin between the check and
 // ServeConn counting the connection as fasthttp's, the connection is
 // served until its client closes it, it idles out, or Shutdown's time runs
