@@ -7,17 +7,11 @@ import (
 	"syscall"
 )
 
-// clientListener hands fasthttp clientConns.
-type clientListener struct{ net.Listener }
-
-func (l clientListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
+// newClientConn wraps an accepted connection.
+func newClientConn(c net.Conn) *clientConn {
 	cc := &clientConn{Conn: c}
 	cc.init(c)
-	return cc, nil
+	return cc
 }
 
 // clientConn is a client connection that reads a request's first bytes
@@ -30,6 +24,7 @@ func (l clientListener) Accept() (net.Conn, error) {
 type clientConn struct {
 	net.Conn
 	readAhead
+	gate    *gate        // the gate it came through
 	handoff atomic.Int32 // a take-over's and fasthttp's hand-off of the connection (handedOff)
 	probed  bool         // a read of nothing came (pipelined)
 }

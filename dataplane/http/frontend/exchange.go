@@ -41,12 +41,6 @@ type exchange struct {
 	res    dataplane.Reservation
 	upCall // the request to the (decode) worker
 
-	// The request's write to the current worker (writeRequest), for answer.
-	sent     time.Time
-	deadline time.Time // its first byte's
-	reused   bool      // its connection had carried a request before
-	writeErr error
-
 	// A request split between a prefill and a decode worker (Disagg).
 	split    bool
 	decoding bool                       // its decode leg was dispatched
@@ -210,34 +204,17 @@ func (ex *exchange) run(ctx *fasthttp.RequestCtx) (streamed bool) {
 // dispatch sends the request to the reserved worker, moving it to another
 // one on a transport failure before the first response byte.
 func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
-	ex.decoding = ex.split
-	ex.writeRequest(ctx)
-	return ex.answer(ctx)
-}
-
-// writeRequest sends the request to the reserved worker (answer reads what
-// comes back).
-func (ex *exchange) writeRequest(ctx *fasthttp.RequestCtx) {
-	s, w := ex.s, ex.res.Worker()
-	u := s.upstreamOf(w)
-	ex.prepare(ctx, u, w)
-	ex.res.Dispatched()
-	ex.sent = time.Now()
-	ex.deadline = firstByteDeadline(s.opts.FirstByteTimeout)
-	ex.reused, ex.writeErr = ex.write(u, ex.token, ex.deadline, &ex.stop)
-}
-
-// answer reads the worker's answer to the request write sent and passes it
-// on (respond), writing the request to another worker after a transport
-// failure before its first byte.
-func (ex *exchange) answer(ctx *fasthttp.RequestCtx) (streamed bool) {
 	s := ex.s
+	ex.decoding = ex.split
 	for {
 		w := ex.res.Worker()
 		u := s.upstreamOf(w)
-		err := ex.readHead(u, ex.token, ex.deadline, &ex.stop, ex.reused, ex.writeErr)
+		ex.prepare(ctx, u, w)
+		ex.res.Dispatched()
+		t := time.Now()
+		err := ex.send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
-			ex.firstByte = time.Since(ex.sent)
+			ex.firstByte = time.Since(t)
 			s.metrics.firstByte.Observe(ex.firstByte)
 			s.reportAnswer(w, ex.resp.StatusCode() < fasthttp.StatusInternalServerError)
 			s.sel.Answered(&ex.req, &ex.res)
@@ -256,7 +233,6 @@ func (ex *exchange) answer(ctx *fasthttp.RequestCtx) (streamed bool) {
 			ex.fail(ctx, w.ID(), err, rerr)
 			return false
 		}
-		ex.writeRequest(ctx)
 	}
 }
 

@@ -151,7 +151,13 @@ func (s *Server) SetRetries(n int) { s.retries.Store(int64(n)) }
 func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // Serve answers requests on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(clientListener{ln}) }
+func (s *Server) Serve(ln net.Listener) error {
+	idle := s.opts.IdleTimeout
+	if idle == 0 { // as fasthttp does
+		idle = s.opts.ReadTimeout
+	}
+	return s.srv.Serve(newGate(ln, s.opts.ReadTimeout, idle, func(cc *clientConn) { s.trackConn(cc, fasthttp.StateClosed) }))
+}
 
 // Shutdown stops accepting, waits for open requests until ctx ends, then
 // cuts the connections still open (their streams end, their reservations
@@ -214,7 +220,7 @@ func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
 		// The exchange took the connection over (takeOver): it stays
 		// tracked, and is served again once both are done with it.
 		if cc, ok := c.(*clientConn); ok && cc.handedOff() {
-			go s.continueConn(cc)
+			s.continueConn(cc)
 		}
 	}
 }
@@ -354,12 +360,8 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 	}
 	ex.watchClient(ctx)
 	if ex.stream {
-		// A stream request waits on its worker, and streams, in a
-		// goroutine of its own (takeOver); the request goes out first,
-		// unless its prefill comes before.
-		if !ex.split {
-			ex.writeRequest(ctx)
-		}
+		// A stream request is sent, waits on its worker and streams in a
+		// goroutine of its own (takeOver).
 		ex.takeOver(ctx, ex.runTakenFn)
 		return
 	}

@@ -342,7 +342,13 @@ func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
 // fasthttp's read of a request's first byte reads the whole request in one
 // call; the reads that follow take the rest from it, then from the socket.
 func TestAClientRequestIsReadAheadFromItsFirstByte(t *testing.T) {
-	client, c := loopbackPair(t, func(ln net.Listener) (net.Conn, error) { return clientListener{ln}.Accept() })
+	client, c := loopbackPair(t, func(ln net.Listener) (net.Conn, error) {
+		c, err := ln.Accept()
+		if err != nil {
+			return nil, err
+		}
+		return newClientConn(c), nil
+	})
 	cc := c.(*clientConn)
 	_, err := cc.SyscallConn()
 	require.NoError(t, err, "the hang-up watcher reaches the socket")
@@ -481,9 +487,8 @@ func streamRequest(proto, extra string) string {
 }
 
 // A stream is sent from its own goroutine on the client's connection,
-// which then serves the client's next requests, streamed or not; every
-// stream is counted until its connection closes, and occupancy returns to
-// 0.
+// which then serves the client's next requests, streamed or not; the
+// connection stays tracked until it closes, and occupancy returns to 0.
 func TestAStreamedConnectionServesItsNextRequests(t *testing.T) {
 	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 	const body = `{"ok":true}`
@@ -512,9 +517,11 @@ func TestAStreamedConnectionServesItsNextRequests(t *testing.T) {
 			assert.Equal(t, []string{"chunked"}, resp.TransferEncoding)
 		}
 	}
-	assert.Positive(t, s.takeovers.Load(), "the connection a stream handed back is counted while open")
+	require.Eventually(t, func() bool { return s.takeovers.Load() == 0 }, 5*time.Second, 10*time.Millisecond,
+		"a connection given back waits in the gate, no longer taken over")
+	assert.Equal(t, 1, s.conns.Size(), "and is watched for its client's hang-up")
 	_ = c.Close()
-	require.Eventually(t, func() bool { return s.takeovers.Load() == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return s.conns.Size() == 0 }, 5*time.Second, 10*time.Millisecond, "until it closes")
 	w, _ := reg.Get(1)
 	assert.Zero(t, w.Occupancy())
 }

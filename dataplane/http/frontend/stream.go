@@ -18,7 +18,7 @@ import (
 // of that goroutine, not the deep one of a serving loop that waits inside
 // a handler; and a burst of new streams ties up fasthttp's serving
 // goroutines only while their requests are read, not while their workers
-// work. A request that asks for a stream is taken over once it is written
+// work. A request that asks for a stream is taken over once picked
 // (runTaken), any other answer that turns out to stream once it does
 // (sendStream). When the answer ends well on a keep-alive connection,
 // fasthttp serves the connection's next requests again (giveBack).
@@ -32,20 +32,14 @@ func (ex *exchange) takeOver(ctx *fasthttp.RequestCtx, run fasthttp.HijackHandle
 	ctx.Hijack(run)
 }
 
-// runTaken waits for the answer to a stream request on the connection c
-// taken over from fasthttp, sends it there, streamed or not, and gives the
+// runTaken sends a stream request on, from the connection c taken over
+// from fasthttp, sends its answer there, streamed or not, and gives the
 // connection back.
 func (ex *exchange) runTaken(c net.Conn) {
 	growStack4K()
 	s, ctx := ex.s, ex.ctx
 	ex.taken = c
-	var streamed bool
-	if ex.split {
-		streamed = ex.run(ctx)
-	} else {
-		streamed = ex.answer(ctx) // proxy wrote the request
-	}
-	if streamed { // respond left it to be sent from here, the stack's shallowest
+	if ex.run(ctx) { // respond left it to be sent from here, the stack's shallowest
 		s.giveBack(ctx, c, ex.sendStream(c))
 		return
 	}
@@ -118,17 +112,15 @@ func (s *Server) armWrite(c net.Conn) {
 	}
 }
 
-// giveBack ends the take-over of ctx's connection c: fasthttp serves its
-// next request (keep), once its goroutine that gave the connection up is
-// done with it (handedOff); or it is closed. The connection is served from
-// a fresh goroutine: this one's stack and request context are let go of,
-// and a connection that idles holds neither.
+// giveBack ends the take-over of ctx's connection c: it waits in the gate
+// for its next request (keep), once fasthttp's goroutine that gave it up
+// is done with it too (handedOff); or it is closed.
 func (s *Server) giveBack(ctx *fasthttp.RequestCtx, c net.Conn, keep bool) {
 	conn := ctx.Conn() // the connection as tracked (trackConn)
 	if keep {
 		_ = c.SetWriteDeadline(time.Time{})
 		if cc := conn.(*clientConn); cc.handedOff() {
-			go s.continueConn(cc)
+			s.continueConn(cc)
 		}
 		return
 	}
@@ -236,20 +228,16 @@ func (ex *exchange) endStream(werr error) {
 	}
 }
 
-// continueConn serves a connection given back until it closes or is taken
-// over again; once Shutdown began, it closes it. It counts as taken over
-// for Shutdown until then. (Should Shutdown begin between the check and
-// ServeConn counting the connection as fasthttp's, the connection is
-// served until its client closes it, it idles out, or Shutdown's time runs
-// out and cuts it.)
+// continueConn ends the take-over of a connection given back: it waits in
+// the gate it came through for its next request, which fasthttp then
+// serves.
 func (s *Server) continueConn(cc *clientConn) {
-	growStack4K()
 	cc.handoff.Store(0)
-	if s.closing.Load() {
+	if cc.gate != nil {
+		cc.gate.giveBack(cc)
+	} else { // not served through Serve's gate
 		_ = cc.Close()
 		s.trackConn(cc, fasthttp.StateClosed)
-	} else {
-		_ = s.srv.ServeConn(cc)
 	}
 	s.takeovers.Add(-1)
 }
@@ -270,13 +258,11 @@ func (s *Server) awaitTakeovers(ctx context.Context) error {
 }
 
 // growStack4K grows the calling goroutine's stack to 4 KiB at once. A
-// take-over's goroutine, and the one that serves a connection given back,
-// start on a smaller stack, and what they run (reading an answer's head;
-// fasthttp's serving loop waiting for a request) needs 4 KiB: left to
-// itself the stack grows deep in those calls, a copy of every frame below.
-// Grown while the stack is shallow, it is one cheap copy (CockroachDB's
-// growstack does the same). A request's handler needs 8 KiB, grown as it
-// runs: an open stream or an idle connection holds 4.
+// take-over's goroutine starts on a smaller stack, and what it runs
+// (writing a request, reading an answer's head) needs 4 KiB: left to itself the stack grows
+// deep in those calls, a copy of every frame below. Grown while the stack
+// is shallow, it is one cheap copy (CockroachDB's growstack does the
+// same).
 //
 //go:noinline
 func growStack4K() {

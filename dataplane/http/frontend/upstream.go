@@ -90,7 +90,7 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 				if err := takeTurn(turns, queueTimeout); err != nil {
 					return nil, err
 				}
-				c, err := s.dial(addr, dialTimeout)
+				c, err := dialAside(s.dial, addr, dialTimeout)
 				<-turns
 				if err != nil {
 					return nil, err
@@ -108,6 +108,23 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 		}
 	})
 	return u
+}
+
+// dialAside connects from a goroutine of its own. A connect's calls run
+// deep: made from a stream's goroutine, they would grow its stack to twice
+// its size for as long as the stream runs.
+func dialAside(dial func(string, time.Duration) (net.Conn, error), addr string, timeout time.Duration) (net.Conn, error) {
+	type dialed struct {
+		c   net.Conn
+		err error
+	}
+	done := make(chan dialed, 1)
+	go func() {
+		c, err := dial(addr, timeout)
+		done <- dialed{c, err}
+	}()
+	d := <-done
+	return d.c, d.err
 }
 
 // takeTurn waits for a place in turns, up to wait (0: no limit).
@@ -163,32 +180,18 @@ var errStopped = errors.New("the request was stopped")
 // the same worker, until one that was never used before fails too. So a
 // worker's restart costs no request and no mark against its health.
 func (c *upCall) send(u *upstream, token uint32, firstByte time.Duration, stop *atomic.Uint32) error {
-	deadline := firstByteDeadline(firstByte)
-	reused, err := c.write(u, token, deadline, stop)
-	return c.readHead(u, token, deadline, stop, reused, err)
-}
-
-// firstByteDeadline is when a worker's first answer byte is due (zero: no
-// limit).
-func firstByteDeadline(firstByte time.Duration) time.Time {
-	if firstByte <= 0 {
-		return time.Time{}
+	var deadline time.Time
+	if firstByte > 0 {
+		deadline = time.Now().Add(firstByte)
 	}
-	return time.Now().Add(firstByte)
-}
-
-// readHead is the rest of send once write sent the request (err: how it
-// failed; reused: on a connection that had carried a request before): it
-// reads the answer's headers, sending the request again where send says.
-func (c *upCall) readHead(u *upstream, token uint32, deadline time.Time, stop *atomic.Uint32, reused bool, err error) error {
 	for {
+		reused, err := c.write(u, token, deadline, stop)
 		if err == nil {
 			err = c.awaitHead(token)
 		}
 		if err == nil || !reused || isTimeout(err) || stop.Load() != 0 {
 			return err
 		}
-		reused, err = c.write(u, token, deadline, stop)
 	}
 }
 

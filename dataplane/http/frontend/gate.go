@@ -1,0 +1,112 @@
+package frontend
+
+import (
+	"net"
+	"sync"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v3"
+)
+
+// gate is the listener fasthttp serves: it hands fasthttp a client
+// connection only once the connection's next request has come (its first
+// bytes are read ahead), a new connection as well as one a stream gave
+// back (giveBack). fasthttp binds a serving goroutine to a connection from
+// then until it closes or is taken over; before, a connection waits in a
+// goroutine of the gate's with a 2 KiB stack, not in a serving goroutine,
+// which grows to 8 KiB as it serves and stays in fasthttp's worker pool
+// with it. A burst of new streams so needs only as many serving goroutines
+// as the requests read at once, and a connection that idles between
+// streams holds no serving goroutine.
+type gate struct {
+	net.Listener
+	ready   chan net.Conn // connections whose request has come, for Accept
+	failed  chan error    // the listener's failure, for Accept
+	closed  chan struct{}
+	close   sync.Once
+	waiting *xsync.MapOf[*clientConn, struct{}] // connections waiting for their request, closed with the gate
+	first   time.Duration                       // how long a new connection may wait for its first request (0: no limit)
+	idle    time.Duration                       // and one given back for its next
+	drop    func(*clientConn)                   // forgets a connection the gate closed (trackConn)
+}
+
+func newGate(ln net.Listener, first, idle time.Duration, drop func(*clientConn)) *gate {
+	g := &gate{Listener: ln, ready: make(chan net.Conn), failed: make(chan error, 1), closed: make(chan struct{}),
+		waiting: xsync.NewMapOf[*clientConn, struct{}](), first: first, idle: idle, drop: drop}
+	go g.accept()
+	return g
+}
+
+// accept takes the listener's connections into the gate until it fails.
+func (g *gate) accept() {
+	for {
+		c, err := g.Listener.Accept()
+		if err != nil {
+			g.failed <- err
+			return
+		}
+		cc := newClientConn(c)
+		cc.gate = g
+		go g.wait(cc, g.first, false)
+	}
+}
+
+// Accept returns the next connection whose request has come.
+func (g *gate) Accept() (net.Conn, error) {
+	select {
+	case c := <-g.ready:
+		return c, nil
+	case err := <-g.failed:
+		g.failed <- err // for the next call
+		return nil, err
+	}
+}
+
+// Close closes the listener and the connections waiting in the gate (idle
+// ones, which fasthttp closes at Shutdown).
+func (g *gate) Close() error {
+	err := g.Listener.Close()
+	g.close.Do(func() { close(g.closed) })
+	g.waiting.Range(func(cc *clientConn, _ struct{}) bool {
+		_ = cc.Close()
+		return true
+	})
+	return err
+}
+
+// giveBack has a connection wait in the gate for its next request; it was
+// served before (tracked), so the gate forgets it if it closes it.
+func (g *gate) giveBack(cc *clientConn) { go g.wait(cc, g.idle, true) }
+
+// wait waits for the connection's request, up to timeout, then hands it
+// to Accept; one that sends nothing in time, or whose wait the gate's
+// close cut, is closed.
+func (g *gate) wait(cc *clientConn, timeout time.Duration, tracked bool) {
+	g.waiting.Store(cc, struct{}{})
+	ok := true
+	select {
+	case <-g.closed:
+		ok = false
+	default:
+		if timeout > 0 {
+			_ = cc.SetReadDeadline(time.Now().Add(timeout))
+		}
+		// A connection that is not a socket goes on at once.
+		ok = cc.raw == nil || cc.await()
+		if timeout > 0 {
+			_ = cc.SetReadDeadline(time.Time{}) // fasthttp sets its own
+		}
+	}
+	g.waiting.Delete(cc)
+	if ok {
+		select {
+		case g.ready <- cc:
+			return
+		case <-g.closed:
+		}
+	}
+	_ = cc.Close()
+	if tracked {
+		g.drop(cc)
+	}
+}
