@@ -679,3 +679,55 @@ func TestAStreamDoesNotHoldItsRequestBody(t *testing.T) {
 		}
 	}
 }
+
+// The gate hands fasthttp a connection only once its request came: a new
+// connection that sends nothing is closed after read_timeout, one a stream
+// gave back after idle_timeout (and forgotten), and Shutdown closes those
+// still waiting at once.
+func TestTheGateClosesConnectionsThatSendNothing(t *testing.T) {
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+	addr := rawWorker(t, 0, func(int) []string { return []string{sse + "9\r\ndata: a\n\n\r\n0\r\n\r\n"} })
+	_, s, url := serveOne(t, addr, Options{ReadTimeout: 200 * time.Millisecond, IdleTimeout: 400 * time.Millisecond}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	closedAfter := func(c net.Conn, br *bufio.Reader) time.Duration {
+		start := time.Now()
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+		_, err := br.ReadByte()
+		require.ErrorIs(t, err, io.EOF)
+		return time.Since(start)
+	}
+
+	silent, err := net.Dial("tcp", front)
+	require.NoError(t, err)
+	defer silent.Close()
+	took := closedAfter(silent, bufio.NewReader(silent))
+	assert.Greater(t, took, 150*time.Millisecond)
+	assert.Less(t, took, 2*time.Second)
+
+	c, err := net.Dial("tcp", front)
+	require.NoError(t, err)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	_, err = io.WriteString(c, streamRequest("HTTP/1.1", ""))
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	got, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, "data: a\n\n", string(got))
+	took = closedAfter(c, br)
+	assert.Greater(t, took, 300*time.Millisecond, "idle_timeout, not read_timeout")
+	assert.Less(t, took, 2*time.Second)
+	require.Eventually(t, func() bool { return s.conns.Size() == 0 }, 2*time.Second, 10*time.Millisecond, "forgotten")
+
+	// No timeouts: a connection waits in the gate until Shutdown.
+	_, s, url = serveOne(t, addr, Options{}, nil)
+	waiting, err := net.Dial("tcp", strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions"))
+	require.NoError(t, err)
+	defer waiting.Close()
+	time.Sleep(50 * time.Millisecond) // accepted into the gate
+	assert.Zero(t, s.srv.GetOpenConnectionsCount(), "a connection that sent nothing holds no serving goroutine")
+	start := time.Now()
+	require.NoError(t, s.Shutdown(context.Background()))
+	assert.Less(t, time.Since(start), time.Second)
+	assert.Less(t, closedAfter(waiting, bufio.NewReader(waiting)), time.Second)
+}
