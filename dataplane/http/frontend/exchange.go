@@ -58,7 +58,7 @@ type exchange struct {
 	ctx           *fasthttp.RequestCtx // the client's, once taken over
 	taken         net.Conn             // the connection, while the exchange runs on it (runTaken); nil: fasthttp's
 	head          []byte               // a streamed answer's response head, sent with its first chunk
-	streamTakenFn fasthttp.HijackHandler
+	beginStreamFn fasthttp.HijackHandler
 	runTakenFn    fasthttp.HijackHandler
 
 	// Client hang-up while the worker works (watchClient to unwatch).
@@ -288,7 +288,7 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		ctx.Request.ResetBody()
 		ex.body = nil
 		if ex.taken == nil {
-			ex.takeOver(ctx, ex.streamTakenFn)
+			ex.takeOver(ctx, ex.beginStreamFn)
 		}
 		return true
 	}

@@ -95,7 +95,7 @@ func New(opts Options) *Server {
 	}
 	s.exchanges.New = func() any {
 		ex := &exchange{s: s}
-		ex.streamTakenFn, ex.runTakenFn = ex.streamTaken, ex.runTaken
+		ex.beginStreamFn, ex.runTakenFn = ex.beginStream, ex.runTaken
 		return ex
 	}
 	s.reg.Subscribe(s.workerChanged)

@@ -642,8 +642,9 @@ func (c countedConn) Write(p []byte) (int, error) {
 }
 
 // Once an answer streams, the request is never sent again: its body is let
-// go of before the answer's first write to the client, not held for as long
-// as the stream runs; a buffered answer's request keeps its body to the end.
+// go of before the stream's goroutine starts (and fasthttp's request
+// context once the take-over returns), not held for as long as the stream
+// runs; a buffered answer's request keeps its body to the end.
 func TestAStreamDoesNotHoldItsRequestBody(t *testing.T) {
 	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 	addr := rawWorker(t, 20*time.Millisecond, func(i int) []string {
@@ -653,6 +654,7 @@ func TestAStreamDoesNotHoldItsRequestBody(t *testing.T) {
 		return []string{sse + "9\r\ndata: a\n\n\r\n", "0\r\n\r\n"}
 	})
 	var current atomic.Pointer[fasthttp.RequestCtx]
+	var streaming atomic.Bool
 	held := make(chan int, 2)
 	_, _, url := serveOne(t, addr, Options{}, nil, func(s *Server, ln net.Listener) net.Listener {
 		handle := s.srv.Handler
@@ -660,13 +662,31 @@ func TestAStreamDoesNotHoldItsRequestBody(t *testing.T) {
 			current.Store(ctx)
 			handle(ctx)
 		}
-		// The body's length as the answer's first bytes leave, read by
-		// the goroutine that writes them.
-		return firstWrite{ln, func() { held <- len(current.Load().Request.Body()) }}
+		// A stream's body as its take-over returns (fasthttp then lets
+		// go of the request context).
+		newExchange := s.exchanges.New
+		s.exchanges.New = func() any {
+			ex := newExchange().(*exchange)
+			run := ex.runTakenFn
+			ex.runTakenFn = func(c net.Conn) {
+				ctx := ex.ctx
+				run(c)
+				held <- len(ctx.Request.Body())
+			}
+			return ex
+		}
+		// A buffered answer's body as its first bytes leave, read by
+		// fasthttp's goroutine that writes them.
+		return firstWrite{ln, func() {
+			if !streaming.Load() {
+				held <- len(current.Load().Request.Body())
+			}
+		}}
 	})
 	prompt := strings.Repeat("p", 32<<10)
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}} // a connection each
 	for _, stream := range []bool{true, false} {
+		streaming.Store(stream)
 		body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":%q}]}`, stream, prompt)
 		resp, err := client.Post(url, "application/json", strings.NewReader(body))
 		require.NoError(t, err)

@@ -39,8 +39,8 @@ func (ex *exchange) runTaken(c net.Conn) {
 	growStack4K()
 	s, ctx := ex.s, ex.ctx
 	ex.taken = c
-	if ex.run(ctx) { // respond left it to be sent from here, the stack's shallowest
-		s.giveBack(ctx, c, ex.sendStream(c))
+	if ex.run(ctx) { // respond left it to be sent from here
+		ex.beginStream(c)
 		return
 	}
 	// The exchange ended (it is back in its pool) with its answer, an
@@ -51,22 +51,19 @@ func (ex *exchange) runTaken(c net.Conn) {
 	}
 	s.armWrite(c)
 	_, err := ctx.Response.WriteTo(c)
-	s.giveBack(ctx, c, keep && err == nil)
+	s.giveBack(ctx.Conn(), c, keep && err == nil)
 }
 
-// streamTaken sends an answer that turned out to stream (respond) on the
-// connection c taken over from fasthttp, and gives the connection back.
-func (ex *exchange) streamTaken(c net.Conn) {
+// beginStream readies a streamed answer's response head, for the client's
+// connection c taken over from fasthttp (the one through which fasthttp's
+// reader still reads), and has sendStream send the answer from a goroutine
+// of its own. It returns at once, and fasthttp lets go of the request
+// context, which an open stream so does not hold. It is the take-over of
+// an answer that turned out to stream (respond) as well.
+func (ex *exchange) beginStream(c net.Conn) {
 	s, ctx := ex.s, ex.ctx
-	s.giveBack(ctx, c, ex.sendStream(c))
-}
-
-// sendStream sends the streamed answer on the client's connection c (the
-// one taken over, through which fasthttp's reader still reads) and ends the
-// exchange. keep: the connection may serve the next request.
-func (ex *exchange) sendStream(c net.Conn) (keep bool) {
-	s, ctx := ex.s, ex.ctx
-	keep = s.keepAfter(ctx, c)
+	ex.ctx = nil
+	keep := s.keepAfter(ctx, c)
 	// A worker's answer of unknown length is chunked for an HTTP/1.1
 	// client; an HTTP/1.0 one reads it until the connection closes.
 	h := &ctx.Response.Header
@@ -83,9 +80,18 @@ func (ex *exchange) sendStream(c net.Conn) (keep bool) {
 		closeAfter(h)
 	}
 	ex.head = h.AppendBytes(ex.head[:0])
+	go ex.sendStream(c, ctx.Conn(), keep, framed)
+}
+
+// sendStream sends the streamed answer on c, head first, ends the exchange
+// and gives the connection (conn, as tracked) back; keep: it may serve the
+// next request if the answer ends well.
+func (ex *exchange) sendStream(c, conn net.Conn, keep, framed bool) {
+	growStack4K()
+	s := ex.s
 	s.armWrite(c)
 	complete, werr := ex.copyStream(c, framed) // ex is back in its pool
-	return keep && complete && werr == nil
+	s.giveBack(conn, c, keep && complete && werr == nil)
 }
 
 // keepAfter says whether the connection c taken over for ctx's request
@@ -112,11 +118,11 @@ func (s *Server) armWrite(c net.Conn) {
 	}
 }
 
-// giveBack ends the take-over of ctx's connection c: it waits in the gate
-// for its next request (keep), once fasthttp's goroutine that gave it up
-// is done with it too (handedOff); or it is closed.
-func (s *Server) giveBack(ctx *fasthttp.RequestCtx, c net.Conn, keep bool) {
-	conn := ctx.Conn() // the connection as tracked (trackConn)
+// giveBack ends the take-over of the connection conn (as tracked:
+// trackConn; c is its hijacked self): it waits in the gate for its next
+// request (keep), once fasthttp's goroutine that gave it up is done with
+// it too (handedOff); or it is closed.
+func (s *Server) giveBack(conn, c net.Conn, keep bool) {
 	if keep {
 		_ = c.SetWriteDeadline(time.Time{})
 		if cc := conn.(*clientConn); cc.handedOff() {
@@ -258,8 +264,9 @@ func (s *Server) awaitTakeovers(ctx context.Context) error {
 }
 
 // growStack4K grows the calling goroutine's stack to 4 KiB at once. A
-// take-over's goroutine starts on a smaller stack, and what it runs
-// (writing a request, reading an answer's head) needs 4 KiB: left to itself the stack grows
+// take-over's goroutine, and a stream's, start on a smaller stack, and
+// what they run (writing a request, reading an answer's head or chunks)
+// needs 4 KiB: left to itself the stack grows
 // deep in those calls, a copy of every frame below. Grown while the stack
 // is shallow, it is one cheap copy (CockroachDB's growstack does the
 // same).
