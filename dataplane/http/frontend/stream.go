@@ -62,7 +62,7 @@ func (ex *exchange) runTaken(c net.Conn) {
 // an answer that turned out to stream (respond) as well.
 func (ex *exchange) beginStream(c net.Conn) {
 	s, ctx := ex.s, ex.ctx
-	ex.ctx = nil
+	ex.ctx, ex.up = nil, nil // the client's request goes with its context
 	keep := s.keepAfter(ctx, c)
 	// A worker's answer of unknown length is chunked for an HTTP/1.1
 	// client; an HTTP/1.0 one reads it until the connection closes.
