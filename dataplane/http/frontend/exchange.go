@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -55,8 +54,7 @@ type exchange struct {
 	tail     []byte // the error event still to send after a broken stream
 
 	// The client's connection taken over from fasthttp (takeOver).
-	ctx           *fasthttp.RequestCtx // the client's, once taken over
-	taken         net.Conn             // the connection, while the exchange runs on it (runTaken); nil: fasthttp's
+	ctx           *fasthttp.RequestCtx // the client's, once taken over; nil: the exchange runs in fasthttp's handler
 	head          []byte               // a streamed answer's response head, sent with its first chunk
 	beginStreamFn fasthttp.HijackHandler
 	runTakenFn    fasthttp.HijackHandler
@@ -83,7 +81,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.watch.Store(0)
 	ex.stop.Store(0)
 	ex.split, ex.decoding, ex.body = false, false, nil
-	ex.ctx, ex.taken = nil, nil
+	ex.ctx = nil
 	if pre := ex.pre.Load(); pre != nil {
 		pre.done, pre.err = nil, nil
 	}
@@ -272,9 +270,9 @@ func (c *upCall) prepare(u *upstream, w *dataplane.Worker, body, reqID []byte, r
 }
 
 // respond copies the worker's answer to the client: a streamed answer is
-// sent on the connection taken over from fasthttp (sendStream, from the
-// take-over's goroutine), a buffered one is copied and the exchange ends
-// at once. streamed: the answer streams.
+// sent on the connection taken over from fasthttp (beginStream), a
+// buffered one is copied and the exchange ends at once. streamed: the
+// answer streams.
 func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker) (streamed bool) {
 	body := ex.resp.BodyStream()
 	ex.sse = bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream)
@@ -287,7 +285,7 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		// maybe) is not held for as long as the answer streams.
 		ctx.Request.ResetBody()
 		ex.body = nil
-		if ex.taken == nil {
+		if ex.ctx == nil { // in fasthttp's handler: taken over now
 			ex.takeOver(ctx, ex.beginStreamFn)
 		}
 		return true

@@ -70,7 +70,7 @@ type Server struct {
 	retries   atomic.Int64              // router.retries, reloadable
 	hangups   *hangup.Watcher[exchange] // nil: client hang-ups are noticed only on write
 	takeovers atomic.Int64              // client connections taken over from fasthttp (takeOver), until closed or served by it again
-	closing   atomic.Bool               // Shutdown began: a connection given back is closed (continueConn)
+	closing   atomic.Bool               // Shutdown began: a taken-over connection's answer is its last (keepAfter)
 	srv       *fasthttp.Server
 	log       *slog.Logger
 	dial      func(addr string, timeout time.Duration) (net.Conn, error) // fasthttp.DialTimeout; tests count dials
@@ -156,7 +156,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	if idle == 0 { // as fasthttp does
 		idle = s.opts.ReadTimeout
 	}
-	return s.srv.Serve(newGate(ln, s.opts.ReadTimeout, idle, func(cc *clientConn) { s.trackConn(cc, fasthttp.StateClosed) }))
+	return s.srv.Serve(newGate(ln, s.opts.ReadTimeout, idle, s.closeConn))
 }
 
 // Shutdown stops accepting, waits for open requests until ctx ends, then

@@ -27,10 +27,10 @@ type gate struct {
 	waiting *xsync.MapOf[*clientConn, struct{}] // connections waiting for their request, closed with the gate
 	first   time.Duration                       // how long a new connection may wait for its first request (0: no limit)
 	idle    time.Duration                       // and one given back for its next
-	drop    func(*clientConn)                   // forgets a connection the gate closed (trackConn)
+	drop    func(net.Conn)                      // closes a connection and forgets it (Server.closeConn)
 }
 
-func newGate(ln net.Listener, first, idle time.Duration, drop func(*clientConn)) *gate {
+func newGate(ln net.Listener, first, idle time.Duration, drop func(net.Conn)) *gate {
 	g := &gate{Listener: ln, ready: make(chan net.Conn), failed: make(chan error, 1), closed: make(chan struct{}),
 		waiting: xsync.NewMapOf[*clientConn, struct{}](), first: first, idle: idle, drop: drop}
 	go g.accept()
@@ -47,7 +47,7 @@ func (g *gate) accept() {
 		}
 		cc := newClientConn(c)
 		cc.gate = g
-		go g.wait(cc, g.first, false)
+		go g.wait(cc, g.first)
 	}
 }
 
@@ -74,16 +74,16 @@ func (g *gate) Close() error {
 	return err
 }
 
-// giveBack has a connection wait in the gate for its next request; it was
-// served before (tracked), so the gate forgets it if it closes it.
-func (g *gate) giveBack(cc *clientConn) { go g.wait(cc, g.idle, true) }
+// giveBack has a connection fasthttp served wait in the gate for its next
+// request.
+func (g *gate) giveBack(cc *clientConn) { go g.wait(cc, g.idle) }
 
 // wait waits for the connection's request, up to timeout, then hands it
 // to Accept; one that sends nothing in time, or whose wait the gate's
-// close cut, is closed.
-func (g *gate) wait(cc *clientConn, timeout time.Duration, tracked bool) {
+// close cut, is closed (and forgotten, if it was served before).
+func (g *gate) wait(cc *clientConn, timeout time.Duration) {
 	g.waiting.Store(cc, struct{}{})
-	ok := true
+	var ok bool
 	select {
 	case <-g.closed:
 		ok = false
@@ -105,8 +105,5 @@ func (g *gate) wait(cc *clientConn, timeout time.Duration, tracked bool) {
 		case <-g.closed:
 		}
 	}
-	_ = cc.Close()
-	if tracked {
-		g.drop(cc)
-	}
+	g.drop(cc)
 }

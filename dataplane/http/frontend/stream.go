@@ -38,7 +38,6 @@ func (ex *exchange) takeOver(ctx *fasthttp.RequestCtx, run fasthttp.HijackHandle
 func (ex *exchange) runTaken(c net.Conn) {
 	growStack4K()
 	s, ctx := ex.s, ex.ctx
-	ex.taken = c
 	if ex.run(ctx) { // respond left it to be sent from here
 		ex.beginStream(c)
 		return
@@ -97,10 +96,10 @@ func (ex *exchange) sendStream(c, conn net.Conn, keep, framed bool) {
 // keepAfter says whether the connection c taken over for ctx's request
 // may serve the next one: an HTTP/1.1 client that did not ask to close,
 // and sent nothing yet past this request (pipelined), while the server
-// runs.
+// runs, on a connection that came through the gate (Serve).
 func (s *Server) keepAfter(ctx *fasthttp.RequestCtx, c net.Conn) bool {
 	cc, _ := ctx.Conn().(*clientConn)
-	return cc != nil && !cc.pipelined(c) && ctx.Request.Header.IsHTTP11() &&
+	return cc != nil && cc.gate != nil && !cc.pipelined(c) && ctx.Request.Header.IsHTTP11() &&
 		!ctx.Request.Header.ConnectionClose() && !ctx.Response.Header.ConnectionClose() && !s.closing.Load()
 }
 
@@ -130,9 +129,14 @@ func (s *Server) giveBack(conn, c net.Conn, keep bool) {
 		}
 		return
 	}
-	_ = c.Close()
-	s.trackConn(conn, fasthttp.StateClosed)
+	s.closeConn(conn) // c's own
 	s.takeovers.Add(-1)
+}
+
+// closeConn closes a tracked client connection and forgets it.
+func (s *Server) closeConn(c net.Conn) {
+	_ = c.Close()
+	s.trackConn(c, fasthttp.StateClosed)
 }
 
 // Room a lent buffer keeps around a chunk of the answer for its framing:
@@ -239,12 +243,7 @@ func (ex *exchange) endStream(werr error) {
 // serves.
 func (s *Server) continueConn(cc *clientConn) {
 	cc.handoff.Store(0)
-	if cc.gate != nil {
-		cc.gate.giveBack(cc)
-	} else { // not served through Serve's gate
-		_ = cc.Close()
-		s.trackConn(cc, fasthttp.StateClosed)
-	}
+	cc.gate.giveBack(cc)
 	s.takeovers.Add(-1)
 }
 

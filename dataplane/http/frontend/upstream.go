@@ -185,19 +185,16 @@ func (c *upCall) send(u *upstream, token uint32, firstByte time.Duration, stop *
 		deadline = time.Now().Add(firstByte)
 	}
 	for {
-		reused, err := c.write(u, token, deadline, stop)
-		if err == nil {
-			err = c.awaitHead(token)
-		}
+		reused, err := c.sendOn(u, token, deadline, stop)
 		if err == nil || !reused || isTimeout(err) || stop.Load() != 0 {
 			return err
 		}
 	}
 }
 
-// write sends c.up on a pooled connection of u; reused says the
-// connection had carried a request before.
-func (c *upCall) write(u *upstream, token uint32, deadline time.Time, stop *atomic.Uint32) (reused bool, err error) {
+// sendOn is one try of send on one connection; reused says the connection
+// had carried a request before.
+func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, stop *atomic.Uint32) (reused bool, err error) {
 	h, tc, err := u.conns.acquire()
 	if err != nil {
 		return false, err
@@ -224,24 +221,16 @@ func (c *upCall) write(u *upstream, token uint32, deadline time.Time, stop *atom
 		}
 		u.hc.ReleaseWriter(bw)
 	}
+	if err == nil {
+		tc.awaitReadable() // the first byte may be minutes away: wait for it holding no read buffer
+		c.br = u.hc.AcquireReader(tc)
+		c.resp.StreamBody = true
+		err = c.resp.ReadLimitBody(c.br, 0)
+	}
 	if err != nil {
 		c.endConn(token)
 	}
 	return reused, err
-}
-
-// awaitHead waits for the answer to the request write sent and reads its
-// headers, leaving its body to stream.
-func (c *upCall) awaitHead(token uint32) error {
-	tc := c.conn
-	tc.awaitReadable() // the first byte may be minutes away: wait for it holding no read buffer
-	c.br = c.connOf.hc.AcquireReader(tc)
-	c.resp.StreamBody = true
-	err := c.resp.ReadLimitBody(c.br, 0)
-	if err != nil {
-		c.endConn(token)
-	}
-	return err
 }
 
 // endConn gives the connection back: to the pool when the answer was read
