@@ -18,12 +18,12 @@ func newClientConn(c net.Conn) *clientConn {
 // in one call. fasthttp, which holds no read buffer on an idle keep-alive
 // connection (ReduceMemoryUsage), reads a request's first byte alone and
 // then the rest: a read that finds nothing yet, the one byte, and the rest.
-// Here that first read waits for the request and reads it ahead (readAhead),
+// Here that first read waits for the request and reads it ahead (sockIO),
 // and the reads that follow take it from there: one system call fewer per
 // request, whether or not it had already come.
 type clientConn struct {
 	net.Conn
-	readAhead
+	sockIO
 	gate    *gate        // the gate it came through
 	handoff atomic.Int32 // a take-over's and fasthttp's hand-off of the connection (handedOff)
 	probed  bool         // a read of nothing came (pipelined)
@@ -44,6 +44,8 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	}
 	return c.take(p)
 }
+
+func (c *clientConn) Write(p []byte) (int, error) { return c.write(p) }
 
 // pipelined reports whether fasthttp read bytes past the request it
 // hijacked the connection at (hc): the next request, sent before this

@@ -422,11 +422,19 @@ func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr 
 	ex.finish(outcomeUpstreamError)
 }
 
-// finish ends the exchange once: release the reservation, record the
-// outcome, return the upstream connection and the exchange to their pools.
+// finish ends the exchange once: settle, then recycle.
 func (ex *exchange) finish(o outcome) {
+	if ex.settle(o) {
+		ex.recycle()
+	}
+}
+
+// settle closes the exchange's books once: it releases the reservation,
+// records the outcome and returns the upstream connection to its pool.
+// False: they were closed before.
+func (ex *exchange) settle(o outcome) bool {
 	if ex.done {
-		return
+		return false
 	}
 	ex.done = true
 	ex.unwatch()
@@ -446,6 +454,11 @@ func (ex *exchange) finish(o outcome) {
 	total := time.Since(ex.start)
 	m.total.Observe(total)
 	ex.logAccess(o, total)
+	return true
+}
+
+// recycle returns a settled exchange to its pool.
+func (ex *exchange) recycle() {
 	ex.resp.Reset()
 	ex.up = nil // the client's: fasthttp resets it
 	ex.s.exchanges.Put(ex)

@@ -391,6 +391,59 @@ func TestAClientRequestIsReadAheadFromItsFirstByte(t *testing.T) {
 	assert.Equal(t, io.EOF, err, "a client that leaves ends the wait as a read would")
 }
 
+// A client connection's writes are whole however little room the socket
+// has (a write waits for room through the poller), end at the write
+// deadline as a timeout, fail as the net package's would on a connection
+// the peer reset or this side closed, and allocate nothing.
+func TestClientWritesWaitForRoomAndFailAsTheNetPackagesWould(t *testing.T) {
+	peer, c := loopbackPair(t, func(ln net.Listener) (net.Conn, error) {
+		c, err := ln.Accept()
+		if err != nil {
+			return nil, err
+		}
+		return newClientConn(c), nil
+	})
+	cc := c.(*clientConn)
+	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<19) // 8 MiB: many times the socket's room
+	got := make(chan []byte)
+	go func() {
+		time.Sleep(50 * time.Millisecond) // the writer finds the socket full first
+		b, _ := io.ReadAll(io.LimitReader(peer, int64(len(big))))
+		got <- b
+	}()
+	n, err := cc.Write(big)
+	require.NoError(t, err)
+	require.Equal(t, len(big), n)
+	assert.True(t, bytes.Equal(big, <-got), "the peer read every byte in order")
+
+	if !raceEnabled {
+		small := []byte("data: x\n\n")
+		assert.Zero(t, testing.AllocsPerRun(100, func() {
+			_, _ = cc.Write(small)
+			_, _ = io.ReadFull(peer, small)
+		}), "a write allocates nothing")
+	}
+
+	require.NoError(t, cc.SetWriteDeadline(time.Now().Add(50*time.Millisecond)))
+	n, err = cc.Write(big) // the peer reads nothing now
+	assert.True(t, isTimeout(err), "the write deadline ends the wait: %v", err)
+	assert.Less(t, n, len(big))
+	require.NoError(t, cc.SetWriteDeadline(time.Time{}))
+
+	require.NoError(t, peer.(*net.TCPConn).SetLinger(0))
+	require.NoError(t, peer.Close()) // a reset, unread bytes and all
+	time.Sleep(20 * time.Millisecond)
+	_, err = cc.Write([]byte("more"))
+	var opErr *net.OpError
+	require.ErrorAs(t, err, &opErr)
+	assert.Equal(t, "write", opErr.Op)
+	assert.True(t, errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE), "got %v", err)
+
+	require.NoError(t, cc.Close())
+	_, err = cc.Write([]byte("more"))
+	assert.ErrorIs(t, err, net.ErrClosed)
+}
+
 // loopbackPair dials a loopback listener and returns both ends: the dialed
 // one and the one accept returns; both are closed when the test ends.
 func loopbackPair(t *testing.T, accept func(net.Listener) (net.Conn, error)) (dialed, accepted net.Conn) {
@@ -470,7 +523,9 @@ func TestChunksThatCameTogetherLeaveTogether(t *testing.T) {
 	})
 	var writes atomic.Int32
 	_, _, url := serveOne(t, addr, Options{}, nil, func(_ *Server, ln net.Listener) net.Listener { return writeCounter{ln, &writes} })
-	resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections) // before the server's Shutdown, which would wait for it
+	resp, err := client.Post(url, "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
 	require.NoError(t, err)
 	got, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -617,6 +672,69 @@ type firstWriteConn struct {
 
 func (c *firstWriteConn) Write(p []byte) (int, error) {
 	c.once.Do(c.seen)
+	return c.Conn.Write(p)
+}
+
+// A stream's exchange ends before the last bytes of its answer leave, so
+// that a client that has them finds the router's books closed: occupancy
+// is 0 and the request counted when the write of the stream's end begins,
+// whether the end came with the stream's first bytes or after a pause.
+func TestAStreamsBooksCloseBeforeItsEndLeaves(t *testing.T) {
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+	addr := rawWorker(t, 50*time.Millisecond, func(i int) []string {
+		if i%2 == 0 {
+			return []string{sse + "9\r\ndata: a\n\n\r\n0\r\n\r\n"} // the whole answer at once
+		}
+		return []string{sse + "9\r\ndata: a\n\n\r\n", "0\r\n\r\n"}
+	})
+	var reg *dataplane.Registry
+	var s *Server
+	var atEnd []string // occupancy and requests counted as each end's write began
+	var mu sync.Mutex
+	reg, s, url := serveOne(t, addr, Options{}, nil, func(_ *Server, ln net.Listener) net.Listener {
+		return endWatch{ln, func() {
+			w, _ := reg.Get(1)
+			mu.Lock()
+			atEnd = append(atEnd, fmt.Sprintf("occupancy %d, counted %d", w.Occupancy(), s.Metrics().Requests("/v1/chat/completions", "ok")))
+			mu.Unlock()
+		}}
+	})
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections) // before the server's Shutdown, which would wait for it
+	for i := 1; i <= 4; i++ {
+		resp, err := client.Post(url, "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, "data: a\n\n", string(got))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"occupancy 0, counted 1", "occupancy 0, counted 2", "occupancy 0, counted 3", "occupancy 0, counted 4"}, atEnd)
+}
+
+// endWatch calls atEnd as a write of a chunked body's end begins on the
+// connections it accepts.
+type endWatch struct {
+	net.Listener
+	atEnd func()
+}
+
+func (l endWatch) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	return endWatchConn{c, l.atEnd}, err
+}
+
+type endWatchConn struct {
+	net.Conn
+	atEnd func()
+}
+
+func (c endWatchConn) Write(p []byte) (int, error) {
+	if bytes.HasSuffix(p, []byte("0\r\n\r\n")) {
+		c.atEnd()
+	}
 	return c.Conn.Write(p)
 }
 

@@ -149,15 +149,17 @@ const (
 
 // copyStream copies the streamed answer, after the response head, to the
 // client's connection w, framed in chunks when framed, and ends the
-// exchange (endStream). Between chunks of a chunked answer it waits for the
+// exchange. Between chunks of a chunked answer it waits for the
 // worker's next bytes holding no buffer (awaitStream; a chunked body's end
 // is bytes still to come, so that wait always ends), and borrows a buffer
 // only to move them: an open stream that waits on its worker holds neither
 // a read nor a write buffer. Chunks that came together leave in one write
 // (readyChunk), the head with the first and the last chunk with the end: a
 // client behind on a fast stream costs a write per batch, not per token.
-// Once the worker's answer ended, the exchange ends before the last bytes
-// leave, so that a client that has them finds the router's books closed.
+// Once the worker's answer ended, the exchange's books close (settle)
+// before the last bytes leave, the first too when the whole answer came
+// at once, so that a client that has them finds them closed; the exchange
+// goes back to its pool once the bytes left.
 // complete: the answer was sent to its end; werr: the client's write
 // failed.
 func (ex *exchange) copyStream(w io.Writer, framed bool) (complete bool, werr error) {
@@ -182,23 +184,26 @@ func (ex *exchange) copyStream(w io.Writer, framed bool) (complete bool, werr er
 		if framed {
 			out = frameChunk(buf, lo, n, err == io.EOF)
 		}
-		ended := err != nil
-		switch {
-		case !headSent:
+		if !headSent {
 			ex.head = append(ex.head, out...)
 			out = ex.head
-		case ended:
-			ex.endStream(nil) // ex is back in its pool: out is not its
+		}
+		ended := err != nil
+		if ended {
+			ex.settleStream(nil)
 		}
 		if len(out) > 0 {
 			_, werr = w.Write(out)
 		}
 		lentBufs.Put(bp)
-		if werr != nil || ended {
-			if !ended || !headSent {
-				ex.endStream(werr)
-			}
+		switch {
+		case ended:
+			ex.recycle()
 			return err == io.EOF && werr == nil, werr
+		case werr != nil:
+			ex.settleStream(werr)
+			ex.recycle()
+			return false, werr
 		}
 	}
 }
@@ -221,20 +226,20 @@ func frameChunk(buf []byte, lo, n int, last bool) []byte {
 	return buf[start:end]
 }
 
-// endStream ends the exchange of a streamed answer; werr is the client
-// write error, if any.
-func (ex *exchange) endStream(werr error) {
+// settleStream closes the books of a streamed answer's exchange (settle);
+// werr is the client write error, if any.
+func (ex *exchange) settleStream(werr error) {
 	switch {
 	case ex.readErr != nil && isTimeout(ex.readErr):
 		ex.s.reportAnswer(ex.res.Worker(), false)
-		ex.finish(outcomeTimeout)
+		ex.settle(outcomeTimeout)
 	case ex.readErr != nil:
 		ex.s.reportAnswer(ex.res.Worker(), false)
-		ex.finish(outcomeUpstreamError)
+		ex.settle(outcomeUpstreamError)
 	case werr != nil:
-		ex.finish(outcomeCancelled)
+		ex.settle(outcomeCancelled)
 	default:
-		ex.finish(outcomeOK)
+		ex.settle(outcomeOK)
 	}
 }
 

@@ -338,12 +338,12 @@ type trackedConn struct {
 	reads  int           // reads of the current answer
 	owner  atomic.Uint32 // token of the exchange using it; 0: none, or cut
 	used   bool          // it carried a request before (its holder alone reads it)
-	readAhead
+	sockIO
 }
 
 func newTrackedConn(c net.Conn, set *xsync.MapOf[net.Conn, struct{}], idle time.Duration) *trackedConn {
 	tc := &trackedConn{Conn: c, set: set, idle: idle}
-	tc.readAhead.init(c)
+	tc.init(c)
 	return tc
 }
 
@@ -396,6 +396,8 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
+func (c *trackedConn) Write(p []byte) (int, error) { return c.write(p) }
+
 // armIdle sets the idle deadline of a read after an answer's first.
 func (c *trackedConn) armIdle() {
 	if c.reads > 0 && c.idle > 0 {
@@ -407,7 +409,7 @@ func (c *trackedConn) armIdle() {
 }
 
 // awaitReadable waits for the answer's next bytes under the read deadline
-// a read would have, and reads them ahead (readAhead.await).
+// a read would have, and reads them ahead (sockIO.await).
 func (c *trackedConn) awaitReadable() {
 	if c.pending() {
 		return

@@ -1,0 +1,153 @@
+package frontend
+
+import (
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+// sockIO reads a socket's next bytes once they come, into a buffer lent
+// only while they wait to be taken: a connection waiting for bytes holds no
+// buffer. Its wait makes the system calls a plain read would (a read that
+// finds nothing yet, then the one after the poller's wake-up), and the
+// bytes are then taken without another. It also writes to the socket
+// (write). Both make raw system calls (sysRead, sysWrite).
+type sockIO struct {
+	conn   net.Conn              // for the addresses of an error; written to as is when raw is nil
+	raw    syscall.RawConn       // nil: not a socket, await reads nothing
+	fill   func(fd uintptr) bool // readOnce, made once
+	buf    *[]byte               // bytes read ahead, [off, n); nil: none
+	off, n int
+	err    error                 // what the read ahead met instead of bytes, for take
+	drain  func(fd uintptr) bool // writeOnce, made once
+	out    []byte                // what is left to write
+	werr   error                 // what the write met
+}
+
+// lentBufs are 4 KiB buffers lent only while bytes are at hand: read ahead
+// (most requests and answer heads fit whole; the rest is read as asked),
+// or a chunk of a streamed answer on its way to the client.
+var lentBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
+
+func (r *sockIO) init(c net.Conn) {
+	r.conn = c
+	if sc, ok := c.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			r.raw, r.fill, r.drain = raw, r.readOnce, r.writeOnce
+		}
+	}
+}
+
+// await waits, under the socket's read deadline, until it has bytes, its
+// end or an error, and reads them ahead. False: it read nothing, because
+// the connection is not a socket, or the wait failed (the deadline passed,
+// the connection was closed) as a read would now.
+func (r *sockIO) await() bool { return r.raw != nil && r.raw.Read(r.fill) == nil }
+
+// readOnce is await's read, called before each wait for the socket.
+func (r *sockIO) readOnce(fd uintptr) bool {
+	bp := lentBufs.Get().(*[]byte)
+	for {
+		n, errno := sysRead(fd, *bp)
+		switch {
+		case errno == syscall.EINTR:
+			continue
+		case errno == syscall.EAGAIN:
+			lentBufs.Put(bp)
+			return false
+		case errno == 0 && n > 0:
+			r.buf, r.off, r.n = bp, 0, n
+			return true
+		}
+		lentBufs.Put(bp)
+		r.err = io.EOF
+		if errno != 0 {
+			r.err = opError("read", r.conn, errno)
+		}
+		return true
+	}
+}
+
+// pending says bytes (or an end) read ahead wait to be taken.
+func (r *sockIO) pending() bool { return r.buf != nil || r.err != nil }
+
+// take moves bytes read ahead into p, or returns what the read met.
+func (r *sockIO) take(p []byte) (int, error) {
+	if r.buf == nil {
+		err := r.err
+		r.err = nil
+		return 0, err
+	}
+	n := copy(p, (*r.buf)[r.off:r.n])
+	if r.off += n; r.off == r.n {
+		lentBufs.Put(r.buf)
+		r.buf = nil
+	}
+	return n, nil
+}
+
+// write writes p whole, waiting for room through the poller under the
+// socket's write deadline, or returns the error that stopped it.
+func (r *sockIO) write(p []byte) (int, error) {
+	if r.raw == nil {
+		return r.conn.Write(p)
+	}
+	r.out, r.werr = p, nil
+	err := r.raw.Write(r.drain)
+	n := len(p) - len(r.out)
+	r.out = nil
+	if err == nil {
+		err, r.werr = r.werr, nil
+	}
+	return n, err
+}
+
+// writeOnce is write's call between waits for room: false asks for one.
+func (r *sockIO) writeOnce(fd uintptr) bool {
+	for len(r.out) > 0 {
+		n, errno := sysWrite(fd, r.out)
+		switch errno {
+		case 0:
+			r.out = r.out[n:]
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			r.werr = opError("write", r.conn, errno)
+			return true
+		}
+	}
+	return true
+}
+
+// The router's sockets are non-blocking: a read or a write returns at once,
+// with bytes or EAGAIN, and waits go through the poller (syscall.RawConn).
+// So their reads and writes are made as raw system calls (sysRead,
+// sysWrite), without the bookkeeping the Go scheduler keeps around a call
+// that may block (entersyscall and exitsyscall). A goroutine in a plain
+// system call leaves its processor in a state sysmon watches: on two busy
+// CPUs, a write to loopback (which delivers to the peer in the writer's
+// call) lasts long enough to be seen there, and sysmon then wakes every
+// 20 µs and hands processors over to other threads. As golang/go#19563
+// discusses, a raw call is safe for a call that cannot block.
+
+// sysRead is read(2) on a non-blocking socket.
+func sysRead(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+	return int(n), errno
+}
+
+// sysWrite is write(2) on a non-blocking socket.
+func sysWrite(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+	return int(n), errno
+}
+
+// opError reports a failed call on conn as the net package does.
+func opError(op string, conn net.Conn, errno syscall.Errno) error {
+	return &net.OpError{Op: op, Net: conn.LocalAddr().Network(), Source: conn.LocalAddr(),
+		Addr: conn.RemoteAddr(), Err: os.NewSyscallError(op, errno)}
+}
