@@ -5,12 +5,14 @@ import (
 	"net"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // newClientConn wraps an accepted connection.
 func newClientConn(c net.Conn) *clientConn {
 	cc := &clientConn{Conn: c}
 	cc.init(c)
+	cc.deferDeadlines()
 	return cc
 }
 
@@ -40,9 +42,39 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	// Only fasthttp's read of a request's first byte reads ahead; when its
 	// wait fails, so does the read.
 	if len(p) != 1 || !c.await() {
+		c.syncReadDeadline()
 		return c.Conn.Read(p)
 	}
 	return c.take(p)
+}
+
+// SetReadDeadline, SetWriteDeadline and SetDeadline ask for deadlines
+// that go on the socket only before a wait (sockIO.deferDeadlines):
+// fasthttp asks for three per request, for reads and writes that most
+// often do not wait.
+func (c *clientConn) SetReadDeadline(t time.Time) error {
+	if !c.lazy {
+		return c.Conn.SetReadDeadline(t)
+	}
+	c.askRead(t)
+	return nil
+}
+
+func (c *clientConn) SetWriteDeadline(t time.Time) error {
+	if !c.lazy {
+		return c.Conn.SetWriteDeadline(t)
+	}
+	c.askWrite(t)
+	return nil
+}
+
+func (c *clientConn) SetDeadline(t time.Time) error {
+	if !c.lazy {
+		return c.Conn.SetDeadline(t)
+	}
+	c.askRead(t)
+	c.askWrite(t)
+	return nil
 }
 
 func (c *clientConn) Write(p []byte) (int, error) { return c.write(p) }

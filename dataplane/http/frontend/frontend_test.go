@@ -444,6 +444,64 @@ func TestClientWritesWaitForRoomAndFailAsTheNetPackagesWould(t *testing.T) {
 	assert.ErrorIs(t, err, net.ErrClosed)
 }
 
+// A client connection's deadlines go on its socket only before a wait,
+// and then coarse: request after request whose bytes are there sets none,
+// a wait is still bounded by the deadline asked, and a deadline that
+// expired on the socket after it was lifted fails nothing.
+func TestClientDeadlinesGoOnTheSocketOnlyBeforeAWait(t *testing.T) {
+	peer, c := loopbackPair(t, func(ln net.Listener) (net.Conn, error) {
+		c, err := ln.Accept()
+		if err != nil {
+			return nil, err
+		}
+		return newClientConn(c), nil
+	})
+	cc := c.(*clientConn)
+	one, req := make([]byte, 1), []byte("GET / HTTP/1.1\r\n\r\n")
+	for range 20 { // the request is there when read, the answer has room
+		require.NoError(t, cc.SetReadDeadline(time.Now().Add(10*time.Second)))
+		require.NoError(t, cc.SetWriteDeadline(time.Now().Add(10*time.Second)))
+		_, err := peer.Write(req)
+		require.NoError(t, err)
+		time.Sleep(time.Millisecond)
+		_, err = cc.Read(one)
+		require.NoError(t, err)
+		_, err = cc.Read(make([]byte, 64))
+		require.NoError(t, err)
+		_, err = cc.Write(req)
+		require.NoError(t, err)
+		_, err = io.ReadFull(peer, make([]byte, len(req)))
+		require.NoError(t, err)
+	}
+	assert.Zero(t, cc.rdSet, "no read deadline went on the socket")
+	assert.Zero(t, cc.wdSet, "no write deadline went on the socket")
+
+	start := time.Now()
+	require.NoError(t, cc.SetReadDeadline(start.Add(80*time.Millisecond)))
+	_, err := cc.Read(one) // nothing comes
+	assert.True(t, isTimeout(err), "the deadline asked bounds the wait: %v", err)
+	assert.WithinRange(t, time.Now(), start.Add(80*time.Millisecond), start.Add(80*time.Millisecond+time.Second))
+	assert.NotZero(t, cc.rdSet)
+
+	require.NoError(t, cc.SetReadDeadline(time.Time{}))
+	go func() { time.Sleep(50 * time.Millisecond); _, _ = peer.Write(req) }()
+	_, err = cc.Read(one) // the socket's deadline passed, but none is asked now
+	require.NoError(t, err)
+
+	for range 3 { // waits in quick succession: the deadline set serves them all
+		require.NoError(t, cc.SetReadDeadline(time.Now().Add(10*time.Second)))
+		_, err = cc.Read(make([]byte, 64))
+		require.NoError(t, err)
+		set := cc.rdSet
+		go func() { time.Sleep(10 * time.Millisecond); _, _ = peer.Write(req) }()
+		_, err = cc.Read(one)
+		require.NoError(t, err)
+		if set != 0 {
+			assert.Equal(t, set, cc.rdSet, "a deadline up to an eighth later than asked serves")
+		}
+	}
+}
+
 // loopbackPair dials a loopback listener and returns both ends: the dialed
 // one and the one accept returns; both are closed when the test ends.
 func loopbackPair(t *testing.T, accept func(net.Listener) (net.Conn, error)) (dialed, accepted net.Conn) {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -25,6 +26,10 @@ type sockIO struct {
 	drain  func(fd uintptr) bool // writeOnce, made once
 	out    []byte                // what is left to write
 	werr   error                 // what the write met
+	// Deadlines, when lazy (deferDeadlines): the ones asked and the ones
+	// on the socket, in Unix nanoseconds (0: none).
+	lazy                       bool
+	rdAsk, rdSet, wdAsk, wdSet int64
 }
 
 // lentBufs are 4 KiB buffers lent only while bytes are at hand: read ahead
@@ -45,7 +50,15 @@ func (r *sockIO) init(c net.Conn) {
 // end or an error, and reads them ahead. False: it read nothing, because
 // the connection is not a socket, or the wait failed (the deadline passed,
 // the connection was closed) as a read would now.
-func (r *sockIO) await() bool { return r.raw != nil && r.raw.Read(r.fill) == nil }
+func (r *sockIO) await() bool {
+	if r.raw == nil {
+		return false
+	}
+	if r.lazy && r.rdSet != 0 && r.rdSet != r.rdAsk && r.rdSet <= time.Now().UnixNano() {
+		r.syncReadDeadline() // an expired deadline fails a read before it is tried
+	}
+	return r.raw.Read(r.fill) == nil
+}
 
 // readOnce is await's read, called before each wait for the socket.
 func (r *sockIO) readOnce(fd uintptr) bool {
@@ -57,6 +70,7 @@ func (r *sockIO) readOnce(fd uintptr) bool {
 			continue
 		case errno == syscall.EAGAIN:
 			lentBufs.Put(bp)
+			r.syncReadDeadline()
 			return false
 		case errno == 0 && n > 0:
 			r.buf, r.off, r.n = bp, 0, n
@@ -95,6 +109,9 @@ func (r *sockIO) write(p []byte) (int, error) {
 	if r.raw == nil {
 		return r.conn.Write(p)
 	}
+	if r.lazy && r.wdSet != 0 && r.wdSet != r.wdAsk && r.wdSet <= time.Now().UnixNano() {
+		r.syncWriteDeadline() // an expired deadline fails a write before it is tried
+	}
 	r.out, r.werr = p, nil
 	err := r.raw.Write(r.drain)
 	n := len(p) - len(r.out)
@@ -114,6 +131,7 @@ func (r *sockIO) writeOnce(fd uintptr) bool {
 			r.out = r.out[n:]
 		case syscall.EINTR:
 		case syscall.EAGAIN:
+			r.syncWriteDeadline()
 			return false
 		default:
 			r.werr = opError("write", r.conn, errno)
@@ -121,6 +139,64 @@ func (r *sockIO) writeOnce(fd uintptr) bool {
 		}
 	}
 	return true
+}
+
+// deferDeadlines makes the socket's deadlines lazy: a deadline asked
+// (askRead, askWrite) is put on the socket only before a wait for it (a
+// read that found nothing, a write that found no room), and coarse: only
+// when the one there is earlier than asked, or later by more than an
+// eighth of the time left to it. Whoever asks must be the one that then reads or
+// writes: a lazy deadline does not cut a wait under way. So a connection
+// whose requests come and go without waiting sets no deadline for them.
+func (r *sockIO) deferDeadlines() { r.lazy = r.raw != nil }
+
+func (r *sockIO) askRead(t time.Time) { r.rdAsk = unixNanos(t) }
+
+func (r *sockIO) askWrite(t time.Time) { r.wdAsk = unixNanos(t) }
+
+// syncReadDeadline puts the read deadline asked on a lazy socket, or one
+// up to an eighth of its time later (coarse), unless the one there serves.
+func (r *sockIO) syncReadDeadline() {
+	if set, ok := syncedDeadline(r.lazy, &r.rdSet, r.rdAsk); !ok {
+		_ = r.conn.SetReadDeadline(set)
+	}
+}
+
+// syncWriteDeadline does for the write deadline what syncReadDeadline does
+// for the read deadline.
+func (r *sockIO) syncWriteDeadline() {
+	if set, ok := syncedDeadline(r.lazy, &r.wdSet, r.wdAsk); !ok {
+		_ = r.conn.SetWriteDeadline(set)
+	}
+}
+
+// syncedDeadline returns the deadline to set for ask, noting it in *cur,
+// or ok when the one set (*cur) serves.
+func syncedDeadline(lazy bool, cur *int64, ask int64) (set time.Time, ok bool) {
+	if !lazy || *cur == ask {
+		return set, true
+	}
+	want := fromUnixNanos(ask)
+	set, ok = coarse(fromUnixNanos(*cur), want, time.Until(want)/8)
+	if !ok {
+		*cur = unixNanos(set)
+	}
+	return set, ok
+}
+
+// unixNanos is t in Unix nanoseconds, 0 for the zero time (no deadline).
+func unixNanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }
 
 // The router's sockets are non-blocking: a read or a write returns at once,
