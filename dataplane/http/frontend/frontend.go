@@ -205,6 +205,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
 	switch st {
 	case fasthttp.StateNew:
+		if _, ok := s.conns.Load(c); ok {
+			return // given back by a take-over (continueConn): tracked and watched still
+		}
 		var hc hangup.Conn
 		if s.hangups != nil {
 			if fd, err := hangup.Descriptor(c); err == nil {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/http/hangup"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/stretchr/testify/assert"
@@ -616,6 +617,7 @@ func TestAStreamedConnectionServesItsNextRequests(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
 	br := bufio.NewReader(c)
+	var watch hangup.Conn // the connection's hang-up watch, kept from its first request to its close
 	for i, want := range []string{"data: a\n\ndata: b\n\n", "data: a\n\ndata: b\n\n", body, "data: a\n\ndata: b\n\n"} {
 		_, err = io.WriteString(c, streamRequest("HTTP/1.1", ""))
 		require.NoError(t, err)
@@ -629,7 +631,15 @@ func TestAStreamedConnectionServesItsNextRequests(t *testing.T) {
 		if want != body {
 			assert.Equal(t, []string{"chunked"}, resp.TransferEncoding)
 		}
+		s.conns.Range(func(_ net.Conn, hc hangup.Conn) bool {
+			if i == 0 {
+				watch = hc
+			}
+			assert.Equal(t, watch, hc, "answer %d: a connection given back keeps its watch (no epoll_ctl)", i)
+			return true
+		})
 	}
+	assert.NotEqual(t, hangup.Conn{}, watch, "the connection is watched")
 	require.Eventually(t, func() bool { return s.takeovers.Load() == 0 }, 5*time.Second, 10*time.Millisecond,
 		"a connection given back waits in the gate, no longer taken over")
 	assert.Equal(t, 1, s.conns.Size(), "and is watched for its client's hang-up")
