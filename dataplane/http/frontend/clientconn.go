@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/fastroute/fastroute/dataplane/http/hangup"
 )
 
 // newClientConn wraps an accepted connection.
@@ -27,6 +29,7 @@ type clientConn struct {
 	net.Conn
 	sockIO
 	gate    *gate        // the gate it came through
+	watch   hangup.Conn  // its hang-up watch (Server.trackConn)
 	handoff atomic.Int32 // a take-over's and fasthttp's hand-off of the connection (handedOff)
 	probed  bool         // a read of nothing came (pipelined)
 }

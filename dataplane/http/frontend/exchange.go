@@ -482,7 +482,10 @@ const statusClientClosed = 499
 // a worker, so that a client that hangs up cuts the upstream request.
 func (ex *exchange) watchClient(ctx *fasthttp.RequestCtx) {
 	s := ex.s
-	c, _ := s.conns.Load(ctx.Conn())
+	var c hangup.Conn
+	if cc, ok := ctx.Conn().(*clientConn); ok {
+		c = cc.watch
+	}
 	if ex.token = c.Gen(); ex.token == 0 || s.hangups == nil {
 		ex.token = 1 // not watched: any owner token but 0 (none)
 		return

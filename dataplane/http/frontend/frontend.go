@@ -60,8 +60,8 @@ type Server struct {
 	sel       *dataplane.Selector
 	reg       *dataplane.Registry
 	upstreams *xsync.MapOf[*dataplane.Worker, *upstream]
-	conns     *xsync.MapOf[net.Conn, hangup.Conn] // open client connections, watched for hang-ups
-	upConns   *xsync.MapOf[net.Conn, struct{}]    // open upstream connections
+	conns     *xsync.MapOf[net.Conn, struct{}] // open client connections, each watched for its hang-up (clientConn.watch)
+	upConns   *xsync.MapOf[net.Conn, struct{}] // open upstream connections
 	exchanges sync.Pool
 	parsers   fastjson.ParserPool
 	metrics   *Metrics
@@ -86,7 +86,7 @@ func New(opts Options) *Server {
 		sel:       opts.Selector,
 		reg:       opts.Selector.Registry(),
 		upstreams: xsync.NewMapOf[*dataplane.Worker, *upstream](),
-		conns:     xsync.NewMapOf[net.Conn, hangup.Conn](),
+		conns:     xsync.NewMapOf[net.Conn, struct{}](),
 		upConns:   xsync.NewMapOf[net.Conn, struct{}](),
 		metrics:   newMetrics(),
 		log:       opts.Logger,
@@ -170,7 +170,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	if ctx.Err() != nil {
 		n := 0
-		s.conns.Range(func(c net.Conn, _ hangup.Conn) bool {
+		s.conns.Range(func(c net.Conn, _ struct{}) bool {
 			_ = c.Close()
 			n++
 			return true
@@ -208,16 +208,17 @@ func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
 		if _, ok := s.conns.Load(c); ok {
 			return // given back by a take-over (continueConn): tracked and watched still
 		}
-		var hc hangup.Conn
-		if s.hangups != nil {
+		if cc, ok := c.(*clientConn); ok && s.hangups != nil {
 			if fd, err := hangup.Descriptor(c); err == nil {
-				hc, _ = s.hangups.Add(fd)
+				cc.watch, _ = s.hangups.Add(fd)
 			}
 		}
-		s.conns.Store(c, hc)
+		s.conns.Store(c, struct{}{})
 	case fasthttp.StateClosed:
-		if hc, ok := s.conns.LoadAndDelete(c); ok && s.hangups != nil {
-			s.hangups.Remove(hc)
+		if _, ok := s.conns.LoadAndDelete(c); ok && s.hangups != nil {
+			if cc, ok := c.(*clientConn); ok {
+				s.hangups.Remove(cc.watch)
+			}
 		}
 	case fasthttp.StateHijacked:
 		// The exchange took the connection over (takeOver): it stays
