@@ -15,7 +15,8 @@ import (
 // buffer. Its wait makes the system calls a plain read would (a read that
 // finds nothing yet, then the one after the poller's wake-up), and the
 // bytes are then taken without another. It also writes to the socket
-// (write). Both make raw system calls (sysRead, sysWrite).
+// (write). Both make raw system calls (sysRead, sysWrite), and may keep
+// deadlines off the socket until a call has to wait (deferDeadlines).
 type sockIO struct {
 	conn   net.Conn              // for the addresses of an error; written to as is when raw is nil
 	raw    syscall.RawConn       // nil: not a socket, await reads nothing
@@ -54,8 +55,8 @@ func (r *sockIO) await() bool {
 	if r.raw == nil {
 		return false
 	}
-	if r.lazy && r.rdSet != 0 && r.rdSet != r.rdAsk && r.rdSet <= time.Now().UnixNano() {
-		r.syncReadDeadline() // an expired deadline fails a read before it is tried
+	if r.expired(r.rdSet, r.rdAsk) {
+		r.syncReadDeadline()
 	}
 	return r.raw.Read(r.fill) == nil
 }
@@ -109,8 +110,8 @@ func (r *sockIO) write(p []byte) (int, error) {
 	if r.raw == nil {
 		return r.conn.Write(p)
 	}
-	if r.lazy && r.wdSet != 0 && r.wdSet != r.wdAsk && r.wdSet <= time.Now().UnixNano() {
-		r.syncWriteDeadline() // an expired deadline fails a write before it is tried
+	if r.expired(r.wdSet, r.wdAsk) {
+		r.syncWriteDeadline()
 	}
 	r.out, r.werr = p, nil
 	err := r.raw.Write(r.drain)
@@ -145,9 +146,10 @@ func (r *sockIO) writeOnce(fd uintptr) bool {
 // (askRead, askWrite) is put on the socket only before a wait for it (a
 // read that found nothing, a write that found no room), and coarse: only
 // when the one there is earlier than asked, or later by more than an
-// eighth of the time left to it. Whoever asks must be the one that then reads or
-// writes: a lazy deadline does not cut a wait under way. So a connection
-// whose requests come and go without waiting sets no deadline for them.
+// eighth of the time left to it. Whoever asks must be the one that then
+// reads or writes: a lazy deadline does not cut a wait under way. So a
+// connection whose requests come and go without waiting sets no deadline
+// for them.
 func (r *sockIO) deferDeadlines() { r.lazy = r.raw != nil }
 
 func (r *sockIO) askRead(t time.Time) { r.rdAsk = unixNanos(t) }
@@ -168,6 +170,12 @@ func (r *sockIO) syncWriteDeadline() {
 	if set, ok := syncedDeadline(r.lazy, &r.wdSet, r.wdAsk); !ok {
 		_ = r.conn.SetWriteDeadline(set)
 	}
+}
+
+// expired says a lazy socket's deadline set, not the one asked, has
+// passed: the poller would fail a read or write under it before trying.
+func (r *sockIO) expired(set, ask int64) bool {
+	return r.lazy && set != 0 && set != ask && set <= time.Now().UnixNano()
 }
 
 // syncedDeadline returns the deadline to set for ask, noting it in *cur,
