@@ -343,14 +343,7 @@ func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
 // fasthttp's read of a request's first byte reads the whole request in one
 // call; the reads that follow take the rest from it, then from the socket.
 func TestAClientRequestIsReadAheadFromItsFirstByte(t *testing.T) {
-	client, c := loopbackPair(t, func(ln net.Listener) (net.Conn, error) {
-		c, err := ln.Accept()
-		if err != nil {
-			return nil, err
-		}
-		return newClientConn(c), nil
-	})
-	cc := c.(*clientConn)
+	client, cc := clientPair(t)
 	_, err := cc.SyscallConn()
 	require.NoError(t, err, "the hang-up watcher reaches the socket")
 
@@ -397,14 +390,7 @@ func TestAClientRequestIsReadAheadFromItsFirstByte(t *testing.T) {
 // deadline as a timeout, fail as the net package's would on a connection
 // the peer reset or this side closed, and allocate nothing.
 func TestClientWritesWaitForRoomAndFailAsTheNetPackagesWould(t *testing.T) {
-	peer, c := loopbackPair(t, func(ln net.Listener) (net.Conn, error) {
-		c, err := ln.Accept()
-		if err != nil {
-			return nil, err
-		}
-		return newClientConn(c), nil
-	})
-	cc := c.(*clientConn)
+	peer, cc := clientPair(t)
 	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<19) // 8 MiB: many times the socket's room
 	got := make(chan []byte)
 	go func() {
@@ -450,14 +436,7 @@ func TestClientWritesWaitForRoomAndFailAsTheNetPackagesWould(t *testing.T) {
 // a wait is still bounded by the deadline asked, and a deadline that
 // expired on the socket after it was lifted fails nothing.
 func TestClientDeadlinesGoOnTheSocketOnlyBeforeAWait(t *testing.T) {
-	peer, c := loopbackPair(t, func(ln net.Listener) (net.Conn, error) {
-		c, err := ln.Accept()
-		if err != nil {
-			return nil, err
-		}
-		return newClientConn(c), nil
-	})
-	cc := c.(*clientConn)
+	peer, cc := clientPair(t)
 	one, req := make([]byte, 1), []byte("GET / HTTP/1.1\r\n\r\n")
 	for range 20 { // the request is there when read, the answer has room
 		require.NoError(t, cc.SetReadDeadline(time.Now().Add(10*time.Second)))
@@ -501,6 +480,18 @@ func TestClientDeadlinesGoOnTheSocketOnlyBeforeAWait(t *testing.T) {
 			assert.Equal(t, set, cc.rdSet, "a deadline up to an eighth later than asked serves")
 		}
 	}
+}
+
+// clientPair is a loopbackPair whose accepted end is a client connection.
+func clientPair(t *testing.T) (peer net.Conn, cc *clientConn) {
+	peer, c := loopbackPair(t, func(ln net.Listener) (net.Conn, error) {
+		c, err := ln.Accept()
+		if err != nil {
+			return nil, err
+		}
+		return newClientConn(c), nil
+	})
+	return peer, c.(*clientConn)
 }
 
 // loopbackPair dials a loopback listener and returns both ends: the dialed
