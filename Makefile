@@ -22,9 +22,10 @@ test-race:
 test-nonvml:
 	CGO_ENABLED=0 $(GO) test -tags nonvml -count=1 $(PKGS)
 
-## bench: the micro-benchmarks of pickers, the selection core and the GPU refresh.
+## bench: the micro-benchmarks of pickers, the selection core, the GPU refresh
+## and the parse of an engine's metrics page.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./dataplane/loops/weights
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/engine ./dataplane/loops/weights
 
 ## bench-e2e: fastroute, nginx (least_conn), HAProxy (leastconn) and direct,
 ## one after the other, same mock workers and load; table and plot in bench/out.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -111,6 +112,79 @@ func TestParseRefusesPagesWithoutLoad(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNoLoadSeries)
 	_, err = Parse(strings.NewReader("vllm:num_requests_running{ 3\n"), time.Now())
 	assert.Error(t, err, "malformed text")
+}
+
+// bigVLLMPage is vllmPage amid what else a vLLM server of two data-parallel
+// engines exports: a dozen more histograms of 20 buckets, process and
+// Python metrics, a plain comment and blank lines.
+func bigVLLMPage() string {
+	var b strings.Builder
+	b.WriteString("# a comment\n\n" + vllmPage)
+	for _, h := range []string{"time_per_output_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+		"request_inference_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds", "request_prompt_tokens",
+		"request_generation_tokens", "iteration_tokens_total", "request_max_num_generation_tokens", "request_params_n",
+		"request_params_max_tokens", "inter_token_latency_seconds"} {
+		fmt.Fprintf(&b, "# HELP vllm:%s A histogram.\n# TYPE vllm:%s histogram\n", h, h)
+		for e := range 2 {
+			labels := fmt.Sprintf(`engine="%d",model_name="meta-llama/Llama-3.1-8B-Instruct"`, e)
+			for i := range 20 {
+				fmt.Fprintf(&b, "vllm:%s_bucket{%s,le=\"%g\"} %d.0\n", h, labels, 0.001*float64(int(1)<<i), i)
+			}
+			fmt.Fprintf(&b, "vllm:%s_bucket{%s,le=\"+Inf\"} 20.0\nvllm:%s_count{%s} 20.0\nvllm:%s_sum{%s} 3.5\n", h, labels, h, labels, h, labels)
+		}
+	}
+	for _, m := range []string{"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds", "python_gc_objects_collected_total"} {
+		fmt.Fprintf(&b, "# HELP %s A process metric.\n# TYPE %s gauge\n%s 12.5\n\n", m, m, m)
+	}
+	return b.String()
+}
+
+// Only the lines of the series Parse reads reach the text parser: a full
+// vLLM page gives the reading its load series alone give, and most of it
+// is skipped. A sample whose name is quoted is left to the parser.
+func TestParseReadsOnlyTheSeriesItNeeds(t *testing.T) {
+	page := bigVLLMPage()
+	at := time.Unix(100, 0)
+	r, err := Parse(strings.NewReader(page), at)
+	require.NoError(t, err)
+	alone, err := Parse(strings.NewReader(vllmPage), at)
+	require.NoError(t, err)
+	assert.Equal(t, alone, r)
+
+	kept := string(keepRead([]byte(page)))
+	assert.Less(t, len(kept)*10, len(page), "under a tenth of the page reaches the parser")
+	for _, l := range strings.SplitAfter(kept, "\n") {
+		if l != "" {
+			name, ok := seriesOf([]byte(l))
+			assert.True(t, ok && read[string(name)], "kept: %q", l)
+		}
+	}
+
+	for line, want := range map[string]string{"# HELP vllm:a Help.\n": "vllm:a", "#  TYPE b gauge": "b",
+		` c{x="y"} 1` + "\n": "c", "d 1\r\n": "d", "e": "e"} {
+		name, ok := seriesOf([]byte(line))
+		assert.True(t, ok, line)
+		assert.Equal(t, want, string(name), line)
+	}
+	name, ok := seriesOf([]byte(`{"vllm:num_requests_running"} 1`))
+	assert.True(t, ok && name == nil, "a quoted name: kept")
+	for _, line := range []string{"# a comment\n", "#\n", "\n", "  \n", "# HELP\n"} {
+		_, ok := seriesOf([]byte(line))
+		assert.False(t, ok, "%q", line)
+	}
+}
+
+// BenchmarkParseVLLMPage parses a full page of a two-engine vLLM server
+// (bigVLLMPage), as the scraper does every interval for every engine.
+func BenchmarkParseVLLMPage(b *testing.B) {
+	page := bigVLLMPage()
+	b.SetBytes(int64(len(page)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(strings.NewReader(page), time.Time{}); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 func TestLearnerLearnsSpeedAndSlots(t *testing.T) {

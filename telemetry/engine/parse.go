@@ -6,10 +6,12 @@
 package engine
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -57,10 +59,20 @@ var dialects = []series{
 // running and waiting series.
 var ErrNoLoadSeries = errors.New("no vLLM or SGLang running/waiting series in the metrics")
 
-// Parse reads a Prometheus text page of vLLM or SGLang taken at at.
+// pages are the buffers Parse reads pages into.
+var pages = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// Parse reads a Prometheus text page of vLLM or SGLang taken at at. Only
+// the lines of the series it reads reach the text parser (keepRead).
 func Parse(in io.Reader, at time.Time) (Reading, error) {
+	page := pages.Get().(*bytes.Buffer)
+	defer pages.Put(page)
+	page.Reset()
+	if _, err := page.ReadFrom(in); err != nil {
+		return Reading{}, err
+	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(in)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(keepRead(page.Bytes())))
 	if err != nil {
 		return Reading{}, err
 	}
@@ -91,6 +103,73 @@ func Parse(in io.Reader, at time.Time) (Reading, error) {
 		return r, nil
 	}
 	return Reading{}, ErrNoLoadSeries
+}
+
+// read holds the names of the series Parse reads, in every dialect.
+var read = func() map[string]bool {
+	names := map[string]bool{}
+	for _, d := range dialects {
+		for _, n := range append([]string{d.running, d.waiting, d.tokens, d.maxRunning, d.loraInfo}, d.kvUsage...) {
+			if n != "" {
+				names[n] = true
+			}
+		}
+	}
+	return names
+}()
+
+// keepRead moves to the front of page, in order, the lines Parse reads:
+// the # HELP and # TYPE lines and the samples of the series it reads, and
+// any sample whose name it cannot tell (a quoted name), left to the
+// parser. It returns them. A vLLM page is mostly histograms and process
+// metrics Parse does not read, which the parser then never builds.
+func keepRead(page []byte) []byte {
+	kept := page[:0]
+	for len(page) > 0 {
+		line := page
+		if i := bytes.IndexByte(page, '\n'); i >= 0 {
+			line, page = page[:i+1], page[i+1:]
+		} else {
+			page = nil
+		}
+		if name, ok := seriesOf(line); ok && (name == nil || read[string(name)]) {
+			kept = append(kept, line...) // never past line's start: a forward copy
+		}
+	}
+	return kept
+}
+
+// seriesOf returns the series name a line of a text page is about, nil when
+// it is a sample whose name it cannot tell; ok is false for a line about
+// no series (blank, or a comment other than # HELP and # TYPE).
+func seriesOf(line []byte) (name []byte, ok bool) {
+	line = bytes.TrimLeft(line, " \t")
+	if len(line) > 0 && line[0] == '#' {
+		word, rest := token(line[1:])
+		if string(word) != "HELP" && string(word) != "TYPE" {
+			return nil, false
+		}
+		name, _ = token(rest)
+		return name, len(name) > 0
+	}
+	end := bytes.IndexAny(line, "{ \t\r\n")
+	switch {
+	case end < 0:
+		return line, len(line) > 0
+	case end == 0 && line[0] == '{':
+		return nil, true
+	}
+	return line[:end], end > 0
+}
+
+// token splits off the first blank-separated word of s.
+func token(s []byte) (word, rest []byte) {
+	s = bytes.TrimLeft(s, " \t")
+	end := bytes.IndexAny(s, " \t\r\n")
+	if end < 0 {
+		return s, nil
+	}
+	return s[:end], s[end:]
 }
 
 func sum(f *dto.MetricFamily) (float64, bool) {
