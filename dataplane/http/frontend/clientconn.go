@@ -45,8 +45,7 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	// Only fasthttp's read of a request's first byte reads ahead; when its
 	// wait fails, so does the read.
 	if len(p) != 1 || !c.await() {
-		c.syncReadDeadline()
-		return c.Conn.Read(p)
+		return c.read(p)
 	}
 	return c.take(p)
 }

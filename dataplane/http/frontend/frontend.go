@@ -118,6 +118,9 @@ func New(opts Options) *Server {
 		// max_header_bytes; keep it only while a request is read, not for
 		// every open connection and stream.
 		ReduceMemoryUsage: true,
+		// A response goes in one write up to this size; its writer, like
+		// the read buffer, is lent only while it is written.
+		WriteBufferSize: answerWriteBuffer,
 		// fasthttp's own messages never quote request contents (headers
 		// may carry credentials).
 		SecureErrorLogMessage:        true,

@@ -256,6 +256,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) { return 1, nil }
 func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 	dc := &deadlineConn{}
 	tc := &trackedConn{Conn: dc, idle: 8 * time.Second}
+	tc.init(dc)
 	first := time.Now().Add(80 * time.Second)
 	require.NoError(t, tc.arm(first))
 	assert.Equal(t, 1, dc.calls, "one call sets both deadlines")
@@ -378,11 +379,19 @@ func TestAClientRequestIsReadAheadFromItsFirstByte(t *testing.T) {
 	require.NoError(t, cc.SetReadDeadline(time.Now().Add(30*time.Millisecond)))
 	_, err = cc.Read(one)
 	assert.True(t, isTimeout(err), "an idle connection's deadline ends the wait: %v", err)
+	require.NoError(t, cc.SetReadDeadline(time.Now().Add(30*time.Millisecond)))
+	_, err = cc.Read(rest)
+	assert.True(t, isTimeout(err), "and a read past the read ahead's: %v", err)
 
 	require.NoError(t, cc.SetReadDeadline(time.Time{}))
 	require.NoError(t, client.Close())
 	_, err = cc.Read(one)
 	assert.Equal(t, io.EOF, err, "a client that leaves ends the wait as a read would")
+	_, err = cc.Read(rest)
+	assert.Equal(t, io.EOF, err)
+	if !raceEnabled {
+		assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = cc.Read(rest) }), "a read allocates nothing")
+	}
 }
 
 // A client connection's writes are whole however little room the socket
@@ -795,6 +804,35 @@ func (c endWatchConn) Write(p []byte) (int, error) {
 		c.atEnd()
 	}
 	return c.Conn.Write(p)
+}
+
+// A request of a long prompt goes to its worker in one write, and a long
+// answer to its client in one, head and body together (fasthttp's 4 KiB
+// write buffers took two each).
+func TestLongRequestsAndAnswersLeaveInOneWrite(t *testing.T) {
+	answer := `{"text":"` + strings.Repeat("a", 20<<10) + `"}`
+	addr := rawWorker(t, 0, func(int) []string {
+		return []string{fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(answer), answer)}
+	})
+	var toWorker, toClient atomic.Int32
+	dial := func(addr string, timeout time.Duration) (net.Conn, error) {
+		c, err := net.DialTimeout("tcp", addr, timeout)
+		return countedConn{c, &toWorker}, err
+	}
+	_, _, url := serveOne(t, addr, Options{}, dial, func(_ *Server, ln net.Listener) net.Listener { return writeCounter{ln, &toClient} })
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+	prompt := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("p", 20<<10) + `"}]}`
+	for i := 1; i <= 3; i++ {
+		resp, err := client.Post(url, "application/json", strings.NewReader(prompt))
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, answer, string(got))
+		assert.Equal(t, int32(i), toWorker.Load(), "request %d: one write to the worker", i)
+		assert.Equal(t, int32(i), toClient.Load(), "request %d: one write to the client", i)
+	}
 }
 
 // writeCounter counts the writes to the connections it accepts.

@@ -23,6 +23,7 @@ type sockIO struct {
 	fill   func(fd uintptr) bool // readOnce, made once
 	buf    *[]byte               // bytes read ahead, [off, n); nil: none
 	off, n int
+	into   []byte                // where read reads (readOnce), instead of a lent buffer
 	err    error                 // what the read ahead met instead of bytes, for take
 	drain  func(fd uintptr) bool // writeOnce, made once
 	out    []byte                // what is left to write
@@ -61,23 +62,57 @@ func (r *sockIO) await() bool {
 	return r.raw.Read(r.fill) == nil
 }
 
-// readOnce is await's read, called before each wait for the socket.
+// read reads into p as a net.Conn's Read does, waiting for bytes through
+// the poller under the read deadline, with raw calls: for what a read
+// ahead did not hold (a request or answer larger than its buffer).
+func (r *sockIO) read(p []byte) (int, error) {
+	if r.raw == nil || len(p) == 0 {
+		return r.conn.Read(p)
+	}
+	if r.expired(r.rdSet, r.rdAsk) {
+		r.syncReadDeadline()
+	}
+	r.into = p
+	err := r.raw.Read(r.fill)
+	r.into = nil
+	if err != nil {
+		return 0, err
+	}
+	n := r.n
+	r.n = 0
+	if n == 0 {
+		err, r.err = r.err, nil
+	}
+	return n, err
+}
+
+// readOnce is the read of await, or of read, called before each wait for
+// the socket: await's lands in a lent buffer, read's in its own.
 func (r *sockIO) readOnce(fd uintptr) bool {
-	bp := lentBufs.Get().(*[]byte)
+	var bp *[]byte
+	dst := r.into
+	if dst == nil {
+		bp = lentBufs.Get().(*[]byte)
+		dst = *bp
+	}
 	for {
-		n, errno := sysRead(fd, *bp)
+		n, errno := sysRead(fd, dst)
 		switch {
 		case errno == syscall.EINTR:
 			continue
 		case errno == syscall.EAGAIN:
-			lentBufs.Put(bp)
+			if bp != nil {
+				lentBufs.Put(bp)
+			}
 			r.syncReadDeadline()
 			return false
 		case errno == 0 && n > 0:
 			r.buf, r.off, r.n = bp, 0, n
 			return true
 		}
-		lentBufs.Put(bp)
+		if bp != nil {
+			lentBufs.Put(bp)
+		}
 		r.err = io.EOF
 		if errno != 0 {
 			r.err = opError("read", r.conn, errno)

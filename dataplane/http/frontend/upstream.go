@@ -71,6 +71,15 @@ func (p *hostPool[C]) release(h any, reuse bool) {
 // pace the worker accepts them.
 const DefaultDialsPerWorker = 128
 
+// Write buffers, lent only while a request goes to a worker or an answer
+// to a client: what fits goes in one write. A prompt of a few thousand
+// tokens, or a long answer, took two (the head and the start of the body,
+// then the rest) with fasthttp's 4 KiB.
+const (
+	requestWriteBuffer = 32 << 10
+	answerWriteBuffer  = 32 << 10
+)
+
 // errDialQueue fails a connect that waited its turn for too long.
 var errDialQueue = errors.New("waited limits.first_byte_timeout for a turn to connect (too many connects in flight)")
 
@@ -86,6 +95,7 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 			Addr:                host,
 			MaxConns:            4096,
 			MaxIdleConnDuration: 90 * time.Second,
+			WriteBufferSize:     requestWriteBuffer,
 			Dial: func(addr string) (net.Conn, error) {
 				if err := takeTurn(turns, queueTimeout); err != nil {
 					return nil, err
@@ -393,7 +403,7 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 	}
 	c.armIdle()
 	c.reads++
-	return c.Conn.Read(p)
+	return c.read(p)
 }
 
 func (c *trackedConn) Write(p []byte) (int, error) { return c.write(p) }
