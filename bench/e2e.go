@@ -33,14 +33,22 @@ type Workload struct {
 }
 
 // Workloads are the request mixes: short non-streaming answers (the router's
-// own cost dominates) and SSE streams of 16 chunks 1 ms apart.
+// own cost dominates), the same answers to a 16 KB prompt, and SSE streams
+// of 16 chunks 1 ms apart.
 var Workloads = []Workload{
 	{Name: "non-streaming", Path: "/v1/chat/completions", Body: OverheadBody,
+		Mocks: []string{"--tokens", "4", "--token-interval", "0s"}},
+	{Name: "long-prompt", Path: "/v1/chat/completions", Body: longPromptBody,
 		Mocks: []string{"--tokens", "4", "--token-interval", "0s"}},
 	{Name: "streaming", Path: "/v1/chat/completions",
 		Body:  []byte(`{"model":"mock-model","stream":true,"messages":[{"role":"user","content":"hi"}]}`),
 		Mocks: []string{"--tokens", "16", "--token-interval", "1ms"}},
 }
+
+// longPromptBody is a non-streaming chat request whose prompt is 16 KB
+// (about 4,000 tokens): every front end reads and forwards the whole body.
+var longPromptBody = fmt.Appendf(nil, `{"model":"mock-model","messages":[{"role":"user","content":%q}]}`,
+	strings.Repeat("The quick brown fox jumps over the lazy dog. ", 16<<10/45))
 
 // Row is one front end's figures on one workload.
 type Row struct {
@@ -226,6 +234,7 @@ worker_rlimit_nofile 20000;
 events { worker_connections 20000; }
 http {
   access_log off;
+  client_body_buffer_size 1m;  # prompts stay in memory (the default, 16k, spills them to disk)
   client_body_temp_path %[1]s/body;
   proxy_temp_path %[1]s/proxy;
   fastcgi_temp_path %[1]s/fastcgi;
