@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -293,7 +295,7 @@ func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
 	tc := newTrackedConn(conn, xsync.NewMapOf[net.Conn, struct{}](), 0)
 	defer tc.Close()
 	require.NotNil(t, tc.raw, "a TCP connection waits without a buffer")
-	c := &upCall{conn: tc, br: bufio.NewReaderSize(tc, 4096)}
+	c := &upCall{conn: tc, connOf: &upstream{hc: &fasthttp.HostClient{}}, br: bufio.NewReaderSize(tc, 4096)}
 
 	_, err := worker.Write([]byte("ab"))
 	require.NoError(t, err)
@@ -339,6 +341,43 @@ func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
 		c.awaitStream()
 		_, _ = c.br.ReadByte()
 	}), "waiting allocates nothing once a reader is lent")
+}
+
+// The buffer a waiting stream lends out goes to its worker's pool of
+// readers, where the next request to that worker finds it: streams opened
+// while others wait do not each bring a buffer of their own to a pool that
+// keeps it.
+func TestAWaitingStreamsBufferServesTheNextRequest(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector drops sync.Pool entries at random")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one P: its pool is the one the wait gave to
+	conn, worker := loopbackPair(t, func(ln net.Listener) (net.Conn, error) { return ln.Accept() })
+	tc := newTrackedConn(conn, xsync.NewMapOf[net.Conn, struct{}](), 0)
+	defer tc.Close()
+	hc := &fasthttp.HostClient{}
+	c := &upCall{conn: tc, connOf: &upstream{hc: hc}, br: hc.AcquireReader(tc)}
+	streamBuf := readerBuffer(c.br)
+
+	done := make(chan struct{})
+	go func() { defer close(done); c.awaitStream() }()
+	time.Sleep(50 * time.Millisecond) // it waits, its buffer lent
+	next := hc.AcquireReader(tc)
+	assert.Equal(t, streamBuf, readerBuffer(next), "the next request reads with the waiting stream's buffer")
+	hc.ReleaseReader(next)
+
+	_, err := worker.Write([]byte("chunk"))
+	require.NoError(t, err)
+	<-done
+	got, err := c.br.Peek(5)
+	require.NoError(t, err)
+	assert.Equal(t, "chunk", string(got))
+	assert.Equal(t, streamBuf, readerBuffer(c.br), "and the stream takes one back from the same pool")
+}
+
+// readerBuffer is the address of br's buffer.
+func readerBuffer(br *bufio.Reader) uintptr {
+	return reflect.ValueOf(br).Elem().FieldByName("buf").Pointer()
 }
 
 // fasthttp's read of a request's first byte reads the whole request in one

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -167,7 +166,7 @@ type upCall struct {
 	connHandle any       // its pool record
 	connOf     *upstream // its pool
 	br         *bufio.Reader
-	shell      *bufio.Reader               // an empty reader that takes br's buffer while a stream waits (awaitStream)
+	shell      *bufio.Reader               // an empty reader that takes br's buffer to the pool while a stream waits (awaitStream)
 	bodyDone   bool                        // the answer's body was read to its end
 	upConn     atomic.Pointer[trackedConn] // conn, for the goroutine that may cut it
 }
@@ -271,17 +270,18 @@ func (c *upCall) cut(token uint32) {
 	}
 }
 
-// lentReaders hold the read buffers of connections whose streams wait for
-// their worker's next bytes (awaitStream), each in a reader of its own.
-var lentReaders sync.Pool
-
 // awaitStream waits for the worker's next bytes of a sent call's streamed
-// answer. With none buffered it lends the connection reader's buffer out
-// while it waits, and takes one back (the same or another) when bytes
-// come: an open stream whose worker is between chunks holds no read
-// buffer. fasthttp's body stream keeps reading through br, whose contents,
-// not its address, move. A wait that fails (the idle deadline, a cut
-// connection) is met again by the next read.
+// answer. With none buffered it gives the connection reader's buffer back
+// to the upstream's pool of readers while it waits, and takes one from
+// there (the same or another) when bytes come: an open stream whose worker
+// is between chunks holds no read buffer. The pool is the one requests to
+// the worker take their readers from (send), so the buffers of waiting
+// streams serve the streams that read and the requests that start: a pool
+// of their own would gain a buffer for every stream opened while others
+// wait, and keep it until two collections passed. fasthttp's body stream
+// keeps reading through br, whose contents, not its address, move. A wait
+// that fails (the idle deadline, a cut connection) is met again by the next
+// read.
 func (c *upCall) awaitStream() {
 	br, tc := c.br, c.conn
 	if br.Buffered() > 0 || tc.pending() {
@@ -291,19 +291,17 @@ func (c *upCall) awaitStream() {
 		_, _ = br.Peek(1)
 		return
 	}
-	if c.shell == nil {
-		c.shell = new(bufio.Reader)
+	hc := c.connOf.hc
+	lent := c.shell
+	if lent == nil {
+		lent = new(bufio.Reader)
 	}
-	*c.shell, *br = *br, bufio.Reader{}
-	lentReaders.Put(c.shell)
+	*lent, *br = *br, bufio.Reader{}
+	hc.ReleaseReader(lent)
 	tc.awaitReadable()
-	if r, _ := lentReaders.Get().(*bufio.Reader); r != nil {
-		*br, *r = *r, bufio.Reader{}
-		c.shell = r
-	} else { // the pool was emptied by a collection: Reset makes a buffer
-		c.shell = nil
-	}
-	br.Reset(tc)
+	r := hc.AcquireReader(tc) // reads from tc, with the pool's buffer or a new one
+	*br, *r = *r, bufio.Reader{}
+	c.shell = r
 }
 
 // readAll reads the rest of a sent call's answer into dst.
