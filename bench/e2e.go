@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/fastroute/fastroute/internal/loopback"
 )
 
 // E2EOptions configures RunE2E.
@@ -168,7 +169,7 @@ func startMocks(bin string, n int, flags []string) ([]string, func(), error) {
 
 // startMock starts one mockworker process and waits until it answers.
 func startMock(bin string, id int, flags []string) (string, func(), error) {
-	addr, err := freeAddr()
+	addr, err := loopback.FreeAddr()
 	if err != nil {
 		return "", nil, err
 	}
@@ -192,11 +193,11 @@ func startFastroute(bin, _ string, workers []string) (string, *exec.Cmd, error) 
 // workers ("host:port", maybe followed by more --worker keys:
 // "host:port,role=decode"), ids from 1.
 func startServe(bin string, workers []string, flags ...string) (string, *exec.Cmd, error) {
-	addr, err := freeAddr()
+	addr, err := loopback.FreeAddr()
 	if err != nil {
 		return "", nil, err
 	}
-	admin, err := freeAddr()
+	admin, err := loopback.FreeAddr()
 	if err != nil {
 		return "", nil, err
 	}
@@ -291,7 +292,7 @@ backend workers
 // startProxy picks a free address, writes conf(addr) to dir/file and starts
 // bin with args(path of that file).
 func startProxy(dir, file string, conf func(addr string) string, bin string, args func(path string) []string) (string, *exec.Cmd, error) {
-	addr, err := freeAddr()
+	addr, err := loopback.FreeAddr()
 	if err != nil {
 		return "", nil, err
 	}
@@ -327,16 +328,6 @@ func terminate(p *exec.Cmd) {
 		_ = p.Process.Kill()
 		<-done
 	}
-}
-
-// freeAddr returns a loopback address with a port free right now.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 func waitHealth(addr string) error {

@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"time"
+
+	"github.com/fastroute/fastroute/internal/loopback"
 )
 
 // ErrNotInstalled says the etcd binary is not on PATH.
@@ -35,22 +37,13 @@ func Start(dir string) (*Process, error) {
 	}
 	p := &Process{dir: dir}
 	var err error
-	if p.Endpoint, err = freeAddr(); err == nil {
-		p.peer, err = freeAddr()
+	if p.Endpoint, err = loopback.FreeAddr(); err == nil {
+		p.peer, err = loopback.FreeAddr()
 	}
 	if err == nil {
 		err = p.Restart()
 	}
 	return p, err
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 // Restart starts a stopped etcd again on the same ports and data.
