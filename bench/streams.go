@@ -225,7 +225,21 @@ func goroutines(admin string) int {
 // String is the row as one progress line.
 func (r StreamsRow) String() string {
 	return fmt.Sprintf("%-26s %5d streams: %5d ok, errors %v, %6.1f KiB RSS per stream, %5d goroutines, chunk gap p99 %v, mean %v",
-		r.Front, r.Streams, r.OK, r.Errors, r.RSSPerOpen/1024, r.Goroutines, r.GapP99.Round(time.Millisecond), r.Mean.Round(10*time.Millisecond))
+		r.Front, r.Streams, r.OK, errorCounts(r.Errors), r.RSSPerOpen/1024, r.Goroutines, r.GapP99.Round(time.Millisecond), r.Mean.Round(10*time.Millisecond))
+}
+
+// errorCounts lists errors by kind, "kind: n, kind: n" in the kinds'
+// order, or "0".
+func errorCounts(errs map[string]int) string {
+	if len(errs) == 0 {
+		return "0"
+	}
+	parts := make([]string, 0, len(errs))
+	for kind, n := range errs {
+		parts = append(parts, fmt.Sprintf("%s: %d", kind, n))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ", ")
 }
 
 // StreamsTable formats the rows as Markdown, the chunk gap beside
@@ -236,10 +250,7 @@ func StreamsTable(rows []StreamsRow, o StreamsOptions) string {
 	b.WriteString("| front end | streams | ok | errors | peak RSS per stream | most goroutines | chunk gap p99 | added over direct | mean stream |\n")
 	b.WriteString("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
-		errs := "0"
-		if len(r.Errors) > 0 {
-			errs = fmt.Sprint(r.Errors)
-		}
+		errs := errorCounts(r.Errors)
 		added, goroutines, rss := "-", "-", "-"
 		for _, d := range rows {
 			if d.Front == "direct" && d.Streams == r.Streams && r.Front != "direct" {
