@@ -1,4 +1,4 @@
-//go:build !race
+//go:build !linux && !race
 
 package frontend
 
@@ -16,8 +16,9 @@ import (
 // CPUs, a write to loopback (which delivers to the peer in the writer's
 // call) lasts long enough to be seen there, and sysmon then wakes every
 // 20 µs and hands processors over to other threads. As golang/go#19563
-// discusses, a raw call is safe for a call that cannot block. (Under the
-// race detector they are syscall's own calls: syscalls_race.go.)
+// discusses, a raw call is safe for a call that cannot block. (On Linux
+// they are recvfrom and sendto: syscalls_linux.go. Under the race
+// detector they are syscall's own calls: syscalls_race.go.)
 
 // sysRead is read(2) on a non-blocking socket.
 func sysRead(fd uintptr, p []byte) (int, syscall.Errno) {
