@@ -125,7 +125,7 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 		u := s.upstreamOf(w)
 		pre.prepare(ctx, u, w, body, &ex.rankBuf)
 		pre.res.Dispatched()
-		err := pre.send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
+		err := pre.send(u, ex.token, time.Now(), s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
 			return ex.prefilled(ctx, w, start)
 		}
@@ -220,7 +220,7 @@ func (ex *exchange) bootstrapPrefill(pre *prefillLeg, w *dataplane.Worker) {
 	defer close(pre.done)
 	start := time.Now()
 	pre.res.Dispatched()
-	err := pre.send(s.upstreamOf(w), ex.token, s.opts.FirstByteTimeout, &ex.stop)
+	err := pre.send(s.upstreamOf(w), ex.token, start, s.opts.FirstByteTimeout, &ex.stop)
 	status := 0
 	if err == nil {
 		pre.answer, err = pre.readAll(pre.answer[:0])

@@ -210,7 +210,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 		ex.prepare(ctx, u, w)
 		ex.res.Dispatched()
 		t := time.Now()
-		err := ex.send(u, ex.token, s.opts.FirstByteTimeout, &ex.stop)
+		err := ex.send(u, ex.token, t, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
 			ex.firstByte = time.Since(t)
 			s.metrics.firstByte.Observe(ex.firstByte)

@@ -260,12 +260,12 @@ func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 	tc := &trackedConn{Conn: dc, idle: 8 * time.Second}
 	tc.init(dc)
 	first := time.Now().Add(80 * time.Second)
-	require.NoError(t, tc.arm(first))
+	require.NoError(t, tc.arm(first, 10*time.Second))
 	assert.Equal(t, 1, dc.calls, "one call sets both deadlines")
 	assert.False(t, dc.rd.Before(first))
 	for range 100 { // short answers: one read each
 		d := time.Now().Add(80 * time.Second)
-		require.NoError(t, tc.arm(d))
+		require.NoError(t, tc.arm(d, 10*time.Second))
 		_, _ = tc.Read(make([]byte, 1))
 		assert.False(t, dc.rd.Before(d), "never earlier than asked")
 		assert.False(t, dc.wd.Before(d))
@@ -273,7 +273,7 @@ func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 	assert.Equal(t, 1, dc.calls, "no deadline call per request")
 
 	later := time.Now().Add(200 * time.Second) // a longer wait than the one set
-	require.NoError(t, tc.arm(later))
+	require.NoError(t, tc.arm(later, 25*time.Second))
 	assert.Equal(t, 2, dc.calls)
 
 	for range 50 { // a stream: reads after the first wait up to idle
@@ -282,7 +282,7 @@ func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 	assert.Equal(t, 3, dc.calls, "one idle deadline for reads in quick succession")
 	assert.WithinDuration(t, time.Now().Add(9*time.Second), dc.rd, time.Second)
 
-	require.NoError(t, tc.arm(time.Time{}))
+	require.NoError(t, tc.arm(time.Time{}, 0))
 	assert.True(t, dc.rd.IsZero() && dc.wd.IsZero(), "no limit clears both")
 }
 

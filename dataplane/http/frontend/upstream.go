@@ -178,7 +178,8 @@ var errStopped = errors.New("the request was stopped")
 // send writes c.up on a pooled connection of u and reads the answer's
 // headers, leaving its body to stream: an error means no byte of an
 // answer came back, so the request may move to another worker. The first
-// byte must come within firstByte (0: no limit); once bytes flow the
+// byte must come within firstByte of start, the time the caller took
+// before (0: no limit); once bytes flow the
 // connection's idle deadline takes over (trackedConn). token marks the
 // connection as the caller's until endConn, so that cut (from another
 // goroutine, once stop is set) closes this connection and no other.
@@ -188,22 +189,22 @@ var errStopped = errors.New("the request was stopped")
 // timeout ran out): the request then goes again on another connection to
 // the same worker, until one that was never used before fails too. So a
 // worker's restart costs no request and no mark against its health.
-func (c *upCall) send(u *upstream, token uint32, firstByte time.Duration, stop *atomic.Uint32) error {
+func (c *upCall) send(u *upstream, token uint32, start time.Time, firstByte time.Duration, stop *atomic.Uint32) error {
 	var deadline time.Time
 	if firstByte > 0 {
-		deadline = time.Now().Add(firstByte)
+		deadline = start.Add(firstByte)
 	}
 	for {
-		reused, err := c.sendOn(u, token, deadline, stop)
+		reused, err := c.sendOn(u, token, deadline, firstByte/8, stop)
 		if err == nil || !reused || isTimeout(err) || stop.Load() != 0 {
 			return err
 		}
 	}
 }
 
-// sendOn is one try of send on one connection; reused says the connection
-// had carried a request before.
-func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, stop *atomic.Uint32) (reused bool, err error) {
+// sendOn is one try of send on one connection, due by deadline or up to
+// slack later; reused says the connection had carried a request before.
+func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, slack time.Duration, stop *atomic.Uint32) (reused bool, err error) {
 	h, tc, err := u.conns.acquire()
 	if err != nil {
 		return false, err
@@ -216,7 +217,7 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, stop *ato
 		c.endConn(token)
 		return reused, errStopped
 	}
-	if err = tc.arm(deadline); err == nil {
+	if err = tc.arm(deadline, slack); err == nil {
 		bw := u.hc.AcquireWriter(tc)
 		// A client's Connection: close is for its own connection (and may
 		// be the request itself: it is restored for fasthttp to read).
@@ -369,11 +370,10 @@ func coarse(cur, want time.Time, slack time.Duration) (next time.Time, ok bool) 
 }
 
 // arm starts a request on the connection: its write and its answer's first
-// byte are due by deadline (zero: no limit), or up to an eighth of the time
-// left to it later.
-func (c *trackedConn) arm(deadline time.Time) error {
+// byte are due by deadline (zero: no limit), or up to slack later (an
+// eighth of the first-byte timeout).
+func (c *trackedConn) arm(deadline time.Time, slack time.Duration) error {
 	c.reads = 0
-	slack := time.Until(deadline) / 8
 	rd, rok := coarse(c.rd, deadline, slack)
 	wd, wok := coarse(c.wd, deadline, slack)
 	switch {
