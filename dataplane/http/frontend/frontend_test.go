@@ -291,9 +291,7 @@ func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 // with a read before the wait and one after it, and the bytes that come are
 // read whole through the same reader.
 func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
-	conn, worker := loopbackPair(t, func(ln net.Listener) (net.Conn, error) { return ln.Accept() })
-	tc := newTrackedConn(conn, xsync.NewMapOf[net.Conn, struct{}](), 0)
-	defer tc.Close()
+	worker, tc := upstreamPair(t)
 	require.NotNil(t, tc.raw, "a TCP connection waits without a buffer")
 	c := &upCall{conn: tc, connOf: &upstream{hc: &fasthttp.HostClient{}}, br: bufio.NewReaderSize(tc, 4096)}
 
@@ -352,9 +350,7 @@ func TestAWaitingStreamsBufferServesTheNextRequest(t *testing.T) {
 		t.Skip("the race detector drops sync.Pool entries at random")
 	}
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one P: its pool is the one the wait gave to
-	conn, worker := loopbackPair(t, func(ln net.Listener) (net.Conn, error) { return ln.Accept() })
-	tc := newTrackedConn(conn, xsync.NewMapOf[net.Conn, struct{}](), 0)
-	defer tc.Close()
+	worker, tc := upstreamPair(t)
 	hc := &fasthttp.HostClient{}
 	c := &upCall{conn: tc, connOf: &upstream{hc: hc}, br: hc.AcquireReader(tc)}
 	streamBuf := readerBuffer(c.br)
@@ -572,6 +568,15 @@ func clientPair(t *testing.T) (peer net.Conn, cc *clientConn) {
 		return newClientConn(c), nil
 	})
 	return peer, c.(*clientConn)
+}
+
+// upstreamPair is a loopbackPair whose dialed end is an upstream
+// connection (no idle deadline) and whose accepted end plays the worker.
+func upstreamPair(t *testing.T) (worker net.Conn, tc *trackedConn) {
+	conn, worker := loopbackPair(t, func(ln net.Listener) (net.Conn, error) { return ln.Accept() })
+	tc = newTrackedConn(conn, xsync.NewMapOf[net.Conn, struct{}](), 0)
+	t.Cleanup(func() { _ = tc.Close() })
+	return worker, tc
 }
 
 // loopbackPair dials a loopback listener and returns both ends: the dialed
