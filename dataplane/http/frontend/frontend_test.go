@@ -341,6 +341,32 @@ func TestAStreamThatWaitsLendsItsReadBuffer(t *testing.T) {
 	}), "waiting allocates nothing once a reader is lent")
 }
 
+// A worker gone silent mid-stream is cut one idle gap after its last bytes,
+// not two: the read after a wait that ran out its deadline fails at that
+// deadline, instead of setting a new one and waiting again.
+func TestASilentStreamIsCutOneIdleGapAfterItsLastBytes(t *testing.T) {
+	worker, tc := upstreamPair(t)
+	c := &upCall{conn: tc, connOf: &upstream{hc: &fasthttp.HostClient{}}, br: bufio.NewReaderSize(tc, 4096)}
+	const idle = 400 * time.Millisecond
+	tc.idle = idle
+	require.NoError(t, tc.arm(time.Time{}, 0))
+	_, err := worker.Write([]byte("head"))
+	require.NoError(t, err)
+	_, err = c.br.Peek(4) // the answer's first read
+	require.NoError(t, err)
+	_, _ = c.br.Discard(4)
+
+	start := time.Now()
+	c.awaitStream() // the worker sends nothing more
+	deadline := tc.rd
+	_, err = c.br.ReadByte()
+	took := time.Since(start)
+	assert.True(t, isTimeout(err), "got %v", err)
+	assert.Equal(t, deadline, tc.rd, "the read failed at the deadline the wait ran out")
+	assert.Less(t, took, idle*3/2, "cut after one idle gap (and its eighth of slack), not two")
+	assert.GreaterOrEqual(t, took, idle)
+}
+
 // The buffer a waiting stream lends out goes to its worker's pool of
 // readers, where the next request to that worker finds it: streams opened
 // while others wait do not each bring a buffer of their own to a pool that

@@ -343,10 +343,13 @@ type trackedConn struct {
 	net.Conn
 	set    *xsync.MapOf[net.Conn, struct{}]
 	idle   time.Duration
-	rd, wd time.Time     // the read and write deadlines set on Conn
-	reads  int           // reads of the current answer
-	owner  atomic.Uint32 // token of the exchange using it; 0: none, or cut
-	used   bool          // it carried a request before (its holder alone reads it)
+	rd, wd time.Time // the read and write deadlines set on Conn
+	reads  int       // reads of the current answer
+	// A wait for the answer's next bytes ran out the read deadline: the
+	// deadline stays, and the read after the wait fails at it.
+	expired bool
+	owner   atomic.Uint32 // token of the exchange using it; 0: none, or cut
+	used    bool          // it carried a request before (its holder alone reads it)
 	sockIO
 }
 
@@ -373,7 +376,7 @@ func coarse(cur, want time.Time, slack time.Duration) (next time.Time, ok bool) 
 // byte are due by deadline (zero: no limit), or up to slack later (an
 // eighth of the first-byte timeout).
 func (c *trackedConn) arm(deadline time.Time, slack time.Duration) error {
-	c.reads = 0
+	c.reads, c.expired = 0, false
 	rd, rok := coarse(c.rd, deadline, slack)
 	wd, wok := coarse(c.wd, deadline, slack)
 	switch {
@@ -408,7 +411,7 @@ func (c *trackedConn) Write(p []byte) (int, error) { return c.write(p) }
 
 // armIdle sets the idle deadline of a read after an answer's first.
 func (c *trackedConn) armIdle() {
-	if c.reads > 0 && c.idle > 0 {
+	if c.reads > 0 && c.idle > 0 && !c.expired {
 		if next, ok := coarse(c.rd, time.Now().Add(c.idle), c.idle/8); !ok {
 			c.rd = next
 			_ = c.Conn.SetReadDeadline(next)
@@ -425,6 +428,8 @@ func (c *trackedConn) awaitReadable() {
 	c.armIdle()
 	if c.await() {
 		c.reads++
+	} else if c.raw != nil {
+		c.expired = true // or the connection closed, and the read fails as well
 	}
 }
 
