@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -360,5 +361,64 @@ func TestStreamTimeoutsFitStreams(t *testing.T) {
 	assert.Contains(t, body, `data: {"partial":1}`)
 	assert.Contains(t, body, "\n\ndata: {\"error\":{\"message\":\"worker 2 sent nothing for 200ms (limits.stream_idle_timeout); the stream is cut\",\"type\":\"upstream_timeout\",\"code\":504}}\n\n")
 	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("/v1/chat/completions", "timeout"))
+	f.assertIdle()
+}
+
+// bigEvents streams 64 events of 256 KiB, 25 ms apart, then [DONE]: more
+// than the kernel's socket buffers hold for a client that does not read
+// (a send buffer grows to 4 MiB here, tcp_wmem).
+func bigEvents(c net.Conn, _ *http.Request) {
+	_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+	event := "data: " + strings.Repeat("x", 256<<10) + "\n\n"
+	for range 64 {
+		if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(event), event); err != nil {
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	done := "data: [DONE]\n\n"
+	_, _ = fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(done), done)
+}
+
+// limits.write_timeout bounds each write's wait for a client to take the
+// answer (as nginx's send_timeout), not the whole answer: a stream longer
+// than it goes on to its end, even after a write had to wait for a client
+// behind, and a client that takes nothing for longer is cut.
+func TestWriteTimeoutBoundsEachWriteNotTheStream(t *testing.T) {
+	worker := startFaultServer(t, bigEvents)
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Health.Interval, c.Health.EjectAfter = time.Hour, 0
+		c.Limits.WriteTimeout = time.Second
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://" + worker.addr()}}
+	})
+	// A client with a small receive buffer, that starts reading late: the
+	// router's writes wait for it once its send buffer is full (after about
+	// 0.4 s here; a machine with larger buffers waits less or not at all).
+	dialer := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 8<<10) })
+	}}
+	stream := func(pause time.Duration) (string, error) {
+		c, err := dialer.Dial("tcp", f.r.Addr())
+		require.NoError(t, err)
+		defer c.Close()
+		_, err = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(streamBody), streamBody)
+		require.NoError(t, err)
+		time.Sleep(pause)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return string(b), err
+	}
+
+	start := time.Now()
+	body, err := stream(700 * time.Millisecond)
+	require.NoError(t, err, "the stream went to its end")
+	assert.Greater(t, time.Since(start), 1500*time.Millisecond, "a stream longer than write_timeout")
+	assert.Equal(t, 64, strings.Count(body, "data: x"))
+	assert.True(t, strings.HasSuffix(body, "data: [DONE]\n\n"))
+
+	_, err = stream(4 * time.Second)
+	assert.Error(t, err, "a client that took nothing for longer than write_timeout was cut")
 	f.assertIdle()
 }

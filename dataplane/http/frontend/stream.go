@@ -88,7 +88,6 @@ func (ex *exchange) beginStream(c net.Conn) {
 func (ex *exchange) sendStream(c, conn net.Conn, keep, framed bool) {
 	growStack4K()
 	s := ex.s
-	s.armWrite(c)
 	complete, werr := ex.copyStream(c, framed) // ex is back in its pool
 	s.giveBack(conn, c, keep && complete && werr == nil)
 }
@@ -109,8 +108,10 @@ func closeAfter(h *fasthttp.ResponseHeader) {
 	h.SetConnectionClose()
 }
 
-// armWrite bounds the response's write by limits.write_timeout, as
-// fasthttp does for the responses it writes.
+// armWrite bounds the next write to the client by limits.write_timeout, as
+// fasthttp does for the responses it writes: a whole answer, or one batch
+// of a stream's chunks, so that a stream is bounded by its client's pace,
+// not by its length (nginx's send_timeout).
 func (s *Server) armWrite(c net.Conn) {
 	if s.opts.WriteTimeout > 0 {
 		_ = c.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout))
@@ -162,7 +163,7 @@ const (
 // goes back to its pool once the bytes left.
 // complete: the answer was sent to its end; werr: the client's write
 // failed.
-func (ex *exchange) copyStream(w io.Writer, framed bool) (complete bool, werr error) {
+func (ex *exchange) copyStream(w net.Conn, framed bool) (complete bool, werr error) {
 	chunked := ex.resp.Header.ContentLength() == -1
 	for headSent := false; ; headSent = true {
 		if chunked && ex.tail == nil && ex.br != nil {
@@ -193,6 +194,7 @@ func (ex *exchange) copyStream(w io.Writer, framed bool) (complete bool, werr er
 			ex.settleStream(nil)
 		}
 		if len(out) > 0 {
+			ex.s.armWrite(w)
 			_, werr = w.Write(out)
 		}
 		lentBufs.Put(bp)
