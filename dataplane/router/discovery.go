@@ -72,16 +72,15 @@ func (t discoveryTarget) Put(spec dataplane.WorkerSpec) error {
 func (t discoveryTarget) Drain(id uint64) { _ = t.r.Registry.Drain(id) }
 
 // drainWorker drains a worker (DELETE /workers/{id}); one found on etcd is
-// drained on every router through a drain mark there.
+// drained on every router through a drain mark there. It drains here
+// first: the mark comes back through this router's own watch too, which
+// drains the worker and may remove it (no request in flight) before a
+// drain made after the mark would find it.
 func (r *Router) drainWorker(id uint64) error {
-	if r.Discovery == nil || !r.Discovery.Known(id) {
-		return r.Registry.Drain(id)
+	if err := r.Registry.Drain(id); err != nil || r.Discovery == nil || !r.Discovery.Known(id) {
+		return err
 	}
-	err := r.Discovery.MarkDrain(id)
-	if derr := r.Registry.Drain(id); derr != nil {
-		return derr
-	}
-	if err != nil {
+	if err := r.Discovery.MarkDrain(id); err != nil {
 		return fmt.Errorf("worker %d drained on this router only: the drain mark could not be written to etcd: %v", id, err)
 	}
 	return nil
