@@ -94,30 +94,27 @@ func (r *sockIO) readOnce(fd uintptr) bool {
 		bp = lentBufs.Get().(*[]byte)
 		dst = *bp
 	}
-	for {
-		n, errno := sysRead(fd, dst)
-		switch {
-		case errno == syscall.EINTR:
-			continue
-		case errno == syscall.EAGAIN:
-			if bp != nil {
-				lentBufs.Put(bp)
-			}
-			r.syncReadDeadline()
-			return false
-		case errno == 0 && n > 0:
-			r.buf, r.off, r.n = bp, 0, n
-			return true
-		}
-		if bp != nil {
-			lentBufs.Put(bp)
-		}
-		r.err = io.EOF
-		if errno != 0 {
-			r.err = opError("read", r.conn, errno)
-		}
+	n, errno := sysRead(fd, dst)
+	for errno == syscall.EINTR {
+		n, errno = sysRead(fd, dst)
+	}
+	if errno == 0 && n > 0 {
+		r.buf, r.off, r.n = bp, 0, n
 		return true
 	}
+	if bp != nil {
+		lentBufs.Put(bp)
+	}
+	switch errno {
+	case syscall.EAGAIN:
+		r.syncReadDeadline()
+		return false
+	case 0:
+		r.err = io.EOF
+	default:
+		r.err = opError("read", r.conn, errno)
+	}
+	return true
 }
 
 // pending says bytes (or an end) read ahead wait to be taken.
