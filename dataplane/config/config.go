@@ -155,6 +155,8 @@ type Limits struct {
 	// MaxHeaderBytes bounds the request line and headers (431 beyond).
 	MaxHeaderBytes Size          `yaml:"max_header_bytes"`
 	ReadTimeout    time.Duration `yaml:"read_timeout"`
+	// WriteTimeout bounds each write to a client (a whole answer, or one
+	// batch of a stream's chunks), not a whole stream.
 	WriteTimeout   time.Duration `yaml:"write_timeout"`
 	IdleTimeout    time.Duration `yaml:"idle_timeout"`
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
