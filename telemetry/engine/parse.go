@@ -62,6 +62,13 @@ var ErrNoLoadSeries = errors.New("no vLLM or SGLang running/waiting series in th
 // pages are the buffers Parse reads pages into.
 var pages = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
+// parsers are the text parsers Parse uses: one keeps its read buffer from
+// page to page.
+var parsers = sync.Pool{New: func() any {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return &p
+}}
+
 // Parse reads a Prometheus text page of vLLM or SGLang taken at at. Only
 // the lines of the series it reads reach the text parser (keepRead).
 func Parse(in io.Reader, at time.Time) (Reading, error) {
@@ -71,7 +78,8 @@ func Parse(in io.Reader, at time.Time) (Reading, error) {
 	if _, err := page.ReadFrom(in); err != nil {
 		return Reading{}, err
 	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
+	p := parsers.Get().(*expfmt.TextParser)
+	defer parsers.Put(p)
 	fams, err := p.TextToMetricFamilies(bytes.NewReader(keepRead(page.Bytes())))
 	if err != nil {
 		return Reading{}, err
@@ -143,7 +151,7 @@ func keepRead(page []byte) []byte {
 // it is a sample whose name it cannot tell; ok is false for a line about
 // no series (blank, or a comment other than # HELP and # TYPE).
 func seriesOf(line []byte) (name []byte, ok bool) {
-	line = bytes.TrimLeft(line, " \t")
+	line = trimBlanks(line)
 	if len(line) > 0 && line[0] == '#' {
 		word, rest := token(line[1:])
 		if string(word) != "HELP" && string(word) != "TYPE" {
@@ -152,11 +160,8 @@ func seriesOf(line []byte) (name []byte, ok bool) {
 		name, _ = token(rest)
 		return name, len(name) > 0
 	}
-	end := bytes.IndexAny(line, "{ \t\r\n")
-	switch {
-	case end < 0:
-		return line, len(line) > 0
-	case end == 0 && line[0] == '{':
+	end := wordEnd(line, true)
+	if end == 0 && len(line) > 0 && line[0] == '{' {
 		return nil, true
 	}
 	return line[:end], end > 0
@@ -164,12 +169,35 @@ func seriesOf(line []byte) (name []byte, ok bool) {
 
 // token splits off the first blank-separated word of s.
 func token(s []byte) (word, rest []byte) {
-	s = bytes.TrimLeft(s, " \t")
-	end := bytes.IndexAny(s, " \t\r\n")
-	if end < 0 {
-		return s, nil
-	}
+	s = trimBlanks(s)
+	end := wordEnd(s, false)
 	return s[:end], s[end:]
+}
+
+// trimBlanks drops the spaces and tabs s starts with.
+func trimBlanks(s []byte) []byte {
+	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
+		s = s[1:]
+	}
+	return s
+}
+
+// wordEnd is the length of the word s starts with: up to a blank or a line
+// end, or a label set's '{' when labels says the word is a sample's name.
+// A loop: words are short, and bytes.IndexAny builds its set of bytes at
+// every call.
+func wordEnd(s []byte, labels bool) int {
+	for i, c := range s {
+		switch c {
+		case ' ', '\t', '\r', '\n':
+			return i
+		case '{':
+			if labels {
+				return i
+			}
+		}
+	}
+	return len(s)
 }
 
 func sum(f *dto.MetricFamily) (float64, bool) {
