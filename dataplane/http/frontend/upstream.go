@@ -347,9 +347,9 @@ type trackedConn struct {
 	reads  int       // reads of the current answer
 	// A wait for the answer's next bytes ran out the read deadline: the
 	// deadline stays, and the read after the wait fails at it.
-	expired bool
-	owner   atomic.Uint32 // token of the exchange using it; 0: none, or cut
-	used    bool          // it carried a request before (its holder alone reads it)
+	waitLapsed bool
+	owner      atomic.Uint32 // token of the exchange using it; 0: none, or cut
+	used       bool          // it carried a request before (its holder alone reads it)
 	sockIO
 }
 
@@ -376,7 +376,7 @@ func coarse(cur, want time.Time, slack time.Duration) (next time.Time, ok bool) 
 // byte are due by deadline (zero: no limit), or up to slack later (an
 // eighth of the first-byte timeout).
 func (c *trackedConn) arm(deadline time.Time, slack time.Duration) error {
-	c.reads, c.expired = 0, false
+	c.reads, c.waitLapsed = 0, false
 	rd, rok := coarse(c.rd, deadline, slack)
 	wd, wok := coarse(c.wd, deadline, slack)
 	switch {
@@ -411,7 +411,7 @@ func (c *trackedConn) Write(p []byte) (int, error) { return c.write(p) }
 
 // armIdle sets the idle deadline of a read after an answer's first.
 func (c *trackedConn) armIdle() {
-	if c.reads > 0 && c.idle > 0 && !c.expired {
+	if c.reads > 0 && c.idle > 0 && !c.waitLapsed {
 		if next, ok := coarse(c.rd, time.Now().Add(c.idle), c.idle/8); !ok {
 			c.rd = next
 			_ = c.Conn.SetReadDeadline(next)
@@ -429,7 +429,7 @@ func (c *trackedConn) awaitReadable() {
 	if c.await() {
 		c.reads++
 	} else if c.raw != nil {
-		c.expired = true // or the connection closed, and the read fails as well
+		c.waitLapsed = true // or the connection closed, and the read fails as well
 	}
 }
 
