@@ -166,6 +166,12 @@ type Limits struct {
 	// that keeps sending.
 	FirstByteTimeout  time.Duration `yaml:"first_byte_timeout"`
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// AnswerBufferBytes bounds what the router holds of one worker answer:
+	// a non-streamed answer of known length up to it is read whole and
+	// sent in one write; a larger one, or one of unknown length, passes
+	// through as it comes, as a stream does. A prefill answer (read whole,
+	// since the decode request is built from it) over it is a 502.
+	AnswerBufferBytes Size `yaml:"answer_buffer_bytes"`
 }
 
 // Default returns the configuration of DESIGN.md with no workers.
@@ -189,7 +195,7 @@ func Default() Config {
 		Limits: Limits{
 			MaxBodyBytes: 16 << 20, MaxHeaderBytes: 64 << 10, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
 			IdleTimeout: 2 * time.Minute, ConnectTimeout: 2 * time.Second,
-			FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 5 * time.Minute,
+			FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 5 * time.Minute, AnswerBufferBytes: 1 << 20,
 		},
 	}
 }
@@ -358,6 +364,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.MaxBodyBytes <= 0 {
 		return keyErr("limits.max_body_bytes", "%d must be positive", c.Limits.MaxBodyBytes)
+	}
+	if c.Limits.AnswerBufferBytes < 4<<10 {
+		return keyErr("limits.answer_buffer_bytes", "%d is under 4KiB", c.Limits.AnswerBufferBytes)
 	}
 	if c.Limits.MaxHeaderBytes < 1<<10 || c.Limits.MaxHeaderBytes > 16<<20 {
 		return keyErr("limits.max_header_bytes", "%d is outside 1KiB..16MiB", c.Limits.MaxHeaderBytes)

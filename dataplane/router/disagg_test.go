@@ -194,6 +194,27 @@ func TestVLLMDisaggregationFailures(t *testing.T) {
 	}
 	f.assertIdle()
 
+	// A prefill answer over limits.answer_buffer_bytes, of known length or
+	// chunked: a 502 saying so, not a prefill read into memory whatever its
+	// size; the decode worker gets nothing.
+	for _, known := range []bool{true, false} {
+		big := `{"choices":[],"pad":"` + strings.Repeat("p", 10<<10) + `","kv_transfer_params":` + kvParams + `}`
+		huge := startEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+			if known {
+				w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+			}
+			_, _ = io.WriteString(w, big)
+		})
+		decode := startEngine(t, sseDecode)
+		f = startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, huge.URL}, {dataplane.RoleDecode, decode.URL}},
+			func(c *config.Config) { c.Limits.AnswerBufferBytes = 4 << 10 })
+		resp = f.post("/v1/chat/completions", pdBody)
+		assert.Equal(t, 502, resp.StatusCode, "known length %v", known)
+		assert.Contains(t, readAll(t, resp), "prefill worker 1 answered more than limits.answer_buffer_bytes (4096 bytes)")
+		assert.Empty(t, decode.received())
+		f.assertIdle()
+	}
+
 	// The only prefill worker dead: a 502 naming it.
 	f = startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, "http://" + deadAddr(t)}, {dataplane.RoleDecode, decode.URL}}, nil)
 	resp = f.post("/v1/chat/completions", pdBody)

@@ -103,7 +103,8 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		MaxBodyBytes: int(cfg.Limits.MaxBodyBytes), MaxHeaderBytes: int(cfg.Limits.MaxHeaderBytes),
 		ReadTimeout: cfg.Limits.ReadTimeout, WriteTimeout: cfg.Limits.WriteTimeout,
 		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
-		FirstByteTimeout: cfg.Limits.FirstByteTimeout, StreamIdleTimeout: cfg.Limits.StreamIdleTimeout, Logger: log,
+		FirstByteTimeout: cfg.Limits.FirstByteTimeout, StreamIdleTimeout: cfg.Limits.StreamIdleTimeout,
+		AnswerBufferBytes: int(cfg.Limits.AnswerBufferBytes), Logger: log,
 		Routes: cfg.Routes, Disagg: disaggOptions(cfg.Router.Disaggregation),
 	}
 	if cfg.Log.Access != "off" {

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -151,7 +152,7 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, start time.Time) bool {
 	s, pre := ex.s, ex.prefillLeg()
 	var err error
-	pre.answer, err = pre.readAll(pre.answer[:0])
+	pre.answer, err = pre.readAll(pre.answer[:0], s.opts.AnswerBufferBytes)
 	status := pre.resp.StatusCode()
 	pre.endConn(ex.token)
 	pre.res.Release()
@@ -161,6 +162,10 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 		s.metrics.phases[phasePrefill][outcomeCancelled].Inc()
 		ex.abandon(ctx)
 		return false
+	case errors.Is(err, errAnswerTooLarge): // the worker answered: the limit is the router's
+		s.reportAnswer(w, true)
+		return ex.answerPrefill(ctx, fasthttp.StatusBadGateway, "upstream_error",
+			fmt.Sprintf("prefill worker %d answered more than limits.answer_buffer_bytes (%d bytes)", w.ID(), s.opts.AnswerBufferBytes), outcomeUpstreamError)
 	case err != nil:
 		s.reportAnswer(w, false)
 		return ex.prefillFailed(ctx, w, fmt.Errorf("answer cut after the headers: %w", err), nil)
@@ -223,7 +228,7 @@ func (ex *exchange) bootstrapPrefill(pre *prefillLeg, w *dataplane.Worker) {
 	err := pre.send(s.upstreamOf(w), ex.token, start, s.opts.FirstByteTimeout, &ex.stop)
 	status := 0
 	if err == nil {
-		pre.answer, err = pre.readAll(pre.answer[:0])
+		pre.answer, err = pre.readAll(pre.answer[:0], s.opts.AnswerBufferBytes)
 		status = pre.resp.StatusCode()
 		if err == nil && status >= fasthttp.StatusBadRequest {
 			err = fmt.Errorf("answered %d: %s", status, excerpt(pre.answer))

@@ -271,12 +271,16 @@ func (c *upCall) prepare(u *upstream, w *dataplane.Worker, body, reqID []byte, r
 
 // respond copies the worker's answer to the client: a streamed answer is
 // sent on the connection taken over from fasthttp (beginStream), a
-// buffered one is copied and the exchange ends at once. streamed: the
-// answer streams.
+// buffered one is copied and the exchange ends at once. An answer is
+// buffered when the request did not ask for a stream, it is not an event
+// stream, and its length is known and at most limits.answer_buffer_bytes;
+// any other passes through as it comes, so the router never holds more
+// than that of one answer. streamed: the answer streams.
 func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker) (streamed bool) {
 	body := ex.resp.BodyStream()
 	ex.sse = bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream)
-	if body != nil && (ex.stream || ex.sse) {
+	n := ex.resp.Header.ContentLength()
+	if body != nil && (ex.stream || ex.sse || n < 0 || n > ex.s.opts.AnswerBufferBytes) {
 		// From here a client that leaves is noticed by fasthttp's next
 		// write of a chunk.
 		ex.unwatch()

@@ -42,6 +42,11 @@ type Options struct {
 	DialsPerWorker    int
 	FirstByteTimeout  time.Duration // a worker's response headers
 	StreamIdleTimeout time.Duration // gap between two reads of a worker's answer
+	// AnswerBufferBytes is the largest non-streamed answer read whole
+	// before it is sent (0: DefaultAnswerBufferBytes); a larger one, or one
+	// of unknown length, is passed through as it comes. A prefill answer
+	// over it fails the request.
+	AnswerBufferBytes int
 	Logger            *slog.Logger
 	// Routes are extra paths proxied like the OpenAI ones (beyond every
 	// POST under /v1/ and the engines' own routes).
@@ -80,6 +85,9 @@ type Server struct {
 func New(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.AnswerBufferBytes <= 0 {
+		opts.AnswerBufferBytes = DefaultAnswerBufferBytes
 	}
 	s := &Server{
 		opts:      opts,

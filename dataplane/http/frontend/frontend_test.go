@@ -937,6 +937,103 @@ func TestLongRequestsAndAnswersLeaveInOneWrite(t *testing.T) {
 	}
 }
 
+// A non-streamed answer over AnswerBufferBytes, or of unknown length,
+// passes through as it comes instead of being read whole: the worker sends
+// the second half only once the client has read most of the first, which
+// would never happen behind a router that holds the answer. A known-length
+// one within the limit is still read whole and leaves in one write. The
+// client gets every byte, framed as the worker framed it (a Content-Length
+// kept, an unknown length chunked), and occupancy returns to zero.
+func TestAnAnswerOverTheBufferPassesThroughAsItComes(t *testing.T) {
+	const limit = 64 << 10
+	big := `{"text":"` + strings.Repeat("a", 4*limit) + `"}`
+	small := `{"text":"` + strings.Repeat("s", limit/4) + `"}`
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	gate := make(chan chan struct{}, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for i := 0; ; i++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					if req.Header.Get("X-Answer") == "small" {
+						_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(small), small)
+						continue
+					}
+					half := len(big) / 2
+					if req.Header.Get("X-Answer") == "known" {
+						_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(big), big[:half])
+					} else {
+						_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", half, big[:half])
+					}
+					select {
+					case <-<-gate: // the client has most of the first half
+					case <-time.After(5 * time.Second):
+						return // a router that waits for the whole answer gets it cut
+					}
+					if req.Header.Get("X-Answer") == "known" {
+						_, _ = io.WriteString(c, big[half:])
+					} else {
+						_, _ = fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(big)-half, big[half:])
+					}
+				}
+			}()
+		}
+	}()
+	var toClient atomic.Int32
+	reg, _, url := serveOne(t, ln.Addr().String(), Options{AnswerBufferBytes: limit}, nil,
+		func(_ *Server, ln net.Listener) net.Listener { return writeCounter{ln, &toClient} })
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+	post := func(answer string) *http.Response {
+		req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"model":"m","messages":[]}`))
+		require.NoError(t, err)
+		req.Header.Set("X-Answer", answer)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		return resp
+	}
+	for _, answer := range []string{"known", "chunked"} {
+		read := make(chan struct{})
+		gate <- read
+		resp := post(answer)
+		require.Equal(t, http.StatusOK, resp.StatusCode, answer)
+		first := make([]byte, len(big)/3)
+		_, err := io.ReadFull(resp.Body, first)
+		require.NoError(t, err, answer)
+		close(read)
+		rest, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err, answer)
+		assert.Equal(t, big, string(first)+string(rest), answer)
+		if answer == "known" {
+			assert.Equal(t, int64(len(big)), resp.ContentLength)
+		} else {
+			assert.Equal(t, []string{"chunked"}, resp.TransferEncoding)
+		}
+	}
+	before := toClient.Load()
+	resp := post("small")
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Equal(t, small, string(got))
+	assert.Equal(t, before+1, toClient.Load(), "an answer within the limit leaves in one write")
+	w, _ := reg.Get(1)
+	assert.Zero(t, w.Occupancy())
+}
+
 // writeCounter counts the writes to the connections it accepts.
 type writeCounter struct {
 	net.Listener

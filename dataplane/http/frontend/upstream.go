@@ -70,6 +70,10 @@ func (p *hostPool[C]) release(h any, reuse bool) {
 // pace the worker accepts them.
 const DefaultDialsPerWorker = 128
 
+// DefaultAnswerBufferBytes is the largest non-streamed answer read whole
+// before it is sent when Options.AnswerBufferBytes is not set.
+const DefaultAnswerBufferBytes = 1 << 20
+
 // Write buffers, lent only while a request goes to a worker or an answer
 // to a client: what fits goes in one write. A prompt of a few thousand
 // tokens, or a long answer, took two (the head and the start of the body,
@@ -305,19 +309,29 @@ func (c *upCall) awaitStream() {
 	c.shell = r
 }
 
-// readAll reads the rest of a sent call's answer into dst.
-func (c *upCall) readAll(dst []byte) ([]byte, error) {
+// errAnswerTooLarge is an answer that had to be read whole and was longer
+// than limits.answer_buffer_bytes.
+var errAnswerTooLarge = errors.New("answer larger than limits.answer_buffer_bytes")
+
+// readAll reads the rest of a sent call's answer into dst, at most limit
+// bytes of it (errAnswerTooLarge beyond: the rest is left unread).
+func (c *upCall) readAll(dst []byte, limit int) ([]byte, error) {
 	body := c.resp.BodyStream()
 	if body == nil {
 		c.bodyDone = true
 		return dst, nil
 	}
+	if n := c.resp.Header.ContentLength(); n > limit {
+		return dst, errAnswerTooLarge
+	}
 	for {
 		if len(dst) == cap(dst) {
 			dst = append(dst, 0)[:len(dst)]
 		}
-		n, err := body.Read(dst[len(dst):cap(dst)])
-		dst = dst[:len(dst)+n]
+		n, err := body.Read(dst[len(dst):min(cap(dst), limit+1)])
+		if dst = dst[:len(dst)+n]; len(dst) > limit {
+			return dst, errAnswerTooLarge
+		}
 		if err == io.EOF {
 			c.bodyDone = true
 			return dst, nil
