@@ -96,10 +96,27 @@ func TestHostPoolLendsTrackedConnections(t *testing.T) {
 // i-th request it got (from 0), written in the given pieces with pause
 // between them.
 func rawWorker(t *testing.T, pause time.Duration, answer func(i int) []string) string {
+	var n atomic.Int32
+	return rawServer(t, func(c net.Conn, _ *http.Request) bool {
+		for k, piece := range answer(int(n.Add(1) - 1)) {
+			if k > 0 {
+				time.Sleep(pause)
+			}
+			if _, err := c.Write([]byte(piece)); err != nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// rawServer serves every request on its connections, its body read, with
+// answer, which writes the answer on c itself; the connection closes once
+// answer returns false. It returns the server's address.
+func rawServer(t *testing.T, answer func(c net.Conn, req *http.Request) bool) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
-	var n atomic.Int32
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -115,13 +132,8 @@ func rawWorker(t *testing.T, pause time.Duration, answer func(i int) []string) s
 						return
 					}
 					_, _ = io.Copy(io.Discard, req.Body)
-					for k, piece := range answer(int(n.Add(1) - 1)) {
-						if k > 0 {
-							time.Sleep(pause)
-						}
-						if _, err := c.Write([]byte(piece)); err != nil {
-							return
-						}
+					if !answer(c, req) {
+						return
 					}
 				}
 			}()
@@ -948,51 +960,34 @@ func TestAnAnswerOverTheBufferPassesThroughAsItComes(t *testing.T) {
 	const limit = 64 << 10
 	big := `{"text":"` + strings.Repeat("a", 4*limit) + `"}`
 	small := `{"text":"` + strings.Repeat("s", limit/4) + `"}`
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
 	gate := make(chan chan struct{}, 1)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for i := 0; ; i++ {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					if req.Header.Get("X-Answer") == "small" {
-						_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(small), small)
-						continue
-					}
-					half := len(big) / 2
-					if req.Header.Get("X-Answer") == "known" {
-						_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(big), big[:half])
-					} else {
-						_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", half, big[:half])
-					}
-					select {
-					case <-<-gate: // the client has most of the first half
-					case <-time.After(5 * time.Second):
-						return // a router that waits for the whole answer gets it cut
-					}
-					if req.Header.Get("X-Answer") == "known" {
-						_, _ = io.WriteString(c, big[half:])
-					} else {
-						_, _ = fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(big)-half, big[half:])
-					}
-				}
-			}()
+	addr := rawServer(t, func(c net.Conn, req *http.Request) bool {
+		const head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+		if req.Header.Get("X-Answer") == "small" {
+			_, err := fmt.Fprintf(c, head+"Content-Length: %d\r\n\r\n%s", len(small), small)
+			return err == nil
 		}
-	}()
+		half, known := len(big)/2, req.Header.Get("X-Answer") == "known"
+		if known {
+			_, _ = fmt.Fprintf(c, head+"Content-Length: %d\r\n\r\n%s", len(big), big[:half])
+		} else {
+			_, _ = fmt.Fprintf(c, head+"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", half, big[:half])
+		}
+		select {
+		case <-<-gate: // the client has most of the first half
+		case <-time.After(5 * time.Second):
+			return false // a router that waits for the whole answer gets it cut
+		}
+		var err error
+		if known {
+			_, err = io.WriteString(c, big[half:])
+		} else {
+			_, err = fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(big)-half, big[half:])
+		}
+		return err == nil
+	})
 	var toClient atomic.Int32
-	reg, _, url := serveOne(t, ln.Addr().String(), Options{AnswerBufferBytes: limit}, nil,
+	reg, _, url := serveOne(t, addr, Options{AnswerBufferBytes: limit}, nil,
 		func(_ *Server, ln net.Listener) net.Listener { return writeCounter{ln, &toClient} })
 	client := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(client.CloseIdleConnections)
