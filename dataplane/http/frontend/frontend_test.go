@@ -686,6 +686,74 @@ func TestTheWorkerGetsTheClientsRequestForItsHost(t *testing.T) {
 	assert.Equal(t, int32(1), conns.Load(), "the worker's connection stays open across both")
 }
 
+// Hop-by-hop headers stay on their connection: the worker never gets the
+// client's Keep-Alive, TE, Upgrade, Proxy-Authorization, Proxy-Connection or
+// a header the client's Connection header names, nor a Content-Type the
+// client did not send; the client never gets the worker's Keep-Alive,
+// Proxy-Authenticate or a header the worker's Connection names, buffered
+// answer or stream. End-to-end headers pass both ways, a client's
+// Connection: close still closes its connection, and one connection to the
+// worker carries every request.
+func TestHopByHopHeadersStayOnTheirConnection(t *testing.T) {
+	seen := make(chan http.Header, 4)
+	addr := rawServer(t, func(c net.Conn, req *http.Request) bool {
+		seen <- req.Header
+		hops := "Connection: keep-alive, X-Worker-Hop\r\nKeep-Alive: timeout=5\r\nX-Worker-Hop: 1\r\nProxy-Authenticate: Basic\r\nX-Engine: e1\r\n"
+		var err error
+		if req.Header.Get("X-Stream") != "" {
+			_, err = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"+hops+"\r\n9\r\ndata: a\n\n\r\n0\r\n\r\n")
+		} else {
+			_, err = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"+hops+"\r\n{}")
+		}
+		return err == nil
+	})
+	reg, s, url := serveOne(t, addr, Options{}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	const body = `{"model":"m","messages":[]}`
+	const hops = "Keep-Alive: 300\r\nTE: trailers\r\nUpgrade: h2c\r\nProxy-Authorization: Basic c2VjcmV0\r\nProxy-Connection: keep-alive\r\nX-Client-Hop: 1\r\n"
+	for _, tc := range []struct {
+		name, connection string
+		stream, closes   bool
+	}{
+		{"buffered, kept", "keep-alive, Upgrade, X-Client-Hop", false, false},
+		{"stream, kept", "X-Client-Hop", true, false},
+		{"buffered, closed", "close, X-Client-Hop", false, true},
+		{"stream, closed", "close, X-Client-Hop", true, true},
+	} {
+		c, err := net.Dial("tcp", front)
+		require.NoError(t, err)
+		head := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: s1\r\nConnection: " + tc.connection + "\r\n" + hops
+		if tc.stream {
+			head += "X-Stream: 1\r\n"
+		}
+		_, err = fmt.Fprintf(c, "%sContent-Length: %d\r\n\r\n%s", head, len(body), body)
+		require.NoError(t, err)
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err, tc.name)
+		_, _ = io.ReadAll(resp.Body)
+		assert.Equal(t, "e1", resp.Header.Get("X-Engine"), tc.name)
+		for _, h := range []string{"Keep-Alive", "Proxy-Authenticate", "X-Worker-Hop"} {
+			assert.Empty(t, resp.Header.Values(h), "%s: the worker's %s", tc.name, h)
+		}
+		assert.Equal(t, tc.closes, resp.Close, tc.name)
+		if tc.closes {
+			_, err := br.ReadByte()
+			assert.ErrorIs(t, err, io.EOF, "%s: the client's connection is closed after its answer", tc.name)
+		}
+		_ = c.Close()
+		got := <-seen
+		assert.Equal(t, "s1", got.Get("X-Session-Id"), tc.name)
+		for _, h := range []string{"Connection", "Keep-Alive", "Te", "Upgrade", "Proxy-Authorization", "Proxy-Connection", "X-Client-Hop", "Content-Type"} {
+			assert.Empty(t, got.Values(h), "%s: the client's %s", tc.name, h)
+		}
+	}
+	w, _ := reg.Get(1)
+	assert.Equal(t, 1, s.upstreamOf(w).hc.ConnsCount(), "one upstream connection carried every request")
+	assert.Zero(t, w.Occupancy())
+}
+
 // Chunks of a stream that came together leave in one write to the client;
 // one that comes later leaves on its own.
 func TestChunksThatCameTogetherLeaveTogether(t *testing.T) {
