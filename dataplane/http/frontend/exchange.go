@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -66,8 +67,11 @@ type exchange struct {
 	stop   atomic.Uint32 // why the upstream calls stop early (stopHungUp, stopPrefill); 0: they run
 
 	// For the access log.
-	path      []byte // copied only while the access log is on
-	picked    bool   // res names this request's worker (it may name an earlier one's)
+	path      []byte // copied only while the access log is on, as are the next three
+	method    []byte
+	peer      net.Addr // the client's address
+	requestID []byte   // the client's X-Request-Id
+	picked    bool     // res names this request's worker (it may name an earlier one's)
 	status    int
 	firstByte time.Duration
 	bytes     int64
@@ -88,6 +92,9 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.picked, ex.status, ex.firstByte, ex.bytes = false, 0, 0, 0
 	if ex.s.access != nil {
 		ex.path = append(ex.path[:0], ctx.Path()...)
+		ex.method = append(ex.method[:0], ctx.Method()...)
+		ex.requestID = append(ex.requestID[:0], ctx.Request.Header.Peek(headerRequestID)...)
+		ex.peer = ctx.RemoteAddr()
 	}
 }
 
@@ -559,11 +566,17 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 			attempts = ex.req.Attempts() + 1
 		}
 	}
+	id := ex.requestID
+	if pre := ex.pre.Load(); len(id) == 0 && ex.split && pre != nil {
+		id = pre.reqID // made up for a split request
+	}
 	log.LogAttrs(context.Background(), slog.LevelInfo, "access",
-		slog.String("method", "POST"), slog.String("path", string(ex.path)), slog.Int("status", ex.status),
+		slog.String("method", string(ex.method)), slog.String("path", string(ex.path)), slog.Int("status", ex.status),
 		slog.String("outcome", outcomeNames[o]), slog.Uint64("worker", worker), slog.Int("attempts", attempts),
 		slog.Float64("first_byte_ms", float64(ex.firstByte.Microseconds())/1000),
-		slog.Float64("total_ms", float64(total.Microseconds())/1000), slog.Int64("bytes", ex.bytes))
+		slog.Float64("total_ms", float64(total.Microseconds())/1000), slog.Int64("bytes", ex.bytes),
+		slog.String("model", string(ex.req.Model)), slog.String("client", ex.peer.String()),
+		slog.String("request_id", string(id)))
 }
 
 // transportFailure says in a few words how a dispatch failed, instead of
