@@ -687,9 +687,9 @@ func TestTheWorkerGetsTheClientsRequestForItsHost(t *testing.T) {
 }
 
 // Hop-by-hop headers stay on their connection: the worker never gets the
-// client's Keep-Alive, TE, Upgrade, Proxy-Authorization, Proxy-Connection or
-// a header the client's Connection header names, nor a Content-Type the
-// client did not send; the client never gets the worker's Keep-Alive,
+// client's Keep-Alive, TE, Upgrade, Proxy-Authorization, Proxy-Connection, a
+// header the client's Connection header names or its Expect (answered by
+// the router), nor a Content-Type the client did not send; the client never gets the worker's Keep-Alive,
 // Proxy-Authenticate or a header the worker's Connection names, buffered
 // answer or stream. End-to-end headers pass both ways, a client's
 // Connection: close still closes its connection, and one connection to the
@@ -710,7 +710,7 @@ func TestHopByHopHeadersStayOnTheirConnection(t *testing.T) {
 	reg, s, url := serveOne(t, addr, Options{}, nil)
 	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
 	const body = `{"model":"m","messages":[]}`
-	const hops = "Keep-Alive: 300\r\nTE: trailers\r\nUpgrade: h2c\r\nProxy-Authorization: Basic c2VjcmV0\r\nProxy-Connection: keep-alive\r\nX-Client-Hop: 1\r\n"
+	const hops = "Keep-Alive: 300\r\nTE: trailers\r\nUpgrade: h2c\r\nProxy-Authorization: Basic c2VjcmV0\r\nProxy-Connection: keep-alive\r\nX-Client-Hop: 1\r\nExpect: 100-continue\r\n"
 	for _, tc := range []struct {
 		name, connection string
 		stream, closes   bool
@@ -732,6 +732,9 @@ func TestHopByHopHeadersStayOnTheirConnection(t *testing.T) {
 		br := bufio.NewReader(c)
 		resp, err := http.ReadResponse(br, nil)
 		require.NoError(t, err, tc.name)
+		require.Equal(t, http.StatusContinue, resp.StatusCode, "%s: the router meets the client's Expect", tc.name)
+		resp, err = http.ReadResponse(br, nil)
+		require.NoError(t, err, tc.name)
 		_, _ = io.ReadAll(resp.Body)
 		assert.Equal(t, "e1", resp.Header.Get("X-Engine"), tc.name)
 		for _, h := range []string{"Keep-Alive", "Proxy-Authenticate", "X-Worker-Hop"} {
@@ -745,7 +748,7 @@ func TestHopByHopHeadersStayOnTheirConnection(t *testing.T) {
 		_ = c.Close()
 		got := <-seen
 		assert.Equal(t, "s1", got.Get("X-Session-Id"), tc.name)
-		for _, h := range []string{"Connection", "Keep-Alive", "Te", "Upgrade", "Proxy-Authorization", "Proxy-Connection", "X-Client-Hop", "Content-Type"} {
+		for _, h := range []string{"Connection", "Keep-Alive", "Te", "Upgrade", "Proxy-Authorization", "Proxy-Connection", "X-Client-Hop", "Content-Type", "Expect"} {
 			assert.Empty(t, got.Values(h), "%s: the client's %s", tc.name, h)
 		}
 	}

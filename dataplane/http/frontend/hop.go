@@ -15,7 +15,10 @@ import (
 // engine) never reaches a worker, and a worker's Keep-Alive timeout never
 // reaches a client, which would take it for the router's. fasthttp frames
 // each connection itself (Transfer-Encoding, Content-Length) and keeps a
-// client's "Connection: close" apart, for its own connection.
+// client's "Connection: close" apart, for its own connection. A client's
+// Expect: 100-continue is met by the router (fasthttp answers it before it
+// reads the body), so it goes no further either: the worker would answer
+// 100 Continue to a request it already has whole.
 
 // headerFields is a request's or a response's headers.
 type headerFields interface {
@@ -26,8 +29,8 @@ type headerFields interface {
 	SetConnectionClose()
 }
 
-// dropHops removes h's hop-by-hop headers and those its Connection header
-// names, keeping its Connection: close. Headers without any cost one pass
+// dropHops removes h's hop-by-hop headers, those its Connection header
+// names and Expect, keeping its Connection: close. Headers without any cost one pass
 // over their names.
 func dropHops[H headerFields](h H) {
 	if !slices.ContainsFunc(h.PeekKeys(), isHop) {
@@ -51,12 +54,14 @@ func dropHops[H headerFields](h H) {
 	}
 }
 
-// isHop reports whether key is a hop-by-hop header.
+// isHop reports whether key is a hop-by-hop header, or Expect.
 func isHop(key []byte) bool {
 	var names []string
 	switch len(key) {
 	case 2:
 		names = []string{fasthttp.HeaderTE}
+	case 6:
+		names = []string{fasthttp.HeaderExpect}
 	case 7:
 		names = []string{fasthttp.HeaderTrailer, fasthttp.HeaderUpgrade}
 	case 10:
