@@ -39,15 +39,16 @@ func dropHops[H headerFields](h H) {
 	var room [128]byte
 	listed := append(room[:0], h.Peek(fasthttp.HeaderConnection)...)
 	closing := h.ConnectionClose()
-	for dropped := true; dropped; {
-		dropped = false
-		for _, k := range h.PeekKeys() {
-			if isHop(k) || connectionNames(listed, k) {
-				h.DelBytes(k) // copies k before it edits the headers
-				dropped = true
-				break
+	keys := h.PeekKeys()
+	for i := 0; i < len(keys); {
+		if k := keys[i]; isHop(k) || connectionNames(listed, k) {
+			n := len(keys)
+			h.DelBytes(k) // copies k before it edits the headers
+			if keys = h.PeekKeys(); len(keys) < n {
+				continue // the next key is at i now
 			}
 		}
+		i++ // kept, or a default fasthttp shows, which stays (a response's Content-Type)
 	}
 	if closing {
 		h.SetConnectionClose()
@@ -82,8 +83,19 @@ func isHop(key []byte) bool {
 }
 
 // connectionNames reports whether the value of a Connection header,
-// listed, names key.
+// listed, names key, a header the router may drop: never the framing
+// fields (Content-Length, Transfer-Encoding), Host or Content-Type, which
+// fasthttp keeps apart and writes for each message itself (a response
+// without a Content-Type would get its default).
 func connectionNames(listed, key []byte) bool {
+	if len(listed) == 0 {
+		return false
+	}
+	for _, kept := range []string{fasthttp.HeaderContentLength, fasthttp.HeaderTransferEncoding, fasthttp.HeaderHost, fasthttp.HeaderContentType} {
+		if bytes.EqualFold(key, []byte(kept)) {
+			return false
+		}
+	}
 	for len(listed) > 0 {
 		name := listed
 		if i := bytes.IndexByte(listed, ','); i >= 0 {
