@@ -20,4 +20,7 @@ func TestStreamsTableNamesErrorsByKind(t *testing.T) {
 	assert.Contains(t, lines[5], "| nginx | 10 | 6 | connect/transport error: 3, status 502: 1 |")
 	assert.Contains(t, lines[5], "| ≤ 0 |", "a gap under direct's adds nothing")
 	assert.Contains(t, rows[1].String(), "errors connect/transport error: 3, status 502: 1,")
+	assert.Contains(t, lines[0], "every stream opened at once")
+	spread := StreamsTable(rows, StreamsOptions{Chunks: 4, Gap: 100 * time.Millisecond, Spread: true})
+	assert.Contains(t, spread, "the streams opened evenly over 100ms (--spread)")
 }

@@ -94,6 +94,7 @@ func runBenchStreams(args []string) error {
 	counts := fs.String("streams", "1000,5000,8000", "concurrent streams per run")
 	fs.IntVar(&o.Chunks, "chunks", 64, "chunks per stream")
 	fs.DurationVar(&o.Gap, "gap", 100*time.Millisecond, "the worker's pause before each chunk")
+	fs.BoolVar(&o.Spread, "spread", false, "open the streams evenly over one gap, not all at once (chunks at a steady pace, not in bursts)")
 	fs.StringVar(&o.OutDir, "out", "bench/out", "directory for streams.md")
 	if err := fs.Parse(args); err != nil {
 		return err
