@@ -456,3 +456,32 @@ func TestDisaggregationOverSimulatedEngines(t *testing.T) {
 	assert.EqualValues(t, 8, m.Phase("decode", "ok"))
 	assert.Equal(t, strconv.Itoa(8), strconv.FormatInt(f.mocks[0].Served(), 10), "every prompt prefilled on the prefill engine")
 }
+
+// The access line of a split request names the X-Request-Id both of its
+// workers got: the one made up for it, or the client's.
+func TestASplitRequestsAccessLineNamesItsRequestID(t *testing.T) {
+	prefill, decode := startEngine(t, vllmPrefill), startEngine(t, sseDecode)
+	var logs syncBuffer
+	f := startFleetLog(t, nil, func(c *config.Config) {
+		c.Router.Disaggregation.Protocol = config.DisaggVLLM
+		c.Log.Access = "all"
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: prefill.URL, Role: dataplane.RolePrefill}, {ID: 2, URL: decode.URL, Role: dataplane.RoleDecode}}
+	}, &logs)
+	readAll(t, f.post("/v1/chat/completions", pdBody))
+	readAll(t, f.post("/v1/chat/completions", pdBody, "X-Request-Id", "client-7"))
+	got := decode.received()
+	require.Len(t, got, 2)
+	made := got[0].requestID
+	require.True(t, strings.HasPrefix(made, "fastroute-"), made)
+	assert.Equal(t, "client-7", got[1].requestID)
+	var access []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "log=access") {
+			access = append(access, l)
+		}
+	}
+	require.Len(t, access, 2, logs.String())
+	assert.Contains(t, access[0], "request_id="+made)
+	assert.Contains(t, access[1], "request_id=client-7")
+	f.assertIdle()
+}
