@@ -260,7 +260,7 @@ func (ex *exchange) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 // share (nil: none added) and the data-parallel rank of a worker with
 // ranks (a worker without ranks never sees the client's).
 func (c *upCall) prepare(u *upstream, w *dataplane.Worker, body, reqID []byte, rank int, rankBuf *[]byte) {
-	dropHops(&c.up.Header)
+	dropRequestHops(&c.up.Header)
 	c.up.Header.SetNoDefaultContentType(true) // a body without a Content-Type is sent without one
 	c.up.Header.SetHost(u.host)
 	if body != nil {
@@ -327,7 +327,7 @@ func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 	ex.status = ex.resp.StatusCode()
 	ex.resp.Header.CopyTo(&ctx.Response.Header)
 	ctx.Response.Header.ResetConnectionClose()
-	dropHops(&ctx.Response.Header)
+	dropAnswerHops(&ctx.Response.Header)
 	ctx.Response.Header.SetBytesV(headerServedBy, u.idHeader)
 }
 

@@ -722,7 +722,7 @@ func TestHopByHopHeadersStayOnTheirConnection(t *testing.T) {
 	} {
 		c, err := net.Dial("tcp", front)
 		require.NoError(t, err)
-		head := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: s1\r\nConnection: " + tc.connection + "\r\n" + hops
+		head := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: s1\r\nCookie: a=1;b=2\r\nConnection: " + tc.connection + "\r\n" + hops
 		if tc.stream {
 			head += "X-Stream: 1\r\n"
 		}
@@ -748,6 +748,7 @@ func TestHopByHopHeadersStayOnTheirConnection(t *testing.T) {
 		_ = c.Close()
 		got := <-seen
 		assert.Equal(t, "s1", got.Get("X-Session-Id"), tc.name)
+		assert.Equal(t, []string{"a=1;b=2"}, got.Values("Cookie"), "%s: end-to-end headers pass as sent", tc.name)
 		for _, h := range []string{"Connection", "Keep-Alive", "Te", "Upgrade", "Proxy-Authorization", "Proxy-Connection", "X-Client-Hop", "Content-Type", "Expect"} {
 			assert.Empty(t, got.Values(h), "%s: the client's %s", tc.name, h)
 		}

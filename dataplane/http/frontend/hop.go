@@ -20,25 +20,43 @@ import (
 // reads the body), so it goes no further either: the worker would answer
 // 100 Continue to a request it already has whole.
 
-// headerFields is a request's or a response's headers.
-type headerFields interface {
-	PeekKeys() [][]byte
-	Peek(key string) []byte
-	DelBytes(key []byte)
-	ConnectionClose() bool
-	SetConnectionClose()
-}
-
-// dropHops removes h's hop-by-hop headers, those its Connection header
-// names and Expect, keeping its Connection: close. Headers without any cost one pass
-// over their names.
-func dropHops[H headerFields](h H) {
-	if !slices.ContainsFunc(h.PeekKeys(), isHop) {
+// dropRequestHops removes a client request's hop-by-hop headers, those its
+// Connection header names and Expect, keeping its Connection: close. It
+// finds them in the head as received (RawHeaders): fasthttp's list of the
+// headers would have it parse the Cookie headers, which are then sent
+// rewritten ("a=1;b=2" as "a=1; b=2", two as one). A request without any
+// costs one pass over its head's names.
+func dropRequestHops(h *fasthttp.RequestHeader) {
+	raw := h.RawHeaders()
+	found := false
+	for k, rest := nextFieldName(raw); k != nil && !found; k, rest = nextFieldName(rest) {
+		found = isHop(k)
+	}
+	if !found {
 		return // no Connection header either: nothing else is named
 	}
 	var room [128]byte
 	listed := append(room[:0], h.Peek(fasthttp.HeaderConnection)...)
 	closing := h.ConnectionClose()
+	for k, rest := nextFieldName(raw); k != nil; k, rest = nextFieldName(rest) {
+		if isHop(k) || connectionNames(listed, k) {
+			h.DelBytes(k) // copies k: the raw head is not edited
+		}
+	}
+	if closing {
+		h.SetConnectionClose()
+	}
+}
+
+// dropAnswerHops removes a worker answer's hop-by-hop headers and those its
+// Connection header names. An answer without any costs one pass over its
+// headers' names.
+func dropAnswerHops(h *fasthttp.ResponseHeader) {
+	if !slices.ContainsFunc(h.PeekKeys(), isHop) {
+		return
+	}
+	var room [128]byte
+	listed := append(room[:0], h.Peek(fasthttp.HeaderConnection)...)
 	keys := h.PeekKeys()
 	for i := 0; i < len(keys); {
 		if k := keys[i]; isHop(k) || connectionNames(listed, k) {
@@ -48,11 +66,36 @@ func dropHops[H headerFields](h H) {
 				continue // the next key is at i now
 			}
 		}
-		i++ // kept, or a default fasthttp shows, which stays (a response's Content-Type)
+		i++ // kept, or a header fasthttp shows whatever is deleted
 	}
-	if closing {
-		h.SetConnectionClose()
+}
+
+// nextFieldName returns the name of the first field of a raw header block
+// ("Name: value" lines up to an empty one; continuation lines and lines
+// without a colon are skipped) and the block after that field's line; name
+// is nil at the block's end.
+func nextFieldName(raw []byte) (name, rest []byte) {
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		if len(line) == 0 || line[0] == '\r' {
+			return nil, nil
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			continue
+		}
+		if i := bytes.IndexByte(line, ':'); i > 0 {
+			for i > 0 && (line[i-1] == ' ' || line[i-1] == '\t') {
+				i--
+			}
+			return line[:i], raw
+		}
 	}
+	return nil, nil
 }
 
 // isHop reports whether key is a hop-by-hop header, or Expect.
