@@ -14,6 +14,7 @@ import (
 
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/pickers"
 	"gopkg.in/yaml.v3"
 )
@@ -195,7 +196,7 @@ func Default() Config {
 		Limits: Limits{
 			MaxBodyBytes: 16 << 20, MaxHeaderBytes: 64 << 10, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
 			IdleTimeout: 2 * time.Minute, ConnectTimeout: 2 * time.Second,
-			FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 5 * time.Minute, AnswerBufferBytes: 1 << 20,
+			FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 5 * time.Minute, AnswerBufferBytes: frontend.DefaultAnswerBufferBytes,
 		},
 	}
 }

@@ -52,12 +52,12 @@ func dropRequestHops(h *fasthttp.RequestHeader) {
 // Connection header names. An answer without any costs one pass over its
 // headers' names.
 func dropAnswerHops(h *fasthttp.ResponseHeader) {
-	if !slices.ContainsFunc(h.PeekKeys(), isHop) {
+	keys := h.PeekKeys()
+	if !slices.ContainsFunc(keys, isHop) {
 		return
 	}
 	var room [128]byte
 	listed := append(room[:0], h.Peek(fasthttp.HeaderConnection)...)
-	keys := h.PeekKeys()
 	for i := 0; i < len(keys); {
 		if k := keys[i]; isHop(k) || connectionNames(listed, k) {
 			n := len(keys)
@@ -76,12 +76,8 @@ func dropAnswerHops(h *fasthttp.ResponseHeader) {
 // is nil at the block's end.
 func nextFieldName(raw []byte) (name, rest []byte) {
 	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
-		}
+		var line []byte
+		line, raw, _ = bytes.Cut(raw, []byte{'\n'})
 		if len(line) == 0 || line[0] == '\r' {
 			return nil, nil
 		}
@@ -140,12 +136,8 @@ func connectionNames(listed, key []byte) bool {
 		}
 	}
 	for len(listed) > 0 {
-		name := listed
-		if i := bytes.IndexByte(listed, ','); i >= 0 {
-			name, listed = listed[:i], listed[i+1:]
-		} else {
-			listed = nil
-		}
+		var name []byte
+		name, listed, _ = bytes.Cut(listed, []byte{','})
 		if bytes.EqualFold(bytes.TrimSpace(name), key) {
 			return true
 		}
