@@ -140,8 +140,18 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	go func() { _ = r.Frontend.Serve(r.ln) }()
-	go func() { _ = r.admin.Serve(r.adminLn) }()
+	go func() {
+		// nil once Close closed the listener; a failure otherwise (the
+		// front end already waits out a shortage of descriptors).
+		if err := r.Frontend.Serve(r.ln); err != nil {
+			log.Error("the front end stopped accepting connections", "listen", r.Addr(), "err", err)
+		}
+	}()
+	go func() {
+		if err := r.admin.Serve(r.adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("the admin listener stopped accepting connections", "listen", r.AdminAddr(), "err", err)
+		}
+	}()
 	r.loops.Go(func() { r.Health.Run(ctx) })
 	r.loops.Go(func() { reg.Run(ctx, cfg.Health.Interval) })
 	r.loops.Go(func() { r.Sessions.Run(ctx, sweepEvery(aff.TTL)) })

@@ -167,7 +167,18 @@ func (s *Server) Serve(ln net.Listener) error {
 	if idle == 0 { // as fasthttp does
 		idle = s.opts.ReadTimeout
 	}
-	return s.srv.Serve(newGate(ln, s.opts.ReadTimeout, idle, s.closeConn))
+	return s.srv.Serve(newGate(ln, s.opts.ReadTimeout, idle, s.closeConn, s.acceptShort))
+}
+
+// acceptShort counts an accept that failed for want of resources and logs
+// the first of a run of them (the gate's pause is then the first one), with
+// what to raise for the commonest: the open-files limit.
+func (s *Server) acceptShort(err error, pause time.Duration) {
+	s.metrics.acceptShortages.Inc()
+	if pause == firstAcceptPause {
+		s.log.Warn("cannot accept connections, accepting again shortly; if the open-files limit is reached, raise it (ulimit -n, systemd LimitNOFILE)",
+			"err", err, "open_connections", s.conns.Size())
+	}
 }
 
 // Shutdown stops accepting, waits for open requests until ctx ends, then

@@ -1,8 +1,10 @@
 package frontend
 
 import (
+	"errors"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/puzpuzpuz/xsync/v3"
@@ -24,31 +26,63 @@ type gate struct {
 	failed  chan error    // the listener's failure, for Accept
 	closed  chan struct{}
 	close   sync.Once
-	waiting *xsync.MapOf[*clientConn, struct{}] // connections waiting for their request, closed with the gate
-	first   time.Duration                       // how long a new connection may wait for its first request (0: no limit)
-	idle    time.Duration                       // and one given back for its next
-	drop    func(net.Conn)                      // closes a connection and forgets it (Server.closeConn)
+	waiting *xsync.MapOf[*clientConn, struct{}]  // connections waiting for their request, closed with the gate
+	first   time.Duration                        // how long a new connection may wait for its first request (0: no limit)
+	idle    time.Duration                        // and one given back for its next
+	drop    func(net.Conn)                       // closes a connection and forgets it (Server.closeConn)
+	short   func(err error, pause time.Duration) // tells of an accept that failed for want of resources (Server.acceptShort)
 }
 
-func newGate(ln net.Listener, first, idle time.Duration, drop func(net.Conn)) *gate {
+func newGate(ln net.Listener, first, idle time.Duration, drop func(net.Conn), short func(error, time.Duration)) *gate {
 	g := &gate{Listener: ln, ready: make(chan net.Conn), failed: make(chan error, 1), closed: make(chan struct{}),
-		waiting: xsync.NewMapOf[*clientConn, struct{}](), first: first, idle: idle, drop: drop}
+		waiting: xsync.NewMapOf[*clientConn, struct{}](), first: first, idle: idle, drop: drop, short: short}
 	go g.accept()
 	return g
 }
 
+// Pauses after an accept that failed for want of resources: the first,
+// and the most they double to (as net/http's).
+const (
+	firstAcceptPause = 5 * time.Millisecond
+	lastAcceptPause  = time.Second
+)
+
 // accept takes the listener's connections into the gate until it fails.
+// An accept that fails for want of resources (resourceShortage) fails that
+// accept, not the listener: the gate pauses, 5 ms doubling up to 1 s, and
+// accepts again, the connection waiting in the kernel's queue meanwhile.
 func (g *gate) accept() {
+	var pause time.Duration
 	for {
 		c, err := g.Listener.Accept()
+		if err != nil && resourceShortage(err) {
+			pause = min(max(2*pause, firstAcceptPause), lastAcceptPause)
+			g.short(err, pause)
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-g.closed: // the next accept fails as closed
+				t.Stop()
+			}
+			continue
+		}
 		if err != nil {
 			g.failed <- err
 			return
 		}
+		pause = 0
 		cc := newClientConn(c)
 		cc.gate = g
 		go g.wait(cc, g.first)
 	}
+}
+
+// resourceShortage says whether an accept failed for want of file
+// descriptors (the process's or the system's) or of kernel memory, which
+// a later one may have.
+func resourceShortage(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
 // Accept returns the next connection whose request has come.

@@ -50,6 +50,9 @@ var outcomeNames = [numOutcomes]string{"ok", "query", "invalid", "no_endpoints",
 type Metrics struct {
 	requests [numRoutes][numOutcomes]metrics.Counter
 	retries  metrics.Counter
+	// Client connections the listener could not accept for want of
+	// resources (file descriptors, kernel memory), each accepted later.
+	acceptShortages metrics.Counter
 	// Disaggregation: outcomes by leg, prefill legs' time, fallbacks.
 	phases          [numPhases][numOutcomes]metrics.Counter
 	prefillTime     *metrics.Histogram
@@ -62,6 +65,7 @@ type Metrics struct {
 func newMetrics() *Metrics {
 	m := &Metrics{
 		retries:         metrics.NewCounter(),
+		acceptShortages: metrics.NewCounter(),
 		disaggFallbacks: metrics.NewCounter(),
 		routeTime:       metrics.NewHistogram([]float64{1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 1e-4, 1e-3}),
 		firstByte:       metrics.NewHistogram(metrics.DefaultBuckets),
@@ -130,6 +134,8 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		w.Sample("fastroute_disagg_fallbacks_total", float64(m.disaggFallbacks.Value()))
 		w.Header("fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte.")
 		w.Sample("fastroute_retries_total", float64(m.retries.Value()))
+		w.Header("fastroute_accept_shortages_total", "counter", "Accepts of client connections that failed for want of file descriptors or kernel memory (each followed by a pause of 5 ms to 1 s and another accept).")
+		w.Sample("fastroute_accept_shortages_total", float64(m.acceptShortages.Value()))
 		w.Header("fastroute_route_seconds", "histogram", "Time to select and reserve a worker.")
 		w.Histogram("fastroute_route_seconds", m.routeTime)
 		w.Header("fastroute_upstream_first_byte_seconds", "histogram", "Time from dispatch to the worker's response headers.")
