@@ -173,6 +173,10 @@ type Limits struct {
 	// through as it comes, as a stream does. A prefill answer (read whole,
 	// since the decode request is built from it) over it is a 502.
 	AnswerBufferBytes Size `yaml:"answer_buffer_bytes"`
+	// MaxConnections bounds the client connections open at once; beyond,
+	// new ones wait in the listen queue until one closes (0: half the
+	// open-files limit less 128, frontend.DefaultMaxConnections).
+	MaxConnections int `yaml:"max_connections"`
 }
 
 // Default returns the configuration of DESIGN.md with no workers.
@@ -365,6 +369,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.MaxBodyBytes <= 0 {
 		return keyErr("limits.max_body_bytes", "%d must be positive", c.Limits.MaxBodyBytes)
+	}
+	if c.Limits.MaxConnections < 0 {
+		return keyErr("limits.max_connections", "%d is negative (0: half the open-files limit less 128)", c.Limits.MaxConnections)
 	}
 	if c.Limits.AnswerBufferBytes < 4<<10 {
 		return keyErr("limits.answer_buffer_bytes", "%d is under 4KiB", c.Limits.AnswerBufferBytes)

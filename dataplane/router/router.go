@@ -104,7 +104,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		ReadTimeout: cfg.Limits.ReadTimeout, WriteTimeout: cfg.Limits.WriteTimeout,
 		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
 		FirstByteTimeout: cfg.Limits.FirstByteTimeout, StreamIdleTimeout: cfg.Limits.StreamIdleTimeout,
-		AnswerBufferBytes: int(cfg.Limits.AnswerBufferBytes), Logger: log,
+		AnswerBufferBytes: int(cfg.Limits.AnswerBufferBytes), MaxConnections: cfg.Limits.MaxConnections, Logger: log,
 		Routes: cfg.Routes, Disagg: disaggOptions(cfg.Router.Disaggregation),
 	}
 	if cfg.Log.Access != "off" {
@@ -162,7 +162,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		r.loops.Go(func() { r.Engines.Run(ctx) })
 	}
 	log.Info("fastroute started", "listen", r.Addr(), "admin", r.AdminAddr(),
-		"mode", cfg.Router.Mode, "workers", len(cfg.Workers))
+		"mode", cfg.Router.Mode, "workers", len(cfg.Workers), "max_connections", r.Frontend.MaxConnections())
 	return r, nil
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -502,7 +503,9 @@ func TestAdmin(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 	for _, name := range []string{"fastroute_requests_total{", "fastroute_worker_inflight{", "fastroute_worker_weight{",
 		"fastroute_route_seconds_bucket", "fastroute_upstream_first_byte_seconds_count", "fastroute_request_seconds_sum",
-		"fastroute_retries_total"} {
+		"fastroute_retries_total", "fastroute_client_connections ", "fastroute_accept_shortages_total 0",
+		"fastroute_max_connections_reached_total 0",
+		"fastroute_client_connections_max " + strconv.Itoa(frontend.DefaultMaxConnections())} {
 		assert.Contains(t, body, name)
 	}
 	_, after, ok := strings.Cut(body, "\ngo_goroutines ")

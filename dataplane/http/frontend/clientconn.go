@@ -29,6 +29,7 @@ type clientConn struct {
 	net.Conn
 	sockIO
 	gate    *gate        // the gate it came through
+	closed  atomic.Bool  // Close was called (the gate counted it closed)
 	watch   hangup.Conn  // its hang-up watch (Server.trackConn)
 	handoff atomic.Int32 // a take-over's and fasthttp's hand-off of the connection (handedOff)
 	probed  bool         // a read of nothing came (pipelined)
@@ -80,6 +81,18 @@ func (c *clientConn) SetDeadline(t time.Time) error {
 }
 
 func (c *clientConn) Write(p []byte) (int, error) { return c.write(p) }
+
+// Close closes the connection and, the first time, counts it closed in
+// its gate's books of open connections, which fasthttp (a connection it
+// served), a take-over (hijackConn.Close, Server.closeConn), the gate
+// itself and Shutdown all close through.
+func (c *clientConn) Close() error {
+	err := c.Conn.Close()
+	if c.closed.CompareAndSwap(false, true) && c.gate != nil {
+		c.gate.closedOne()
+	}
+	return err
+}
 
 // pipelined reports whether fasthttp read bytes past the request it
 // hijacked the connection at (hc): the next request, sent before this

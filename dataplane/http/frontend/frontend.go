@@ -11,12 +11,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
@@ -47,7 +49,11 @@ type Options struct {
 	// of unknown length, is passed through as it comes. A prefill answer
 	// over it fails the request.
 	AnswerBufferBytes int
-	Logger            *slog.Logger
+	// MaxConnections bounds the client connections open at once (0:
+	// DefaultMaxConnections()): beyond, new ones wait in the listen queue
+	// until one closes.
+	MaxConnections int
+	Logger         *slog.Logger
 	// Routes are extra paths proxied like the OpenAI ones (beyond every
 	// POST under /v1/ and the engines' own routes).
 	Routes []string
@@ -77,6 +83,8 @@ type Server struct {
 	takeovers atomic.Int64              // client connections taken over from fasthttp (takeOver), until closed or served by it again
 	closing   atomic.Bool               // Shutdown began: a taken-over connection's answer is its last (keepAfter)
 	srv       *fasthttp.Server
+	gate      atomic.Pointer[gate] // the listener's, once Serve began
+	fullSaid  atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
 	log       *slog.Logger
 	dial      func(addr string, timeout time.Duration) (net.Conn, error) // fasthttp.DialTimeout; tests count dials
 }
@@ -85,6 +93,9 @@ type Server struct {
 func New(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.MaxConnections <= 0 {
+		opts.MaxConnections = DefaultMaxConnections()
 	}
 	if opts.AnswerBufferBytes <= 0 {
 		opts.AnswerBufferBytes = DefaultAnswerBufferBytes
@@ -106,6 +117,7 @@ func New(opts Options) *Server {
 		ex.beginStreamFn, ex.runTakenFn = ex.beginStream, ex.runTaken
 		return ex
 	}
+	s.metrics.openConnections, s.metrics.maxConnections = s.OpenConnections, opts.MaxConnections
 	s.reg.Subscribe(s.workerChanged)
 	if w, err := hangup.New(clientHungUp); err != nil {
 		s.log.Warn("client hang-ups are noticed only when the router writes to them", "err", err)
@@ -167,7 +179,45 @@ func (s *Server) Serve(ln net.Listener) error {
 	if idle == 0 { // as fasthttp does
 		idle = s.opts.ReadTimeout
 	}
-	return s.srv.Serve(newGate(ln, s.opts.ReadTimeout, idle, s.closeConn, s.acceptShort))
+	s.gate.Store(newGate(ln, s.opts.ReadTimeout, idle, s.opts.MaxConnections, s.closeConn, s.acceptShort, s.connectionsFull))
+	return s.srv.Serve(s.gate.Load())
+}
+
+// DefaultMaxConnections is the most client connections a front end keeps
+// open when Options.MaxConnections is 0: half the process's open-files
+// limit (a connection whose request is on a worker holds a second
+// descriptor, to the worker) less 128 for its other files (listeners,
+// engine scrapes, logs), and at least 64. Go raises the limit to the hard
+// one at start.
+func DefaultMaxConnections() int {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > math.MaxInt32 {
+		return math.MaxInt32
+	}
+	return max(64, (int(lim.Cur)-256)/2)
+}
+
+// connectionsFull counts the listener stopped at limits.max_connections,
+// and logs it at most once a minute.
+func (s *Server) connectionsFull() {
+	s.metrics.connectionsFull.Inc()
+	now := time.Now().UnixNano()
+	if last := s.fullSaid.Load(); now-last >= int64(time.Minute) && s.fullSaid.CompareAndSwap(last, now) {
+		s.log.Warn("limits.max_connections client connections are open: new ones wait in the listen queue until one closes",
+			"max_connections", s.opts.MaxConnections)
+	}
+}
+
+// MaxConnections returns the most client connections open at once.
+func (s *Server) MaxConnections() int { return s.opts.MaxConnections }
+
+// OpenConnections returns how many client connections are open (accepted,
+// not yet closed).
+func (s *Server) OpenConnections() int64 {
+	if g := s.gate.Load(); g != nil {
+		return g.open.Load()
+	}
+	return 0
 }
 
 // acceptShort counts an accept that failed for want of resources and logs

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,11 +32,20 @@ type gate struct {
 	idle    time.Duration                        // and one given back for its next
 	drop    func(net.Conn)                       // closes a connection and forgets it (Server.closeConn)
 	short   func(err error, pause time.Duration) // tells of an accept that failed for want of resources (Server.acceptShort)
+	// Client connections open at once: the most (limits.max_connections),
+	// the ones accepted and not yet closed, and a close that made room
+	// under the most, for accept.
+	max  int64
+	open atomic.Int64
+	room chan struct{}
+	full func() // tells of the listener stopped at max (Server.connectionsFull)
 }
 
-func newGate(ln net.Listener, first, idle time.Duration, drop func(net.Conn), short func(error, time.Duration)) *gate {
+func newGate(ln net.Listener, first, idle time.Duration, maxOpen int, drop func(net.Conn),
+	short func(error, time.Duration), full func()) *gate {
 	g := &gate{Listener: ln, ready: make(chan net.Conn), failed: make(chan error, 1), closed: make(chan struct{}),
-		waiting: xsync.NewMapOf[*clientConn, struct{}](), first: first, idle: idle, drop: drop, short: short}
+		waiting: xsync.NewMapOf[*clientConn, struct{}](), first: first, idle: idle, drop: drop, short: short,
+		max: int64(maxOpen), room: make(chan struct{}, 1), full: full}
 	go g.accept()
 	return g
 }
@@ -48,12 +58,18 @@ const (
 )
 
 // accept takes the listener's connections into the gate until it fails.
-// An accept that fails for want of resources (resourceShortage) fails that
+// With max connections open it accepts none until one closes: the next
+// wait in the kernel's listen queue, as HAProxy's maxconn has them. An
+// accept that fails for want of resources (resourceShortage) fails that
 // accept, not the listener: the gate pauses, 5 ms doubling up to 1 s, and
 // accepts again, the connection waiting in the kernel's queue meanwhile.
 func (g *gate) accept() {
 	var pause time.Duration
 	for {
+		if g.open.Load() >= g.max {
+			g.full()
+			g.awaitRoom()
+		}
 		c, err := g.Listener.Accept()
 		if err != nil && resourceShortage(err) {
 			pause = min(max(2*pause, firstAcceptPause), lastAcceptPause)
@@ -71,9 +87,33 @@ func (g *gate) accept() {
 			return
 		}
 		pause = 0
+		g.open.Add(1)
 		cc := newClientConn(c)
 		cc.gate = g
 		go g.wait(cc, g.first)
+	}
+}
+
+// awaitRoom waits until fewer than max connections are open, or the gate
+// closes (the next accept then fails as closed).
+func (g *gate) awaitRoom() {
+	for g.open.Load() >= g.max {
+		select {
+		case <-g.room:
+		case <-g.closed:
+			return
+		}
+	}
+}
+
+// closedOne counts a connection of the gate's closed (clientConn.Close),
+// and tells accept of the room it made.
+func (g *gate) closedOne() {
+	if g.open.Add(-1) < g.max {
+		select {
+		case g.room <- struct{}{}:
+		default: // accept has been told already
+		}
 	}
 }
 

@@ -112,3 +112,100 @@ func settledDescriptors(t *testing.T) int {
 	}
 	return n
 }
+
+// With limits.max_connections client connections open the gate accepts no
+// more: the next waits in the listen queue, as HAProxy's maxconn has it,
+// and is served once one closes, however it closes (the client's close of
+// a kept connection, mid-stream or after its stream ended, the router's
+// close of a connection whose request asked for it). The count of open
+// connections returns to 0.
+func TestMaxConnectionsHoldsTheNextInTheListenQueue(t *testing.T) {
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+	addr := rawServer(t, func(c net.Conn, req *http.Request) bool {
+		if req.Header.Get("X-Stream") == "" {
+			_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+			return err == nil
+		}
+		if _, err := io.WriteString(c, sse+"9\r\ndata: a\n\n\r\n"); err != nil {
+			return false
+		}
+		time.Sleep(300 * time.Millisecond)
+		_, err := io.WriteString(c, "9\r\ndata: b\n\n\r\n0\r\n\r\n")
+		return err == nil
+	})
+	_, s, url := serveOne(t, addr, Options{MaxConnections: 2}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	assert.Equal(t, 2, s.MaxConnections())
+	dial := func(extra string) (net.Conn, *bufio.Reader) {
+		t.Helper()
+		c, err := net.Dial("tcp", front)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		_, err = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"+extra+"Content-Length: 2\r\n\r\n{}")
+		require.NoError(t, err)
+		return c, bufio.NewReader(c)
+	}
+	answered := func(c net.Conn, br *bufio.Reader, within time.Duration) (string, error) {
+		t.Helper()
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(within)))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return "", err
+		}
+		body, err := io.ReadAll(resp.Body)
+		return string(body), err
+	}
+	queued := func() (net.Conn, *bufio.Reader) {
+		t.Helper()
+		c, br := dial("")
+		_, err := answered(c, br, 300*time.Millisecond)
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded, "not accepted while 2 are open")
+		assert.NotZero(t, s.metrics.connectionsFull.Value(), "the listener stopped")
+		assert.EqualValues(t, 2, s.OpenConnections())
+		return c, br
+	}
+
+	// Two kept connections: one served by fasthttp, one whose answer was a
+	// stream (taken over, then given back).
+	kept, br := dial("")
+	body, err := answered(kept, br, 5*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "{}", body)
+	streamed, sbr := dial("X-Stream: 1\r\n")
+	body, err = answered(streamed, sbr, 5*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "data: a\n\ndata: b\n\n", body)
+
+	next, nbr := queued()
+	streamed.Close() // after its stream: the gate's wait closes it
+	body, err = answered(next, nbr, 5*time.Second)
+	require.NoError(t, err, "accepted once one closed")
+	assert.Equal(t, "{}", body)
+
+	// One closed mid-stream by its client.
+	next.Close()
+	midway, mbr := dial("X-Stream: 1\r\n")
+	require.NoError(t, midway.SetReadDeadline(time.Now().Add(5*time.Second)))
+	resp, err := http.ReadResponse(mbr, nil)
+	require.NoError(t, err)
+	_, err = resp.Body.Read(make([]byte, 9))
+	require.NoError(t, err)
+	next, nbr = queued()
+	midway.Close()
+	body, err = answered(next, nbr, 5*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "{}", body)
+
+	// One the router closes, as its request asked.
+	next.Close()
+	closing, cbr := dial("Connection: close\r\n")
+	_, err = answered(closing, cbr, 5*time.Second)
+	require.NoError(t, err)
+	_, err = cbr.ReadByte()
+	require.ErrorIs(t, err, io.EOF)
+
+	kept.Close()
+	closing.Close()
+	require.Eventually(t, func() bool { return s.OpenConnections() == 0 }, 5*time.Second, 10*time.Millisecond,
+		"every connection counted closed once")
+}

@@ -53,6 +53,13 @@ type Metrics struct {
 	// Client connections the listener could not accept for want of
 	// resources (file descriptors, kernel memory), each accepted later.
 	acceptShortages metrics.Counter
+	// Times the listener stopped accepting with limits.max_connections
+	// client connections open.
+	connectionsFull metrics.Counter
+	// The client connections open and the most (Server.OpenConnections,
+	// Options.MaxConnections), for the scrape.
+	openConnections func() int64
+	maxConnections  int
 	// Disaggregation: outcomes by leg, prefill legs' time, fallbacks.
 	phases          [numPhases][numOutcomes]metrics.Counter
 	prefillTime     *metrics.Histogram
@@ -66,6 +73,7 @@ func newMetrics() *Metrics {
 	m := &Metrics{
 		retries:         metrics.NewCounter(),
 		acceptShortages: metrics.NewCounter(),
+		connectionsFull: metrics.NewCounter(),
 		disaggFallbacks: metrics.NewCounter(),
 		routeTime:       metrics.NewHistogram([]float64{1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 1e-4, 1e-3}),
 		firstByte:       metrics.NewHistogram(metrics.DefaultBuckets),
@@ -136,6 +144,12 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		w.Sample("fastroute_retries_total", float64(m.retries.Value()))
 		w.Header("fastroute_accept_shortages_total", "counter", "Accepts of client connections that failed for want of file descriptors or kernel memory (each followed by a pause of 5 ms to 1 s and another accept).")
 		w.Sample("fastroute_accept_shortages_total", float64(m.acceptShortages.Value()))
+		w.Header("fastroute_client_connections", "gauge", "Client connections open (accepted, not yet closed).")
+		w.Sample("fastroute_client_connections", float64(m.openConnections()))
+		w.Header("fastroute_client_connections_max", "gauge", "The most client connections open at once (limits.max_connections); beyond, new ones wait in the listen queue.")
+		w.Sample("fastroute_client_connections_max", float64(m.maxConnections))
+		w.Header("fastroute_max_connections_reached_total", "counter", "Times the listener stopped accepting with limits.max_connections client connections open.")
+		w.Sample("fastroute_max_connections_reached_total", float64(m.connectionsFull.Value()))
 		w.Header("fastroute_route_seconds", "histogram", "Time to select and reserve a worker.")
 		w.Histogram("fastroute_route_seconds", m.routeTime)
 		w.Header("fastroute_upstream_first_byte_seconds", "histogram", "Time from dispatch to the worker's response headers.")
