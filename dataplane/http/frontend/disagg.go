@@ -300,9 +300,8 @@ type prefillLeg struct {
 func (pre *prefillLeg) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker, body []byte, rankBuf *[]byte) {
 	pre.own.Reset()
 	ctx.Request.Header.CopyTo(&pre.own.Header)
-	pre.own.SetRequestURIBytes(ctx.RequestURI())
 	pre.up = &pre.own
-	pre.upCall.prepare(u, w, body, pre.reqID, pre.res.Rank(), rankBuf)
+	pre.upCall.prepare(u, w, ctx.RequestURI(), body, pre.reqID, pre.res.Rank(), rankBuf)
 }
 
 // prefillLeg returns the exchange's prefill leg, made at its first request

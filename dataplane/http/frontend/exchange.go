@@ -249,17 +249,40 @@ func (ex *exchange) prepare(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		reqID = ex.pre.Load().reqID
 	}
 	ex.up = &ctx.Request
-	// Sent as received: the raw URI and the Host header prepare sets, not
-	// the URI fasthttp parsed (normalized, with the client's host).
-	ex.up.SetRequestURIBytes(ctx.RequestURI())
-	ex.upCall.prepare(u, w, ex.body, reqID, ex.res.Rank(), &ex.rankBuf)
+	ex.upCall.prepare(u, w, ctx.RequestURI(), ex.body, reqID, ex.res.Rank(), &ex.rankBuf)
 }
 
-// prepare edits the call's request (up) for the worker: its host, body
-// (nil: the one it has), the request id both legs of a split request
-// share (nil: none added) and the data-parallel rank of a worker with
-// ranks (a worker without ranks never sees the client's).
-func (c *upCall) prepare(u *upstream, w *dataplane.Worker, body, reqID []byte, rank int, rankBuf *[]byte) {
+// originForm returns a request target in origin form (/path?query): one
+// in absolute form (http://host/path?query, which a client may send any
+// server, RFC 9112 §3.2.2) without its scheme and host, which would
+// otherwise name the client's idea of a host to the worker (an engine's
+// HTTP server takes the host from such a target, not from Host), as nginx
+// and Go's reverse proxy do. Any other target is returned as it is.
+func originForm(uri []byte) []byte {
+	if len(uri) == 0 || uri[0] == '/' {
+		return uri
+	}
+	_, rest, ok := bytes.Cut(uri, []byte("://"))
+	if !ok {
+		return uri
+	}
+	switch i := bytes.IndexAny(rest, "/?"); {
+	case i < 0:
+		return []byte("/")
+	case rest[i] == '?':
+		return append([]byte("/"), rest[i:]...)
+	default:
+		return rest[i:]
+	}
+}
+
+// prepare edits the call's request (up) for the worker: its target (the
+// client's raw one, uri, in origin form: not the one fasthttp parsed,
+// normalized), host, body (nil: the one it has), the request id both legs
+// of a split request share (nil: none added) and the data-parallel rank of
+// a worker with ranks (a worker without ranks never sees the client's).
+func (c *upCall) prepare(u *upstream, w *dataplane.Worker, uri, body, reqID []byte, rank int, rankBuf *[]byte) {
+	c.up.SetRequestURIBytes(originForm(uri))
 	dropRequestHops(&c.up.Header)
 	c.up.Header.SetNoDefaultContentType(true) // a body without a Content-Type is sent without one
 	c.up.Header.SetHost(u.host)

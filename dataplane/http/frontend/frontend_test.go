@@ -663,11 +663,16 @@ func TestTheWorkerGetsTheClientsRequestForItsHost(t *testing.T) {
 	_, _, url := serveOne(t, ln.Addr().String(), Options{}, nil)
 	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
 
-	for _, closing := range []bool{false, true} {
+	// A target in absolute form (which a client may send any server,
+	// RFC 9112 §3.2.2) reaches the worker in origin form, as nginx and Go's
+	// reverse proxy send it: the worker never sees the client's idea of a
+	// host.
+	targets := []string{"/v1/chat/completions?v=a%2Fb", "/v1/chat/completions?v=a%2Fb", "http://client.example/v1/chat/completions?v=a%2Fb"}
+	for i, closing := range []bool{false, true, false} {
 		c, err := net.Dial("tcp", front)
 		require.NoError(t, err)
 		body := `{"model":"m","messages":[]}`
-		head := "POST /v1/chat/completions?v=a%2Fb HTTP/1.1\r\nHost: client.example\r\nX-Custom: kept\r\nContent-Type: application/json\r\n"
+		head := "POST " + targets[i] + " HTTP/1.1\r\nHost: client.example\r\nX-Custom: kept\r\nContent-Type: application/json\r\n"
 		if closing {
 			head += "Connection: close\r\n"
 		}
@@ -683,7 +688,7 @@ func TestTheWorkerGetsTheClientsRequestForItsHost(t *testing.T) {
 		assert.Equal(t, seen{"/v1/chat/completions?v=a%2Fb", ln.Addr().String(), "kept", body, false}, w)
 		_ = c.Close()
 	}
-	assert.Equal(t, int32(1), conns.Load(), "the worker's connection stays open across both")
+	assert.Equal(t, int32(1), conns.Load(), "the worker's connection stays open across all three")
 }
 
 // Hop-by-hop headers stay on their connection: the worker never gets the

@@ -101,3 +101,17 @@ func checkDropped(t *testing.T, listed string, keys func() [][]byte, drop func()
 		}
 	}
 }
+
+// A target in absolute form loses its scheme and host; any other is kept.
+func TestOriginForm(t *testing.T) {
+	for in, want := range map[string]string{
+		"/v1/chat/completions?a=b":               "/v1/chat/completions?a=b",
+		"http://h.example/v1/completions":        "/v1/completions",
+		"https://h.example:8443/v1/x?y=http://z": "/v1/x?y=http://z",
+		"http://h.example":                       "/",
+		"http://h.example?q=1":                   "/?q=1",
+		"*":                                      "*",
+	} {
+		assert.Equal(t, want, string(originForm([]byte(in))), in)
+	}
+}
