@@ -165,7 +165,7 @@ func TestShutdownTimeoutCutsRequestsWaitingOnAWorker(t *testing.T) {
 
 func TestRoutesBeyondTheFirstThree(t *testing.T) {
 	f := startFleet(t, []mockworker.Options{{ID: 1, LoRAs: []string{"sql"}}, {ID: 2}}, func(c *config.Config) {
-		c.Routes = []string{"/custom/infer"}
+		c.Routes = []string{"/custom/infer", "/v1/unload_lora_adapter"}
 	})
 	require.Eventually(t, func() bool { // the worker's own /v1/models has been read
 		w, _ := f.r.Registry.Get(1)
@@ -187,6 +187,23 @@ func TestRoutesBeyondTheFirstThree(t *testing.T) {
 	resp = f.post("/nope", `{}`)
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
 	assert.Contains(t, readAll(t, resp), `no route \"/nope\"`)
+
+	// vLLM's runtime adapter loading changes the one worker picked: refused
+	// (any method), unless the routes key names it.
+	served := func() (n uint64) {
+		for _, w := range f.r.Registry.All() {
+			n += w.Served()
+		}
+		return n
+	}
+	before := served()
+	resp = f.post("/v1/load_lora_adapter", `{"lora_name":"x","lora_path":"/etc"}`)
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), `"/v1/load_lora_adapter\" changes one worker and is not proxied`)
+	assert.Equal(t, before, served(), "no worker got it")
+	resp = f.post("/v1/unload_lora_adapter", `{"lora_name":"sql"}`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), `"path":"/v1/unload_lora_adapter"`)
 
 	get := func(path string) (int, string) {
 		resp, err := f.client.Get("http://" + f.r.Addr() + path)

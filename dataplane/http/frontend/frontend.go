@@ -348,14 +348,28 @@ var engineRoutes = []string{"/tokenize", "/detokenize", "/pooling", "/classify",
 
 var v1Prefix, modelsPrefix = []byte("/v1/"), []byte("/v1/models/")
 
-// other answers every path beyond the named ones: a POST under /v1/, to an
-// engine route or to a path of the routes key is proxied; GET
+// workerStatePaths are the engines' endpoints under /v1/ that change a
+// worker rather than answer a request: vLLM's runtime loading of LoRA
+// adapters, which its documentation calls risky in production. They are
+// not proxied unless the routes key names them: a client would load an
+// adapter on the one worker the router happened to pick, from a path of
+// its choosing.
+var workerStatePaths = map[string]struct{}{"/v1/load_lora_adapter": {}, "/v1/unload_lora_adapter": {}}
+
+// other answers every path beyond the named ones: a POST under /v1/ (but
+// for workerStatePaths, refused), to an engine route or to a path of the
+// routes key is proxied; GET
 // /v1/models/{id} is answered from the union of the workers' models;
 // anything else is a 404 naming the path.
 func (s *Server) other(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
 	_, extra := s.routes[string(path)]
+	_, changesWorker := workerStatePaths[string(path)]
 	switch {
+	case changesWorker && !extra:
+		writeError(ctx, fasthttp.StatusForbidden, "permission_error", strconv.Quote(string(path))+
+			" changes one worker and is not proxied: load adapters on each worker and declare them with the admin listener's"+
+			" PUT /workers/{id}/loras, or name the path in the routes key to proxy it")
 	case ctx.IsPost() && (extra || bytes.HasPrefix(path, v1Prefix)):
 		s.proxy(ctx, routeOther)
 	case ctx.IsGet() && bytes.HasPrefix(path, modelsPrefix):
