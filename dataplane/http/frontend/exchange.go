@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -30,6 +31,11 @@ const (
 )
 
 var eventStream = []byte("text/event-stream")
+
+// http11 is the protocol of every answer to a client, whatever the
+// worker's was (an HTTP/1.0 worker's would tell an HTTP/1.1 client to
+// ignore the chunks its answer of unknown length is framed in).
+var http11 = []byte("HTTP/1.1")
 
 // exchange is the pooled state of one proxied request. A streamed answer
 // ends it from the goroutine that sends it (sendStream).
@@ -349,6 +355,7 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 	ex.status = ex.resp.StatusCode()
 	ex.resp.Header.CopyTo(&ctx.Response.Header)
+	ctx.Response.Header.SetProtocol(http11)
 	ctx.Response.Header.ResetConnectionClose()
 	dropAnswerHops(&ctx.Response.Header)
 	ctx.Response.Header.SetBytesV(headerServedBy, u.idHeader)
@@ -443,6 +450,9 @@ func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr 
 		ex.status = ctx.Response.StatusCode()
 		ex.finish(outcomeUpstreamError)
 		return
+	}
+	if unreadableAnswer(err) { // what the worker sent is for the operator, not the client
+		ex.s.log.Warn("a worker's answer could not be read", "worker", worker, "err", err)
 	}
 	msg := fmt.Sprintf("worker %d failed before answering: %s", worker, transportFailure(err))
 	if retryErr != nil {
@@ -603,9 +613,15 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 }
 
 // transportFailure says in a few words how a dispatch failed, instead of
-// the client library's text (fasthttp's advice to servers, say).
+// the client library's text (fasthttp's advice to servers, say, or the
+// worker's answer quoted whole: it never reaches the client).
 func transportFailure(err error) string {
+	var small *fasthttp.ErrSmallBuffer
 	switch {
+	case errors.As(err, &small):
+		return "answer headers larger than the router's read buffer"
+	case unreadableAnswer(err):
+		return "answer headers not valid HTTP"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused"
 	case errors.Is(err, syscall.ECONNRESET):
@@ -618,6 +634,12 @@ func transportFailure(err error) string {
 		return "connection closed before the answer"
 	}
 	return err.Error()
+}
+
+// unreadableAnswer reports a worker answer whose headers fasthttp could not
+// parse (not a read that failed): its error quotes them, after their size.
+func unreadableAnswer(err error) bool {
+	return strings.Contains(err.Error(), ": buffer size=")
 }
 
 // retryable reports a failure that may succeed on another worker: a

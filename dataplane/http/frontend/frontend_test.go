@@ -1237,3 +1237,90 @@ func TestTheGateClosesConnectionsThatSendNothing(t *testing.T) {
 	assert.Less(t, time.Since(start), time.Second)
 	assert.Less(t, closedAfter(waiting, bufio.NewReader(waiting)), time.Second)
 }
+
+// An answer read to its connection's close (no length: HTTP/1.0, or
+// HTTP/1.1 without Content-Length or chunks) reaches the client as it
+// came, and one cut short of its Content-Length is a 502, not an answer
+// made whole with bytes read before (a read that met the close returned
+// the count of the read before it). One whose head cannot be read is a
+// 502 that says why without quoting it.
+func TestAnAnswerEndsWhereItsConnectionDid(t *testing.T) {
+	answers := map[string]string{
+		"/close":   "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"a\":1}",
+		"/http10":  "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{\"a\":1}",
+		"/stream":  "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: a\n\n",
+		"/short":   "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{}",
+		"/chunked": "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n7\r\n{\"a\":1}\r\n",
+		// Unreadable heads: a 502 that does not quote them.
+		"/twolengths": "HTTP/1.1 200 OK\r\nSet-Cookie: s=s3cret\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+		"/longhead":   "HTTP/1.1 200 OK\r\nSet-Cookie: s=s3cret\r\nX-Long: " + strings.Repeat("a", 8<<10) + "\r\nContent-Length: 2\r\n\r\n{}",
+	}
+	addr := rawServer(t, func(c net.Conn, req *http.Request) bool {
+		_, _ = io.WriteString(c, answers[strings.TrimPrefix(req.URL.Path, "/v1/x")])
+		return false // and close
+	})
+	reg, _, url := serveOne(t, addr, Options{}, nil)
+	base := strings.TrimSuffix(url, "/chat/completions")
+	client := &http.Client{Timeout: 5 * time.Second}
+	for _, tc := range []struct {
+		path, want string
+		status     int
+	}{
+		{"/close", `{"a":1}`, 200},
+		{"/http10", `{"a":1}`, 200},
+		{"/stream", "data: a\n\n", 200},
+		{"/short", "connection closed before the answer", 502},
+		{"/chunked", `{"a":1}`, 200}, // cut before its last chunk: the client's read fails
+		{"/twolengths", "answer headers not valid HTTP", 502},
+		{"/longhead", "answer headers larger than the router's read buffer", 502},
+	} {
+		resp, err := client.Post(base+"/x"+tc.path, "application/json", strings.NewReader(`{"model":"m"}`))
+		require.NoError(t, err, tc.path)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, tc.status, resp.StatusCode, tc.path)
+		if tc.path == "/chunked" {
+			assert.Error(t, err, "a chunked answer cut short is cut for the client too")
+		}
+		assert.Equal(t, 1, resp.ProtoMinor, "%s: the router's answer is HTTP/1.1", tc.path)
+		if tc.status == 200 {
+			assert.Equal(t, tc.want, string(body), tc.path)
+		} else {
+			assert.Contains(t, string(body), "worker 1 failed before answering: "+tc.want, tc.path)
+			assert.NotContains(t, string(body), "s3cret", tc.path)
+		}
+	}
+	w, _ := reg.Get(1)
+	require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, 10*time.Millisecond)
+}
+
+// A request whose client closes before its body is whole is answered 400
+// and never reaches a worker: the read that meets the close is not taken
+// for more body (it returned the count of the read before it, and the
+// request went on, made whole with stale bytes, unless the hang-up watch
+// noticed the close first).
+func TestARequestCutShortReachesNoWorker(t *testing.T) {
+	var got atomic.Int32
+	addr := rawServer(t, func(c net.Conn, _ *http.Request) bool {
+		got.Add(1)
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+		return true
+	})
+	reg, _, url := serveOne(t, addr, Options{}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	c, err := net.Dial("tcp", front)
+	require.NoError(t, err)
+	defer c.Close()
+	// A body that is not JSON, forwarded as it is (as audio is).
+	_, err = io.WriteString(c, "POST /v1/audio/x HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\nRIFF")
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond) // read ahead before the close comes
+	require.NoError(t, c.(*net.TCPConn).CloseWrite())
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	ans, _ := io.ReadAll(c)
+	assert.True(t, strings.HasPrefix(string(ans), "HTTP/1.1 400 "), "a request the router could not read whole: %q", ans)
+	time.Sleep(50 * time.Millisecond)
+	assert.Zero(t, got.Load(), "the worker got no request")
+	w, _ := reg.Get(1)
+	assert.Zero(t, w.Occupancy())
+}

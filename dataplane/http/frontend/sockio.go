@@ -71,7 +71,7 @@ func (r *sockIO) read(p []byte) (int, error) {
 	if r.expired(r.rdSet, r.rdAsk) {
 		r.syncReadDeadline()
 	}
-	r.into = p
+	r.into, r.n = p, 0 // n: what this read read, not what one before it did
 	err := r.raw.Read(r.fill)
 	r.into = nil
 	if err != nil {
@@ -130,7 +130,7 @@ func (r *sockIO) take(p []byte) (int, error) {
 	n := copy(p, (*r.buf)[r.off:r.n])
 	if r.off += n; r.off == r.n {
 		lentBufs.Put(r.buf)
-		r.buf = nil
+		r.buf, r.off, r.n = nil, 0, 0
 	}
 	return n, nil
 }
