@@ -55,11 +55,14 @@ bench-streams: build
 	PATH="$$PATH:/usr/sbin" ./bin/fastroute bench-streams $(STREAMS_FLAGS)
 
 ## fuzz: each fuzz target for FUZZTIME (those of ./fuzz, and the front end's
-## header handling, which works on unexported state).
+## header handling and socket reads, which work on unexported state). A new
+## input's minimization is bounded by FUZZMINIMIZE (Go's default, 60 s,
+## outlasts FUZZTIME when each run opens sockets).
 FUZZ_PACKAGES = ./fuzz ./dataplane/http/frontend
+FUZZMINIMIZE ?= 5s
 fuzz:
 	@for p in $(FUZZ_PACKAGES); do for t in $$($(GO) test -list '^Fuzz' $$p | grep '^Fuzz'); do \
-		echo "== $$p $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$p || exit 1; \
+		echo "== $$p $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$p || exit 1; \
 	done; done
 
 ## demo: mock workers plus the router on loopback, a few real requests.
