@@ -8,6 +8,7 @@ package engine
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -59,8 +60,19 @@ var dialects = []series{
 // running and waiting series.
 var ErrNoLoadSeries = errors.New("no vLLM or SGLang running/waiting series in the metrics")
 
-// pages are the buffers Parse reads pages into.
+// MaxPageBytes bounds a metrics page. vLLM's and SGLang's are tens to a
+// few hundred KiB; a larger one (a metrics_path that names something
+// else, a page that never ends) fails the scrape instead of filling memory.
+const MaxPageBytes = 16 << 20
+
+// ErrPageTooLarge fails a scrape whose page is over MaxPageBytes.
+var ErrPageTooLarge = fmt.Errorf("metrics page larger than %d MiB", MaxPageBytes>>20)
+
+// pages are the buffers Parse reads pages into; one grown past
+// keptPageBytes is left to the collector.
 var pages = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const keptPageBytes = 1 << 20
 
 // parsers are the text parsers Parse uses: one keeps its read buffer from
 // page to page.
@@ -73,10 +85,18 @@ var parsers = sync.Pool{New: func() any {
 // the lines of the series it reads reach the text parser (keepRead).
 func Parse(in io.Reader, at time.Time) (Reading, error) {
 	page := pages.Get().(*bytes.Buffer)
-	defer pages.Put(page)
+	defer func() {
+		if page.Cap() <= keptPageBytes {
+			pages.Put(page)
+		}
+	}()
 	page.Reset()
-	if _, err := page.ReadFrom(in); err != nil {
+	n, err := page.ReadFrom(io.LimitReader(in, MaxPageBytes+1))
+	if err != nil {
 		return Reading{}, err
+	}
+	if n > MaxPageBytes {
+		return Reading{}, ErrPageTooLarge
 	}
 	p := parsers.Get().(*expfmt.TextParser)
 	defer parsers.Put(p)

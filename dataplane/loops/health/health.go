@@ -23,6 +23,12 @@ type Options struct {
 	Logger         *slog.Logger
 }
 
+// MaxAnswerBytes bounds what a probe reads of an answer: a /v1/models
+// listing of a thousand adapters is a few hundred KiB; a larger answer
+// fails the probe (or leaves the worker's models as they were) instead of
+// filling memory.
+const MaxAnswerBytes = 4 << 20
+
 // Checker runs the probes. Its failure counts are guarded by mu (Run,
 // CheckOnce callers and the registry's removals share them).
 type Checker struct {
@@ -41,7 +47,7 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 	c := &Checker{
 		reg: reg, opts: opts, failures: map[uint64]int{},
 		client: &fasthttp.Client{Name: "fastroute-health", ReadTimeout: opts.Interval, WriteTimeout: opts.Interval,
-			MaxIdemponentCallAttempts: 1},
+			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes},
 	}
 	reg.Subscribe(c.workerChanged)
 	return c

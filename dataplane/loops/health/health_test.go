@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -59,4 +60,26 @@ func TestProbesMarkWorkersAndLearnModels(t *testing.T) {
 	c.mu.Lock()
 	assert.Empty(t, c.failures, "a removed worker's failures are forgotten")
 	c.mu.Unlock()
+}
+
+// An answer over MaxAnswerBytes is not read whole: a /v1/models listing
+// that large leaves the worker's models unlearned.
+func TestAProbeReadsNoMoreThanItsBound(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"big-m","object":"model"}],"pad":"`+
+				strings.Repeat("x", MaxAnswerBytes)+`"}`)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	reg := dataplane.NewRegistry()
+	_, err := reg.AddUnprobed(dataplane.WorkerSpec{ID: 1, URL: srv.URL})
+	require.NoError(t, err)
+	c := New(reg, Options{Interval: time.Second, Path: "/health", UnhealthyAfter: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	c.CheckOnce()
+	w, _ := reg.Get(1)
+	assert.True(t, w.Healthy())
+	assert.Empty(t, w.Advertised().Models)
 }
