@@ -78,3 +78,58 @@ func FuzzReadsReturnTheBytesSent(f *testing.F) {
 		require.NoError(t, <-sent)
 	})
 }
+
+// FuzzWritesDeliverTheBytesWritten: whatever pieces a client connection and
+// an upstream one write, through socket buffers kept small so that writes
+// meet a full buffer and wait for room, and however the peer's reads are
+// sized, the peer gets the bytes written, in order and once each, and each
+// write reports them all.
+func FuzzWritesDeliverTheBytesWritten(f *testing.F) {
+	f.Add([]byte("data: a\n\n"), []byte{1, 200}, []byte{3}, false)
+	f.Add(make([]byte, 64<<10), []byte{255, 0, 17}, []byte{1, 255}, true)
+	f.Fuzz(func(t *testing.T, data, writes, reads []byte, client bool) {
+		var peer net.Conn
+		var write func(p []byte) (int, error)
+		if client {
+			var cc *clientConn
+			peer, cc = clientPair(t)
+			write = cc.Write
+			require.NoError(t, cc.Conn.(*net.TCPConn).SetWriteBuffer(4<<10))
+		} else {
+			var tc *trackedConn
+			peer, tc = upstreamPair(t)
+			write = tc.Write
+			require.NoError(t, tc.Conn.(*net.TCPConn).SetWriteBuffer(4<<10))
+		}
+		require.NoError(t, peer.(*net.TCPConn).SetReadBuffer(4<<10))
+		got := make(chan []byte, 1)
+		go func() {
+			var b []byte
+			buf := make([]byte, 64<<10)
+			for i := 0; len(b) < len(data); i++ {
+				size := 4 << 10
+				if len(reads) > 0 {
+					size = int(reads[i%len(reads)])*64 + 1
+				}
+				n, err := peer.Read(buf[:size])
+				b = append(b, buf[:n]...)
+				if err != nil {
+					break
+				}
+			}
+			got <- b
+		}()
+		rest := data
+		for i := 0; len(rest) > 0; i++ {
+			n := len(rest)
+			if len(writes) > 0 {
+				n = min(n, int(writes[i%len(writes)])*256+1)
+			}
+			wrote, err := write(rest[:n])
+			require.NoError(t, err)
+			require.Equal(t, n, wrote, "a write reports all it was given")
+			rest = rest[n:]
+		}
+		require.Equal(t, string(data), string(<-got), "the bytes written, in order, once each")
+	})
+}
