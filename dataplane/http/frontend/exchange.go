@@ -362,10 +362,12 @@ func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 }
 
 // readAnswer passes the worker's streamed answer through. When an event
-// stream breaks, the client first gets an SSE error event saying why: a
-// stream the router cut (the worker went silent past stream_idle_timeout)
-// then ends cleanly; one whose worker broke it stays broken for the client
-// too.
+// stream of no stated length breaks, the client first gets an SSE error
+// event saying why: a stream the router cut (the worker went silent past
+// stream_idle_timeout) then ends cleanly; one whose worker broke it stays
+// broken for the client too. One with a Content-Length (the client's
+// answer has it too) has no room for an event: it is cut, and the client
+// finds it short.
 func (ex *exchange) readAnswer(p []byte) (int, error) {
 	if ex.tail != nil {
 		n := copy(p, ex.tail)
@@ -384,7 +386,7 @@ func (ex *exchange) readAnswer(p []byte) (int, error) {
 	}
 	if err != nil && err != io.EOF {
 		ex.readErr = err
-		if ex.sse {
+		if ex.sse && ex.resp.Header.ContentLength() < 0 {
 			ex.tail = ex.errorEvent(err)
 			return n, nil
 		}

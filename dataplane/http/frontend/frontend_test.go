@@ -113,7 +113,7 @@ func rawWorker(t *testing.T, pause time.Duration, answer func(i int) []string) s
 // rawServer serves every request on its connections, its body read, with
 // answer, which writes the answer on c itself; the connection closes once
 // answer returns false. It returns the server's address.
-func rawServer(t *testing.T, answer func(c net.Conn, req *http.Request) bool) string {
+func rawServer(t testing.TB, answer func(c net.Conn, req *http.Request) bool) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
@@ -147,7 +147,7 @@ func rawServer(t *testing.T, answer func(c net.Conn, req *http.Request) bool) st
 // when set, replaces its connects; setup, when given, sees the server and
 // wraps its listener before it serves) and returns the registry, the server
 // and the URL of its chat route.
-func serveOne(t *testing.T, addr string, opts Options, dial func(string, time.Duration) (net.Conn, error), setup ...func(*Server, net.Listener) net.Listener) (*dataplane.Registry, *Server, string) {
+func serveOne(t testing.TB, addr string, opts Options, dial func(string, time.Duration) (net.Conn, error), setup ...func(*Server, net.Listener) net.Listener) (*dataplane.Registry, *Server, string) {
 	reg := dataplane.NewRegistry()
 	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://" + addr})
 	require.NoError(t, err)

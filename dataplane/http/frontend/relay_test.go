@@ -1,0 +1,119 @@
+package frontend
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// answerScript is how the worker of FuzzAnswersReachTheClientWhole answers.
+type answerScript struct {
+	body   []byte
+	pieces []byte // sizes of the writes (and of the chunks, chunked)
+	frame  byte   // 0: Content-Length, 1: chunked, 2: to the close, 3: HTTP/1.0 to the close
+	sse    bool   // text/event-stream, else JSON
+	cut    bool   // the worker closes before the end (Content-Length, chunked)
+}
+
+// write answers on c as the script says; false: c is to be closed.
+func (s *answerScript) write(c net.Conn) bool {
+	typ := "application/json"
+	if s.sse {
+		typ = "text/event-stream"
+	}
+	head := map[byte]string{
+		0: fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n", typ, len(s.body)),
+		1: "HTTP/1.1 200 OK\r\nContent-Type: " + typ + "\r\nTransfer-Encoding: chunked\r\n\r\n",
+		2: "HTTP/1.1 200 OK\r\nContent-Type: " + typ + "\r\n\r\n",
+		3: "HTTP/1.0 200 OK\r\nContent-Type: " + typ + "\r\n\r\n",
+	}[s.frame]
+	if _, err := io.WriteString(c, head); err != nil {
+		return false
+	}
+	rest := s.body
+	if s.cut {
+		rest = rest[:len(rest)/2]
+	}
+	for i := 0; len(rest) > 0; i++ {
+		n := len(rest)
+		if len(s.pieces) > 0 {
+			n = min(n, int(s.pieces[i%len(s.pieces)])*32+1)
+		}
+		out := rest[:n]
+		if s.frame == 1 {
+			out = fmt.Appendf(nil, "%x\r\n%s\r\n", n, out)
+		}
+		if _, err := c.Write(out); err != nil {
+			return false
+		}
+		rest = rest[n:]
+		if i%3 == 2 {
+			time.Sleep(time.Millisecond) // some pieces come apart
+		}
+	}
+	if s.cut || s.frame >= 2 {
+		return false
+	}
+	if s.frame == 1 {
+		_, err := io.WriteString(c, "0\r\n\r\n")
+		return err == nil
+	}
+	return true
+}
+
+// FuzzAnswersReachTheClientWhole: whatever a worker answers (a body of any
+// bytes, of known length, chunked in pieces or read to the close, JSON or
+// an event stream, for a request that asked for a stream or not), the
+// client gets that body as it was, once; an answer the worker cut short
+// reaches the client cut (a failed read or a 502), never longer or
+// different. Every reservation is released.
+func FuzzAnswersReachTheClientWhole(f *testing.F) {
+	f.Add([]byte(`{"a":1}`), []byte{0}, byte(0), false, false, false)
+	f.Add([]byte("data: a\n\ndata: b\n\n"), []byte{0, 1}, byte(1), true, true, false)
+	f.Add(bytes.Repeat([]byte("xyz"), 5000), []byte{200, 3}, byte(2), false, false, false)
+	f.Add(bytes.Repeat([]byte("data: t\n\n"), 900), []byte{7}, byte(3), true, true, false)
+	f.Add(bytes.Repeat([]byte("q"), 9000), []byte{100}, byte(0), false, false, true)
+	f.Add([]byte("data: a\n\n"), []byte{}, byte(1), true, false, true)
+	var script atomic.Pointer[answerScript]
+	addr := rawServer(f, func(c net.Conn, _ *http.Request) bool { return script.Load().write(c) })
+	reg, _, url := serveOne(f, addr, Options{}, nil)
+	client := &http.Client{Timeout: 5 * time.Second}
+	w, _ := reg.Get(1)
+	f.Fuzz(func(t *testing.T, body, pieces []byte, frame byte, sse, stream, cut bool) {
+		s := &answerScript{body: body, pieces: pieces, frame: frame % 4, sse: sse, cut: cut && frame%4 < 2 && len(body) > 1}
+		script.Store(s)
+		req := `{"model":"m"}`
+		if stream {
+			req = `{"model":"m","stream":true}`
+		}
+		resp, err := client.Post(url, "application/json", strings.NewReader(req))
+		require.NoError(t, err)
+		got, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch {
+		case !s.cut:
+			require.NoError(t, rerr)
+			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", got)
+			require.Equal(t, string(body), string(got), "the body as the worker sent it")
+		case resp.StatusCode == http.StatusOK:
+			require.Error(t, rerr, "a cut answer is cut for the client")
+			if s.sse && s.frame != 0 { // then the SSE event that says why (no room in a stated length)
+				var event []byte
+				got, event, _ = bytes.Cut(got, []byte("\n\ndata: {\"error\":"))
+				require.Contains(t, string(event), "worker 1 broke the stream")
+			}
+			require.True(t, bytes.HasPrefix(body, got), "what came of a cut answer is its start: %q of %q", got, body)
+		default:
+			require.Equal(t, http.StatusBadGateway, resp.StatusCode)
+		}
+		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, time.Millisecond)
+	})
+}
