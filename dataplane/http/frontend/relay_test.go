@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -113,6 +114,96 @@ func FuzzAnswersReachTheClientWhole(f *testing.F) {
 			require.True(t, bytes.HasPrefix(body, got), "what came of a cut answer is its start: %q of %q", got, body)
 		default:
 			require.Equal(t, http.StatusBadGateway, resp.StatusCode)
+		}
+		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, time.Millisecond)
+	})
+}
+
+// FuzzRequestsReachTheWorkerWhole: whatever body a client sends (any
+// bytes, of stated length or chunked, in random pieces), the worker gets
+// it as sent, once; a request whose client closes before its body is whole
+// reaches no worker. Every reservation is released.
+func FuzzRequestsReachTheWorkerWhole(f *testing.F) {
+	f.Add([]byte("RIFF"), []byte{0}, false, false)
+	f.Add(bytes.Repeat([]byte("abc"), 7000), []byte{3, 200}, true, false)
+	f.Add(bytes.Repeat([]byte{0, 1, 2}, 3000), []byte{40}, false, true)
+	f.Add([]byte("x\r\n0\r\n\r\n"), []byte{}, true, true)
+	got := make(chan []byte, 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(f, err)
+	worker := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			b = append(b, "<read failed>"...)
+		}
+		got <- b
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, "{}")
+	})}
+	go func() { _ = worker.Serve(ln) }()
+	f.Cleanup(func() { _ = worker.Close() })
+	reg, _, url := serveOne(f, ln.Addr().String(), Options{MaxBodyBytes: 1 << 20}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	w, _ := reg.Get(1)
+	f.Fuzz(func(t *testing.T, body, pieces []byte, chunked, cut bool) {
+		cut = cut && len(body) > 1
+		c, err := net.Dial("tcp", front)
+		require.NoError(t, err)
+		defer c.Close()
+		head := "POST /v1/audio/x HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+		if chunked {
+			head += "Transfer-Encoding: chunked\r\n\r\n"
+		} else {
+			head += fmt.Sprintf("Content-Length: %d\r\n\r\n", len(body))
+		}
+		_, err = io.WriteString(c, head)
+		require.NoError(t, err)
+		rest := body
+		if cut {
+			rest = rest[:len(rest)/2]
+		}
+		for i := 0; len(rest) > 0; i++ {
+			n := len(rest)
+			if len(pieces) > 0 {
+				n = min(n, int(pieces[i%len(pieces)])*32+1)
+			}
+			out := rest[:n]
+			if chunked {
+				out = fmt.Appendf(nil, "%x\r\n%s\r\n", n, out)
+			}
+			_, err = c.Write(out)
+			require.NoError(t, err)
+			rest = rest[n:]
+			if i%3 == 2 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if cut {
+			require.NoError(t, c.(*net.TCPConn).CloseWrite())
+		} else if chunked {
+			_, err = io.WriteString(c, "0\r\n\r\n")
+			require.NoError(t, err)
+		}
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if cut {
+			if err == nil {
+				require.NotEqual(t, http.StatusOK, resp.StatusCode, "a request cut short is not answered by a worker")
+			}
+			select {
+			case b := <-got:
+				t.Fatalf("the worker got a request cut short: %q", b)
+			case <-time.After(20 * time.Millisecond):
+			}
+		} else {
+			require.NoError(t, err)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			select {
+			case b := <-got:
+				require.Equal(t, string(body), string(b), "the body as the client sent it")
+			case <-time.After(5 * time.Second):
+				t.Fatal("the worker got nothing")
+			}
 		}
 		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, time.Millisecond)
 	})
