@@ -208,3 +208,50 @@ func FuzzRequestsReachTheWorkerWhole(f *testing.F) {
 		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, time.Millisecond)
 	})
 }
+
+// FuzzAConnectionCarriesRequestAfterRequest: on one client connection, any
+// sequence of requests, streamed or not, answered in any framing (stated
+// length, chunked, read to the worker's close; JSON or an event stream),
+// each gets its own answer whole and in order, and the connection stays
+// open after every one (an answer read to its worker's close is chunked
+// for the client). Occupancy returns to 0.
+func FuzzAConnectionCarriesRequestAfterRequest(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7})
+	f.Add([]byte{7, 7, 0, 0, 5, 2})
+	addr := rawServer(f, func(c net.Conn, req *http.Request) bool {
+		var op byte
+		_, _ = fmt.Sscanf(req.URL.Path, "/v1/x/%d", &op)
+		s := &answerScript{body: fmt.Appendf(nil, "answer %d %s", op, bytes.Repeat([]byte{'a' + op%26}, int(op)*37)),
+			pieces: []byte{op}, frame: op % 3, sse: op&4 != 0}
+		return s.write(c)
+	})
+	reg, _, url := serveOne(f, addr, Options{}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	w, _ := reg.Get(1)
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		if len(ops) > 32 {
+			ops = ops[:32]
+		}
+		c, err := net.Dial("tcp", front)
+		require.NoError(t, err)
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for i, op := range ops {
+			body := `{"model":"m"}`
+			if op&8 != 0 {
+				body = `{"model":"m","stream":true}`
+			}
+			_, err := fmt.Fprintf(c, "POST /v1/x/%d HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", op, len(body), body)
+			require.NoError(t, err, "request %d", i)
+			require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+			resp, err := http.ReadResponse(br, nil)
+			require.NoError(t, err, "answer %d", i)
+			got, err := io.ReadAll(resp.Body)
+			require.NoError(t, err, "answer %d", i)
+			want := fmt.Sprintf("answer %d %s", op, bytes.Repeat([]byte{'a' + op%26}, int(op)*37))
+			require.Equal(t, want, string(got), "answer %d", i)
+			require.False(t, resp.Close, "answer %d keeps the connection", i)
+		}
+		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, time.Millisecond)
+	})
+}
