@@ -255,3 +255,77 @@ func FuzzAConnectionCarriesRequestAfterRequest(f *testing.F) {
 		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, time.Millisecond)
 	})
 }
+
+// FuzzAClientThatLeavesReleasesItsWorker: a client that closes its
+// connection at any point (while sending its request, while its worker
+// thinks, after some of its answer, which streams whether or not it asked)
+// releases its reservation, and the worker has its connection closed (how
+// an engine learns to stop) long before its answer would end. The next
+// request is answered whole.
+func FuzzAClientThatLeavesReleasesItsWorker(f *testing.F) {
+	f.Add(byte(0), byte(3), false)
+	f.Add(byte(1), byte(0), true)
+	f.Add(byte(2), byte(5), true)
+	f.Add(byte(3), byte(200), false)
+	var open atomic.Int32 // worker connections open
+	addr := rawServer(f, func(c net.Conn, req *http.Request) bool {
+		if req.URL.Path == "/v1/x/whole" {
+			_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+			return err == nil
+		}
+		open.Add(1)
+		defer open.Add(-1)
+		var think, chunks int
+		_, _ = fmt.Sscanf(req.URL.Path, "/v1/x/%d/%d", &think, &chunks)
+		time.Sleep(time.Duration(think) * time.Millisecond)
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"); err != nil {
+			return false
+		}
+		for range chunks { // until the router closes the connection
+			if _, err := io.WriteString(c, "9\r\ndata: a\n\n\r\n"); err != nil {
+				return false
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		_, err := io.WriteString(c, "0\r\n\r\n")
+		return err == nil
+	})
+	reg, _, url := serveOne(f, addr, Options{}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	w, _ := reg.Get(1)
+	f.Fuzz(func(t *testing.T, when, after byte, stream bool) {
+		body := `{"model":"m"}`
+		if stream {
+			body = `{"model":"m","stream":true}`
+		}
+		// A worker that thinks 20 ms, then streams 400 chunks 2 ms apart.
+		req := fmt.Sprintf("POST /v1/x/20/400 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		c, err := net.Dial("tcp", front)
+		require.NoError(t, err)
+		switch when % 4 {
+		case 0: // part of the request
+			_, err = io.WriteString(c, req[:int(after)%len(req)])
+		case 1: // the request, then gone while the worker thinks
+			_, err = io.WriteString(c, req)
+			require.Eventually(t, func() bool { return open.Load() == 1 }, 2*time.Second, time.Millisecond, "the worker has it")
+			time.Sleep(time.Duration(after%20) * time.Millisecond)
+		default: // some of the answer, then gone
+			_, err = io.WriteString(c, req)
+			if err == nil {
+				_, err = io.ReadFull(c, make([]byte, 64+int(after)*4))
+			}
+		}
+		require.NoError(t, err)
+		require.NoError(t, c.Close())
+		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, time.Millisecond, "released")
+		require.Eventually(t, func() bool { return open.Load() == 0 }, 500*time.Millisecond, time.Millisecond,
+			"the worker's connection closed (its answer would take 800 ms)")
+		resp, err := http.Post(strings.TrimSuffix(url, "/chat/completions")+"/x/whole", "application/json", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, "{}", string(got))
+		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, time.Millisecond)
+	})
+}
