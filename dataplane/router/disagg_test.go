@@ -223,6 +223,32 @@ func TestVLLMDisaggregationFailures(t *testing.T) {
 	f.assertIdle()
 }
 
+// A prefill answer read to its worker's close (HTTP/1.0, no length) is
+// read whole and once: its kv_transfer_params reach the decode worker. (A
+// read that met the close once returned the count of the read before it,
+// and the prefill answer came twice, head and all, and was not JSON.)
+func TestAPrefillAnswerReadToItsClose(t *testing.T) {
+	prefill := startEngine(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+		c, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n"+
+			`{"id":"cmpl-1","object":"chat.completion","choices":[],"kv_transfer_params":`+kvParams+`}`)
+	})
+	decode := startEngine(t, sseDecode)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}}, nil)
+	resp := f.post("/v1/chat/completions", pdBody)
+	out := readAll(t, resp)
+	require.Equal(t, 200, resp.StatusCode, out)
+	assert.Contains(t, out, "data: [DONE]")
+	got := decode.received()
+	require.Len(t, got, 1)
+	assert.Equal(t, "p1", got[0].body["kv_transfer_params"].(map[string]any)["remote_engine_id"])
+	f.assertIdle()
+}
+
 func TestPrefillPoolEmptyFallbacksAndShortPrompts(t *testing.T) {
 	decode := startEngine(t, sseDecode)
 	prefill := startEngine(t, vllmPrefill)
