@@ -223,30 +223,58 @@ func TestVLLMDisaggregationFailures(t *testing.T) {
 	f.assertIdle()
 }
 
-// A prefill answer read to its worker's close (HTTP/1.0, no length) is
-// read whole and once: its kv_transfer_params reach the decode worker. (A
-// read that met the close once returned the count of the read before it,
-// and the prefill answer came twice, head and all, and was not JSON.)
-func TestAPrefillAnswerReadToItsClose(t *testing.T) {
-	prefill := startEngine(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
-		c, _, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_, _ = io.WriteString(c, "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n"+
-			`{"id":"cmpl-1","object":"chat.completion","choices":[],"kv_transfer_params":`+kvParams+`}`)
-	})
-	decode := startEngine(t, sseDecode)
-	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}}, nil)
-	resp := f.post("/v1/chat/completions", pdBody)
-	out := readAll(t, resp)
-	require.Equal(t, 200, resp.StatusCode, out)
-	assert.Contains(t, out, "data: [DONE]")
-	got := decode.received()
-	require.Len(t, got, 1)
-	assert.Equal(t, "p1", got[0].body["kv_transfer_params"].(map[string]any)["remote_engine_id"])
-	f.assertIdle()
+// A prefill answer is read whole and once however it is framed (stated
+// length, chunked, read to its worker's close, HTTP/1.0), whole at once or
+// in pieces that come apart: its kv_transfer_params reach the decode
+// worker. (A read that
+// met the close once returned the count of the read before it, and an
+// answer read to its close came twice, head and all: not JSON, a 502.)
+func TestAPrefillAnswerHoweverFramed(t *testing.T) {
+	answer := `{"id":"cmpl-1","object":"chat.completion","choices":[],"kv_transfer_params":` + kvParams + `}`
+	heads := []string{
+		fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(answer)),
+		"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
+		"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n",
+	}
+	for i := range 2 * len(heads) {
+		head, piece := heads[i/2], []int{len(answer), 40}[i%2]
+		chunked := strings.Contains(head, "chunked")
+		prefill := startEngine(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			out := head
+			for rest := answer; rest != ""; {
+				p := rest[:min(len(rest), piece)]
+				rest = rest[len(p):]
+				if chunked {
+					p = fmt.Sprintf("%x\r\n%s\r\n", len(p), p)
+				}
+				if out += p; piece < len(answer) { // pieces come apart
+					_, _ = io.WriteString(c, out)
+					out = ""
+					time.Sleep(time.Millisecond)
+				}
+			}
+			if chunked {
+				out += "0\r\n\r\n"
+			}
+			_, _ = io.WriteString(c, out)
+		})
+		decode := startEngine(t, sseDecode)
+		f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}}, nil)
+		resp := f.post("/v1/chat/completions", pdBody)
+		out := readAll(t, resp)
+		require.Equal(t, 200, resp.StatusCode, "%q in pieces of %d: %s", head, piece, out)
+		assert.Contains(t, out, "data: [DONE]")
+		got := decode.received()
+		require.Len(t, got, 1)
+		assert.Equal(t, "p1", got[0].body["kv_transfer_params"].(map[string]any)["remote_engine_id"], head)
+		f.assertIdle()
+	}
 }
 
 func TestPrefillPoolEmptyFallbacksAndShortPrompts(t *testing.T) {
