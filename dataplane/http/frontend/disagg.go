@@ -249,7 +249,7 @@ func (ex *exchange) bootstrapPrefill(pre *prefillLeg, w *dataplane.Worker) {
 	}
 	s.reportAnswer(w, status > 0 && status < fasthttp.StatusInternalServerError)
 	s.metrics.phases[phasePrefill][outcomeUpstreamError].Inc()
-	pre.err = fmt.Errorf("prefill worker %d failed: %s", w.ID(), transportFailure(err))
+	pre.err = fmt.Errorf("prefill worker %d failed: %s", w.ID(), s.failureReason(w.ID(), err))
 	if ex.stop.CompareAndSwap(0, stopPrefill) {
 		ex.cut(ex.token) // the decode request waits for a prefill that will never come
 	}
@@ -319,7 +319,7 @@ func (ex *exchange) prefillLeg() *prefillLeg {
 // prefillFailed answers a prefill that got no answer from any prefill
 // worker tried.
 func (ex *exchange) prefillFailed(ctx *fasthttp.RequestCtx, w *dataplane.Worker, err, retryErr error) bool {
-	msg := fmt.Sprintf("prefill worker %d failed before answering: %s", w.ID(), transportFailure(err))
+	msg := fmt.Sprintf("prefill worker %d failed before answering: %s", w.ID(), ex.s.failureReason(w.ID(), err))
 	if retryErr != nil {
 		msg += "; no other prefill worker to retry on: " + retryErr.Error()
 	}

@@ -447,16 +447,14 @@ func (ex *exchange) failSplit(ctx *fasthttp.RequestCtx, err error) {
 
 // fail answers a dispatch that got no response from any worker tried.
 func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr error) {
-	if perr := ex.s.sel.Unanswered(&ex.req, worker, transportFailure(err)); perr != nil {
+	reason := ex.s.failureReason(worker, err)
+	if perr := ex.s.sel.Unanswered(&ex.req, worker, reason); perr != nil {
 		writeSelectError(ctx, perr) // a hard session's pinned worker is gone
 		ex.status = ctx.Response.StatusCode()
 		ex.finish(outcomeUpstreamError)
 		return
 	}
-	if unreadableAnswer(err) { // what the worker sent is for the operator, not the client
-		ex.s.log.Warn("a worker's answer could not be read", "worker", worker, "err", err)
-	}
-	msg := fmt.Sprintf("worker %d failed before answering: %s", worker, transportFailure(err))
+	msg := fmt.Sprintf("worker %d failed before answering: %s", worker, reason)
 	if retryErr != nil {
 		msg += "; no other worker to retry on: " + retryErr.Error()
 	}
@@ -636,6 +634,17 @@ func transportFailure(err error) string {
 		return "connection closed before the answer"
 	}
 	return err.Error()
+}
+
+// failureReason is transportFailure(err), the words a client and the
+// selector get for worker's failure; an answer that could not be read is
+// logged whole, since what the worker sent is for the operator, not the
+// client.
+func (s *Server) failureReason(worker uint64, err error) string {
+	if unreadableAnswer(err) {
+		s.log.Warn("a worker's answer could not be read", "worker", worker, "err", err)
+	}
+	return transportFailure(err)
 }
 
 // unreadableAnswer reports a worker answer whose headers fasthttp could not

@@ -179,8 +179,9 @@ func (s *Server) Serve(ln net.Listener) error {
 	if idle == 0 { // as fasthttp does
 		idle = s.opts.ReadTimeout
 	}
-	s.gate.Store(newGate(ln, s.opts.ReadTimeout, idle, s.opts.MaxConnections, s.closeConn, s.acceptShort, s.connectionsFull))
-	return s.srv.Serve(s.gate.Load())
+	g := newGate(ln, s.opts.ReadTimeout, idle, s.opts.MaxConnections, s.closeConn, s.acceptShort, s.connectionsFull)
+	s.gate.Store(g)
+	return s.srv.Serve(g)
 }
 
 // DefaultMaxConnections is the most client connections a front end keeps
@@ -227,7 +228,7 @@ func (s *Server) acceptShort(err error, pause time.Duration) {
 	s.metrics.acceptShortages.Inc()
 	if pause == firstAcceptPause {
 		s.log.Warn("cannot accept connections, accepting again shortly; if the open-files limit is reached, raise it (ulimit -n, systemd LimitNOFILE)",
-			"err", err, "open_connections", s.conns.Size())
+			"err", err, "open_connections", s.OpenConnections())
 	}
 }
 
