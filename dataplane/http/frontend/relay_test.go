@@ -39,28 +39,7 @@ func (s *answerScript) write(c net.Conn) bool {
 	if _, err := io.WriteString(c, head); err != nil {
 		return false
 	}
-	rest := s.body
-	if s.cut {
-		rest = rest[:len(rest)/2]
-	}
-	for i := 0; len(rest) > 0; i++ {
-		n := len(rest)
-		if len(s.pieces) > 0 {
-			n = min(n, int(s.pieces[i%len(s.pieces)])*32+1)
-		}
-		out := rest[:n]
-		if s.frame == 1 {
-			out = fmt.Appendf(nil, "%x\r\n%s\r\n", n, out)
-		}
-		if _, err := c.Write(out); err != nil {
-			return false
-		}
-		rest = rest[n:]
-		if i%3 == 2 {
-			time.Sleep(time.Millisecond) // some pieces come apart
-		}
-	}
-	if s.cut || s.frame >= 2 {
+	if writePieces(c, s.body, s.pieces, s.cut, s.frame == 1) != nil || s.cut || s.frame >= 2 {
 		return false
 	}
 	if s.frame == 1 {
@@ -68,6 +47,35 @@ func (s *answerScript) write(c net.Conn) bool {
 		return err == nil
 	}
 	return true
+}
+
+// writePieces writes body (its first half when cut) to c in pieces of the
+// sizes pieces give (whole when none), each a chunk when chunked (the last
+// chunk is the caller's), every third piece a millisecond after the one
+// before, so that some come apart.
+func writePieces(c net.Conn, body, pieces []byte, cut, chunked bool) error {
+	rest := body
+	if cut {
+		rest = rest[:len(rest)/2]
+	}
+	for i := 0; len(rest) > 0; i++ {
+		n := len(rest)
+		if len(pieces) > 0 {
+			n = min(n, int(pieces[i%len(pieces)])*32+1)
+		}
+		out := rest[:n]
+		if chunked {
+			out = fmt.Appendf(nil, "%x\r\n%s\r\n", n, out)
+		}
+		if _, err := c.Write(out); err != nil {
+			return err
+		}
+		rest = rest[n:]
+		if i%3 == 2 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return nil
 }
 
 // FuzzAnswersReachTheClientWhole: whatever a worker answers (a body of any
@@ -158,26 +166,7 @@ func FuzzRequestsReachTheWorkerWhole(f *testing.F) {
 		}
 		_, err = io.WriteString(c, head)
 		require.NoError(t, err)
-		rest := body
-		if cut {
-			rest = rest[:len(rest)/2]
-		}
-		for i := 0; len(rest) > 0; i++ {
-			n := len(rest)
-			if len(pieces) > 0 {
-				n = min(n, int(pieces[i%len(pieces)])*32+1)
-			}
-			out := rest[:n]
-			if chunked {
-				out = fmt.Appendf(nil, "%x\r\n%s\r\n", n, out)
-			}
-			_, err = c.Write(out)
-			require.NoError(t, err)
-			rest = rest[n:]
-			if i%3 == 2 {
-				time.Sleep(time.Millisecond)
-			}
-		}
+		require.NoError(t, writePieces(c, body, pieces, cut, chunked))
 		if cut {
 			require.NoError(t, c.(*net.TCPConn).CloseWrite())
 		} else if chunked {
