@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,16 +87,25 @@ type groupLoad struct {
 	_ cpu.CacheLinePad
 }
 
-// Group is one group (LoRA adapter) of a snapshot: its routable members
-// sorted by id, and the group's requests in flight.
+// Group is one group of a snapshot, the workers a request for one name may
+// go to: a LoRA adapter's holders, with the adapter's requests in flight,
+// or a base model's servers. Its routable members are sorted by id.
 type Group struct {
 	candidates
 	name string
-	load *groupLoad
+	load *groupLoad // nil for a base model's group
 }
 
 // Name returns the group name.
 func (g *Group) Name() string { return g.name }
+
+// String names the group as errors do: adapter "name" or model "name".
+func (g *Group) String() string {
+	if g.load == nil {
+		return "model " + strconv.Quote(g.name)
+	}
+	return "adapter " + strconv.Quote(g.name)
+}
 
 // Inflight returns the requests in flight routed by this group.
 func (g *Group) Inflight() int64 { return g.load.n.Load() }
@@ -103,7 +113,8 @@ func (g *Group) Inflight() int64 { return g.load.n.Load() }
 // Snapshot is an immutable view of the routable workers sorted by id,
 // published through an atomic pointer so readers never lock. It also holds
 // the catalog of the adapters and base models of all registered workers,
-// and one group per adapter.
+// one group per adapter, and one per base model that not every routable
+// worker serves.
 type Snapshot struct {
 	candidates
 	// gpus and cpus split the routable workers by device when both kinds
@@ -114,6 +125,10 @@ type Snapshot struct {
 	prefill, decode candidates
 	catalog         lora.Catalog
 	groups          []*Group // by adapter number in the catalog
+	// models are the base models' groups by number in the catalog: the
+	// routable workers that list the model, and those that list none yet
+	// (they may serve it). Nil where that is every routable worker.
+	models []*Group
 }
 
 // pool returns the candidates of a phase.
@@ -132,6 +147,16 @@ func (s *Snapshot) pool(p Phase) *candidates {
 func (s *Snapshot) Group(name []byte) *Group {
 	if i, ok := s.catalog.Adapter(name); ok {
 		return s.groups[i]
+	}
+	return nil
+}
+
+// ModelGroup returns the group of the workers serving the named base
+// model, or nil when the model is not listed or every routable worker may
+// serve it. The lookup does not allocate.
+func (s *Snapshot) ModelGroup(name []byte) *Group {
+	if i, ok := s.catalog.Model(name); ok {
+		return s.models[i]
 	}
 	return nil
 }
@@ -464,6 +489,32 @@ func (r *Registry) Republish() {
 	r.mu.Unlock()
 }
 
+// groupModels fills the base models' groups once every model is in the
+// catalog: a routable worker joins those of the models it lists, or every
+// one while it lists none. A group that holds every routable worker
+// restricts nothing and is dropped (nil): a fleet serving one model picks
+// as if no model were named.
+func (s *Snapshot) groupModels() {
+	if len(s.models) == 0 {
+		return
+	}
+	for _, w := range s.workers {
+		listed := w.Advertised().Models
+		for _, g := range s.models {
+			if len(listed) == 0 || slices.Contains(listed, g.name) {
+				g.add(w)
+			}
+		}
+	}
+	for i, g := range s.models {
+		if g.Len() == s.Len() {
+			s.models[i] = nil
+		} else {
+			g.weights.Build()
+		}
+	}
+}
+
 // GroupLoads calls fn with every group's requests in flight, including
 // groups no worker holds any more.
 func (r *Registry) GroupLoads(fn func(name string, inflight int64)) {
@@ -493,7 +544,9 @@ func (r *Registry) publishLocked() {
 			}
 		}
 		for _, m := range w.Advertised().Models {
-			s.catalog.AddModel(m)
+			if s.catalog.AddModel(m) == len(s.models) {
+				s.models = append(s.models, &Group{name: m})
+			}
 		}
 		for _, name := range w.Adapters() {
 			i := s.catalog.AddAdapter(name)
@@ -506,6 +559,7 @@ func (r *Registry) publishLocked() {
 			}
 		}
 	}
+	s.groupModels()
 	s.weights.Build()
 	if len(s.gpus.ids) == 0 || len(s.cpus.ids) == 0 {
 		s.gpus, s.cpus = candidates{}, candidates{}

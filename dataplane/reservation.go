@@ -40,7 +40,12 @@ func (r *Reservation) Release() bool {
 	return true
 }
 
+// hold takes the slot on w; a LoRA group g counts the request too (a base
+// model's group keeps no count).
 func (r *Reservation) hold(w *Worker, g *Group, rank int) {
+	if g != nil && g.load == nil {
+		g = nil
+	}
 	r.worker, r.group, r.rank = w, g, rank
 	if g != nil {
 		g.load.n.Add(1)

@@ -92,7 +92,7 @@ func (s *Selector) route(rt *Routing, snap *Snapshot, req *Request) error {
 }
 
 // resolve restricts req to the workers holding the adapter its model
-// names; with PlaceAdapters, an adapter no routable worker holds goes to
+// names, or to those serving the base model it names; with PlaceAdapters, an adapter no routable worker holds goes to
 // the worker its name hashes to (the same on every replica), which loads
 // it.
 func (rt *Routing) resolve(snap *Snapshot, req *Request) error {
@@ -109,6 +109,9 @@ func (rt *Routing) resolve(snap *Snapshot, req *Request) error {
 	}
 	if err != nil {
 		return &Error{Code: NotFound, Msg: err.Error()}
+	}
+	if g == nil { // a base model: its servers, when not every worker is one
+		g = snap.ModelGroup(req.Model)
 	}
 	req.group = g
 	return nil

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -141,6 +142,97 @@ func TestUnknownModelAndAdapterPlacement(t *testing.T) {
 	assertIdle(t, reg)
 }
 
+// modelFleet registers four workers: 1 and 2 list base model "llama", 3
+// lists "qwen", 4 lists nothing yet (it may serve either).
+func modelFleet(tb testing.TB) *Registry {
+	reg := NewRegistry()
+	lists := [][]string{{"llama"}, {"llama"}, {"qwen", "qwen-alias"}, nil}
+	for i, models := range lists {
+		w, err := reg.Add(WorkerSpec{ID: uint64(i + 1), URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+i)})
+		require.NoError(tb, err)
+		if models != nil {
+			w.SetAdvertised(Advertised{Models: models})
+		}
+	}
+	reg.Republish()
+	return reg
+}
+
+// A fleet serving several base models sends each request to a worker that
+// lists its model (or lists nothing yet), in every mode; a model every
+// routable worker serves restricts nothing.
+func TestABaseModelGoesOnlyToItsServers(t *testing.T) {
+	for _, mode := range []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeRandom, pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted, pickers.ModeLoadAware} {
+		reg := modelFleet(t)
+		sel := newSelector(t, reg, mode, 0)
+		seen := map[string]map[uint64]int{}
+		var res Reservation
+		for i := 0; i < 200; i++ {
+			model := []string{"llama", "qwen", "qwen-alias"}[i%3]
+			require.NoError(t, sel.Select(&Request{Model: []byte(model)}, &res), "%s %s", mode, model)
+			if seen[model] == nil {
+				seen[model] = map[uint64]int{}
+			}
+			seen[model][res.Worker().ID()]++
+			assert.Nil(t, res.Group(), "a base model's group counts no adapter load")
+			res.Release()
+		}
+		assert.Subset(t, []uint64{1, 2, 4}, slices.Collect(maps.Keys(seen["llama"])), "%s", mode)
+		assert.Subset(t, []uint64{3, 4}, slices.Collect(maps.Keys(seen["qwen"])), "%s", mode)
+		assert.Subset(t, []uint64{3, 4}, slices.Collect(maps.Keys(seen["qwen-alias"])), "%s", mode)
+		assertIdle(t, reg)
+	}
+	sel := newSelector(t, modelFleet(t), pickers.ModeRoundRobin, 0)
+	for model, want := range map[string][]uint64{"llama": {1, 2, 4}, "qwen": {3, 4}} {
+		seen := map[uint64]bool{}
+		var res Reservation
+		for range 12 {
+			require.NoError(t, sel.Select(&Request{Model: []byte(model)}, &res))
+			seen[res.Worker().ID()] = true
+			res.Release()
+		}
+		assert.ElementsMatch(t, want, slices.Collect(maps.Keys(seen)), "round-robin goes round the model's servers")
+	}
+
+	reg := modelFleet(t)
+	w4, _ := reg.Get(4)
+	w4.SetAdvertised(Advertised{Models: []string{"llama"}})
+	reg.Republish()
+	snap := reg.Snapshot()
+	assert.Equal(t, []uint64{1, 2, 4}, snap.ModelGroup([]byte("llama")).ids)
+	assert.Equal(t, []uint64{3}, snap.ModelGroup([]byte("qwen")).ids)
+	assert.Nil(t, snap.ModelGroup([]byte("lora-x")), "not a base model")
+
+	sel = newSelector(t, reg, pickers.ModeP2C, 1)
+	var held, res Reservation
+	require.NoError(t, sel.Select(&Request{Model: []byte("qwen")}, &held))
+	assert.Equal(t, uint64(3), held.Worker().ID())
+	err := sel.Select(&Request{Model: []byte("qwen")}, &res)
+	assert.ErrorIs(t, err, ErrResourceExhausted)
+	assert.ErrorContains(t, err, `every worker holding model "qwen" is busy`)
+	held.Release()
+	err = sel.Select(&Request{Model: []byte("qwen"), WorkerID: 1}, &res)
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, `worker 1 does not hold model "qwen"`)
+	require.NoError(t, sel.Select(&Request{Model: []byte("llama"), WorkerID: 4}, &res))
+	res.Release()
+	reg.SetHealthy(3, false)
+	err = sel.Select(&Request{Model: []byte("qwen")}, &res)
+	assert.ErrorIs(t, err, ErrNoEndpoints)
+	assert.ErrorContains(t, err, `no routable worker holds model "qwen"`)
+	require.NoError(t, sel.Select(&Request{Model: []byte("llama")}, &res), "the other model's workers still serve")
+	res.Release()
+
+	// One model on every worker: no group, the pick is the unrouted one.
+	for _, id := range []uint64{1, 2, 3} {
+		w, _ := reg.Get(id)
+		w.SetAdvertised(Advertised{Models: []string{"llama"}})
+	}
+	reg.SetHealthy(3, true)
+	assert.Nil(t, reg.Snapshot().ModelGroup([]byte("llama")))
+	assertIdle(t, reg)
+}
+
 func sessionSelector(t testing.TB, reg *Registry, mode affinity.Mode) (*Selector, *affinity.Table) {
 	sel := newSelector(t, reg, pickers.ModeRoundRobin, 1)
 	tbl := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 100})
@@ -239,6 +331,42 @@ func TestEmbeddingCacheSteersToTheHolderOfMostInputs(t *testing.T) {
 // A split request's prefill follows its session's prefill pin (soft in hard
 // mode too) and its decode's adapter; with no prefill worker it falls back
 // to running whole on its decode worker, or fails releasing everything.
+// Both legs of a split request go to workers serving its base model; with
+// none of the model's prefill workers routable the request runs whole on
+// a decode worker of the model (the fallback), not on another model's.
+func TestASplitRequestStaysWithItsModel(t *testing.T) {
+	reg := NewRegistry()
+	for id, role := range map[uint64]Role{1: RolePrefill, 2: RolePrefill, 3: RoleDecode, 4: RoleDecode} {
+		w, err := reg.Add(WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), Role: role})
+		require.NoError(t, err)
+		w.SetAdvertised(Advertised{Models: []string{[]string{"llama", "qwen"}[id%2]}}) // qwen: 1 and 3
+	}
+	reg.Republish()
+	sel := newSelector(t, reg, pickers.ModeRoundRobin, 0)
+	sel.SetRouting(Routing{PrefillFallback: true})
+	for range 4 {
+		for model, want := range map[string][2]uint64{"qwen": {1, 3}, "llama": {2, 4}} {
+			d, p := Request{Model: []byte(model), Phase: PhaseDecode}, Request{Phase: PhasePrefill}
+			var dr, pr Reservation
+			split, err := sel.SelectSplit(&d, &p, &dr, &pr)
+			require.NoError(t, err)
+			require.True(t, split)
+			assert.Equal(t, want, [2]uint64{pr.Worker().ID(), dr.Worker().ID()}, model)
+			dr.Release()
+			pr.Release()
+		}
+	}
+	reg.SetHealthy(1, false)
+	d, p := Request{Model: []byte("qwen"), Phase: PhaseDecode}, Request{Phase: PhasePrefill}
+	var dr, pr Reservation
+	split, err := sel.SelectSplit(&d, &p, &dr, &pr)
+	require.NoError(t, err)
+	assert.False(t, split, "qwen's only prefill worker is down: whole on its decode worker")
+	assert.Equal(t, uint64(3), dr.Worker().ID())
+	dr.Release()
+	assertIdle(t, reg)
+}
+
 func TestSelectSplit(t *testing.T) {
 	reg := NewRegistry()
 	for id, role := range map[uint64]Role{1: RolePrefill, 2: RolePrefill, 3: RoleDecode, 4: RoleDecode} {
@@ -319,6 +447,20 @@ func TestRoutedSelectDoesNotAllocate(t *testing.T) {
 		res.Release()
 	})
 	assert.Zero(t, n)
+
+	msel := newSelector(t, modelFleet(t), pickers.ModeWeighted, 64)
+	msel.SetRouting(Routing{Sessions: tbl, SessionMode: affinity.Soft})
+	n = testing.AllocsPerRun(1000, func() {
+		req.Reset()
+		req.Model = append(req.Model, "qwen"...)
+		req.Session = append(req.Session, session...)
+		if err := msel.Select(&req, &res); err != nil {
+			t.Fatal(err)
+		}
+		msel.Answered(&req, &res)
+		res.Release()
+	})
+	assert.Zero(t, n, "a base model's group")
 }
 
 // BenchmarkLoRAPick holds the "LoRA filter + pick ≤ 100 ns at 64 workers and

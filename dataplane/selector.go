@@ -37,8 +37,9 @@ type Request struct {
 
 	// What routing decided (route): a worker to take while it is free (a
 	// soft pin, a cache hit, a rendezvous placement; 0: none) and the
-	// pinned rank there; the adapter group the candidates are restricted
-	// to (nil: all); a hard session pin.
+	// pinned rank there; the group the candidates are restricted to (an
+	// adapter's holders, a base model's servers; nil: all); a hard session
+	// pin.
 	preferID      uint64
 	preferRank    int
 	hasPreferRank bool
@@ -252,7 +253,7 @@ func (s *Selector) pick(snap *Snapshot, req *Request, res *Reservation) error {
 	}
 	if g := req.group; g != nil {
 		if g.Len() == 0 {
-			return Errorf(NoEndpoints, "no routable worker holds adapter %q", g.name)
+			return Errorf(NoEndpoints, "no routable worker holds %s", g)
 		}
 		base = &g.candidates
 	}
@@ -333,7 +334,7 @@ func (s *Selector) selectNamed(p *policy, snap *Snapshot, req *Request, res *Res
 		return Errorf(InvalidArgument, "dp rank %d is outside 0..%d of worker %d", req.DPRank, w.spec.DPSize-1, w.spec.ID)
 	}
 	if g := req.group; g != nil && !g.contains(w.spec.ID) {
-		return Errorf(InvalidArgument, "worker %d does not hold adapter %q", req.WorkerID, g.name)
+		return Errorf(InvalidArgument, "worker %d does not hold %s", req.WorkerID, g)
 	}
 	if !w.spec.Role.serves(req.Phase) {
 		return Errorf(InvalidArgument, "worker %d has role %s and does not serve the %s phase", req.WorkerID, w.spec.Role, req.Phase)
@@ -364,7 +365,7 @@ func (s *Selector) selectFiltered(p *policy, pp *phasePolicy, base *candidates, 
 		}
 		if len(c.ids) == 0 {
 			if req.group != nil {
-				return Errorf(ResourceExhausted, "every worker holding adapter %q is busy", req.group.name)
+				return Errorf(ResourceExhausted, "every worker holding %s is busy", req.group)
 			}
 			return ErrResourceExhausted
 		}

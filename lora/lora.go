@@ -26,14 +26,15 @@ func Held(declared, listed, running []string) []string {
 	return slices.Compact(out)
 }
 
-// Catalog is what a fleet serves by name: its adapters, numbered in the
-// order they were added (the registry keeps its groups in that order), and
-// its base models. It is built off the request path and only read once
-// published.
+// Catalog is what a fleet serves by name: its adapters and its base
+// models, each numbered in the order they were added (the registry keeps
+// its groups in that order). It is built off the request path and only
+// read once published.
 type Catalog struct {
 	adapters map[string]int
 	names    []string
-	models   map[string]struct{}
+	models   map[string]int
+	nModels  int
 }
 
 // AddAdapter adds an adapter and returns its number (the one it already
@@ -50,12 +51,24 @@ func (c *Catalog) AddAdapter(name string) int {
 	return len(c.names) - 1
 }
 
-// AddModel adds a base model some worker lists.
-func (c *Catalog) AddModel(name string) {
-	if c.models == nil {
-		c.models = map[string]struct{}{}
+// AddModel adds a base model some worker lists and returns its number (the
+// one it already had when added before).
+func (c *Catalog) AddModel(name string) int {
+	if i, ok := c.models[name]; ok {
+		return i
 	}
-	c.models[name] = struct{}{}
+	if c.models == nil {
+		c.models = map[string]int{}
+	}
+	c.models[name] = c.nModels
+	c.nModels++
+	return c.nModels - 1
+}
+
+// Model returns the number of the named base model. It does not allocate.
+func (c *Catalog) Model(name []byte) (int, bool) {
+	i, ok := c.models[string(name)]
+	return i, ok
 }
 
 // Adapter returns the number of the named adapter. It does not allocate.

@@ -29,7 +29,14 @@ func TestResolve(t *testing.T) {
 	assert.Equal(t, -1, i)
 	assert.NoError(t, err, "no worker has listed models yet: nothing to judge by")
 
-	c.AddModel("base")
+	assert.Equal(t, 0, c.AddModel("base"))
+	assert.Equal(t, 1, c.AddModel("other-base"))
+	assert.Equal(t, 0, c.AddModel("base"), "a model added again keeps its number")
+	m, ok := c.Model([]byte("other-base"))
+	assert.True(t, ok)
+	assert.Equal(t, 1, m)
+	_, ok = c.Model([]byte("lora-1"))
+	assert.False(t, ok, "an adapter is no base model")
 	i, err = c.Resolve([]byte("base"))
 	assert.Equal(t, -1, i)
 	assert.NoError(t, err)
@@ -39,4 +46,5 @@ func TestResolve(t *testing.T) {
 	assert.EqualError(t, err, `model "other" is neither a base model nor a LoRA adapter of any worker`)
 	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = c.Resolve([]byte("lora-1")) }))
 	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = c.Resolve([]byte("base")) }))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = c.Model([]byte("base")) }))
 }

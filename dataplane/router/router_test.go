@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -441,6 +443,50 @@ func TestModelsUnion(t *testing.T) {
 	assert.Equal(t, map[string]any{"id": "cfg-lora", "object": "model", "owned_by": "fastroute"}, list.Data[0],
 		"an adapter only the config names gets a minimal entry")
 	assert.Equal(t, "llama", list.Data[1]["id"], "sorted by id")
+}
+
+// A fleet serving two base models sends each request to a worker that
+// serves its model (learned from the workers' /v1/models), streamed or
+// not, in the default mode too; a model whose servers are all down is a
+// 503 while the other model is still served.
+func TestEachModelGoesToItsServers(t *testing.T) {
+	for _, mode := range []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeWeighted} {
+		t.Run(string(mode), func(t *testing.T) {
+			opts := mocks(3, 2, 0)
+			opts[0].Model, opts[1].Model, opts[2].Model = "llama", "llama", "qwen"
+			opts[2].LoRAs = []string{"sql-lora"}
+			f := startFleet(t, opts, func(c *config.Config) { c.Router.Mode = mode })
+			require.Eventually(t, func() bool {
+				snap := f.r.Registry.Snapshot()
+				return snap.ModelGroup([]byte("llama")) != nil && snap.ModelGroup([]byte("qwen")) != nil
+			}, 5*time.Second, 10*time.Millisecond, "the health loop learns the workers' models")
+			chat := func(model string, stream bool) string {
+				return fmt.Sprintf(`{"model":%q,"stream":%t,"messages":[{"role":"user","content":"hi"}]}`, model, stream)
+			}
+			llama := map[string]bool{}
+			for i := 0; i < 8; i++ {
+				llama[f.servedBy("/v1/chat/completions", chat("llama", i%2 == 0))] = true
+				assert.Equal(t, "3", f.servedBy("/v1/chat/completions", chat("qwen", i%2 == 0)))
+				assert.Equal(t, "3", f.servedBy("/v1/completions", `{"model":"sql-lora","prompt":"x"}`))
+			}
+			assert.Subset(t, []string{"1", "2"}, slices.Collect(maps.Keys(llama)))
+			if mode == pickers.ModeRoundRobin {
+				assert.Len(t, llama, 2, "round-robin goes round the model's servers")
+			}
+
+			resp := f.post("/v1/chat/completions", chat("qwen", false), "x-worker-id", "1")
+			assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+			assert.Contains(t, readAll(t, resp), `worker 1 does not hold model \"qwen\"`)
+
+			f.mocks[2].Close()
+			require.Eventually(t, func() bool { return !f.r.Registry.Snapshot().Has(3) }, 5*time.Second, 10*time.Millisecond)
+			resp = f.post("/v1/chat/completions", chat("qwen", false))
+			assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+			assert.Contains(t, readAll(t, resp), `no routable worker holds model \"qwen\"`)
+			assert.Contains(t, []string{"1", "2"}, f.servedBy("/v1/chat/completions", chat("llama", false)))
+			f.assertIdle()
+		})
+	}
 }
 
 func adminDo(t *testing.T, f *fleet, method, path, body, token string) (int, string) {
