@@ -490,8 +490,8 @@ func (r *Registry) Republish() {
 }
 
 // groupModels fills the base models' groups once every model is in the
-// catalog: a routable worker joins those of the models it lists, or every
-// one while it lists none. A group that holds every routable worker
+// catalog: a routable worker joins those of the models it serves (declared
+// or listed), or every one while it names none. A group that holds every routable worker
 // restricts nothing and is dropped (nil): a fleet serving one model picks
 // as if no model were named.
 func (s *Snapshot) groupModels() {
@@ -499,9 +499,9 @@ func (s *Snapshot) groupModels() {
 		return
 	}
 	for _, w := range s.workers {
-		listed := w.Advertised().Models
+		serves := w.Models()
 		for _, g := range s.models {
-			if len(listed) == 0 || slices.Contains(listed, g.name) {
+			if len(serves) == 0 || slices.Contains(serves, g.name) {
 				g.add(w)
 			}
 		}
@@ -543,7 +543,7 @@ func (r *Registry) publishLocked() {
 				s.decode.add(w)
 			}
 		}
-		for _, m := range w.Advertised().Models {
+		for _, m := range w.Models() {
 			if s.catalog.AddModel(m) == len(s.models) {
 				s.models = append(s.models, &Group{name: m})
 			}

@@ -233,6 +233,29 @@ func TestABaseModelGoesOnlyToItsServers(t *testing.T) {
 	assertIdle(t, reg)
 }
 
+// A worker's declared models count from its registration, before and
+// without any listing, beside those it lists.
+func TestDeclaredModelsRouteBeforeAnyListing(t *testing.T) {
+	reg := NewRegistry()
+	for id, models := range map[uint64][]string{1: {"llama"}, 2: {"qwen"}, 3: nil} {
+		_, err := reg.Add(WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), Models: models})
+		require.NoError(t, err)
+	}
+	snap := reg.Snapshot()
+	assert.Equal(t, []uint64{1, 3}, snap.ModelGroup([]byte("llama")).ids, "3 names no model: it may serve any")
+	assert.Equal(t, []uint64{2, 3}, snap.ModelGroup([]byte("qwen")).ids)
+	w2, _ := reg.Get(2)
+	w2.SetAdvertised(Advertised{Models: []string{"qwen-alias"}})
+	w3, _ := reg.Get(3)
+	w3.SetAdvertised(Advertised{Models: []string{"llama"}})
+	reg.Republish()
+	assert.Equal(t, []string{"qwen", "qwen-alias"}, w2.Models(), "declared and listed")
+	snap = reg.Snapshot()
+	assert.Equal(t, []uint64{1, 3}, snap.ModelGroup([]byte("llama")).ids)
+	assert.Equal(t, []uint64{2}, snap.ModelGroup([]byte("qwen")).ids)
+	assert.Equal(t, []uint64{2}, snap.ModelGroup([]byte("qwen-alias")).ids)
+}
+
 func sessionSelector(t testing.TB, reg *Registry, mode affinity.Mode) (*Selector, *affinity.Table) {
 	sel := newSelector(t, reg, pickers.ModeRoundRobin, 1)
 	tbl := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 100})

@@ -68,6 +68,10 @@ type WorkerSpec struct {
 	DPSize   int      `json:"dp_size" yaml:"dp_size"`
 	Capacity float64  `json:"capacity" yaml:"capacity"`
 	LoRAs    []string `json:"loras,omitempty" yaml:"loras"`
+	// Models are base models the worker serves besides those its
+	// /v1/models lists: known before its first probe, and for a worker
+	// that lists none.
+	Models []string `json:"models,omitempty" yaml:"models"`
 	// MetricsPath is the engine's Prometheus endpoint (default /metrics).
 	MetricsPath string `json:"metrics_path" yaml:"metrics_path"`
 	// MaxInflight caps the requests in flight on this worker, replacing
@@ -140,6 +144,9 @@ func (s *WorkerSpec) Normalize() error {
 	}
 	if s.BootstrapPort < 0 || s.BootstrapPort > 65535 {
 		return fieldErr("bootstrap_port", "%d is outside 1..65535", s.BootstrapPort)
+	}
+	if slices.Contains(s.Models, "") {
+		return fieldErr("models", "an empty model name")
 	}
 	return nil
 }
@@ -310,6 +317,12 @@ func (w *Worker) Adapters() []string {
 		running = st.Adapters
 	}
 	return lora.Held(declared, w.Advertised().Adapters, running)
+}
+
+// Models returns the base models the worker serves, each once, sorted:
+// those declared for it and those it lists.
+func (w *Worker) Models() []string {
+	return lora.Held(w.spec.Models, w.Advertised().Models, nil)
 }
 
 // nextRank returns the data-parallel rank for a request that names none.

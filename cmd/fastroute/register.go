@@ -55,6 +55,7 @@ func registerUntil(args []string, sig <-chan os.Signal) error {
 	fs.IntVar(&spec.DPSize, "dp-size", 1, "data-parallel ranks")
 	fs.Float64Var(&spec.Capacity, "capacity", 1, "static capacity")
 	loras := fs.String("loras", "", "comma-separated LoRA adapters it holds")
+	models := fs.String("models", "", "comma-separated base models it serves (beside those its /v1/models lists)")
 	fs.StringVar(&spec.MetricsPath, "metrics-path", "/metrics", "engine metrics path")
 	fs.IntVar(&spec.MaxInflight, "max-inflight", 0, "its in-flight cap and batch size (0: learned)")
 	fs.Func("role", "prefill, decode or both (default both)", func(v string) error { spec.Role = dataplane.Role(v); return nil })
@@ -67,6 +68,9 @@ func registerUntil(args []string, sig <-chan os.Signal) error {
 	}
 	if *loras != "" {
 		spec.LoRAs = strings.Split(*loras, ",")
+	}
+	if *models != "" {
+		spec.Models = strings.Split(*models, ",")
 	}
 	reg, err := e.register(spec)
 	if err != nil {

@@ -24,7 +24,7 @@ router:
 telemetry: {nvml: true, cpu: true, interval: 250ms}
 health: {interval: 2s, path: /health, unhealthy_after: 3}
 workers:
-  - {id: 1, url: "http://127.0.0.1:9001", device: gpu, gpu_index: 0, dp_size: 1, loras: [sql-lora]}
+  - {id: 1, url: "http://127.0.0.1:9001", device: gpu, gpu_index: 0, dp_size: 1, loras: [sql-lora], models: [llama]}
   - {id: 2, url: "http://127.0.0.1:9002", device: cpu, capacity: 0.25}
 `
 
@@ -39,6 +39,7 @@ func TestLoadDesignExample(t *testing.T) {
 	require.Len(t, cfg.Workers, 2)
 	assert.Equal(t, dataplane.DeviceGPU, cfg.Workers[0].Device)
 	assert.Equal(t, []string{"sql-lora"}, cfg.Workers[0].LoRAs)
+	assert.Equal(t, []string{"llama"}, cfg.Workers[0].Models)
 	assert.Equal(t, 1.0, cfg.Workers[0].Capacity, "capacity defaults to 1")
 	assert.Equal(t, 0.25, cfg.Workers[1].Capacity)
 	assert.Equal(t, Size(16<<20), cfg.Limits.MaxBodyBytes, "body limit defaults to 16 MiB")
@@ -63,6 +64,7 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"workers: [{id: 1, url: 'http://a:1'}, {id: 1, url: 'http://b:1'}]", "key workers[1].id: duplicate id 1"},
 		{"workers: [{id: 1, url: 'a:1'}]", "key workers[0].url"},
 		{"workers: [{id: 1, url: 'http://a:1', device: tpu}]", `key workers[0].device: "tpu" is not gpu or cpu`},
+		{"workers: [{id: 1, url: 'http://a:1', models: [llama, '']}]", "key workers[0].models: an empty model name"},
 		{"rooter: {}", "field rooter not found"},
 		{"telemetry: {interval: soon}", "config f.yaml: "},
 		{"listen: [", "config f.yaml: "},

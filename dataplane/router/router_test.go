@@ -489,6 +489,54 @@ func TestEachModelGoesToItsServers(t *testing.T) {
 	}
 }
 
+// A worker whose /v1/models lists nothing routes by the models the config
+// declares for it: a request for another model never reaches it, and the
+// router's /v1/models names the declared one.
+func TestDeclaredModelsRouteAWorkerThatListsNone(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	plain := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/v1/models" {
+			ctx.SetStatusCode(http.StatusNotFound)
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"plain":true}`)
+	}}
+	go plain.Serve(ln)
+	t.Cleanup(func() { plain.Shutdown() })
+	opts := mocks(1, 1, 0)
+	opts[0].Model = "llama"
+	f := startFleet(t, opts, func(c *config.Config) {
+		c.Workers = append(c.Workers, dataplane.WorkerSpec{ID: 2, URL: "http://" + ln.Addr().String(), Models: []string{"qwen"}})
+	})
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().ModelGroup([]byte("llama")) != nil },
+		5*time.Second, 10*time.Millisecond, "the mock lists its model")
+	for i := 0; i < 6; i++ {
+		assert.Equal(t, "1", f.servedBy("/v1/chat/completions", `{"model":"llama","messages":[]}`))
+		assert.Equal(t, "2", f.servedBy("/v1/chat/completions", `{"model":"qwen","messages":[]}`))
+	}
+	resp, err := f.client.Get("http://" + f.r.Addr() + "/v1/models/qwen")
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"id":"qwen","object":"model","owned_by":"fastroute"}`, readAll(t, resp))
+	_, text := adminDo(t, f, "GET", "/workers", "", "")
+	var workers []struct {
+		ID           uint64
+		Models       []string
+		ServedModels []string `json:"served_models"`
+		Listed       struct{ Models []string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(text), &workers), text)
+	require.Len(t, workers, 2)
+	assert.Equal(t, []string{"llama"}, workers[0].Listed.Models)
+	assert.Equal(t, []string{"llama"}, workers[0].ServedModels)
+	assert.Empty(t, workers[0].Models, "none declared")
+	assert.Equal(t, []string{"qwen"}, workers[1].Models)
+	assert.Equal(t, []string{"qwen"}, workers[1].ServedModels)
+	assert.Empty(t, workers[1].Listed.Models)
+	f.assertIdle()
+}
+
 func adminDo(t *testing.T, f *fleet, method, path, body, token string) (int, string) {
 	req, err := http.NewRequest(method, "http://"+f.r.AdminAddr()+path, strings.NewReader(body))
 	require.NoError(t, err)

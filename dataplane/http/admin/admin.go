@@ -33,7 +33,12 @@ type WorkerInfo struct {
 	Ejected           bool    `json:"ejected"`
 	EjectedForSeconds float64 `json:"ejected_for_seconds,omitempty"`
 	Ejections         int     `json:"ejections"`
-	dataplane.Advertised
+	// Listed is what the worker's /v1/models lists: base models and
+	// adapters (the spec's models and loras are the declared ones).
+	Listed dataplane.Advertised `json:"listed"`
+	// ServedModels is every base model the worker serves: declared and
+	// listed.
+	ServedModels []string `json:"served_models"`
 	// ResidentLoRAs is every adapter the worker holds: declared, listed
 	// and run by its engine.
 	ResidentLoRAs []string `json:"resident_loras"`
@@ -239,9 +244,9 @@ func (o Options) workerJSON(wk *dataplane.Worker) []byte {
 	until, ejections := wk.Ejected()
 	b, _ := json.Marshal(WorkerInfo{
 		WorkerSpec: *wk.Spec(), Healthy: wk.Healthy(), Draining: wk.Draining(),
-		Occupancy: wk.Occupancy(), Served: wk.Served(), Weight: wk.Weight(), Advertised: wk.Advertised(),
+		Occupancy: wk.Occupancy(), Served: wk.Served(), Weight: wk.Weight(),
 		Ejected: !until.IsZero(), EjectedForSeconds: max(time.Until(until).Seconds(), 0), Ejections: ejections,
-		ResidentLoRAs: wk.Adapters(),
+		Listed: wk.Advertised(), ServedModels: wk.Models(), ResidentLoRAs: wk.Adapters(),
 	})
 	if o.Describe == nil {
 		return b

@@ -526,7 +526,7 @@ func (s *Server) modelEntries() []modelEntry {
 		for _, id := range slices.Concat(adv.Models, adv.Adapters) {
 			add(id, adv.Entries[id])
 		}
-		for _, id := range w.Spec().LoRAs {
+		for _, id := range slices.Concat(w.Spec().Models, w.Spec().LoRAs) {
 			add(id, nil)
 		}
 	}
