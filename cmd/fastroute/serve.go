@@ -90,6 +90,8 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	})
 	fs.IntVar(&cfg.Router.BusyThreshold, "busy-threshold", cfg.Router.BusyThreshold, "max in-flight per worker (0 = none)")
 	fs.IntVar(&cfg.Router.Retries, "retries", cfg.Router.Retries, "retries on transport failure before the first byte")
+	fs.IntVar(&cfg.Router.Queue.Size, "queue-size", cfg.Router.Queue.Size, "requests that may wait for a busy worker instead of a 429 (0: none)")
+	fs.DurationVar(&cfg.Router.Queue.Timeout, "queue-timeout", cfg.Router.Queue.Timeout, "longest wait in the queue before a 429")
 	fs.Float64Var(&cfg.Router.CPURatio, "cpu-ratio", cfg.Router.CPURatio, "device-aware-weighted: CPU workers take a request only while cpu_inflight < gpu_inflight × cpus / (ratio × gpus) (0: off)")
 	d := &cfg.Router.Disaggregation
 	fs.StringVar(&d.Protocol, "disagg-protocol", d.Protocol, "prefill/decode disaggregation: off, vllm-nixl or sglang-bootstrap")

@@ -83,6 +83,18 @@ type Router struct {
 	// Disaggregation splits generation requests between a prefill and a
 	// decode pool (workers' role).
 	Disaggregation Disaggregation `yaml:"disaggregation"`
+	// Queue holds requests that find every worker they may go to busy,
+	// instead of answering them 429 at once.
+	Queue Queue `yaml:"queue"`
+}
+
+// Queue is the router's wait queue for requests that find their workers
+// busy: up to Size of them wait, each up to Timeout, for a worker to free
+// a slot; a request beyond Size, or still waiting at Timeout, is answered
+// 429. Size 0 turns it off (429 at once).
+type Queue struct {
+	Size    int           `yaml:"size"`
+	Timeout time.Duration `yaml:"timeout"`
 }
 
 // The disaggregation protocols.
@@ -191,6 +203,7 @@ func Default() Config {
 			SessionAffinity:    Affinity{Mode: "soft", Header: "x-session-id", TTL: 10 * time.Minute, MaxSessions: 100000},
 			EmbeddingCacheSize: 1 << 16, CPURatio: 8, LoRAPlacement: "off",
 			Disaggregation: Disaggregation{Protocol: DisaggOff, Fallback: FallbackAggr},
+			Queue:          Queue{Timeout: 30 * time.Second},
 		},
 		Telemetry: Telemetry{NVML: true, CPU: true, Interval: 250 * time.Millisecond,
 			Engine: Engine{Enabled: true, Interval: 50 * time.Millisecond, Timeout: time.Second}},
@@ -290,6 +303,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Router.Retries < 0 || c.Router.Retries >= dataplane.MaxAttempts {
 		return keyErr("router.retries", "%d is outside 0..%d", c.Router.Retries, dataplane.MaxAttempts-1)
+	}
+	if q := c.Router.Queue; q.Size < 0 {
+		return keyErr("router.queue.size", "%d is negative (0 turns the queue off)", q.Size)
+	} else if q.Size > 0 && q.Timeout <= 0 {
+		return keyErr("router.queue.timeout", "%v must be positive", q.Timeout)
 	}
 	a := &c.Router.SessionAffinity
 	if _, err := affinity.ParseMode(a.Mode); err != nil {

@@ -56,6 +56,8 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"router: {mode: fastest}", `config f.yaml: key router.mode: unknown mode "fastest"`},
 		{"router: {busy_threshold: -1}", "key router.busy_threshold: -1 is negative"},
 		{"router: {retries: 99}", "key router.retries: 99 is outside 0..7"},
+		{"router: {queue: {size: -1}}", "key router.queue.size: -1 is negative"},
+		{"router: {queue: {size: 8, timeout: 0s}}", "key router.queue.timeout: 0s must be positive"},
 		{"router: {session_affinity: {mode: sticky}}", "key router.session_affinity.mode"},
 		{"telemetry: {interval: 0s}", "key telemetry.interval"},
 		{"health: {path: health}", "key health.path"},

@@ -85,6 +85,13 @@ func (w *Writer) Header(name, typ, help string) {
 	w.printf("# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
 }
 
+// Single writes a family of one sample without labels: its header, then
+// the value.
+func (w *Writer) Single(name, typ, help string, value float64) {
+	w.Header(name, typ, help)
+	w.Sample(name, value)
+}
+
 // Sample writes one sample; labels alternate name, value.
 func (w *Writer) Sample(name string, value float64, labels ...string) {
 	if w.err != nil {

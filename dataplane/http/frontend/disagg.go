@@ -280,6 +280,7 @@ func (ex *exchange) endPrefill() {
 	}
 	pre.endConn(ex.token)
 	pre.res.Release()
+	ex.s.queue.ended()
 }
 
 // prefillLeg is the prefill side of an exchange's split requests.

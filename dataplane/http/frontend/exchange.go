@@ -65,6 +65,8 @@ type exchange struct {
 	head          []byte               // a streamed answer's response head, sent with its first chunk
 	beginStreamFn fasthttp.HijackHandler
 	runTakenFn    fasthttp.HijackHandler
+	pickFn        func() error // pick, for the wait queue (awaitSlot)
+	queueTimer    *time.Timer  // awaitSlot's, made at its first wait
 
 	// Client hang-up while the worker works (watchClient to unwatch).
 	client hangup.Conn   // the client connection, while watched
@@ -102,6 +104,15 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 		ex.requestID = append(ex.requestID[:0], ctx.Request.Header.Peek(headerRequestID)...)
 		ex.peer = ctx.RemoteAddr()
 	}
+}
+
+// pick selects and reserves the request's worker, both of a split
+// request's.
+func (ex *exchange) pick() error {
+	if ex.split {
+		return ex.selectSplit()
+	}
+	return ex.s.sel.Select(&ex.req, &ex.res)
 }
 
 // parse reads the routing headers and checks the body is a JSON object.
@@ -490,6 +501,7 @@ func (ex *exchange) settle(o outcome) bool {
 	}
 	ex.endConn(ex.token)
 	ex.res.Release()
+	ex.s.queue.ended()
 	m := ex.s.metrics
 	m.requests[ex.rt][o].Inc()
 	switch {

@@ -63,6 +63,11 @@ type Options struct {
 	AccessErrorsOnly bool
 	// Disagg splits generation requests between prefill and decode workers.
 	Disagg Disagg
+	// QueueSize requests that find every worker they may go to busy wait,
+	// each up to QueueTimeout, for one to free a slot, instead of a 429 at
+	// once (0: no queue).
+	QueueSize    int
+	QueueTimeout time.Duration
 }
 
 // Server is the request front end.
@@ -76,6 +81,7 @@ type Server struct {
 	exchanges sync.Pool
 	parsers   fastjson.ParserPool
 	metrics   *Metrics
+	queue     *waitQueue                // requests waiting for a busy worker; nil: none wait
 	routes    map[string]struct{}       // proxied paths outside /v1/
 	access    *slog.Logger              // nil: no access log
 	retries   atomic.Int64              // router.retries, reloadable
@@ -108,16 +114,18 @@ func New(opts Options) *Server {
 		conns:     xsync.NewMapOf[net.Conn, struct{}](),
 		upConns:   xsync.NewMapOf[net.Conn, struct{}](),
 		metrics:   newMetrics(),
+		queue:     newWaitQueue(opts.QueueSize, opts.QueueTimeout),
 		log:       opts.Logger,
 		access:    opts.AccessLog,
 		dial:      fasthttp.DialTimeout,
 	}
 	s.exchanges.New = func() any {
 		ex := &exchange{s: s}
-		ex.beginStreamFn, ex.runTakenFn = ex.beginStream, ex.runTaken
+		ex.beginStreamFn, ex.runTakenFn, ex.pickFn = ex.beginStream, ex.runTaken, ex.pick
 		return ex
 	}
 	s.metrics.openConnections, s.metrics.maxConnections = s.OpenConnections, opts.MaxConnections
+	s.metrics.queue = s.queue
 	s.reg.Subscribe(s.workerChanged)
 	if w, err := hangup.New(clientHungUp); err != nil {
 		s.log.Warn("client hang-ups are noticed only when the router writes to them", "err", err)
@@ -420,12 +428,20 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 		return
 	}
 	t := time.Now()
-	if ex.split {
-		err = ex.selectSplit()
-	} else {
-		err = s.sel.Select(&ex.req, &ex.res)
-	}
+	err = ex.pick()
 	s.metrics.routeTime.Observe(time.Since(t))
+	if err != nil && !query && s.queue != nil && exhausted(err) {
+		ex.watchClient(ctx) // a client that leaves the queue is gone at once
+		err = ex.awaitSlot(s.queue, ex.pickFn, err)
+		if err != nil {
+			ex.unwatch()
+		}
+	}
+	if err == errHungUpQueued {
+		ctx.SetConnectionClose()
+		ex.end(outcomeCancelled, statusClientClosed)
+		return
+	}
 	if err != nil {
 		writeSelectError(ctx, err)
 		ex.end(selectOutcome(err), ctx.Response.StatusCode())
@@ -434,12 +450,14 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 	ex.picked = true
 	if query && ex.split {
 		ex.res.Release()
+		s.queue.ended()
 		ex.queryDisagg(ctx)
 		ex.end(outcomeQuery, fasthttp.StatusOK)
 		return
 	}
 	if query {
 		ex.res.Release()
+		s.queue.ended()
 		ctx.SetContentType("application/json")
 		b := append(ctx.Response.Body()[:0], `{"worker_id":`...)
 		b = strconv.AppendUint(b, ex.res.Worker().ID(), 10)
@@ -449,7 +467,9 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 		ex.end(outcomeQuery, fasthttp.StatusOK)
 		return
 	}
-	ex.watchClient(ctx)
+	if ex.client.Gen() == 0 { // not watched while it waited in the queue
+		ex.watchClient(ctx)
+	}
 	if ex.stream {
 		// A stream request is sent, waits on its worker and streams in a
 		// goroutine of its own (takeOver).

@@ -60,6 +60,13 @@ type Metrics struct {
 	// Options.MaxConnections), for the scrape.
 	openConnections func() int64
 	maxConnections  int
+	// The wait queue (nil: off): requests in it now, those refused for a
+	// full queue, those that waited out its timeout, and the wait of those
+	// that got a worker.
+	queue         *waitQueue
+	queueFull     metrics.Counter
+	queueTimeouts metrics.Counter
+	queueWait     *metrics.Histogram
 	// Disaggregation: outcomes by leg, prefill legs' time, fallbacks.
 	phases          [numPhases][numOutcomes]metrics.Counter
 	prefillTime     *metrics.Histogram
@@ -75,6 +82,9 @@ func newMetrics() *Metrics {
 		acceptShortages: metrics.NewCounter(),
 		connectionsFull: metrics.NewCounter(),
 		disaggFallbacks: metrics.NewCounter(),
+		queueFull:       metrics.NewCounter(),
+		queueTimeouts:   metrics.NewCounter(),
+		queueWait:       metrics.NewHistogram(metrics.DefaultBuckets),
 		routeTime:       metrics.NewHistogram([]float64{1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 1e-4, 1e-3}),
 		firstByte:       metrics.NewHistogram(metrics.DefaultBuckets),
 		prefillTime:     metrics.NewHistogram(metrics.DefaultBuckets),
@@ -138,18 +148,24 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		}
 		w.Header("fastroute_prefill_seconds", "histogram", "Time of the prefill leg of split requests, to its answer's end.")
 		w.Histogram("fastroute_prefill_seconds", m.prefillTime)
-		w.Header("fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on a decode worker for want of a routable prefill worker.")
-		w.Sample("fastroute_disagg_fallbacks_total", float64(m.disaggFallbacks.Value()))
-		w.Header("fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte.")
-		w.Sample("fastroute_retries_total", float64(m.retries.Value()))
-		w.Header("fastroute_accept_shortages_total", "counter", "Accepts of client connections that failed for want of file descriptors or kernel memory (each followed by a pause of 5 ms to 1 s and another accept).")
-		w.Sample("fastroute_accept_shortages_total", float64(m.acceptShortages.Value()))
-		w.Header("fastroute_client_connections", "gauge", "Client connections open (accepted, not yet closed).")
-		w.Sample("fastroute_client_connections", float64(m.openConnections()))
-		w.Header("fastroute_client_connections_max", "gauge", "The most client connections open at once (limits.max_connections); beyond, new ones wait in the listen queue.")
-		w.Sample("fastroute_client_connections_max", float64(m.maxConnections))
-		w.Header("fastroute_max_connections_reached_total", "counter", "Times the listener stopped accepting with limits.max_connections client connections open.")
-		w.Sample("fastroute_max_connections_reached_total", float64(m.connectionsFull.Value()))
+		for _, f := range []struct {
+			name, typ, help string
+			value           float64
+		}{
+			{"fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on a decode worker for want of a routable prefill worker.", float64(m.disaggFallbacks.Value())},
+			{"fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte.", float64(m.retries.Value())},
+			{"fastroute_accept_shortages_total", "counter", "Accepts of client connections that failed for want of file descriptors or kernel memory (each followed by a pause of 5 ms to 1 s and another accept).", float64(m.acceptShortages.Value())},
+			{"fastroute_client_connections", "gauge", "Client connections open (accepted, not yet closed).", float64(m.openConnections())},
+			{"fastroute_client_connections_max", "gauge", "The most client connections open at once (limits.max_connections); beyond, new ones wait in the listen queue.", float64(m.maxConnections)},
+			{"fastroute_max_connections_reached_total", "counter", "Times the listener stopped accepting with limits.max_connections client connections open.", float64(m.connectionsFull.Value())},
+			{"fastroute_queued_requests", "gauge", "Requests waiting in the router's queue for a busy worker (router.queue).", float64(m.queue.Waiting())},
+			{"fastroute_queue_full_total", "counter", "Requests answered 429 at once because the router's queue was full.", float64(m.queueFull.Value())},
+			{"fastroute_queue_timeouts_total", "counter", "Requests answered 429 after waiting router.queue.timeout in the queue.", float64(m.queueTimeouts.Value())},
+		} {
+			w.Single(f.name, f.typ, f.help, f.value)
+		}
+		w.Header("fastroute_queue_wait_seconds", "histogram", "Time requests that found their workers busy waited in the queue before one took them.")
+		w.Histogram("fastroute_queue_wait_seconds", m.queueWait)
 		w.Header("fastroute_route_seconds", "histogram", "Time to select and reserve a worker.")
 		w.Histogram("fastroute_route_seconds", m.routeTime)
 		w.Header("fastroute_upstream_first_byte_seconds", "histogram", "Time from dispatch to the worker's response headers.")
@@ -174,7 +190,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			}
 			w.Sample("fastroute_worker_ejected", ejected, "worker", strconv.FormatUint(wk.ID(), 10))
 		}
-		w.Header("fastroute_ejections_total", "counter", "Workers taken out of rotation after consecutive 5xx answers or transport failures.")
-		w.Sample("fastroute_ejections_total", float64(reg.Ejections()))
+		w.Single("fastroute_ejections_total", "counter", "Workers taken out of rotation after consecutive 5xx answers or transport failures.",
+			float64(reg.Ejections()))
 	}
 }

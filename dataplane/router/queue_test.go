@@ -1,0 +1,157 @@
+package router
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// queued starts a fleet of n mock workers answering in 4 chunks 100 ms
+// apart (400 ms), each taking one request at a time, with the wait queue on.
+func queued(t *testing.T, n, size int, timeout time.Duration) *fleet {
+	return startFleet(t, mocks(n, 4, 100*time.Millisecond), func(c *config.Config) {
+		c.Router.BusyThreshold = 1
+		c.Router.Queue = config.Queue{Size: size, Timeout: timeout}
+	})
+}
+
+// metric returns the value of one sample line of /metrics ("" if absent).
+func metric(t *testing.T, f *fleet, sample string) string {
+	t.Helper()
+	_, text := adminDo(t, f, "GET", "/metrics", "", "")
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// A request that finds its worker busy waits in the queue and is served
+// once the worker frees its slot, instead of a 429; a request beyond the
+// queue's size is a 429 at once; a query-only request never waits.
+func TestABusyWorkerQueuesTheNextRequest(t *testing.T) {
+	f := queued(t, 1, 1, 5*time.Second)
+	first := f.post("/v1/chat/completions", streamBody)
+	require.Equal(t, http.StatusOK, first.StatusCode)
+
+	start := time.Now()
+	second := make(chan *http.Response, 1)
+	go func() { second <- f.post("/v1/chat/completions", chatBody) }()
+	require.Eventually(t, func() bool { return metric(t, f, "fastroute_queued_requests") == "1" }, 2*time.Second, 5*time.Millisecond)
+
+	full := f.post("/v1/chat/completions", chatBody)
+	text := readAll(t, full)
+	assert.Equal(t, http.StatusTooManyRequests, full.StatusCode)
+	assert.Equal(t, "1", full.Header.Get("Retry-After"))
+	assert.Contains(t, text, "the router's queue is full")
+	query := f.post("/v1/chat/completions", chatBody, "x-query-instance-id", "true")
+	assert.Equal(t, http.StatusTooManyRequests, query.StatusCode, "a query-only pick does not wait")
+	readAll(t, query)
+
+	readAll(t, first)
+	resp := <-second
+	body := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Greater(t, time.Since(start), 700*time.Millisecond, "it waited for the first answer (400 ms) and took its own")
+	assert.Equal(t, "0", metric(t, f, "fastroute_queued_requests"))
+	assert.Equal(t, "1", metric(t, f, "fastroute_queue_full_total"))
+	assert.Equal(t, "1", metric(t, f, "fastroute_queue_wait_seconds_count"))
+	f.assertIdle()
+}
+
+// A request still waiting at the queue's timeout gets the 429 it would have
+// had at once, saying how long it waited.
+func TestAQueuedRequestTimesOut(t *testing.T) {
+	f := queued(t, 1, 4, 150*time.Millisecond)
+	first := f.post("/v1/chat/completions", streamBody)
+	start := time.Now()
+	resp := f.post("/v1/chat/completions", chatBody)
+	text := readAll(t, resp)
+	waited := time.Since(start)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Contains(t, text, "waited 150ms in the router's queue")
+	assert.GreaterOrEqual(t, waited, 150*time.Millisecond)
+	assert.Less(t, waited, 380*time.Millisecond, "answered at the timeout, not when the worker freed")
+	assert.Equal(t, "1", metric(t, f, "fastroute_queue_timeouts_total"))
+	readAll(t, first)
+	f.assertIdle()
+}
+
+// A client that leaves while its request waits is gone from the queue at
+// once (counted cancelled, 499 in the access log) and never reaches a
+// worker.
+func TestAClientThatLeavesTheQueue(t *testing.T) {
+	f := queued(t, 1, 4, 5*time.Second)
+	first := f.post("/v1/chat/completions", streamBody)
+	c, err := net.Dial("tcp", f.r.Addr())
+	require.NoError(t, err)
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+	require.Eventually(t, func() bool { return metric(t, f, "fastroute_queued_requests") == "1" }, 2*time.Second, 5*time.Millisecond)
+	require.NoError(t, c.Close())
+	require.Eventually(t, func() bool { return metric(t, f, "fastroute_queued_requests") == "0" }, time.Second, 5*time.Millisecond,
+		"the client's hang-up takes it out of the queue before the worker frees")
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("/v1/chat/completions", "cancelled"))
+	readAll(t, first)
+	f.assertIdle()
+	assert.EqualValues(t, 1, f.mocks[0].Served(), "only the first request reached the worker")
+}
+
+// Under a burst four times the fleet's slots, every request waits its turn
+// and is served, no worker ever holds more than its one slot, and every
+// count returns to zero.
+func TestABurstDrainsThroughTheQueue(t *testing.T) {
+	f := startFleet(t, mocks(2, 2, 20*time.Millisecond), func(c *config.Config) {
+		c.Router.BusyThreshold = 1
+		c.Router.Queue = config.Queue{Size: 64, Timeout: 10 * time.Second}
+	})
+	var wg sync.WaitGroup
+	var most [2]int64
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for i, m := range f.mocks {
+				most[i] = max(most[i], m.Active())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	codes := make(chan int, 8)
+	for i := 0; i < 8; i++ {
+		wg.Go(func() {
+			body := chatBody
+			if i%2 == 0 {
+				body = streamBody
+			}
+			resp := f.post("/v1/chat/completions", body)
+			readAll(t, resp)
+			codes <- resp.StatusCode
+		})
+	}
+	wg.Wait()
+	close(stop)
+	<-watched
+	close(codes)
+	for code := range codes {
+		assert.Equal(t, http.StatusOK, code)
+	}
+	assert.LessOrEqual(t, most[0], int64(1))
+	assert.LessOrEqual(t, most[1], int64(1))
+	assert.Equal(t, "0", metric(t, f, "fastroute_queued_requests"))
+	f.assertIdle()
+}
