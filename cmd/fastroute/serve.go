@@ -90,6 +90,11 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	})
 	fs.IntVar(&cfg.Router.BusyThreshold, "busy-threshold", cfg.Router.BusyThreshold, "max in-flight per worker (0 = none)")
 	fs.IntVar(&cfg.Router.Retries, "retries", cfg.Router.Retries, "retries on transport failure before the first byte")
+	fs.Func("retry-status", "a worker answer status that moves the request to another worker, e.g. 503 (repeatable; 408, 429 or 5xx)", func(v string) error {
+		st, err := strconv.Atoi(v)
+		cfg.Router.RetryStatuses = append(cfg.Router.RetryStatuses, st)
+		return err
+	})
 	fs.IntVar(&cfg.Router.Queue.Size, "queue-size", cfg.Router.Queue.Size, "requests that may wait for a busy worker instead of a 429 (0: none)")
 	fs.DurationVar(&cfg.Router.Queue.Timeout, "queue-timeout", cfg.Router.Queue.Timeout, "longest wait in the queue before a 429")
 	fs.Float64Var(&cfg.Router.CPURatio, "cpu-ratio", cfg.Router.CPURatio, "device-aware-weighted: CPU workers take a request only while cpu_inflight < gpu_inflight × cpus / (ratio × gpus) (0: off)")

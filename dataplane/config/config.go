@@ -86,6 +86,11 @@ type Router struct {
 	// Queue holds requests that find every worker they may go to busy,
 	// instead of answering them 429 at once.
 	Queue Queue `yaml:"queue"`
+	// RetryStatuses are worker answer statuses that move a request to
+	// another worker, as a transport failure does (within Retries), when
+	// the answer is small enough to be read whole first; the last worker's
+	// answer reaches the client as it is. Empty: answers are never retried.
+	RetryStatuses []int `yaml:"retry_statuses"`
 }
 
 // Queue is the router's wait queue for requests that find their workers
@@ -303,6 +308,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Router.Retries < 0 || c.Router.Retries >= dataplane.MaxAttempts {
 		return keyErr("router.retries", "%d is outside 0..%d", c.Router.Retries, dataplane.MaxAttempts-1)
+	}
+	for _, st := range c.Router.RetryStatuses {
+		if st != 408 && st != 429 && (st < 500 || st > 599) {
+			return keyErr("router.retry_statuses", "%d is not 408, 429 or 5xx", st)
+		}
 	}
 	if q := c.Router.Queue; q.Size < 0 {
 		return keyErr("router.queue.size", "%d is negative (0 turns the queue off)", q.Size)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -154,4 +155,53 @@ func TestABurstDrainsThroughTheQueue(t *testing.T) {
 	assert.LessOrEqual(t, most[1], int64(1))
 	assert.Equal(t, "0", metric(t, f, "fastroute_queued_requests"))
 	f.assertIdle()
+}
+
+// With router.retry_statuses, a worker's answer of such a status moves the
+// request to another worker before anything reaches the client, streamed
+// requests too; with every worker failing, the client gets the last
+// worker's own answer (not a 502), and every count returns to zero.
+func TestAnAnswerOfARetryStatusMovesTheRequest(t *testing.T) {
+	opts := mocks(2, 2, 0)
+	opts[0].FailRate = 1 // worker 1 answers every request 500
+	f := startFleet(t, opts, func(c *config.Config) {
+		c.Router.RetryStatuses = []int{500, 503}
+		c.Health.EjectAfter = 1000 // keep worker 1 in rotation
+	})
+	for i := 0; i < 6; i++ {
+		body := chatBody
+		if i%2 == 1 {
+			body = streamBody
+		}
+		resp := f.post("/v1/chat/completions", body)
+		text := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, text)
+		assert.Equal(t, "2", resp.Header.Get("x-fastroute-worker"))
+	}
+	retries := f.r.Frontend.Metrics().Retries()
+	assert.True(t, retries >= 3 && retries <= 6, "each request that met worker 1 first moved once: %d", retries)
+	f.assertIdle()
+
+	g := startFleet(t, []mockworker.Options{{ID: 1, FailRate: 1}, {ID: 2, FailRate: 1}}, func(c *config.Config) {
+		c.Router.RetryStatuses = []int{500}
+		c.Health.EjectAfter = 1000
+	})
+	resp := g.post("/v1/chat/completions", chatBody)
+	text := readAll(t, resp)
+	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+	assert.Contains(t, text, "mock: injected failure", "the last worker's own answer")
+	assert.EqualValues(t, 1, g.r.Frontend.Metrics().Retries(), "tried both workers once")
+	g.assertIdle()
+
+	h := startFleet(t, []mockworker.Options{{ID: 1, FailRate: 1}, {ID: 2}}, func(c *config.Config) {
+		c.Health.EjectAfter = 1000
+	})
+	codes := map[int]int{}
+	for range 4 {
+		resp := h.post("/v1/chat/completions", chatBody)
+		readAll(t, resp)
+		codes[resp.StatusCode]++
+	}
+	assert.Equal(t, map[int]int{200: 2, 500: 2}, codes, "without retry_statuses a 500 reaches the client")
+	h.assertIdle()
 }

@@ -48,6 +48,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.lora_placement":       old.Router.LoRAPlacement == cfg.Router.LoRAPlacement,
 		"router.disaggregation":       old.Router.Disaggregation == cfg.Router.Disaggregation,
 		"router.queue":                old.Router.Queue == cfg.Router.Queue,
+		"router.retry_statuses":       slices.Equal(old.Router.RetryStatuses, cfg.Router.RetryStatuses),
 		"discovery":                   reflect.DeepEqual(old.Discovery, cfg.Discovery),
 		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": old.Health == cfg.Health,
 		"limits": old.Limits == cfg.Limits, "routes": slices.Equal(old.Routes, cfg.Routes), "log": old.Log == cfg.Log,

@@ -239,6 +239,19 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 			ex.firstByte = time.Since(t)
 			s.metrics.firstByte.Observe(ex.firstByte)
 			s.reportAnswer(w, ex.resp.StatusCode() < fasthttp.StatusInternalServerError)
+			if ex.retriesAnswer() {
+				if !ex.readWhole(ctx, w) {
+					return false
+				}
+				ex.endConn(ex.token) // read to its end: the connection goes back to its pool
+				if s.sel.Retry(&ex.req, &ex.res) == nil {
+					ctx.Response.ResetBody()
+					s.metrics.retries.Inc()
+					continue
+				}
+				ex.sendWhole(ctx, u) // no other worker: the client gets this answer
+				return false
+			}
 			s.sel.Answered(&ex.req, &ex.res)
 			return ex.respond(ctx, u, w)
 		}
@@ -343,7 +356,16 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		}
 		return true
 	}
-	if body != nil {
+	if ex.readWhole(ctx, w) {
+		ex.sendWhole(ctx, u)
+	}
+	return false
+}
+
+// readWhole reads the worker's answer body whole into the client's
+// response. False: the answer broke, and the client got an error.
+func (ex *exchange) readWhole(ctx *fasthttp.RequestCtx, w *dataplane.Worker) bool {
+	if body := ex.resp.BodyStream(); body != nil {
 		if ex.copyBuf == nil {
 			ex.copyBuf = make([]byte, 16<<10)
 		}
@@ -357,10 +379,31 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		}
 	}
 	ex.bodyDone = true
+	return true
+}
+
+// sendWhole ends the exchange with the answer readWhole read, from worker
+// upstream u.
+func (ex *exchange) sendWhole(ctx *fasthttp.RequestCtx, u *upstream) {
 	ex.copyHeaders(ctx, u)
 	ex.bytes = int64(len(ctx.Response.Body()))
 	ex.finish(outcomeOK)
-	return false
+}
+
+// retriesAnswer reports whether the worker's answer moves the request to
+// another worker: its status is one of router.retry_statuses, a try is
+// left, the request is not bound to the worker, and the answer is no event
+// stream and of a known length the answer buffer holds (it is read whole
+// first, so that the client can still get it when no other worker can
+// take the request).
+func (ex *exchange) retriesAnswer() bool {
+	s := ex.s
+	st := ex.resp.StatusCode()
+	if st < 0 || st >= len(s.retryOn) || !s.retryOn[st] || ex.req.WorkerID != 0 || int64(ex.req.Attempts()) >= s.retries.Load() {
+		return false
+	}
+	n := ex.resp.Header.ContentLength()
+	return n >= 0 && n <= s.opts.AnswerBufferBytes && !bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream)
 }
 
 func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {

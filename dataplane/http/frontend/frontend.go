@@ -68,6 +68,11 @@ type Options struct {
 	// once (0: no queue).
 	QueueSize    int
 	QueueTimeout time.Duration
+	// RetryStatuses are worker answer statuses that move the request to
+	// another worker (within Retries) when the answer, read whole first,
+	// is at most AnswerBufferBytes; the last worker's answer goes to the
+	// client as it is.
+	RetryStatuses []int
 }
 
 // Server is the request front end.
@@ -82,6 +87,7 @@ type Server struct {
 	parsers   fastjson.ParserPool
 	metrics   *Metrics
 	queue     *waitQueue                // requests waiting for a busy worker; nil: none wait
+	retryOn   [600]bool                 // answer statuses retried on another worker (Options.RetryStatuses)
 	routes    map[string]struct{}       // proxied paths outside /v1/
 	access    *slog.Logger              // nil: no access log
 	retries   atomic.Int64              // router.retries, reloadable
@@ -137,6 +143,11 @@ func New(opts Options) *Server {
 		s.routes[r] = struct{}{}
 	}
 	s.retries.Store(int64(opts.Retries))
+	for _, st := range opts.RetryStatuses {
+		if st >= 0 && st < len(s.retryOn) {
+			s.retryOn[st] = true
+		}
+	}
 	s.srv = &fasthttp.Server{
 		Handler:            s.Handle,
 		Name:               "fastroute",

@@ -153,7 +153,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			value           float64
 		}{
 			{"fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on a decode worker for want of a routable prefill worker.", float64(m.disaggFallbacks.Value())},
-			{"fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte.", float64(m.retries.Value())},
+			{"fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte, or an answer of a status router.retry_statuses names.", float64(m.retries.Value())},
 			{"fastroute_accept_shortages_total", "counter", "Accepts of client connections that failed for want of file descriptors or kernel memory (each followed by a pause of 5 ms to 1 s and another accept).", float64(m.acceptShortages.Value())},
 			{"fastroute_client_connections", "gauge", "Client connections open (accepted, not yet closed).", float64(m.openConnections())},
 			{"fastroute_client_connections_max", "gauge", "The most client connections open at once (limits.max_connections); beyond, new ones wait in the listen queue.", float64(m.maxConnections)},
