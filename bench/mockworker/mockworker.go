@@ -34,6 +34,9 @@ type Options struct {
 	Engine EngineOptions
 	// MetricsDialect names the /metrics series: "vllm" (default) or "sglang".
 	MetricsDialect string
+	// APIKey, as vLLM's --api-key, makes every /v1/ route answer 401
+	// without "Authorization: Bearer <key>"; /health and /metrics stay open.
+	APIKey string
 }
 
 // maxModelLen is the context length the mock's /v1/models reports.
@@ -137,6 +140,13 @@ func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 		ctx.Response.Header.SetBytesV("x-mock-dp-rank", r)
 	}
 	path := string(ctx.Path())
+	if w.opts.APIKey != "" && strings.HasPrefix(path, "/v1/") &&
+		string(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)) != "Bearer "+w.opts.APIKey {
+		ctx.SetStatusCode(fasthttp.StatusUnauthorized)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":"Unauthorized"}`)
+		return
+	}
 	switch {
 	case path == "/health":
 		ctx.SetBodyString("ok")

@@ -22,6 +22,7 @@ func runMockWorker(args []string) error {
 	fs.IntVar(&o.Tokens, "tokens", 8, "chunks per answer")
 	fs.DurationVar(&o.TokenInterval, "token-interval", 0, "pause before each chunk")
 	fs.StringVar(&o.Model, "model", "mock-model", "model name")
+	fs.StringVar(&o.APIKey, "api-key", "", "answer /v1/ routes only with Authorization: Bearer <key>, as vLLM's --api-key")
 	loras := fs.String("loras", "", "comma-separated LoRA adapters to advertise")
 	fs.Float64Var(&o.FailRate, "fail-rate", 0, "share of requests answered 500")
 	e := &o.Engine

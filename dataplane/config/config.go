@@ -29,6 +29,13 @@ type Config struct {
 	AdminTokenFile string `yaml:"admin_token_file"`
 	// MetricsPublic opens GET /metrics alone to scrapers without the token.
 	MetricsPublic bool `yaml:"metrics_public"`
+	// WorkerAPIKey goes as "Authorization: Bearer <key>" on the router's
+	// own requests to workers (health probes, /v1/models, engine metrics):
+	// an engine started with --api-key answers /v1/models only with it.
+	// Clients' requests keep their own Authorization. WorkerAPIKeyFile
+	// holds it (its first line) out of the config and the command line.
+	WorkerAPIKey     string `yaml:"worker_api_key"`
+	WorkerAPIKeyFile string `yaml:"worker_api_key_file"`
 	// ShutdownTimeout bounds the drain on SIGTERM; streams still open then are cut.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	// Routes are extra paths proxied like the OpenAI ones, beyond every POST
@@ -250,25 +257,23 @@ func Parse(name string, data []byte) (Config, error) {
 // AdminTokenEnv is the environment variable an admin token may come from.
 const AdminTokenEnv = "FASTROUTE_ADMIN_TOKEN"
 
-// ResolveAdminToken settles the admin token, from admin_token,
-// admin_token_file or the FASTROUTE_ADMIN_TOKEN variable (getenv), and
-// refuses an admin listener reachable off this host with no token. It runs
-// once before the router starts, after Validate.
-func (c *Config) ResolveAdminToken(getenv func(string) string) error {
-	switch {
-	case c.AdminToken != "" && c.AdminTokenFile != "":
-		return keyErr("admin_token_file", "set admin_token or admin_token_file, not both")
-	case c.AdminTokenFile != "":
-		data, err := os.ReadFile(c.AdminTokenFile)
-		if err != nil {
-			return keyErr("admin_token_file", "%v", err)
-		}
-		line, _, _ := strings.Cut(string(data), "\n")
-		if c.AdminToken = strings.TrimSpace(line); c.AdminToken == "" {
-			return keyErr("admin_token_file", "%s holds no token", c.AdminTokenFile)
-		}
-	case c.AdminToken == "":
-		c.AdminToken = strings.TrimSpace(getenv(AdminTokenEnv))
+// WorkerAPIKeyEnv is the environment variable the workers' API key may
+// come from.
+const WorkerAPIKeyEnv = "FASTROUTE_WORKER_API_KEY"
+
+// ResolveSecrets settles the admin token (admin_token, admin_token_file
+// or the FASTROUTE_ADMIN_TOKEN variable, through getenv) and the workers'
+// API key (worker_api_key, worker_api_key_file or
+// FASTROUTE_WORKER_API_KEY), and refuses an admin listener reachable off
+// this host with no token. It runs once before the router starts, after
+// Validate.
+func (c *Config) ResolveSecrets(getenv func(string) string) error {
+	var err error
+	if c.AdminToken, err = resolveSecret("admin_token", c.AdminToken, c.AdminTokenFile, AdminTokenEnv, getenv); err != nil {
+		return err
+	}
+	if c.WorkerAPIKey, err = resolveSecret("worker_api_key", c.WorkerAPIKey, c.WorkerAPIKeyFile, WorkerAPIKeyEnv, getenv); err != nil {
+		return err
 	}
 	if c.AdminToken != "" {
 		return nil
@@ -279,6 +284,28 @@ func (c *Config) ResolveAdminToken(getenv func(string) string) error {
 			c.AdminListen, AdminTokenEnv)
 	}
 	return nil
+}
+
+// resolveSecret returns the secret of config key key: its value, else the
+// first line of its file (key_file), else the environment variable env.
+func resolveSecret(key, value, file, env string, getenv func(string) string) (string, error) {
+	switch {
+	case value != "" && file != "":
+		return "", keyErr(key+"_file", "set %s or %s_file, not both", key, key)
+	case file != "":
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return "", keyErr(key+"_file", "%v", err)
+		}
+		line, _, _ := strings.Cut(string(data), "\n")
+		if value = strings.TrimSpace(line); value == "" {
+			return "", keyErr(key+"_file", "%s holds nothing on its first line", file)
+		}
+		return value, nil
+	case value == "":
+		return strings.TrimSpace(getenv(env)), nil
+	}
+	return value, nil
 }
 
 // KeyError names the config key at fault.

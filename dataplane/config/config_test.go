@@ -110,3 +110,33 @@ func TestSizes(t *testing.T) {
 	_, err = Parse("f.yaml", []byte("limits: {max_header_bytes: 100}\n"))
 	assert.ErrorContains(t, err, "key limits.max_header_bytes: 100 is outside 1KiB..16MiB")
 }
+
+func TestWorkerAPIKeyComesFromTheConfigAFileOrTheEnvironment(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "key")
+	require.NoError(t, os.WriteFile(file, []byte(" k-file \nsecond line\n"), 0o600))
+	noEnv := func(string) string { return "" }
+
+	c := Default()
+	c.WorkerAPIKeyFile = file
+	require.NoError(t, c.ResolveSecrets(noEnv))
+	assert.Equal(t, "k-file", c.WorkerAPIKey)
+
+	c = Default()
+	require.NoError(t, c.ResolveSecrets(func(k string) string {
+		if k == WorkerAPIKeyEnv {
+			return " k-env\n"
+		}
+		return ""
+	}))
+	assert.Equal(t, "k-env", c.WorkerAPIKey)
+
+	c = Default()
+	c.WorkerAPIKey, c.WorkerAPIKeyFile = "k", file
+	assert.EqualError(t, c.ResolveSecrets(noEnv), "key worker_api_key_file: set worker_api_key or worker_api_key_file, not both")
+
+	empty := filepath.Join(t.TempDir(), "empty")
+	require.NoError(t, os.WriteFile(empty, []byte("\nk\n"), 0o600))
+	c = Default()
+	c.WorkerAPIKeyFile = empty
+	assert.EqualError(t, c.ResolveSecrets(noEnv), "key worker_api_key_file: "+empty+" holds nothing on its first line")
+}

@@ -24,7 +24,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err
 	}
-	if err := cfg.ResolveAdminToken(os.Getenv); err != nil {
+	if err := cfg.ResolveSecrets(os.Getenv); err != nil {
 		return nil, nil, err
 	}
 	old := r.Config
@@ -42,6 +42,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
 		"admin_token": old.AdminToken == cfg.AdminToken, "metrics_public": old.MetricsPublic == cfg.MetricsPublic,
+		"worker_api_key":              old.WorkerAPIKey == cfg.WorkerAPIKey,
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,

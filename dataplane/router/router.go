@@ -64,7 +64,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := cfg.ResolveAdminToken(os.Getenv); err != nil {
+	if err := cfg.ResolveSecrets(os.Getenv); err != nil {
 		return nil, err
 	}
 	reg := dataplane.NewRegistry()
@@ -114,7 +114,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.Frontend = frontend.New(fo)
 	r.Health = health.New(reg, health.Options{
 		Interval: cfg.Health.Interval, Path: cfg.Health.Path, UnhealthyAfter: cfg.Health.UnhealthyAfter,
-		Logger: log,
+		Logger: log, APIKey: cfg.WorkerAPIKey,
 	})
 	r.Metrics.Register(r.Frontend.Metrics().Collector(func() string { return string(r.CurrentConfig().Router.Mode) }, reg))
 	r.Metrics.Register(r.stateCollector())
@@ -238,7 +238,7 @@ func (r *Router) startEngines(log *slog.Logger) {
 	}
 	reg := r.Registry
 	r.Engines = engine.New(engine.Options{
-		Interval: e.Interval, Timeout: e.Timeout, Logger: log,
+		Interval: e.Interval, Timeout: e.Timeout, Logger: log, APIKey: r.Config.WorkerAPIKey,
 		Targets: func() []engine.Target {
 			all := reg.All()
 			out := make([]engine.Target, len(all))

@@ -537,6 +537,46 @@ func TestDeclaredModelsRouteAWorkerThatListsNone(t *testing.T) {
 	f.assertIdle()
 }
 
+// Engines started with an API key (vLLM's --api-key) list their models
+// only to a request that carries it: with worker_api_key the router's own
+// probes do, and it routes by model; clients' requests carry their own
+// Authorization, never the router's key, which no answer, page or log
+// shows.
+func TestWorkerAPIKeyOpensTheEnginesListings(t *testing.T) {
+	const key = "sk-engine-7f3a"
+	opts := mocks(2, 1, 0)
+	opts[0].Model, opts[1].Model = "llama", "qwen"
+	for i := range opts {
+		opts[i].APIKey = key
+	}
+	var logs syncBuffer
+	f := startFleetLog(t, opts, func(c *config.Config) { c.WorkerAPIKey = key; c.Log.Access = "all" }, &logs)
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().ModelGroup([]byte("qwen")) != nil },
+		5*time.Second, 10*time.Millisecond, "the probes list the models with the key")
+	for range 4 {
+		assert.Equal(t, "2", f.servedBy("/v1/chat/completions", `{"model":"qwen","messages":[]}`, "Authorization", "Bearer "+key))
+	}
+	resp := f.post("/v1/chat/completions", `{"model":"qwen","messages":[]}`)
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "a client without the key is refused by the engine, not let in by the router's")
+	readAll(t, resp)
+	_, workers := adminDo(t, f, "GET", "/workers", "", "")
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
+	next := f.r.CurrentConfig()
+	next.WorkerAPIKey = key + "-new"
+	f.r.SetConfigSource(func() (config.Config, error) { return next, nil })
+	code, reload := adminDo(t, f, "POST", "/config/reload", "", "")
+	assert.Contains(t, reload, `"need_restart":["worker_api_key"]`)
+	for what, text := range map[string]string{"GET /workers": workers, "GET /metrics": metrics, "the reload's answer": reload, "the log": logs.String()} {
+		assert.NotContains(t, text, key, what)
+	}
+	assert.Equal(t, http.StatusOK, code, reload)
+	f.assertIdle()
+
+	without := startFleet(t, opts, nil)
+	time.Sleep(350 * time.Millisecond) // three probe rounds
+	assert.False(t, without.r.Registry.Snapshot().Catalog().ListsModels(), "without the key no listing is read")
+}
+
 func adminDo(t *testing.T, f *fleet, method, path, body, token string) (int, string) {
 	req, err := http.NewRequest(method, "http://"+f.r.AdminAddr()+path, strings.NewReader(body))
 	require.NoError(t, err)

@@ -40,6 +40,9 @@ type Options struct {
 	// worker at a time.
 	Publish func(id uint64, st *Stats)
 	Client  *http.Client // default: keep-alive client with Timeout
+	// APIKey, when set, goes as "Authorization: Bearer <key>" on every
+	// scrape.
+	APIKey string
 }
 
 // Scraper polls every target's metrics concurrently each interval.
@@ -139,6 +142,9 @@ func (s *Scraper) fetch(ctx context.Context, url string) (Reading, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return Reading{}, err
+	}
+	if s.o.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+s.o.APIKey)
 	}
 	resp, err := s.o.Client.Do(req)
 	if err != nil {

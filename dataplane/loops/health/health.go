@@ -21,6 +21,9 @@ type Options struct {
 	Path           string
 	UnhealthyAfter int
 	Logger         *slog.Logger
+	// APIKey, when set, goes as "Authorization: Bearer <key>" on every
+	// probe (an engine started with --api-key lists its models only then).
+	APIKey string
 }
 
 // MaxAnswerBytes bounds what a probe reads of an answer: a /v1/models
@@ -134,8 +137,23 @@ func (c *Checker) CheckOnce() {
 	c.mu.Unlock()
 }
 
+// get fetches url within one probe interval, with the API key if set.
+func (c *Checker) get(url string) (status int, body []byte, err error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(url)
+	if c.opts.APIKey != "" {
+		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+c.opts.APIKey)
+	}
+	if err = c.client.DoTimeout(req, resp, c.opts.Interval); err != nil {
+		return 0, nil, err
+	}
+	return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil
+}
+
 func (c *Checker) probe(url string) bool {
-	status, _, err := c.client.GetTimeout(nil, url, c.opts.Interval)
+	status, _, err := c.get(url)
 	if err != nil || status != fasthttp.StatusOK {
 		c.opts.Logger.Debug("health probe failed", "url", url, "status", status, "err", err)
 		return false
@@ -146,7 +164,7 @@ func (c *Checker) probe(url string) bool {
 // models reads an OpenAI /v1/models answer: entries with a parent are LoRA
 // adapters, the others base models. Nil when unreadable.
 func (c *Checker) models(url string) *dataplane.Advertised {
-	status, body, err := c.client.GetTimeout(nil, url, c.opts.Interval)
+	status, body, err := c.get(url)
 	if err != nil || status != fasthttp.StatusOK {
 		return nil
 	}
