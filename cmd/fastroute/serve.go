@@ -80,6 +80,8 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.StringVar(&cfg.Log.Access, "log-access", cfg.Log.Access, "access log: off, all, or errors (400 and above, or cut)")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "log format: text or json")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "drain bound on SIGTERM; streams still open then are cut")
+	fs.StringVar(&cfg.TLS.CertFile, "tls-cert-file", cfg.TLS.CertFile, "PEM certificate chain: clients speak TLS to the front end (with --tls-key-file)")
+	fs.StringVar(&cfg.TLS.KeyFile, "tls-key-file", cfg.TLS.KeyFile, "PEM private key of --tls-cert-file")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin address (metrics, pprof, workers)")
 	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer token every admin route needs (visible in ps: prefer --admin-token-file or "+config.AdminTokenEnv+")")
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", cfg.AdminTokenFile, "file whose first line is the admin token")

@@ -50,7 +50,20 @@ type Config struct {
 	Workers   []dataplane.WorkerSpec `yaml:"workers"`
 	// Discovery finds more workers on etcd, beside the static ones.
 	Discovery Discovery `yaml:"discovery"`
+	// TLS has clients speak TLS to the front end.
+	TLS TLS `yaml:"tls"`
 }
+
+// TLS serves the front end over TLS (HTTP/1.1 inside) when both files
+// are set: a PEM certificate chain and its private key. A reload reads
+// them again (a rotated certificate).
+type TLS struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// On reports whether the front end speaks TLS.
+func (t TLS) On() bool { return t.CertFile != "" }
 
 // Discovery configures worker discovery.
 type Discovery struct {
@@ -340,6 +353,9 @@ func (c *Config) Validate() error {
 		if st != 408 && st != 429 && (st < 500 || st > 599) {
 			return keyErr("router.retry_statuses", "%d is not 408, 429 or 5xx", st)
 		}
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		return keyErr("tls", "set cert_file and key_file together")
 	}
 	if q := c.Router.Queue; q.Size < 0 {
 		return keyErr("router.queue.size", "%d is negative (0 turns the queue off)", q.Size)

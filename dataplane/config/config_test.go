@@ -57,6 +57,7 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"router: {busy_threshold: -1}", "key router.busy_threshold: -1 is negative"},
 		{"router: {retries: 99}", "key router.retries: 99 is outside 0..7"},
 		{"router: {queue: {size: -1}}", "key router.queue.size: -1 is negative"},
+		{"tls: {cert_file: c.pem}", "key tls: set cert_file and key_file together"},
 		{"router: {retry_statuses: [503, 404]}", "key router.retry_statuses: 404 is not 408, 429 or 5xx"},
 		{"router: {queue: {size: 8, timeout: 0s}}", "key router.queue.timeout: 0s must be positive"},
 		{"router: {session_affinity: {mode: sticky}}", "key router.session_affinity.mode"},

@@ -39,10 +39,17 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			}
 		}
 	}
+	var cert certificate // read before anything applies: a bad one refuses the reload
+	if cfg.TLS.On() && old.TLS.On() {
+		if err := cert.load(cfg.TLS); err != nil {
+			return nil, nil, err
+		}
+	}
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
 		"admin_token": old.AdminToken == cfg.AdminToken, "metrics_public": old.MetricsPublic == cfg.MetricsPublic,
 		"worker_api_key":              old.WorkerAPIKey == cfg.WorkerAPIKey,
+		"tls":                         old.TLS.On() == cfg.TLS.On(),
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
@@ -72,11 +79,18 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		applied = append(applied, fmt.Sprintf("router.retries=%d", cfg.Router.Retries))
 	}
 	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
+	if c := cert.cur.Load(); c != nil {
+		r.cert.cur.Store(c)
+		applied = append(applied, "tls certificate read again")
+	}
 
 	next := old // what runs now: the applied keys new, the others as they were
 	next.Router.Mode, next.Router.BusyThreshold, next.Router.Retries = cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.Retries
 	next.Router.CPURatio = cfg.Router.CPURatio
 	next.Workers = cfg.Workers
+	if cert.cur.Load() != nil {
+		next.TLS = cfg.TLS
+	}
 	r.Config = next
 	r.log.Info("config reloaded", "applied", applied, "need_restart", needRestart)
 	return applied, needRestart, nil

@@ -51,6 +51,7 @@ type Router struct {
 	ln, adminLn net.Listener
 	admin       *http.Server
 	gpu         *nvml.Collector
+	cert        certificate // the front end's, with tls set
 	cancel      context.CancelFunc
 	loops       sync.WaitGroup // health and telemetry goroutines
 }
@@ -110,6 +111,12 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	if cfg.Log.Access != "off" {
 		fo.AccessLog, fo.AccessErrorsOnly = log.With("log", "access"), cfg.Log.Access == "errors"
+	}
+	if cfg.TLS.On() {
+		if err := r.cert.load(cfg.TLS); err != nil {
+			return nil, err
+		}
+		fo.TLS = r.cert.serverConfig()
 	}
 	r.Frontend = frontend.New(fo)
 	r.Health = health.New(reg, health.Options{

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"crypto/tls"
 	"errors"
 	"net"
 	"sync/atomic"
@@ -10,10 +11,22 @@ import (
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
 )
 
-// newClientConn wraps an accepted connection.
-func newClientConn(c net.Conn) *clientConn {
+// newClientConn wraps an accepted connection; with tlsConfig, the
+// connection speaks TLS, read and written through crypto/tls rather than
+// with raw system calls (its socket is still watched for the client's
+// hang-up).
+func newClientConn(c net.Conn, tlsConfig *tls.Config) *clientConn {
+	if tlsConfig != nil {
+		cc := &clientConn{Conn: tls.Server(c, tlsConfig)}
+		cc.init(cc.Conn)
+		if sc, ok := c.(syscall.Conn); ok {
+			cc.sock, _ = sc.SyscallConn()
+		}
+		return cc
+	}
 	cc := &clientConn{Conn: c}
 	cc.init(c)
+	cc.sock = cc.raw
 	cc.deferDeadlines()
 	return cc
 }
@@ -28,11 +41,12 @@ func newClientConn(c net.Conn) *clientConn {
 type clientConn struct {
 	net.Conn
 	sockIO
-	gate    *gate        // the gate it came through
-	closed  atomic.Bool  // Close was called (the gate counted it closed)
-	watch   hangup.Conn  // its hang-up watch (Server.trackConn)
-	handoff atomic.Int32 // a take-over's and fasthttp's hand-off of the connection (handedOff)
-	probed  bool         // a read of nothing came (pipelined)
+	gate    *gate           // the gate it came through
+	closed  atomic.Bool     // Close was called (the gate counted it closed)
+	watch   hangup.Conn     // its hang-up watch (Server.trackConn)
+	handoff atomic.Int32    // a take-over's and fasthttp's hand-off of the connection (handedOff)
+	probed  bool            // a read of nothing came (pipelined)
+	sock    syscall.RawConn // the socket, for the hang-up watcher (a TLS connection's too); nil: none
 }
 
 func (c *clientConn) Read(p []byte) (int, error) {
@@ -115,8 +129,8 @@ var errNotASocket = errors.New("the client connection is not a socket")
 
 // SyscallConn is the socket's, for the hang-up watcher.
 func (c *clientConn) SyscallConn() (syscall.RawConn, error) {
-	if c.raw == nil {
+	if c.sock == nil {
 		return nil, errNotASocket
 	}
-	return c.raw, nil
+	return c.sock, nil
 }

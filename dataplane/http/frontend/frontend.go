@@ -7,6 +7,7 @@ package frontend
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,6 +69,9 @@ type Options struct {
 	// once (0: no queue).
 	QueueSize    int
 	QueueTimeout time.Duration
+	// TLS, when set, has clients speak TLS (HTTP/1.1 inside); nil: plain
+	// HTTP.
+	TLS *tls.Config
 	// RetryStatuses are worker answer statuses that move the request to
 	// another worker (within Retries) when the answer, read whole first,
 	// is at most AnswerBufferBytes; the last worker's answer goes to the
@@ -198,7 +202,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	if idle == 0 { // as fasthttp does
 		idle = s.opts.ReadTimeout
 	}
-	g := newGate(ln, s.opts.ReadTimeout, idle, s.opts.MaxConnections, s.closeConn, s.acceptShort, s.connectionsFull)
+	g := newGate(ln, s.opts.ReadTimeout, idle, s.opts.MaxConnections, s.closeConn, s.acceptShort, s.connectionsFull, s.opts.TLS)
 	s.gate.Store(g)
 	return s.srv.Serve(g)
 }

@@ -603,7 +603,7 @@ func clientPair(t *testing.T) (peer net.Conn, cc *clientConn) {
 		if err != nil {
 			return nil, err
 		}
-		return newClientConn(c), nil
+		return newClientConn(c, nil), nil
 	})
 	return peer, c.(*clientConn)
 }

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"crypto/tls"
 	"errors"
 	"net"
 	"sync"
@@ -38,14 +39,15 @@ type gate struct {
 	max  int64
 	open atomic.Int64
 	room chan struct{}
-	full func() // tells of the listener stopped at max (Server.connectionsFull)
+	full func()      // tells of the listener stopped at max (Server.connectionsFull)
+	tls  *tls.Config // connections speak TLS (nil: plain HTTP)
 }
 
 func newGate(ln net.Listener, first, idle time.Duration, maxOpen int, drop func(net.Conn),
-	short func(error, time.Duration), full func()) *gate {
+	short func(error, time.Duration), full func(), tlsConfig *tls.Config) *gate {
 	g := &gate{Listener: ln, ready: make(chan net.Conn), failed: make(chan error, 1), closed: make(chan struct{}),
 		waiting: xsync.NewMapOf[*clientConn, struct{}](), first: first, idle: idle, drop: drop, short: short,
-		max: int64(maxOpen), room: make(chan struct{}, 1), full: full}
+		max: int64(maxOpen), room: make(chan struct{}, 1), full: full, tls: tlsConfig}
 	go g.accept()
 	return g
 }
@@ -88,7 +90,7 @@ func (g *gate) accept() {
 		}
 		pause = 0
 		g.open.Add(1)
-		cc := newClientConn(c)
+		cc := newClientConn(c, g.tls)
 		cc.gate = g
 		go g.wait(cc, g.first)
 	}
@@ -165,7 +167,8 @@ func (g *gate) wait(cc *clientConn, timeout time.Duration) {
 		if timeout > 0 {
 			_ = cc.SetReadDeadline(time.Now().Add(timeout))
 		}
-		// A connection that is not a socket goes on at once.
+		// A connection that is not a socket, or speaks TLS (whose
+		// handshake fasthttp's first read makes), goes on at once.
 		ok = cc.raw == nil || cc.await()
 		if timeout > 0 {
 			_ = cc.SetReadDeadline(time.Time{}) // fasthttp sets its own

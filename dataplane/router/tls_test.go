@@ -1,0 +1,175 @@
+package router
+
+import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// writeCert writes a self-signed certificate for 127.0.0.1 with the given
+// serial number, and its key, to dir's cert.pem and key.pem; it returns a
+// pool that trusts it.
+func writeCert(t *testing.T, dir string, serial int64) (config.TLS, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "fastroute test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	require.NoError(t, err)
+	files := config.TLS{CertFile: filepath.Join(dir, "cert.pem"), KeyFile: filepath.Join(dir, "key.pem")}
+	require.NoError(t, os.WriteFile(files.CertFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	require.NoError(t, os.WriteFile(files.KeyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600))
+	cert, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return files, pool
+}
+
+// tlsFleet is a fleet whose front end speaks TLS, with a client that
+// trusts its certificate.
+func tlsFleet(t *testing.T, opts []mockworker.Options) (*fleet, config.TLS, *tls.Config) {
+	files, pool := writeCert(t, t.TempDir(), 1)
+	f := startFleet(t, opts, func(c *config.Config) { c.TLS = files })
+	client := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	f.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: client, MaxConnsPerHost: 1}}
+	return f, files, client
+}
+
+func (f *fleet) postTLS(body string) (*http.Response, bool) {
+	f.t.Helper()
+	reused := false
+	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
+	req, err := http.NewRequest(http.MethodPost, "https://"+f.r.Addr()+"/v1/chat/completions", strings.NewReader(body))
+	require.NoError(f.t, err)
+	resp, err := f.client.Do(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
+	require.NoError(f.t, err)
+	return resp, reused
+}
+
+// With tls set, clients speak TLS 1.2+ with HTTP/1.1 inside: answers whole
+// and streamed, on kept connections.
+func TestTheFrontEndSpeaksTLS(t *testing.T) {
+	f, _, _ := tlsFleet(t, mocks(2, 3, 10*time.Millisecond))
+	reusedAny := false
+	for i := 0; i < 6; i++ {
+		body := chatBody
+		if i%2 == 1 {
+			body = streamBody
+		}
+		resp, reused := f.postTLS(body)
+		text := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, text)
+		require.NotNil(t, resp.TLS)
+		assert.GreaterOrEqual(t, resp.TLS.Version, uint16(tls.VersionTLS12))
+		if i%2 == 1 {
+			assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+			assert.Equal(t, 3, strings.Count(text, "data: {"), text)
+			assert.Contains(t, text, "data: [DONE]")
+		} else {
+			assert.Contains(t, text, `"chat.completion"`)
+		}
+		reusedAny = reusedAny || reused
+	}
+	assert.True(t, reusedAny, "requests after the first reuse the kept TLS connection")
+
+	plain, err := net.Dial("tcp", f.r.Addr())
+	require.NoError(t, err)
+	fmt.Fprintf(plain, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+	require.NoError(t, plain.SetReadDeadline(time.Now().Add(5*time.Second)))
+	got, _ := io.ReadAll(plain)
+	plain.Close()
+	assert.NotContains(t, string(got), "chat.completion", "plain HTTP on the TLS port is no request")
+	resp, _ := f.postTLS(chatBody)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, readAll(t, resp))
+	f.assertIdle()
+}
+
+// A TLS client that hangs up while its worker works cuts the worker's
+// request at once, as a plain one does: its socket is watched.
+func TestATLSClientThatLeavesCutsItsRequest(t *testing.T) {
+	f, _, client := tlsFleet(t, []mockworker.Options{{ID: 1, Engine: mockworker.EngineOptions{MaxNumSeqs: 1, InterTokenLatency: 20 * time.Millisecond}}})
+	queue := func(running int) func() bool {
+		return func() bool { r, _ := f.mocks[0].Queue(); return r == running }
+	}
+	long := `{"model":"mock-model","max_tokens":2000,"messages":[{"role":"user","content":"hi"}]}` // 40 s of answer
+	c, err := tls.Dial("tcp", f.r.Addr(), client)
+	require.NoError(t, err)
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(long), long)
+	require.Eventually(t, queue(1), 5*time.Second, 5*time.Millisecond)
+	require.NoError(t, c.Close())
+	require.Eventually(t, queue(0), 2*time.Second, 5*time.Millisecond, "the engine stops the abandoned request")
+	f.assertIdle()
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("/v1/chat/completions", "cancelled"))
+}
+
+// A reload reads the certificate files again: new handshakes get the
+// rotated certificate; a broken one refuses the reload and the running
+// one stays. A missing file stops the start.
+func TestReloadRotatesTheCertificate(t *testing.T) {
+	f, files, client := tlsFleet(t, mocks(2, 1, 0))
+	serial := func() int64 {
+		c, err := tls.Dial("tcp", f.r.Addr(), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // the test reads the certificate served
+		require.NoError(t, err)
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0].SerialNumber.Int64()
+	}
+	assert.EqualValues(t, 1, serial())
+	kept, err := tls.Dial("tcp", f.r.Addr(), client)
+	require.NoError(t, err)
+	defer kept.Close()
+
+	writeCert(t, filepath.Dir(files.CertFile), 2)
+	f.r.SetConfigSource(func() (config.Config, error) { return f.r.CurrentConfig(), nil })
+	code, body := adminDo(t, f, "POST", "/config/reload", "", "")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "tls certificate read again")
+	assert.EqualValues(t, 2, serial())
+	fmt.Fprintf(kept, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+	resp, err := http.ReadResponse(bufio.NewReader(kept), nil)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "a connection open before the rotation keeps working")
+	readAll(t, resp)
+
+	require.NoError(t, os.WriteFile(files.KeyFile, []byte("not a key"), 0o600))
+	code, body = adminDo(t, f, "POST", "/config/reload", "", "")
+	assert.Equal(t, http.StatusBadRequest, code)
+	assert.Contains(t, body, "key tls:")
+	assert.EqualValues(t, 2, serial(), "the running certificate stays")
+	f.assertIdle()
+
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.TLS = config.TLS{CertFile: filepath.Join(t.TempDir(), "missing.pem"), KeyFile: files.KeyFile}
+	_, err = Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	assert.ErrorContains(t, err, "key tls: open ")
+}
