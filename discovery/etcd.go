@@ -28,6 +28,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // Options locate etcd and the keys.
@@ -54,7 +56,13 @@ func client(o Options) (*clientv3.Client, error) {
 		return nil, errors.New("discovery.etcd.endpoints: none")
 	}
 	cfg := clientv3.Config{Endpoints: o.Endpoints, DialTimeout: o.DialTimeout, Username: o.Username, Password: o.Password,
-		Logger: zap.NewNop()} // its own errors reach the log as discovery's
+		Logger: zap.NewNop(), // its own errors reach the log as discovery's
+		// gRPC's default reconnect backoff grows to 2 minutes: after a long
+		// etcd outage a router would stay blind that long once etcd is back.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: reconnectMax},
+			MinConnectTimeout: o.DialTimeout,
+		})}}
 	if o.CertFile != "" || o.KeyFile != "" || o.CAFile != "" {
 		t := &tls.Config{MinVersion: tls.VersionTLS12}
 		if o.CertFile != "" {
@@ -104,6 +112,10 @@ type Watcher struct {
 
 // probeEvery is how often a watching router checks etcd still answers.
 const probeEvery = time.Second
+
+// reconnectMax is the longest pause between two tries to reach etcd
+// again, of the connection and of the list.
+const reconnectMax = time.Second
 
 // Watch lists and watches the workers under o.Prefix until Close. It
 // returns at once; the first list runs in the background (Up reports it).
@@ -158,18 +170,18 @@ func (w *Watcher) setUp(up bool, err error) {
 func (w *Watcher) run(ctx context.Context) {
 	defer close(w.done)
 	prefix := root(w.o.Prefix)
-	backoff := 100 * time.Millisecond
+	pause := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		lctx, lcancel := context.WithTimeout(ctx, w.o.DialTimeout+time.Second)
 		resp, err := w.cli.Get(lctx, prefix, clientv3.WithPrefix())
 		lcancel()
 		if err != nil {
 			w.setUp(false, err)
-			sleep(ctx, backoff)
-			backoff = min(2*backoff, 2*time.Second)
+			sleep(ctx, pause)
+			pause = min(2*pause, reconnectMax)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		pause = 100 * time.Millisecond
 		w.sync(resp.Kvs)
 		w.setUp(true, nil)
 		w.follow(ctx, prefix, resp.Header.Revision+1)
