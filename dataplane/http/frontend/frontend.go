@@ -454,6 +454,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 	}
 	if err == errHungUpQueued {
 		ctx.SetConnectionClose()
+		ctx.SetStatusCode(statusClientClosed)
 		ex.end(outcomeCancelled, statusClientClosed)
 		return
 	}
