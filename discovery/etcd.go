@@ -189,16 +189,23 @@ func (w *Watcher) run(ctx context.Context) {
 }
 
 // follow applies the watch events until the watch fails or a probe does.
+// clientv3's Watch returns only once its stream is set up, which waits for
+// etcd: it runs beside the probes, so that an outage that begins meanwhile
+// is noticed (its wait ends with the follow's).
 func (w *Watcher) follow(ctx context.Context, prefix string, rev int64) {
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer wcancel()
-	events := w.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+	started := make(chan clientv3.WatchChan, 1)
+	go func() { started <- w.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev)) }()
+	var events clientv3.WatchChan // nil until the watch is set up
 	probe := time.NewTicker(probeEvery)
 	defer probe.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case events = <-started:
+			started = nil
 		case <-probe.C:
 			pctx, pcancel := context.WithTimeout(ctx, w.o.DialTimeout)
 			_, err := w.cli.Get(pctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())

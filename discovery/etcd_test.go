@@ -14,15 +14,40 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// testOptions locates the test's etcd, with the keys under prefix.
+func testOptions(e *etcdtest.Server, prefix string) Options {
+	return Options{Endpoints: []string{e.Endpoint}, Prefix: prefix, DialTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
+// testClient starts an etcd for the test and a client of it, with the
+// keys under prefix.
+func testClient(t *testing.T, prefix string) (*etcdtest.Server, Options, *clientv3.Client) {
+	e := etcdtest.Start(t)
+	o := testOptions(e, prefix)
+	cli, err := client(o)
+	require.NoError(t, err)
+	t.Cleanup(func() { cli.Close() })
+	return e, o, cli
+}
+
+// followEnds runs w's follow from revision 1 and fails the test unless it
+// ends within d.
+func followEnds(t *testing.T, w *Watcher, ctx context.Context, d time.Duration, why string) {
+	t.Helper()
+	ended := make(chan struct{})
+	go func() { w.follow(ctx, root(w.o.Prefix), 1); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(d):
+		t.Fatal(why)
+	}
+}
+
 // A watch from a revision etcd compacted away ends the follow without
 // applying anything, and the fresh list that follows (sync) brings the
 // target in step: new workers put, a worker deleted meanwhile drained.
 func TestCompactedWatchEndsAndTheListResyncs(t *testing.T) {
-	e := etcdtest.Start(t)
-	o := Options{Endpoints: []string{e.Endpoint}, Prefix: "/c", DialTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	cli, err := client(o)
-	require.NoError(t, err)
-	defer cli.Close()
+	_, o, cli := testClient(t, "/c")
 	ctx := context.Background()
 	var last int64
 	for id := 1; id <= 3; id++ {
@@ -30,18 +55,12 @@ func TestCompactedWatchEndsAndTheListResyncs(t *testing.T) {
 		require.NoError(t, err)
 		last = resp.Header.Revision
 	}
-	_, err = cli.Compact(ctx, last)
+	_, err := cli.Compact(ctx, last)
 	require.NoError(t, err)
 
 	rec := &etcdtest.Recorder{}
 	w := &Watcher{o: o, cli: cli, target: rec, log: o.Logger, known: map[uint64]string{9: `{"url":"http://gone:1"}`}, marks: map[uint64]bool{}}
-	ended := make(chan struct{})
-	go func() { w.follow(ctx, root(o.Prefix), 1); close(ended) }()
-	select {
-	case <-ended:
-	case <-time.After(5 * time.Second):
-		t.Fatal("a compacted watch did not end the follow")
-	}
+	followEnds(t, w, ctx, 5*time.Second, "a compacted watch did not end the follow")
 	put, drained := rec.State()
 	assert.Empty(t, put, "nothing applied from a compacted watch")
 	assert.Empty(t, drained)
@@ -63,7 +82,7 @@ func TestCompactedWatchEndsAndTheListResyncs(t *testing.T) {
 // after a 30 s outage.
 func TestAWatcherIsBackSoonAfterALongOutage(t *testing.T) {
 	e := etcdtest.Start(t)
-	o := Options{Endpoints: []string{e.Endpoint}, Prefix: "/o", DialTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	o := testOptions(e, "/o")
 	rec := &etcdtest.Recorder{}
 	w, err := Watch(o, rec)
 	require.NoError(t, err)
@@ -82,4 +101,20 @@ func TestAWatcherIsBackSoonAfterALongOutage(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { put, _ := rec.State(); _, ok := put[7]; return ok }, 30*time.Second, 10*time.Millisecond)
 	assert.Less(t, time.Since(back), 8*time.Second, "in step again %v after etcd's restart", time.Since(back))
+}
+
+// etcd gone before a follow sets its watch up: the watch cannot start, and
+// the follow must still probe, say etcd is down and end (before, it waited
+// inside clientv3's Watch for as long as etcd stayed away, Up all along).
+func TestAFollowWhoseWatchCannotStartStillProbes(t *testing.T) {
+	e, o, cli := testClient(t, "/f")
+	_, err := cli.Get(context.Background(), root(o.Prefix), clientv3.WithPrefix()) // connected
+	require.NoError(t, err)
+	w := &Watcher{o: o, cli: cli, target: &etcdtest.Recorder{}, log: o.Logger, known: map[uint64]string{}, marks: map[uint64]bool{}}
+	w.up.Store(true)
+	e.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	followEnds(t, w, ctx, 10*time.Second, "the follow waited for its watch instead of probing")
+	assert.False(t, w.Up())
 }
