@@ -491,15 +491,16 @@ func (r *Registry) Republish() {
 
 // groupModels fills the base models' groups once every model is in the
 // catalog: a routable worker joins those of the models it serves (declared
-// or listed), or every one while it names none. A group that holds every routable worker
-// restricts nothing and is dropped (nil): a fleet serving one model picks
-// as if no model were named.
-func (s *Snapshot) groupModels() {
+// or listed, serves[i] for s.workers[i]), or every one while it names
+// none. A group that holds every routable worker restricts nothing and is
+// dropped (nil): a fleet serving one model picks as if no model were
+// named.
+func (s *Snapshot) groupModels(served [][]string) {
 	if len(s.models) == 0 {
 		return
 	}
-	for _, w := range s.workers {
-		serves := w.Models()
+	for i, w := range s.workers {
+		serves := served[i]
 		for _, g := range s.models {
 			if len(serves) == 0 || slices.Contains(serves, g.name) {
 				g.add(w)
@@ -527,6 +528,7 @@ func (r *Registry) GroupLoads(fn func(name string, inflight int64)) {
 func (r *Registry) publishLocked() {
 	all := r.All()
 	s := &Snapshot{}
+	var served [][]string // each routable worker's base models, as s.workers
 	for _, w := range all {
 		routable := w.Routable()
 		if routable {
@@ -543,7 +545,11 @@ func (r *Registry) publishLocked() {
 				s.decode.add(w)
 			}
 		}
-		for _, m := range w.Models() {
+		models := w.Models()
+		if routable {
+			served = append(served, models)
+		}
+		for _, m := range models {
 			if s.catalog.AddModel(m) == len(s.models) {
 				s.models = append(s.models, &Group{name: m})
 			}
@@ -559,7 +565,7 @@ func (r *Registry) publishLocked() {
 			}
 		}
 	}
-	s.groupModels()
+	s.groupModels(served)
 	s.weights.Build()
 	if len(s.gpus.ids) == 0 || len(s.cpus.ids) == 0 {
 		s.gpus, s.cpus = candidates{}, candidates{}

@@ -92,9 +92,9 @@ func (s *Selector) route(rt *Routing, snap *Snapshot, req *Request) error {
 }
 
 // resolve restricts req to the workers holding the adapter its model
-// names, or to those serving the base model it names; with PlaceAdapters, an adapter no routable worker holds goes to
-// the worker its name hashes to (the same on every replica), which loads
-// it.
+// names, or to those serving the base model it names; with PlaceAdapters,
+// an adapter no routable worker holds goes to the worker its name hashes
+// to (the same on every replica), which loads it.
 func (rt *Routing) resolve(snap *Snapshot, req *Request) error {
 	i, err := snap.catalog.Resolve(req.Model)
 	var g *Group

@@ -34,7 +34,6 @@ type Catalog struct {
 	adapters map[string]int
 	names    []string
 	models   map[string]int
-	nModels  int
 }
 
 // AddAdapter adds an adapter and returns its number (the one it already
@@ -60,9 +59,9 @@ func (c *Catalog) AddModel(name string) int {
 	if c.models == nil {
 		c.models = map[string]int{}
 	}
-	c.models[name] = c.nModels
-	c.nModels++
-	return c.nModels - 1
+	i := len(c.models)
+	c.models[name] = i
+	return i
 }
 
 // Model returns the number of the named base model. It does not allocate.

@@ -79,8 +79,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		applied = append(applied, fmt.Sprintf("router.retries=%d", cfg.Router.Retries))
 	}
 	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
-	if c := cert.cur.Load(); c != nil {
-		r.cert.cur.Store(c)
+	reread := cert.cur.Load()
+	if reread != nil {
+		r.cert.cur.Store(reread)
 		applied = append(applied, "tls certificate read again")
 	}
 
@@ -88,7 +89,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next.Router.Mode, next.Router.BusyThreshold, next.Router.Retries = cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.Retries
 	next.Router.CPURatio = cfg.Router.CPURatio
 	next.Workers = cfg.Workers
-	if cert.cur.Load() != nil {
+	if reread != nil {
 		next.TLS = cfg.TLS
 	}
 	r.Config = next

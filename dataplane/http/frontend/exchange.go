@@ -65,8 +65,7 @@ type exchange struct {
 	head          []byte               // a streamed answer's response head, sent with its first chunk
 	beginStreamFn fasthttp.HijackHandler
 	runTakenFn    fasthttp.HijackHandler
-	pickFn        func() error // pick, for the wait queue (awaitSlot)
-	queueTimer    *time.Timer  // awaitSlot's, made at its first wait
+	queueTimer    *time.Timer // awaitSlot's, made at its first wait
 
 	// Client hang-up while the worker works (watchClient to unwatch).
 	client hangup.Conn   // the client connection, while watched

@@ -131,7 +131,7 @@ func New(opts Options) *Server {
 	}
 	s.exchanges.New = func() any {
 		ex := &exchange{s: s}
-		ex.beginStreamFn, ex.runTakenFn, ex.pickFn = ex.beginStream, ex.runTaken, ex.pick
+		ex.beginStreamFn, ex.runTakenFn = ex.beginStream, ex.runTaken
 		return ex
 	}
 	s.metrics.openConnections, s.metrics.maxConnections = s.OpenConnections, opts.MaxConnections
@@ -445,9 +445,9 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
 	t := time.Now()
 	err = ex.pick()
 	s.metrics.routeTime.Observe(time.Since(t))
-	if err != nil && !query && s.queue != nil && exhausted(err) {
+	if err != nil && !query && s.queue != nil && errors.Is(err, dataplane.ErrResourceExhausted) {
 		ex.watchClient(ctx) // a client that leaves the queue is gone at once
-		err = ex.awaitSlot(s.queue, ex.pickFn, err)
+		err = ex.awaitSlot(err)
 		if err != nil {
 			ex.unwatch()
 		}

@@ -68,19 +68,14 @@ func errWaitedOut(timeout time.Duration, last error) error {
 		Msg: fmt.Sprintf("waited %v in the router's queue: %v", timeout, last)}
 }
 
-// exhausted reports a selection error that the queue may wait out.
-func exhausted(err error) bool {
-	var e *dataplane.Error
-	return errors.As(err, &e) && e.Code == dataplane.ResourceExhausted
-}
-
-// awaitSlot waits in the queue for pick to succeed: nil once it did, the
-// pick's own error once it fails otherwise (the workers left, say), a 429
-// when the queue is full or the timeout passes, errHungUpQueued when the
-// client left meanwhile. The client's connection is watched from here on
+// awaitSlot waits in the queue for the request's pick to succeed, its
+// first having failed with first: nil once it did, the pick's own error
+// once it fails otherwise (the workers left, say), a 429 when the queue is
+// full or the timeout passes, errHungUpQueued when the client left
+// meanwhile. The client's connection is watched from here on
 // (watchClient).
-func (ex *exchange) awaitSlot(q *waitQueue, pick func() error, first error) error {
-	m := ex.s.metrics
+func (ex *exchange) awaitSlot(first error) error {
+	q, m := ex.s.queue, ex.s.metrics
 	if q.waiting.Add(1) > q.size {
 		q.waiting.Add(-1)
 		m.queueFull.Inc()
@@ -109,11 +104,11 @@ func (ex *exchange) awaitSlot(q *waitQueue, pick func() error, first error) erro
 		if ex.hungUp() {
 			return errHungUpQueued
 		}
-		if err = pick(); err == nil {
+		if err = ex.pick(); err == nil {
 			m.queueWait.Observe(time.Since(start))
 			return nil
 		}
-		if !exhausted(err) {
+		if !errors.Is(err, dataplane.ErrResourceExhausted) {
 			return err
 		}
 	}
