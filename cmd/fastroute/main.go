@@ -7,7 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime/debug"
+
+	"github.com/fastroute/fastroute/dataplane/metrics"
 )
 
 const usage = `usage: fastroute <command> [flags]
@@ -69,20 +70,13 @@ func main() {
 
 // version describes the build: module version, VCS commit and Go version.
 func version() string {
-	info, ok := debug.ReadBuildInfo()
+	b, ok := metrics.ReadBuild()
 	if !ok {
 		return "fastroute (no build information)"
 	}
-	commit, modified := "unknown", ""
-	for _, s := range info.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			commit = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				modified = " (modified)"
-			}
-		}
+	modified := ""
+	if b.Modified {
+		modified = " (modified)"
 	}
-	return fmt.Sprintf("fastroute %s, commit %s%s, %s", info.Main.Version, commit, modified, info.GoVersion)
+	return fmt.Sprintf("fastroute %s, commit %s%s, %s", b.Version, b.Commit, modified, b.GoVersion)
 }

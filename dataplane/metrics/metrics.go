@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -116,17 +117,21 @@ func (w *Writer) Sample(name string, value float64, labels ...string) {
 	_, w.err = w.w.WriteString("\n")
 }
 
-// Histogram writes the _bucket, _sum and _count samples of h.
-func (w *Writer) Histogram(name string, h *Histogram) {
+// Histogram writes the _bucket, _sum and _count samples of h, with the
+// given labels (alternating name, value) before each bucket's le.
+func (w *Writer) Histogram(name string, h *Histogram, labels ...string) {
+	le := append(slices.Clip(labels), "le", "")
 	var cum uint64
 	for i, b := range h.bounds {
 		cum += h.counts[i].Load()
-		w.Sample(name+"_bucket", float64(cum), "le", formatFloat(b))
+		le[len(le)-1] = formatFloat(b)
+		w.Sample(name+"_bucket", float64(cum), le...)
 	}
 	cum += h.counts[len(h.bounds)].Load()
-	w.Sample(name+"_bucket", float64(cum), "le", "+Inf")
-	w.Sample(name+"_sum", float64(h.sumNs.Load())/1e9)
-	w.Sample(name+"_count", float64(cum))
+	le[len(le)-1] = "+Inf"
+	w.Sample(name+"_bucket", float64(cum), le...)
+	w.Sample(name+"_sum", float64(h.sumNs.Load())/1e9, labels...)
+	w.Sample(name+"_count", float64(cum), labels...)
 }
 
 func (w *Writer) printf(format string, args ...any) {

@@ -59,3 +59,22 @@ func TestRecordingIsRaceFreeAndAllocationFree(t *testing.T) {
 	assert.EqualValues(t, 64000, c.Value())
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { h.Observe(time.Millisecond); c.Inc() }))
 }
+
+// A labelled histogram puts its labels before le on every bucket, and on
+// its sum and count.
+func TestAHistogramCarriesItsLabels(t *testing.T) {
+	h := NewHistogram([]float64{0.001})
+	h.Observe(2 * time.Millisecond)
+	labels := []string{"worker", "7"}
+	var buf bytes.Buffer
+	set := Set{}
+	set.Register(func(w *Writer) { w.Histogram("x_seconds", h, labels...) })
+	_, err := set.WriteTo(&buf)
+	require.NoError(t, err)
+	assert.Equal(t, `x_seconds_bucket{worker="7",le="0.001"} 0
+x_seconds_bucket{worker="7",le="+Inf"} 1
+x_seconds_sum{worker="7"} 0.002
+x_seconds_count{worker="7"} 1
+`, buf.String())
+	assert.Equal(t, []string{"worker", "7"}, labels, "the caller's labels are left as they were")
+}

@@ -159,6 +159,10 @@ func TestVLLMDisaggregationBodiesAndAnswer(t *testing.T) {
 	m := f.r.Frontend.Metrics()
 	assert.EqualValues(t, 2, m.Phase("prefill", "ok"))
 	assert.EqualValues(t, 2, m.Phase("decode", "ok"))
+	for _, w := range []string{"1", "2"} { // each leg counts on its worker
+		assert.Equal(t, "2", metric(t, f, `fastroute_worker_answers_total{worker="`+w+`",code="2xx"}`), "worker %s", w)
+		assert.Equal(t, "2", metric(t, f, `fastroute_worker_first_byte_seconds_count{worker="`+w+`"}`), "worker %s", w)
+	}
 
 	// Query-only names both picks and dispatches nothing.
 	resp = f.post("/v1/chat/completions", pdBody, "x-query-instance-id", "true")
@@ -372,6 +376,7 @@ func TestSGLangBootstrap(t *testing.T) {
 	assert.True(t, ok && room >= 0, "a room: %v", d[0].body["bootstrap_room"])
 	assert.Equal(t, true, d[0].body["stream"], "the client's fields as they are")
 	f.assertIdle()
+	assert.Equal(t, "1", metric(t, f, `fastroute_worker_answers_total{worker="1",code="2xx"}`), "the prefill leg's answer")
 
 	// A prefill that fails cuts the decode request, and the client is told.
 	cut := make(chan struct{}, 1)
@@ -390,6 +395,11 @@ func TestSGLangBootstrap(t *testing.T) {
 		t.Fatal("the decode request was not cut")
 	}
 	f.assertIdle()
+	assert.Equal(t, "1", metric(t, f, `fastroute_worker_answers_total{worker="1",code="5xx"}`))
+	for _, reason := range []string{"connect", "transport", "timeout", "cut"} {
+		assert.Equal(t, "0", metric(t, f, `fastroute_worker_failures_total{worker="2",reason="`+reason+`"}`),
+			"the decode leg the router cut is no failure of its worker")
+	}
 }
 
 // A session keeps its prefill worker and its decode worker, each pinned

@@ -2,7 +2,6 @@ package router
 
 import (
 	"cmp"
-	"runtime"
 	"slices"
 
 	"github.com/fastroute/fastroute/dataplane/metrics"
@@ -42,9 +41,5 @@ func (r *Router) stateCollector() metrics.Collector {
 			w.Sample("fastroute_embedding_cache_keys", float64(c.Len()))
 		}
 
-		// Client_golang's name: about one per open client connection, so
-		// dashboards that know it show the router's connections.
-		w.Header("go_goroutines", "gauge", "Number of goroutines that currently exist.")
-		w.Sample("go_goroutines", float64(runtime.NumGoroutine()))
 	}
 }

@@ -125,6 +125,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	})
 	r.Metrics.Register(r.Frontend.Metrics().Collector(func() string { return string(r.CurrentConfig().Router.Mode) }, reg))
 	r.Metrics.Register(r.stateCollector())
+	r.Metrics.Register(metrics.Process())
 	r.startTelemetry(log)
 	r.startEngines(log)
 

@@ -126,8 +126,10 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 		u := s.upstreamOf(w)
 		pre.prepare(ctx, u, w, body, &ex.rankBuf)
 		pre.res.Dispatched()
-		err := pre.send(u, ex.token, time.Now(), s.opts.FirstByteTimeout, &ex.stop)
+		t := time.Now()
+		err := pre.send(u, ex.token, t, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
+			u.stats.answered(pre.resp.StatusCode(), time.Since(t))
 			return ex.prefilled(ctx, w, start)
 		}
 		if ex.hungUp() {
@@ -135,6 +137,7 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 			ex.abandon(ctx)
 			return false
 		}
+		u.stats.failed(failureOf(err))
 		s.reportAnswer(w, false)
 		if !retryable(err) || int64(pre.req.Attempts()) >= s.retries.Load() {
 			return ex.prefillFailed(ctx, w, err, nil)
@@ -167,6 +170,7 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 		return ex.answerPrefill(ctx, fasthttp.StatusBadGateway, "upstream_error",
 			fmt.Sprintf("prefill worker %d answered more than limits.answer_buffer_bytes (%d bytes)", w.ID(), s.opts.AnswerBufferBytes), outcomeUpstreamError)
 	case err != nil:
+		s.statsOf(w).failed(failCut)
 		s.reportAnswer(w, false)
 		return ex.prefillFailed(ctx, w, fmt.Errorf("answer cut after the headers: %w", err), nil)
 	case status >= fasthttp.StatusInternalServerError:
@@ -223,13 +227,15 @@ func (ex *exchange) startBootstrap(ctx *fasthttp.RequestCtx) bool {
 func (ex *exchange) bootstrapPrefill(pre *prefillLeg, w *dataplane.Worker) {
 	s := ex.s
 	defer close(pre.done)
-	start := time.Now()
+	start, u := time.Now(), s.upstreamOf(w)
 	pre.res.Dispatched()
-	err := pre.send(s.upstreamOf(w), ex.token, start, s.opts.FirstByteTimeout, &ex.stop)
-	status := 0
+	err := pre.send(u, ex.token, start, s.opts.FirstByteTimeout, &ex.stop)
+	status, cut := 0, false
 	if err == nil {
-		pre.answer, err = pre.readAll(pre.answer[:0], s.opts.AnswerBufferBytes)
 		status = pre.resp.StatusCode()
+		u.stats.answered(status, time.Since(start))
+		pre.answer, err = pre.readAll(pre.answer[:0], s.opts.AnswerBufferBytes)
+		cut = err != nil && !errors.Is(err, errAnswerTooLarge)
 		if err == nil && status >= fasthttp.StatusBadRequest {
 			err = fmt.Errorf("answered %d: %s", status, excerpt(pre.answer))
 		}
@@ -246,6 +252,12 @@ func (ex *exchange) bootstrapPrefill(pre *prefillLeg, w *dataplane.Worker) {
 	if ex.stop.Load() == stopHungUp {
 		s.metrics.phases[phasePrefill][outcomeCancelled].Inc()
 		return
+	}
+	switch {
+	case status == 0:
+		u.stats.failed(failureOf(err))
+	case cut:
+		u.stats.failed(failCut)
 	}
 	s.reportAnswer(w, status > 0 && status < fasthttp.StatusInternalServerError)
 	s.metrics.phases[phasePrefill][outcomeUpstreamError].Inc()

@@ -237,6 +237,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 		if err == nil {
 			ex.firstByte = time.Since(t)
 			s.metrics.firstByte.Observe(ex.firstByte)
+			u.stats.answered(ex.resp.StatusCode(), ex.firstByte)
 			s.reportAnswer(w, ex.resp.StatusCode() < fasthttp.StatusInternalServerError)
 			if ex.retriesAnswer() {
 				if !ex.readWhole(ctx, w) {
@@ -257,6 +258,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 		if ex.endStopped(ctx) {
 			return false
 		}
+		u.stats.failed(failureOf(err))
 		s.reportAnswer(w, false)
 		if !retryable(err) || int64(ex.req.Attempts()) >= s.retries.Load() {
 			ex.fail(ctx, w.ID(), err, nil)
@@ -372,6 +374,7 @@ func (ex *exchange) readWhole(ctx *fasthttp.RequestCtx, w *dataplane.Worker) boo
 		if _, err := io.CopyBuffer(ctx.Response.BodyWriter(), body, ex.copyBuf); err != nil {
 			ctx.Response.ResetBody()
 			if !ex.endStopped(ctx) {
+				ex.s.statsOf(w).failed(failCut)
 				ex.fail(ctx, w.ID(), fmt.Errorf("answer cut after the headers: %w", err), nil)
 			}
 			return false

@@ -135,6 +135,7 @@ func New(opts Options) *Server {
 		return ex
 	}
 	s.metrics.openConnections, s.metrics.maxConnections = s.OpenConnections, opts.MaxConnections
+	s.metrics.statsOf = s.statsOf
 	s.metrics.queue = s.queue
 	s.reg.Subscribe(s.workerChanged)
 	if w, err := hangup.New(clientHungUp); err != nil {

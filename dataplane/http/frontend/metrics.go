@@ -74,6 +74,7 @@ type Metrics struct {
 	routeTime       *metrics.Histogram
 	firstByte       *metrics.Histogram
 	total           *metrics.Histogram
+	statsOf         func(*dataplane.Worker) *workerStats // Server.statsOf
 }
 
 func newMetrics() *Metrics {
@@ -190,6 +191,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			}
 			w.Sample("fastroute_worker_ejected", ejected, "worker", strconv.FormatUint(wk.ID(), 10))
 		}
+		writeWorkerStats(w, workers, m.statsOf)
 		w.Single("fastroute_ejections_total", "counter", "Workers taken out of rotation after consecutive 5xx answers or transport failures.",
 			float64(reg.Ejections()))
 	}

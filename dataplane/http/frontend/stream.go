@@ -231,12 +231,15 @@ func frameChunk(buf []byte, lo, n int, last bool) []byte {
 // settleStream closes the books of a streamed answer's exchange (settle);
 // werr is the client write error, if any.
 func (ex *exchange) settleStream(werr error) {
+	if ex.readErr != nil {
+		w := ex.res.Worker()
+		ex.s.statsOf(w).failed(failCut)
+		ex.s.reportAnswer(w, false)
+	}
 	switch {
 	case ex.readErr != nil && isTimeout(ex.readErr):
-		ex.s.reportAnswer(ex.res.Worker(), false)
 		ex.settle(outcomeTimeout)
 	case ex.readErr != nil:
-		ex.s.reportAnswer(ex.res.Worker(), false)
 		ex.settle(outcomeUpstreamError)
 	case werr != nil:
 		ex.settle(outcomeCancelled)

@@ -25,6 +25,7 @@ type upstream struct {
 	conns    connPool
 	host     string
 	idHeader []byte // worker id as header text
+	stats    *workerStats
 }
 
 // connPool lends the pooled connections of one worker. The handle is
@@ -118,6 +119,7 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 			conns:    newHostPool(hc.AcquireConn, hc.ReleaseConn, hc.CloseConn),
 			host:     host,
 			idHeader: strconv.AppendUint(nil, w.ID(), 10),
+			stats:    newWorkerStats(),
 		}
 	})
 	return u
