@@ -27,6 +27,12 @@ type sockIO struct {
 	drain  func(fd uintptr) bool // writeOnce, made once
 	out    []byte                // what is left to write
 	werr   error                 // what the write met
+	// A held write (hold): its bytes, in a lent buffer, leave from the
+	// next await, whose wait then begins without a read.
+	holding bool
+	held    *[]byte
+	heldN   int
+	send    func(fd uintptr) bool // sendHeld, made once
 	// Deadlines, when lazy (deferDeadlines): the ones asked and the ones
 	// on the socket, in Unix nanoseconds (0: none).
 	lazy                       bool
@@ -42,7 +48,7 @@ func (r *sockIO) init(c net.Conn) {
 	r.conn = c
 	if sc, ok := c.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
-			r.raw, r.fill, r.drain = raw, r.readOnce, r.writeOnce
+			r.raw, r.fill, r.drain, r.send = raw, r.readOnce, r.writeOnce, r.sendHeld
 		}
 	}
 }
@@ -58,7 +64,87 @@ func (r *sockIO) await() bool {
 	if r.expired(r.rdSet, r.rdAsk) {
 		r.syncReadDeadline()
 	}
-	return r.raw.Read(r.fill) == nil
+	return r.wait() == nil
+}
+
+// wait is a read through the poller (readOnce between waits). A held
+// write leaves first, from inside it (sendHeld).
+func (r *sockIO) wait() error {
+	r.holding = false
+	if r.held == nil {
+		return r.raw.Read(r.fill)
+	}
+	err := r.raw.Read(r.send)
+	if r.held == nil || err != nil {
+		r.dropHeld()
+		return err
+	}
+	// No room for all of it: the rest is written as any write is, and the
+	// wait is a plain one.
+	if err := r.sendRest(); err != nil {
+		r.err = err
+		return nil
+	}
+	return r.raw.Read(r.fill)
+}
+
+// sendRest writes what is left of a held write, waiting for room.
+func (r *sockIO) sendRest() error {
+	bp, n := r.held, r.heldN
+	r.held, r.heldN = nil, 0
+	_, err := r.write((*bp)[:n])
+	lentBufs.Put(bp)
+	return err
+}
+
+// hold has the next write of at most a lent buffer's size (the last of a
+// request to a worker) wait for the next await, which sends it and waits
+// for the answer in one pass of the poller. The poller forgets whatever
+// readiness it saw before a wait begins, so a plain wait starts with a
+// read, which finds nothing when the bytes awaited answer what was just
+// sent (the receive that finds nothing on most requests to a worker, as
+// Go's poller has it). Sent from inside the wait, after the poller forgot,
+// the request's answer cannot have come before, and no read is made
+// before the poller says it came (nginx's order: send, then wait for the
+// event). A read ahead still pending (bytes a worker sent out of step)
+// sends the write at once.
+func (r *sockIO) hold() { r.holding = r.raw != nil }
+
+// sendHeld is await's call between waits while a write is held: it sends
+// the held bytes and asks for a wait without reading (false), then reads
+// (readOnce). True while held bytes remain: no room for all of them, or
+// the send failed (the error is what the read ahead met).
+func (r *sockIO) sendHeld(fd uintptr) bool {
+	if r.held == nil {
+		return r.readOnce(fd)
+	}
+	out := (*r.held)[:r.heldN]
+	for len(out) > 0 {
+		n, errno := sysWrite(fd, out)
+		switch errno {
+		case 0:
+			out = out[n:]
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			r.heldN = copy(*r.held, out)
+			return true
+		default:
+			r.dropHeld()
+			r.err = opError("write", r.conn, errno)
+			return true
+		}
+	}
+	r.dropHeld()
+	r.syncReadDeadline()
+	return false
+}
+
+// dropHeld gives a held write's buffer back.
+func (r *sockIO) dropHeld() {
+	if r.held != nil {
+		lentBufs.Put(r.held)
+		r.held, r.heldN = nil, 0
+	}
 }
 
 // read reads into p as a net.Conn's Read does, waiting for bytes through
@@ -72,7 +158,7 @@ func (r *sockIO) read(p []byte) (int, error) {
 		r.syncReadDeadline()
 	}
 	r.into, r.n = p, 0 // n: what this read read, not what one before it did
-	err := r.raw.Read(r.fill)
+	err := r.wait()
 	r.into = nil
 	if err != nil {
 		return 0, err
@@ -140,6 +226,17 @@ func (r *sockIO) take(p []byte) (int, error) {
 func (r *sockIO) write(p []byte) (int, error) {
 	if r.raw == nil {
 		return r.conn.Write(p)
+	}
+	if r.held != nil { // it goes first
+		if err := r.sendRest(); err != nil {
+			return 0, err
+		}
+	}
+	if r.holding && len(p) <= 4<<10 && !r.pending() {
+		r.holding = false
+		r.held = lentBufs.Get().(*[]byte)
+		r.heldN = copy(*r.held, p)
+		return len(p), nil
 	}
 	if r.expired(r.wdSet, r.wdAsk) {
 		r.syncWriteDeadline()

@@ -3,8 +3,12 @@ package frontend
 import (
 	"io"
 	"net"
+	"os"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -132,4 +136,105 @@ func FuzzWritesDeliverTheBytesWritten(f *testing.F) {
 		}
 		require.Equal(t, string(data), string(<-got), "the bytes written, in order, once each")
 	})
+}
+
+// A held write (the last of a request to a worker) leaves with the wait for
+// its answer: not before, and that wait reads the answer ahead. A write
+// after a held one goes after it; a write larger than a lent buffer is not
+// held; a held request to a worker that closed its connection ends the wait
+// with the failure; and held bytes that meet a full socket buffer go out
+// whole, in order, once the peer reads.
+func TestAHeldWriteLeavesWithTheWaitForTheAnswer(t *testing.T) {
+	readsNothing := func(peer net.Conn) {
+		t.Helper()
+		require.NoError(t, peer.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
+		n, err := peer.Read(make([]byte, 1))
+		require.Zero(t, n, "held: nothing left")
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+		require.NoError(t, peer.SetReadDeadline(time.Time{}))
+	}
+	answer := func(peer net.Conn, want, reply string) <-chan string {
+		got := make(chan string, 1)
+		go func() {
+			b := make([]byte, len(want))
+			_, _ = io.ReadFull(peer, b)
+			got <- string(b)
+			_, _ = io.WriteString(peer, reply)
+		}()
+		return got
+	}
+
+	peer, tc := upstreamPair(t)
+	tc.hold()
+	n, err := tc.Write([]byte("GET / HTTP/1.1\r\n\r\n"))
+	require.NoError(t, err)
+	require.Equal(t, 18, n)
+	readsNothing(peer)
+	got := answer(peer, "GET / HTTP/1.1\r\n\r\n", "HTTP/1.1 200 OK\r\n\r\n")
+	tc.awaitReadable()
+	require.True(t, tc.pending(), "the answer was read ahead")
+	b := make([]byte, 64)
+	n, err = tc.Read(b)
+	require.NoError(t, err)
+	assert.Equal(t, "HTTP/1.1 200 OK\r\n\r\n", string(b[:n]))
+	assert.Equal(t, "GET / HTTP/1.1\r\n\r\n", <-got)
+
+	// A write after a held one follows it.
+	tc.hold()
+	_, err = tc.Write([]byte("first "))
+	require.NoError(t, err)
+	_, err = tc.Write([]byte("second"))
+	require.NoError(t, err)
+	b = make([]byte, 12)
+	_, err = io.ReadFull(peer, b)
+	require.NoError(t, err)
+	assert.Equal(t, "first second", string(b))
+
+	// Larger than a lent buffer: sent at once.
+	big := strings.Repeat("x", 5<<10)
+	tc.hold()
+	_, err = tc.Write([]byte(big))
+	require.NoError(t, err)
+	b = make([]byte, len(big))
+	_, err = io.ReadFull(peer, b)
+	require.NoError(t, err)
+	tc.holding = false // the hold asked before is for a later write no more
+
+	// A worker that closed: the wait ends with the failure.
+	tc.hold()
+	_, err = tc.Write([]byte("GET / HTTP/1.1\r\n\r\n"))
+	require.NoError(t, err)
+	require.NoError(t, peer.Close())
+	done := make(chan error, 1)
+	go func() {
+		tc.awaitReadable()
+		_, err := tc.Read(make([]byte, 64))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.Error(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the wait on a closed connection did not end")
+	}
+
+	// A full socket buffer: the held bytes wait for room, after the bytes
+	// before them.
+	peer, tc = upstreamPair(t)
+	require.NoError(t, tc.Conn.(*net.TCPConn).SetWriteBuffer(4<<10))
+	require.NoError(t, peer.(*net.TCPConn).SetReadBuffer(4<<10))
+	require.NoError(t, tc.Conn.SetWriteDeadline(time.Now().Add(100*time.Millisecond)))
+	filled, err := tc.Write(make([]byte, 1<<20))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "the buffers are full")
+	require.NoError(t, tc.Conn.SetWriteDeadline(time.Time{}))
+	held := strings.Repeat("h", 4<<10)
+	tc.hold()
+	_, err = tc.Write([]byte(held))
+	require.NoError(t, err)
+	got = answer(peer, strings.Repeat("\x00", filled)+held, "HTTP/1.1 204 No Content\r\n\r\n")
+	tc.awaitReadable()
+	assert.Equal(t, strings.Repeat("\x00", filled)+held, <-got)
+	n, err = tc.Read(b)
+	require.NoError(t, err)
+	assert.Equal(t, "HTTP/1.1 204 No Content\r\n\r\n", string(b[:n]))
 }

@@ -229,6 +229,7 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, slack tim
 		// be the request itself: it is restored for fasthttp to read).
 		closing := c.up.Header.ConnectionClose()
 		c.up.Header.ResetConnectionClose()
+		tc.hold() // its last write leaves from the wait for the answer (awaitReadable)
 		if err = c.up.Write(bw); err == nil {
 			err = bw.Flush()
 		}
