@@ -101,6 +101,9 @@ func (c *clientConn) Write(p []byte) (int, error) { return c.write(p) }
 // served), a take-over (hijackConn.Close, Server.closeConn), the gate
 // itself and Shutdown all close through.
 func (c *clientConn) Close() error {
+	if c.raw != nil {
+		c.sendHeldAtClose()
+	}
 	err := c.Conn.Close()
 	if c.closed.CompareAndSwap(false, true) && c.gate != nil {
 		c.gate.closedOne()

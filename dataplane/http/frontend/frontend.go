@@ -154,7 +154,7 @@ func New(opts Options) *Server {
 		}
 	}
 	s.srv = &fasthttp.Server{
-		Handler:            s.Handle,
+		Handler:            s.serve,
 		Name:               "fastroute",
 		MaxRequestBodySize: opts.MaxBodyBytes,
 		ReadBufferSize:     opts.MaxHeaderBytes,
@@ -338,6 +338,22 @@ func (s *Server) workerChanged(w *dataplane.Worker, c dataplane.Change) {
 func (s *Server) forget(w *dataplane.Worker) {
 	if u, ok := s.upstreams.LoadAndDelete(w); ok {
 		u.hc.CloseIdleConnections()
+	}
+}
+
+// serve is fasthttp's handler: Handle, with an answer that keeps its
+// connection held (sockIO.hold) for the wait for the connection's next
+// request, which sends it. One held before (its connection's next request
+// came with it, pipelined) leaves first.
+func (s *Server) serve(ctx *fasthttp.RequestCtx) {
+	cc, _ := ctx.Conn().(*clientConn)
+	if cc != nil {
+		_ = cc.flushHeld() // a failed write fails this answer's too
+	}
+	s.Handle(ctx)
+	if cc != nil && !ctx.Hijacked() && ctx.Request.Header.IsHTTP11() && !ctx.Request.Header.ConnectionClose() &&
+		!ctx.Response.Header.ConnectionClose() && !s.closing.Load() {
+		cc.hold()
 	}
 }
 

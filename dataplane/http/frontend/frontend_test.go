@@ -1324,3 +1324,70 @@ func TestARequestCutShortReachesNoWorker(t *testing.T) {
 	w, _ := reg.Get(1)
 	assert.Zero(t, w.Occupancy())
 }
+
+// An answer that keeps its connection is held for the wait for the
+// connection's next request (sockIO.hold), which sends it: it reaches its
+// client at once all the same. When the next request came with it
+// (pipelined) and waits on a slow worker, the earlier answer leaves
+// before that wait; an answer that closes its connection, or one to an
+// HTTP/1.0 client, leaves before the close.
+func TestAnAnswerLeavesBeforeTheConnectionsNextRequest(t *testing.T) {
+	const body = `{"id":"x"}`
+	addr := rawWorker(t, 0, func(i int) []string {
+		if i == 2 {
+			time.Sleep(600 * time.Millisecond)
+		}
+		return []string{fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)}
+	})
+	_, _, url := serveOne(t, addr, Options{}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	request := func(proto, extra string) string {
+		b := `{"model":"m","messages":[]}`
+		return fmt.Sprintf("POST /v1/chat/completions %s\r\nHost: r\r\n%sContent-Length: %d\r\n\r\n%s", proto, extra, len(b), b)
+	}
+	c, err := net.Dial("tcp", front)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	br := bufio.NewReader(c)
+	answer := func() (time.Duration, string) {
+		start := time.Now()
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return time.Since(start), string(got)
+	}
+
+	_, err = io.WriteString(c, request("HTTP/1.1", ""))
+	require.NoError(t, err)
+	took, got := answer()
+	assert.Equal(t, body, got)
+	assert.Less(t, took, 300*time.Millisecond)
+
+	sent := time.Now()
+	_, err = io.WriteString(c, request("HTTP/1.1", "")+request("HTTP/1.1", "")) // the second to the slow answer
+	require.NoError(t, err)
+	_, got = answer()
+	assert.Equal(t, body, got)
+	assert.Less(t, time.Since(sent), 400*time.Millisecond, "the first answer did not wait for the second")
+	_, got = answer()
+	assert.Equal(t, body, got)
+	assert.Greater(t, time.Since(sent), 500*time.Millisecond)
+
+	for _, tc := range []struct{ proto, extra string }{{"HTTP/1.1", "Connection: close\r\n"}, {"HTTP/1.0", ""}} {
+		c, err := net.Dial("tcp", front)
+		require.NoError(t, err)
+		require.NoError(t, c.SetDeadline(time.Now().Add(5*time.Second)))
+		_, err = io.WriteString(c, request(tc.proto, tc.extra))
+		require.NoError(t, err)
+		raw, err := io.ReadAll(c) // to the connection's end
+		require.NoError(t, err, tc.proto)
+		resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(raw)), nil)
+		require.NoError(t, err, tc.proto)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, body, string(got), tc.proto)
+		c.Close()
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -12,10 +13,11 @@ import (
 // sockIO reads a socket's next bytes once they come, into a buffer lent
 // only while they wait to be taken: a connection waiting for bytes holds no
 // buffer. Its wait makes the system calls a plain read would (a read that
-// finds nothing yet, then the one after the poller's wake-up), and the
-// bytes are then taken without another. It also writes to the socket
-// (write). Both make raw system calls (sysRead, sysWrite), and may keep
-// deadlines off the socket until a call has to wait (deferDeadlines).
+// finds nothing yet, then the one after the poller's wake-up), or only the
+// second when it sends a held write first (hold), and the bytes are then
+// taken without another. It also writes to the socket (write). Both make
+// raw system calls (sysRead, sysWrite), and may keep deadlines off the
+// socket until a call has to wait (deferDeadlines).
 type sockIO struct {
 	conn   net.Conn              // for the addresses of an error; written to as is when raw is nil
 	raw    syscall.RawConn       // nil: not a socket, await reads nothing
@@ -27,11 +29,12 @@ type sockIO struct {
 	drain  func(fd uintptr) bool // writeOnce, made once
 	out    []byte                // what is left to write
 	werr   error                 // what the write met
-	// A held write (hold): its bytes, in a lent buffer, leave from the
-	// next await, whose wait then begins without a read.
+	// A held write (hold): its bytes, in a lent buffer sliced to them,
+	// leave from the next wait, which then begins without a read, or
+	// before the next write, or on Close (flushHeld). Atomic: a
+	// connection may be closed from another goroutine.
 	holding bool
-	held    *[]byte
-	heldN   int
+	held    atomic.Pointer[[]byte]
 	send    func(fd uintptr) bool // sendHeld, made once
 	// Deadlines, when lazy (deferDeadlines): the ones asked and the ones
 	// on the socket, in Unix nanoseconds (0: none).
@@ -71,54 +74,64 @@ func (r *sockIO) await() bool {
 // write leaves first, from inside it (sendHeld).
 func (r *sockIO) wait() error {
 	r.holding = false
-	if r.held == nil {
+	if r.held.Load() == nil {
 		return r.raw.Read(r.fill)
 	}
 	err := r.raw.Read(r.send)
-	if r.held == nil || err != nil {
-		r.dropHeld()
+	bp := r.held.Swap(nil)
+	switch {
+	case bp == nil:
+		return err
+	case err != nil: // the wait failed before the bytes left
+		putLent(bp)
 		return err
 	}
-	// No room for all of it: the rest is written as any write is, and the
-	// wait is a plain one.
-	if err := r.sendRest(); err != nil {
+	// No room for all of them: the rest is written as any write is, and
+	// the wait is a plain one.
+	if err := r.writeHeld(bp); err != nil {
 		r.err = err
 		return nil
 	}
 	return r.raw.Read(r.fill)
 }
 
-// sendRest writes what is left of a held write, waiting for room.
-func (r *sockIO) sendRest() error {
-	bp, n := r.held, r.heldN
-	r.held, r.heldN = nil, 0
-	_, err := r.write((*bp)[:n])
-	lentBufs.Put(bp)
+// writeHeld writes held bytes, waiting for room.
+func (r *sockIO) writeHeld(bp *[]byte) error {
+	_, err := r.writeNow(*bp)
+	putLent(bp)
 	return err
 }
 
+// putLent gives back a lent buffer sliced to the bytes it held.
+func putLent(bp *[]byte) {
+	*bp = (*bp)[:cap(*bp)]
+	lentBufs.Put(bp)
+}
+
 // hold has the next write of at most a lent buffer's size (the last of a
-// request to a worker) wait for the next await, which sends it and waits
-// for the answer in one pass of the poller. The poller forgets whatever
+// request to a worker, of an answer to a client) wait for the next wait
+// for bytes, which sends it and waits for the answer (or the client's
+// next request) in one pass of the poller. The poller forgets whatever
 // readiness it saw before a wait begins, so a plain wait starts with a
 // read, which finds nothing when the bytes awaited answer what was just
-// sent (the receive that finds nothing on most requests to a worker, as
-// Go's poller has it). Sent from inside the wait, after the poller forgot,
-// the request's answer cannot have come before, and no read is made
-// before the poller says it came (nginx's order: send, then wait for the
-// event). A read ahead still pending (bytes a worker sent out of step)
-// sends the write at once.
+// sent (a receive that finds nothing on most requests, as Go's poller has
+// it). Sent from inside the wait, after the poller forgot, the answer
+// cannot have come before, and no read is made before the poller says it
+// came (nginx's order: send, then wait for the event). Held bytes leave
+// before any later write too, and on Close; bytes read ahead and not yet
+// taken (they need no wait) send the write at once.
 func (r *sockIO) hold() { r.holding = r.raw != nil }
 
-// sendHeld is await's call between waits while a write is held: it sends
+// sendHeld is wait's call between waits while a write is held: it sends
 // the held bytes and asks for a wait without reading (false), then reads
-// (readOnce). True while held bytes remain: no room for all of them, or
-// the send failed (the error is what the read ahead met).
+// (readOnce). True while held bytes remain (no room for all of them), or
+// when the send failed (the error is what the read ahead met).
 func (r *sockIO) sendHeld(fd uintptr) bool {
-	if r.held == nil {
+	bp := r.held.Swap(nil)
+	if bp == nil {
 		return r.readOnce(fd)
 	}
-	out := (*r.held)[:r.heldN]
+	out := *bp
 	for len(out) > 0 {
 		n, errno := sysWrite(fd, out)
 		switch errno {
@@ -126,24 +139,58 @@ func (r *sockIO) sendHeld(fd uintptr) bool {
 			out = out[n:]
 		case syscall.EINTR:
 		case syscall.EAGAIN:
-			r.heldN = copy(*r.held, out)
+			*bp = (*bp)[:copy(*bp, out)]
+			r.held.Store(bp)
 			return true
 		default:
-			r.dropHeld()
+			putLent(bp)
 			r.err = opError("write", r.conn, errno)
 			return true
 		}
 	}
-	r.dropHeld()
+	putLent(bp)
 	r.syncReadDeadline()
 	return false
 }
 
-// dropHeld gives a held write's buffer back.
+// flushHeld sends a held write now, waiting for room.
+func (r *sockIO) flushHeld() error {
+	r.holding = false
+	if bp := r.held.Swap(nil); bp != nil {
+		return r.writeHeld(bp)
+	}
+	return nil
+}
+
+// sendHeldAtClose sends a held write before the socket closes, from
+// whichever goroutine closes it: as much as the socket takes at once (a
+// write that would wait for room is given up: the connection is going).
+func (r *sockIO) sendHeldAtClose() {
+	bp := r.held.Swap(nil)
+	if bp == nil {
+		return
+	}
+	out := *bp
+	_ = r.raw.Write(func(fd uintptr) bool {
+		for len(out) > 0 {
+			n, errno := sysWrite(fd, out)
+			switch errno {
+			case 0:
+				out = out[n:]
+			case syscall.EINTR:
+			default:
+				return true
+			}
+		}
+		return true
+	})
+	putLent(bp)
+}
+
+// dropHeld gives a held write's buffer back unsent.
 func (r *sockIO) dropHeld() {
-	if r.held != nil {
-		lentBufs.Put(r.held)
-		r.held, r.heldN = nil, 0
+	if bp := r.held.Swap(nil); bp != nil {
+		putLent(bp)
 	}
 }
 
@@ -227,17 +274,23 @@ func (r *sockIO) write(p []byte) (int, error) {
 	if r.raw == nil {
 		return r.conn.Write(p)
 	}
-	if r.held != nil { // it goes first
-		if err := r.sendRest(); err != nil {
+	if bp := r.held.Swap(nil); bp != nil { // it goes first
+		if err := r.writeHeld(bp); err != nil {
 			return 0, err
 		}
 	}
 	if r.holding && len(p) <= 4<<10 && !r.pending() {
 		r.holding = false
-		r.held = lentBufs.Get().(*[]byte)
-		r.heldN = copy(*r.held, p)
+		bp := lentBufs.Get().(*[]byte)
+		*bp = (*bp)[:copy(*bp, p)]
+		r.held.Store(bp)
 		return len(p), nil
 	}
+	return r.writeNow(p)
+}
+
+// writeNow is write without holding: p leaves now.
+func (r *sockIO) writeNow(p []byte) (int, error) {
 	if r.expired(r.wdSet, r.wdAsk) {
 		r.syncWriteDeadline()
 	}

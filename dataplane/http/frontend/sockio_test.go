@@ -85,24 +85,27 @@ func FuzzReadsReturnTheBytesSent(f *testing.F) {
 
 // FuzzWritesDeliverTheBytesWritten: whatever pieces a client connection and
 // an upstream one write, through socket buffers kept small so that writes
-// meet a full buffer and wait for room, and however the peer's reads are
-// sized, the peer gets the bytes written, in order and once each, and each
-// write reports them all.
+// meet a full buffer and wait for room, some of them held (hold: they
+// leave before the next write, or when flushed), and however the peer's
+// reads are sized, the peer gets the bytes written, in order and once
+// each, and each write reports them all.
 func FuzzWritesDeliverTheBytesWritten(f *testing.F) {
-	f.Add([]byte("data: a\n\n"), []byte{1, 200}, []byte{3}, false)
-	f.Add(make([]byte, 64<<10), []byte{255, 0, 17}, []byte{1, 255}, true)
-	f.Fuzz(func(t *testing.T, data, writes, reads []byte, client bool) {
+	f.Add([]byte("data: a\n\n"), []byte{1, 200}, []byte{3}, []byte{0}, false)
+	f.Add(make([]byte, 64<<10), []byte{255, 0, 17}, []byte{1, 255}, []byte{1, 0, 1}, true)
+	f.Add(make([]byte, 9000), []byte{3, 1, 8}, []byte{2}, []byte{1}, false)
+	f.Fuzz(func(t *testing.T, data, writes, reads, holds []byte, client bool) {
 		var peer net.Conn
 		var write func(p []byte) (int, error)
+		var io *sockIO
 		if client {
 			var cc *clientConn
 			peer, cc = clientPair(t)
-			write = cc.Write
+			write, io = cc.Write, &cc.sockIO
 			require.NoError(t, cc.Conn.(*net.TCPConn).SetWriteBuffer(4<<10))
 		} else {
 			var tc *trackedConn
 			peer, tc = upstreamPair(t)
-			write = tc.Write
+			write, io = tc.Write, &tc.sockIO
 			require.NoError(t, tc.Conn.(*net.TCPConn).SetWriteBuffer(4<<10))
 		}
 		require.NoError(t, peer.(*net.TCPConn).SetReadBuffer(4<<10))
@@ -129,11 +132,15 @@ func FuzzWritesDeliverTheBytesWritten(f *testing.F) {
 			if len(writes) > 0 {
 				n = min(n, int(writes[i%len(writes)])*256+1)
 			}
+			if len(holds) > 0 && holds[i%len(holds)]%2 == 1 {
+				io.hold()
+			}
 			wrote, err := write(rest[:n])
 			require.NoError(t, err)
 			require.Equal(t, n, wrote, "a write reports all it was given")
 			rest = rest[n:]
 		}
+		require.NoError(t, io.flushHeld())
 		require.Equal(t, string(data), string(<-got), "the bytes written, in order, once each")
 	})
 }
@@ -237,4 +244,28 @@ func TestAHeldWriteLeavesWithTheWaitForTheAnswer(t *testing.T) {
 	n, err = tc.Read(b)
 	require.NoError(t, err)
 	assert.Equal(t, "HTTP/1.1 204 No Content\r\n\r\n", string(b[:n]))
+}
+
+// A client connection closed from another goroutine while its owner is
+// about to wait (fasthttp's shutdown closes connections it thinks idle)
+// sends its held answer once, whichever of the two takes it: the client
+// gets it whole, then the close.
+func TestAHeldAnswerLeavesOnceWhoeverClosesTheConnection(t *testing.T) {
+	for range 20 {
+		peer, cc := clientPair(t)
+		cc.hold()
+		_, err := cc.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"))
+		require.NoError(t, err)
+		waited := make(chan struct{})
+		go func() {
+			defer close(waited)
+			cc.await() // the owner's wait for the next request: it fails at the close
+		}()
+		require.NoError(t, cc.Close())
+		<-waited
+		require.NoError(t, peer.SetReadDeadline(time.Now().Add(5*time.Second)))
+		got, err := io.ReadAll(peer)
+		require.NoError(t, err)
+		assert.Equal(t, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", string(got))
+	}
 }

@@ -452,6 +452,7 @@ func (c *trackedConn) awaitReadable() {
 
 // Close closes the connection and drops it from the set.
 func (c *trackedConn) Close() error {
+	c.dropHeld() // a request never sent
 	c.set.Delete(c)
 	return c.Conn.Close()
 }
