@@ -855,26 +855,34 @@ func TestAStreamClosesTheConnectionsItCannotKeep(t *testing.T) {
 		{"Connection: close", streamRequest("HTTP/1.1", "Connection: close\r\n")},
 		{"pipelined", streamRequest("HTTP/1.1", "") + streamRequest("HTTP/1.1", "")},
 	} {
-		c, err := net.Dial("tcp", front)
-		require.NoError(t, err)
-		require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
-		_, err = io.WriteString(c, tc.send)
-		require.NoError(t, err)
-		raw, err := io.ReadAll(c) // to the connection's end
-		require.NoError(t, err, tc.name)
-		resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(raw)), nil)
-		require.NoError(t, err, tc.name)
-		got, err := io.ReadAll(resp.Body)
-		require.NoError(t, err, tc.name)
-		assert.Equal(t, "data: a\n\ndata: b\n\n", string(got), tc.name)
+		resp, got, raw := lastAnswer(t, front, tc.send)
+		assert.Equal(t, "data: a\n\ndata: b\n\n", got, tc.name)
 		assert.True(t, resp.Close, tc.name)
 		assert.Equal(t, tc.name != "HTTP/1.0", slices.Equal(resp.TransferEncoding, []string{"chunked"}), tc.name)
 		assert.Equal(t, 1, bytes.Count(raw, []byte("HTTP/1.")), "%s: one answer", tc.name)
-		_ = c.Close()
 	}
 	require.Eventually(t, func() bool { return s.takeovers.Load() == 0 }, 5*time.Second, 10*time.Millisecond)
 	w, _ := reg.Get(1)
 	assert.Zero(t, w.Occupancy())
+}
+
+// lastAnswer sends send on a new connection to the front end at front and
+// reads to the connection's end: the first answer, its body, and all that came.
+func lastAnswer(t *testing.T, front, send string) (*http.Response, string, []byte) {
+	t.Helper()
+	c, err := net.Dial("tcp", front)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	_, err = io.WriteString(c, send)
+	require.NoError(t, err)
+	raw, err := io.ReadAll(c)
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(raw)), nil)
+	require.NoError(t, err)
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, string(got), raw
 }
 
 // Shutdown waits for a stream still open (fasthttp no longer counts its
@@ -1376,18 +1384,8 @@ func TestAnAnswerLeavesBeforeTheConnectionsNextRequest(t *testing.T) {
 	assert.Greater(t, time.Since(sent), 500*time.Millisecond)
 
 	for _, tc := range []struct{ proto, extra string }{{"HTTP/1.1", "Connection: close\r\n"}, {"HTTP/1.0", ""}} {
-		c, err := net.Dial("tcp", front)
-		require.NoError(t, err)
-		require.NoError(t, c.SetDeadline(time.Now().Add(5*time.Second)))
-		_, err = io.WriteString(c, request(tc.proto, tc.extra))
-		require.NoError(t, err)
-		raw, err := io.ReadAll(c) // to the connection's end
-		require.NoError(t, err, tc.proto)
-		resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(raw)), nil)
-		require.NoError(t, err, tc.proto)
-		got, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		assert.Equal(t, body, string(got), tc.proto)
-		c.Close()
+		resp, got, _ := lastAnswer(t, front, request(tc.proto, tc.extra))
+		assert.Equal(t, body, got, tc.proto)
+		assert.True(t, resp.Close, tc.proto)
 	}
 }
