@@ -131,8 +131,9 @@ func runDemo(args []string) error {
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		l := sc.Text()
-		if strings.HasPrefix(l, "fastroute_worker_inflight") ||
-			(strings.HasPrefix(l, "fastroute_requests_total") && !strings.HasSuffix(l, " 0")) {
+		if strings.HasPrefix(l, "fastroute_worker_inflight") || strings.HasPrefix(l, "fastroute_worker_first_byte_seconds_count") ||
+			((strings.HasPrefix(l, "fastroute_requests_total") || strings.HasPrefix(l, "fastroute_worker_answers_total")) &&
+				!strings.HasSuffix(l, " 0")) {
 			fmt.Println("  " + l)
 		}
 	}
