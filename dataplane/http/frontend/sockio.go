@@ -31,8 +31,9 @@ type sockIO struct {
 	werr   error                 // what the write met
 	// A held write (hold): its bytes, in a lent buffer sliced to them,
 	// leave from the next wait, which then begins without a read, or
-	// before the next write, or on Close (flushHeld). Atomic: a
-	// connection may be closed from another goroutine.
+	// before the next write (flushHeld too), or on a client connection's
+	// Close (sendHeldAtClose). Atomic: a connection may be closed from
+	// another goroutine.
 	holding bool
 	held    atomic.Pointer[[]byte]
 	send    func(fd uintptr) bool // sendHeld, made once
