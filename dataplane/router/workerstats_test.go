@@ -39,7 +39,8 @@ func TestEachWorkersAnswersAndFailuresAreCounted(t *testing.T) {
 	stalling := startFaultServer(t, stallMidStream)
 	f := startFleet(t, mocks(1, 2, 0), func(c *config.Config) {
 		c.Health.Interval, c.Health.EjectAfter = time.Hour, 0
-		c.Limits.FirstByteTimeout, c.Limits.StreamIdleTimeout = 200*time.Millisecond, 200*time.Millisecond
+		// The client that leaves does so well before the first-byte timeout.
+		c.Limits.FirstByteTimeout, c.Limits.StreamIdleTimeout = 600*time.Millisecond, 200*time.Millisecond
 		for id, addr := range map[uint64]string{2: busy.addr(), 3: deadAddr(t), 4: hanging.addr(), 5: silent.addr(), 6: stalling.addr()} {
 			c.Workers = append(c.Workers, dataplane.WorkerSpec{ID: id, URL: "http://" + addr})
 		}
