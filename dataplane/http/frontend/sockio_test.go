@@ -147,10 +147,10 @@ func FuzzWritesDeliverTheBytesWritten(f *testing.F) {
 
 // A held write (the last of a request to a worker) leaves with the wait for
 // its answer: not before, and that wait reads the answer ahead. A write
-// after a held one goes after it; a write larger than a lent buffer is not
-// held; a held request to a worker that closed its connection ends the wait
-// with the failure; and held bytes that meet a full socket buffer go out
-// whole, in order, once the peer reads.
+// after a held one goes after it; a long prompt is held whole, a write
+// over heldMax not at all; a held request to a worker that closed its
+// connection ends the wait with the failure; and held bytes that meet a
+// full socket buffer go out whole, in order, once the peer reads.
 func TestAHeldWriteLeavesWithTheWaitForTheAnswer(t *testing.T) {
 	readsNothing := func(peer net.Conn) {
 		t.Helper()
@@ -197,8 +197,22 @@ func TestAHeldWriteLeavesWithTheWaitForTheAnswer(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "first second", string(b))
 
-	// Larger than a lent buffer: sent at once.
-	big := strings.Repeat("x", 5<<10)
+	// Larger than a lent buffer (a long prompt): held whole all the same.
+	prompt := strings.Repeat("p", 20<<10)
+	tc.hold()
+	_, err = tc.Write([]byte(prompt))
+	require.NoError(t, err)
+	readsNothing(peer)
+	got = answer(peer, prompt, "HTTP/1.1 200 OK\r\n\r\n")
+	tc.awaitReadable()
+	assert.Equal(t, prompt, <-got)
+	b = make([]byte, 64)
+	n, err = tc.Read(b)
+	require.NoError(t, err)
+	assert.Equal(t, "HTTP/1.1 200 OK\r\n\r\n", string(b[:n]))
+
+	// Larger than heldMax: sent at once.
+	big := strings.Repeat("x", heldMax+1)
 	tc.hold()
 	_, err = tc.Write([]byte(big))
 	require.NoError(t, err)
