@@ -351,8 +351,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		_ = cc.flushHeld() // a failed write fails this answer's too
 	}
 	s.Handle(ctx)
-	if cc != nil && !ctx.Hijacked() && ctx.Request.Header.IsHTTP11() && !ctx.Request.Header.ConnectionClose() &&
-		!ctx.Response.Header.ConnectionClose() && !s.closing.Load() {
+	if cc != nil && !ctx.Hijacked() && s.keepsAlive(ctx) {
 		cc.hold()
 	}
 }

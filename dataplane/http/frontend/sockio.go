@@ -46,7 +46,9 @@ type sockIO struct {
 // lentBufs are 4 KiB buffers lent only while bytes are at hand: read ahead
 // (most requests and answer heads fit whole; the rest is read as asked),
 // or a chunk of a streamed answer on its way to the client.
-var lentBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
+var lentBufs = sync.Pool{New: func() any { b := make([]byte, lentSize); return &b }}
+
+const lentSize = 4 << 10
 
 func (r *sockIO) init(c net.Conn) {
 	r.conn = c
@@ -103,10 +105,20 @@ func (r *sockIO) writeHeld(bp *[]byte) error {
 	return err
 }
 
-// putLent gives back a lent buffer sliced to the bytes it held.
+// lendFor lends a buffer for n bytes, at most heldMax: a lent buffer, or
+// past its size one of heldBufs.
+func lendFor(n int) *[]byte {
+	if n > lentSize {
+		return heldBufs.Get().(*[]byte)
+	}
+	return lentBufs.Get().(*[]byte)
+}
+
+// putLent gives back a buffer of lentBufs or heldBufs, sliced to the bytes
+// it held.
 func putLent(bp *[]byte) {
 	*bp = (*bp)[:cap(*bp)]
-	if cap(*bp) > 4<<10 {
+	if cap(*bp) > lentSize {
 		heldBufs.Put(bp)
 		return
 	}
@@ -297,11 +309,7 @@ func (r *sockIO) write(p []byte) (int, error) {
 	}
 	if r.holding && len(p) <= heldMax && !r.pending() {
 		r.holding = false
-		pool := &lentBufs
-		if len(p) > 4<<10 {
-			pool = &heldBufs
-		}
-		bp := pool.Get().(*[]byte)
+		bp := lendFor(len(p))
 		*bp = (*bp)[:copy(*bp, p)]
 		r.held.Store(bp)
 		return len(p), nil

@@ -98,8 +98,15 @@ func (ex *exchange) sendStream(c, conn net.Conn, keep, framed bool) {
 // runs, on a connection that came through the gate (Serve).
 func (s *Server) keepAfter(ctx *fasthttp.RequestCtx, c net.Conn) bool {
 	cc, _ := ctx.Conn().(*clientConn)
-	return cc != nil && cc.gate != nil && !cc.pipelined(c) && ctx.Request.Header.IsHTTP11() &&
-		!ctx.Request.Header.ConnectionClose() && !ctx.Response.Header.ConnectionClose() && !s.closing.Load()
+	return cc != nil && cc.gate != nil && !cc.pipelined(c) && s.keepsAlive(ctx)
+}
+
+// keepsAlive says the answer to ctx's request leaves its connection open
+// for the next request: an HTTP/1.1 client that did not ask to close, an
+// answer that does not close it, while the server runs.
+func (s *Server) keepsAlive(ctx *fasthttp.RequestCtx) bool {
+	return ctx.Request.Header.IsHTTP11() && !ctx.Request.Header.ConnectionClose() &&
+		!ctx.Response.Header.ConnectionClose() && !s.closing.Load()
 }
 
 // closeAfter marks a response as the connection's last.
