@@ -59,6 +59,7 @@ type exchange struct {
 	copyBuf  []byte // reads a buffered answer's body
 	sse      bool   // the answer is an event stream
 	tail     []byte // the error event still to send after a broken stream
+	relay    chunkRelay
 
 	// The client's connection taken over from fasthttp (takeOver).
 	ctx           *fasthttp.RequestCtx // the client's, once taken over; nil: the exchange runs in fasthttp's handler
@@ -440,14 +441,22 @@ func (ex *exchange) readAnswer(p []byte) (int, error) {
 	if err == io.EOF {
 		ex.bodyDone = true
 	}
-	if err != nil && err != io.EOF {
-		ex.readErr = err
-		if ex.sse && ex.resp.Header.ContentLength() < 0 {
-			ex.tail = ex.errorEvent(err)
-			return n, nil
-		}
+	if err != nil && err != io.EOF && ex.broke(err) {
+		return n, nil
 	}
 	return n, err
+}
+
+// broke notes the error err that broke the answer's body, and readies the
+// error event that ends a broken event stream of unknown length: true when
+// one is to be sent (readAnswer returns it).
+func (ex *exchange) broke(err error) bool {
+	ex.readErr = err
+	if ex.sse && ex.resp.Header.ContentLength() < 0 {
+		ex.tail = ex.errorEvent(err)
+		return true
+	}
+	return false
 }
 
 // readyChunk reports whether a Read now returns answer bytes without

@@ -132,6 +132,7 @@ func New(opts Options) *Server {
 	s.exchanges.New = func() any {
 		ex := &exchange{s: s}
 		ex.beginStreamFn, ex.runTakenFn = ex.beginStream, ex.runTaken
+		ex.relay.stepFn = ex.relay.step
 		return ex
 	}
 	s.metrics.openConnections, s.metrics.maxConnections = s.OpenConnections, opts.MaxConnections

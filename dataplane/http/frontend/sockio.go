@@ -29,6 +29,7 @@ type sockIO struct {
 	drain  func(fd uintptr) bool // writeOnce, made once
 	out    []byte                // what is left to write
 	werr   error                 // what the write met
+	noWait bool                  // the write does not wait for room (tryWrite)
 	// A held write (hold): its bytes, in a lent buffer sliced to them,
 	// leave from the next wait, which then begins without a read, or
 	// before the next write (flushHeld too), or on a client connection's
@@ -332,12 +333,39 @@ func (r *sockIO) writeNow(p []byte) (int, error) {
 	return n, err
 }
 
-// writeOnce is write's call between waits for room: false asks for one.
+// tryWrite sends what of p the socket has room for now, without waiting
+// for more, and returns the rest: all of p while a held write waits to
+// leave first. A deadline on the socket that passed (put there for an
+// earlier wait) is taken off: this write makes no wait, and the next
+// write that does puts the one it asks.
+func (r *sockIO) tryWrite(p []byte) ([]byte, error) {
+	if r.held.Load() != nil {
+		return p, nil
+	}
+	if r.wdSet != 0 && r.wdSet <= time.Now().UnixNano() {
+		r.wdSet = 0
+		_ = r.conn.SetWriteDeadline(time.Time{})
+	}
+	r.out, r.werr, r.noWait = p, nil, true
+	err := r.raw.Write(r.drain)
+	rest := r.out
+	r.out, r.noWait = nil, false
+	if err == nil {
+		err, r.werr = r.werr, nil
+	}
+	return rest, err
+}
+
+// writeOnce is write's call between waits for room: false asks for one
+// (unless the write may not wait: tryWrite).
 func (r *sockIO) writeOnce(fd uintptr) bool {
 	var errno syscall.Errno
 	switch r.out, errno = sendAll(fd, r.out); errno {
 	case 0:
 	case syscall.EAGAIN:
+		if r.noWait {
+			return true
+		}
 		r.syncWriteDeadline()
 		return false
 	default:

@@ -88,7 +88,7 @@ func (ex *exchange) beginStream(c net.Conn) {
 func (ex *exchange) sendStream(c, conn net.Conn, keep, framed bool) {
 	growStack4K()
 	s := ex.s
-	complete, werr := ex.copyStream(c, framed) // ex is back in its pool
+	complete, werr := ex.copyStream(c, conn, framed) // ex is back in its pool
 	s.giveBack(conn, c, keep && complete && werr == nil)
 }
 
@@ -156,8 +156,11 @@ const (
 )
 
 // copyStream copies the streamed answer, after the response head, to the
-// client's connection w, framed in chunks when framed, and ends the
-// exchange. Between chunks of a chunked answer it waits for the
+// client's connection w (conn, as tracked), framed in chunks when framed,
+// and ends the exchange. A chunked answer from a worker's socket to a
+// client's goes through a chunkRelay, and here only for the error event
+// that ends it when it broke; other answers (of stated length, read to the
+// close, to a TLS client) are copied here. Between chunks of a chunked answer it waits for the
 // worker's next bytes holding no buffer (awaitStream; a chunked body's end
 // is bytes still to come, so that wait always ends), and borrows a buffer
 // only to move them: an open stream that waits on its worker holds neither
@@ -170,9 +173,16 @@ const (
 // goes back to its pool once the bytes left.
 // complete: the answer was sent to its end; werr: the client's write
 // failed.
-func (ex *exchange) copyStream(w net.Conn, framed bool) (complete bool, werr error) {
+func (ex *exchange) copyStream(w, conn net.Conn, framed bool) (complete bool, werr error) {
 	chunked := ex.resp.Header.ContentLength() == -1
-	for headSent := false; ; headSent = true {
+	headSent := false
+	if cc, ok := ex.relayable(conn); ok {
+		var handOver bool
+		if complete, handOver, headSent, werr = ex.relayChunks(w, cc, framed); !handOver {
+			return complete, werr
+		}
+	}
+	for ; ; headSent = true {
 		if chunked && ex.tail == nil && ex.br != nil {
 			ex.awaitStream()
 		}

@@ -312,6 +312,17 @@ func (c *upCall) awaitStream() {
 	c.shell = r
 }
 
+// dropReader gives the connection's reader back to the upstream's pool
+// for good, its buffered bytes taken: the rest of the answer is read from
+// the socket itself (chunkRelay), and fasthttp's body stream, which reads
+// through the reader, is not read again.
+func (c *upCall) dropReader() {
+	if c.br != nil {
+		c.connOf.hc.ReleaseReader(c.br)
+		c.br = nil
+	}
+}
+
 // errAnswerTooLarge is an answer that had to be read whole and was longer
 // than limits.answer_buffer_bytes.
 var errAnswerTooLarge = errors.New("answer larger than limits.answer_buffer_bytes")
