@@ -78,8 +78,14 @@ func (ex *exchange) relayChunks(w net.Conn, cc *clientConn, framed bool) (comple
 		complete, werr = r.end(w)
 		return complete, false, true, werr
 	}
-	return false, true, r.head, nil
+	headSent = r.head
+	r.reset()
+	return false, true, headSent, nil
 }
+
+// reset forgets the relay's exchange and connection: the exchange goes
+// back to its pool.
+func (r *chunkRelay) reset() { *r = chunkRelay{stepFn: r.stepFn} }
 
 // buffered says answer bytes already read wait to be relayed.
 func (r *chunkRelay) buffered() bool {
@@ -214,7 +220,7 @@ func (r *chunkRelay) end(w net.Conn) (complete bool, werr error) {
 	ex.settleStream(r.werr)
 	r.flush(w)
 	complete, werr = r.ended && r.werr == nil, r.werr
-	*r = chunkRelay{stepFn: r.stepFn}
+	r.reset()
 	ex.recycle()
 	return complete, werr
 }
