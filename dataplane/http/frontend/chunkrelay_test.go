@@ -150,3 +150,34 @@ func TestARelayedStreamWaitsForASlowClient(t *testing.T) {
 	w, _ := reg.Get(1)
 	assert.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, time.Millisecond)
 }
+
+// A relayed stream whose worker goes silent is cut one idle gap
+// (stream_idle_timeout, and at most an eighth more) after its last bytes:
+// the client gets the events before, then the error event that says why,
+// and the stream's end. The worker's answer counts as cut.
+func TestARelayedSilentStreamIsCutOneIdleGapAfterItsLastBytes(t *testing.T) {
+	const idle = 600 * time.Millisecond
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	addr := rawServer(t, func(c net.Conn, _ *http.Request) bool {
+		_, _ = io.WriteString(c, sseHead+"9\r\ndata: a\n\n\r\n")
+		time.Sleep(idle / 2)
+		_, _ = io.WriteString(c, "9\r\ndata: b\n\n\r\n")
+		<-release // silent from here
+		return false
+	})
+	reg, s, url := serveOne(t, addr, Options{StreamIdleTimeout: idle}, nil)
+	start := time.Now()
+	got, err := postStream(t, url)
+	took := time.Since(start)
+	require.NoError(t, err, "a stream the router cut ends cleanly")
+	before, event, ok := strings.Cut(got, "\n\ndata: {\"error\":")
+	require.True(t, ok, "an error event: %q", got)
+	assert.Equal(t, "data: a\n\ndata: b\n\n", before)
+	assert.Contains(t, event, "limits.stream_idle_timeout")
+	assert.GreaterOrEqual(t, took, idle/2+idle, "not before a whole idle gap after the last bytes")
+	assert.Less(t, took, idle/2+idle*3/2, "one idle gap (and its eighth), not two")
+	w, _ := reg.Get(1)
+	assert.EqualValues(t, 1, s.statsOf(w).failures[failCut].Value())
+	assert.Zero(t, w.Occupancy())
+}
