@@ -7,17 +7,18 @@ import (
 )
 
 // chunkRelay sends a worker's chunked answer (a stream of events) on to the
-// client from inside one wait of the poller for the worker's socket. Go's
-// poller forgets a socket's readiness when a wait begins, so a wait begins
-// with a read: a relay that waited afresh for each chunk made a read that
-// found nothing for every chunk (two receives per chunk, nginx one). Inside
-// one wait (syscall.RawConn's Read) the poller forgets nothing between its
-// calls of the relay's step: a step reads what came, decodes it (dechunker),
-// frames it for the client and sends it straight from there, and when the
-// read did not fill its buffer, the socket is drained, so it asks for the
-// next wake-up without reading again. A client with no room left, the
-// answer's end or a broken answer end the wait; what the client had no room
-// for then leaves as any write does, waiting for room under the write
+// client from inside one wait of the poller for the worker's socket
+// (syscall.RawConn's Read): a step reads what came, decodes it (dechunker),
+// frames it for the client and sends it straight from there, then reads
+// again until the socket has nothing, and asks for the next wake-up. That
+// spares the layers a chunk crossed before (fasthttp's body reader over a
+// buffered reader over the connection) and a wait begun afresh for each
+// chunk. It reads again even after a read that did not fill its buffer: the
+// read that takes a dying worker's last bytes may take its close too (the
+// kernel hands both over in one receive and no wake-up follows), and only
+// the next read tells, with its end of file. A client with no room left,
+// the answer's end or a broken answer end the wait; what the client had no
+// room for then leaves as any write does, waiting for room under the write
 // timeout. An open stream that waits on its worker holds no buffer: the
 // step borrows one for the bytes at hand only (as copyStream does), and
 // the connection's read buffer goes back to its pool once the bytes that
@@ -115,7 +116,7 @@ func (r *chunkRelay) relayBuffered() {
 
 // step is the relay's call between the poller's wake-ups for the worker's
 // socket fd: it relays what came, and asks for the next wake-up (false)
-// once a read found the socket drained; true ends the wait.
+// once a read finds nothing; true ends the wait.
 func (r *chunkRelay) step(fd uintptr) bool {
 	tc := r.ex.conn
 	for {
@@ -140,10 +141,6 @@ func (r *chunkRelay) step(fd uintptr) bool {
 		}
 		if !r.relay(bp, lo, n) {
 			return true
-		}
-		if n < hi-lo { // drained: whatever comes next wakes the poller
-			tc.armIdle()
-			return false
 		}
 	}
 }

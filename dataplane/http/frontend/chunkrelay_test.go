@@ -181,3 +181,26 @@ func TestARelayedSilentStreamIsCutOneIdleGapAfterItsLastBytes(t *testing.T) {
 	assert.EqualValues(t, 1, s.statsOf(w).failures[failCut].Value())
 	assert.Zero(t, w.Occupancy())
 }
+
+// A worker that dies right after a chunk (its last bytes and its close
+// come together, so the read that takes the bytes also takes the close)
+// breaks the client's stream at once, with the error event, not after the
+// idle timeout: the relay reads again after every read that found bytes.
+func TestAWorkerThatClosesRightAfterAChunkBreaksTheStreamAtOnce(t *testing.T) {
+	addr := rawServer(t, func(c net.Conn, _ *http.Request) bool {
+		_, _ = io.WriteString(c, sseHead+"9\r\ndata: a\n\n\r\n")
+		time.Sleep(50 * time.Millisecond) // the relay waits for more
+		_, _ = io.WriteString(c, "9\r\ndata: b\n\n\r\n")
+		return false // closed at once
+	})
+	reg, _, url := serveOne(t, addr, Options{StreamIdleTimeout: 10 * time.Second}, nil)
+	for range 5 {
+		start := time.Now()
+		got, err := postStream(t, url)
+		require.Error(t, err, "cut for the client")
+		assert.Less(t, time.Since(start), 5*time.Second, "broken at once, not at the idle timeout")
+		assert.True(t, strings.HasPrefix(got, "data: a\n\ndata: b\n\n\n\ndata: {\"error\":"), "%q", got)
+	}
+	w, _ := reg.Get(1)
+	assert.Zero(t, w.Occupancy())
+}

@@ -158,13 +158,13 @@ const (
 // copyStream copies the streamed answer, after the response head, to the
 // client's connection w (conn, as tracked), framed in chunks when framed,
 // and ends the exchange. A chunked answer from a worker's socket to a
-// client's goes through a chunkRelay, and here only for the error event
-// that ends it when it broke; other answers (of stated length, read to the
-// close, to a TLS client) are copied here. Between chunks of a chunked answer it waits for the
-// worker's next bytes holding no buffer (awaitStream; a chunked body's end
-// is bytes still to come, so that wait always ends), and borrows a buffer
-// only to move them: an open stream that waits on its worker holds neither
-// a read nor a write buffer. Chunks that came together leave in one write
+// client's goes through a chunkRelay, and comes here only for the error
+// event that ends it when it broke; other answers (of stated length, read
+// to the close, to a TLS client) are copied here. Between chunks of a
+// chunked answer it waits for the worker's next bytes holding no buffer
+// (awaitStream; a chunked body's end is bytes still to come, so that wait
+// always ends), and borrows a buffer only to move them: an open stream
+// that waits on its worker holds neither a read nor a write buffer. Chunks that came together leave in one write
 // (readyChunk), the head with the first and the last chunk with the end: a
 // client behind on a fast stream costs a write per batch, not per token.
 // Once the worker's answer ended, the exchange's books close (settle)
