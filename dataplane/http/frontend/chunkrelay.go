@@ -9,33 +9,41 @@ import (
 // chunkRelay sends a worker's chunked answer (a stream of events) on to the
 // client from inside one wait of the poller for the worker's socket
 // (syscall.RawConn's Read): a step reads what came, decodes it (dechunker),
-// frames it for the client and sends it straight from there, then reads
-// again until the socket has nothing, and asks for the next wake-up. That
-// spares the layers a chunk crossed before (fasthttp's body reader over a
-// buffered reader over the connection) and a wait begun afresh for each
-// chunk. It reads again even after a read that did not fill its buffer: the
-// read that takes a dying worker's last bytes may take its close too (the
-// kernel hands both over in one receive and no wake-up follows), and only
-// the next read tells, with its end of file. A client with no room left,
-// the answer's end or a broken answer end the wait; what the client had no
+// frames it for the client and sends it straight from there. Go's poller
+// forgets a socket's readiness when a wait begins, so a wait begins with a
+// read, and a relay that waited afresh for each chunk made a read that
+// found nothing for every chunk (two receives per chunk, nginx one);
+// inside one wait the poller forgets nothing between its calls of the
+// step, so after a read that did not fill its buffer (the socket is
+// drained) the step asks for the next wake-up without reading again. Only
+// the worker's close escapes that: the receive that takes its last bytes
+// may take its close too, and no wake-up follows. nginx learns of it from
+// epoll's EPOLLRDHUP, which Go's poller does not pass on; here the
+// connection is watched for it in an epoll set of its own while a relay
+// waits on it (trackedConn.beginRelay, one epoll_ctl call for the
+// connection's life), and a close seen there shuts the connection's read
+// side, which wakes the wait (workerClosed). Without that watch the step
+// reads until a read finds nothing. A client with no room left, the
+// answer's end or a broken answer end the wait; what the client had no
 // room for then leaves as any write does, waiting for room under the write
 // timeout. An open stream that waits on its worker holds no buffer: the
 // step borrows one for the bytes at hand only (as copyStream does), and
 // the connection's read buffer goes back to its pool once the bytes that
 // came with the answer's head are sent.
 type chunkRelay struct {
-	ex     *exchange
-	cc     *clientConn // the client's connection
-	framed bool        // the client gets chunks; else the bare data (HTTP/1.0)
-	d      dechunker
-	bp     *[]byte               // the lent buffer behind out, if out is in one
-	out    []byte                // bytes the client had no room for yet
-	err    error                 // what the read met instead of the answer's end
-	werr   error                 // what the client's write met
-	ended  bool                  // the answer was read to its end
-	past   bool                  // the worker sent bytes past its answer
-	head   bool                  // the response head left
-	stepFn func(fd uintptr) bool // step, made once per exchange
+	ex      *exchange
+	cc      *clientConn // the client's connection
+	framed  bool        // the client gets chunks; else the bare data (HTTP/1.0)
+	d       dechunker
+	bp      *[]byte               // the lent buffer behind out, if out is in one
+	out     []byte                // bytes the client had no room for yet
+	err     error                 // what the read met instead of the answer's end
+	werr    error                 // what the client's write met
+	ended   bool                  // the answer was read to its end
+	past    bool                  // the worker sent bytes past its answer
+	head    bool                  // the response head left
+	watched bool                  // the worker's close is watched for (beginRelay): a drained socket needs no second read
+	stepFn  func(fd uintptr) bool // step, made once per exchange
 }
 
 // relayable says the streamed answer can be relayed by a chunkRelay to the
@@ -55,6 +63,7 @@ func (ex *exchange) relayChunks(w net.Conn, cc *clientConn, framed bool) (comple
 	r := &ex.relay
 	*r = chunkRelay{ex: ex, cc: cc, framed: framed, stepFn: r.stepFn}
 	tc := ex.conn
+	r.watched = tc.beginRelay()
 	for r.err == nil && r.werr == nil && !r.ended {
 		switch {
 		case len(r.out) > 0:
@@ -80,6 +89,7 @@ func (ex *exchange) relayChunks(w net.Conn, cc *clientConn, framed bool) (comple
 		return complete, false, true, werr
 	}
 	headSent = r.head
+	tc.endRelay()
 	r.reset()
 	return false, true, headSent, nil
 }
@@ -116,7 +126,8 @@ func (r *chunkRelay) relayBuffered() {
 
 // step is the relay's call between the poller's wake-ups for the worker's
 // socket fd: it relays what came, and asks for the next wake-up (false)
-// once a read finds nothing; true ends the wait.
+// once a read finds nothing, or found the socket drained while the
+// worker's close is watched for; true ends the wait.
 func (r *chunkRelay) step(fd uintptr) bool {
 	tc := r.ex.conn
 	for {
@@ -141,6 +152,12 @@ func (r *chunkRelay) step(fd uintptr) bool {
 		}
 		if !r.relay(bp, lo, n) {
 			return true
+		}
+		// Drained: whatever comes next wakes the poller, a close the
+		// watch sees from now on too (workerClosed).
+		if n < hi-lo && r.watched && !tc.closedSeen() {
+			tc.armIdle()
+			return false
 		}
 	}
 }
@@ -213,6 +230,7 @@ func (r *chunkRelay) flush(w net.Conn) {
 // end.
 func (r *chunkRelay) end(w net.Conn) (complete bool, werr error) {
 	ex := r.ex
+	ex.conn.endRelay()               // before the connection goes back to its pool (settle)
 	ex.bodyDone = r.ended && !r.past // bytes past the answer: a worker out of step, whose connection closes
 	ex.settleStream(r.werr)
 	r.flush(w)

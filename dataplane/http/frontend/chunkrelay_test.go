@@ -185,7 +185,8 @@ func TestARelayedSilentStreamIsCutOneIdleGapAfterItsLastBytes(t *testing.T) {
 // A worker that dies right after a chunk (its last bytes and its close
 // come together, so the read that takes the bytes also takes the close)
 // breaks the client's stream at once, with the error event, not after the
-// idle timeout: the relay reads again after every read that found bytes.
+// idle timeout: the watch for the worker's close wakes the relay's wait
+// (workerClosed).
 func TestAWorkerThatClosesRightAfterAChunkBreaksTheStreamAtOnce(t *testing.T) {
 	addr := rawServer(t, func(c net.Conn, _ *http.Request) bool {
 		_, _ = io.WriteString(c, sseHead+"9\r\ndata: a\n\n\r\n")
@@ -194,7 +195,7 @@ func TestAWorkerThatClosesRightAfterAChunkBreaksTheStreamAtOnce(t *testing.T) {
 		return false // closed at once
 	})
 	reg, _, url := serveOne(t, addr, Options{StreamIdleTimeout: 10 * time.Second}, nil)
-	for range 5 {
+	for range 10 { // the close comes with the last bytes in most tries, not all
 		start := time.Now()
 		got, err := postStream(t, url)
 		require.Error(t, err, "cut for the client")

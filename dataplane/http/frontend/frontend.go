@@ -90,14 +90,15 @@ type Server struct {
 	exchanges sync.Pool
 	parsers   fastjson.ParserPool
 	metrics   *Metrics
-	queue     *waitQueue                // requests waiting for a busy worker; nil: none wait
-	retryOn   [600]bool                 // answer statuses retried on another worker (Options.RetryStatuses)
-	routes    map[string]struct{}       // proxied paths outside /v1/
-	access    *slog.Logger              // nil: no access log
-	retries   atomic.Int64              // router.retries, reloadable
-	hangups   *hangup.Watcher[exchange] // nil: client hang-ups are noticed only on write
-	takeovers atomic.Int64              // client connections taken over from fasthttp (takeOver), until closed or served by it again
-	closing   atomic.Bool               // Shutdown began: a taken-over connection's answer is its last (keepAfter)
+	queue     *waitQueue                   // requests waiting for a busy worker; nil: none wait
+	retryOn   [600]bool                    // answer statuses retried on another worker (Options.RetryStatuses)
+	routes    map[string]struct{}          // proxied paths outside /v1/
+	access    *slog.Logger                 // nil: no access log
+	retries   atomic.Int64                 // router.retries, reloadable
+	hangups   *hangup.Watcher[exchange]    // nil: client hang-ups are noticed only on write
+	upCloses  *hangup.Watcher[trackedConn] // workers' closes of relayed streams (chunkRelay); nil: none watched
+	takeovers atomic.Int64                 // client connections taken over from fasthttp (takeOver), until closed or served by it again
+	closing   atomic.Bool                  // Shutdown began: a taken-over connection's answer is its last (keepAfter)
 	srv       *fasthttp.Server
 	gate      atomic.Pointer[gate] // the listener's, once Serve began
 	fullSaid  atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
@@ -143,6 +144,9 @@ func New(opts Options) *Server {
 		s.log.Warn("client hang-ups are noticed only when the router writes to them", "err", err)
 	} else {
 		s.hangups = w
+	}
+	if w, err := hangup.New(workerClosed); err == nil {
+		s.upCloses = w
 	}
 	s.routes = map[string]struct{}{}
 	for _, r := range append(slices.Clone(engineRoutes), opts.Routes...) {
@@ -293,6 +297,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	})
 	if s.hangups != nil {
 		err = errors.Join(err, s.hangups.Close())
+	}
+	if s.upCloses != nil {
+		err = errors.Join(err, s.upCloses.Close())
 	}
 	return err
 }

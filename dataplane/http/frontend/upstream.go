@@ -8,9 +8,11 @@ import (
 	"net"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/http/hangup"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
 )
@@ -110,6 +112,7 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 					return nil, err
 				}
 				tc := newTrackedConn(c, s.upConns, s.opts.StreamIdleTimeout)
+				tc.watchCloses(s.upCloses)
 				s.upConns.Store(tc, struct{}{})
 				return tc, nil
 			},
@@ -378,6 +381,10 @@ type trackedConn struct {
 	waitLapsed bool
 	owner      atomic.Uint32 // token of the exchange using it; 0: none, or cut
 	used       bool          // it carried a request before (its holder alone reads it)
+	// The watch for the worker's close while a stream is relayed on it
+	// (watchCloses, beginRelay); set before the connection is used.
+	closes *hangup.Watcher[trackedConn]
+	watch  hangup.Conn
 	sockIO
 }
 
@@ -465,5 +472,54 @@ func (c *trackedConn) awaitReadable() {
 func (c *trackedConn) Close() error {
 	c.dropHeld() // a request never sent
 	c.set.Delete(c)
+	if c.closes != nil {
+		c.closes.Remove(c.watch)
+	}
 	return c.Conn.Close()
+}
+
+// watchCloses adds a new connection to w, the watch for workers' closes
+// (one epoll_ctl call for the connection's life), so that a relay that
+// waits on it learns of its worker's close, which the relay cannot see
+// itself (chunkRelay). A nil w watches nothing.
+func (c *trackedConn) watchCloses(w *hangup.Watcher[trackedConn]) {
+	if w == nil || c.raw == nil {
+		return
+	}
+	_ = c.raw.Control(func(fd uintptr) { c.watch, _ = w.Add(int(fd)) })
+	if c.watch.Gen() != 0 {
+		c.closes = w
+	}
+}
+
+// beginRelay names the relay's wait the work on the connection until
+// endRelay, so that the worker's close meanwhile wakes it (workerClosed).
+// False: a close would go unseen (not watched, or the worker closed
+// already).
+func (c *trackedConn) beginRelay() bool {
+	return c.closes != nil && c.closes.Begin(c.watch, c)
+}
+
+// closedSeen says the watch saw the worker close the connection (beginRelay
+// returned true). A close seen after this call wakes the relay's wait
+// (workerClosed); one seen before must be met by a read.
+func (c *trackedConn) closedSeen() bool { return c.closes.Closed(c.watch) }
+
+// endRelay ends the watch beginRelay began.
+func (c *trackedConn) endRelay() {
+	if c.closes != nil {
+		c.closes.End(c.watch, c)
+	}
+}
+
+// workerClosed is the close watch's call for a connection whose worker
+// closed it (or reset it) while a relay waited on it: it shuts the
+// connection's read side, which wakes the poller's wait as new bytes
+// would (the close alone may not: the relay's last read may have taken it
+// with the last bytes, and no wake-up follows). The bytes still unread
+// are read all the same; the next read after them finds the end. A
+// connection its worker closed is of no more use, so a relay that ended
+// meanwhile loses nothing either.
+func workerClosed(c *trackedConn, _ uint32) {
+	_ = c.raw.Control(func(fd uintptr) { _ = syscall.Shutdown(int(fd), syscall.SHUT_RD) })
 }

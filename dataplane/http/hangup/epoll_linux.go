@@ -102,6 +102,12 @@ func (w *Watcher[T]) Begin(c Conn, t *T) bool {
 	return true
 }
 
+// Closed says the peer of c was seen to close (a close not yet reported to
+// the Watcher's goroutine is not). It makes no system call.
+func (w *Watcher[T]) Closed(c Conn) bool {
+	return c.gen != 0 && w.slots[c.fd].state.Load() != uint64(c.gen)<<1
+}
+
 // End ends t's work on c. A close reported just before may still reach
 // onHangup with t afterwards.
 func (w *Watcher[T]) End(c Conn, t *T) {

@@ -7,7 +7,10 @@
 // A connection is added to the set once, when it opens (one epoll_ctl
 // call); naming the request it works on (Begin, End) costs two atomic
 // stores and no system call. One goroutine waits for every connection's
-// events.
+// events. The front end watches its connections to workers the same way,
+// in a Watcher of their own, for the worker's close while it relays a
+// stream (frontend's chunkRelay, which Closed tells whether it must read
+// once more).
 package hangup
 
 import (

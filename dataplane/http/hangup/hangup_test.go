@@ -152,3 +152,18 @@ func TestBeginAndEndAllocateNothing(t *testing.T) {
 		w.End(c, wk)
 	}))
 }
+
+// Closed tells a close the Watcher saw, whether or not work was in
+// progress then, and no close before it; a connection not watched is never
+// closed to it.
+func TestClosedTellsACloseTheWatcherSaw(t *testing.T) {
+	w, got := start(t)
+	client, server := pair(t)
+	c := add(t, w, server)
+	require.False(t, w.Closed(c))
+	require.NoError(t, client.Close())
+	require.Eventually(t, func() bool { return w.Closed(c) }, 2*time.Second, time.Millisecond)
+	quiet(t, got, "no work was in progress")
+	require.False(t, w.Begin(c, &work{"late"}), "a closed peer stays closed")
+	require.False(t, w.Closed(Conn{}))
+}

@@ -15,6 +15,9 @@ func (*Watcher[T]) Add(int) (Conn, bool) { return Conn{}, false }
 // Begin reports the peer as open.
 func (*Watcher[T]) Begin(Conn, *T) bool { return true }
 
+// Closed reports the peer as open.
+func (*Watcher[T]) Closed(Conn) bool { return false }
+
 // End does nothing.
 func (*Watcher[T]) End(Conn, *T) {}
 
