@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,6 +25,12 @@ type E2EOptions struct {
 	Connections int
 	Duration    time.Duration // load per front end and workload
 	OutDir      string        // where results.md, results.json and results.svg go
+	// Rounds of every front end per workload (0 or 1: one), the front ends
+	// in a new order each round: the table shows each front end's median
+	// round and the spread of its CPU per request. On a shared machine one
+	// run's ratios move with the minute it ran in; rounds interleaved in
+	// one run bear the same minutes.
+	Rounds int
 }
 
 // Workload is one request mix of the comparison.
@@ -55,6 +63,9 @@ var longPromptBody = fmt.Appendf(nil, `{"model":"mock-model","messages":[{"role"
 type Row struct {
 	Workload, Front string
 	Result          Result
+	// The least and most CPU per request over the rounds (E2EOptions.Rounds),
+	// both zero after one round.
+	CPULeast, CPUMost time.Duration
 }
 
 // startFunc starts a front end before the workers and returns its address
@@ -98,16 +109,23 @@ func RunE2E(o E2EOptions) ([]Row, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, f := range fronts {
-			r, err := runFront(f, dir, workers, wl, o)
-			if err != nil {
-				stopWorkers()
-				return nil, fmt.Errorf("%s, %s: %w", wl.Name, f.name, err)
+		rounds := make([][]Result, len(fronts))
+		for round := range max(o.Rounds, 1) {
+			for k := range fronts {
+				i := (k + round) % len(fronts) // each round starts one front end later
+				r, err := runFront(fronts[i], dir, workers, wl, o)
+				if err != nil {
+					stopWorkers()
+					return nil, fmt.Errorf("%s, %s: %w", wl.Name, fronts[i].name, err)
+				}
+				fmt.Printf("  %-14s %s\n", wl.Name, r)
+				rounds[i] = append(rounds[i], r)
 			}
-			fmt.Printf("  %-14s %s\n", wl.Name, r)
-			rows = append(rows, Row{Workload: wl.Name, Front: f.name, Result: r})
 		}
 		stopWorkers()
+		for i, f := range fronts {
+			rows = append(rows, medianRow(wl.Name, f.name, rounds[i]))
+		}
 	}
 	table := Table(rows, o)
 	if err := os.WriteFile(filepath.Join(o.OutDir, "results.md"), []byte(table), 0o644); err != nil {
@@ -118,6 +136,24 @@ func RunE2E(o E2EOptions) ([]Row, error) {
 	}
 	fmt.Print("\n" + table)
 	return rows, nil
+}
+
+// medianRow is the row of a front end's median round of rs: by CPU per
+// request, or by req/s for a front end whose CPU is not measured (direct),
+// with the spread of its CPU over the rounds.
+func medianRow(workload, front string, rs []Result) Row {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b Result) int {
+		if c := cmp.Compare(a.CPUPerRequest, b.CPUPerRequest); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.RPS(), b.RPS())
+	})
+	row := Row{Workload: workload, Front: front, Result: rs[len(rs)/2]}
+	if len(rs) > 1 {
+		row.CPULeast, row.CPUMost = rs[0].CPUPerRequest, rs[len(rs)-1].CPUPerRequest
+	}
+	return row
 }
 
 func runFront(f front, dir string, workers []string, wl Workload, o E2EOptions) (Result, error) {

@@ -21,6 +21,10 @@ func Table(rows []Row, o E2EOptions) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d connections, %v per front end and workload, %d mock workers, %d CPUs, %s\n\n",
 		o.Connections, o.Duration, o.Workers, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"))
+	if o.Rounds > 1 {
+		fmt.Fprintf(&b, "%d rounds, the front ends interleaved: each row is the front end's median round, "+
+			"CPU µs/req with its least and most over the rounds\n\n", o.Rounds)
+	}
 	b.WriteString("| workload | front end | req/s | p50 | p90 | p99 | p99.9 | req/s vs direct | req/s vs nginx | p99 vs nginx | CPU µs/req | CPU vs nginx-1w | peak RSS |\n")
 	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
@@ -35,11 +39,18 @@ func Table(rows []Row, o E2EOptions) string {
 			b.WriteString(" - | - | - |\n")
 			continue
 		}
-		fmt.Fprintf(&b, " %.1f | %s | %.1f MiB |\n", float64(r.Result.CPUPerRequest.Nanoseconds())/1000,
+		cpu := fmt.Sprintf("%.1f", micros(r.Result.CPUPerRequest))
+		if r.CPUMost > 0 {
+			cpu += fmt.Sprintf(" (%.1f–%.1f)", micros(r.CPULeast), micros(r.CPUMost))
+		}
+		fmt.Fprintf(&b, " %s | %s | %.1f MiB |\n", cpu,
 			ratio(float64(r.Result.CPUPerRequest), float64(find(rows, r.Workload, "nginx-1w").CPUPerRequest)), float64(r.Result.PeakRSS)/(1<<20))
 	}
 	return b.String()
 }
+
+// micros is d in microseconds.
+func micros(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1000 }
 
 func find(rows []Row, workload, front string) Result {
 	for _, r := range rows {

@@ -24,14 +24,15 @@ func synthetic(name string, rps int, base time.Duration) Result {
 
 func TestTableRatiosAndPlot(t *testing.T) {
 	rows := []Row{
-		{"non-streaming", "direct", synthetic("direct", 1000, time.Millisecond)},
-		{"non-streaming", "fastroute", synthetic("fastroute", 600, 2*time.Millisecond)},
-		{"non-streaming", "nginx", synthetic("nginx", 500, 4*time.Millisecond)},
-		{"non-streaming", "haproxy", synthetic("haproxy", 400, time.Millisecond)},
+		{Workload: "non-streaming", Front: "direct", Result: synthetic("direct", 1000, time.Millisecond)},
+		{Workload: "non-streaming", Front: "fastroute", Result: synthetic("fastroute", 600, 2*time.Millisecond)},
+		{Workload: "non-streaming", Front: "nginx", Result: synthetic("nginx", 500, 4*time.Millisecond)},
+		{Workload: "non-streaming", Front: "haproxy", Result: synthetic("haproxy", 400, time.Millisecond)},
 	}
 	assert.Equal(t, 1500*time.Microsecond, rows[0].Result.Percentile(0.5))
 	table := Table(rows, E2EOptions{Connections: 8, Duration: time.Second, Workers: 3})
 	assert.Contains(t, table, "| non-streaming | fastroute | 600 | 3.00 ms | 3.80 ms | 3.98 ms | 4.00 ms | 0.60× | 1.20× | 0.50× |")
+	assert.NotContains(t, table, "rounds", "one round: no spread")
 	svg := Plot(rows)
 	var doc struct {
 		Polylines []struct{} `xml:"polyline"`
@@ -41,6 +42,28 @@ func TestTableRatiosAndPlot(t *testing.T) {
 	for _, f := range fronts {
 		assert.Contains(t, svg, ">"+f.name+"</text>", "legend")
 	}
+}
+
+// Rounds give each front end's median round by CPU per request (by req/s
+// where CPU is not measured), and the table shows the CPU's spread.
+func TestTheMedianRoundAndTheSpreadOfRounds(t *testing.T) {
+	cpu := func(us int, rps int) Result {
+		r := synthetic("fastroute", rps, time.Millisecond)
+		r.CPUPerRequest = time.Duration(us) * time.Microsecond
+		return r
+	}
+	row := medianRow("non-streaming", "fastroute", []Result{cpu(40, 1), cpu(25, 2), cpu(31, 3)})
+	assert.Equal(t, 31*time.Microsecond, row.Result.CPUPerRequest)
+	assert.Equal(t, 25*time.Microsecond, row.CPULeast)
+	assert.Equal(t, 40*time.Microsecond, row.CPUMost)
+	direct := medianRow("non-streaming", "direct", []Result{cpu(0, 900), cpu(0, 700), cpu(0, 800)})
+	assert.Equal(t, 800, direct.Result.Requests, "by req/s where CPU is not measured")
+	assert.Zero(t, medianRow("non-streaming", "nginx", []Result{cpu(20, 1)}).CPUMost, "one round: no spread")
+
+	nginx1w := medianRow("non-streaming", "nginx-1w", []Result{cpu(20, 5), cpu(22, 5), cpu(24, 5)})
+	table := Table([]Row{direct, row, nginx1w}, E2EOptions{Connections: 8, Duration: time.Second, Workers: 3, Rounds: 3})
+	assert.Contains(t, table, "3 rounds, the front ends interleaved")
+	assert.Contains(t, table, "| 31.0 (25.0–40.0) | 1.41× |")
 }
 
 // TestE2ESmoke runs the whole comparison briefly where nginx and HAProxy are
@@ -56,12 +79,16 @@ func TestE2ESmoke(t *testing.T) {
 	}
 	bin := buildBinary(t)
 	dir := t.TempDir()
-	rows, err := RunE2E(E2EOptions{Binary: bin, Workers: 2, Connections: 4, Duration: 200 * time.Millisecond, OutDir: dir})
+	rows, err := RunE2E(E2EOptions{Binary: bin, Workers: 2, Connections: 4, Duration: 200 * time.Millisecond, OutDir: dir, Rounds: 2})
 	require.NoError(t, err)
-	assert.Len(t, rows, len(Workloads)*len(fronts))
+	assert.Len(t, rows, len(Workloads)*len(fronts), "a row per front end and workload, whatever the rounds")
 	for _, r := range rows {
 		assert.Positive(t, r.Result.Requests, "%s %s", r.Workload, r.Front)
 		assert.Zero(t, r.Result.Errors)
+		if r.Front != "direct" {
+			assert.Positive(t, r.CPULeast, "%s %s: the spread of two rounds", r.Workload, r.Front)
+			assert.LessOrEqual(t, r.CPULeast, r.CPUMost)
+		}
 	}
 	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
 	require.NoError(t, err)
