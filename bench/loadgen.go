@@ -99,7 +99,7 @@ func (r Result) String() string {
 	line := fmt.Sprintf("%-12s %10.0f req/s  p50 %8s  p99 %8s  (%d ok, %d errors)",
 		r.Name, r.RPS(), r.P50.Round(time.Microsecond), r.P99.Round(time.Microsecond), r.Requests, r.Errors)
 	if r.CPUPerRequest > 0 {
-		line += fmt.Sprintf("  CPU %.1f µs/req, peak RSS %.1f MiB", float64(r.CPUPerRequest.Nanoseconds())/1000, float64(r.PeakRSS)/(1<<20))
+		line += fmt.Sprintf("  CPU %.1f µs/req, peak RSS %.1f MiB", micros(r.CPUPerRequest), float64(r.PeakRSS)/(1<<20))
 	}
 	return line
 }

@@ -78,20 +78,17 @@ func (ex *exchange) relayChunks(w net.Conn, cc *clientConn, framed bool) (comple
 			}
 		}
 	}
-	if r.err == nil || !ex.broke(r.err) {
-		complete, werr = r.end(w)
-		return complete, false, true, werr
+	if r.err != nil && ex.broke(r.err) {
+		// The answer broke: what came before it leaves, then its error event.
+		if r.flush(w); r.werr == nil {
+			headSent = r.head
+			tc.endRelay()
+			r.reset()
+			return false, true, headSent, nil
+		}
 	}
-	// The answer broke: what came before it leaves, then its error event.
-	r.flush(w)
-	if r.werr != nil {
-		complete, werr = r.end(w)
-		return complete, false, true, werr
-	}
-	headSent = r.head
-	tc.endRelay()
-	r.reset()
-	return false, true, headSent, nil
+	complete, werr = r.end(w)
+	return complete, false, true, werr
 }
 
 // reset forgets the relay's exchange and connection: the exchange goes
@@ -107,7 +104,7 @@ func (r *chunkRelay) buffered() bool {
 // relayBuffered relays answer bytes already read: those that came with
 // the head (in the connection's reader), or read ahead (tc.pending).
 func (r *chunkRelay) relayBuffered() {
-	bp, lo, hi := r.lend()
+	bp, lo, hi := lendForChunk(r.framed)
 	buf := *bp
 	var n int
 	var err error
@@ -131,11 +128,8 @@ func (r *chunkRelay) relayBuffered() {
 func (r *chunkRelay) step(fd uintptr) bool {
 	tc := r.ex.conn
 	for {
-		bp, lo, hi := r.lend()
-		n, errno := sysRead(fd, (*bp)[lo:hi])
-		for errno == syscall.EINTR {
-			n, errno = sysRead(fd, (*bp)[lo:hi])
-		}
+		bp, lo, hi := lendForChunk(r.framed)
+		n, errno := recvSome(fd, (*bp)[lo:hi])
 		switch {
 		case errno == syscall.EAGAIN:
 			lentBufs.Put(bp)
@@ -162,17 +156,6 @@ func (r *chunkRelay) step(fd uintptr) bool {
 	}
 }
 
-// lend lends a buffer for answer bytes, and where in it they go: with room
-// around them for the chunk framing, when framed.
-func (r *chunkRelay) lend() (bp *[]byte, lo, hi int) {
-	bp = lentBufs.Get().(*[]byte)
-	lo, hi = 0, len(*bp)
-	if r.framed {
-		lo, hi = chunkHeadRoom, len(*bp)-chunkTailRoom
-	}
-	return bp, lo, hi
-}
-
 // relay decodes the n answer bytes at buf[lo:] of the lent buffer bp,
 // frames their data for the client and sends what the client has room
 // for now. False: the relay stops (the answer ended or broke, the client
@@ -187,15 +170,8 @@ func (r *chunkRelay) relay(bp *[]byte, lo, n int) bool {
 	case r.d.done():
 		r.ended, r.past = true, used < n
 	}
-	out := buf[lo : lo+m]
-	if r.framed {
-		out = frameChunk(buf, lo, m, r.ended)
-	}
-	if !r.head {
-		r.head = true
-		r.ex.head = append(r.ex.head, out...)
-		out = r.ex.head
-	}
+	out := r.ex.chunkOut(buf, lo, m, r.framed, r.ended, !r.head)
+	r.head = true
 	r.bp, r.out = bp, out
 	if r.ended || r.err != nil {
 		return false // the books close before the last bytes leave (end)

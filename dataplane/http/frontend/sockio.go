@@ -192,6 +192,16 @@ func sendAll(fd uintptr, p []byte) ([]byte, syscall.Errno) {
 	return p, 0
 }
 
+// recvSome reads what the socket fd holds into p, up to its length, again
+// when a signal cut the call short.
+func recvSome(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, errno := sysRead(fd, p)
+	for errno == syscall.EINTR {
+		n, errno = sysRead(fd, p)
+	}
+	return n, errno
+}
+
 // flushHeld sends a held write now, waiting for room.
 func (r *sockIO) flushHeld() error {
 	r.holding = false
@@ -256,10 +266,7 @@ func (r *sockIO) readOnce(fd uintptr) bool {
 		bp = lentBufs.Get().(*[]byte)
 		dst = *bp
 	}
-	n, errno := sysRead(fd, dst)
-	for errno == syscall.EINTR {
-		n, errno = sysRead(fd, dst)
-	}
+	n, errno := recvSome(fd, dst)
 	if errno == 0 && n > 0 {
 		r.buf, r.off, r.n = bp, 0, n
 		return true

@@ -186,26 +186,15 @@ func (ex *exchange) copyStream(w, conn net.Conn, framed bool) (complete bool, we
 		if chunked && ex.tail == nil && ex.br != nil {
 			ex.awaitStream()
 		}
-		bp := lentBufs.Get().(*[]byte)
+		bp, lo, hi := lendForChunk(framed)
 		buf := *bp
-		lo, hi := 0, len(buf)
-		if framed {
-			lo, hi = chunkHeadRoom, len(buf)-chunkTailRoom
-		}
 		n, err := ex.readAnswer(buf[lo:hi])
 		for err == nil && lo+n < hi && ex.readyChunk() {
 			var m int
 			m, err = ex.readAnswer(buf[lo+n : hi])
 			n += m
 		}
-		out := buf[lo : lo+n]
-		if framed {
-			out = frameChunk(buf, lo, n, err == io.EOF)
-		}
-		if !headSent {
-			ex.head = append(ex.head, out...)
-			out = ex.head
-		}
+		out := ex.chunkOut(buf, lo, n, framed, err == io.EOF, !headSent)
 		ended := err != nil
 		if ended {
 			ex.settleStream(nil)
@@ -225,6 +214,34 @@ func (ex *exchange) copyStream(w, conn net.Conn, framed bool) (complete bool, we
 			return false, werr
 		}
 	}
+}
+
+// lendForChunk lends a buffer for answer bytes on their way to the client,
+// and where in it they go: with room around them for the chunk framing,
+// when framed.
+func lendForChunk(framed bool) (bp *[]byte, lo, hi int) {
+	bp = lentBufs.Get().(*[]byte)
+	lo, hi = 0, len(*bp)
+	if framed {
+		lo, hi = chunkHeadRoom, len(*bp)-chunkTailRoom
+	}
+	return bp, lo, hi
+}
+
+// chunkOut returns the bytes that carry the n answer bytes at buf[lo:] to
+// the client: framed as a chunk in place when framed (with the last chunk
+// when last), after the response head when withHead (copied behind it in
+// ex.head).
+func (ex *exchange) chunkOut(buf []byte, lo, n int, framed, last, withHead bool) []byte {
+	out := buf[lo : lo+n]
+	if framed {
+		out = frameChunk(buf, lo, n, last)
+	}
+	if withHead {
+		ex.head = append(ex.head, out...)
+		out = ex.head
+	}
+	return out
 }
 
 // frameChunk frames the n answer bytes at buf[lo:] as an HTTP/1.1 chunk in
