@@ -27,10 +27,14 @@ const (
 	headerWorkerID = "x-worker-id"
 	headerDPRank   = "x-dp-rank"
 	headerQuery    = "x-query-instance-id"
-	headerServedBy = "x-fastroute-worker"
+	headerServedBy = "X-Fastroute-Worker" // as fasthttp normalizes it: set as it is (servedByKey)
 )
 
 var eventStream = []byte("text/event-stream")
+
+// servedByKey is headerServedBy, set on each answer without normalizing
+// it again (SetCanonical).
+var servedByKey = []byte(headerServedBy)
 
 // http11 is the protocol of every answer to a client, whatever the
 // worker's was (an HTTP/1.0 worker's would tell an HTTP/1.1 client to
@@ -56,7 +60,7 @@ type exchange struct {
 	readErr  error
 	done     bool
 	rankBuf  []byte
-	copyBuf  []byte // reads a buffered answer's body
+	answer   []byte // a buffered answer's body is read into it (readWhole)
 	sse      bool   // the answer is an event stream
 	tail     []byte // the error event still to send after a broken stream
 	relay    chunkRelay
@@ -365,23 +369,23 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 }
 
 // readWhole reads the worker's answer body whole into the client's
-// response. False: the answer broke, and the client got an error.
+// response: straight from the connection's reader into a buffer of the
+// exchange's, which then trades places with the response's own (SwapBody),
+// so the body is copied once. Its length is known and at most
+// limits.answer_buffer_bytes (respond, retriesAnswer). False: the answer
+// broke, and the client got an error.
 func (ex *exchange) readWhole(ctx *fasthttp.RequestCtx, w *dataplane.Worker) bool {
-	if body := ex.resp.BodyStream(); body != nil {
-		if ex.copyBuf == nil {
-			ex.copyBuf = make([]byte, 16<<10)
-		}
+	b, err := ex.readAll(ex.answer[:0], ex.s.opts.AnswerBufferBytes)
+	if err != nil {
+		ex.answer = b[:0]
 		ctx.Response.ResetBody()
-		if _, err := io.CopyBuffer(ctx.Response.BodyWriter(), body, ex.copyBuf); err != nil {
-			ctx.Response.ResetBody()
-			if !ex.endStopped(ctx) {
-				ex.s.statsOf(w).failed(failCut)
-				ex.fail(ctx, w.ID(), fmt.Errorf("answer cut after the headers: %w", err), nil)
-			}
-			return false
+		if !ex.endStopped(ctx) {
+			ex.s.statsOf(w).failed(failCut)
+			ex.fail(ctx, w.ID(), fmt.Errorf("answer cut after the headers: %w", err), nil)
 		}
+		return false
 	}
-	ex.bodyDone = true
+	ex.answer = ctx.Response.SwapBody(b)
 	return true
 }
 
@@ -415,7 +419,7 @@ func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 	ctx.Response.Header.SetProtocol(http11)
 	ctx.Response.Header.ResetConnectionClose()
 	dropAnswerHops(&ctx.Response.Header)
-	ctx.Response.Header.SetBytesV(headerServedBy, u.idHeader)
+	ctx.Response.Header.SetCanonical(servedByKey, u.idHeader)
 }
 
 // readAnswer passes the worker's streamed answer through. When an event

@@ -172,11 +172,13 @@ func New(opts Options) *Server {
 		WriteBufferSize: answerWriteBuffer,
 		// fasthttp's own messages never quote request contents (headers
 		// may carry credentials).
-		SecureErrorLogMessage:        true,
-		ReadTimeout:                  opts.ReadTimeout,
-		WriteTimeout:                 opts.WriteTimeout,
-		IdleTimeout:                  opts.IdleTimeout,
-		NoDefaultDate:                true,
+		SecureErrorLogMessage: true,
+		ReadTimeout:           opts.ReadTimeout,
+		WriteTimeout:          opts.WriteTimeout,
+		IdleTimeout:           opts.IdleTimeout,
+		NoDefaultDate:         true,
+		// Nothing reads a request's RequestCtx.Time: no clock read for it.
+		LazyRequestTime:              true,
 		NoDefaultContentType:         true,
 		CloseOnShutdown:              true,
 		KeepHijackedConns:            true, // a take-over gives them back (giveBack)

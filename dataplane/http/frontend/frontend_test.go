@@ -114,6 +114,25 @@ func rawWorker(t *testing.T, pause time.Duration, answer func(i int) []string) s
 // answer, which writes the answer on c itself; the connection closes once
 // answer returns false. It returns the server's address.
 func rawServer(t testing.TB, answer func(c net.Conn, req *http.Request) bool) string {
+	return serveConns(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			if !answer(c, req) {
+				return
+			}
+		}
+	})
+}
+
+// serveConns listens on loopback until the test ends, serves each
+// connection with serve in a goroutine of its own, closing it once serve
+// returns, and returns the listener's address.
+func serveConns(t testing.TB, serve func(c net.Conn)) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
@@ -125,17 +144,7 @@ func rawServer(t testing.TB, answer func(c net.Conn, req *http.Request) bool) st
 			}
 			go func() {
 				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					if !answer(c, req) {
-						return
-					}
-				}
+				serve(c)
 			}()
 		}
 	}()
