@@ -20,7 +20,7 @@ import (
 // may take its close too, and no wake-up follows. nginx learns of it from
 // epoll's EPOLLRDHUP, which Go's poller does not pass on; here the
 // connection is watched for it in an epoll set of its own while a relay
-// waits on it (trackedConn.beginRelay, one epoll_ctl call for the
+// waits on it (trackedConn.beginWait, one epoll_ctl call for the
 // connection's life), and a close seen there shuts the connection's read
 // side, which wakes the wait (workerClosed). Without that watch the step
 // reads until a read finds nothing. A client with no room left, the
@@ -42,7 +42,7 @@ type chunkRelay struct {
 	ended   bool                  // the answer was read to its end
 	past    bool                  // the worker sent bytes past its answer
 	head    bool                  // the response head left
-	watched bool                  // the worker's close is watched for (beginRelay): a drained socket needs no second read
+	watched bool                  // the worker's close is watched for (beginWait): a drained socket needs no second read
 	stepFn  func(fd uintptr) bool // step, made once per exchange
 }
 
@@ -63,7 +63,7 @@ func (ex *exchange) relayChunks(w net.Conn, cc *clientConn, framed bool) (comple
 	r := &ex.relay
 	*r = chunkRelay{ex: ex, cc: cc, framed: framed, stepFn: r.stepFn}
 	tc := ex.conn
-	r.watched = tc.beginRelay()
+	r.watched = tc.beginWait()
 	for r.err == nil && r.werr == nil && !r.ended {
 		switch {
 		case len(r.out) > 0:
@@ -82,7 +82,7 @@ func (ex *exchange) relayChunks(w net.Conn, cc *clientConn, framed bool) (comple
 		// The answer broke: what came before it leaves, then its error event.
 		if r.flush(w); r.werr == nil {
 			headSent = r.head
-			tc.endRelay()
+			tc.endWait()
 			r.reset()
 			return false, true, headSent, nil
 		}
@@ -206,7 +206,7 @@ func (r *chunkRelay) flush(w net.Conn) {
 // end.
 func (r *chunkRelay) end(w net.Conn) (complete bool, werr error) {
 	ex := r.ex
-	ex.conn.endRelay()               // before the connection goes back to its pool (settle)
+	ex.conn.endWait()                // before the connection goes back to its pool (settle)
 	ex.bodyDone = r.ended && !r.past // bytes past the answer: a worker out of step, whose connection closes
 	ex.settleStream(r.werr)
 	r.flush(w)

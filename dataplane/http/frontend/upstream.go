@@ -48,12 +48,22 @@ func newHostPool[C interface{ Conn() net.Conn }](acquire func(time.Duration, boo
 	return &hostPool[C]{acquireConn: acquire, releaseConn: release, closeConn: closeConn}
 }
 
+// acquire lends the connection released last, or a new one. A pooled
+// connection its worker was seen to close while it idled (the worker's
+// keep-alive timeout ran out: uvicorn's, under vLLM and SGLang, is 5 s) is
+// closed instead of lent: a request sent on it would be lost, and sent
+// again once the worker's close came back (send), a round trip later.
 func (p *hostPool[C]) acquire() (any, *trackedConn, error) {
-	cc, err := p.acquireConn(0, false)
-	if err != nil {
-		return nil, nil, err
+	for {
+		cc, err := p.acquireConn(0, false)
+		if err != nil {
+			return nil, nil, err
+		}
+		if tc := cc.Conn().(*trackedConn); !tc.closedSeen() {
+			return cc, tc, nil
+		}
+		p.closeConn(cc)
 	}
-	return cc, cc.Conn().(*trackedConn), nil
 }
 
 func (p *hostPool[C]) release(h any, reuse bool) {
@@ -101,7 +111,12 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 			Addr:                host,
 			MaxConns:            4096,
 			MaxIdleConnDuration: 90 * time.Second,
-			WriteBufferSize:     requestWriteBuffer,
+			// The connection released last is lent first, as nginx's
+			// keepalive cache does: the others idle, and those the worker
+			// does not close first close after MaxIdleConnDuration,
+			// instead of each being kept alive by its turn in a round.
+			ConnPoolStrategy: fasthttp.LIFO,
+			WriteBufferSize:  requestWriteBuffer,
 			Dial: func(addr string) (net.Conn, error) {
 				if err := takeTurn(turns, queueTimeout); err != nil {
 					return nil, err
@@ -241,8 +256,18 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, slack tim
 		}
 		u.hc.ReleaseWriter(bw)
 	}
-	if err == nil {
+	switch {
+	case err != nil:
+	case !tc.beginWait() && tc.closedSeen():
+		// The worker closed it since the pool lent it: the request (its
+		// last write, held) goes again on another connection instead.
+		err = fasthttp.ErrConnectionClosed
+	default:
+		// The request leaves from the wait, which does not read first: a
+		// worker's close that came before the wait would leave it waiting
+		// out the first-byte timeout, but for the watch (sendHeldWatched).
 		tc.awaitReadable() // the first byte may be minutes away: wait for it holding no read buffer
+		tc.endWait()
 		c.br = u.hc.AcquireReader(tc)
 		c.resp.StreamBody = true
 		err = c.resp.ReadLimitBody(c.br, 0)
@@ -381,8 +406,8 @@ type trackedConn struct {
 	waitLapsed bool
 	owner      atomic.Uint32 // token of the exchange using it; 0: none, or cut
 	used       bool          // it carried a request before (its holder alone reads it)
-	// The watch for the worker's close while a stream is relayed on it
-	// (watchCloses, beginRelay); set before the connection is used.
+	// The watch for the worker's close (watchCloses, beginWait); set
+	// before the connection is used.
 	closes *hangup.Watcher[trackedConn]
 	watch  hangup.Conn
 	sockIO
@@ -391,7 +416,23 @@ type trackedConn struct {
 func newTrackedConn(c net.Conn, set *xsync.MapOf[net.Conn, struct{}], idle time.Duration) *trackedConn {
 	tc := &trackedConn{Conn: c, set: set, idle: idle}
 	tc.init(c)
+	if tc.raw != nil {
+		tc.send = tc.sendHeldWatched
+	}
 	return tc
+}
+
+// sendHeldWatched is sockIO.sendHeld, for a request: sent, it waits for
+// the answer without reading first, unless the watch saw the worker close
+// the connection; then it reads (and finds the close). The wait's work
+// began before (beginWait), so a close seen after this check comes with a
+// wake-up that lands after the wait took the socket's readiness
+// (workerClosed).
+func (c *trackedConn) sendHeldWatched(fd uintptr) bool {
+	if c.sendHeld(fd) {
+		return true
+	}
+	return c.closedSeen() && c.readOnce(fd)
 }
 
 // coarse returns the deadline to set for want, or ok when cur, the one
@@ -479,9 +520,10 @@ func (c *trackedConn) Close() error {
 }
 
 // watchCloses adds a new connection to w, the watch for workers' closes
-// (one epoll_ctl call for the connection's life), so that a relay that
-// waits on it learns of its worker's close, which the relay cannot see
-// itself (chunkRelay). A nil w watches nothing.
+// (one epoll_ctl call for the connection's life), so that a wait on it
+// that would miss its worker's close learns of it (beginWait), and the
+// pool lends no connection its worker closed while it idled
+// (hostPool.acquire). A nil w watches nothing.
 func (c *trackedConn) watchCloses(w *hangup.Watcher[trackedConn]) {
 	if w == nil || c.raw == nil {
 		return
@@ -492,31 +534,35 @@ func (c *trackedConn) watchCloses(w *hangup.Watcher[trackedConn]) {
 	}
 }
 
-// beginRelay names the relay's wait the work on the connection until
-// endRelay, so that the worker's close meanwhile wakes it (workerClosed).
-// False: a close would go unseen (not watched, or the worker closed
-// already).
-func (c *trackedConn) beginRelay() bool {
+// beginWait names a wait the work on the connection until endWait, so
+// that the worker's close meanwhile wakes it (workerClosed): a wait that
+// would not read before it waits (a relay's, once the socket is drained;
+// one for an answer's first byte, begun as the request leaves) would miss
+// a close that came before it began, which no readiness follows. False: a
+// close would go unseen (not watched, or the worker closed already).
+func (c *trackedConn) beginWait() bool {
 	return c.closes != nil && c.closes.Begin(c.watch, c)
 }
 
-// closedSeen says the watch saw the worker close the connection (beginRelay
-// returned true). A close seen after this call wakes the relay's wait
-// (workerClosed); one seen before must be met by a read.
-func (c *trackedConn) closedSeen() bool { return c.closes.Closed(c.watch) }
+// closedSeen says the watch saw the worker close the connection (false
+// when it is not watched). During a wait's work (beginWait returned true)
+// a close seen after this call wakes the wait (workerClosed); one seen
+// before must be met by a read.
+func (c *trackedConn) closedSeen() bool { return c.closes != nil && c.closes.Closed(c.watch) }
 
-// endRelay ends the watch beginRelay began.
-func (c *trackedConn) endRelay() {
+// endWait ends the watch beginWait began.
+func (c *trackedConn) endWait() {
 	if c.closes != nil {
 		c.closes.End(c.watch, c)
 	}
 }
 
 // workerClosed is the close watch's call for a connection whose worker
-// closed it (or reset it) while a relay waited on it: it shuts the
-// connection's read side, which wakes the poller's wait as new bytes
-// would (the close alone may not: the relay's last read may have taken it
-// with the last bytes, and no wake-up follows). The bytes still unread
+// closed it (or reset it) while a wait was its work (beginWait): it shuts
+// the connection's read side, which wakes the poller's wait as new bytes
+// would (the close alone may not: a relay's last read may have taken it
+// with the last bytes, or it came before the wait began, and no wake-up
+// follows). The bytes still unread
 // are read all the same; the next read after them finds the end. A
 // connection its worker closed is of no more use, so a relay that ended
 // meanwhile loses nothing either.
