@@ -86,8 +86,12 @@ func TestE2ESmoke(t *testing.T) {
 		assert.Positive(t, r.Result.Requests, "%s %s", r.Workload, r.Front)
 		assert.Zero(t, r.Result.Errors)
 		if r.Front != "direct" {
+			assert.LessOrEqual(t, r.CPULeast, r.CPUMost, "%s %s: the spread of two rounds", r.Workload, r.Front)
+		}
+		// /proc counts CPU in 10 ms ticks: a front end as light as nginx
+		// may show none in a round this short; fastroute's rounds show some.
+		if r.Front == "fastroute" {
 			assert.Positive(t, r.CPULeast, "%s %s: the spread of two rounds", r.Workload, r.Front)
-			assert.LessOrEqual(t, r.CPULeast, r.CPUMost)
 		}
 	}
 	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
