@@ -28,6 +28,7 @@ func newClientConn(c net.Conn, tlsConfig *tls.Config) *clientConn {
 	cc.init(c)
 	cc.sock = cc.raw
 	cc.deferDeadlines()
+	cc.readAfterSend = true
 	return cc
 }
 

@@ -1394,3 +1394,37 @@ func TestAnAnswerLeavesBeforeTheConnectionsNextRequest(t *testing.T) {
 		assert.True(t, resp.Close, tc.proto)
 	}
 }
+
+// A client's next request that comes while the one before is served (it
+// pipelines, but not in one write) is answered in its turn. The answer to
+// the first leaves from the wait for the next, after the poller forgot
+// the request had come: that wait must read before it waits, or the
+// request waits unread for the idle timeout and is lost with its
+// connection.
+func TestARequestThatCameWhileTheOneBeforeWasServedIsAnswered(t *testing.T) {
+	addr := rawWorker(t, 0, func(int) []string {
+		time.Sleep(100 * time.Millisecond)
+		return []string{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"}
+	})
+	_, _, url := serveOne(t, addr, Options{IdleTimeout: 3 * time.Second}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	const request = "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 27\r\n\r\n" + `{"model":"m","messages":[]}`
+	c, err := net.Dial("tcp", front)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	br := bufio.NewReader(c)
+	_, err = io.WriteString(c, request)
+	require.NoError(t, err)
+	time.Sleep(30 * time.Millisecond) // the first is with the worker
+	start := time.Now()
+	_, err = io.WriteString(c, request)
+	require.NoError(t, err)
+	for range 2 {
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	assert.Less(t, time.Since(start), time.Second, "the idle timeout is 3 s")
+}
