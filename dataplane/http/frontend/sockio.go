@@ -136,29 +136,27 @@ const heldMax = 32 << 10
 // heldBufs are the buffers of held writes larger than a lent buffer.
 var heldBufs = sync.Pool{New: func() any { b := make([]byte, heldMax); return &b }}
 
-// hold has the next write of at most heldMax bytes (the last of a request
-// to a worker, of an answer to a client) wait for the next wait
-// for bytes, which sends it and waits for the answer (or the client's
-// next request) in one pass of the poller. The poller forgets whatever
-// readiness it saw before a wait begins, so a plain wait starts with a
-// read, which finds nothing when the bytes awaited answer what was just
-// sent (a receive that finds nothing on most requests, as Go's poller has
-// it). Sent from inside the wait, after the poller forgot, a worker's
-// answer cannot have come before, and no read is made before the poller
-// says it came (nginx's order: send, then wait for the event); the
-// worker's close can, and is watched for (trackedConn.sendHeldWatched). A
-// client's next request can come before its answer leaves too (HTTP/1.1
-// pipelining), so a client connection's wait reads once the answer left
-// (readAfterSend): without that read, a request sent while the one before
-// was served waited unread for the idle timeout, and was lost with its
-// connection. Held bytes leave
-// before any later write too, and on Close; bytes read ahead and not yet
-// taken (they need no wait) send the write at once. Held bytes are copied
-// into a buffer lent until they leave (a second pool past 4 KiB): on 16 KB
-// prompts that cost less than the read it saves (1.6% less CPU per
-// request, p99 lower in 5 interleaved rounds of 5), where holding only the
-// end of a write split it in two sends, 11% more CPU. A larger write
-// leaves whole at once.
+// hold has the next write of at most heldMax bytes (the last of a request to
+// a worker, of an answer to a client) wait for the next wait for bytes,
+// which sends it and waits for the answer (or the client's next request) in
+// one pass of the poller. The poller forgets whatever readiness it saw
+// before a wait begins, so a plain wait starts with a read, which finds
+// nothing when the bytes awaited answer what was just sent (a receive that
+// finds nothing on most requests, as Go's poller has it). Sent from inside
+// the wait, after the poller forgot, a worker's answer cannot have come
+// before, and no read is made before the poller says it came (nginx's order:
+// send, then wait for the event); the worker's close can, and is watched for
+// (trackedConn.sendHeldWatched). A client's next request can come before its
+// answer leaves too (HTTP/1.1 pipelining), so a client connection's wait
+// reads once the answer left (readAfterSend): without that read, a request
+// sent while the one before was served waited unread for the idle timeout,
+// and was lost with its connection. Held bytes leave before any later write
+// too, and on Close; bytes read ahead and not yet taken (they need no wait)
+// send the write at once. Held bytes are copied into a buffer lent until
+// they leave (a second pool past 4 KiB): on 16 KB prompts that cost less
+// than the read it saves (1.6% less CPU per request, p99 lower in 5
+// interleaved rounds of 5), where holding only the end of a write split it
+// in two sends, 11% more CPU. A larger write leaves whole at once.
 func (r *sockIO) hold() { r.holding = r.raw != nil }
 
 // sendHeld is wait's call between waits while a write is held: it sends
