@@ -48,6 +48,42 @@ type clientConn struct {
 	handoff atomic.Int32    // a take-over's and fasthttp's hand-off of the connection (handedOff)
 	probed  bool            // a read of nothing came (pipelined)
 	sock    syscall.RawConn // the socket, for the hang-up watcher (a TLS connection's too); nil: none
+	linger  atomic.Bool     // its next Close lingers (lingerOnClose)
+}
+
+// lingerTime bounds a lingering close (lingerOnClose).
+const lingerTime = 2 * time.Second
+
+// lingerOnClose has the connection's close linger, as nginx's
+// lingering_close does: the answer to a request refused before it was read
+// whole (413, 431, 400) leaves, the connection's write side closes, and
+// what the client still sends is read and dropped, for up to lingerTime,
+// until the client closes too. Closed at once, with the rest of the
+// request unread, the socket would answer the client's next bytes with a
+// reset, and a client that sends its whole request before it reads (as
+// Python's http.client does) would get "connection reset" instead of the
+// answer.
+func (c *clientConn) lingerOnClose() {
+	if c.lazy { // a plain socket: a TLS connection closes as it is
+		c.linger.Store(true)
+	}
+}
+
+// lingerRead is a lingering close's wait (lingerOnClose): the write side
+// closed, it reads and drops what comes until the client's end, an error
+// (another Close, say) or lingerTime.
+func (c *clientConn) lingerRead() {
+	tcp, ok := c.Conn.(interface{ CloseWrite() error })
+	if !ok || tcp.CloseWrite() != nil || c.Conn.SetReadDeadline(time.Now().Add(lingerTime)) != nil {
+		return
+	}
+	bp := lentBufs.Get().(*[]byte)
+	defer lentBufs.Put(bp)
+	for {
+		if _, err := c.Conn.Read(*bp); err != nil {
+			return
+		}
+	}
 }
 
 func (c *clientConn) Read(p []byte) (int, error) {
@@ -104,6 +140,9 @@ func (c *clientConn) Write(p []byte) (int, error) { return c.write(p) }
 func (c *clientConn) Close() error {
 	if c.raw != nil {
 		c.sendHeldAtClose()
+	}
+	if c.linger.Swap(false) { // once: another Close meanwhile ends the wait
+		c.lingerRead()
 	}
 	err := c.Conn.Close()
 	if c.closed.CompareAndSwap(false, true) && c.gate != nil {

@@ -431,8 +431,15 @@ func (s *Server) other(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// readError answers requests fasthttp could not read (oversize body, bad framing).
+// readError answers requests fasthttp could not read (oversize body, bad
+// framing). But for a timeout, the client may still be sending the rest:
+// the connection's close lingers (clientConn.lingerOnClose).
 func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
+	var te interface{ Timeout() bool }
+	timedOut := errors.As(err, &te) && te.Timeout()
+	if cc, ok := ctx.Conn().(*clientConn); ok && !timedOut {
+		cc.lingerOnClose()
+	}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error",
 			"request body exceeds limits.max_body_bytes ("+strconv.Itoa(s.opts.MaxBodyBytes)+" bytes)")
@@ -444,8 +451,7 @@ func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
 			"request line and headers exceed limits.max_header_bytes ("+strconv.Itoa(s.opts.MaxHeaderBytes)+" bytes)")
 		return
 	}
-	var te interface{ Timeout() bool }
-	if errors.As(err, &te) && te.Timeout() {
+	if timedOut {
 		writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", "request read timed out")
 		return
 	}

@@ -1428,3 +1428,35 @@ func TestARequestThatCameWhileTheOneBeforeWasServedIsAnswered(t *testing.T) {
 	}
 	assert.Less(t, time.Since(start), time.Second, "the idle timeout is 3 s")
 }
+
+// A client that sends its whole request before it reads (as Python's
+// http.client does) gets the answer to a request refused before it was
+// read whole: 413 for a body over limits.max_body_bytes, 431 for headers
+// over limits.max_header_bytes. The connection's close lingers, reading and
+// dropping what the client still sends, instead of answering it with a
+// reset that would cost the client the answer.
+func TestARefusedRequestsAnswerReachesAClientStillSending(t *testing.T) {
+	addr := rawWorker(t, 0, func(int) []string { return []string{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"} })
+	_, _, url := serveOne(t, addr, Options{MaxBodyBytes: 64 << 10, MaxHeaderBytes: 8 << 10}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	for name, tc := range map[string]struct {
+		request string
+		status  int
+	}{
+		"body": {fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: %d\r\n\r\n%s", 8<<20, strings.Repeat("a", 8<<20)),
+			http.StatusRequestEntityTooLarge},
+		"headers": {"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-Pad: " + strings.Repeat("p", 4<<20) + "\r\nContent-Length: 2\r\n\r\n{}",
+			http.StatusRequestHeaderFieldsTooLarge},
+	} {
+		c, err := net.Dial("tcp", front)
+		require.NoError(t, err)
+		require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+		_, err = io.WriteString(c, tc.request)
+		require.NoError(t, err, "%s: the whole request was taken", name)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		require.NoError(t, err, name)
+		assert.Equal(t, tc.status, resp.StatusCode, name)
+		assert.True(t, resp.Close, name)
+		c.Close()
+	}
+}
