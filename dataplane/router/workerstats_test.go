@@ -110,6 +110,11 @@ func TestEachWorkersAnswersAndFailuresAreCounted(t *testing.T) {
 	fams, err := p.TextToMetricFamilies(strings.NewReader(page))
 	require.NoError(t, err)
 	assert.Len(t, fams["fastroute_worker_first_byte_seconds"].GetMetric(), 6, "one histogram per worker")
+	for _, name := range []string{"fastroute_worker_connections", "fastroute_worker_connects_total", "fastroute_worker_closed_connections_total"} {
+		assert.Len(t, fams[name].GetMetric(), 6, "%s: a sample per worker", name)
+	}
+	assert.NotEqual(t, "0", metric(t, f, `fastroute_worker_connects_total{worker="1"}`), "its answers came on connections it opened")
+	assert.Equal(t, "0", metric(t, f, `fastroute_worker_connects_total{worker="3"}`), "its connects failed")
 	for _, name := range []string{"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds", "go_goroutines", "fastroute_build_info"} {
 		assert.Contains(t, fams, name)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
+	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
 )
@@ -42,10 +43,11 @@ type connPool interface {
 type hostPool[C interface{ Conn() net.Conn }] struct {
 	acquireConn            func(reqTimeout time.Duration, connectionClose bool) (C, error)
 	releaseConn, closeConn func(C)
+	closedByWorker         metrics.Counter // the connections acquire dropped
 }
 
-func newHostPool[C interface{ Conn() net.Conn }](acquire func(time.Duration, bool) (C, error), release, closeConn func(C)) connPool {
-	return &hostPool[C]{acquireConn: acquire, releaseConn: release, closeConn: closeConn}
+func newHostPool[C interface{ Conn() net.Conn }](acquire func(time.Duration, bool) (C, error), release, closeConn func(C), closedByWorker metrics.Counter) connPool {
+	return &hostPool[C]{acquireConn: acquire, releaseConn: release, closeConn: closeConn, closedByWorker: closedByWorker}
 }
 
 // acquire lends the connection released last, or a new one. A pooled
@@ -63,6 +65,7 @@ func (p *hostPool[C]) acquire() (any, *trackedConn, error) {
 			return cc, tc, nil
 		}
 		p.closeConn(cc)
+		p.closedByWorker.Inc()
 	}
 }
 
@@ -105,6 +108,7 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 	}
 	u, _ := s.upstreams.LoadOrCompute(w, func() *upstream {
 		host := w.Spec().Host()
+		stats := newWorkerStats()
 		dialTimeout, queueTimeout := s.opts.ConnectTimeout, s.opts.FirstByteTimeout
 		turns := make(chan struct{}, cmp.Or(s.opts.DialsPerWorker, DefaultDialsPerWorker))
 		hc := &fasthttp.HostClient{
@@ -129,15 +133,17 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 				tc := newTrackedConn(c, s.upConns, s.opts.StreamIdleTimeout)
 				tc.watchCloses(s.upCloses)
 				s.upConns.Store(tc, struct{}{})
+				stats.connects.Inc()
 				return tc, nil
 			},
 		}
+		stats.open = hc.ConnsCount
 		return &upstream{
 			hc:       hc,
-			conns:    newHostPool(hc.AcquireConn, hc.ReleaseConn, hc.CloseConn),
+			conns:    newHostPool(hc.AcquireConn, hc.ReleaseConn, hc.CloseConn, stats.closedByWorker),
 			host:     host,
 			idHeader: strconv.AppendUint(nil, w.ID(), 10),
-			stats:    newWorkerStats(),
+			stats:    stats,
 		}
 	})
 	return u
@@ -261,6 +267,7 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, slack tim
 	case !tc.beginWait() && tc.closedSeen():
 		// The worker closed it since the pool lent it: the request (its
 		// last write, held) goes again on another connection instead.
+		u.stats.closedByWorker.Inc()
 		err = fasthttp.ErrConnectionClosed
 	default:
 		// The request leaves from the wait, which does not read first: a

@@ -101,6 +101,10 @@ func TestNoRequestGoesToAConnectionItsWorkerClosed(t *testing.T) {
 			addr := keepAliveWorker(t, 20*time.Millisecond, 50*time.Millisecond, &late, ports)
 			reg, s, url := serveOne(t, addr, Options{}, nil)
 			burst(t, url, 4)
+			opened := map[string]bool{}
+			for range 4 {
+				opened[<-ports] = true
+			}
 			w, _ := reg.Get(1)
 			if lent {
 				u := s.upstreamOf(w)
@@ -115,6 +119,10 @@ func TestNoRequestGoesToAConnectionItsWorkerClosed(t *testing.T) {
 			time.Sleep(100 * time.Millisecond) // a request sent on a closed connection would arrive by now
 			assert.Zero(t, late.Load(), "requests sent on connections the worker had closed")
 			assert.Zero(t, w.Occupancy())
+			st := s.statsOf(w)
+			assert.EqualValues(t, len(opened), st.closedByWorker.Value(), "the burst's connections, dropped")
+			assert.EqualValues(t, len(opened)+1, st.connects.Value(), "the burst's, then one for the requests one at a time")
+			assert.Equal(t, 1, st.open())
 		})
 	}
 }

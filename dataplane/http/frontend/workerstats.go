@@ -21,6 +21,12 @@ type workerStats struct {
 	answers   [numStatusClasses]metrics.Counter // answer heads, by status class
 	failures  [numFailures]metrics.Counter
 	firstByte *metrics.Histogram // from the send to the answer's head
+	// The worker's keep-alive connections (HAProxy's connection attempts
+	// and reuses): connections opened, pooled ones its worker had closed
+	// (dropped before a request went on them: hostPool.acquire, sendOn),
+	// and how many are open (nil: none made yet).
+	connects, closedByWorker metrics.Counter
+	open                     func() int
 }
 
 // statusClasses are the label values of answers' status classes.
@@ -42,7 +48,8 @@ const (
 var failureNames = [numFailures]string{"connect", "transport", "timeout", "cut"}
 
 func newWorkerStats() *workerStats {
-	st := &workerStats{firstByte: metrics.NewHistogram(metrics.DefaultBuckets)}
+	st := &workerStats{firstByte: metrics.NewHistogram(metrics.DefaultBuckets),
+		connects: metrics.NewCounter(), closedByWorker: metrics.NewCounter()}
 	for i := range st.answers {
 		st.answers[i] = metrics.NewCounter()
 	}
@@ -109,5 +116,21 @@ func writeWorkerStats(w *metrics.Writer, workers []*dataplane.Worker, statsOf fu
 	w.Header("fastroute_worker_first_byte_seconds", "histogram", "Time from sending a request to a worker to its answer's head, per worker.")
 	for i, st := range stats {
 		w.Histogram("fastroute_worker_first_byte_seconds", st.firstByte, "worker", ids[i])
+	}
+	w.Header("fastroute_worker_connections", "gauge", "Connections open to each worker, carrying a request or kept alive for the next.")
+	for i, st := range stats {
+		open := 0
+		if st.open != nil {
+			open = st.open()
+		}
+		w.Sample("fastroute_worker_connections", float64(open), "worker", ids[i])
+	}
+	w.Header("fastroute_worker_connects_total", "counter", "Connections opened to each worker; against its answers, how often kept-alive connections were reused.")
+	for i, st := range stats {
+		w.Sample("fastroute_worker_connects_total", float64(st.connects.Value()), "worker", ids[i])
+	}
+	w.Header("fastroute_worker_closed_connections_total", "counter", "Kept-alive connections each worker closed (its keep-alive timeout, a restart), dropped before a request went on them.")
+	for i, st := range stats {
+		w.Sample("fastroute_worker_closed_connections_total", float64(st.closedByWorker.Value()), "worker", ids[i])
 	}
 }
