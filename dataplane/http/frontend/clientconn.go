@@ -28,7 +28,7 @@ func newClientConn(c net.Conn, tlsConfig *tls.Config) *clientConn {
 	cc.init(c)
 	cc.sock = cc.raw
 	cc.deferDeadlines()
-	cc.readAfterSend = true
+	cc.readAfter = always // its next request may have come (pipelined)
 	return cc
 }
 

@@ -96,7 +96,7 @@ type Server struct {
 	access    *slog.Logger                 // nil: no access log
 	retries   atomic.Int64                 // router.retries, reloadable
 	hangups   *hangup.Watcher[exchange]    // nil: client hang-ups are noticed only on write
-	upCloses  *hangup.Watcher[trackedConn] // workers' closes of relayed streams (chunkRelay); nil: none watched
+	upCloses  *hangup.Watcher[trackedConn] // workers' closes of their connections (trackedConn.watchCloses); nil: none watched
 	takeovers atomic.Int64                 // client connections taken over from fasthttp (takeOver), until closed or served by it again
 	closing   atomic.Bool                  // Shutdown began: a taken-over connection's answer is its last (keepAfter)
 	srv       *fasthttp.Server
@@ -435,8 +435,7 @@ func (s *Server) other(ctx *fasthttp.RequestCtx) {
 // framing). But for a timeout, the client may still be sending the rest:
 // the connection's close lingers (clientConn.lingerOnClose).
 func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
-	var te interface{ Timeout() bool }
-	timedOut := errors.As(err, &te) && te.Timeout()
+	timedOut := isTimeout(err)
 	if cc, ok := ctx.Conn().(*clientConn); ok && !timedOut {
 		cc.lingerOnClose()
 	}

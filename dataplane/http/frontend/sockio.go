@@ -38,9 +38,10 @@ type sockIO struct {
 	holding bool
 	held    atomic.Pointer[[]byte]
 	send    func(fd uintptr) bool // sendHeld, made once
-	// The peer may send before it has the held write (a client's next
-	// request, pipelined): the wait that sends it reads before it waits.
-	readAfterSend bool
+	// Says, once a held write left, whether the wait must read before it
+	// waits: the peer may have sent or closed before the wait began, which
+	// the poller forgot (hold); nil: never.
+	readAfter func() bool
 	// Deadlines, when lazy (deferDeadlines): the ones asked and the ones
 	// on the socket, in Unix nanoseconds (0: none).
 	lazy                       bool
@@ -145,12 +146,12 @@ var heldBufs = sync.Pool{New: func() any { b := make([]byte, heldMax); return &b
 // finds nothing on most requests, as Go's poller has it). Sent from inside
 // the wait, after the poller forgot, a worker's answer cannot have come
 // before, and no read is made before the poller says it came (nginx's order:
-// send, then wait for the event); the worker's close can, and is watched for
-// (trackedConn.sendHeldWatched). A client's next request can come before its
-// answer leaves too (HTTP/1.1 pipelining), so a client connection's wait
-// reads once the answer left (readAfterSend): without that read, a request
-// sent while the one before was served waited unread for the idle timeout,
-// and was lost with its connection. Held bytes leave before any later write
+// send, then wait for the event); the worker's close can, and the wait reads
+// once the watch saw it (readAfter: trackedConn.closedSeen). A client's next
+// request can come before its answer leaves too (HTTP/1.1 pipelining), so a
+// client connection's wait always reads once the answer left (readAfter:
+// always): without that read, a request sent while the one before was served
+// waited unread for the idle timeout, and was lost with its connection. Held bytes leave before any later write
 // too, and on Close; bytes read ahead and not yet taken (they need no wait)
 // send the write at once. Held bytes are copied into a buffer lent until
 // they leave (a second pool past 4 KiB): on 16 KB prompts that cost less
@@ -160,8 +161,8 @@ var heldBufs = sync.Pool{New: func() any { b := make([]byte, heldMax); return &b
 func (r *sockIO) hold() { r.holding = r.raw != nil }
 
 // sendHeld is wait's call between waits while a write is held: it sends
-// the held bytes and asks for a wait without reading (false; with
-// readAfterSend it reads first), then reads (readOnce). True while held
+// the held bytes and asks for a wait without reading (false; it reads
+// first when readAfter says so), then reads (readOnce). True while held
 // bytes remain (no room for all of them), or when the send failed (the
 // error is what the read ahead met).
 func (r *sockIO) sendHeld(fd uintptr) bool {
@@ -172,7 +173,7 @@ func (r *sockIO) sendHeld(fd uintptr) bool {
 	switch rest, errno := sendAll(fd, *bp); errno {
 	case 0:
 		putLent(bp)
-		if r.readAfterSend {
+		if r.readAfter != nil && r.readAfter() {
 			return r.readOnce(fd)
 		}
 		r.syncReadDeadline()
@@ -202,6 +203,9 @@ func sendAll(fd uintptr, p []byte) ([]byte, syscall.Errno) {
 	}
 	return p, 0
 }
+
+// always is a readAfter for a peer that may always have sent.
+func always() bool { return true }
 
 // recvSome reads what the socket fd holds into p, up to its length, again
 // when a signal cut the call short.

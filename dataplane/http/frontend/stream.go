@@ -164,9 +164,10 @@ const (
 // chunked answer it waits for the worker's next bytes holding no buffer
 // (awaitStream; a chunked body's end is bytes still to come, so that wait
 // always ends), and borrows a buffer only to move them: an open stream
-// that waits on its worker holds neither a read nor a write buffer. Chunks that came together leave in one write
-// (readyChunk), the head with the first and the last chunk with the end: a
-// client behind on a fast stream costs a write per batch, not per token.
+// that waits on its worker holds neither a read nor a write buffer. Chunks
+// that came together leave in one write (readyChunk), the head with the
+// first and the last chunk with the end: a client behind on a fast stream
+// costs a write per batch, not per token.
 // Once the worker's answer ended, the exchange's books close (settle)
 // before the last bytes leave, the first too when the whole answer came
 // at once, so that a client that has them finds them closed; the exchange

@@ -272,7 +272,7 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, slack tim
 	default:
 		// The request leaves from the wait, which does not read first: a
 		// worker's close that came before the wait would leave it waiting
-		// out the first-byte timeout, but for the watch (sendHeldWatched).
+		// out the first-byte timeout, but for the watch (readAfter).
 		tc.awaitReadable() // the first byte may be minutes away: wait for it holding no read buffer
 		tc.endWait()
 		c.br = u.hc.AcquireReader(tc)
@@ -423,23 +423,13 @@ type trackedConn struct {
 func newTrackedConn(c net.Conn, set *xsync.MapOf[net.Conn, struct{}], idle time.Duration) *trackedConn {
 	tc := &trackedConn{Conn: c, set: set, idle: idle}
 	tc.init(c)
-	if tc.raw != nil {
-		tc.send = tc.sendHeldWatched
-	}
+	// A request sent, its wait reads before it waits only once the watch
+	// saw the worker close the connection (and finds the close). The wait's
+	// work began before (beginWait), so a close seen after that check comes
+	// with a wake-up that lands after the wait took the socket's readiness
+	// (workerClosed).
+	tc.readAfter = tc.closedSeen
 	return tc
-}
-
-// sendHeldWatched is sockIO.sendHeld, for a request: sent, it waits for
-// the answer without reading first, unless the watch saw the worker close
-// the connection; then it reads (and finds the close). The wait's work
-// began before (beginWait), so a close seen after this check comes with a
-// wake-up that lands after the wait took the socket's readiness
-// (workerClosed).
-func (c *trackedConn) sendHeldWatched(fd uintptr) bool {
-	if c.sendHeld(fd) {
-		return true
-	}
-	return c.closedSeen() && c.readOnce(fd)
 }
 
 // coarse returns the deadline to set for want, or ok when cur, the one

@@ -8,9 +8,10 @@
 // call); naming the request it works on (Begin, End) costs two atomic
 // stores and no system call. One goroutine waits for every connection's
 // events. The front end watches its connections to workers the same way,
-// in a Watcher of their own, for the worker's close while it relays a
-// stream (frontend's chunkRelay, which Closed tells whether it must read
-// once more).
+// in a Watcher of their own, for the worker's close: Closed tells a wait
+// that would not read first (a relayed stream's, a request's for its
+// answer) that it must read once more, and the pool not to lend the
+// connection.
 package hangup
 
 import (
