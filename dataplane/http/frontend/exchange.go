@@ -416,6 +416,9 @@ func (ex *exchange) retriesAnswer() bool {
 func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 	ex.status = ex.resp.StatusCode()
 	ex.resp.Header.CopyTo(&ctx.Response.Header)
+	// An answer without a Content-Type gets none (CopyTo took the worker
+	// answer's default).
+	ctx.Response.Header.SetNoDefaultContentType(true)
 	ctx.Response.Header.SetProtocol(http11)
 	ctx.Response.Header.ResetConnectionClose()
 	dropAnswerHops(&ctx.Response.Header)

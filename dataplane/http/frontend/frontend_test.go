@@ -648,8 +648,8 @@ func loopbackPair(t *testing.T, accept func(net.Listener) (net.Conn, error)) (di
 // next request.
 func TestTheWorkerGetsTheClientsRequestForItsHost(t *testing.T) {
 	type seen struct {
-		uri, host, custom, body string
-		close                   bool
+		uri, host, custom, body, proto string
+		close                          bool
 	}
 	got := make(chan seen, 4)
 	var conns atomic.Int32
@@ -658,7 +658,7 @@ func TestTheWorkerGetsTheClientsRequestForItsHost(t *testing.T) {
 	worker := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			b, _ := io.ReadAll(r.Body)
-			got <- seen{r.RequestURI, r.Host, r.Header.Get("X-Custom"), string(b), r.Close}
+			got <- seen{r.RequestURI, r.Host, r.Header.Get("X-Custom"), string(b), r.Proto, r.Close}
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write([]byte(`{"ok":true}`))
 		}),
@@ -676,29 +676,47 @@ func TestTheWorkerGetsTheClientsRequestForItsHost(t *testing.T) {
 	// A target in absolute form (which a client may send any server,
 	// RFC 9112 §3.2.2) reaches the worker in origin form, as nginx and Go's
 	// reverse proxy send it: the worker never sees the client's idea of a
-	// host.
-	targets := []string{"/v1/chat/completions?v=a%2Fb", "/v1/chat/completions?v=a%2Fb", "http://client.example/v1/chat/completions?v=a%2Fb"}
-	for i, closing := range []bool{false, true, false} {
+	// host. An HTTP/1.0 client's request reaches it as HTTP/1.1, on the
+	// same kept-alive connection, whether or not the client keeps its own.
+	for _, tc := range []struct {
+		target, proto, connection string
+		closes                    bool
+	}{
+		{"/v1/chat/completions?v=a%2Fb", "HTTP/1.1", "", false},
+		{"/v1/chat/completions?v=a%2Fb", "HTTP/1.1", "close", true},
+		{"http://client.example/v1/chat/completions?v=a%2Fb", "HTTP/1.1", "", false},
+		{"/v1/chat/completions?v=a%2Fb", "HTTP/1.0", "", true},
+		{"/v1/chat/completions?v=a%2Fb", "HTTP/1.0", "keep-alive", false},
+	} {
+		name := tc.target + " " + tc.proto + " " + tc.connection
 		c, err := net.Dial("tcp", front)
 		require.NoError(t, err)
 		body := `{"model":"m","messages":[]}`
-		head := "POST " + targets[i] + " HTTP/1.1\r\nHost: client.example\r\nX-Custom: kept\r\nContent-Type: application/json\r\n"
-		if closing {
-			head += "Connection: close\r\n"
+		head := "POST " + tc.target + " " + tc.proto + "\r\nHost: client.example\r\nX-Custom: kept\r\nContent-Type: application/json\r\n"
+		if tc.connection != "" {
+			head += "Connection: " + tc.connection + "\r\n"
 		}
 		_, err = fmt.Fprintf(c, "%sContent-Length: %d\r\n\r\n%s", head, len(body), body)
 		require.NoError(t, err)
 		require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		require.NoError(t, err)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err, name)
 		answer, _ := io.ReadAll(resp.Body)
-		assert.Equal(t, `{"ok":true}`, string(answer))
-		assert.Equal(t, closing, resp.Close, "the client's Connection: close is answered for its connection")
+		assert.Equal(t, `{"ok":true}`, string(answer), name)
 		w := <-got
-		assert.Equal(t, seen{"/v1/chat/completions?v=a%2Fb", ln.Addr().String(), "kept", body, false}, w)
+		assert.Equal(t, seen{"/v1/chat/completions?v=a%2Fb", ln.Addr().String(), "kept", body, "HTTP/1.1", false}, w, name)
+		if tc.closes {
+			_, err := br.ReadByte()
+			assert.ErrorIs(t, err, io.EOF, "%s: the client's connection closes after its answer", name)
+		} else {
+			require.NoError(t, c.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
+			_, err := br.ReadByte()
+			assert.True(t, isTimeout(err), "%s: the client's connection stays open: %v", name, err)
+		}
 		_ = c.Close()
 	}
-	assert.Equal(t, int32(1), conns.Load(), "the worker's connection stays open across all three")
+	assert.Equal(t, int32(1), conns.Load(), "the worker's connection stays open across all five")
 }
 
 // Hop-by-hop headers stay on their connection: the worker never gets the
@@ -770,6 +788,31 @@ func TestHopByHopHeadersStayOnTheirConnection(t *testing.T) {
 	}
 	w, _ := reg.Get(1)
 	assert.Equal(t, 1, s.upstreamOf(w).hc.ConnsCount(), "one upstream connection carried every request")
+	assert.Zero(t, w.Occupancy())
+}
+
+// A worker's answer without a Content-Type reaches the client without
+// one, buffered or streamed: the router adds no type of its own (fasthttp's
+// default, text/plain).
+func TestAnAnswerWithoutAContentTypeGetsNone(t *testing.T) {
+	addr := rawWorker(t, 0, func(i int) []string {
+		if i%2 == 0 {
+			return []string{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"}
+		}
+		return []string{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"}
+	})
+	reg, _, url := serveOne(t, addr, Options{}, nil)
+	for i := 0; i < 2; i++ {
+		resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","messages":[]}`))
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		assert.Equal(t, "ok", string(got))
+		assert.Equal(t, "1", resp.Header.Get("X-Fastroute-Worker"), "answer %d", i)
+		assert.Empty(t, resp.Header.Values("Content-Type"), "answer %d", i)
+	}
+	w, _ := reg.Get(1)
 	assert.Zero(t, w.Occupancy())
 }
 

@@ -249,9 +249,19 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, slack tim
 	}
 	if err = tc.arm(deadline, slack); err == nil {
 		bw := u.hc.AcquireWriter(tc)
-		// A client's Connection: close is for its own connection (and may
-		// be the request itself: it is restored for fasthttp to read).
-		closing := c.up.Header.ConnectionClose()
+		// A client's Connection: close is for its own connection, and so
+		// is its protocol: an HTTP/1.0 client's request goes as HTTP/1.1,
+		// so that the worker keeps the connection open and may chunk its
+		// answer, as nginx (proxy_http_version 1.1), HAProxy and Go's
+		// reverse proxy send every request. (It may be the request itself:
+		// both are restored for fasthttp to read.)
+		closing, older := c.up.Header.ConnectionClose(), !c.up.Header.IsHTTP11()
+		var room [16]byte
+		var proto []byte
+		if older {
+			proto = append(room[:0], c.up.Header.Protocol()...)
+			c.up.Header.SetProtocolBytes(http11)
+		}
 		c.up.Header.ResetConnectionClose()
 		tc.hold() // its last write leaves from the wait for the answer (awaitReadable)
 		if err = c.up.Write(bw); err == nil {
@@ -259,6 +269,9 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, slack tim
 		}
 		if closing {
 			c.up.Header.SetConnectionClose()
+		}
+		if older {
+			c.up.Header.SetProtocolBytes(proto)
 		}
 		u.hc.ReleaseWriter(bw)
 	}
