@@ -335,6 +335,11 @@ func (c *upCall) prepare(u *upstream, w *dataplane.Worker, uri, body, reqID []by
 		c.up.Header.Del(headerDPRank)
 	}
 	c.resp.Reset()
+	// The answer's header names pass as the worker sent them, as nginx
+	// passes them, and are not normalized on the way (fasthttp's
+	// Content-Type, Content-Length, Transfer-Encoding and Connection are
+	// read whatever their case).
+	c.resp.Header.DisableNormalizing()
 }
 
 // respond copies the worker's answer to the client: a streamed answer is
@@ -422,6 +427,7 @@ func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 	ctx.Response.Header.SetProtocol(http11)
 	ctx.Response.Header.ResetConnectionClose()
 	dropAnswerHops(&ctx.Response.Header)
+	dropLowerDate(&ctx.Response.Header)
 	ctx.Response.Header.SetCanonical(servedByKey, u.idHeader)
 }
 

@@ -791,29 +791,50 @@ func TestHopByHopHeadersStayOnTheirConnection(t *testing.T) {
 	assert.Zero(t, w.Occupancy())
 }
 
-// A worker's answer without a Content-Type reaches the client without
-// one, buffered or streamed: the router adds no type of its own (fasthttp's
-// default, text/plain).
-func TestAnAnswerWithoutAContentTypeGetsNone(t *testing.T) {
+// A worker's answer reaches the client with its headers' names as the
+// worker sent them (not normalized), without a Content-Type when it had
+// none (fasthttp's default, text/plain, is not added), with one Date (the
+// router's, as nginx sends it, whatever the case of the worker's: uvicorn
+// writes "date") and without its hop-by-hop headers, whatever their case:
+// buffered or streamed.
+func TestAnAnswersHeadersReachTheClientAsTheWorkerSentThem(t *testing.T) {
+	const fields = "ETag: \"e1\"\r\ndate: Thu, 01 Jan 2026 00:00:00 GMT\r\nx-request-id: r1\r\nX-ENGINE: e\r\nconnection: keep-alive, x-worker-hop\r\nx-worker-hop: 1\r\nKEEP-ALIVE: timeout=5\r\n"
 	addr := rawWorker(t, 0, func(i int) []string {
 		if i%2 == 0 {
-			return []string{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"}
+			return []string{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + fields + "\r\nok"}
 		}
-		return []string{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"}
+		return []string{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n" + fields + "\r\n2\r\nok\r\n0\r\n\r\n"}
 	})
-	reg, _, url := serveOne(t, addr, Options{}, nil)
-	for i := 0; i < 2; i++ {
-		resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","messages":[]}`))
+	reg, s, url := serveOne(t, addr, Options{}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	for i, framing := range []string{"Content-Length: 2", "Transfer-Encoding: chunked"} {
+		c, err := net.Dial("tcp", front)
 		require.NoError(t, err)
-		got, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		const body = `{"model":"m","messages":[]}`
+		_, err = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 		require.NoError(t, err)
-		assert.Equal(t, "ok", string(got))
-		assert.Equal(t, "1", resp.Header.Get("X-Fastroute-Worker"), "answer %d", i)
-		assert.Empty(t, resp.Header.Values("Content-Type"), "answer %d", i)
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+		got, err := io.ReadAll(c)
+		require.NoError(t, err)
+		_ = c.Close()
+		head, answer, ok := strings.Cut(string(got), "\r\n\r\n")
+		require.True(t, ok, "answer %d: %q", i, got)
+		for _, line := range []string{framing, `ETag: "e1"`, "x-request-id: r1", "X-ENGINE: e", "X-Fastroute-Worker: 1", "Connection: close"} {
+			assert.Contains(t, strings.Split(head, "\r\n"), line, "answer %d:\n%s", i, head)
+		}
+		for _, name := range []string{"content-type:", "x-worker-hop:", "keep-alive", "2026 00:00:00"} {
+			assert.NotContains(t, strings.ToLower(head), name, "answer %d:\n%s", i, head)
+		}
+		assert.Equal(t, 1, strings.Count(strings.ToLower(head), "\r\ndate: "), "answer %d: one Date:\n%s", i, head)
+		want := "ok"
+		if i == 1 {
+			want = "2\r\nok\r\n0\r\n\r\n"
+		}
+		assert.Equal(t, want, answer, "answer %d", i)
 	}
 	w, _ := reg.Get(1)
 	assert.Zero(t, w.Occupancy())
+	assert.Equal(t, 1, s.upstreamOf(w).hc.ConnsCount(), "the worker's Connection: keep-alive was its own: one connection carried both")
 }
 
 // Chunks of a stream that came together leave in one write to the client;

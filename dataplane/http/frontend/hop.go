@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"bytes"
-	"slices"
 
 	"github.com/valyala/fasthttp"
 )
@@ -49,15 +48,24 @@ func dropRequestHops(h *fasthttp.RequestHeader) {
 }
 
 // dropAnswerHops removes a worker answer's hop-by-hop headers and those its
-// Connection header names. An answer without any costs one pass over its
-// headers' names.
+// Connection headers name, whatever the case of their names (the answer's
+// are not normalized: upCall.prepare). An answer without any costs one
+// pass over its headers.
 func dropAnswerHops(h *fasthttp.ResponseHeader) {
-	keys := h.PeekKeys()
-	if !slices.ContainsFunc(keys, isHop) {
+	var room [128]byte
+	listed, found := room[:0], false
+	for k, v := range h.All() {
+		if isHop(k) {
+			found = true
+			if bytes.EqualFold(k, []byte(fasthttp.HeaderConnection)) {
+				listed = append(append(listed, v...), ',')
+			}
+		}
+	}
+	if !found {
 		return
 	}
-	var room [128]byte
-	listed := append(room[:0], h.Peek(fasthttp.HeaderConnection)...)
+	keys := h.PeekKeys()
 	for i := 0; i < len(keys); {
 		if k := keys[i]; isHop(k) || connectionNames(listed, k) {
 			n := len(keys)
@@ -67,6 +75,27 @@ func dropAnswerHops(h *fasthttp.ResponseHeader) {
 			}
 		}
 		i++ // kept, or a header fasthttp shows whatever is deleted
+	}
+}
+
+// dropLowerDate removes a worker's Date headers whose names are not
+// written "Date" (uvicorn, under vLLM and SGLang, writes "date"; an
+// answer's names are not normalized: upCall.prepare). fasthttp sends its
+// own Date on every answer and leaves out a worker's only when so written:
+// the client would get two.
+func dropLowerDate(h *fasthttp.ResponseHeader) {
+	for {
+		var odd []byte
+		for k := range h.All() {
+			if len(k) == len(fasthttp.HeaderDate) && bytes.EqualFold(k, []byte(fasthttp.HeaderDate)) && string(k) != fasthttp.HeaderDate {
+				odd = k
+				break
+			}
+		}
+		if odd == nil {
+			return
+		}
+		h.DelBytes(odd) // copies odd before it edits the headers
 	}
 }
 

@@ -14,11 +14,12 @@ import (
 )
 
 // The request of the round trips below (bench/wrk-chat.lua's) and the
-// worker's answer to it.
+// worker's answer to it, with uvicorn's headers (as vLLM and SGLang answer:
+// lowercase names, a date that the router's replaces).
 const (
 	roundTripRequest = "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: 66\r\n\r\n" +
 		`{"model":"mock-model","messages":[{"role":"user","content":"hi"}]}`
-	roundTripAnswer = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 27\r\n\r\n" +
+	roundTripAnswer = "HTTP/1.1 200 OK\r\ndate: Fri, 04 Dec 2026 14:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 27\r\ncontent-type: application/json\r\n\r\n" +
 		`{"choices":[{"text":"hi"}]}`
 )
 
