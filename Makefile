@@ -28,10 +28,11 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/engine ./dataplane/loops/weights
 
 ## bench-e2e: fastroute, nginx (least_conn), HAProxy (leastconn) and direct,
-## one after the other, same mock workers and load, three rounds interleaved
-## (each row the median round); table and plot in bench/out.
+## one after the other, same mock workers and load, five rounds interleaved
+## (each row the median round, its ratios the medians of each round's);
+## table and plot in bench/out.
 ## Installs nginx, haproxy and wrk from Debian packages when missing.
-E2E_FLAGS ?= --duration 5s --connections 64 --rounds 3
+E2E_FLAGS ?= --duration 3s --connections 64 --rounds 5
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 bench-e2e: build
 	@command -v nginx >/dev/null && command -v haproxy >/dev/null && command -v wrk >/dev/null || \

@@ -66,6 +66,14 @@ type Row struct {
 	// The least and most CPU per request over the rounds (E2EOptions.Rounds),
 	// both zero after one round.
 	CPULeast, CPUMost time.Duration
+	// Each round's ratio of the front end's CPU per request to nginx-1w's
+	// and of its p99 to nginx's in the same round, their median over the
+	// rounds (CPURatio: with the least and most), 0 where not measured
+	// (workloadRows). A round's front ends run within the same half minute,
+	// so these ratios move less with this shared machine's slower minutes
+	// than the ratio of two median rounds, which may come from different
+	// rounds.
+	CPURatio, CPURatioLeast, CPURatioMost, P99Ratio float64
 }
 
 // startFunc starts a front end before the workers and returns its address
@@ -123,9 +131,7 @@ func RunE2E(o E2EOptions) ([]Row, error) {
 			}
 		}
 		stopWorkers()
-		for i, f := range fronts {
-			rows = append(rows, medianRow(wl.Name, f.name, rounds[i]))
-		}
+		rows = append(rows, workloadRows(wl.Name, rounds)...)
 	}
 	table := Table(rows, o)
 	if err := os.WriteFile(filepath.Join(o.OutDir, "results.md"), []byte(table), 0o644); err != nil {
@@ -136,6 +142,41 @@ func RunE2E(o E2EOptions) ([]Row, error) {
 	}
 	fmt.Print("\n" + table)
 	return rows, nil
+}
+
+// workloadRows are a workload's rows, one per front end, from rounds
+// (rounds[i]: fronts[i]'s, in the order they ran): its median round
+// (medianRow) and its ratios to the references of each round (Row).
+func workloadRows(workload string, rounds [][]Result) []Row {
+	cpuRef := slices.IndexFunc(fronts, func(f front) bool { return f.name == "nginx-1w" })
+	p99Ref := slices.IndexFunc(fronts, func(f front) bool { return f.name == "nginx" })
+	cpu := func(r Result) float64 { return float64(r.CPUPerRequest) }
+	p99 := func(r Result) float64 { return float64(r.P99) }
+	rows := make([]Row, 0, len(fronts))
+	for i, f := range fronts {
+		row := medianRow(workload, f.name, rounds[i])
+		row.CPURatio, row.CPURatioLeast, row.CPURatioMost = perRound(rounds[i], rounds[cpuRef], cpu)
+		row.P99Ratio, _, _ = perRound(rounds[i], rounds[p99Ref], p99)
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// perRound returns the median (of an even count, the upper of the middle
+// two), least and most over the rounds k of value(rs[k]) / value(ref[k]),
+// leaving out rounds where either is 0; all 0 when none is left.
+func perRound(rs, ref []Result, value func(Result) float64) (median, least, most float64) {
+	var q []float64
+	for k := range min(len(rs), len(ref)) {
+		if a, b := value(rs[k]), value(ref[k]); a > 0 && b > 0 {
+			q = append(q, a/b)
+		}
+	}
+	if len(q) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(q)
+	return q[len(q)/2], q[0], q[len(q)-1]
 }
 
 // medianRow is the row of a front end's median round of rs: by CPU per

@@ -23,7 +23,8 @@ func Table(rows []Row, o E2EOptions) string {
 		o.Connections, o.Duration, o.Workers, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"))
 	if o.Rounds > 1 {
 		fmt.Fprintf(&b, "%d rounds, the front ends interleaved: each row is the front end's median round, "+
-			"CPU µs/req with its least and most over the rounds\n\n", o.Rounds)
+			"CPU µs/req with its least and most over the rounds; p99 vs nginx and CPU vs nginx-1w are the "+
+			"medians over the rounds of each round's ratio, CPU's with its least and most\n\n", o.Rounds)
 	}
 	b.WriteString("| workload | front end | req/s | p50 | p90 | p99 | p99.9 | req/s vs direct | req/s vs nginx | p99 vs nginx | CPU µs/req | CPU vs nginx-1w | peak RSS |\n")
 	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
@@ -33,8 +34,11 @@ func Table(rows []Row, o E2EOptions) string {
 		for _, p := range percentiles {
 			fmt.Fprintf(&b, " %s |", fmtDur(r.Result.Percentile(p.q)))
 		}
-		fmt.Fprintf(&b, " %s | %s | %s |", ratio(r.Result.RPS(), direct.RPS()), ratio(r.Result.RPS(), nginx.RPS()),
-			ratio(float64(r.Result.P99), float64(nginx.P99)))
+		p99 := ratio(float64(r.Result.P99), float64(nginx.P99))
+		if r.P99Ratio > 0 {
+			p99 = fmt.Sprintf("%.2f×", r.P99Ratio)
+		}
+		fmt.Fprintf(&b, " %s | %s | %s |", ratio(r.Result.RPS(), direct.RPS()), ratio(r.Result.RPS(), nginx.RPS()), p99)
 		if r.Result.CPUPerRequest == 0 {
 			b.WriteString(" - | - | - |\n")
 			continue
@@ -43,8 +47,14 @@ func Table(rows []Row, o E2EOptions) string {
 		if r.CPUMost > 0 {
 			cpu += fmt.Sprintf(" (%.1f–%.1f)", micros(r.CPULeast), micros(r.CPUMost))
 		}
-		fmt.Fprintf(&b, " %s | %s | %.1f MiB |\n", cpu,
-			ratio(float64(r.Result.CPUPerRequest), float64(find(rows, r.Workload, "nginx-1w").CPUPerRequest)), float64(r.Result.PeakRSS)/(1<<20))
+		vs := ratio(float64(r.Result.CPUPerRequest), float64(find(rows, r.Workload, "nginx-1w").CPUPerRequest))
+		if r.CPURatio > 0 {
+			vs = fmt.Sprintf("%.2f×", r.CPURatio)
+			if r.CPURatioMost > r.CPURatioLeast {
+				vs += fmt.Sprintf(" (%.2f–%.2f)", r.CPURatioLeast, r.CPURatioMost)
+			}
+		}
+		fmt.Fprintf(&b, " %s | %s | %.1f MiB |\n", cpu, vs, float64(r.Result.PeakRSS)/(1<<20))
 	}
 	return b.String()
 }

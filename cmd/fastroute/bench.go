@@ -41,7 +41,7 @@ func runBenchE2E(args []string) error {
 	fs.IntVar(&o.Connections, "connections", 64, "concurrent client connections")
 	fs.DurationVar(&o.Duration, "duration", 5e9, "load duration per front end and workload")
 	fs.IntVar(&o.Workers, "workers", 3, "mock worker processes")
-	fs.IntVar(&o.Rounds, "rounds", 1, "rounds of every front end per workload, interleaved; the table shows each one's median round")
+	fs.IntVar(&o.Rounds, "rounds", 1, "rounds of every front end per workload, interleaved; the table shows each one's median round and the median of each round's ratios to nginx")
 	fs.StringVar(&o.OutDir, "out", "bench/out", "directory for results.md and results.svg")
 	if err := fs.Parse(args); err != nil {
 		return err
