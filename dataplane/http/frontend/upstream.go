@@ -51,17 +51,23 @@ func newHostPool[C interface{ Conn() net.Conn }](acquire func(time.Duration, boo
 }
 
 // acquire lends the connection released last, or a new one. A pooled
-// connection its worker was seen to close while it idled (the worker's
-// keep-alive timeout ran out: uvicorn's, under vLLM and SGLang, is 5 s) is
-// closed instead of lent: a request sent on it would be lost, and sent
-// again once the worker's close came back (send), a round trip later.
+// connection its worker closed while it idled (the worker's keep-alive
+// timeout ran out: uvicorn's, under vLLM and SGLang, is 5 s) is not lent: a
+// request sent on it would be lost, and sent again once the worker's close
+// came back (send), a round trip later. The close watch closed it already
+// (workerClosed), or, seen too late for that, it is closed here.
 func (p *hostPool[C]) acquire() (any, *trackedConn, error) {
 	for {
 		cc, err := p.acquireConn(0, false)
 		if err != nil {
 			return nil, nil, err
 		}
-		if tc := cc.Conn().(*trackedConn); !tc.closedSeen() {
+		tc := cc.Conn().(*trackedConn)
+		if !tc.lend() { // closed and counted by the watch: only fasthttp's record is left
+			p.closeConn(cc)
+			continue
+		}
+		if !tc.closedSeen() {
 			return cc, tc, nil
 		}
 		p.closeConn(cc)
@@ -69,12 +75,20 @@ func (p *hostPool[C]) acquire() (any, *trackedConn, error) {
 	}
 }
 
+// release pools the connection for the next request (reuse), watched for
+// its worker's close while it idles (trackedConn.pool), or closes it.
 func (p *hostPool[C]) release(h any, reuse bool) {
-	if reuse {
-		p.releaseConn(h.(C))
+	cc := h.(C)
+	if !reuse {
+		p.closeConn(cc)
 		return
 	}
-	p.closeConn(h.(C))
+	if !cc.Conn().(*trackedConn).pool() { // its worker closed it already
+		p.closeConn(cc)
+		p.closedByWorker.Inc()
+		return
+	}
+	p.releaseConn(cc)
 }
 
 // DefaultDialsPerWorker is the connects in flight to one worker. A burst
@@ -131,13 +145,14 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 					return nil, err
 				}
 				tc := newTrackedConn(c, s.upConns, s.opts.StreamIdleTimeout)
+				tc.stats = stats
+				stats.connects.Inc()
+				stats.open.Add(1)
 				tc.watchCloses(s.upCloses)
 				s.upConns.Store(tc, struct{}{})
-				stats.connects.Inc()
 				return tc, nil
 			},
 		}
-		stats.open = hc.ConnsCount
 		return &upstream{
 			hc:       hc,
 			conns:    newHostPool(hc.AcquireConn, hc.ReleaseConn, hc.CloseConn, stats.closedByWorker),
@@ -430,8 +445,20 @@ type trackedConn struct {
 	// before the connection is used.
 	closes *hangup.Watcher[trackedConn]
 	watch  hangup.Conn
+	// In the pool: connLent (or not pooled yet), connIdle or connDead
+	// (pool, lend, workerClosed).
+	pooled atomic.Uint32
+	stats  *workerStats // its worker's (nil: not dialed by an upstream)
+	closed atomic.Bool  // Close was called (stats.open counts it closed)
 	sockIO
 }
+
+// The states of a kept-alive connection in its pool (trackedConn.pooled).
+const (
+	connLent uint32 = iota // lent to a request, or new
+	connIdle               // in the pool, watched for its worker's close
+	connDead               // closed in the pool: its worker closed it (workerClosed)
+)
 
 func newTrackedConn(c net.Conn, set *xsync.MapOf[net.Conn, struct{}], idle time.Duration) *trackedConn {
 	tc := &trackedConn{Conn: c, set: set, idle: idle}
@@ -519,12 +546,16 @@ func (c *trackedConn) awaitReadable() {
 	}
 }
 
-// Close closes the connection and drops it from the set.
+// Close closes the connection and drops it from the set (again: the
+// watch may close a pooled connection before fasthttp's pool does).
 func (c *trackedConn) Close() error {
 	c.dropHeld() // a request never sent
 	c.set.Delete(c)
 	if c.closes != nil {
 		c.closes.Remove(c.watch)
+	}
+	if c.closed.CompareAndSwap(false, true) && c.stats != nil {
+		c.stats.open.Add(-1)
 	}
 	return c.Conn.Close()
 }
@@ -560,11 +591,35 @@ func (c *trackedConn) beginWait() bool {
 // before must be met by a read.
 func (c *trackedConn) closedSeen() bool { return c.closes != nil && c.closes.Closed(c.watch) }
 
-// endWait ends the watch beginWait began.
+// endWait ends the watch beginWait (or pool) began.
 func (c *trackedConn) endWait() {
 	if c.closes != nil {
 		c.closes.End(c.watch, c)
 	}
+}
+
+// pool marks the connection idle in its pool and watches it there, so that
+// its worker's close closes it at once (workerClosed), as nginx's keepalive
+// cache closes a connection its upstream closed: the socket does not sit in
+// CLOSE_WAIT until the next request or fasthttp's idle sweep finds it.
+// False: the worker closed it already.
+func (c *trackedConn) pool() bool {
+	if c.closes == nil {
+		return true
+	}
+	c.pooled.Store(connIdle)
+	if c.closes.Begin(c.watch, c) {
+		return true
+	}
+	c.pooled.Store(connLent)
+	return false
+}
+
+// lend takes the connection out of its pool's watch for a request: false
+// when the watch closed it meanwhile (workerClosed).
+func (c *trackedConn) lend() bool {
+	c.endWait()
+	return c.pooled.CompareAndSwap(connIdle, connLent) || c.pooled.Load() == connLent
 }
 
 // workerClosed is the close watch's call for a connection whose worker
@@ -576,6 +631,17 @@ func (c *trackedConn) endWait() {
 // are read all the same; the next read after them finds the end. A
 // connection its worker closed is of no more use, so a relay that ended
 // meanwhile loses nothing either.
+//
+// A connection idle in its pool (trackedConn.pool) is closed instead, and
+// counted closed by its worker: nothing waits on it, and lend finds it
+// dead.
 func workerClosed(c *trackedConn, _ uint32) {
+	if c.pooled.CompareAndSwap(connIdle, connDead) {
+		if c.stats != nil {
+			c.stats.closedByWorker.Inc()
+		}
+		_ = c.Close()
+		return
+	}
 	_ = c.raw.Control(func(fd uintptr) { _ = syscall.Shutdown(int(fd), syscall.SHUT_RD) })
 }

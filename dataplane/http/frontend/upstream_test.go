@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -70,11 +72,25 @@ func postChat(t *testing.T, url string) {
 }
 
 // lendsAll lends the pooled connections their worker closed too, as the
-// pool would lend one whose worker closed it just after the pool looked.
+// pool would lend one whose worker closed it just after the pool looked;
+// it pools them unwatched, so that the watch does not close them first (as
+// it does not close one already lent).
 type lendsAll struct {
 	connPool
 	hc *fasthttp.HostClient
 }
+
+func (p lendsAll) release(h any, reuse bool) {
+	if !reuse {
+		p.connPool.release(h, false)
+		return
+	}
+	releaseAs(p.hc.ReleaseConn, h)
+}
+
+// releaseAs gives h back with release, whose type of connection record
+// (fasthttp's, unexported) it infers.
+func releaseAs[C any](release func(C), h any) { release(h.(C)) }
 
 func (p lendsAll) acquire() (any, *trackedConn, error) {
 	cc, err := p.hc.AcquireConn(0, false)
@@ -100,15 +116,15 @@ func TestNoRequestGoesToAConnectionItsWorkerClosed(t *testing.T) {
 			ports := make(chan string, 100)
 			addr := keepAliveWorker(t, 20*time.Millisecond, 50*time.Millisecond, &late, ports)
 			reg, s, url := serveOne(t, addr, Options{}, nil)
-			burst(t, url, 4)
-			opened := map[string]bool{}
-			for range 4 {
-				opened[<-ports] = true
-			}
 			w, _ := reg.Get(1)
 			if lent {
 				u := s.upstreamOf(w)
 				u.conns = lendsAll{u.conns, u.hc}
+			}
+			burst(t, url, 4)
+			opened := map[string]bool{}
+			for range 4 {
+				opened[<-ports] = true
 			}
 			time.Sleep(200 * time.Millisecond) // the worker closes every connection
 			for range 4 {
@@ -120,9 +136,16 @@ func TestNoRequestGoesToAConnectionItsWorkerClosed(t *testing.T) {
 			assert.Zero(t, late.Load(), "requests sent on connections the worker had closed")
 			assert.Zero(t, w.Occupancy())
 			st := s.statsOf(w)
-			assert.EqualValues(t, len(opened), st.closedByWorker.Value(), "the burst's connections, dropped")
 			assert.EqualValues(t, len(opened)+1, st.connects.Value(), "the burst's, then one for the requests one at a time")
-			assert.Equal(t, 1, st.open())
+			if lent { // dropped when lent; the last one idles unwatched
+				assert.EqualValues(t, len(opened), st.closedByWorker.Value(), "the burst's connections, dropped")
+				assert.EqualValues(t, 1, st.open.Load())
+				return
+			}
+			// Each closed by the watch as its worker closed it: the burst's,
+			// then the last one.
+			assert.Eventually(t, func() bool { return st.closedByWorker.Value() == uint64(len(opened)+1) }, 2*time.Second, 5*time.Millisecond)
+			assert.Zero(t, st.open.Load())
 		})
 	}
 }
@@ -148,4 +171,90 @@ func TestTheConnectionReleasedLastIsLentFirst(t *testing.T) {
 		seen[<-ports] = true
 	}
 	assert.Len(t, seen, 1, "requests one at a time went on %v", seen)
+}
+
+// A pooled connection its worker closes while it idles is closed at once,
+// as nginx's keepalive cache closes it: no socket of the router's waits in
+// CLOSE_WAIT (read from /proc/net/tcp) until the next request or the pool's
+// idle sweep finds it, and the metrics count it closed by its worker and
+// no longer open. The next request goes on a new connection.
+func TestAConnectionItsWorkerClosedWhileItIdledClosesAtOnce(t *testing.T) {
+	var late atomic.Int32
+	ports := make(chan string, 100)
+	addr := keepAliveWorker(t, 20*time.Millisecond, 50*time.Millisecond, &late, ports)
+	reg, s, url := serveOne(t, addr, Options{}, nil)
+	burst(t, url, 4)
+	opened := map[string]bool{}
+	for range 4 {
+		opened[<-ports] = true
+	}
+	w, _ := reg.Get(1)
+	st := s.statsOf(w)
+	assert.EqualValues(t, len(opened), st.open.Load(), "the burst's connections, kept alive")
+	_, port, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return st.closedByWorker.Value() == uint64(len(opened)) }, 2*time.Second, 5*time.Millisecond,
+		"each connection closed once its worker closed it")
+	assert.Zero(t, st.open.Load())
+	assert.Zero(t, closeWaits(t, port), "sockets to the worker left in CLOSE_WAIT")
+	postChat(t, url)
+	<-ports
+	assert.EqualValues(t, len(opened), st.closedByWorker.Value(), "counted once")
+	assert.EqualValues(t, len(opened)+1, st.connects.Value())
+	assert.EqualValues(t, 1, st.open.Load())
+	assert.Zero(t, late.Load(), "requests sent on connections the worker had closed")
+	assert.Zero(t, w.Occupancy())
+}
+
+// closeWaits counts this machine's IPv4 sockets in CLOSE_WAIT (state 08)
+// whose peer's port is port (hex in /proc/net/tcp).
+func closeWaits(t *testing.T, port string) int {
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Skipf("no /proc/net/tcp: %v", err)
+	}
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	peer := fmt.Sprintf(":%04X", p)
+	n := 0
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) > 3 && strings.HasSuffix(f[2], peer) && f[3] == "08" {
+			n++
+		}
+	}
+	return n
+}
+
+// Requests and a worker that closes idle connections almost at once (2 ms)
+// race: the pool lends, the watch closes what idles, each in turn on the
+// same connections. Every request is answered, and once the requests stop
+// every connection is closed (none open, none in CLOSE_WAIT) and no
+// reservation is held.
+func TestRequestsAndTheClosesOfIdleConnectionsRace(t *testing.T) {
+	var late atomic.Int32
+	ports := make(chan string, 1000)
+	addr := keepAliveWorker(t, 0, 2*time.Millisecond, &late, ports)
+	reg, s, url := serveOne(t, addr, Options{}, nil)
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			for i := range 40 {
+				postChat(t, url)
+				<-ports
+				time.Sleep(time.Duration((g+i)%4) * time.Millisecond) // 0 to 3 ms: before or after the worker's close
+			}
+		})
+	}
+	wg.Wait()
+	w, _ := reg.Get(1)
+	st := s.statsOf(w)
+	assert.Eventually(t, func() bool { return st.open.Load() == 0 }, 2*time.Second, 5*time.Millisecond, "connections left open: %d", st.open.Load())
+	_, port, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	assert.Zero(t, closeWaits(t, port), "sockets to the worker left in CLOSE_WAIT")
+	assert.Zero(t, w.Occupancy())
+	assert.LessOrEqual(t, st.closedByWorker.Value(), st.connects.Value())
+	t.Logf("%d connections opened, %d closed by the worker before a request went on them, %d requests on connections it had closed",
+		st.connects.Value(), st.closedByWorker.Value(), late.Load())
 }

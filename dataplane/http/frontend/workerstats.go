@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
@@ -23,10 +24,11 @@ type workerStats struct {
 	firstByte *metrics.Histogram // from the send to the answer's head
 	// The worker's keep-alive connections (HAProxy's connection attempts
 	// and reuses): connections opened, pooled ones its worker had closed
-	// (dropped before a request went on them: hostPool.acquire, sendOn),
-	// and how many are open (nil: none made yet).
+	// (dropped before a request went on them: workerClosed,
+	// hostPool.acquire and release, sendOn), and how many are open (dialed
+	// and not closed yet: trackedConn.Close).
 	connects, closedByWorker metrics.Counter
-	open                     func() int
+	open                     atomic.Int64
 }
 
 // statusClasses are the label values of answers' status classes.
@@ -119,11 +121,7 @@ func writeWorkerStats(w *metrics.Writer, workers []*dataplane.Worker, statsOf fu
 	}
 	w.Header("fastroute_worker_connections", "gauge", "Connections open to each worker, carrying a request or kept alive for the next.")
 	for i, st := range stats {
-		open := 0
-		if st.open != nil {
-			open = st.open()
-		}
-		w.Sample("fastroute_worker_connections", float64(open), "worker", ids[i])
+		w.Sample("fastroute_worker_connections", float64(st.open.Load()), "worker", ids[i])
 	}
 	w.Header("fastroute_worker_connects_total", "counter", "Connections opened to each worker; against its answers, how often kept-alive connections were reused.")
 	for i, st := range stats {

@@ -11,7 +11,8 @@
 // in a Watcher of their own, for the worker's close: Closed tells a wait
 // that would not read first (a relayed stream's, a request's for its
 // answer) that it must read once more, and the pool not to lend the
-// connection.
+// connection; a connection idle in the pool is named its own work while
+// it idles, and its worker's close closes it at once.
 package hangup
 
 import (
