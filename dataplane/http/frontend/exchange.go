@@ -427,7 +427,7 @@ func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 	ctx.Response.Header.SetProtocol(http11)
 	ctx.Response.Header.ResetConnectionClose()
 	dropAnswerHops(&ctx.Response.Header)
-	dropLowerDate(&ctx.Response.Header)
+	dropWorkerDate(&ctx.Response.Header)
 	ctx.Response.Header.SetCanonical(servedByKey, u.idHeader)
 }
 

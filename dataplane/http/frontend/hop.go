@@ -78,12 +78,12 @@ func dropAnswerHops(h *fasthttp.ResponseHeader) {
 	}
 }
 
-// dropLowerDate removes a worker's Date headers whose names are not
-// written "Date" (uvicorn, under vLLM and SGLang, writes "date"; an
-// answer's names are not normalized: upCall.prepare). fasthttp sends its
-// own Date on every answer and leaves out a worker's only when so written:
-// the client would get two.
-func dropLowerDate(h *fasthttp.ResponseHeader) {
+// dropWorkerDate removes the worker's Date headers that fasthttp would send
+// beside its own: fasthttp writes its Date on every answer and leaves out a
+// worker's only when its name is written "Date", and an answer's names are
+// not normalized (upCall.prepare; uvicorn, under vLLM and SGLang, writes
+// "date"). The client gets the router's Date, as nginx sends it.
+func dropWorkerDate(h *fasthttp.ResponseHeader) {
 	for {
 		var odd []byte
 		for k := range h.All() {
