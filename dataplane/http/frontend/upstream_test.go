@@ -181,7 +181,9 @@ func TestTheConnectionReleasedLastIsLentFirst(t *testing.T) {
 func TestAConnectionItsWorkerClosedWhileItIdledClosesAtOnce(t *testing.T) {
 	var late atomic.Int32
 	ports := make(chan string, 100)
-	addr := keepAliveWorker(t, 20*time.Millisecond, 50*time.Millisecond, &late, ports)
+	// A keep-alive long enough for the checks between the requests and
+	// the worker's closes, under the race detector on a busy machine.
+	addr := keepAliveWorker(t, 20*time.Millisecond, 300*time.Millisecond, &late, ports)
 	reg, s, url := serveOne(t, addr, Options{}, nil)
 	burst(t, url, 4)
 	opened := map[string]bool{}
@@ -193,7 +195,7 @@ func TestAConnectionItsWorkerClosedWhileItIdledClosesAtOnce(t *testing.T) {
 	assert.EqualValues(t, len(opened), st.open.Load(), "the burst's connections, kept alive")
 	_, port, err := net.SplitHostPort(addr)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return st.closedByWorker.Value() == uint64(len(opened)) }, 2*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return st.closedByWorker.Value() == uint64(len(opened)) }, 3*time.Second, 5*time.Millisecond,
 		"each connection closed once its worker closed it")
 	assert.Zero(t, st.open.Load())
 	assert.Zero(t, closeWaits(t, port), "sockets to the worker left in CLOSE_WAIT")
