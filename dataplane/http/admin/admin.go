@@ -71,7 +71,51 @@ func Handler(o Options) http.Handler {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	return o.logWrites(o.guard(routes(o)))
+	return o.logWrites(o.guard(jsonRefusals(routes(o))))
+}
+
+// jsonRefusals answers the mux's own refusals (no route for the path: 404;
+// a route for other methods: 405, with its Allow header) as every other
+// admin error is answered, in JSON, instead of net/http's plain text: a
+// script reading the admin API parses every error the same way.
+func jsonRefusals(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(&refusal{ResponseWriter: w, r: r}, r)
+	})
+}
+
+// refusal writes a 404 or 405 of the mux in JSON and drops the mux's text;
+// any other answer (a redirect to a path with its trailing slash) passes.
+type refusal struct {
+	http.ResponseWriter
+	r       *http.Request
+	refused bool
+}
+
+func (f *refusal) WriteHeader(code int) {
+	var msg string
+	switch code {
+	case http.StatusNotFound: // the path is not quoted back
+		msg = "no admin route has this path"
+	case http.StatusMethodNotAllowed:
+		msg = fmt.Sprintf("method %s is not allowed on this path; allowed: %s", f.r.Method, f.Header().Get("Allow"))
+	default:
+		f.ResponseWriter.WriteHeader(code)
+		return
+	}
+	f.refused = true
+	writeError(f.ResponseWriter, code, msg)
+}
+
+func (f *refusal) Write(p []byte) (int, error) {
+	if f.refused {
+		return len(p), nil // the mux's text, answered in JSON instead
+	}
+	return f.ResponseWriter.Write(p)
 }
 
 func routes(o Options) *http.ServeMux {

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -64,4 +65,48 @@ func TestTokenAndDrainAnswers(t *testing.T) {
 	assert.Contains(t, body, "etcd refused the drain mark")
 	status, _ = call(t, srv, "DELETE", "/workers/7", "", "s3cret")
 	assert.Equal(t, http.StatusNotFound, status)
+}
+
+// The mux's own refusals are JSON errors, as every other admin error: a
+// method a route does not take is 405 with the route's Allow header, a
+// path without a route 404; a redirect to a path's trailing slash passes.
+func TestRefusedRoutesAnswerJSON(t *testing.T) {
+	reg := dataplane.NewRegistry()
+	srv := httptest.NewServer(Handler(Options{Registry: reg, Metrics: &metrics.Set{}, Logger: slog.New(slog.DiscardHandler)}))
+	defer srv.Close()
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		message      string
+	}{
+		{"PATCH", "/workers", http.StatusMethodNotAllowed, "method PATCH is not allowed on this path; allowed: GET, HEAD, POST"},
+		{"GET", "/nope", http.StatusNotFound, "no admin route has this path"},
+		{"POST", "/workers/3/loras", http.StatusMethodNotAllowed, "method POST is not allowed on this path; allowed: PUT"},
+	} {
+		req, err := http.NewRequest(tc.method, srv.URL+tc.path, nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		var body struct {
+			Error struct {
+				Message, Type string
+				Code          int
+			}
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body), "%s %s", tc.method, tc.path)
+		resp.Body.Close()
+		assert.Equal(t, tc.status, resp.StatusCode)
+		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+		assert.Equal(t, tc.message, body.Error.Message)
+		assert.Equal(t, tc.status, body.Error.Code)
+		if tc.status == http.StatusMethodNotAllowed {
+			assert.NotEmpty(t, resp.Header.Get("Allow"))
+		}
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Get(srv.URL + "/debug/pprof")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Contains(t, []int{http.StatusMovedPermanently, http.StatusTemporaryRedirect}, resp.StatusCode, "a redirect passes")
+	assert.Equal(t, "/debug/pprof/", resp.Header.Get("Location"))
 }
