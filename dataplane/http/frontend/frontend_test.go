@@ -23,7 +23,6 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
-	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/stretchr/testify/assert"
@@ -81,7 +80,7 @@ func TestHostPoolLendsTrackedConnections(t *testing.T) {
 			set.Store(tc, struct{}{})
 			return tc, nil
 		}}
-	pool := newHostPool(hc.AcquireConn, hc.ReleaseConn, hc.CloseConn, metrics.NewCounter())
+	pool := newHostPool(hc.AcquireConn, hc.ReleaseConn, hc.CloseConn)
 	h, c, err := pool.acquire()
 	require.NoError(t, err)
 	pool.release(h, true)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
-	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
 )
@@ -43,11 +42,10 @@ type connPool interface {
 type hostPool[C interface{ Conn() net.Conn }] struct {
 	acquireConn            func(reqTimeout time.Duration, connectionClose bool) (C, error)
 	releaseConn, closeConn func(C)
-	closedByWorker         metrics.Counter // the connections acquire dropped
 }
 
-func newHostPool[C interface{ Conn() net.Conn }](acquire func(time.Duration, bool) (C, error), release, closeConn func(C), closedByWorker metrics.Counter) connPool {
-	return &hostPool[C]{acquireConn: acquire, releaseConn: release, closeConn: closeConn, closedByWorker: closedByWorker}
+func newHostPool[C interface{ Conn() net.Conn }](acquire func(time.Duration, bool) (C, error), release, closeConn func(C)) connPool {
+	return &hostPool[C]{acquireConn: acquire, releaseConn: release, closeConn: closeConn}
 }
 
 // acquire lends the connection released last, or a new one. A pooled
@@ -71,7 +69,7 @@ func (p *hostPool[C]) acquire() (any, *trackedConn, error) {
 			return cc, tc, nil
 		}
 		p.closeConn(cc)
-		p.closedByWorker.Inc()
+		tc.countClosedByWorker()
 	}
 }
 
@@ -83,9 +81,9 @@ func (p *hostPool[C]) release(h any, reuse bool) {
 		p.closeConn(cc)
 		return
 	}
-	if !cc.Conn().(*trackedConn).pool() { // its worker closed it already
+	if tc := cc.Conn().(*trackedConn); !tc.pool() { // its worker closed it already
 		p.closeConn(cc)
-		p.closedByWorker.Inc()
+		tc.countClosedByWorker()
 		return
 	}
 	p.releaseConn(cc)
@@ -155,7 +153,7 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 		}
 		return &upstream{
 			hc:       hc,
-			conns:    newHostPool(hc.AcquireConn, hc.ReleaseConn, hc.CloseConn, stats.closedByWorker),
+			conns:    newHostPool(hc.AcquireConn, hc.ReleaseConn, hc.CloseConn),
 			host:     host,
 			idHeader: strconv.AppendUint(nil, w.ID(), 10),
 			stats:    stats,
@@ -295,7 +293,7 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, slack tim
 	case !tc.beginWait() && tc.closedSeen():
 		// The worker closed it since the pool lent it: the request (its
 		// last write, held) goes again on another connection instead.
-		u.stats.closedByWorker.Inc()
+		tc.countClosedByWorker()
 		err = fasthttp.ErrConnectionClosed
 	default:
 		// The request leaves from the wait, which does not read first: a
@@ -622,6 +620,14 @@ func (c *trackedConn) lend() bool {
 	return c.pooled.CompareAndSwap(connIdle, connLent) || c.pooled.Load() == connLent
 }
 
+// countClosedByWorker counts the connection among those its worker closed
+// before a request went on it (workerStats.closedByWorker).
+func (c *trackedConn) countClosedByWorker() {
+	if c.stats != nil {
+		c.stats.closedByWorker.Inc()
+	}
+}
+
 // workerClosed is the close watch's call for a connection whose worker
 // closed it (or reset it) while a wait was its work (beginWait): it shuts
 // the connection's read side, which wakes the poller's wait as new bytes
@@ -637,9 +643,7 @@ func (c *trackedConn) lend() bool {
 // dead.
 func workerClosed(c *trackedConn, _ uint32) {
 	if c.pooled.CompareAndSwap(connIdle, connDead) {
-		if c.stats != nil {
-			c.stats.closedByWorker.Inc()
-		}
+		c.countClosedByWorker()
 		_ = c.Close()
 		return
 	}
