@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -695,11 +694,12 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 // the client library's text (fasthttp's advice to servers, say, or the
 // worker's answer quoted whole: it never reaches the client).
 func transportFailure(err error) string {
-	var small *fasthttp.ErrSmallBuffer
+	_, small := errors.AsType[*fasthttp.ErrSmallBuffer](err)
+	broke, inHead := errors.AsType[*answerBroke](err)
 	switch {
-	case errors.As(err, &small):
+	case small:
 		return "answer headers larger than the router's read buffer"
-	case unreadableAnswer(err):
+	case inHead && broke.unreadable:
 		return "answer headers not valid HTTP"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused"
@@ -710,6 +710,9 @@ func transportFailure(err error) string {
 	case isTimeout(err):
 		return "no answer within limits.first_byte_timeout"
 	case errors.Is(err, fasthttp.ErrConnectionClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		if inHead {
+			return "connection closed in the answer's headers"
+		}
 		return "connection closed before the answer"
 	}
 	return err.Error()
@@ -720,23 +723,18 @@ func transportFailure(err error) string {
 // logged whole, since what the worker sent is for the operator, not the
 // client.
 func (s *Server) failureReason(worker uint64, err error) string {
-	if unreadableAnswer(err) {
+	if broke, ok := errors.AsType[*answerBroke](err); ok && broke.unreadable {
 		s.log.Warn("a worker's answer could not be read", "worker", worker, "err", err)
 	}
 	return transportFailure(err)
 }
 
-// unreadableAnswer reports a worker answer whose headers fasthttp could not
-// parse (not a read that failed): its error quotes them, after their size.
-func unreadableAnswer(err error) bool {
-	return strings.Contains(err.Error(), ": buffer size=")
-}
-
 // retryable reports a failure that may succeed on another worker: a
-// connection or transport error. A timeout is not retried: the worker may
-// still be working on the request.
+// connection or transport error before the answer's first byte. A timeout
+// is not retried: the worker may still be working on the request; nor is
+// an answer that began (answerBroke): the worker got the request.
 func retryable(err error) bool {
-	return !isTimeout(err) && !errors.Is(err, fasthttp.ErrBodyTooLarge)
+	return !isTimeout(err) && !began(err) && !errors.Is(err, fasthttp.ErrBodyTooLarge)
 }
 
 func isTimeout(err error) bool {

@@ -1524,3 +1524,60 @@ func TestARefusedRequestsAnswerReachesAClientStillSending(t *testing.T) {
 		c.Close()
 	}
 }
+
+// A worker that began its answer got the request: an answer whose head
+// cannot be read (two lengths, a head past the read buffer, a head its
+// connection ends in) is a 502 from that worker, and the request goes
+// neither again on another connection to it nor to another worker (after
+// the first answer byte, no retry), however long its connection was
+// pooled before.
+func TestAnAnswerThatBeganIsNotSentAgain(t *testing.T) {
+	bad := map[string]string{
+		"/twolengths": "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+		"/longhead":   "HTTP/1.1 200 OK\r\nX-Long: " + strings.Repeat("a", 8<<10) + "\r\nContent-Length: 2\r\n\r\n{}",
+		"/cuthead":    "HTTP/1.1 200 OK\r\nContent-",
+	}
+	var got atomic.Int32
+	worker := func() string {
+		return rawServer(t, func(c net.Conn, req *http.Request) bool {
+			got.Add(1)
+			if a, ok := bad[strings.TrimPrefix(req.URL.Path, "/v1/x")]; ok {
+				_, _ = io.WriteString(c, a)
+				return !strings.HasSuffix(a, "Content-") // the cut head's connection ends
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+			return true
+		})
+	}
+	reg, s, url := serveOne(t, worker(), Options{Retries: 2}, nil)
+	_, err := reg.Add(dataplane.WorkerSpec{ID: 2, URL: "http://" + worker()})
+	require.NoError(t, err)
+	base := strings.TrimSuffix(url, "/chat/completions")
+	post := func(path string) (int, string) {
+		resp, err := http.Post(base+"/x"+path, "application/json", strings.NewReader(`{"model":"m"}`))
+		require.NoError(t, err, path)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	for path, reason := range map[string]string{
+		"/twolengths": "answer headers not valid HTTP",
+		"/longhead":   "answer headers larger than the router's read buffer",
+		"/cuthead":    "connection closed in the answer's headers",
+	} {
+		for range 4 { // both workers' connections pooled, then a bad answer
+			status, _ := post("/ok")
+			require.Equal(t, http.StatusOK, status)
+		}
+		before := got.Load()
+		status, body := post(path)
+		assert.Equal(t, http.StatusBadGateway, status, path)
+		assert.Contains(t, body, "failed before answering: "+reason, path)
+		assert.Equal(t, before+1, got.Load(), "%s: the request reached one worker once", path)
+	}
+	assert.Zero(t, s.metrics.retries.Value(), "no request moved to another worker")
+	for _, id := range []uint64{1, 2} {
+		w, _ := reg.Get(id)
+		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, 10*time.Millisecond)
+	}
+}

@@ -218,6 +218,26 @@ type upCall struct {
 // connection, or its prefill failed.
 var errStopped = errors.New("the request was stopped")
 
+// answerBroke is the failure of a call whose worker began its answer (a
+// byte of it came) before the answer's head could be read whole: the
+// worker got the request, so it goes neither again on another connection
+// nor to another worker (send, retryable), as after the first byte.
+type answerBroke struct {
+	err error
+	// The head's bytes were at fault, not the connection: not HTTP, or
+	// larger than the read buffer (the connection returned no error).
+	unreadable bool
+}
+
+func (e *answerBroke) Error() string { return "the answer broke in its head: " + e.err.Error() }
+func (e *answerBroke) Unwrap() error { return e.err }
+
+// began reports a failure after the answer's first byte (answerBroke).
+func began(err error) bool {
+	_, ok := errors.AsType[*answerBroke](err)
+	return ok
+}
+
 // send writes c.up on a pooled connection of u and reads the answer's
 // headers, leaving its body to stream: an error means no byte of an
 // answer came back, so the request may move to another worker. The first
@@ -239,7 +259,7 @@ func (c *upCall) send(u *upstream, token uint32, start time.Time, firstByte time
 	}
 	for {
 		reused, err := c.sendOn(u, token, deadline, firstByte/8, stop)
-		if err == nil || !reused || isTimeout(err) || stop.Load() != 0 {
+		if err == nil || !reused || isTimeout(err) || began(err) || stop.Load() != 0 {
 			return err
 		}
 	}
@@ -304,6 +324,9 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, slack tim
 		c.br = u.hc.AcquireReader(tc)
 		c.resp.StreamBody = true
 		err = c.resp.ReadLimitBody(c.br, 0)
+		if err != nil && tc.answered {
+			err = &answerBroke{err: err, unreadable: tc.readErr == nil}
+		}
 	}
 	if err != nil {
 		c.endConn(token)
@@ -434,6 +457,10 @@ type trackedConn struct {
 	idle   time.Duration
 	rd, wd time.Time // the read and write deadlines set on Conn
 	reads  int       // reads of the current answer
+	// Of the current answer (arm resets them): a byte of it came, and the
+	// error a read of it returned.
+	answered bool
+	readErr  error
 	// A wait for the answer's next bytes ran out the read deadline: the
 	// deadline stays, and the read after the wait fails at it.
 	waitLapsed bool
@@ -487,7 +514,7 @@ func coarse(cur, want time.Time, slack time.Duration) (next time.Time, ok bool) 
 // byte are due by deadline (zero: no limit), or up to slack later (an
 // eighth of the first-byte timeout).
 func (c *trackedConn) arm(deadline time.Time, slack time.Duration) error {
-	c.reads, c.waitLapsed = 0, false
+	c.reads, c.waitLapsed, c.answered, c.readErr = 0, false, false, nil
 	rd, rok := coarse(c.rd, deadline, slack)
 	wd, wok := coarse(c.wd, deadline, slack)
 	switch {
@@ -509,13 +536,21 @@ func (c *trackedConn) arm(deadline time.Time, slack time.Duration) error {
 
 // Read reads the answer: its first read under the first-byte deadline, each
 // later one within idle.
-func (c *trackedConn) Read(p []byte) (int, error) {
+func (c *trackedConn) Read(p []byte) (n int, err error) {
 	if c.pending() {
-		return c.take(p)
+		n, err = c.take(p)
+	} else {
+		c.armIdle()
+		c.reads++
+		n, err = c.read(p)
 	}
-	c.armIdle()
-	c.reads++
-	return c.read(p)
+	if n > 0 {
+		c.answered = true
+	}
+	if err != nil {
+		c.readErr = err
+	}
+	return n, err
 }
 
 func (c *trackedConn) Write(p []byte) (int, error) { return c.write(p) }

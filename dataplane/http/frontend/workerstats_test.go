@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -37,9 +38,9 @@ func TestFailuresAreClassedByWhatFailed(t *testing.T) {
 		errDialQueue:            failConnect,
 		timedOut:                failTimeout,
 		fmt.Errorf("wrapped: %w", fasthttp.ErrTimeout): failTimeout,
-		io.EOF:                         failTransport,
-		fasthttp.ErrConnectionClosed:   failTransport,
-		fmt.Errorf("x: buffer size=4"): failTransport,
+		io.EOF:                       failTransport,
+		fasthttp.ErrConnectionClosed: failTransport,
+		&answerBroke{err: errors.New("x"), unreadable: true}: failTransport,
 	} {
 		assert.Equal(t, failureNames[want], failureNames[failureOf(err)], "%v", err)
 	}
