@@ -172,7 +172,7 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 	case err != nil:
 		s.statsOf(w).failed(failCut)
 		s.reportAnswer(w, false)
-		return ex.prefillFailed(ctx, w, fmt.Errorf("answer cut after the headers: %w", err), nil)
+		return ex.prefillFailed(ctx, w, &answerBroke{err: err}, nil)
 	case status >= fasthttp.StatusInternalServerError:
 		s.reportAnswer(w, false)
 		return ex.answerPrefill(ctx, fasthttp.StatusBadGateway, "upstream_error",
@@ -329,10 +329,10 @@ func (ex *exchange) prefillLeg() *prefillLeg {
 	return pre
 }
 
-// prefillFailed answers a prefill that got no answer from any prefill
-// worker tried.
+// prefillFailed answers a prefill that got no whole answer from any
+// prefill worker tried.
 func (ex *exchange) prefillFailed(ctx *fasthttp.RequestCtx, w *dataplane.Worker, err, retryErr error) bool {
-	msg := fmt.Sprintf("prefill worker %d failed before answering: %s", w.ID(), ex.s.failureReason(w.ID(), err))
+	msg := failedAnswer("prefill worker", w.ID(), ex.s.failureReason(w.ID(), err), err)
 	if retryErr != nil {
 		msg += "; no other prefill worker to retry on: " + retryErr.Error()
 	}

@@ -385,7 +385,7 @@ func (ex *exchange) readWhole(ctx *fasthttp.RequestCtx, w *dataplane.Worker) boo
 		ctx.Response.ResetBody()
 		if !ex.endStopped(ctx) {
 			ex.s.statsOf(w).failed(failCut)
-			ex.fail(ctx, w.ID(), fmt.Errorf("answer cut after the headers: %w", err), nil)
+			ex.fail(ctx, w.ID(), &answerBroke{err: err}, nil)
 		}
 		return false
 	}
@@ -531,7 +531,7 @@ func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr 
 		ex.finish(outcomeUpstreamError)
 		return
 	}
-	msg := fmt.Sprintf("worker %d failed before answering: %s", worker, reason)
+	msg := failedAnswer("worker", worker, reason, err)
 	if retryErr != nil {
 		msg += "; no other worker to retry on: " + retryErr.Error()
 	}
@@ -695,11 +695,11 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 // worker's answer quoted whole: it never reaches the client).
 func transportFailure(err error) string {
 	_, small := errors.AsType[*fasthttp.ErrSmallBuffer](err)
-	broke, inHead := errors.AsType[*answerBroke](err)
+	broke, broken := errors.AsType[*answerBroke](err)
 	switch {
 	case small:
 		return "answer headers larger than the router's read buffer"
-	case inHead && broke.unreadable:
+	case broken && broke.unreadable:
 		return "answer headers not valid HTTP"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused"
@@ -707,15 +707,27 @@ func transportFailure(err error) string {
 		return "connection reset"
 	case errors.Is(err, fasthttp.ErrDialTimeout):
 		return "connect timed out (limits.connect_timeout)"
+	case isTimeout(err) && broken:
+		return "nothing more came within limits.stream_idle_timeout"
 	case isTimeout(err):
 		return "no answer within limits.first_byte_timeout"
 	case errors.Is(err, fasthttp.ErrConnectionClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		if inHead {
-			return "connection closed in the answer's headers"
+		if broken {
+			return "connection closed mid-answer"
 		}
 		return "connection closed before the answer"
 	}
 	return err.Error()
+}
+
+// failedAnswer is the client's message for a worker (of kind "worker" or
+// "prefill worker") whose call failed for reason: before its answer, or in
+// it (answerBroke).
+func failedAnswer(kind string, worker uint64, reason string, err error) string {
+	if began(err) {
+		return fmt.Sprintf("%s %d's answer broke: %s", kind, worker, reason)
+	}
+	return fmt.Sprintf("%s %d failed before answering: %s", kind, worker, reason)
 }
 
 // failureReason is transportFailure(err), the words a client and the

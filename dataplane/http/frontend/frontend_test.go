@@ -1350,10 +1350,10 @@ func TestAnAnswerEndsWhereItsConnectionDid(t *testing.T) {
 		{"/close", `{"a":1}`, 200},
 		{"/http10", `{"a":1}`, 200},
 		{"/stream", "data: a\n\n", 200},
-		{"/short", "connection closed before the answer", 502},
+		{"/short", "'s answer broke: connection closed mid-answer", 502},
 		{"/chunked", `{"a":1}`, 200}, // cut before its last chunk: the client's read fails
-		{"/twolengths", "answer headers not valid HTTP", 502},
-		{"/longhead", "answer headers larger than the router's read buffer", 502},
+		{"/twolengths", "'s answer broke: answer headers not valid HTTP", 502},
+		{"/longhead", "'s answer broke: answer headers larger than the router's read buffer", 502},
 	} {
 		resp, err := client.Post(base+"/x"+tc.path, "application/json", strings.NewReader(`{"model":"m"}`))
 		require.NoError(t, err, tc.path)
@@ -1367,7 +1367,7 @@ func TestAnAnswerEndsWhereItsConnectionDid(t *testing.T) {
 		if tc.status == 200 {
 			assert.Equal(t, tc.want, string(body), tc.path)
 		} else {
-			assert.Contains(t, string(body), "worker 1 failed before answering: "+tc.want, tc.path)
+			assert.Contains(t, string(body), "worker 1"+tc.want, tc.path)
 			assert.NotContains(t, string(body), "s3cret", tc.path)
 		}
 	}
@@ -1563,7 +1563,7 @@ func TestAnAnswerThatBeganIsNotSentAgain(t *testing.T) {
 	for path, reason := range map[string]string{
 		"/twolengths": "answer headers not valid HTTP",
 		"/longhead":   "answer headers larger than the router's read buffer",
-		"/cuthead":    "connection closed in the answer's headers",
+		"/cuthead":    "connection closed mid-answer",
 	} {
 		for range 4 { // both workers' connections pooled, then a bad answer
 			status, _ := post("/ok")
@@ -1572,7 +1572,7 @@ func TestAnAnswerThatBeganIsNotSentAgain(t *testing.T) {
 		before := got.Load()
 		status, body := post(path)
 		assert.Equal(t, http.StatusBadGateway, status, path)
-		assert.Contains(t, body, "failed before answering: "+reason, path)
+		assert.Contains(t, body, "'s answer broke: "+reason, path)
 		assert.Equal(t, before+1, got.Load(), "%s: the request reached one worker once", path)
 	}
 	assert.Zero(t, s.metrics.retries.Value(), "no request moved to another worker")

@@ -219,9 +219,11 @@ type upCall struct {
 var errStopped = errors.New("the request was stopped")
 
 // answerBroke is the failure of a call whose worker began its answer (a
-// byte of it came) before the answer's head could be read whole: the
-// worker got the request, so it goes neither again on another connection
-// nor to another worker (send, retryable), as after the first byte.
+// byte of it came) and broke it before the router had what it reads
+// whole: the head (sendOn), or a body read whole (readWhole, prefilled).
+// The worker got the request, so it goes neither again on another
+// connection nor to another worker (send, retryable): after the first
+// byte, no retry.
 type answerBroke struct {
 	err error
 	// The head's bytes were at fault, not the connection: not HTTP, or
@@ -229,7 +231,7 @@ type answerBroke struct {
 	unreadable bool
 }
 
-func (e *answerBroke) Error() string { return "the answer broke in its head: " + e.err.Error() }
+func (e *answerBroke) Error() string { return "the answer broke: " + e.err.Error() }
 func (e *answerBroke) Unwrap() error { return e.err }
 
 // began reports a failure after the answer's first byte (answerBroke).
