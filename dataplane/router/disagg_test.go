@@ -219,6 +219,31 @@ func TestVLLMDisaggregationFailures(t *testing.T) {
 		f.assertIdle()
 	}
 
+	// Prefill workers whose answers break after their first byte (a head
+	// with two lengths, a body cut by the close): the request reached one
+	// of them once, moves to no other, and the 502 says how it broke.
+	for head, why := range map[string]string{
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}": "answer headers not valid HTTP",
+		"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"choices\"":          "connection closed mid-answer",
+	} {
+		broken := func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+			c, _, err := http.NewResponseController(w).Hijack()
+			require.NoError(t, err)
+			_, _ = io.WriteString(c, head)
+			_ = c.Close()
+		}
+		one, other := startEngine(t, broken), startEngine(t, broken)
+		decode := startEngine(t, sseDecode)
+		f = startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, one.URL}, {dataplane.RolePrefill, other.URL},
+			{dataplane.RoleDecode, decode.URL}}, nil)
+		resp = f.post("/v1/chat/completions", pdBody)
+		assert.Equal(t, 502, resp.StatusCode, why)
+		assert.Regexp(t, `prefill worker \d's answer broke: `+why, readAll(t, resp))
+		assert.Len(t, append(one.received(), other.received()...), 1, "%s: sent once, to one prefill worker", why)
+		assert.Empty(t, decode.received())
+		f.assertIdle()
+	}
+
 	// The only prefill worker dead: a 502 naming it.
 	f = startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, "http://" + deadAddr(t)}, {dataplane.RoleDecode, decode.URL}}, nil)
 	resp = f.post("/v1/chat/completions", pdBody)
