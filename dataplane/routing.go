@@ -244,15 +244,16 @@ func (s *Selector) Answered(req *Request, res *Reservation) {
 	}
 }
 
-// Unanswered is told that req's worker failed before answering and no other
-// took the request. A hard-pinned session loses its pin, and the error to
-// answer says so; nil when routing has nothing to add.
-func (s *Selector) Unanswered(req *Request, worker uint64, cause string) error {
+// Unanswered is told that req's worker failed, as failure says ("failed
+// before answering (connection refused)", say), and no other took the
+// request. A hard-pinned session loses its pin, and the error to answer
+// says so; nil when routing has nothing to add.
+func (s *Selector) Unanswered(req *Request, worker uint64, failure string) error {
 	if !req.hard {
 		return nil
 	}
 	s.routing.Load().Sessions.Drop(req.Session)
 	return Errorf(NoEndpoints,
-		"session %s is pinned to worker %d, which failed before answering (%s); the pin is dropped and the next request is pinned anew",
-		strconv.Quote(string(req.Session)), worker, cause)
+		"session %s is pinned to worker %d, which %s; the pin is dropped and the next request is pinned anew",
+		strconv.Quote(string(req.Session)), worker, failure)
 }

@@ -294,7 +294,7 @@ func TestHardSessionPin(t *testing.T) {
 	req := Request{Session: []byte("s")}
 	require.NoError(t, sel.Select(&req, &res))
 	res.Release()
-	assert.ErrorContains(t, sel.Unanswered(&req, first, "connection refused"),
+	assert.ErrorContains(t, sel.Unanswered(&req, first, "failed before answering (connection refused)"),
 		`session "s" is pinned to worker `+fmt.Sprint(first)+`, which failed before answering (connection refused); the pin is dropped`)
 	_, st = tbl.Get([]byte("s"))
 	assert.Equal(t, affinity.Missing, st)

@@ -238,7 +238,7 @@ func TestVLLMDisaggregationFailures(t *testing.T) {
 			{dataplane.RoleDecode, decode.URL}}, nil)
 		resp = f.post("/v1/chat/completions", pdBody)
 		assert.Equal(t, 502, resp.StatusCode, why)
-		assert.Regexp(t, `prefill worker \d's answer broke: `+why, readAll(t, resp))
+		assert.Regexp(t, `prefill worker \d broke its answer: `+why, readAll(t, resp))
 		assert.Len(t, append(one.received(), other.received()...), 1, "%s: sent once, to one prefill worker", why)
 		assert.Empty(t, decode.received())
 		f.assertIdle()

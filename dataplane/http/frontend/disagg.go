@@ -332,7 +332,7 @@ func (ex *exchange) prefillLeg() *prefillLeg {
 // prefillFailed answers a prefill that got no whole answer from any
 // prefill worker tried.
 func (ex *exchange) prefillFailed(ctx *fasthttp.RequestCtx, w *dataplane.Worker, err, retryErr error) bool {
-	msg := failedAnswer("prefill worker", w.ID(), ex.s.failureReason(w.ID(), err), err)
+	msg := fmt.Sprintf("prefill worker %d %s: %s", w.ID(), failedHow(err), ex.s.failureReason(w.ID(), err))
 	if retryErr != nil {
 		msg += "; no other prefill worker to retry on: " + retryErr.Error()
 	}

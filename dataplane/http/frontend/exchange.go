@@ -524,14 +524,14 @@ func (ex *exchange) failSplit(ctx *fasthttp.RequestCtx, err error) {
 
 // fail answers a dispatch that got no response from any worker tried.
 func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr error) {
-	reason := ex.s.failureReason(worker, err)
-	if perr := ex.s.sel.Unanswered(&ex.req, worker, reason); perr != nil {
+	reason, how := ex.s.failureReason(worker, err), failedHow(err)
+	if perr := ex.s.sel.Unanswered(&ex.req, worker, how+" ("+reason+")"); perr != nil {
 		writeSelectError(ctx, perr) // a hard session's pinned worker is gone
 		ex.status = ctx.Response.StatusCode()
 		ex.finish(outcomeUpstreamError)
 		return
 	}
-	msg := failedAnswer("worker", worker, reason, err)
+	msg := fmt.Sprintf("worker %d %s: %s", worker, how, reason)
 	if retryErr != nil {
 		msg += "; no other worker to retry on: " + retryErr.Error()
 	}
@@ -720,14 +720,13 @@ func transportFailure(err error) string {
 	return err.Error()
 }
 
-// failedAnswer is the client's message for a worker (of kind "worker" or
-// "prefill worker") whose call failed for reason: before its answer, or in
-// it (answerBroke).
-func failedAnswer(kind string, worker uint64, reason string, err error) string {
+// failedHow says when a worker's call failed, for the messages that name
+// the worker: before its answer, or in it (answerBroke).
+func failedHow(err error) string {
 	if began(err) {
-		return fmt.Sprintf("%s %d's answer broke: %s", kind, worker, reason)
+		return "broke its answer"
 	}
-	return fmt.Sprintf("%s %d failed before answering: %s", kind, worker, reason)
+	return "failed before answering"
 }
 
 // failureReason is transportFailure(err), the words a client and the

@@ -1350,10 +1350,10 @@ func TestAnAnswerEndsWhereItsConnectionDid(t *testing.T) {
 		{"/close", `{"a":1}`, 200},
 		{"/http10", `{"a":1}`, 200},
 		{"/stream", "data: a\n\n", 200},
-		{"/short", "'s answer broke: connection closed mid-answer", 502},
+		{"/short", " broke its answer: connection closed mid-answer", 502},
 		{"/chunked", `{"a":1}`, 200}, // cut before its last chunk: the client's read fails
-		{"/twolengths", "'s answer broke: answer headers not valid HTTP", 502},
-		{"/longhead", "'s answer broke: answer headers larger than the router's read buffer", 502},
+		{"/twolengths", " broke its answer: answer headers not valid HTTP", 502},
+		{"/longhead", " broke its answer: answer headers larger than the router's read buffer", 502},
 	} {
 		resp, err := client.Post(base+"/x"+tc.path, "application/json", strings.NewReader(`{"model":"m"}`))
 		require.NoError(t, err, tc.path)
@@ -1572,7 +1572,7 @@ func TestAnAnswerThatBeganIsNotSentAgain(t *testing.T) {
 		before := got.Load()
 		status, body := post(path)
 		assert.Equal(t, http.StatusBadGateway, status, path)
-		assert.Contains(t, body, "'s answer broke: "+reason, path)
+		assert.Contains(t, body, " broke its answer: "+reason, path)
 		assert.Equal(t, before+1, got.Load(), "%s: the request reached one worker once", path)
 	}
 	assert.Zero(t, s.metrics.retries.Value(), "no request moved to another worker")
