@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
@@ -142,10 +143,8 @@ func routes(o Options) *http.ServeMux {
 	})
 	mux.HandleFunc("POST /workers", func(w http.ResponseWriter, r *http.Request) {
 		var spec dataplane.WorkerSpec
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&spec); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid worker JSON: "+err.Error())
+		if status, err := decodeBody(w, r, &spec); err != nil {
+			writeError(w, status, "invalid worker JSON: "+err.Error())
 			return
 		}
 		wk, err := o.Registry.AddUnprobed(spec)
@@ -171,10 +170,12 @@ func routes(o Options) *http.ServeMux {
 		var body struct {
 			LoRAs []string `json:"loras"`
 		}
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&body); err != nil || body.LoRAs == nil {
-			writeError(w, http.StatusBadRequest, `want {"loras":["adapter",...]}`)
+		status, err := decodeBody(w, r, &body)
+		if err == nil && body.LoRAs == nil {
+			err = errors.New(`no "loras"`)
+		}
+		if err != nil {
+			writeError(w, status, `want {"loras":["adapter",...]}: `+err.Error())
 			return
 		}
 		if err := o.Registry.SetAdapters(id, body.LoRAs); err != nil {
@@ -219,6 +220,32 @@ func routes(o Options) *http.ServeMux {
 		writeJSON(w, http.StatusAccepted, map[string]any{"id": id, "draining": true})
 	})
 	return mux
+}
+
+// maxWriteBody bounds the body of an admin write.
+const maxWriteBody = 1 << 20
+
+// decodeBody reads r's body, at most maxWriteBody bytes, as one JSON
+// object into v, refusing fields v does not have; only blanks may follow
+// the object (a second one is not dropped unread). status answers a body it
+// refused: 413 past the bound, else 400.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) (status int, err error) {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxWriteBody))
+	dec.DisallowUnknownFields()
+	trailing := false
+	if err = dec.Decode(v); err == nil {
+		if _, err = dec.Token(); err == io.EOF {
+			return 0, nil
+		}
+		trailing = true
+	}
+	switch _, tooLarge := errors.AsType[*http.MaxBytesError](err); {
+	case tooLarge:
+		return http.StatusRequestEntityTooLarge, errors.New("body larger than 1 MiB")
+	case trailing:
+		return http.StatusBadRequest, errors.New("want one JSON object, and nothing after it but blanks")
+	}
+	return http.StatusBadRequest, err
 }
 
 func nonNil(s []string) []string {

@@ -110,3 +110,34 @@ func TestRefusedRoutesAnswerJSON(t *testing.T) {
 	assert.Contains(t, []int{http.StatusMovedPermanently, http.StatusTemporaryRedirect}, resp.StatusCode, "a redirect passes")
 	assert.Equal(t, "/debug/pprof/", resp.Header.Get("Location"))
 }
+
+// A worker or adapter body over 1 MiB is a 413, and one with anything but
+// blanks after its JSON object a 400: a second object is not silently
+// dropped. Neither registers anything.
+func TestWriteBodiesAreOneBoundedObject(t *testing.T) {
+	reg := dataplane.NewRegistry()
+	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://127.0.0.1:1"})
+	require.NoError(t, err)
+	srv := httptest.NewServer(Handler(Options{Registry: reg, Metrics: &metrics.Set{}, Logger: slog.New(slog.DiscardHandler)}))
+	defer srv.Close()
+	pad := strings.Repeat(" ", 1<<20)
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+		message            string
+	}{
+		{"POST", "/workers", `{"id":2,"url":"http://127.0.0.1:2"}` + pad, http.StatusRequestEntityTooLarge, "larger than 1 MiB"},
+		{"POST", "/workers", `{"id":2,"url":"http://127.0.0.1:2"} {"id":3,"url":"http://127.0.0.1:3"}`, http.StatusBadRequest, "one JSON object"},
+		{"PUT", "/workers/1/loras", `{"loras":["a"]}` + pad, http.StatusRequestEntityTooLarge, "larger than 1 MiB"},
+		{"PUT", "/workers/1/loras", `{"loras":["a"]}x`, http.StatusBadRequest, "one JSON object"},
+	} {
+		status, body := call(t, srv, tc.method, tc.path, tc.body, "")
+		assert.Equal(t, tc.status, status, "%s %s: %s", tc.method, tc.path, body)
+		assert.Contains(t, body, tc.message)
+	}
+	status, body := call(t, srv, "POST", "/workers", `{"id":2,"url":"http://127.0.0.1:2"}`+"\n", "")
+	assert.Equal(t, http.StatusCreated, status, "blanks after the object: %s", body)
+	assert.Len(t, reg.All(), 2, "only the last, whole, request registered")
+	w, _ := reg.Get(1)
+	assert.Empty(t, w.Spec().LoRAs)
+}
