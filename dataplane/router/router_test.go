@@ -227,11 +227,18 @@ func TestHundredClientsDisconnectMidStream(t *testing.T) {
 	assert.EqualValues(t, 100, m.Requests("/v1/chat/completions", "cancelled"))
 }
 
+// A query-only request (x-query-instance-id: true, True, 1...: the words
+// strconv.ParseBool takes) is answered its pick and holds nothing.
 func TestQueryOnlyHoldsNoReservation(t *testing.T) {
 	f := startFleet(t, mocks(2, 1, 0), nil)
-	resp := f.post("/v1/chat/completions", chatBody, "x-query-instance-id", "true")
-	assert.JSONEq(t, `{"worker_id":1,"dp_rank":0}`, readAll(t, resp))
+	for _, yes := range []string{"true", "True", "TRUE", "1"} {
+		resp := f.post("/v1/chat/completions", chatBody, "x-query-instance-id", yes)
+		assert.Regexp(t, `^\{"worker_id":[12],"dp_rank":0\}`, readAll(t, resp), yes)
+	}
 	assert.Zero(t, f.mocks[0].Served()+f.mocks[1].Served(), "nothing dispatched")
+	resp := f.post("/v1/chat/completions", chatBody, "x-query-instance-id", "False")
+	assert.NotContains(t, readAll(t, resp), "worker_id", "False dispatches")
+	assert.EqualValues(t, 1, f.mocks[0].Served()+f.mocks[1].Served())
 	f.assertIdle()
 }
 

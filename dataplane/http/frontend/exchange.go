@@ -138,9 +138,9 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 		}
 		ex.req.DPRank, ex.req.HasDPRank = rank, true
 	}
-	switch v := h.Peek(headerQuery); string(v) {
-	case "", "false", "0":
-	case "true", "1":
+	switch v := h.Peek(headerQuery); string(v) { // strconv.ParseBool's words (Python's str(True) is "True")
+	case "", "false", "False", "FALSE", "f", "F", "0":
+	case "true", "True", "TRUE", "t", "T", "1":
 		query = true
 	default:
 		return false, fmt.Errorf("header %s: %q is not true or false", headerQuery, v)
