@@ -241,8 +241,9 @@ func began(err error) bool {
 }
 
 // send writes c.up on a pooled connection of u and reads the answer's
-// headers, leaving its body to stream: an error means no byte of an
-// answer came back, so the request may move to another worker. The first
+// headers, leaving its body to stream: an error other than answerBroke
+// means no byte of an answer came back, so the request may move to another
+// worker (retryable). The first
 // byte must come within firstByte of start, the time the caller took
 // before (0: no limit); once bytes flow the
 // connection's idle deadline takes over (trackedConn). token marks the
