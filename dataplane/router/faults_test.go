@@ -101,6 +101,11 @@ func cutMidAnswer(c net.Conn, _ *http.Request) {
 	}
 }
 
+// badHead answers a head that cannot be read (two lengths), then closes.
+func badHead(c net.Conn, _ *http.Request) {
+	_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}")
+}
+
 // stall reads the request and never answers (until stop).
 func stall(c net.Conn, _ *http.Request) { _, _ = io.Copy(io.Discard, c) }
 
@@ -150,8 +155,9 @@ func doRequest(client *http.Client, base string, i int) (outcome, error) {
 
 // TestFaultInjectionUnderLoad sends 3000 mixed requests from 32 clients to a
 // fleet with a worker that refuses connections, one that resets mid-answer,
-// one that stalls past the upstream timeout, one that answers half its
-// requests with 500, and one that is killed and restarted during the load.
+// one whose answers' heads cannot be read, one that stalls past the
+// upstream timeout, one that answers half its requests with 500, and one
+// that is killed and restarted during the load.
 // Every request must end in a full answer or a clear error; afterwards no
 // reservation and no goroutine is left, and no request was retried once
 // bytes had come back.
@@ -162,6 +168,7 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 	baseline := liveGoroutines()
 	cut := startFaultServer(t, cutMidAnswer)
 	stalled := startFaultServer(t, stall)
+	unreadable := startFaultServer(t, badHead)
 	good := []mockworker.Options{
 		{ID: 1, Tokens: 4, TokenInterval: time.Millisecond},
 		{ID: 2, Tokens: 4, TokenInterval: time.Millisecond},
@@ -186,7 +193,8 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 			dataplane.WorkerSpec{ID: 3, URL: killed.URL()},
 			dataplane.WorkerSpec{ID: 5, URL: "http://" + deadAddr(t)},
 			dataplane.WorkerSpec{ID: 6, URL: "http://" + cut.addr()},
-			dataplane.WorkerSpec{ID: 7, URL: "http://" + stalled.addr()})
+			dataplane.WorkerSpec{ID: 7, URL: "http://" + stalled.addr()},
+			dataplane.WorkerSpec{ID: 8, URL: "http://" + unreadable.addr()})
 	})
 	base := "http://" + f.r.Addr()
 	const total, clients = 3000, 32
@@ -260,8 +268,8 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 			t.Errorf("request %d: status %d, neither a full answer nor a clear error", i, o.status)
 		}
 	}
-	t.Logf("outcomes %v; full answers by worker %v; retries %d; cut server hits %d, stall server hits %d; worker 3 restarted served %d",
-		counts, servedBy, f.r.Frontend.Metrics().Retries(), cut.hits.Load(), stalled.hits.Load(), restarted.Served())
+	t.Logf("outcomes %v; full answers by worker %v; retries %d; cut server hits %d, unreadable server hits %d, stall server hits %d; worker 3 restarted served %d",
+		counts, servedBy, f.r.Frontend.Metrics().Retries(), cut.hits.Load(), unreadable.hits.Load(), stalled.hits.Load(), restarted.Served())
 	assert.Positive(t, counts["full"])
 	assert.Positive(t, f.r.Frontend.Metrics().Retries(), "refused connections were retried")
 	assert.Positive(t, restarted.Served(), "the restarted worker is used again")
@@ -269,20 +277,26 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 
 	// No retry after the first byte: every request the resetting worker saw
 	// came back to its client from that worker (a broken stream or a 502
-	// naming it), none was answered again by another worker. Likewise every
+	// naming it), none was answered again by another worker; every one the
+	// worker of unreadable heads saw, a 502 naming it. Likewise every
 	// request the stalling worker saw ended in a 504 naming it.
-	fromCut, timeouts := 0, 0
+	fromCut, fromUnreadable, timeouts := 0, 0, 0
 	for _, o := range outcomes {
 		if o.worker == "6" && o.broken || strings.Contains(o.errMsg, "worker 6 failed") {
 			fromCut++
+		}
+		if o.status == http.StatusBadGateway && strings.Contains(o.errMsg, "worker 8 broke its answer: answer headers not valid HTTP") {
+			fromUnreadable++
 		}
 		if o.status == http.StatusGatewayTimeout && strings.Contains(o.errMsg, "worker 7 failed") {
 			timeouts++
 		}
 	}
 	assert.EqualValues(t, cut.hits.Load(), fromCut, "requests cut after the first byte were not retried")
+	assert.EqualValues(t, unreadable.hits.Load(), fromUnreadable, "requests answered with an unreadable head were not retried")
 	assert.EqualValues(t, stalled.hits.Load(), timeouts, "timed-out requests were not retried")
 	assert.Positive(t, fromCut)
+	assert.Positive(t, fromUnreadable)
 	assert.Positive(t, timeouts)
 
 	f.assertIdle()
@@ -303,6 +317,7 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 	_ = restarted.Close()
 	cut.stop()
 	stalled.stop()
+	unreadable.stop()
 	deadline := time.Now().Add(10 * time.Second) // polled here: testify's Eventually adds a goroutine of its own
 	for liveGoroutines() > baseline && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
