@@ -707,8 +707,6 @@ func transportFailure(err error) string {
 		return "connection reset"
 	case errors.Is(err, fasthttp.ErrDialTimeout):
 		return "connect timed out (limits.connect_timeout)"
-	case isTimeout(err) && broken:
-		return "nothing more came within limits.stream_idle_timeout"
 	case isTimeout(err):
 		return "no answer within limits.first_byte_timeout"
 	case errors.Is(err, fasthttp.ErrConnectionClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
@@ -730,12 +728,19 @@ func failedHow(err error) string {
 }
 
 // failureReason is transportFailure(err), the words a client and the
-// selector get for worker's failure; an answer that could not be read is
-// logged whole, since what the worker sent is for the operator, not the
-// client.
+// selector get for worker's failure, but for an answer that stalled after
+// its first byte, whose deadline depends on limits.stream_idle_timeout; an
+// answer that could not be read is logged whole, since what the worker
+// sent is for the operator, not the client.
 func (s *Server) failureReason(worker uint64, err error) string {
-	if broke, ok := errors.AsType[*answerBroke](err); ok && broke.unreadable {
+	broke, began := errors.AsType[*answerBroke](err)
+	switch {
+	case began && broke.unreadable:
 		s.log.Warn("a worker's answer could not be read", "worker", worker, "err", err)
+	case began && isTimeout(err) && s.opts.StreamIdleTimeout > 0: // each read after the first had its own deadline
+		return "nothing more came within limits.stream_idle_timeout"
+	case began && isTimeout(err):
+		return "the whole answer did not come within limits.first_byte_timeout"
 	}
 	return transportFailure(err)
 }

@@ -1581,3 +1581,32 @@ func TestAnAnswerThatBeganIsNotSentAgain(t *testing.T) {
 		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, 10*time.Millisecond)
 	}
 }
+
+// An answer that stalls after its first byte (its head half sent) is a
+// 504 that names the deadline it ran out: limits.stream_idle_timeout for
+// each read after the first, or, with none, the first-byte timeout for
+// the whole head.
+func TestAnAnswerThatStallsNamesItsDeadline(t *testing.T) {
+	addr := rawServer(t, func(c net.Conn, _ *http.Request) bool {
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-")
+		_, _ = io.Copy(io.Discard, c) // silent until the router gives up
+		return false
+	})
+	for idle, want := range map[time.Duration]string{
+		200 * time.Millisecond: "worker 1 broke its answer: nothing more came within limits.stream_idle_timeout",
+		0:                      "worker 1 broke its answer: the whole answer did not come within limits.first_byte_timeout",
+	} {
+		reg, _, url := serveOne(t, addr, Options{StreamIdleTimeout: idle}, nil, func(s *Server, ln net.Listener) net.Listener {
+			s.opts.FirstByteTimeout = 600 * time.Millisecond
+			return ln
+		})
+		resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m"}`))
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusGatewayTimeout, resp.StatusCode, "idle %v", idle)
+		assert.Contains(t, string(body), want)
+		w, _ := reg.Get(1)
+		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, 10*time.Millisecond)
+	}
+}
