@@ -733,13 +733,13 @@ func failedHow(err error) string {
 // answer that could not be read is logged whole, since what the worker
 // sent is for the operator, not the client.
 func (s *Server) failureReason(worker uint64, err error) string {
-	broke, began := errors.AsType[*answerBroke](err)
+	broke, inAnswer := errors.AsType[*answerBroke](err)
 	switch {
-	case began && broke.unreadable:
+	case inAnswer && broke.unreadable:
 		s.log.Warn("a worker's answer could not be read", "worker", worker, "err", err)
-	case began && isTimeout(err) && s.opts.StreamIdleTimeout > 0: // each read after the first had its own deadline
+	case inAnswer && isTimeout(err) && s.opts.StreamIdleTimeout > 0: // each read after the first had its own deadline
 		return "nothing more came within limits.stream_idle_timeout"
-	case began && isTimeout(err):
+	case inAnswer && isTimeout(err):
 		return "the whole answer did not come within limits.first_byte_timeout"
 	}
 	return transportFailure(err)
