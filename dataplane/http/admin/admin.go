@@ -175,7 +175,7 @@ func routes(o Options) *http.ServeMux {
 			err = errors.New(`no "loras"`)
 		}
 		if err != nil {
-			writeError(w, status, `want {"loras":["adapter",...]}: `+err.Error())
+			writeError(w, status, `want {"loras":["adapter",...]} (`+err.Error()+")")
 			return
 		}
 		if err := o.Registry.SetAdapters(id, body.LoRAs); err != nil {
