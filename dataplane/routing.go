@@ -10,6 +10,9 @@ import (
 // MaxSessionID bounds a session id; a longer one is refused.
 const MaxSessionID = 256
 
+// MaxResponseID bounds a stored response's id; a longer one is refused.
+const MaxResponseID = 256
+
 // MaxCacheKeys bounds the embedding inputs one request is tracked by.
 const MaxCacheKeys = 64
 
@@ -29,6 +32,10 @@ type Routing struct {
 	// EmbedCache steers an embedding request to the worker that served
 	// most of its inputs; nil: off.
 	EmbedCache *affinity.Cache
+	// Responses maps the ids of stored responses (OpenAI's Responses API
+	// with store on) to the worker that holds each; nil: a request naming
+	// one is routed as any other.
+	Responses *affinity.Table
 	// PlaceAdapters sends a request for an adapter no routable worker
 	// holds (an unknown model name included) to the worker rendezvous
 	// hashing of its name picks, instead of a 404 or 503.
@@ -77,6 +84,11 @@ func (s *Selector) Routing() *Routing { return s.routing.Load() }
 func (s *Selector) route(rt *Routing, snap *Snapshot, req *Request) error {
 	if len(req.Model) > 0 && req.Phase != PhasePrefill { // a prefill follows its decode's adapter (SelectSplit)
 		if err := rt.resolve(snap, req); err != nil {
+			return err
+		}
+	}
+	if len(req.Response) > 0 && rt.Responses != nil {
+		if err := s.routeResponse(rt, req); err != nil {
 			return err
 		}
 	}
@@ -150,6 +162,36 @@ func (rt *Routing) routeSession(snap *Snapshot, req *Request) error {
 	return nil
 }
 
+// routeResponse sends a request naming a stored response to the worker
+// known to hold it, as a hard pin does: while that worker is not routable
+// (unhealthy, ejected, draining) the request fails naming it, since no
+// other worker has the response. One no worker is known to hold searches
+// for it: a request made before this router learned the id (its restart,
+// another replica), one whose pin was evicted, or one whose worker was
+// removed (it took its responses with it). A worker named by x-worker-id
+// stays the one.
+func (s *Selector) routeResponse(rt *Routing, req *Request) error {
+	if len(req.Response) > MaxResponseID {
+		return Errorf(InvalidArgument, "response id is longer than %d bytes", MaxResponseID)
+	}
+	if req.WorkerID != 0 {
+		return nil
+	}
+	if pin, st := rt.Responses.Get(req.Response); st != affinity.Missing && s.registered(pin.Worker) {
+		req.WorkerID, req.DPRank, req.HasDPRank, req.stored = pin.Worker, pin.Rank, true, true
+		return nil
+	}
+	req.searching = true
+	return nil
+}
+
+// registered reports whether the worker id is in the registry, routable
+// or not.
+func (s *Selector) registered(id uint64) bool {
+	_, ok := s.reg.Get(id)
+	return ok
+}
+
 // cacheHolder returns the worker that served most of keys (0: none).
 func (rt *Routing) cacheHolder(keys []uint64) uint64 {
 	var ids [8]uint64
@@ -187,14 +229,19 @@ func (rt *Routing) cacheHolder(keys []uint64) uint64 {
 
 // pinFailed drops a hard pin whose worker cannot take the request (gone,
 // not routable), so the error is given once and the next request of the
-// session is pinned anew. A busy worker keeps its pin.
+// session is pinned anew. A busy worker keeps its pin. A stored response's
+// worker that cannot take the request is named in the error.
 func (s *Selector) pinFailed(rt *Routing, req *Request, err error) error {
-	if err == nil || !req.hard {
+	if err == nil || !(req.hard || req.stored) {
 		return err
 	}
 	e, ok := err.(*Error) // selection's own errors; errors.As would cost an allocation per request
 	if !ok || e.Code == ResourceExhausted {
 		return err
+	}
+	if req.stored { // the pin stays: the worker may come back with its responses
+		return Errorf(e.Code, "response %s is stored on worker %d: %s",
+			strconv.Quote(string(req.Response)), req.WorkerID, e.Msg)
 	}
 	rt.Sessions.Drop(req.Session)
 	return Errorf(e.Code, "session %s is pinned to worker %d: %s; the pin is dropped",
@@ -241,6 +288,24 @@ func (s *Selector) Answered(req *Request, res *Reservation) {
 		for _, k := range req.CacheKeys {
 			rt.EmbedCache.Record(k, w)
 		}
+	}
+}
+
+// Stored records that the worker res names holds the stored response id:
+// it created it, or answered a request naming it with anything but a 404.
+// Only a new id allocates.
+func (s *Selector) Stored(id []byte, res *Reservation) {
+	if rt := s.routing.Load(); rt.Responses != nil && len(id) > 0 && len(id) <= MaxResponseID {
+		rt.Responses.Put(id, affinity.Pin{Worker: res.Worker().ID(), Rank: res.Rank()})
+	}
+}
+
+// NotStored is told that req's worker answered 404 to a request naming a
+// stored response it was known to hold (it restarted, or dropped it): the
+// pin goes, and the next request naming the id searches for it.
+func (s *Selector) NotStored(req *Request) {
+	if req.stored {
+		s.routing.Load().Responses.Drop(req.Response)
 	}
 }
 

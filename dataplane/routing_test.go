@@ -553,3 +553,101 @@ func TestSplitsLongPromptsAndNamedPrefills(t *testing.T) {
 	assert.True(t, rt.Splits(10, true), "a named prefill worker splits any prompt")
 	assert.True(t, (&Routing{}).Splits(0, false), "no minimum: every generation request")
 }
+
+// responseSelector routes n workers' stored responses.
+func responseSelector(t testing.TB, n int, mode pickers.Mode, busy int) (*Registry, *Selector, *affinity.Table) {
+	reg := newFleet(t, n)
+	sel := newSelector(t, reg, mode, busy)
+	tbl := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 100})
+	sel.SetRouting(Routing{Responses: tbl})
+	return reg, sel, tbl
+}
+
+func TestAStoredResponseGoesToItsWorker(t *testing.T) {
+	reg, sel, _ := responseSelector(t, 4, pickers.ModeRoundRobin, 1)
+	id := []byte("resp_1")
+
+	// Unknown: any worker, searching.
+	req := Request{Response: id}
+	var res Reservation
+	require.NoError(t, sel.Select(&req, &res))
+	assert.True(t, req.Searching())
+	holder := res.Worker().ID()
+	sel.Stored(id, &res)
+	res.Release()
+
+	for range 5 { // round-robin would rotate
+		req = Request{Response: id}
+		require.NoError(t, sel.Select(&req, &res))
+		assert.Equal(t, holder, res.Worker().ID())
+		assert.False(t, req.Searching())
+		assert.ErrorContains(t, sel.Retry(&req, &res), "is bound to it", "the response is there only")
+	}
+
+	// Its worker busy: a 429, and the pin stays.
+	var busy Reservation
+	require.NoError(t, sel.Select(&Request{WorkerID: holder}, &busy))
+	assert.ErrorIs(t, sel.Select(&Request{Response: id}, &res), ErrResourceExhausted)
+	busy.Release()
+
+	// x-worker-id names another worker: that one.
+	other := holder%4 + 1
+	req = Request{Response: id, WorkerID: other}
+	require.NoError(t, sel.Select(&req, &res))
+	assert.Equal(t, other, res.Worker().ID())
+	res.Release()
+
+	// Its worker answered 404 (it restarted): forgotten, searched for next.
+	req = Request{Response: id}
+	require.NoError(t, sel.Select(&req, &res))
+	sel.NotStored(&req)
+	res.Release()
+	req = Request{Response: id}
+	require.NoError(t, sel.Select(&req, &res))
+	assert.True(t, req.Searching())
+	sel.NotStored(&req) // a search's 404 has no pin to drop
+	sel.Stored(id, &res)
+	holder = res.Worker().ID()
+	res.Release()
+
+	// Its worker unhealthy: an error naming both, and again once it
+	// drains; back: there again; removed: searched for.
+	reg.SetHealthy(holder, false)
+	err := sel.Select(&Request{Response: id}, &res)
+	assert.ErrorIs(t, err, ErrNoEndpoints)
+	assert.ErrorContains(t, err, fmt.Sprintf(`response "resp_1" is stored on worker %d: worker %d is not routable`, holder, holder))
+	reg.SetHealthy(holder, true)
+	req = Request{Response: id}
+	require.NoError(t, sel.Select(&req, &res))
+	assert.Equal(t, holder, res.Worker().ID())
+	res.Release()
+	require.NoError(t, reg.Drain(holder))
+	assert.ErrorContains(t, sel.Select(&Request{Response: id}, &res), fmt.Sprintf(`response "resp_1" is stored on worker %d`, holder))
+	require.Len(t, reg.SweepDrained(), 1)
+	req = Request{Response: id}
+	require.NoError(t, sel.Select(&req, &res))
+	assert.True(t, req.Searching())
+	assert.NotEqual(t, holder, res.Worker().ID())
+	res.Release()
+
+	assert.ErrorContains(t, sel.Select(&Request{Response: make([]byte, MaxResponseID+1)}, &res), "response id is longer than 256 bytes")
+	assertIdle(t, reg)
+}
+
+func TestAStoredResponsePickDoesNotAllocate(t *testing.T) {
+	_, sel, tbl := responseSelector(t, 8, pickers.ModeLeastLoaded, 64)
+	id := []byte("resp_6a5fecc1ff1c2a6904f3966f")
+	tbl.Put(id, affinity.Pin{Worker: 3})
+	var req Request
+	var res Reservation
+	n := testing.AllocsPerRun(1000, func() {
+		req.Reset()
+		req.Response = append(req.Response, id...)
+		if err := sel.Select(&req, &res); err != nil || res.Worker().ID() != 3 {
+			t.Fatal(err)
+		}
+		sel.Stored(req.Response, &res)
+		res.Release()
+	})
+	assert.Zero(t, n)
+}

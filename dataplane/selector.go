@@ -24,6 +24,11 @@ type Request struct {
 	// CacheKeys are the keys of an embedding request's inputs: the worker
 	// that served most of them is preferred.
 	CacheKeys []uint64
+	// Response is the id of a stored response the request names (OpenAI's
+	// Responses API: GET /v1/responses/{id}, its cancel, a new response's
+	// previous_response_id): it goes to the worker that holds it, or
+	// searches the workers for it (Searching).
+	Response []byte
 	// WorkerID names the worker (direct mode, a named phase worker; routing
 	// sets it for a hard session pin): that worker or an error, never
 	// another. 0: none.
@@ -45,6 +50,8 @@ type Request struct {
 	hasPreferRank bool
 	group         *Group
 	hard          bool
+	stored        bool // WorkerID holds Response
+	searching     bool // no worker is known to hold Response
 
 	exclude  [MaxAttempts]uint64
 	nExclude int
@@ -58,15 +65,20 @@ type Request struct {
 // a pinned selection. The exclusions and the scratch space need no clearing
 // (nExclude bounds the first, selectFiltered resets the second).
 func (r *Request) Reset() {
-	r.Model, r.Session, r.CacheKeys = r.Model[:0], r.Session[:0], r.CacheKeys[:0]
+	r.Model, r.Session, r.CacheKeys, r.Response = r.Model[:0], r.Session[:0], r.CacheKeys[:0], r.Response[:0]
 	r.WorkerID, r.DPRank, r.HasDPRank, r.Phase = 0, 0, false, PhaseAny
 	r.preferID, r.preferRank, r.hasPreferRank = 0, 0, false
-	r.group, r.hard = nil, false
+	r.group, r.hard, r.stored, r.searching = nil, false, false, false
 	r.nExclude = 0
 }
 
 // Attempts returns how many workers this request has been moved away from.
 func (r *Request) Attempts() int { return r.nExclude }
+
+// Searching reports a request naming a stored response that no worker is
+// known to hold: a worker that answers it 404 does not hold it, and the
+// request may move on to the next (Retry), up to MaxAttempts workers.
+func (r *Request) Searching() bool { return r.searching }
 
 func (r *Request) excluded(id uint64) bool {
 	for _, x := range r.exclude[:r.nExclude] {
@@ -226,7 +238,7 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 
 // routeAndPick routes req and reserves the worker it picks, both on snap.
 func (s *Selector) routeAndPick(rt *Routing, snap *Snapshot, req *Request, res *Reservation) error {
-	if len(req.Model)+len(req.Session)+len(req.CacheKeys) == 0 {
+	if len(req.Model)+len(req.Session)+len(req.CacheKeys)+len(req.Response) == 0 {
 		return s.pick(snap, req, res) // nothing to route by
 	}
 	if err := s.route(rt, snap, req); err != nil {

@@ -1,7 +1,7 @@
 // Package mockworker is an OpenAI-compatible fake inference server: it
-// streams SSE tokens for chat/completions, answers embeddings, models,
-// health and Prometheus metrics in vLLM's or SGLang's names, and can fail a
-// share of requests. By default every answer takes the same time; with
+// streams SSE tokens for chat/completions, answers the Responses API (with
+// vLLM's store), embeddings, models, health and Prometheus metrics in
+// vLLM's or SGLang's names, and can fail a share of requests. By default every answer takes the same time; with
 // Engine.MaxNumSeqs set it simulates an engine's continuous batching, so its
 // answers slow down and queue under load as a real engine's do. Tests, the
 // demo and the benchmarks run it over real loopback sockets.
@@ -37,6 +37,10 @@ type Options struct {
 	// APIKey, as vLLM's --api-key, makes every /v1/ route answer 401
 	// without "Authorization: Bearer <key>"; /health and /metrics stay open.
 	APIKey string
+	// ResponsesStore keeps the responses POST /v1/responses creates, for
+	// GET /v1/responses/{id}, its cancel and previous_response_id, as vLLM
+	// does with VLLM_ENABLE_RESPONSES_API_STORE=1.
+	ResponsesStore bool
 }
 
 // maxModelLen is the context length the mock's /v1/models reports.
@@ -58,6 +62,7 @@ type Worker struct {
 	engine *engine       // nil unless Engine.MaxNumSeqs > 0
 	tokens atomic.Uint64 // tokens sent without the engine
 	rooms  sync.Map      // SGLang bootstrap room → chan closed once prefilled
+	stored sync.Map      // stored response id → its JSON (ResponsesStore)
 }
 
 // Start listens on addr ("127.0.0.1:0" picks a port) and serves until Close.
@@ -161,8 +166,12 @@ func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 		if !w.generate(ctx, path) {
 			w.active.Add(-1)
 		}
+	case path == "/v1/responses" && ctx.IsPost():
+		w.createResponse(ctx)
+	case strings.HasPrefix(path, "/v1/responses/"):
+		w.storedResponse(ctx, path[len("/v1/responses/"):])
 	case ctx.IsPost():
-		// Any other engine route (/v1/responses, /tokenize, audio...):
+		// Any other engine route (/v1/messages, /tokenize, audio...):
 		// say which worker saw which path, so routing can be checked.
 		w.served.Add(1)
 		ctx.SetContentType("application/json")

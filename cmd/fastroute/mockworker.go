@@ -25,6 +25,7 @@ func runMockWorker(args []string) error {
 	fs.StringVar(&o.APIKey, "api-key", "", "answer /v1/ routes only with Authorization: Bearer <key>, as vLLM's --api-key")
 	loras := fs.String("loras", "", "comma-separated LoRA adapters to advertise")
 	fs.Float64Var(&o.FailRate, "fail-rate", 0, "share of requests answered 500")
+	fs.BoolVar(&o.ResponsesStore, "responses-store", false, "store the Responses API's responses for GET /v1/responses/{id} and previous_response_id, as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1")
 	e := &o.Engine
 	fs.IntVar(&e.MaxNumSeqs, "max-num-seqs", 0, "simulate an engine with this many running slots and a waiting queue (0: fixed-time answers)")
 	fs.DurationVar(&e.InterTokenLatency, "inter-token-latency", mockworker.DefaultInterTokenLatency, "engine: decode step at a batch of one")

@@ -31,6 +31,7 @@ func (r *Router) stateCollector() metrics.Collector {
 		w.Header("fastroute_affinity_evictions_total", "counter", "Sessions removed, by reason.")
 		w.Sample("fastroute_affinity_evictions_total", float64(evicted), "reason", "max_sessions")
 		w.Sample("fastroute_affinity_evictions_total", float64(expired), "reason", "ttl")
+		w.Single("fastroute_stored_responses", "gauge", "Stored responses (Responses API) whose worker the router knows.", float64(r.Responses.Len()))
 
 		if c := r.EmbedCache; c != nil {
 			w.Header("fastroute_embedding_cache_hits_total", "counter", "Embedding inputs found in the cache table.")

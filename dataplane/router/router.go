@@ -39,6 +39,9 @@ type Router struct {
 	Weights  *weights.Loop   // nil when telemetry is off
 	Engines  *engine.Scraper // nil when telemetry.engine is off
 	Sessions *affinity.Table
+	// Responses holds where each stored response of the Responses API is
+	// (storedResponses).
+	Responses *affinity.Table
 	// EmbedCache is nil when router.embedding_cache_size is 0.
 	EmbedCache *affinity.Cache
 	Metrics    *metrics.Set
@@ -89,12 +92,13 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	aff := cfg.Router.SessionAffinity
 	affMode, _ := affinity.ParseMode(aff.Mode) // Validate checked it
 	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, log: log,
-		Sessions: affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions})}
+		Sessions:  affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions}),
+		Responses: affinity.NewTable(storedResponses)}
 	if n := cfg.Router.EmbeddingCacheSize; n > 0 {
 		r.EmbedCache = affinity.NewCache(n)
 	}
 	sel.SetRouting(dataplane.Routing{
-		Sessions: r.Sessions, SessionMode: affMode, SessionHeader: aff.Header, EmbedCache: r.EmbedCache,
+		Sessions: r.Sessions, SessionMode: affMode, SessionHeader: aff.Header, EmbedCache: r.EmbedCache, Responses: r.Responses,
 		PlaceAdapters:    cfg.Router.LoRAPlacement == "rendezvous",
 		MinPrefillTokens: cfg.Router.Disaggregation.MinPrefillTokens,
 		PrefillFallback:  cfg.Router.Disaggregation.Fallback == config.FallbackAggr,
@@ -164,6 +168,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.loops.Go(func() { r.Health.Run(ctx) })
 	r.loops.Go(func() { reg.Run(ctx, cfg.Health.Interval) })
 	r.loops.Go(func() { r.Sessions.Run(ctx, sweepEvery(aff.TTL)) })
+	r.loops.Go(func() { r.Responses.Run(ctx, sweepEvery(storedResponses.TTL)) })
 	if r.Weights != nil {
 		r.loops.Go(func() { r.Weights.Run(ctx) })
 	}
@@ -299,6 +304,12 @@ func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
 
 // sweepEvery is the session sweeper's period: a tenth of the TTL, within
 // 100ms..10s. It is also the granularity of the sessions' idle clock.
+// storedResponses bounds the table of where stored responses are: an id
+// unused for a day, or created 65,536 ids ago, is forgotten, and the next
+// request naming it searches the workers for it. (vLLM keeps a stored
+// response until it restarts.)
+var storedResponses = affinity.Options{TTL: 24 * time.Hour, MaxSessions: 1 << 16}
+
 func sweepEvery(ttl time.Duration) time.Duration {
 	return min(max(ttl/10, 100*time.Millisecond), 10*time.Second)
 }

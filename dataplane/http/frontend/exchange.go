@@ -56,6 +56,7 @@ type exchange struct {
 	pre      atomic.Pointer[prefillLeg] // made at the first request that may split (prefillLeg)
 	body     []byte                     // the body sent to the decode worker; nil: the client's
 	stream   bool
+	creates  bool // a POST /v1/responses: its answer may store a response (learnStored)
 	readErr  error
 	done     bool
 	rankBuf  []byte
@@ -193,6 +194,15 @@ func (ex *exchange) readRouting(h *fasthttp.RequestHeader, v *fastjson.Value) er
 		}
 		ex.req.Model = append(ex.req.Model[:0], b...)
 	}
+	if ex.creates {
+		if p := v.Get("previous_response_id"); p != nil && p.Type() != fastjson.TypeNull {
+			b, err := p.StringBytes()
+			if err != nil {
+				return errors.New(`field "previous_response_id" must be a string`)
+			}
+			ex.req.Response = append(ex.req.Response[:0], b...)
+		}
+	}
 	if ex.rt != routeEmbeddings || !rt.WantsCacheKeys() {
 		return nil
 	}
@@ -243,20 +253,25 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 			s.metrics.firstByte.Observe(ex.firstByte)
 			u.stats.answered(ex.resp.StatusCode(), ex.firstByte)
 			s.reportAnswer(w, ex.resp.StatusCode() < fasthttp.StatusInternalServerError)
-			if ex.retriesAnswer() {
+			if move, search := ex.movesOn(); move {
 				if !ex.readWhole(ctx, w) {
 					return false
 				}
 				ex.endConn(ex.token) // read to its end: the connection goes back to its pool
 				if s.sel.Retry(&ex.req, &ex.res) == nil {
 					ctx.Response.ResetBody()
-					s.metrics.retries.Inc()
+					if search {
+						s.metrics.searchMoves.Inc()
+					} else {
+						s.metrics.retries.Inc()
+					}
 					continue
 				}
 				ex.sendWhole(ctx, u) // no other worker: the client gets this answer
 				return false
 			}
 			s.sel.Answered(&ex.req, &ex.res)
+			ex.noteStored()
 			return ex.respond(ctx, u, w)
 		}
 		if ex.endStopped(ctx) {
@@ -367,16 +382,48 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		return true
 	}
 	if ex.readWhole(ctx, w) {
+		if ex.creates {
+			ex.learnStored(ctx.Response.Body())
+		}
 		ex.sendWhole(ctx, u)
 	}
 	return false
+}
+
+// noteStored keeps where the stored response a request names is: on the
+// worker that answered it, but for a 404 (it has no such response) or a
+// 5xx (it may have failed before looking).
+func (ex *exchange) noteStored() {
+	switch st := ex.resp.StatusCode(); {
+	case len(ex.req.Response) == 0 || st >= fasthttp.StatusInternalServerError:
+	case st == fasthttp.StatusNotFound:
+		ex.s.sel.NotStored(&ex.req)
+	default:
+		ex.s.sel.Stored(ex.req.Response, &ex.res)
+	}
+}
+
+// learnStored records where the response a POST /v1/responses created is,
+// when its worker stored it: its answer, read whole into body, is a
+// response object whose "store" is true (vLLM answers false while its
+// store is off, whatever the request asked). A streamed answer is not read:
+// the first request naming its id searches for it.
+func (ex *exchange) learnStored(body []byte) {
+	if ex.resp.StatusCode()/100 != 2 || ex.s.sel.Routing().Responses == nil {
+		return
+	}
+	p := ex.s.parsers.Get()
+	defer ex.s.parsers.Put(p)
+	if v, err := p.ParseBytes(body); err == nil && v.GetBool("store") {
+		ex.s.sel.Stored(v.GetStringBytes("id"), &ex.res)
+	}
 }
 
 // readWhole reads the worker's answer body whole into the client's
 // response: straight from the connection's reader into a buffer of the
 // exchange's, which then trades places with the response's own (SwapBody),
 // so the body is copied once. Its length is known and at most
-// limits.answer_buffer_bytes (respond, retriesAnswer). False: the answer
+// limits.answer_buffer_bytes (respond, movesOn). False: the answer
 // broke, and the client got an error.
 func (ex *exchange) readWhole(ctx *fasthttp.RequestCtx, w *dataplane.Worker) bool {
 	b, err := ex.readAll(ex.answer[:0], ex.s.opts.AnswerBufferBytes)
@@ -401,20 +448,23 @@ func (ex *exchange) sendWhole(ctx *fasthttp.RequestCtx, u *upstream) {
 	ex.finish(outcomeOK)
 }
 
-// retriesAnswer reports whether the worker's answer moves the request to
+// movesOn reports whether the worker's answer moves the request to
 // another worker: its status is one of router.retry_statuses, a try is
-// left, the request is not bound to the worker, and the answer is no event
-// stream and of a known length the answer buffer holds (it is read whole
-// first, so that the client can still get it when no other worker can
-// take the request).
-func (ex *exchange) retriesAnswer() bool {
+// left and the request is not bound to the worker; or (search) it is a 404
+// to a request searching for a stored response, and a worker it did not
+// try yet may hold it. Either way the answer is no event stream and of a
+// known length the answer buffer holds (it is read whole first, so that
+// the client can still get it when no other worker can take the request).
+func (ex *exchange) movesOn() (move, search bool) {
 	s := ex.s
 	st := ex.resp.StatusCode()
-	if st < 0 || st >= len(s.retryOn) || !s.retryOn[st] || ex.req.WorkerID != 0 || int64(ex.req.Attempts()) >= s.retries.Load() {
-		return false
+	search = st == fasthttp.StatusNotFound && ex.req.Searching() && ex.req.Attempts() < dataplane.MaxAttempts-1
+	retry := st >= 0 && st < len(s.retryOn) && s.retryOn[st] && ex.req.WorkerID == 0 && int64(ex.req.Attempts()) < s.retries.Load()
+	if !search && !retry {
+		return false, false
 	}
 	n := ex.resp.Header.ContentLength()
-	return n >= 0 && n <= s.opts.AnswerBufferBytes && !bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream)
+	return n >= 0 && n <= s.opts.AnswerBufferBytes && !bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream), search
 }
 
 func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {

@@ -396,7 +396,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 // SGLang's), proxied like the OpenAI ones.
 var engineRoutes = []string{"/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/generate"}
 
-var v1Prefix, modelsPrefix = []byte("/v1/"), []byte("/v1/models/")
+var v1Prefix, modelsPrefix, responsesPrefix = []byte("/v1/"), []byte("/v1/models/"), []byte("/v1/responses/")
 
 // workerStatePaths are the engines' endpoints under /v1/ that change a
 // worker rather than answer a request: vLLM's runtime loading of LoRA
@@ -408,9 +408,9 @@ var workerStatePaths = map[string]struct{}{"/v1/load_lora_adapter": {}, "/v1/unl
 
 // other answers every path beyond the named ones: a POST under /v1/ (but
 // for workerStatePaths, refused), to an engine route or to a path of the
-// routes key is proxied; GET
-// /v1/models/{id} is answered from the union of the workers' models;
-// anything else is a 404 naming the path.
+// routes key is proxied, as is a request about a stored response
+// (storedResponse); GET /v1/models/{id} is answered from the union of the
+// workers' models; anything else is a 404 naming the path.
 func (s *Server) other(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
 	_, extra := s.routes[string(path)]
@@ -420,6 +420,8 @@ func (s *Server) other(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusForbidden, "permission_error", strconv.Quote(string(path))+
 			" changes one worker and is not proxied: load adapters on each worker and declare them with the admin listener's"+
 			" PUT /workers/{id}/loras, or name the path in the routes key to proxy it")
+	case !extra && bytes.HasPrefix(path, responsesPrefix):
+		s.storedResponse(ctx, path[len(responsesPrefix):])
 	case ctx.IsPost() && (extra || bytes.HasPrefix(path, v1Prefix)):
 		s.proxy(ctx, routeOther)
 	case ctx.IsGet() && bytes.HasPrefix(path, modelsPrefix):
@@ -428,6 +430,24 @@ func (s *Server) other(ctx *fasthttp.RequestCtx) {
 		methodNotAllowed(ctx, "POST")
 	default:
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route "+strconv.Quote(string(path)))
+	}
+}
+
+// storedResponse proxies a request about a stored response of the
+// Responses API, whose path is /v1/responses/{id}[/...]: vLLM's and SGLang's
+// GET /v1/responses/{id} (retrieve, or resume its stream) and POST
+// /v1/responses/{id}/cancel, OpenAI's DELETE and input_items. It goes to the
+// worker that holds the response, the only one that can answer it
+// (dataplane.Request.Response); rest is the path after /v1/responses/.
+func (s *Server) storedResponse(ctx *fasthttp.RequestCtx, rest []byte) {
+	id, _, _ := bytes.Cut(rest, []byte("/"))
+	switch {
+	case len(id) == 0:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no route "+strconv.Quote(string(ctx.Path())))
+	case !ctx.IsGet() && !ctx.IsPost() && !ctx.IsDelete():
+		methodNotAllowed(ctx, "GET, POST, DELETE")
+	default:
+		s.forward(ctx, routeResponses, id)
 	}
 }
 
@@ -459,14 +479,23 @@ func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
 	writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "malformed HTTP request")
 }
 
+// proxy forwards a POST to the route rt to the worker selection picks.
 func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
-	start := time.Now()
 	if !ctx.IsPost() {
 		methodNotAllowed(ctx, "POST")
 		return
 	}
+	s.forward(ctx, rt, nil)
+}
+
+// forward forwards a request to the route rt, about the stored response
+// response names (nil: none), to the worker selection picks.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte) {
+	start := time.Now()
 	ex := s.exchanges.Get().(*exchange)
 	ex.begin(ctx, rt, start)
+	ex.req.Response = append(ex.req.Response, response...)
+	ex.creates = rt == routeResponses && response == nil
 	query, err := ex.parse(ctx)
 	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error())

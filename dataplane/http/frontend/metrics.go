@@ -50,6 +50,9 @@ var outcomeNames = [numOutcomes]string{"ok", "query", "invalid", "no_endpoints",
 type Metrics struct {
 	requests [numRoutes][numOutcomes]metrics.Counter
 	retries  metrics.Counter
+	// Workers a request for a stored response moved past because they
+	// answered 404 (movesOn).
+	searchMoves metrics.Counter
 	// Client connections the listener could not accept for want of
 	// resources (file descriptors, kernel memory), each accepted later.
 	acceptShortages metrics.Counter
@@ -80,6 +83,7 @@ type Metrics struct {
 func newMetrics() *Metrics {
 	m := &Metrics{
 		retries:         metrics.NewCounter(),
+		searchMoves:     metrics.NewCounter(),
 		acceptShortages: metrics.NewCounter(),
 		connectionsFull: metrics.NewCounter(),
 		disaggFallbacks: metrics.NewCounter(),
@@ -129,6 +133,10 @@ func (m *Metrics) DisaggFallbacks() uint64 { return m.disaggFallbacks.Value() }
 // Retries returns how many times a request moved to another worker.
 func (m *Metrics) Retries() uint64 { return m.retries.Value() }
 
+// SearchMoves returns how many times a request for a stored response
+// moved past a worker that answered 404.
+func (m *Metrics) SearchMoves() uint64 { return m.searchMoves.Value() }
+
 // Collector writes the front end's families and the per-worker gauges.
 // mode names the selection mode running at the scrape (a reload may change it).
 func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics.Collector {
@@ -155,6 +163,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		}{
 			{"fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on a decode worker for want of a routable prefill worker.", float64(m.disaggFallbacks.Value())},
 			{"fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte, or an answer of a status router.retry_statuses names.", float64(m.retries.Value())},
+			{"fastroute_response_search_moves_total", "counter", "Requests for a stored response (Responses API) no worker was known to hold, moved on from a worker that answered 404.", float64(m.searchMoves.Value())},
 			{"fastroute_accept_shortages_total", "counter", "Accepts of client connections that failed for want of file descriptors or kernel memory (each followed by a pause of 5 ms to 1 s and another accept).", float64(m.acceptShortages.Value())},
 			{"fastroute_client_connections", "gauge", "Client connections open (accepted, not yet closed).", float64(m.openConnections())},
 			{"fastroute_client_connections_max", "gauge", "The most client connections open at once (limits.max_connections); beyond, new ones wait in the listen queue.", float64(m.maxConnections)},

@@ -1,0 +1,170 @@
+package router
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// storingMocks are n mock workers that store the Responses API's responses.
+func storingMocks(n int) []mockworker.Options {
+	out := mocks(n, 2, 0)
+	for i := range out {
+		out[i].ResponsesStore = true
+	}
+	return out
+}
+
+// do sends one request of any method and returns its status, the worker
+// that answered and the body.
+func (f *fleet) do(method, path, body string, headers ...string) (int, string, string) {
+	f.t.Helper()
+	req, err := http.NewRequest(method, "http://"+f.r.Addr()+path, strings.NewReader(body))
+	require.NoError(f.t, err)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := f.client.Do(req)
+	require.NoError(f.t, err)
+	return resp.StatusCode, resp.Header.Get("x-fastroute-worker"), readAll(f.t, resp)
+}
+
+// created sends POST /v1/responses and returns the new response's id and
+// the worker that made it.
+func (f *fleet) created(body string) (id, worker string) {
+	f.t.Helper()
+	code, worker, text := f.do("POST", "/v1/responses", body)
+	require.Equal(f.t, http.StatusOK, code, text)
+	var r struct{ ID string }
+	require.NoError(f.t, json.Unmarshal([]byte(text), &r))
+	require.NotEmpty(f.t, r.ID)
+	return r.ID, worker
+}
+
+func TestStoredResponsesStayWithTheirWorker(t *testing.T) {
+	f := startFleet(t, storingMocks(3), nil) // round-robin: each request would go elsewhere
+	m := f.r.Frontend.Metrics()
+	id, holder := f.created(`{"model":"mock-model","input":"hi"}`)
+	assert.Equal(t, 1, f.r.Responses.Len(), "learned from the answer")
+
+	for range 4 {
+		code, worker, body := f.do("GET", "/v1/responses/"+id, "")
+		assert.Equal(t, http.StatusOK, code, body)
+		assert.Equal(t, holder, worker)
+		assert.Contains(t, body, `"id":"`+id+`"`)
+	}
+	code, worker, body := f.do("POST", "/v1/responses/"+id+"/cancel", "")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, holder, worker)
+
+	// The next turn of the conversation goes where the last one is stored,
+	// and its own response is learned too.
+	next, worker := f.created(`{"model":"mock-model","input":"more","previous_response_id":"` + id + `"}`)
+	assert.Equal(t, holder, worker)
+	code, worker, body = f.do("GET", "/v1/responses/"+next, "")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, holder, worker)
+	assert.Contains(t, body, `"previous_response_id":"`+id+`"`)
+	assert.Zero(t, m.SearchMoves(), "every id was known")
+	assert.Zero(t, m.Retries())
+
+	// A response not stored ("store": false) is not remembered.
+	before := f.r.Responses.Len()
+	f.created(`{"model":"mock-model","input":"hi","store":false}`)
+	assert.Equal(t, before, f.r.Responses.Len())
+
+	// A client that names the worker keeps it.
+	code, _, body = f.do("GET", "/v1/responses/"+id, "", "x-worker-id", otherThan(holder))
+	assert.Equal(t, http.StatusNotFound, code, body)
+	assert.Contains(t, body, "Response with id '"+id+"' not found.")
+
+	// Other methods are refused by the router, and bad ids or fields are 400s.
+	code, _, body = f.do("PUT", "/v1/responses/"+id, "")
+	assert.Equal(t, http.StatusMethodNotAllowed, code, body)
+	code, _, body = f.do("GET", "/v1/responses/"+strings.Repeat("x", 300), "")
+	assert.Equal(t, http.StatusBadRequest, code, body)
+	assert.Contains(t, body, "response id is longer than 256 bytes")
+	code, _, body = f.do("POST", "/v1/responses", `{"model":"mock-model","previous_response_id":7}`)
+	assert.Equal(t, http.StatusBadRequest, code, body)
+	assert.Contains(t, body, `field \"previous_response_id\" must be a string`)
+	f.assertIdle()
+}
+
+func otherThan(worker string) string {
+	if worker == "1" {
+		return "2"
+	}
+	return "1"
+}
+
+func TestAStoredResponseNoOneKnowsIsSearchedFor(t *testing.T) {
+	f := startFleet(t, storingMocks(3), nil)
+	m := f.r.Frontend.Metrics()
+
+	// A streamed answer is not read for its id: the first request naming
+	// it searches the workers, and learns where it is.
+	code, holder, body := f.do("POST", "/v1/responses", `{"model":"mock-model","input":"hi","stream":true}`)
+	require.Equal(t, http.StatusOK, code, body)
+	line, _, _ := strings.Cut(body[strings.Index(body, "data: ")+len("data: "):], "\n")
+	var ev struct{ Response struct{ ID string } }
+	require.NoError(t, json.Unmarshal([]byte(line), &ev), line)
+	id := ev.Response.ID
+	require.NotEmpty(t, id)
+	assert.Zero(t, f.r.Responses.Len())
+
+	code, worker, body := f.do("GET", "/v1/responses/"+id, "")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, holder, worker)
+	moves := m.SearchMoves()
+	assert.LessOrEqual(t, moves, uint64(2), "at most every other worker answered 404 first")
+	assert.Equal(t, 1, f.r.Responses.Len(), "found: learned")
+	for range 3 {
+		_, worker, _ = f.do("GET", "/v1/responses/"+id, "")
+		assert.Equal(t, holder, worker)
+	}
+	assert.Equal(t, moves, m.SearchMoves(), "no search once known")
+
+	// An id no worker holds is asked of each once, and the client gets the
+	// last one's 404.
+	code, _, body = f.do("GET", "/v1/responses/resp_nowhere", "")
+	assert.Equal(t, http.StatusNotFound, code, body)
+	assert.Contains(t, body, "Response with id 'resp_nowhere' not found.")
+	assert.Equal(t, moves+2, m.SearchMoves())
+	code, _, body = f.do("POST", "/v1/responses", `{"model":"mock-model","input":"x","previous_response_id":"resp_nowhere"}`)
+	assert.Equal(t, http.StatusNotFound, code, body)
+	assert.Equal(t, moves+4, m.SearchMoves())
+	assert.Zero(t, m.Retries(), "a search is no retry")
+
+	// A worker that leaves takes its responses with it: searched for again,
+	// found nowhere.
+	code, _ = adminDo(t, f, "DELETE", "/workers/"+holder, "", "")
+	require.Equal(t, http.StatusAccepted, code)
+	require.Eventually(t, func() bool { return len(f.r.Registry.All()) == 2 }, 5*time.Second, 10*time.Millisecond)
+	code, _, body = f.do("GET", "/v1/responses/"+id, "")
+	assert.Equal(t, http.StatusNotFound, code, body)
+	f.assertIdle()
+}
+
+func TestAStoredResponseStreamsFromItsWorker(t *testing.T) {
+	f := startFleet(t, storingMocks(2), nil)
+	id, holder := f.created(`{"model":"mock-model","input":"hi"}`)
+	code, worker, body := f.do("POST", "/v1/responses", `{"model":"mock-model","input":"more","stream":true,"previous_response_id":"`+id+`"}`)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, holder, worker)
+	events := 0
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "event: ") {
+			events++
+		}
+	}
+	assert.Equal(t, 4, events, "created, two deltas, completed: %s", body)
+	f.assertIdle()
+}
