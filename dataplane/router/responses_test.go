@@ -108,14 +108,15 @@ func TestAStoredResponseNoOneKnowsIsSearchedFor(t *testing.T) {
 	f := startFleet(t, storingMocks(3), nil)
 	m := f.r.Frontend.Metrics()
 
-	// A streamed answer is not read for its id: the first request naming
-	// it searches the workers, and learns where it is.
-	code, holder, body := f.do("POST", "/v1/responses", `{"model":"mock-model","input":"hi","stream":true}`)
-	require.Equal(t, http.StatusOK, code, body)
-	line, _, _ := strings.Cut(body[strings.Index(body, "data: ")+len("data: "):], "\n")
-	var ev struct{ Response struct{ ID string } }
-	require.NoError(t, json.Unmarshal([]byte(line), &ev), line)
-	id := ev.Response.ID
+	// A response made without this router (through another replica, or
+	// before its restart): the first request naming it searches the
+	// workers, and learns where it is.
+	holder := "2"
+	resp, err := http.Post(f.mocks[1].URL()+"/v1/responses", "application/json", strings.NewReader(`{"model":"mock-model","input":"hi"}`))
+	require.NoError(t, err)
+	var made struct{ ID string }
+	require.NoError(t, json.Unmarshal([]byte(readAll(t, resp)), &made))
+	id := made.ID
 	require.NotEmpty(t, id)
 	assert.Zero(t, f.r.Responses.Len())
 
@@ -153,7 +154,8 @@ func TestAStoredResponseNoOneKnowsIsSearchedFor(t *testing.T) {
 }
 
 func TestAStoredResponseStreamsFromItsWorker(t *testing.T) {
-	f := startFleet(t, storingMocks(2), nil)
+	f := startFleet(t, storingMocks(3), nil)
+	m := f.r.Frontend.Metrics()
 	id, holder := f.created(`{"model":"mock-model","input":"hi"}`)
 	code, worker, body := f.do("POST", "/v1/responses", `{"model":"mock-model","input":"more","stream":true,"previous_response_id":"`+id+`"}`)
 	require.Equal(t, http.StatusOK, code, body)
@@ -166,5 +168,23 @@ func TestAStoredResponseStreamsFromItsWorker(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 4, events, "created, two deltas, completed: %s", body)
+
+	// The streamed response's id is learned from its first event.
+	line, _, _ := strings.Cut(body[strings.Index(body, "data: ")+len("data: "):], "\n")
+	var ev struct{ Response struct{ ID string } }
+	require.NoError(t, json.Unmarshal([]byte(line), &ev), line)
+	require.NotEmpty(t, ev.Response.ID)
+	assert.Equal(t, 2, f.r.Responses.Len())
+	for range 3 {
+		code, worker, body = f.do("GET", "/v1/responses/"+ev.Response.ID, "")
+		assert.Equal(t, http.StatusOK, code, body)
+		assert.Equal(t, holder, worker)
+	}
+	assert.Zero(t, m.SearchMoves())
+
+	// Not stored: not learned.
+	code, _, body = f.do("POST", "/v1/responses", `{"model":"mock-model","input":"x","stream":true,"store":false}`)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, 2, f.r.Responses.Len())
 	f.assertIdle()
 }

@@ -57,6 +57,7 @@ type exchange struct {
 	body     []byte                     // the body sent to the decode worker; nil: the client's
 	stream   bool
 	creates  bool // a POST /v1/responses: its answer may store a response (learnStored)
+	created  bool // its answer streams, and its first event is still to be read (learnStreamed)
 	readErr  error
 	done     bool
 	rankBuf  []byte
@@ -93,7 +94,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.rt, ex.start = rt, start
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done = false, nil, false
-	ex.sse, ex.tail, ex.bodyDone, ex.client = false, nil, false, hangup.Conn{}
+	ex.sse, ex.tail, ex.bodyDone, ex.client, ex.created = false, nil, false, hangup.Conn{}, false
 	ex.watch.Store(0)
 	ex.stop.Store(0)
 	ex.split, ex.decoding, ex.body = false, false, nil
@@ -372,6 +373,7 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		// write of a chunk.
 		ex.unwatch()
 		ex.copyHeaders(ctx, u)
+		ex.created = ex.creates && ex.sse && ex.resp.StatusCode()/100 == 2
 		// A stream is never sent again: its request body (a long prompt,
 		// maybe) is not held for as long as the answer streams.
 		ctx.Request.ResetBody()
@@ -390,6 +392,28 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 	return false
 }
 
+// learnStreamed records where the response a POST /v1/responses created
+// is, from its streamed answer's first bytes, data: its first event
+// (response.created) carries the response object, whose "store" and "id"
+// say it as a buffered answer does (learnStored). Only the first event's
+// data line is read, and only when it came whole in those bytes (vLLM
+// writes an event at once); else the first request naming the id searches
+// for it.
+func (ex *exchange) learnStreamed(data []byte) {
+	ex.created = false
+	_, line, ok := bytes.Cut(data, sseData)
+	if line, _, ok = bytes.Cut(line, newline); !ok || ex.s.sel.Routing().Responses == nil {
+		return
+	}
+	p := ex.s.parsers.Get()
+	defer ex.s.parsers.Put(p)
+	if v, err := p.ParseBytes(line); err == nil && v.GetBool("response", "store") {
+		ex.s.sel.Stored(v.GetStringBytes("response", "id"), &ex.res)
+	}
+}
+
+var sseData, newline = []byte("data:"), []byte("\n")
+
 // noteStored keeps where the stored response a request names is: on the
 // worker that answered it, but for a 404 (it has no such response) or a
 // 5xx (it may have failed before looking).
@@ -406,8 +430,8 @@ func (ex *exchange) noteStored() {
 // learnStored records where the response a POST /v1/responses created is,
 // when its worker stored it: its answer, read whole into body, is a
 // response object whose "store" is true (vLLM answers false while its
-// store is off, whatever the request asked). A streamed answer is not read:
-// the first request naming its id searches for it.
+// store is off, whatever the request asked). A streamed answer says it in
+// its first event (learnStreamed).
 func (ex *exchange) learnStored(body []byte) {
 	if ex.resp.StatusCode()/100 != 2 || ex.s.sel.Routing().Responses == nil {
 		return
