@@ -434,8 +434,8 @@ func (s *Server) other(ctx *fasthttp.RequestCtx) {
 }
 
 // storedResponse proxies a request about a stored response of the
-// Responses API, whose path is /v1/responses/{id}[/...]: vLLM's and SGLang's
-// GET /v1/responses/{id} (retrieve, or resume its stream) and POST
+// Responses API, whose path is /v1/responses/{id}[/...]: vLLM's GET
+// /v1/responses/{id} (retrieve, or resume its stream) and POST
 // /v1/responses/{id}/cancel, OpenAI's DELETE and input_items. It goes to the
 // worker that holds the response, the only one that can answer it
 // (dataplane.Request.Response); rest is the path after /v1/responses/.
