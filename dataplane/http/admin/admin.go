@@ -141,6 +141,19 @@ func routes(o Options) *http.ServeMux {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(append(out, "]\n"...))
 	})
+	mux.HandleFunc("GET /workers/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id, ok := pathID(w, r)
+		if !ok {
+			return
+		}
+		wk, ok := o.Registry.Get(id)
+		if !ok {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("unknown worker id %d", id))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(append(o.workerJSON(wk), '\n'))
+	})
 	mux.HandleFunc("POST /workers", func(w http.ResponseWriter, r *http.Request) {
 		var spec dataplane.WorkerSpec
 		if status, err := decodeBody(w, r, &spec); err != nil {

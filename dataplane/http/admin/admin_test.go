@@ -60,6 +60,24 @@ func TestTokenAndDrainAnswers(t *testing.T) {
 	status, _ = call(t, srv, "GET", "/metrics", "", "")
 	assert.Equal(t, http.StatusOK, status, "metrics_public opens /metrics alone")
 
+	// One worker: the object GET /workers lists for it.
+	status, _ = call(t, srv, "GET", "/workers/1", "", "")
+	assert.Equal(t, http.StatusUnauthorized, status)
+	status, body = call(t, srv, "GET", "/workers/1", "", "s3cret")
+	assert.Equal(t, http.StatusOK, status)
+	var one map[string]any
+	require.NoError(t, json.Unmarshal([]byte(body), &one), body)
+	assert.EqualValues(t, 1, one["id"])
+	assert.Equal(t, true, one["healthy"])
+	_, all := call(t, srv, "GET", "/workers", "", "s3cret")
+	assert.JSONEq(t, "["+body+"]", all)
+	status, body = call(t, srv, "GET", "/workers/7", "", "s3cret")
+	assert.Equal(t, http.StatusNotFound, status)
+	assert.Contains(t, body, "unknown worker id 7")
+	status, body = call(t, srv, "GET", "/workers/x", "", "s3cret")
+	assert.Equal(t, http.StatusBadRequest, status)
+	assert.Contains(t, body, `worker id \"x\" is not an unsigned integer`)
+
 	status, body = call(t, srv, "DELETE", "/workers/1", "", "s3cret")
 	assert.Equal(t, http.StatusServiceUnavailable, status)
 	assert.Contains(t, body, "etcd refused the drain mark")
