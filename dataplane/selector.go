@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"fmt"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/fastroute/fastroute/pickers"
@@ -299,7 +300,8 @@ func (s *Selector) pick(snap *Snapshot, req *Request, res *Reservation) error {
 
 // Retry releases res and reserves another worker, never one this request
 // already tried, as routing first decided (it is not routed again). A
-// request bound to a named worker cannot move.
+// request bound to a named worker cannot move. A search for a stored
+// response that finds only busy workers left says so.
 func (s *Selector) Retry(req *Request, res *Reservation) error {
 	if w := res.Worker(); w != nil && req.nExclude < MaxAttempts {
 		req.exclude[req.nExclude] = w.ID()
@@ -309,7 +311,12 @@ func (s *Selector) Retry(req *Request, res *Reservation) error {
 	if req.WorkerID != 0 {
 		return Errorf(NoEndpoints, "worker %d failed and the request is bound to it", req.WorkerID)
 	}
-	return s.pick(s.reg.Snapshot(), req, res)
+	err := s.pick(s.reg.Snapshot(), req, res)
+	if e, ok := err.(*Error); ok && e.Code == ResourceExhausted && req.searching {
+		return Errorf(ResourceExhausted, "response %s is on none of the %d workers asked, and those not asked yet are busy",
+			strconv.Quote(string(req.Response)), req.nExclude)
+	}
+	return err
 }
 
 func (s *Selector) admits(req *Request, w *Worker) bool {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -151,6 +152,33 @@ func TestAStoredResponseNoOneKnowsIsSearchedFor(t *testing.T) {
 	code, _, body = f.do("GET", "/v1/responses/"+id, "")
 	assert.Equal(t, http.StatusNotFound, code, body)
 	f.assertIdle()
+}
+
+func TestASearchThatFindsOnlyBusyWorkersLeftIsA429(t *testing.T) {
+	opts := storingMocks(3)
+	for i := range opts {
+		opts[i].Tokens, opts[i].TokenInterval = 20, 25*time.Millisecond
+	}
+	f := startFleet(t, opts, func(c *config.Config) { c.Router.BusyThreshold = 1 })
+	resp, err := http.Post(f.mocks[2].URL()+"/v1/responses", "application/json", strings.NewReader(`{"model":"mock-model","input":"hi"}`))
+	require.NoError(t, err)
+	var made struct{ ID string }
+	require.NoError(t, json.Unmarshal([]byte(readAll(t, resp)), &made))
+
+	hold := f.post("/v1/chat/completions", streamBody, "x-worker-id", "3") // worker 3 at its cap while it streams
+	require.Equal(t, http.StatusOK, hold.StatusCode)
+	resp = f.post("/v1/responses/"+made.ID+"/cancel", "")
+	body := readAll(t, resp)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, body)
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	assert.Contains(t, body, `is on none of the 2 workers asked, and those not asked yet are busy`)
+	readAll(t, hold)
+
+	code, worker, body := f.do("GET", "/v1/responses/"+made.ID, "")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, "3", worker)
+	f.assertIdle()
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("/v1/responses", "resource_exhausted"))
 }
 
 func TestAStoredResponseStreamsFromItsWorker(t *testing.T) {

@@ -259,7 +259,9 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 					return false
 				}
 				ex.endConn(ex.token) // read to its end: the connection goes back to its pool
-				if s.sel.Retry(&ex.req, &ex.res) == nil {
+				rerr := s.sel.Retry(&ex.req, &ex.res)
+				switch {
+				case rerr == nil:
 					ctx.Response.ResetBody()
 					if search {
 						s.metrics.searchMoves.Inc()
@@ -267,6 +269,13 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 						s.metrics.retries.Inc()
 					}
 					continue
+				case search && errors.Is(rerr, dataplane.ErrResourceExhausted):
+					// The response may be on a busy worker: not a 404.
+					ctx.Response.ResetBody()
+					writeSelectError(ctx, rerr)
+					ex.status = ctx.Response.StatusCode()
+					ex.finish(outcomeExhausted)
+					return false
 				}
 				ex.sendWhole(ctx, u) // no other worker: the client gets this answer
 				return false
