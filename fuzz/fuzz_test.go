@@ -183,18 +183,20 @@ func FuzzSelectSequence(f *testing.F) {
 	})
 }
 
-// FuzzRequestParsing drives the real front-end handler with fuzzed bodies,
-// routing headers, methods and paths (a stored response's among them): no
-// panic, only the statuses of the contract, and no reservation left behind.
-// Nothing is dispatched: a request that is not query-only names a worker
-// the registry does not hold.
+// FuzzRequestParsing drives the real front-end handler with fuzzed bodies
+// (JSON, forms), routing headers, methods and paths (a stored response's
+// among them): no panic, only the statuses of the contract, and no
+// reservation left behind. Nothing is dispatched: a request that is not
+// query-only names a worker the registry does not hold.
 func FuzzRequestParsing(f *testing.F) {
-	f.Add([]byte(`{"model":"m","stream":true}`), "1", "0", "true", "POST", "/v1/chat/completions")
-	f.Add([]byte(`{not json`), "x", "-1", "maybe", "POST", "/v1/chat/completions")
-	f.Add([]byte(``), "", "", "", "GET", "/v1/responses/resp_1")
-	f.Add([]byte(`[1,2]`), "18446744073709551615", "99999999999999999999", "1", "POST", "/v1/chat/completions")
-	f.Add([]byte(`{"model":"m","previous_response_id":"resp_1"}`), "", "", "true", "POST", "/v1/responses")
-	f.Add([]byte(`{"previous_response_id":null}`), "", "", "1", "DELETE", "/v1/responses/resp_2/cancel")
+	const json, form = "application/json", "multipart/form-data; boundary=x"
+	f.Add([]byte(`{"model":"m","stream":true}`), "1", "0", "true", "POST", "/v1/chat/completions", json)
+	f.Add([]byte(`{not json`), "x", "-1", "maybe", "POST", "/v1/chat/completions", "")
+	f.Add([]byte(``), "", "", "", "GET", "/v1/responses/resp_1", "")
+	f.Add([]byte(`[1,2]`), "18446744073709551615", "99999999999999999999", "1", "POST", "/v1/chat/completions", json)
+	f.Add([]byte(`{"model":"m","previous_response_id":"resp_1"}`), "", "", "true", "POST", "/v1/responses", json)
+	f.Add([]byte(`{"previous_response_id":null}`), "", "", "1", "DELETE", "/v1/responses/resp_2/cancel", json)
+	f.Add([]byte("--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--x--\r\n"), "", "", "true", "POST", "/v1/audio/transcriptions", form)
 	reg := dataplane.NewRegistry()
 	if _, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://127.0.0.1:1", DPSize: 2}); err != nil {
 		f.Fatal(err)
@@ -208,10 +210,11 @@ func FuzzRequestParsing(f *testing.F) {
 	sel.SetRouting(dataplane.Routing{Responses: stored})
 	srv := frontend.New(frontend.Options{Selector: sel, MaxBodyBytes: 1 << 20})
 	allowed := map[int]bool{200: true, 400: true, 404: true, 405: true, 429: true, 502: true, 503: true}
-	f.Fuzz(func(t *testing.T, body []byte, workerID, rank, query, method, path string) {
+	f.Fuzz(func(t *testing.T, body []byte, workerID, rank, query, method, path, contentType string) {
 		var req fasthttp.Request
 		req.Header.SetMethod(method)
 		req.SetRequestURI(path)
+		req.Header.SetContentType(contentType)
 		req.Header.Set("x-worker-id", workerID)
 		req.Header.Set("x-dp-rank", rank)
 		req.Header.Set("x-query-instance-id", query)

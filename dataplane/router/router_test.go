@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"mime/multipart"
 	"net"
 	"net/http"
 	"os"
@@ -719,6 +720,56 @@ func TestWeightedModeFollowsTelemetry(t *testing.T) {
 		"# TYPE fastroute_gpu_utilization_ratio gauge", "# TYPE fastroute_gpu_memory_used_bytes gauge",
 		"\nfastroute_telemetry_fallbacks_total "} {
 		assert.Contains(t, body, name)
+	}
+	f.assertIdle()
+}
+
+// form is a multipart/form-data body as OpenAI's clients send an audio
+// request: the fields, then the file.
+func form(model string) (body, contentType string) {
+	var b strings.Builder
+	mw := multipart.NewWriter(&b)
+	if model != "" {
+		_ = mw.WriteField("model", model)
+	}
+	_ = mw.WriteField("language", "en")
+	fw, _ := mw.CreateFormFile("file", "a.wav")
+	_, _ = fw.Write([]byte("RIFF....WAVEfmt "))
+	_ = mw.Close()
+	return b.String(), mw.FormDataContentType()
+}
+
+func TestAFormRoutesByItsModelField(t *testing.T) {
+	opts := mocks(3, 2, 0)
+	opts[0].Model, opts[1].Model, opts[2].Model = "llama", "llama", "whisper"
+	f := startFleet(t, opts, func(c *config.Config) { c.Router.SessionAffinity.Mode = "hard" })
+	require.Eventually(t, func() bool {
+		return f.r.Registry.Snapshot().ModelGroup([]byte("whisper")) != nil
+	}, 5*time.Second, 10*time.Millisecond, "the health loop learns the workers' models")
+	for range 6 { // round-robin would go round all three
+		body, ct := form("whisper")
+		assert.Equal(t, "3", f.servedBy("/v1/audio/transcriptions", body, "Content-Type", ct))
+	}
+	body, ct := form("nope")
+	resp := f.post("/v1/audio/transcriptions", body, "Content-Type", ct)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), `model \"nope\"`)
+
+	// A form without a model, or one the router cannot read, goes as it is.
+	body, ct = form("")
+	assert.NotEmpty(t, f.servedBy("/v1/audio/transcriptions", body, "Content-Type", ct))
+	_, worker, _ := f.do("POST", "/v1/audio/transcriptions", "--x\r\nnot a form", "Content-Type", "multipart/form-data; boundary=x")
+	assert.NotEmpty(t, worker, "the worker judges it")
+	resp = f.post("/v1/audio/transcriptions", "--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n"+strings.Repeat("m", 2000)+"\r\n--x--\r\n",
+		"Content-Type", "multipart/form-data; boundary=x")
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), `form field \"model\" is longer than 1024 bytes`)
+
+	// The session header routes a request whatever its body.
+	body, ct = form("")
+	first := f.servedBy("/v1/audio/transcriptions", body, "Content-Type", ct, "x-session-id", "s1")
+	for range 4 {
+		assert.Equal(t, first, f.servedBy("/v1/audio/transcriptions", body, "Content-Type", ct, "x-session-id", "s1"))
 	}
 	f.assertIdle()
 }

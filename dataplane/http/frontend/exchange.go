@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
+	"mime/multipart"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -120,7 +123,9 @@ func (ex *exchange) pick() error {
 	return ex.s.sel.Select(&ex.req, &ex.res)
 }
 
-// parse reads the routing headers and checks the body is a JSON object.
+// parse reads the routing headers (the session's among them) and what
+// routes the body: a JSON object's fields (which the chat, completions and
+// embeddings routes require), or a form's model field.
 func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 	h := &ctx.Request.Header
 	if v := h.Peek(headerWorkerID); len(v) > 0 {
@@ -152,13 +157,18 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 			return false, err
 		}
 	}
+	if rt := ex.s.sel.Routing(); rt.WantsSession() {
+		ex.req.Session = append(ex.req.Session[:0], h.Peek(rt.SessionHeader)...)
+	}
 	body := ctx.PostBody()
 	strict := ex.rt.strict()
-	if len(body) == 0 {
-		if !strict {
-			return query, nil
-		}
+	switch {
+	case len(body) == 0 && strict:
 		return false, errors.New("request body is empty; want a JSON object")
+	case len(body) == 0:
+		return query, nil
+	case !strict && isForm(h.ContentType()):
+		return query, ex.readForm(h.ContentType(), body)
 	}
 	p := ex.s.parsers.Get()
 	defer ex.s.parsers.Put(p)
@@ -171,23 +181,63 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 	}
 	if err != nil {
 		if !strict {
-			return query, nil // not JSON (multipart, say): forwarded as it is, routed without a model
+			return query, nil // not JSON: forwarded as it is, routed without a model
 		}
 		return false, err
 	}
 	ex.stream = v.GetBool("stream")
-	return query, ex.readRouting(h, v)
+	return query, ex.readRouting(v)
 }
 
-// readRouting copies what routes a request into its selection request:
-// the session id, the model (a LoRA adapter, maybe) and the embedding
-// inputs' cache keys, each only when routing uses it. It copies into the
-// request's reused buffers, so it allocates nothing once they have grown.
-func (ex *exchange) readRouting(h *fasthttp.RequestHeader, v *fastjson.Value) error {
-	rt := ex.s.sel.Routing()
-	if rt.WantsSession() {
-		ex.req.Session = append(ex.req.Session[:0], h.Peek(rt.SessionHeader)...)
+// isForm reports a multipart/form-data body, as OpenAI's audio routes take
+// (transcriptions, translations: the audio file beside fields).
+func isForm(contentType []byte) bool {
+	const form = "multipart/form-data"
+	return len(contentType) >= len(form) && strings.EqualFold(string(contentType[:len(form)]), form)
+}
+
+// maxFormModel bounds a form's model field.
+const maxFormModel = 1 << 10
+
+// readForm reads the model field of a multipart/form-data body, which
+// routes it as a JSON body's model does (an audio model's workers, an
+// adapter's holders). The form is read only up to that field (OpenAI's
+// clients send the fields before the file); a form the router cannot read
+// goes as it is, routed without a model, for its worker to judge. Unlike
+// a JSON body's, this read allocates (mime/multipart).
+func (ex *exchange) readForm(contentType, body []byte) error {
+	_, params, err := mime.ParseMediaType(string(contentType))
+	if err != nil || params["boundary"] == "" {
+		return nil
 	}
+	r := multipart.NewReader(bytes.NewReader(body), params["boundary"])
+	for {
+		part, err := r.NextPart()
+		if err != nil {
+			return nil
+		}
+		if part.FormName() != "model" {
+			continue
+		}
+		b, err := io.ReadAll(io.LimitReader(part, maxFormModel+1))
+		switch {
+		case err != nil:
+			return nil
+		case len(b) > maxFormModel:
+			return fmt.Errorf("form field \"model\" is longer than %d bytes", maxFormModel)
+		}
+		ex.req.Model = append(ex.req.Model[:0], b...)
+		return nil
+	}
+}
+
+// readRouting copies what in a JSON body routes a request into its
+// selection request: the model (a LoRA adapter, maybe), a stored response
+// it continues and the embedding inputs' cache keys, each only when
+// routing uses it. It copies into the request's reused buffers, so it
+// allocates nothing once they have grown.
+func (ex *exchange) readRouting(v *fastjson.Value) error {
+	rt := ex.s.sel.Routing()
 	if m := v.Get("model"); m != nil {
 		b, err := m.StringBytes()
 		if err != nil {
