@@ -144,6 +144,10 @@ func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 	if r := ctx.Request.Header.Peek("x-dp-rank"); r != nil {
 		ctx.Response.Header.SetBytesV("x-mock-dp-rank", r)
 	}
+	if len(ctx.Request.Header.Peek("Origin")) > 0 { // vLLM lets every origin by default (--allowed-origins)
+		ctx.Response.Header.DisableNormalizing() // as uvicorn writes it
+		ctx.Response.Header.Set("access-control-allow-origin", "*")
+	}
 	path := string(ctx.Path())
 	if w.opts.APIKey != "" && strings.HasPrefix(path, "/v1/") &&
 		string(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)) != "Bearer "+w.opts.APIKey {

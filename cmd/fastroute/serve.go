@@ -77,6 +77,10 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 		cfg.Routes = append(cfg.Routes, v)
 		return nil
 	})
+	fs.Func("cors-allowed-origin", "an origin (scheme://host[:port], or *) whose browsers may call the front end (repeatable)", func(v string) error {
+		cfg.CORSAllowedOrigins = append(cfg.CORSAllowedOrigins, v)
+		return nil
+	})
 	fs.StringVar(&cfg.Log.Access, "log-access", cfg.Log.Access, "access log: off, all, or errors (400 and above, or cut)")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "log format: text or json")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "drain bound on SIGTERM; streams still open then are cut")

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -41,13 +42,17 @@ type Config struct {
 	// Routes are extra paths proxied like the OpenAI ones, beyond every POST
 	// under /v1/ and the engines' own (/tokenize, /detokenize, /pooling,
 	// /classify, /score, /rerank, /generate).
-	Routes    []string               `yaml:"routes"`
-	Router    Router                 `yaml:"router"`
-	Telemetry Telemetry              `yaml:"telemetry"`
-	Health    Health                 `yaml:"health"`
-	Limits    Limits                 `yaml:"limits"`
-	Log       Log                    `yaml:"log"`
-	Workers   []dataplane.WorkerSpec `yaml:"workers"`
+	Routes []string `yaml:"routes"`
+	// CORSAllowedOrigins are the origins (scheme://host[:port]) whose
+	// browsers may call the front end, "*" for any: the router answers
+	// their CORS preflights and marks its answers. Empty: no CORS.
+	CORSAllowedOrigins []string               `yaml:"cors_allowed_origins"`
+	Router             Router                 `yaml:"router"`
+	Telemetry          Telemetry              `yaml:"telemetry"`
+	Health             Health                 `yaml:"health"`
+	Limits             Limits                 `yaml:"limits"`
+	Log                Log                    `yaml:"log"`
+	Workers            []dataplane.WorkerSpec `yaml:"workers"`
 	// Discovery finds more workers on etcd, beside the static ones.
 	Discovery Discovery `yaml:"discovery"`
 	// TLS has clients speak TLS to the front end.
@@ -411,6 +416,11 @@ func (c *Config) Validate() error {
 			return keyErr(fmt.Sprintf("routes[%d]", i), "%q is not a path (it starts with / and has no query)", r)
 		}
 	}
+	for i, o := range c.CORSAllowedOrigins {
+		if !isOrigin(o) {
+			return keyErr(fmt.Sprintf("cors_allowed_origins[%d]", i), "%q is not an origin (scheme://host[:port], as a browser sends it) or *", o)
+		}
+	}
 	if c.ShutdownTimeout <= 0 {
 		return keyErr("shutdown_timeout", "%v must be positive", c.ShutdownTimeout)
 	}
@@ -502,4 +512,15 @@ func (d *Disaggregation) validate() error {
 		return keyErr("router.disaggregation.fallback", "%q is not %s or %s", d.Fallback, FallbackAggr, FallbackError)
 	}
 	return nil
+}
+
+// isOrigin reports "*" or an origin as a browser's Origin header names it:
+// http or https, a host, maybe a port, and nothing else.
+func isOrigin(o string) bool {
+	if o == "*" {
+		return true
+	}
+	u, err := url.Parse(o)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.User == nil &&
+		u.Path == "" && u.RawQuery == "" && u.Fragment == "" && !u.ForceQuery && u.Scheme+"://"+u.Host == o
 }

@@ -69,6 +69,9 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"workers: [{id: 1, url: 'a:1'}]", "key workers[0].url"},
 		{"workers: [{id: 1, url: 'http://a:1', device: tpu}]", `key workers[0].device: "tpu" is not gpu or cpu`},
 		{"workers: [{id: 1, url: 'http://a:1', models: [llama, '']}]", "key workers[0].models: an empty model name"},
+		{"cors_allowed_origins: ['https://app.example/']", `key cors_allowed_origins[0]: "https://app.example/" is not an origin`},
+		{"cors_allowed_origins: ['*', 'app.example']", `key cors_allowed_origins[1]: "app.example" is not an origin`},
+		{"cors_allowed_origins: ['ftp://a']", `key cors_allowed_origins[0]: "ftp://a" is not an origin`},
 		{"rooter: {}", "field rooter not found"},
 		{"telemetry: {interval: soon}", "config f.yaml: "},
 		{"listen: [", "config f.yaml: "},
@@ -79,6 +82,9 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 	}
 	_, err := Load(filepath.Join(t.TempDir(), "missing.yaml"))
 	assert.ErrorContains(t, err, "missing.yaml")
+	cfg, err := Parse("f.yaml", []byte("cors_allowed_origins: ['https://app.example', 'http://localhost:3000', '*']"))
+	require.NoError(t, err)
+	assert.Len(t, cfg.CORSAllowedOrigins, 3)
 }
 
 func TestSizes(t *testing.T) {

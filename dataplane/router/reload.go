@@ -60,6 +60,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"discovery":                   reflect.DeepEqual(old.Discovery, cfg.Discovery),
 		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": old.Health == cfg.Health,
 		"limits": old.Limits == cfg.Limits, "routes": slices.Equal(old.Routes, cfg.Routes), "log": old.Log == cfg.Log,
+		"cors_allowed_origins": slices.Equal(old.CORSAllowedOrigins, cfg.CORSAllowedOrigins),
 	} {
 		if !same {
 			needRestart = append(needRestart, key)

@@ -27,14 +27,8 @@ func storingMocks(n int) []mockworker.Options {
 // that answered and the body.
 func (f *fleet) do(method, path, body string, headers ...string) (int, string, string) {
 	f.t.Helper()
-	req, err := http.NewRequest(method, "http://"+f.r.Addr()+path, strings.NewReader(body))
-	require.NoError(f.t, err)
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := f.client.Do(req)
-	require.NoError(f.t, err)
-	return resp.StatusCode, resp.Header.Get("x-fastroute-worker"), readAll(f.t, resp)
+	resp, text := f.send(method, path, body, headers...)
+	return resp.StatusCode, resp.Header.Get("x-fastroute-worker"), text
 }
 
 // created sends POST /v1/responses and returns the new response's id and

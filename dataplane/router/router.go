@@ -110,7 +110,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
 		FirstByteTimeout: cfg.Limits.FirstByteTimeout, StreamIdleTimeout: cfg.Limits.StreamIdleTimeout,
 		AnswerBufferBytes: int(cfg.Limits.AnswerBufferBytes), MaxConnections: cfg.Limits.MaxConnections, Logger: log,
-		Routes: cfg.Routes, Disagg: disaggOptions(cfg.Router.Disaggregation),
+		Routes: cfg.Routes, CORSOrigins: cfg.CORSAllowedOrigins, Disagg: disaggOptions(cfg.Router.Disaggregation),
 		QueueSize: cfg.Router.Queue.Size, QueueTimeout: cfg.Router.Queue.Timeout, RetryStatuses: cfg.Router.RetryStatuses,
 	}
 	if cfg.Log.Access != "off" {

@@ -560,6 +560,9 @@ func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 	ctx.Response.Header.ResetConnectionClose()
 	dropAnswerHops(&ctx.Response.Header)
 	dropWorkerDate(&ctx.Response.Header)
+	if ex.s.cors != nil {
+		dropAccessControl(&ctx.Response.Header)
+	}
 	ctx.Response.Header.SetCanonical(servedByKey, u.idHeader)
 }
 

@@ -58,6 +58,11 @@ type Options struct {
 	// Routes are extra paths proxied like the OpenAI ones (beyond every
 	// POST under /v1/ and the engines' own routes).
 	Routes []string
+	// CORSOrigins are the origins whose browsers may call the front end
+	// ("*": any): the router answers their preflights and marks its
+	// answers (cors). None: no CORS, a preflight is a 405, and answers
+	// carry what their workers sent.
+	CORSOrigins []string
 	// AccessLog gets one line per request (nil: no access log); with
 	// AccessErrorsOnly only those answered 400 or above or cut.
 	AccessLog        *slog.Logger
@@ -93,6 +98,7 @@ type Server struct {
 	queue     *waitQueue                   // requests waiting for a busy worker; nil: none wait
 	retryOn   [600]bool                    // answer statuses retried on another worker (Options.RetryStatuses)
 	routes    map[string]struct{}          // proxied paths outside /v1/
+	cors      *cors                        // nil: off
 	access    *slog.Logger                 // nil: no access log
 	retries   atomic.Int64                 // router.retries, reloadable
 	hangups   *hangup.Watcher[exchange]    // nil: client hang-ups are noticed only on write
@@ -129,6 +135,7 @@ func New(opts Options) *Server {
 		log:       opts.Logger,
 		access:    opts.AccessLog,
 		dial:      fasthttp.DialTimeout,
+		cors:      newCORS(opts.CORSOrigins),
 	}
 	s.exchanges.New = func() any {
 		ex := &exchange{s: s}
@@ -361,13 +368,20 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		_ = cc.flushHeld() // a failed write fails this answer's too
 	}
 	s.Handle(ctx)
-	if cc != nil && !ctx.Hijacked() && s.keepsAlive(ctx) {
+	if ctx.Hijacked() {
+		return // the answer is sent from the take-over (runTaken, beginStream)
+	}
+	s.markCORS(ctx)
+	if cc != nil && s.keepsAlive(ctx) {
 		cc.hold()
 	}
 }
 
 // Handle routes one request.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	if s.cors != nil && s.cors.preflight(ctx) {
+		return
+	}
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
 		s.proxy(ctx, routeChat)

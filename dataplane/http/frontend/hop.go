@@ -84,18 +84,25 @@ func dropAnswerHops(h *fasthttp.ResponseHeader) {
 // not normalized (upCall.prepare; uvicorn, under vLLM and SGLang, writes
 // "date"). The client gets the router's Date, as nginx sends it.
 func dropWorkerDate(h *fasthttp.ResponseHeader) {
+	dropWhere(h, func(k []byte) bool {
+		return len(k) == len(fasthttp.HeaderDate) && bytes.EqualFold(k, []byte(fasthttp.HeaderDate)) && string(k) != fasthttp.HeaderDate
+	})
+}
+
+// dropWhere removes every header of h whose name matches.
+func dropWhere(h *fasthttp.ResponseHeader, match func(name []byte) bool) {
 	for {
-		var odd []byte
+		var found []byte
 		for k := range h.All() {
-			if len(k) == len(fasthttp.HeaderDate) && bytes.EqualFold(k, []byte(fasthttp.HeaderDate)) && string(k) != fasthttp.HeaderDate {
-				odd = k
+			if match(k) {
+				found = k
 				break
 			}
 		}
-		if odd == nil {
+		if found == nil {
 			return
 		}
-		h.DelBytes(odd) // copies odd before it edits the headers
+		h.DelBytes(found) // copies found before it edits the headers
 	}
 }
 

@@ -48,6 +48,7 @@ func (ex *exchange) runTaken(c net.Conn) {
 	if !keep {
 		closeAfter(&ctx.Response.Header)
 	}
+	s.markCORS(ctx)
 	s.armWrite(c)
 	_, err := ctx.Response.WriteTo(c)
 	s.giveBack(ctx.Conn(), c, keep && err == nil)
@@ -78,6 +79,7 @@ func (ex *exchange) beginStream(c net.Conn) {
 	if !keep {
 		closeAfter(h)
 	}
+	s.markCORS(ctx)
 	ex.head = h.AppendBytes(ex.head[:0])
 	go ex.sendStream(c, ctx.Conn(), keep, framed)
 }
