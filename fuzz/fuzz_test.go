@@ -238,15 +238,28 @@ func FuzzRequestParsing(f *testing.F) {
 	})
 }
 
-// FuzzStickySelection drives the selector's own routing — LoRA adapters and
-// hard session pins — with random residency changes, drains and releases: a
-// LoRA pick always holds the adapter, a hard-pinned request gets its pinned
-// worker or an error (never another worker), and every occupancy and adapter
-// load returns to 0.
+// storedOn returns the worker a stored response id is known to be on, one
+// still registered (a request naming it goes there or fails).
+func storedOn(reg *dataplane.Registry, responses *affinity.Table, id []byte) (uint64, bool) {
+	if len(id) == 0 {
+		return 0, false
+	}
+	pin, st := responses.Get(id)
+	_, registered := reg.Get(pin.Worker)
+	return pin.Worker, st != affinity.Missing && registered
+}
+
+// FuzzStickySelection drives the selector's own routing — LoRA adapters,
+// hard session pins and stored responses — with random residency changes,
+// drains and releases: a LoRA pick always holds the adapter, a hard-pinned
+// request, and one naming a response stored on a registered worker, gets
+// that worker or an error (never another worker), and every occupancy and
+// adapter load returns to 0.
 func FuzzStickySelection(f *testing.F) {
 	f.Add([]byte{0x01, 0x12, 0x23, 0x34, 0x45, 0x56, 0x67, 0x78})
 	f.Add([]byte{0xf0, 0xe1, 0xd2, 0xc3, 0xb4, 0xa5, 0x96, 0x87, 0x00, 0x11})
 	f.Add([]byte{0x05, 0x05, 0x05, 0x15, 0x25, 0x35, 0x06, 0x07})
+	f.Add([]byte{0x80, 0x90, 0xa1, 0x83, 0x86, 0x90, 0xb7, 0xa0, 0x80})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		const workers, adapters, busy = 6, 4, 2
 		reg := dataplane.NewRegistry()
@@ -267,12 +280,13 @@ func FuzzStickySelection(f *testing.F) {
 			t.Fatal(err)
 		}
 		sessions := affinity.NewTable(affinity.Options{TTL: time.Hour, MaxSessions: 4})
-		sel.SetRouting(dataplane.Routing{Sessions: sessions, SessionMode: affinity.Hard, SessionHeader: "x-session-id"})
+		responses := affinity.NewTable(affinity.Options{TTL: time.Hour, MaxSessions: 4})
+		sel.SetRouting(dataplane.Routing{Sessions: sessions, SessionMode: affinity.Hard, SessionHeader: "x-session-id", Responses: responses})
 		var held []*dataplane.Reservation
 		for _, op := range ops {
 			arg := int(op >> 4)
 			switch op & 0x07 {
-			case 0, 1, 2: // select for adapter arg%adapters under session arg%5
+			case 0, 1, 2: // select for adapter arg%adapters under session arg%5, naming stored response arg%3 when arg&8
 				name := fmt.Sprintf("a%d", arg%adapters)
 				if reg.Snapshot().Group([]byte(name)) == nil {
 					// Every holder of it was re-declared away: with no base
@@ -280,7 +294,11 @@ func FuzzStickySelection(f *testing.F) {
 					continue
 				}
 				req := dataplane.Request{Model: []byte(name), Session: fmt.Appendf(nil, "s%d", arg%5)}
+				if arg&8 != 0 {
+					req.Response = fmt.Appendf(nil, "r%d", arg%3)
+				}
 				pin, st := sessions.Get(req.Session)
+				stored, known := storedOn(reg, responses, req.Response)
 				r := &dataplane.Reservation{}
 				if err := sel.Select(&req, r); err != nil {
 					continue
@@ -289,10 +307,14 @@ func FuzzStickySelection(f *testing.F) {
 				if !slices.Contains(w.Adapters(), name) {
 					t.Fatalf("worker %d does not hold %s", w.ID(), name)
 				}
-				if st == affinity.Pinned && w.ID() != pin.Worker {
+				switch {
+				case known && w.ID() != stored:
+					t.Fatalf("response %s stored on %d answered by %d", req.Response, stored, w.ID())
+				case !known && st == affinity.Pinned && w.ID() != pin.Worker:
 					t.Fatalf("hard pin to %d answered by %d", pin.Worker, w.ID())
 				}
 				sel.Answered(&req, r)
+				sel.Stored(req.Response, r) // its worker found it (no 404)
 				held = append(held, r)
 			case 3, 4: // release one
 				if len(held) > 0 {
