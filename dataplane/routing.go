@@ -230,18 +230,23 @@ func (rt *Routing) cacheHolder(keys []uint64) uint64 {
 // pinFailed drops a hard pin whose worker cannot take the request (gone,
 // not routable), so the error is given once and the next request of the
 // session is pinned anew. A busy worker keeps its pin. A stored response's
-// worker that cannot take the request is named in the error.
+// worker that cannot take the request, busy too, is named in the error.
 func (s *Selector) pinFailed(rt *Routing, req *Request, err error) error {
 	if err == nil || !(req.hard || req.stored) {
 		return err
 	}
 	e, ok := err.(*Error) // selection's own errors; errors.As would cost an allocation per request
-	if !ok || e.Code == ResourceExhausted {
+	switch {
+	case !ok:
 		return err
-	}
-	if req.stored { // the pin stays: the worker may come back with its responses
+	case req.stored && e.Code == ResourceExhausted:
+		return Errorf(ResourceExhausted, "response %s is stored on worker %d, which is busy",
+			strconv.Quote(string(req.Response)), req.WorkerID)
+	case req.stored: // the pin stays: the worker may come back with its responses
 		return Errorf(e.Code, "response %s is stored on worker %d: %s",
 			strconv.Quote(string(req.Response)), req.WorkerID, e.Msg)
+	case e.Code == ResourceExhausted:
+		return err
 	}
 	rt.Sessions.Drop(req.Session)
 	return Errorf(e.Code, "session %s is pinned to worker %d: %s; the pin is dropped",

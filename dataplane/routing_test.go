@@ -584,10 +584,12 @@ func TestAStoredResponseGoesToItsWorker(t *testing.T) {
 		assert.ErrorContains(t, sel.Retry(&req, &res), "is bound to it", "the response is there only")
 	}
 
-	// Its worker busy: a 429, and the pin stays.
+	// Its worker busy: a 429 naming it, and the pin stays.
 	var busy Reservation
 	require.NoError(t, sel.Select(&Request{WorkerID: holder}, &busy))
-	assert.ErrorIs(t, sel.Select(&Request{Response: id}, &res), ErrResourceExhausted)
+	err := sel.Select(&Request{Response: id}, &res)
+	assert.ErrorIs(t, err, ErrResourceExhausted)
+	assert.ErrorContains(t, err, fmt.Sprintf(`response "resp_1" is stored on worker %d, which is busy`, holder))
 	busy.Release()
 
 	// x-worker-id names another worker: that one.
@@ -613,7 +615,7 @@ func TestAStoredResponseGoesToItsWorker(t *testing.T) {
 	// Its worker unhealthy: an error naming both, and again once it
 	// drains; back: there again; removed: searched for.
 	reg.SetHealthy(holder, false)
-	err := sel.Select(&Request{Response: id}, &res)
+	err = sel.Select(&Request{Response: id}, &res)
 	assert.ErrorIs(t, err, ErrNoEndpoints)
 	assert.ErrorContains(t, err, fmt.Sprintf(`response "resp_1" is stored on worker %d: worker %d is not routable`, holder, holder))
 	reg.SetHealthy(holder, true)

@@ -1,10 +1,12 @@
 // Package mockworker is an OpenAI-compatible fake inference server: it
 // streams SSE tokens for chat/completions, answers the Responses API (with
 // vLLM's store), embeddings, models, health and Prometheus metrics in
-// vLLM's or SGLang's names, and can fail a share of requests. By default every answer takes the same time; with
-// Engine.MaxNumSeqs set it simulates an engine's continuous batching, so its
-// answers slow down and queue under load as a real engine's do. Tests, the
-// demo and the benchmarks run it over real loopback sockets.
+// vLLM's or SGLang's names, answers a browser's Origin as vLLM does, and
+// can fail a share of requests. By default every answer takes the same
+// time; with Engine.MaxNumSeqs set it simulates an engine's continuous
+// batching, so its answers slow down and queue under load as a real
+// engine's do. Tests, the demo and the benchmarks run it over real
+// loopback sockets.
 package mockworker
 
 import (
