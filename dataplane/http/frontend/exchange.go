@@ -12,7 +12,6 @@ import (
 	"mime/multipart"
 	"net"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -193,7 +192,7 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 // (transcriptions, translations: the audio file beside fields).
 func isForm(contentType []byte) bool {
 	const form = "multipart/form-data"
-	return len(contentType) >= len(form) && strings.EqualFold(string(contentType[:len(form)]), form)
+	return len(contentType) >= len(form) && bytes.EqualFold(contentType[:len(form)], []byte(form))
 }
 
 // maxFormModel bounds a form's model field.
