@@ -2,27 +2,11 @@ package router
 
 import (
 	"net/http"
-	"strings"
 	"testing"
 
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
-
-// send sends one request of any method with headers and returns the
-// answer, its body read.
-func (f *fleet) send(method, path, body string, headers ...string) (*http.Response, string) {
-	f.t.Helper()
-	req, err := http.NewRequest(method, "http://"+f.r.Addr()+path, strings.NewReader(body))
-	require.NoError(f.t, err)
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := f.client.Do(req)
-	require.NoError(f.t, err)
-	return resp, readAll(f.t, resp)
-}
 
 const app, evil = "https://app.example", "https://evil.example"
 

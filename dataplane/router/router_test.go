@@ -106,6 +106,20 @@ func (f *fleet) post(path, body string, headers ...string) *http.Response {
 	return resp
 }
 
+// send sends one request of any method with headers and returns the
+// answer, its body read.
+func (f *fleet) send(method, path, body string, headers ...string) (*http.Response, string) {
+	f.t.Helper()
+	req, err := http.NewRequest(method, "http://"+f.r.Addr()+path, strings.NewReader(body))
+	require.NoError(f.t, err)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := f.client.Do(req)
+	require.NoError(f.t, err)
+	return resp, readAll(f.t, resp)
+}
+
 func readAll(t *testing.T, resp *http.Response) string {
 	t.Helper()
 	defer resp.Body.Close()
