@@ -465,6 +465,18 @@ func TestModelsUnion(t *testing.T) {
 	assert.Equal(t, map[string]any{"id": "cfg-lora", "object": "model", "owned_by": "fastroute"}, list.Data[0],
 		"an adapter only the config names gets a minimal entry")
 	assert.Equal(t, "llama", list.Data[1]["id"], "sorted by id")
+
+	// HEAD, as an engine's GET routes take it; other methods are refused.
+	for _, path := range []string{"/v1/models", "/v1/models/llama"} {
+		resp, body := f.send("HEAD", path, "")
+		assert.Equal(t, http.StatusOK, resp.StatusCode, path)
+		assert.Empty(t, body)
+		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"), path)
+	}
+	resp, body := f.send("DELETE", "/v1/models", "")
+	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+	assert.Equal(t, "GET, HEAD", resp.Header.Get("Allow"))
+	assert.Contains(t, body, "method DELETE not allowed; use GET, HEAD")
 }
 
 // A fleet serving two base models sends each request to a worker that

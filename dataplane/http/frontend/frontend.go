@@ -390,8 +390,8 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	case "/v1/embeddings":
 		s.proxy(ctx, routeEmbeddings)
 	case "/v1/models":
-		if !ctx.IsGet() {
-			methodNotAllowed(ctx, "GET")
+		if !ctx.IsGet() && !ctx.IsHead() { // HEAD as an engine's GET routes take it (Starlette's)
+			methodNotAllowed(ctx, "GET, HEAD")
 			return
 		}
 		s.models(ctx)
@@ -438,7 +438,7 @@ func (s *Server) other(ctx *fasthttp.RequestCtx) {
 		s.storedResponse(ctx, path[len(responsesPrefix):])
 	case ctx.IsPost() && (extra || bytes.HasPrefix(path, v1Prefix)):
 		s.proxy(ctx, routeOther)
-	case ctx.IsGet() && bytes.HasPrefix(path, modelsPrefix):
+	case (ctx.IsGet() || ctx.IsHead()) && bytes.HasPrefix(path, modelsPrefix):
 		s.model(ctx, string(path[len(modelsPrefix):]))
 	case extra:
 		methodNotAllowed(ctx, "POST")
