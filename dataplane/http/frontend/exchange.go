@@ -459,8 +459,9 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 // for it.
 func (ex *exchange) learnStreamed(data []byte) {
 	ex.created = false
-	_, line, ok := bytes.Cut(data, sseData)
-	if line, _, ok = bytes.Cut(line, newline); !ok || ex.s.sel.Routing().Responses == nil {
+	_, line, found := bytes.Cut(data, sseData)
+	line, _, whole := bytes.Cut(line, newline)
+	if !found || !whole || ex.s.sel.Routing().Responses == nil {
 		return
 	}
 	p := ex.s.parsers.Get()
