@@ -461,13 +461,8 @@ func (ex *exchange) learnStreamed(data []byte) {
 	ex.created = false
 	_, line, found := bytes.Cut(data, sseData)
 	line, _, whole := bytes.Cut(line, newline)
-	if !found || !whole || ex.s.sel.Routing().Responses == nil {
-		return
-	}
-	p := ex.s.parsers.Get()
-	defer ex.s.parsers.Put(p)
-	if v, err := p.ParseBytes(line); err == nil && v.GetBool("response", "store") {
-		ex.s.sel.Stored(v.GetStringBytes("response", "id"), &ex.res)
+	if found && whole {
+		ex.recordStored(line, "response")
 	}
 }
 
@@ -492,12 +487,25 @@ func (ex *exchange) noteStored() {
 // store is off, whatever the request asked). A streamed answer says it in
 // its first event (learnStreamed).
 func (ex *exchange) learnStored(body []byte) {
-	if ex.resp.StatusCode()/100 != 2 || ex.s.sel.Routing().Responses == nil {
+	if ex.resp.StatusCode()/100 == 2 {
+		ex.recordStored(body, "")
+	}
+}
+
+// recordStored records the worker as the holder of the response object
+// in the JSON document doc (under key; "": doc itself) when the object
+// says it was stored.
+func (ex *exchange) recordStored(doc []byte, key string) {
+	if ex.s.sel.Routing().Responses == nil {
 		return
 	}
 	p := ex.s.parsers.Get()
 	defer ex.s.parsers.Put(p)
-	if v, err := p.ParseBytes(body); err == nil && v.GetBool("store") {
+	v, err := p.ParseBytes(doc)
+	if err == nil && key != "" {
+		v = v.Get(key)
+	}
+	if err == nil && v != nil && v.GetBool("store") {
 		ex.s.sel.Stored(v.GetStringBytes("id"), &ex.res)
 	}
 }
