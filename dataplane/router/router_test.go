@@ -96,7 +96,14 @@ func mocks(n int, tokens int, interval time.Duration) []mockworker.Options {
 
 func (f *fleet) post(path, body string, headers ...string) *http.Response {
 	f.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, "http://"+f.r.Addr()+path, strings.NewReader(body))
+	return f.open(http.MethodPost, path, body, headers...)
+}
+
+// open sends one request of any method with headers (name, value pairs)
+// and returns its answer, the body still to read.
+func (f *fleet) open(method, path, body string, headers ...string) *http.Response {
+	f.t.Helper()
+	req, err := http.NewRequest(method, "http://"+f.r.Addr()+path, strings.NewReader(body))
 	require.NoError(f.t, err)
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
@@ -110,13 +117,7 @@ func (f *fleet) post(path, body string, headers ...string) *http.Response {
 // answer, its body read.
 func (f *fleet) send(method, path, body string, headers ...string) (*http.Response, string) {
 	f.t.Helper()
-	req, err := http.NewRequest(method, "http://"+f.r.Addr()+path, strings.NewReader(body))
-	require.NoError(f.t, err)
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := f.client.Do(req)
-	require.NoError(f.t, err)
+	resp := f.open(method, path, body, headers...)
 	return resp, readAll(f.t, resp)
 }
 
