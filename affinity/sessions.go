@@ -1,9 +1,11 @@
 // Package affinity holds fastroute's sticky-routing tables: session pins
 // (session id → worker and data-parallel rank, with an idle TTL and a bounded
-// size) and the embedding cache (input hash → the worker that served it).
-// Both live on xsync maps keyed by xxhash, so the request path looks them up
+// size), the embedding cache (input hash → the worker that served it) and
+// the prompt prefix table (prefix key → the worker last sent it). The first
+// two live on xsync maps keyed by xxhash, so the request path looks them up
 // without locks and without allocating; only storing a new session or cache
-// key allocates.
+// key allocates. The prefix table is a fixed array of atomic words, which
+// neither a lookup nor a record allocates.
 package affinity
 
 import (

@@ -36,6 +36,16 @@ type Routing struct {
 	// with store on) to the worker that holds each; nil: a request naming
 	// one is routed as any other.
 	Responses *affinity.Table
+	// Prefixes steers a request to the worker last sent the longest
+	// prefix of its prompt (Request.PrefixKeys), where the engine may
+	// still hold that prefix's KV cache, while that worker has at most
+	// PrefixSlack requests in flight more than the one the mode picks; nil:
+	// off. The front end keys a prompt in blocks of PrefixBlock bytes, at
+	// most PrefixBlocks of them.
+	Prefixes     *affinity.Prefixes
+	PrefixSlack  int64
+	PrefixBlock  int
+	PrefixBlocks int
 	// PlaceAdapters sends a request for an adapter no routable worker
 	// holds (an unknown model name included) to the worker rendezvous
 	// hashing of its name picks, instead of a 404 or 503.
@@ -61,6 +71,9 @@ func (rt *Routing) WantsSession() bool { return rt.SessionMode != affinity.Off &
 
 // WantsCacheKeys reports whether embedding inputs' keys are used.
 func (rt *Routing) WantsCacheKeys() bool { return rt.EmbedCache != nil }
+
+// WantsPrefixKeys reports whether prompts' prefix keys are used.
+func (rt *Routing) WantsPrefixKeys() bool { return rt.Prefixes != nil }
 
 // SetRouting sets the routing policy. Call it once, before requests flow;
 // the session table is told of every worker that leaves from then on.
@@ -99,6 +112,11 @@ func (s *Selector) route(rt *Routing, snap *Snapshot, req *Request) error {
 	}
 	if len(req.CacheKeys) > 0 && rt.EmbedCache != nil && req.WorkerID == 0 && req.preferID == 0 {
 		req.preferID = rt.cacheHolder(req.CacheKeys)
+	}
+	if len(req.PrefixKeys) > 0 && rt.Prefixes != nil && req.WorkerID == 0 && req.preferID == 0 {
+		if req.prefixID, _ = rt.Prefixes.Holder(req.PrefixKeys); req.prefixID == 0 {
+			s.prefixUnknown.Add(1)
+		}
 	}
 	return nil
 }

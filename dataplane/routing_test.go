@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -652,4 +653,79 @@ func TestAStoredResponsePickDoesNotAllocate(t *testing.T) {
 		res.Release()
 	})
 	assert.Zero(t, n)
+}
+
+// prefixRequest keys text as the front end keys a prompt (blocks of 16
+// bytes here).
+func prefixRequest(text string) *Request {
+	var h affinity.PrefixHasher
+	h.Reset([]byte("m"), 16, 64, nil)
+	h.Write([]byte(text))
+	return &Request{PrefixKeys: h.Keys()}
+}
+
+// A conversation's turns go to the worker its earlier turns went to, while
+// that worker is within the slack of the mode's pick; beyond it, or while
+// the worker is not routable, the mode picks. A prompt of no whole block
+// routes as any other.
+func TestAPromptGoesWhereItsPrefixWent(t *testing.T) {
+	reg := newFleet(t, 3)
+	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 0)
+	sel.SetRouting(Routing{Prefixes: affinity.NewPrefixes(1024), PrefixSlack: 2})
+	conversation := "system: be brief. user: what is the capital of France?"
+	var res Reservation
+	require.NoError(t, sel.Select(prefixRequest(conversation), &res))
+	holder := res.Worker().ID()
+	res.Release()
+
+	conversation += " assistant: Paris. user: and of Spain?"
+	var held []*Reservation
+	for turn := range 3 { // the holder takes them while it is at most 2 ahead of the least loaded
+		r := new(Reservation)
+		require.NoError(t, sel.Select(prefixRequest(conversation), r))
+		assert.Equal(t, holder, r.Worker().ID(), "turn %d", turn)
+		held = append(held, r)
+	}
+	r := new(Reservation)
+	require.NoError(t, sel.Select(prefixRequest(conversation), r))
+	assert.NotEqual(t, holder, r.Worker().ID(), "3 ahead of the least loaded: the mode picks")
+	moved := r.Worker().ID()
+	r.Release()
+	taken, passed, unknown := sel.PrefixRouted()
+	assert.Equal(t, [3]uint64{3, 1, 1}, [3]uint64{taken, passed, unknown})
+	for _, r := range held {
+		r.Release()
+	}
+	require.NoError(t, sel.Select(prefixRequest(conversation), &res))
+	assert.Equal(t, moved, res.Worker().ID(), "the prefix was last sent to the other worker: it holds it now")
+	res.Release()
+
+	reg.SetHealthy(moved, false)
+	require.NoError(t, sel.Select(prefixRequest(conversation), &res))
+	assert.NotEqual(t, moved, res.Worker().ID(), "an unhealthy holder is passed over")
+	res.Release()
+
+	short := prefixRequest("hi")
+	assert.Empty(t, short.PrefixKeys)
+	require.NoError(t, sel.Select(short, &res))
+	res.Release()
+	assertIdle(t, reg)
+}
+
+func TestAPrefixPickDoesNotAllocate(t *testing.T) {
+	reg := newFleet(t, 8)
+	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 64)
+	sel.SetRouting(Routing{Prefixes: affinity.NewPrefixes(1024), PrefixSlack: 4})
+	keys := prefixRequest("a prompt of a few blocks, whose turns come back: " + strings.Repeat("x", 200)).PrefixKeys
+	var req Request
+	var res Reservation
+	assert.Zero(t, testing.AllocsPerRun(1000, func() {
+		req.Reset()
+		req.PrefixKeys = append(req.PrefixKeys, keys...)
+		if err := sel.Select(&req, &res); err != nil {
+			t.Fatal(err)
+		}
+		res.Release()
+	}))
+	assertIdle(t, reg)
 }

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"sync/atomic"
 
@@ -25,6 +26,10 @@ type Request struct {
 	// CacheKeys are the keys of an embedding request's inputs: the worker
 	// that served most of them is preferred.
 	CacheKeys []uint64
+	// PrefixKeys key the prompt's prefixes (affinity.PrefixHasher): the
+	// worker last sent the longest of them is preferred, within
+	// Routing.PrefixSlack of the mode's pick.
+	PrefixKeys []uint64
 	// Response is the id of a stored response the request names (OpenAI's
 	// Responses API: GET /v1/responses/{id}, its cancel, a new response's
 	// previous_response_id): it goes to the worker that holds it, or
@@ -43,12 +48,14 @@ type Request struct {
 
 	// What routing decided (route): a worker to take while it is free (a
 	// soft pin, a cache hit, a rendezvous placement; 0: none) and the
-	// pinned rank there; the group the candidates are restricted to (an
+	// pinned rank there; the worker last sent the prompt's longest known
+	// prefix (0: none); the group the candidates are restricted to (an
 	// adapter's holders, a base model's servers; nil: all); a hard session
 	// pin.
 	preferID      uint64
 	preferRank    int
 	hasPreferRank bool
+	prefixID      uint64
 	group         *Group
 	hard          bool
 	stored        bool // WorkerID holds Response
@@ -67,6 +74,7 @@ type Request struct {
 // (nExclude bounds the first, selectFiltered resets the second).
 func (r *Request) Reset() {
 	r.Model, r.Session, r.CacheKeys, r.Response = r.Model[:0], r.Session[:0], r.CacheKeys[:0], r.Response[:0]
+	r.PrefixKeys, r.prefixID = r.PrefixKeys[:0], 0
 	r.WorkerID, r.DPRank, r.HasDPRank, r.Phase = 0, 0, false, PhaseAny
 	r.preferID, r.preferRank, r.hasPreferRank = 0, 0, false
 	r.group, r.hard, r.stored, r.searching = nil, false, false, false
@@ -96,6 +104,9 @@ type Selector struct {
 	reg     *Registry
 	policy  atomic.Pointer[policy] // swapped whole by SetPolicy (config reload)
 	routing atomic.Pointer[Routing]
+	// Requests with prefix keys (PrefixRouted): sent to the holder of
+	// their longest known prefix, not sent there, no prefix known.
+	prefixTaken, prefixPassed, prefixUnknown atomic.Uint64
 }
 
 // policy is how the selector picks; one request reads one policy throughout.
@@ -239,13 +250,32 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 
 // routeAndPick routes req and reserves the worker it picks, both on snap.
 func (s *Selector) routeAndPick(rt *Routing, snap *Snapshot, req *Request, res *Reservation) error {
-	if len(req.Model)+len(req.Session)+len(req.CacheKeys)+len(req.Response) == 0 {
+	if len(req.Model)+len(req.Session)+len(req.CacheKeys)+len(req.Response)+len(req.PrefixKeys) == 0 {
 		return s.pick(snap, req, res) // nothing to route by
 	}
 	if err := s.route(rt, snap, req); err != nil {
 		return err
 	}
-	return s.pinFailed(rt, req, s.pick(snap, req, res))
+	err := s.pinFailed(rt, req, s.pick(snap, req, res))
+	s.sentPrefix(rt, req, res, err)
+	return err
+}
+
+// sentPrefix records where a request with prefix keys went (err == nil):
+// that worker now holds its prompt's prefixes.
+func (s *Selector) sentPrefix(rt *Routing, req *Request, res *Reservation, err error) {
+	if err == nil && len(req.PrefixKeys) > 0 && rt.Prefixes != nil {
+		rt.Prefixes.Record(req.PrefixKeys, res.Worker().ID())
+	}
+}
+
+// PrefixRouted returns how many requests went to the holder of their
+// prompt's longest known prefix (taken), how many did not (passed: the
+// holder was busier than Routing.PrefixSlack allows, at its cap, not
+// routable or not among the request's candidates) and how many had no
+// prefix known (unknown).
+func (s *Selector) PrefixRouted() (taken, passed, unknown uint64) {
+	return s.prefixTaken.Load(), s.prefixPassed.Load(), s.prefixUnknown.Load()
 }
 
 // pick reserves a worker for a routed request on snap.
@@ -280,6 +310,11 @@ func (s *Selector) pick(snap *Snapshot, req *Request, res *Reservation) error {
 		}
 	}
 	pp := &p.phases[req.Phase]
+	if req.prefixID != 0 && req.nExclude == 0 && (req.group == nil || req.Phase == PhaseAny) {
+		if w := s.prefixHolder(p, snap, base, req); w != nil {
+			return s.hold(req, w, res)
+		}
+	}
 	if req.nExclude == 0 && (req.group == nil || req.Phase == PhaseAny) {
 		// Fast path: pick over the whole set (or the device group the CPU
 		// overflow rule names). A busy pick means the policy saw no better
@@ -298,6 +333,37 @@ func (s *Selector) pick(snap *Snapshot, req *Request, res *Reservation) error {
 	return s.selectFiltered(p, pp, base, req, res)
 }
 
+// prefixHolder reserves the worker that holds the longest known prefix of
+// req's prompt when it is a candidate (base, req's group), free, and has
+// at most Routing.PrefixSlack requests in flight more than the least
+// loaded candidate; nil when it is not taken. The bound is on requests in
+// flight rather than the mode's own measure so that it holds in every
+// mode, round-robin's and random's too.
+func (s *Selector) prefixHolder(p *policy, snap *Snapshot, base *candidates, req *Request) *Worker {
+	if i := snap.index(req.prefixID); i >= 0 {
+		w := snap.workers[i]
+		if base.contains(w.spec.ID) && s.admits(req, w) && w.Occupancy() <= s.leastOccupancy(req, base)+s.routing.Load().PrefixSlack &&
+			w.tryAcquire(p.limit(w)) {
+			s.prefixTaken.Add(1)
+			return w
+		}
+	}
+	s.prefixPassed.Add(1)
+	return nil
+}
+
+// leastOccupancy returns the fewest requests in flight on a worker of c
+// that req may go to.
+func (s *Selector) leastOccupancy(req *Request, c *candidates) int64 {
+	least := int64(math.MaxInt64)
+	for i, w := range c.workers {
+		if n := c.occ[i].Load(); n < least && s.admits(req, w) {
+			least = n
+		}
+	}
+	return least
+}
+
 // Retry releases res and reserves another worker, never one this request
 // already tried, as routing first decided (it is not routed again). A
 // request bound to a named worker cannot move. A search for a stored
@@ -312,6 +378,7 @@ func (s *Selector) Retry(req *Request, res *Reservation) error {
 		return Errorf(NoEndpoints, "worker %d failed and the request is bound to it", req.WorkerID)
 	}
 	err := s.pick(s.reg.Snapshot(), req, res)
+	s.sentPrefix(s.routing.Load(), req, res, err)
 	if e, ok := err.(*Error); ok && e.Code == ResourceExhausted && req.searching {
 		return Errorf(ResourceExhausted, "response %s is on none of the %d workers asked, and those not asked yet are busy",
 			strconv.Quote(string(req.Response)), req.nExclude)

@@ -184,8 +184,8 @@ func FuzzSelectSequence(f *testing.F) {
 }
 
 // FuzzRequestParsing drives the real front-end handler with fuzzed bodies
-// (JSON, forms), routing headers, methods and paths (a stored response's
-// among them): no panic, only the statuses of the contract, and no
+// (JSON, forms, prompts keyed for prefix routing), routing headers,
+// methods and paths (a stored response's among them): no panic, only the statuses of the contract, and no
 // reservation left behind. Nothing is dispatched: a request that is not
 // query-only names a worker the registry does not hold.
 func FuzzRequestParsing(f *testing.F) {
@@ -196,6 +196,8 @@ func FuzzRequestParsing(f *testing.F) {
 	f.Add([]byte(`[1,2]`), "18446744073709551615", "99999999999999999999", "1", "POST", "/v1/chat/completions", json)
 	f.Add([]byte(`{"model":"m","previous_response_id":"resp_1"}`), "", "", "true", "POST", "/v1/responses", json)
 	f.Add([]byte(`{"previous_response_id":null}`), "", "", "1", "DELETE", "/v1/responses/resp_2/cancel", json)
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a prompt of a few blocks"},{"type":"image_url","image_url":{"url":"data:x"}}]}]}`), "", "", "true", "POST", "/v1/chat/completions", json)
+	f.Add([]byte(`{"model":"m","instructions":"be brief, be clear, be kind","input":[{"role":"user","content":"hi there, how are you"}]}`), "", "", "1", "POST", "/v1/responses", json)
 	f.Add([]byte("--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--x--\r\n"), "", "", "true", "POST", "/v1/audio/transcriptions", form)
 	reg := dataplane.NewRegistry()
 	if _, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://127.0.0.1:1", DPSize: 2}); err != nil {
@@ -207,7 +209,7 @@ func FuzzRequestParsing(f *testing.F) {
 	}
 	stored := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 16})
 	stored.Put([]byte("resp_1"), affinity.Pin{Worker: 1, Rank: 1})
-	sel.SetRouting(dataplane.Routing{Responses: stored})
+	sel.SetRouting(dataplane.Routing{Responses: stored, Prefixes: affinity.NewPrefixes(64), PrefixBlock: 16, PrefixBlocks: 8})
 	srv := frontend.New(frontend.Options{Selector: sel, MaxBodyBytes: 1 << 20})
 	allowed := map[int]bool{200: true, 400: true, 404: true, 405: true, 429: true, 502: true, 503: true}
 	f.Fuzz(func(t *testing.T, body []byte, workerID, rank, query, method, path, contentType string) {

@@ -39,6 +39,9 @@ type call struct {
 // when another worker prefilled.
 const transferPerToken = 2 * time.Microsecond
 
+// bytesPerToken is the mock's tokenizer: a prompt token is 4 bytes of body.
+const bytesPerToken = 4
+
 // generate answers a generation or embedding request. It reports true when
 // the answer streams on after it returns (the stream then ends the request).
 func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) (streaming bool) {
@@ -59,7 +62,7 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) (streaming bool
 		completion:   path == "/v1/completions",
 		stream:       v.GetBool("stream"),
 		includeUsage: v.GetBool("stream_options", "include_usage"),
-		prompt:       max(len(ctx.PostBody())/4, 1),
+		prompt:       max(len(ctx.PostBody())/bytesPerToken, 1),
 		maxOut:       w.opts.Tokens,
 	}
 	if kv := v.Get("kv_transfer_params"); kv != nil {
@@ -164,11 +167,14 @@ func (w *Worker) tokenSource(ctx *fasthttp.RequestCtx, v *fastjson.Value, c *cal
 		lora = c.model
 	}
 	prompt := c.prompt
+	var prefix []uint64
 	if c.remotePrefill { // the KV cache comes over instead of a prefill
 		time.Sleep(time.Duration(prompt) * transferPerToken)
 		prompt = 1
+	} else if w.engine.cache != nil {
+		prefix = promptBlocks(v, w.engine.o.BlockSize*bytesPerToken)
 	}
-	s, err := w.engine.submit(prompt, c.maxOut, lora)
+	s, err := w.engine.submit(prompt, c.maxOut, lora, prefix)
 	if err != nil {
 		return nil, err
 	}

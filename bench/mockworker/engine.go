@@ -19,7 +19,10 @@ import (
 // tokens generated so far; a request waits while its prompt does not fit in
 // the free blocks, and when the cache runs out during decoding the latest
 // admitted request is preempted back to the head of the queue (vLLM's
-// recompute preemption).
+// recompute preemption). With PrefixCache, the prompts' blocks stay
+// cached after their prefill (vLLM's automatic prefix caching), up to
+// KVBlocks of them, the least recently used going first, and a prompt
+// prefills only what follows its longest cached prefix.
 type EngineOptions struct {
 	MaxNumSeqs        int           // running slots; 0 turns the simulator off
 	InterTokenLatency time.Duration // decode step at a batch of one
@@ -29,6 +32,7 @@ type EngineOptions struct {
 	KVBlocks          int           // KV cache size in blocks
 	BlockSize         int           // tokens per block
 	MaxLoRA           int           // adapters one batch may serve (reported in vllm:lora_requests_info)
+	PrefixCache       bool          // keep prompts' blocks for the prompts that share them
 }
 
 // Engine defaults.
@@ -72,6 +76,7 @@ var errTooLong = errors.New("prompt plus max_tokens exceed the KV cache")
 type seq struct {
 	prompt, maxOut int
 	lora           string
+	prefix         []uint64      // the keys of its prompt's whole blocks (promptBlocks)
 	notify         chan struct{} // a token came, or the request ended (cap 1)
 
 	// guarded by engine.mu
@@ -102,11 +107,17 @@ type engine struct {
 	promptTokens uint64
 	genTokens    uint64
 	finished     uint64
+	cache        *blockCache // nil: no prefix caching
+	cacheQueries uint64      // prompt tokens looked up in the cache
+	cacheHits    uint64      // of those, the tokens found
 }
 
 func newEngine(o EngineOptions) *engine {
 	o.fill()
 	e := &engine{o: o, wake: make(chan struct{}, 1), stop: make(chan struct{}), freeBlocks: o.KVBlocks}
+	if o.PrefixCache {
+		e.cache = newBlockCache(o.KVBlocks)
+	}
 	e.wg.Go(e.run)
 	return e
 }
@@ -127,11 +138,12 @@ func (e *engine) close() {
 func (e *engine) blocksFor(tokens int) int { return (tokens + e.o.BlockSize - 1) / e.o.BlockSize }
 
 // submit queues a request; its tokens are announced on s.notify.
-func (e *engine) submit(prompt, maxOut int, lora string) (*seq, error) {
+// prefix keys the prompt's whole blocks, for the prefix cache.
+func (e *engine) submit(prompt, maxOut int, lora string, prefix []uint64) (*seq, error) {
 	if e.blocksFor(prompt+maxOut) > e.o.KVBlocks {
 		return nil, errTooLong
 	}
-	s := &seq{prompt: prompt, maxOut: maxOut, lora: lora, notify: make(chan struct{}, 1)}
+	s := &seq{prompt: prompt, maxOut: maxOut, lora: lora, prefix: prefix, notify: make(chan struct{}, 1)}
 	e.mu.Lock()
 	e.waiting = append(e.waiting, s)
 	e.mu.Unlock()
@@ -212,11 +224,24 @@ func (e *engine) admit() (prefill int) {
 		e.running = append(e.running, s)
 		if !s.prefilled {
 			s.prefilled = true
-			prefill += s.prompt + s.generated
+			prefill += s.prompt + s.generated - e.cached(s)
 			e.promptTokens += uint64(s.prompt)
 		}
 	}
 	return prefill
+}
+
+// cached returns the tokens of s's prompt the prefix cache holds (at
+// most all but one: the last is computed anyway), and caches the rest.
+func (e *engine) cached(s *seq) int {
+	if e.cache == nil || len(s.prefix) == 0 {
+		return 0
+	}
+	hit := e.cache.match(s.prefix) * e.o.BlockSize
+	hit = min(hit, s.prompt-1)
+	e.cacheQueries += uint64(s.prompt)
+	e.cacheHits += uint64(hit)
+	return hit
 }
 
 func (e *engine) stepTime(running, prefill int) time.Duration {
@@ -268,6 +293,7 @@ type engineStats struct {
 	kvUsage                    float64
 	promptTokens, genTokens    uint64
 	finished                   uint64
+	cacheQueries, cacheHits    uint64
 	runningLoRAs, waitingLoRAs []string
 }
 
@@ -278,6 +304,7 @@ func (e *engine) stats() engineStats {
 		running: len(e.running), waiting: len(e.waiting),
 		kvUsage:      1 - float64(e.freeBlocks)/float64(e.o.KVBlocks),
 		promptTokens: e.promptTokens, genTokens: e.genTokens, finished: e.finished,
+		cacheQueries: e.cacheQueries, cacheHits: e.cacheHits,
 	}
 	for _, s := range e.running {
 		if s.lora != "" {

@@ -253,3 +253,31 @@ func TestMetricsDialectsAndLoRAInfo(t *testing.T) {
 	assert.Zero(t, scrape(t, sg, "sglang:num_queue_reqs"))
 	assert.Zero(t, scrape(t, sg, "sglang:token_usage"))
 }
+
+// With a prefix cache, a prompt that repeats an earlier one's beginning
+// finds those blocks cached, as vLLM counts it in its prefix cache series;
+// another prompt finds nothing.
+func TestEnginePrefixCacheFindsRepeatedPrefixes(t *testing.T) {
+	w := startEngine(t, Options{ID: 1, Tokens: 2, Engine: EngineOptions{MaxNumSeqs: 4, InterTokenLatency: time.Millisecond, PrefixCache: true}})
+	system := strings.Repeat("You are a careful assistant. ", 20) // 580 bytes: 9 blocks of 64
+	ask := func(messages string) {
+		resp, err := post(context.Background(), w.URL(), "/v1/chat/completions", `{"model":"mock-model","messages":[`+messages+`]}`)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	first := `{"role":"system","content":"` + system + `"},{"role":"user","content":"What is the tallest mountain?"}`
+	ask(first)
+	assert.Zero(t, scrape(t, w, "vllm:prefix_cache_hits_total"))
+	queries := scrape(t, w, "vllm:prefix_cache_queries_total")
+	assert.Positive(t, queries)
+
+	ask(first + `,{"role":"assistant","content":"Everest."},{"role":"user","content":"And the second?"}`)
+	hits := scrape(t, w, "vllm:prefix_cache_hits_total")
+	assert.Equal(t, float64(9*16), hits, "the system prompt's 9 whole blocks (the text up to the user's turn is not a whole block more)")
+
+	ask(`{"role":"system","content":"` + strings.Repeat("Answer in French. ", 40) + `"}`)
+	assert.Equal(t, hits, scrape(t, w, "vllm:prefix_cache_hits_total"), "another prompt shares nothing")
+	assert.Greater(t, scrape(t, w, "vllm:prefix_cache_queries_total"), queries)
+}

@@ -53,6 +53,10 @@ func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
 		metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", st.promptTokens)
 		metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", st.genTokens)
 		metric("vllm:request_success_total", "counter", "Count of successfully processed requests.", st.finished)
+		if w.engine != nil && w.engine.cache != nil {
+			metric("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", st.cacheQueries)
+			metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", st.cacheHits)
+		}
 		b = fmt.Appendf(b, "# HELP vllm:lora_requests_info Running stats on lora requests.\n# TYPE vllm:lora_requests_info gauge\n"+
 			"vllm:lora_requests_info{max_lora=\"%d\",running_lora_adapters=%q,waiting_lora_adapters=%q} %d\n",
 			maxLoRA, strings.Join(st.runningLoRAs, ","), strings.Join(st.waitingLoRAs, ","), time.Now().Unix())

@@ -32,6 +32,7 @@ func runMockWorker(args []string) error {
 	fs.Float64Var(&e.LoadFactor, "load-factor", mockworker.DefaultLoadFactor, "engine: extra step time per further running request, as a share of --inter-token-latency")
 	fs.DurationVar(&e.PrefillPerToken, "prefill-per-token", mockworker.DefaultPrefillPerToken, "engine: prefill time per prompt token (4 bytes of body a token)")
 	fs.Float64Var(&e.Speed, "speed", 1, "engine: divides every duration (a CPU-like engine: 0.1667)")
+	fs.BoolVar(&e.PrefixCache, "prefix-cache", false, "engine: keep prompts' blocks cached (vLLM's prefix caching): a prompt prefills only what follows its longest cached prefix")
 	fs.IntVar(&e.KVBlocks, "kv-blocks", mockworker.DefaultKVBlocks, "engine: KV cache blocks")
 	fs.IntVar(&e.BlockSize, "block-size", mockworker.DefaultBlockSize, "engine: tokens per KV cache block")
 	fs.IntVar(&e.MaxLoRA, "max-lora", mockworker.DefaultMaxLoRA, "engine: adapters per batch (reported in vllm:lora_requests_info)")

@@ -123,6 +123,12 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.DurationVar(&cfg.Router.SessionAffinity.TTL, "affinity-ttl", cfg.Router.SessionAffinity.TTL, "idle session expiry")
 	fs.IntVar(&cfg.Router.SessionAffinity.MaxSessions, "affinity-max-sessions", cfg.Router.SessionAffinity.MaxSessions, "session table bound")
 	fs.StringVar(&cfg.Router.LoRAPlacement, "lora-placement", cfg.Router.LoRAPlacement, "an adapter no routable worker holds: off (404/503) or rendezvous (placed by hashing its name)")
+	pa := &cfg.Router.PrefixAffinity
+	fs.BoolVar(&pa.Enabled, "prefix-affinity", pa.Enabled, "send a generation request to the worker last sent the longest prefix of its prompt (its KV cache)")
+	fs.IntVar(&pa.TableSize, "prefix-affinity-table-size", pa.TableSize, "prompt prefixes remembered (table slots)")
+	fs.IntVar(&pa.BlockBytes, "prefix-affinity-block-bytes", pa.BlockBytes, "prompt bytes a prefix block")
+	fs.IntVar(&pa.MaxBlocks, "prefix-affinity-max-blocks", pa.MaxBlocks, "blocks of a prompt keyed at most")
+	fs.IntVar(&pa.Slack, "prefix-affinity-slack", pa.Slack, "requests in flight a prefix's worker may have beyond the mode's pick and still take it")
 	fs.IntVar(&cfg.Router.EmbeddingCacheSize, "embedding-cache-size", cfg.Router.EmbeddingCacheSize, "embedding cache table keys (0 = off)")
 	fs.BoolVar(&cfg.Telemetry.NVML, "telemetry-nvml", cfg.Telemetry.NVML, "poll GPUs through NVML")
 	fs.BoolVar(&cfg.Telemetry.CPU, "telemetry-cpu", cfg.Telemetry.CPU, "poll /proc and cgroup CPU state")

@@ -95,6 +95,9 @@ type Router struct {
 	SessionAffinity Affinity     `yaml:"session_affinity"`
 	// EmbeddingCacheSize bounds the embedding cache table (keys); 0 turns it off.
 	EmbeddingCacheSize int `yaml:"embedding_cache_size"`
+	// PrefixAffinity sends a generation request to the worker last sent
+	// the longest prefix of its prompt, where its KV cache may still be.
+	PrefixAffinity PrefixAffinity `yaml:"prefix_affinity"`
 	// LoRAPlacement is where a request for an adapter no routable worker
 	// holds goes: off (404 for an unknown model, 503 for an adapter whose
 	// holders are all gone) or rendezvous (the worker rendezvous hashing of
@@ -116,6 +119,35 @@ type Router struct {
 	// the answer is small enough to be read whole first; the last worker's
 	// answer reaches the client as it is. Empty: answers are never retried.
 	RetryStatuses []int `yaml:"retry_statuses"`
+}
+
+// PrefixAffinity is prefix-aware routing: a generation request's prompt
+// (its messages, prompt or input, with the model's name) is keyed in
+// blocks of BlockBytes, up to MaxBlocks of them; a table of TableSize
+// slots remembers the worker each prefix was last sent to, and a request
+// goes to the worker holding its longest known prefix while that worker
+// has at most Slack requests in flight more than the one the mode picks.
+type PrefixAffinity struct {
+	Enabled    bool `yaml:"enabled"`
+	TableSize  int  `yaml:"table_size"`
+	BlockBytes int  `yaml:"block_bytes"`
+	MaxBlocks  int  `yaml:"max_blocks"`
+	Slack      int  `yaml:"slack"`
+}
+
+// validate checks the prefix routing settings, whether on or not.
+func (p PrefixAffinity) validate() error {
+	switch {
+	case p.TableSize < 64 || p.TableSize > 1<<26:
+		return keyErr("router.prefix_affinity.table_size", "%d is outside 64..%d", p.TableSize, 1<<26)
+	case p.BlockBytes < 16 || p.BlockBytes > 1<<16:
+		return keyErr("router.prefix_affinity.block_bytes", "%d is outside 16..%d", p.BlockBytes, 1<<16)
+	case p.MaxBlocks < 1 || p.MaxBlocks > 4096:
+		return keyErr("router.prefix_affinity.max_blocks", "%d is outside 1..4096", p.MaxBlocks)
+	case p.Slack < 0:
+		return keyErr("router.prefix_affinity.slack", "%d is negative", p.Slack)
+	}
+	return nil
 }
 
 // Queue is the router's wait queue for requests that find their workers
@@ -232,6 +264,7 @@ func Default() Config {
 			Mode: pickers.ModeWeighted, BusyThreshold: 64, Retries: 2,
 			SessionAffinity:    Affinity{Mode: "soft", Header: "x-session-id", TTL: 10 * time.Minute, MaxSessions: 100000},
 			EmbeddingCacheSize: 1 << 16, CPURatio: 8, LoRAPlacement: "off",
+			PrefixAffinity: PrefixAffinity{TableSize: 1 << 18, BlockBytes: 256, MaxBlocks: 128, Slack: 4},
 			Disaggregation: Disaggregation{Protocol: DisaggOff, Fallback: FallbackAggr},
 			Queue:          Queue{Timeout: 30 * time.Second},
 		},
@@ -385,6 +418,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Router.EmbeddingCacheSize < 0 || c.Router.EmbeddingCacheSize > 1<<26 {
 		return keyErr("router.embedding_cache_size", "%d is outside 0..%d (0 turns the cache off)", c.Router.EmbeddingCacheSize, 1<<26)
+	}
+	if err := c.Router.PrefixAffinity.validate(); err != nil {
+		return err
 	}
 	if p := c.Router.LoRAPlacement; p != "off" && p != "rendezvous" {
 		return keyErr("router.lora_placement", "%q is not off or rendezvous", p)

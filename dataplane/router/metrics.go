@@ -33,6 +33,14 @@ func (r *Router) stateCollector() metrics.Collector {
 		w.Sample("fastroute_affinity_evictions_total", float64(expired), "reason", "ttl")
 		w.Single("fastroute_stored_responses", "gauge", "Stored responses (Responses API) whose worker the router knows.", float64(r.Responses.Len()))
 
+		if r.Prefixes != nil {
+			taken, passed, unknown := r.Selector.PrefixRouted()
+			w.Header("fastroute_prefix_requests_total", "counter",
+				"Generation requests keyed by their prompt's prefixes: sent to the worker holding the longest known one (taken), sent elsewhere (passed: that worker busier than the slack allows, or not a candidate), or with no prefix known (unknown).")
+			w.Sample("fastroute_prefix_requests_total", float64(taken), "outcome", "taken")
+			w.Sample("fastroute_prefix_requests_total", float64(passed), "outcome", "passed")
+			w.Sample("fastroute_prefix_requests_total", float64(unknown), "outcome", "unknown")
+		}
 		if c := r.EmbedCache; c != nil {
 			w.Header("fastroute_embedding_cache_hits_total", "counter", "Embedding inputs found in the cache table.")
 			w.Sample("fastroute_embedding_cache_hits_total", float64(c.Hits()))

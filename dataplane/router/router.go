@@ -44,7 +44,9 @@ type Router struct {
 	Responses *affinity.Table
 	// EmbedCache is nil when router.embedding_cache_size is 0.
 	EmbedCache *affinity.Cache
-	Metrics    *metrics.Set
+	// Prefixes is nil while router.prefix_affinity is off.
+	Prefixes *affinity.Prefixes
+	Metrics  *metrics.Set
 	// Discovery is nil unless discovery.etcd names endpoints.
 	Discovery *discovery.Watcher
 
@@ -97,8 +99,13 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if n := cfg.Router.EmbeddingCacheSize; n > 0 {
 		r.EmbedCache = affinity.NewCache(n)
 	}
+	pa := cfg.Router.PrefixAffinity
+	if pa.Enabled {
+		r.Prefixes = affinity.NewPrefixes(pa.TableSize)
+	}
 	sel.SetRouting(dataplane.Routing{
 		Sessions: r.Sessions, SessionMode: affMode, SessionHeader: aff.Header, EmbedCache: r.EmbedCache, Responses: r.Responses,
+		Prefixes: r.Prefixes, PrefixSlack: int64(pa.Slack), PrefixBlock: pa.BlockBytes, PrefixBlocks: pa.MaxBlocks,
 		PlaceAdapters:    cfg.Router.LoRAPlacement == "rendezvous",
 		MinPrefillTokens: cfg.Router.Disaggregation.MinPrefillTokens,
 		PrefillFallback:  cfg.Router.Disaggregation.Fallback == config.FallbackAggr,

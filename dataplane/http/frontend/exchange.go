@@ -67,6 +67,7 @@ type exchange struct {
 	sse      bool   // the answer is an event stream
 	tail     []byte // the error event still to send after a broken stream
 	relay    chunkRelay
+	prompt   affinity.PrefixHasher // keys the prompt's prefixes (readPrompt)
 
 	// The client's connection taken over from fasthttp (takeOver).
 	ctx           *fasthttp.RequestCtx // the client's, once taken over; nil: the exchange runs in fasthttp's handler
@@ -232,8 +233,8 @@ func (ex *exchange) readForm(contentType, body []byte) error {
 
 // readRouting copies what in a JSON body routes a request into its
 // selection request: the model (a LoRA adapter, maybe), a stored response
-// it continues and the embedding inputs' cache keys, each only when
-// routing uses it. It copies into the request's reused buffers, so it
+// it continues, the prompt's prefix keys and the embedding inputs' cache
+// keys, each only when routing uses it. It copies into the request's reused buffers, so it
 // allocates nothing once they have grown.
 func (ex *exchange) readRouting(v *fastjson.Value) error {
 	rt := ex.s.sel.Routing()
@@ -252,6 +253,9 @@ func (ex *exchange) readRouting(v *fastjson.Value) error {
 			}
 			ex.req.Response = append(ex.req.Response[:0], b...)
 		}
+	}
+	if rt.WantsPrefixKeys() {
+		ex.readPrompt(rt, v)
 	}
 	if ex.rt != routeEmbeddings || !rt.WantsCacheKeys() {
 		return nil

@@ -1,0 +1,76 @@
+package frontend
+
+import (
+	"github.com/valyala/fastjson"
+
+	"github.com/fastroute/fastroute/affinity"
+	"github.com/fastroute/fastroute/dataplane"
+)
+
+// The fields that hold a generation request's prompt, in the order the
+// engine's template puts them: a system prompt or instructions first,
+// then the conversation or the prompt.
+var promptFields = [...][]string{
+	routeChat:        {"messages"},
+	routeCompletions: {"prompt"},
+	routeResponses:   {"instructions", "input"},
+	routeMessages:    {"system", "messages"},
+}
+
+// The fields of a message, or of a part of one, that carry its text (a
+// role, a name, the text, an image's URL), in the order they are keyed.
+var messageFields = [...]string{"role", "name", "content", "text", "image_url", "url"}
+
+// maxPromptDepth bounds how deep a prompt's values are read: an image
+// part's URL is five levels below the messages (message, content, part,
+// image_url, url).
+const maxPromptDepth = 5
+
+// unitSep ends each piece of a prompt's text, so that ["ab", "c"] and
+// ["a", "bc"] key apart.
+var unitSep = []byte{0x1f}
+
+// readPrompt keys the prompt of a generation request's body v for prefix
+// routing (dataplane.Routing.Prefixes): its text, read field by field in
+// the order the engine sees it, hashed in blocks (affinity.PrefixHasher),
+// seeded with the model's name. The keys go to the request routing
+// places by them: the prefill leg's when the request is split, since a
+// prefix cache worth finding is the prefill worker's. It allocates
+// nothing once the keys' buffer has grown.
+func (ex *exchange) readPrompt(rt *dataplane.Routing, v *fastjson.Value) {
+	if int(ex.rt) >= len(promptFields) || len(promptFields[ex.rt]) == 0 {
+		return
+	}
+	req := &ex.req
+	if ex.split {
+		req = &ex.prefillLeg().req
+	}
+	h := &ex.prompt
+	h.Reset(ex.req.Model, rt.PrefixBlock, rt.PrefixBlocks, req.PrefixKeys)
+	for _, f := range promptFields[ex.rt] {
+		writePrompt(h, v.Get(f), 0)
+	}
+	req.PrefixKeys = h.Keys()
+}
+
+// writePrompt adds the text of v to h: a string as it is, an array's
+// elements in turn, an object's text fields (messageFields); numbers (a
+// prompt of token ids) and the rest add nothing.
+func writePrompt(h *affinity.PrefixHasher, v *fastjson.Value, depth int) {
+	if v == nil || depth > maxPromptDepth {
+		return
+	}
+	switch v.Type() {
+	case fastjson.TypeString:
+		h.Write(v.GetStringBytes())
+		h.Write(unitSep)
+	case fastjson.TypeArray:
+		for _, e := range v.GetArray() {
+			writePrompt(h, e, depth+1)
+		}
+	case fastjson.TypeObject:
+		for _, f := range messageFields {
+			writePrompt(h, v.Get(f), depth+1)
+		}
+	}
+}

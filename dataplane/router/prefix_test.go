@@ -1,0 +1,173 @@
+package router
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// cachingEngines are n simulated engines with vLLM's prefix caching.
+func cachingEngines(n int) []mockworker.Options {
+	out := mocks(n, 2, 0)
+	for i := range out {
+		out[i].Engine = mockworker.EngineOptions{MaxNumSeqs: 8, InterTokenLatency: time.Millisecond, PrefixCache: true}
+	}
+	return out
+}
+
+func prefixAffinity(on bool) func(*config.Config) {
+	return func(c *config.Config) {
+		c.Router.PrefixAffinity.Enabled = on
+		c.Router.PrefixAffinity.BlockBytes = 64
+	}
+}
+
+// converse runs conversations of turns each, one request a turn, every
+// turn repeating the conversation so far as a chat client does; it
+// returns the workers each conversation's turns went to.
+func (f *fleet) converse(conversations, turns int) [][]string {
+	f.t.Helper()
+	went := make([][]string, conversations)
+	history := make([]string, conversations)
+	for c := range history {
+		history[c] = fmt.Sprintf(`{"role":"user","content":"Student %d asks: why is the sky blue, what makes sunsets red, and why are clouds white?"}`, c)
+	}
+	for turn := range turns {
+		for c := range history {
+			went[c] = append(went[c], f.servedBy("/v1/chat/completions", `{"model":"mock-model","messages":[`+history[c]+`]}`))
+			history[c] += fmt.Sprintf(`,{"role":"assistant","content":"Answer %d, at some length, about light and the air."},{"role":"user","content":"Follow-up question %d?"}`, turn, turn)
+		}
+	}
+	return went
+}
+
+// cacheHits sums the prefix cache hits (tokens) of the fleet's engines.
+func (f *fleet) cacheHits() float64 {
+	total := 0.0
+	for _, m := range f.mocks {
+		resp, err := f.client.Get(m.URL() + "/metrics")
+		require.NoError(f.t, err)
+		page := readAll(f.t, resp)
+		v := regexp.MustCompile(`(?m)^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$`).FindStringSubmatch(page)
+		require.NotNil(f.t, v, page)
+		n, err := strconv.ParseFloat(v[1], 64)
+		require.NoError(f.t, err)
+		total += n
+	}
+	return total
+}
+
+// With prefix affinity on, each conversation's turns stay on the worker
+// its first turn went to, though the mode (round-robin) would rotate
+// them, and the engines find the conversations in their prefix caches.
+// Off, the turns rotate and most of what the engines cached is never
+// asked for again where it is. Conversations that share nothing spread
+// as the mode has them.
+func TestConversationsStayWhereTheirPrefixIs(t *testing.T) {
+	on := startFleet(t, cachingEngines(3), prefixAffinity(true))
+	firsts := map[string]bool{}
+	for c, workers := range on.converse(5, 4) {
+		firsts[workers[0]] = true
+		for turn, w := range workers {
+			assert.Equal(t, workers[0], w, "conversation %d, turn %d", c, turn)
+		}
+	}
+	assert.Len(t, firsts, 3, "the first turns went round the workers")
+	taken, passed, unknown := on.r.Selector.PrefixRouted()
+	assert.Equal(t, [3]uint64{15, 0, 5}, [3]uint64{taken, passed, unknown}, "each first turn is new; every later one goes to its holder")
+	_, page := adminDo(t, on, "GET", "/metrics", "", "")
+	assert.Contains(t, page, `fastroute_prefix_requests_total{outcome="taken"} 15`)
+	assert.Contains(t, page, `fastroute_prefix_requests_total{outcome="unknown"} 5`)
+	on.assertIdle()
+
+	off := startFleet(t, cachingEngines(3), prefixAffinity(false))
+	moved := 0
+	for _, workers := range off.converse(5, 4) {
+		for _, w := range workers[1:] {
+			if w != workers[0] {
+				moved++
+			}
+		}
+	}
+	assert.Positive(t, moved, "round-robin alone moves turns")
+	_, page = adminDo(t, off, "GET", "/metrics", "", "")
+	assert.NotContains(t, page, "fastroute_prefix_requests_total")
+	assert.Greater(t, on.cacheHits(), 2*off.cacheHits(), "the engines reuse more of their caches (tokens: %v with, %v without)", on.cacheHits(), off.cacheHits())
+}
+
+// Every generation route keys its prompt: completions' prompt, the
+// Responses API's instructions and input, a chat message's content
+// parts. A prompt of token ids, an embedding and a short prompt are not
+// keyed, and route as the mode has them.
+func TestEachRouteKeysItsPrompt(t *testing.T) {
+	f := startFleet(t, cachingEngines(3), prefixAffinity(true))
+	long := strings.Repeat("a long shared document, read again and again; ", 8)
+	for _, c := range []struct{ path, first, next string }{
+		{"/v1/completions", `{"model":"mock-model","prompt":%q}`, `{"model":"mock-model","prompt":%q}`},
+		{"/v1/responses", `{"model":"mock-model","store":false,"instructions":%q,"input":"q1"}`, `{"model":"mock-model","store":false,"instructions":%q,"input":"q2"}`},
+		{"/v1/chat/completions", `{"model":"mock-model","messages":[{"role":"user","content":[{"type":"text","text":%q}]}]}`,
+			`{"model":"mock-model","messages":[{"role":"user","content":[{"type":"text","text":%q},{"type":"text","text":"and more"}]}]}`},
+	} {
+		first := f.servedBy(c.path, fmt.Sprintf(c.first, c.path+long))
+		for range 3 {
+			assert.Equal(t, first, f.servedBy(c.path, fmt.Sprintf(c.next, c.path+long)), c.path)
+		}
+	}
+	taken, _, unknown := f.r.Selector.PrefixRouted()
+	assert.Equal(t, [2]uint64{9, 3}, [2]uint64{taken, unknown})
+
+	for _, c := range []struct{ path, body string }{
+		{"/v1/completions", `{"model":"mock-model","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30]}`},
+		{"/v1/embeddings", `{"model":"mock-model","input":"` + long + `"}`},
+		{"/v1/chat/completions", `{"model":"mock-model","messages":[{"role":"user","content":"hi"}]}`},
+	} {
+		f.servedBy(c.path, c.body)
+	}
+	again, _, unknownAgain := f.r.Selector.PrefixRouted()
+	assert.Equal(t, [2]uint64{taken, unknown}, [2]uint64{again, unknownAgain}, "none of them was keyed")
+	f.assertIdle()
+}
+
+// A worker that holds a conversation but is busier than the slack allows
+// does not get its next turn.
+func TestABusyHolderLosesTheTurn(t *testing.T) {
+	engines := cachingEngines(2)
+	for i := range engines {
+		engines[i].Engine.InterTokenLatency = 20 * time.Millisecond
+		engines[i].Tokens = 50
+	}
+	f := startFleet(t, engines, func(c *config.Config) {
+		prefixAffinity(true)(c)
+		c.Router.PrefixAffinity.Slack = 1
+	})
+	body := `{"model":"mock-model","messages":[{"role":"user","content":"` + strings.Repeat("the same long question ", 12) + `"}]}`
+	holder := f.servedBy("/v1/chat/completions", body)
+	// Hold two requests open on the holder (1 s each), then ask again.
+	done := make(chan struct{}, 2)
+	for range 2 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			resp := f.post("/v1/chat/completions", body, "x-worker-id", holder)
+			_ = readAll(t, resp)
+		}()
+	}
+	require.Eventually(t, func() bool {
+		id, _ := strconv.ParseUint(holder, 10, 64)
+		w, ok := f.r.Registry.Get(id)
+		return ok && w.Occupancy() == 2
+	}, 5*time.Second, 5*time.Millisecond)
+	assert.NotEqual(t, holder, f.servedBy("/v1/chat/completions", body), "2 in flight against 0: beyond a slack of 1")
+	_, passed, _ := f.r.Selector.PrefixRouted()
+	assert.Equal(t, uint64(1), passed)
+	<-done
+	<-done
+	f.assertIdle()
+}
