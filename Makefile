@@ -42,7 +42,9 @@ bench-e2e: build
 ## bench-routing: routing quality on a fleet of simulated engines (two
 ## GPU-like, one CPU-like at 1/6 speed): every fastroute mode, nginx
 ## least_conn and round-robin, open-loop Poisson load at 50/80/95% of the
-## fleet's capacity. Table and TTFT p99 plot in bench/out. Installs nginx.
+## fleet's capacity; then prefill/decode disaggregation, and prefix
+## affinity on multi-turn conversations over prefix-caching engines.
+## Table and TTFT p99 plot in bench/out. Installs nginx.
 ROUTING_FLAGS ?=
 bench-routing: build
 	@command -v nginx >/dev/null || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nginx; }

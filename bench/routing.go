@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -33,24 +34,28 @@ type RoutingOptions struct {
 	// PDLoad is the load of the prefill/decode comparison (PDSetups on
 	// pdFleet); 0 skips it.
 	PDLoad float64
-	Seed   uint64 // workload seed
-	OutDir string // where routing.md and routing.svg go
+	// ConvLoad is the load of the conversation comparison (ConvSetups on
+	// convFleet); 0 skips it.
+	ConvLoad float64
+	Seed     uint64 // workload seed
+	OutDir   string // where routing.md and routing.svg go
 }
 
 // simEngine is one simulated engine of the routing fleet.
 type simEngine struct {
-	name  string
-	slots int
-	speed float64
+	name        string
+	slots       int
+	speed       float64
+	prefixCache bool // it keeps prompts' blocks (--prefix-cache)
 }
 
 // The fleet: two GPU-like engines with different batch sizes and a CPU-like
 // one at 1/6 of their speed. Every engine has the same step model.
-var routingFleet = []simEngine{{"gpu-a", 16, 1}, {"gpu-b", 24, 1}, {"cpu", 4, 1.0 / 6}}
+var routingFleet = []simEngine{{"gpu-a", 16, 1, false}, {"gpu-b", 24, 1, false}, {"cpu", 4, 1.0 / 6, false}}
 
 // The prefill/decode comparison's fleet: three engines like gpu-a, run all
 // whole or one prefilling for two decoding.
-var pdFleet = []simEngine{{"gpu-1", 16, 1}, {"gpu-2", 16, 1}, {"gpu-3", 16, 1}}
+var pdFleet = []simEngine{{"gpu-1", 16, 1, false}, {"gpu-2", 16, 1, false}, {"gpu-3", 16, 1, false}}
 
 // PDSetups are the two ways the comparison runs pdFleet: aggregated in the
 // default mode, and disaggregated with vLLM's protocol.
@@ -75,9 +80,13 @@ const (
 )
 
 func (e simEngine) flags() []string {
-	return []string{"--max-num-seqs", strconv.Itoa(e.slots), "--speed", strconv.FormatFloat(e.speed, 'f', 4, 64),
+	f := []string{"--max-num-seqs", strconv.Itoa(e.slots), "--speed", strconv.FormatFloat(e.speed, 'f', 4, 64),
 		"--inter-token-latency", simITL.String(), "--load-factor", strconv.FormatFloat(simLoadFactor, 'f', -1, 64),
 		"--prefill-per-token", simPrefillToken.String(), "--kv-blocks", "8192"}
+	if e.prefixCache {
+		f = append(f, "--prefix-cache")
+	}
+	return f
 }
 
 // capacity is the engine's steady throughput in requests per second with a
@@ -95,6 +104,7 @@ func (e simEngine) capacity(meanPrompt, meanOut float64) float64 {
 type job struct {
 	at          time.Duration // arrival after the start of the run
 	prompt, out int           // tokens
+	body        []byte        // the request's body; nil: chatBody's
 }
 
 // lengths draws heavy-tailed prompt and answer lengths (log-normal, as
@@ -174,6 +184,7 @@ type RoutingRow struct {
 	Timeout    time.Duration  // failed requests count as this slow
 	ByWorker   map[string]int // completed requests per engine
 	WorkerList []string
+	CacheHits  float64 // engines with prefix caching: the share of prompt tokens found cached after the warm-up
 }
 
 func pct(sorted []time.Duration, q float64) time.Duration {
@@ -226,7 +237,10 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 			rows = append(rows, row)
 		}
 	}
-	table := RoutingTable(rows, fleetCap, o)
+	var table string
+	if len(rows) > 0 {
+		table = RoutingTable(rows, fleetCap, o)
+	}
 	if o.PDLoad > 0 {
 		pdCap := 0.0
 		for _, e := range pdFleet {
@@ -244,6 +258,13 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 			pd = append(pd, row)
 		}
 		table += "\n" + PDTable(pd, pdCap)
+	}
+	if o.ConvLoad > 0 {
+		conv, capacity, err := runConversations(o, dir)
+		if err != nil {
+			return nil, err
+		}
+		table += "\n" + ConvTable(conv, capacity)
 	}
 	if err := os.WriteFile(filepath.Join(o.OutDir, "routing.md"), []byte(table), 0o644); err != nil {
 		return nil, err
@@ -292,6 +313,14 @@ func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingR
 	}
 	results := make([]outcome, len(jobs))
 	var wg sync.WaitGroup
+	var warm [2]float64 // prefix cache queries and hits at the warm-up's end
+	var warmErr error
+	if fleet[0].prefixCache {
+		wg.Go(func() {
+			time.Sleep(o.Warmup)
+			warm[0], warm[1], warmErr = prefixCache(addrs)
+		})
+	}
 	start := time.Now()
 	for i, j := range jobs {
 		time.Sleep(time.Until(start.Add(j.at)))
@@ -302,6 +331,15 @@ func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingR
 	}
 	wg.Wait()
 	row := RoutingRow{Router: rt.Name, Window: o.Duration, Timeout: o.Timeout, ByWorker: map[string]int{}}
+	if fleet[0].prefixCache {
+		queries, hits, err := prefixCache(addrs)
+		if err = cmp.Or(warmErr, err); err != nil {
+			return RoutingRow{}, err
+		}
+		if queries > warm[0] {
+			row.CacheHits = (hits - warm[1]) / (queries - warm[0])
+		}
+	}
 	for _, e := range fleet {
 		row.WorkerList = append(row.WorkerList, e.name)
 	}
@@ -344,7 +382,11 @@ func chatBody(prompt, out int) []byte {
 func streamOnce(client *http.Client, addr string, j job, timeout time.Duration) (ttft, e2e time.Duration, tokens int, worker string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", bytes.NewReader(chatBody(j.prompt, j.out)))
+	body := j.body
+	if body == nil {
+		body = chatBody(j.prompt, j.out)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return 0, 0, 0, "", err
 	}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -30,10 +31,38 @@ func TestRoutingWorkloadIsSeededPoissonWithHeavyTails(t *testing.T) {
 }
 
 func TestEngineCapacityModel(t *testing.T) {
-	gpu, cpu := simEngine{"g", 16, 1}, simEngine{"c", 16, 1.0 / 6}
+	gpu, cpu := simEngine{"g", 16, 1, false}, simEngine{"c", 16, 1.0 / 6, false}
 	// 16 slots, 66 answer tokens at a 5.8 ms full-batch step, 327-token prompts at 20 µs a token.
 	assert.InDelta(t, 16/(66*0.0058+16*327*20e-6), gpu.capacity(327, 66), 0.01)
 	assert.InDelta(t, gpu.capacity(327, 66)/6, cpu.capacity(327, 66), 0.01, "speed scales throughput")
+}
+
+// A conversation's turns come in order, each body starting with the one
+// before (all but its closing brackets), and are replayed alike for every
+// router.
+func TestConversationsRepeatTheirPast(t *testing.T) {
+	jobs, meanP, meanO := conversations(3, 40, 10*time.Second)
+	again, _, _ := conversations(3, 40, 10*time.Second)
+	assert.Equal(t, jobs, again)
+	assert.InDelta(t, 400, len(jobs), 80, "about rate × duration turns")
+	last := map[string][]byte{} // conversation → its latest turn's body
+	turns := 0
+	for i, j := range jobs {
+		require.True(t, i == 0 || jobs[i-1].at <= j.at, "in arrival order")
+		m := regexp.MustCompile(`"content":"conversation (\d+): `).FindSubmatch(j.body)
+		require.NotNil(t, m)
+		if prev, ok := last[string(m[1])]; ok {
+			open := prev[:len(prev)-2] // without "]}"
+			assert.True(t, strings.HasPrefix(string(j.body[strings.Index(string(j.body), `"messages"`):]), string(open[strings.Index(string(open), `"messages"`):])),
+				"a turn repeats the conversation so far")
+			turns++
+		}
+		last[string(m[1])] = j.body
+		assert.Equal(t, len(j.body)/4, j.prompt)
+	}
+	assert.Greater(t, turns, len(jobs)/2, "most turns follow one before")
+	assert.Greater(t, meanP, float64(convDocTokens))
+	assert.Positive(t, meanO)
 }
 
 func TestRoutingTableMarksFailures(t *testing.T) {
@@ -67,8 +96,8 @@ func TestRoutingSmoke(t *testing.T) {
 	bin := buildBinary(t)
 	dir := t.TempDir()
 	rows, err := RunRouting(RoutingOptions{Binary: bin, Warmup: 300 * time.Millisecond, Duration: 700 * time.Millisecond,
-		Timeout: 5 * time.Second, Loads: []float64{0.3}, Seed: 1, OutDir: dir, PDLoad: 0.3,
-		Routers: []string{"fastroute device-aware-weighted (default)", "nginx least_conn"}})
+		Timeout: 5 * time.Second, Loads: []float64{0.3}, Seed: 1, OutDir: dir, PDLoad: 0.3, ConvLoad: 0.3,
+		Routers: []string{"fastroute device-aware-weighted (default)", "nginx least_conn", "fastroute default + prefix affinity"}})
 	require.NoError(t, err)
 	require.Len(t, rows, 2)
 	for _, r := range rows {
@@ -81,6 +110,9 @@ func TestRoutingSmoke(t *testing.T) {
 	assert.Equal(t, 2, strings.Count(string(md), "| 30% |"))
 	assert.Contains(t, string(md), "| disaggregated vllm-nixl: 1 prefill + 2 decode |")
 	assert.NotContains(t, string(md), "| disaggregated vllm-nixl: 1 prefill + 2 decode | 0s", "its requests were answered")
+	conv := regexp.MustCompile(`(?m)^\| fastroute default \+ prefix affinity \|.* \| 0 \| (\d+)% \|`).FindStringSubmatch(string(md))
+	require.NotNil(t, conv, "the conversation comparison's row, none failed:\n%s", md)
+	assert.NotEqual(t, "0", conv[1], "its engines found prompt tokens cached")
 	_, err = os.Stat(filepath.Join(dir, "routing.svg"))
 	assert.NoError(t, err)
 }
