@@ -81,11 +81,14 @@ type PrefixHasher struct {
 }
 
 // Reset starts a prompt: blocks of block bytes, at most max keys, appended
-// to keys[:0] (whose capacity is reused).
+// to keys[:0] (whose capacity is reused). A block of no bytes keys nothing.
 func (h *PrefixHasher) Reset(seed []byte, block, max int, keys []uint64) {
 	h.d.Reset()
 	_, _ = h.d.Write(seed)
 	_, _ = h.d.Write([]byte{0})
+	if block <= 0 {
+		max = 0
+	}
 	h.block, h.fill, h.max, h.keys = block, 0, max, keys[:0]
 }
 

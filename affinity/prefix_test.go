@@ -37,6 +37,7 @@ func TestPrefixKeysNameWhatCameBefore(t *testing.T) {
 
 	assert.Equal(t, a[:2], prefixKeys("m", strings.Repeat("a", 40), 8, 2), "at most max keys")
 	assert.Empty(t, prefixKeys("m", "short", 8, 100))
+	assert.Empty(t, prefixKeys("m", "no block size keys nothing", 0, 100))
 
 	keys := make([]uint64, 0, 16)
 	assert.Zero(t, testing.AllocsPerRun(100, func() {

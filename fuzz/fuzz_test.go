@@ -101,7 +101,8 @@ func FuzzPickers(f *testing.F) {
 
 // FuzzSelectSequence runs random operation sequences on a live registry and
 // checks: occupancy never negative, a drained or unhealthy worker is never
-// selected, the busy threshold is never passed, and everything returns to 0.
+// selected (nor by prefix affinity), the busy threshold is never passed,
+// and everything returns to 0.
 func FuzzSelectSequence(f *testing.F) {
 	f.Add([]byte{0, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1})
 	f.Add([]byte{4, 4, 4, 0, 0, 0, 0, 0, 2, 2, 6})
@@ -119,6 +120,10 @@ func FuzzSelectSequence(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Some selections carry one of three prompts' prefix keys, which
+		// prefix affinity routes by (slack 1).
+		sel.SetRouting(dataplane.Routing{Prefixes: affinity.NewPrefixes(64), PrefixSlack: 1})
+		prompts := [3][]uint64{{11, 12, 13}, {11, 12, 14, 15}, {21}}
 		var held []*dataplane.Reservation
 		var req dataplane.Request
 		for _, op := range ops {
@@ -128,6 +133,9 @@ func FuzzSelectSequence(f *testing.F) {
 				req.Reset()
 				if op%16 == 1 {
 					req.WorkerID = id
+				}
+				if p := op >> 6; p < 3 {
+					req.PrefixKeys = append(req.PrefixKeys, prompts[p]...)
 				}
 				res := new(dataplane.Reservation)
 				if err := sel.Select(&req, res); err == nil {
