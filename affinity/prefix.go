@@ -67,43 +67,61 @@ func (p *Prefixes) Record(keys []uint64, worker uint64) {
 }
 
 // PrefixHasher cuts a prompt, written to it piece by piece, into blocks of
-// a fixed number of bytes and keys each whole block by the hash of
-// everything written before its end: two prompts share a block's key when
-// they share everything up to it. The seed (the model's name) is hashed
-// first, so the same text sent to two models shares nothing. The zero
-// value is ready once Reset; it allocates nothing while keys has room.
+// a fixed number of bytes and keys each whole block by everything written
+// before its end: a block's key mixes the key before it with the block's
+// xxhash, so two prompts share a block's key when they share everything up
+// to it. The seed (the model's name) starts the chain, so the same text
+// sent to two models shares nothing. The zero value is ready once Reset;
+// it allocates nothing once its buffer (a block that spans pieces) and
+// keys have grown.
 type PrefixHasher struct {
-	d     xxhash.Digest
-	block int // bytes a block
-	fill  int // bytes of the current block written
-	max   int // keys at most
-	keys  []uint64
+	block int      // bytes a block
+	max   int      // keys at most
+	last  uint64   // the key of everything so far: the seed's, then the last block's
+	part  []byte   // the current block's bytes, while it spans pieces
+	keys  []uint64 // the keys of the whole blocks
 }
 
 // Reset starts a prompt: blocks of block bytes, at most max keys, appended
 // to keys[:0] (whose capacity is reused). A block of no bytes keys nothing.
 func (h *PrefixHasher) Reset(seed []byte, block, max int, keys []uint64) {
-	h.d.Reset()
-	_, _ = h.d.Write(seed)
-	_, _ = h.d.Write([]byte{0})
 	if block <= 0 {
 		max = 0
 	}
-	h.block, h.fill, h.max, h.keys = block, 0, max, keys[:0]
+	h.block, h.max, h.last, h.part, h.keys = block, max, xxhash.Sum64(seed), h.part[:0], keys[:0]
 }
 
-// Write adds the prompt's next bytes.
+// Write adds the prompt's next bytes. A block that lies whole in p is
+// hashed where it is; one that spans pieces is gathered first.
 func (h *PrefixHasher) Write(p []byte) {
 	for len(p) > 0 && len(h.keys) < h.max {
-		n := min(h.block-h.fill, len(p))
-		_, _ = h.d.Write(p[:n])
-		h.fill += n
+		if len(h.part) == 0 && len(p) >= h.block {
+			h.chain(p[:h.block])
+			p = p[h.block:]
+			continue
+		}
+		n := min(h.block-len(h.part), len(p))
+		h.part = append(h.part, p[:n]...)
 		p = p[n:]
-		if h.fill == h.block {
-			h.keys = append(h.keys, h.d.Sum64())
-			h.fill = 0
+		if len(h.part) == h.block {
+			h.chain(h.part)
+			h.part = h.part[:0]
 		}
 	}
+}
+
+// chain keys the next whole block: the key before it and the block's
+// hash, mixed (a multiply by the golden ratio, then MurmurHash3's
+// finalizer, so that neither order nor equal halves cancel out).
+func (h *PrefixHasher) chain(block []byte) {
+	x := h.last*0x9e3779b97f4a7c15 ^ xxhash.Sum64(block)
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	h.last = x
+	h.keys = append(h.keys, x)
 }
 
 // Keys returns the keys of the whole blocks written so far; a last

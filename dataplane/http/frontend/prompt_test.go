@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -58,4 +59,21 @@ func TestKeyingAPromptDoesNotAllocate(t *testing.T) {
 		}
 	}))
 	assert.Len(t, h.Keys(), 5, "95 bytes with the image's URL: 5 blocks, 4 without")
+}
+
+// BenchmarkKeyingALongPrompt keys a 16 KB chat prompt as readPrompt does
+// (blocks of 256 bytes: 64 keys).
+func BenchmarkKeyingALongPrompt(b *testing.B) {
+	v, err := fastjson.Parse(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("The quick brown fox jumps over the lazy dog. ", 364) + `"}]}`)
+	require.NoError(b, err)
+	var h affinity.PrefixHasher
+	keys := make([]uint64, 0, 128)
+	b.SetBytes(16 << 10)
+	b.ReportAllocs()
+	for b.Loop() {
+		h.Reset(v.GetStringBytes("model"), 256, 128, keys)
+		for _, f := range promptFields[routeChat] {
+			writePrompt(&h, v.Get(f), 0)
+		}
+	}
 }
