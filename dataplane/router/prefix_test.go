@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -169,5 +170,26 @@ func TestABusyHolderLosesTheTurn(t *testing.T) {
 	assert.Equal(t, uint64(1), passed)
 	<-done
 	<-done
+	f.assertIdle()
+}
+
+// A split request keys its prefill leg, where the prefix cache is: the
+// turns of a conversation prefill on one prefill worker, though the
+// prefill pool's round-robin would alternate them.
+func TestAConversationPrefillsOnOneWorker(t *testing.T) {
+	p1, p2, decode := startEngine(t, vllmPrefill), startEngine(t, vllmPrefill), startEngine(t, sseDecode)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, p1.URL}, {dataplane.RolePrefill, p2.URL}, {dataplane.RoleDecode, decode.URL}},
+		prefixAffinity(true))
+	history := `{"role":"user","content":"Summarize the following report about the quarterly figures of the company, please."}`
+	for turn := range 4 {
+		resp := f.post("/v1/chat/completions", `{"model":"m","stream":true,"messages":[`+history+`]}`)
+		text := readAll(t, resp)
+		require.Equal(t, 200, resp.StatusCode, text)
+		history += fmt.Sprintf(`,{"role":"assistant","content":"Summary %d."},{"role":"user","content":"More detail on point %d?"}`, turn, turn)
+	}
+	assert.ElementsMatch(t, []int{0, 4}, []int{len(p1.received()), len(p2.received())}, "every prefill on one worker")
+	assert.Len(t, decode.received(), 4)
+	taken, _, unknown := f.r.Selector.PrefixRouted()
+	assert.Equal(t, [2]uint64{3, 1}, [2]uint64{taken, unknown})
 	f.assertIdle()
 }
