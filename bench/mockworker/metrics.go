@@ -23,6 +23,10 @@ func (w *Worker) Queue() (running, waiting int) {
 	return st.running, st.waiting
 }
 
+// PrefixCacheHits returns the prompt tokens the simulated engine found in
+// its prefix cache (vllm:prefix_cache_hits_total); 0 without one.
+func (w *Worker) PrefixCacheHits() float64 { return float64(w.stats().cacheHits) }
+
 // metrics answers /metrics in the Prometheus text format, with the series
 // names and labels of vLLM (default) or SGLang. Without the engine
 // simulator the requests being answered count as running and none waits.

@@ -36,7 +36,7 @@ func runDemo(args []string) error {
 		spec := &cfg.Workers[i]
 		// Simulated engines: GPU-like ones with 8 running slots, the CPU
 		// one at 1/6 of their speed with 2.
-		engine := mockworker.EngineOptions{MaxNumSeqs: 8, InterTokenLatency: 15 * time.Millisecond, Speed: 1}
+		engine := mockworker.EngineOptions{MaxNumSeqs: 8, InterTokenLatency: 15 * time.Millisecond, Speed: 1, PrefixCache: true}
 		if spec.Device == "cpu" {
 			engine.MaxNumSeqs, engine.Speed = 2, 1.0/6
 		}
@@ -94,6 +94,11 @@ func runDemo(args []string) error {
 		return err
 	}
 	fmt.Println(sticky)
+	conv, err := demoConversation(client, base, mocks)
+	if err != nil {
+		return fmt.Errorf("conversation: %w", err)
+	}
+	fmt.Println(conv)
 	split, err := demoDisagg(client)
 	if err != nil {
 		return fmt.Errorf("disaggregated request: %w", err)
@@ -119,7 +124,7 @@ func runDemo(args []string) error {
 			return fmt.Errorf("worker %d still holds %d reservations", w.ID(), w.Occupancy())
 		}
 	}
-	if want := int64(*requests + 1 + stickyRequests); total != want {
+	if want := int64(*requests + 1 + stickyRequests + conversationTurns); total != want {
 		return fmt.Errorf("workers served %d requests, want %d", total, want)
 	}
 	resp, err := client.Get("http://" + r.AdminAddr() + "/metrics")
@@ -132,6 +137,7 @@ func runDemo(args []string) error {
 	for sc.Scan() {
 		l := sc.Text()
 		if strings.HasPrefix(l, "fastroute_worker_inflight") || strings.HasPrefix(l, "fastroute_worker_first_byte_seconds_count") ||
+			strings.HasPrefix(l, "fastroute_prefix_requests_total") ||
 			((strings.HasPrefix(l, "fastroute_requests_total") || strings.HasPrefix(l, "fastroute_worker_answers_total")) &&
 				!strings.HasSuffix(l, " 0")) {
 			fmt.Println("  " + l)
@@ -235,6 +241,47 @@ func demoDisagg(client *http.Client) (string, error) {
 		return "", fmt.Errorf("prefill legs ok %d, decode legs ok %d; want 1 and 1", m.Phase("prefill", "ok"), m.Phase("decode", "ok"))
 	}
 	return strings.Replace(line, "request 1  chat, stream  -> worker", "disaggregated (vllm-nixl): prefill on worker 11, decode on worker", 1), nil
+}
+
+// conversationTurns is how many requests demoConversation sends.
+const conversationTurns = 3
+
+// demoConversation sends the turns of one conversation, each with the
+// conversation so far, and reports the workers they went to (prefix
+// affinity keeps them on one) and the prompt tokens its engines found in
+// their prefix caches.
+func demoConversation(client *http.Client, base string, mocks []*mockworker.Worker) (string, error) {
+	// A system prompt longer than a prefix block (256 bytes), so that even
+	// the first turn is keyed.
+	history := `{"role":"system","content":"You are a travel agent for people who like to walk. Answer with one short suggestion: a region, ` +
+		`the best season to go there, a trail of a few days that starts and ends near public transport, and the kind of lodging ` +
+		`found along it. Keep to places with marked paths, and say how fit one must be."},{"role":"user","content":"Where should I go for a week of hiking?"}`
+	var went []string
+	for turn := range conversationTurns {
+		resp, err := client.Post(base+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"mock-model","messages":[`+history+`]}`))
+		if err != nil {
+			return "", err
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
+		}
+		went = append(went, resp.Header.Get("x-fastroute-worker"))
+		history += fmt.Sprintf(`,{"role":"assistant","content":"Suggestion %d."},{"role":"user","content":"Somewhere else, please?"}`, turn+1)
+	}
+	for _, w := range went[1:] {
+		if w != went[0] { // nothing else runs: no worker is busier than the slack allows
+			return "", fmt.Errorf("turns went to workers %s, not all to the first turn's", strings.Join(went, ", "))
+		}
+	}
+	hits := 0.0
+	for _, m := range mocks {
+		hits += m.PrefixCacheHits()
+	}
+	return fmt.Sprintf("conversation         -> workers %s (prefix affinity; %.0f prompt tokens found in the engines' prefix caches)",
+		strings.Join(went, ", "), hits), nil
 }
 
 // stickyRequests is how many requests demoSticky sends.

@@ -106,3 +106,9 @@ func TestSIGHUPReloadsTheConfigFile(t *testing.T) {
 		t.Fatal("SIGTERM did not drain an idle router")
 	}
 }
+
+// The demo (make demo) runs to its end: every request answered, every
+// reservation released, a conversation kept on one worker.
+func TestDemo(t *testing.T) {
+	require.NoError(t, runDemo(nil))
+}
