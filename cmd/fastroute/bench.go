@@ -65,13 +65,16 @@ func runBenchRouting(args []string) error {
 	fs.Float64Var(&o.PDLoad, "pd-load", 0.8, "load of the prefill/decode comparison, as a share of its fleet's capacity (0: skip it)")
 	fs.Float64Var(&o.ConvLoad, "conversation-load", 0.8, "load of the conversation comparison (prefix-caching engines), as a share of its fleet's capacity without the cache (0: skip it)")
 	fs.StringVar(&o.OutDir, "out", "bench/out", "directory for routing.md and routing.svg")
-	loads := fs.String("loads", "0.5,0.8,0.95", "offered loads as shares of the fleet's capacity")
+	loads := fs.String("loads", "0.5,0.8,0.95", "offered loads as shares of the fleet's capacity (empty: skip this comparison)")
 	routers := fs.String("routers", "", "comma-separated router names to run (default: all)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	o.Loads = nil
 	for _, l := range strings.Split(*loads, ",") {
+		if *loads == "" { // the main comparison skipped
+			break
+		}
 		v, err := strconv.ParseFloat(strings.TrimSpace(l), 64)
 		if err != nil || !(v > 0) {
 			return fmt.Errorf("--loads: %q is not a positive share", l)
