@@ -1,6 +1,7 @@
 package router
 
 import (
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -192,4 +193,32 @@ func TestAConversationPrefillsOnOneWorker(t *testing.T) {
 	taken, _, unknown := f.r.Selector.PrefixRouted()
 	assert.Equal(t, [2]uint64{3, 1}, [2]uint64{taken, unknown})
 	f.assertIdle()
+}
+
+// The router shows what each engine says of its prefix cache: the share
+// of prompt tokens found there over the last second or more in which it
+// was asked (vLLM's counters), in GET /workers and /metrics.
+func TestTheEnginesPrefixCacheHitRatioIsShown(t *testing.T) {
+	f := startFleet(t, cachingEngines(1), prefixAffinity(true))
+	_, page := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.NotContains(t, page, "fastroute_worker_prefix_cache_hit_ratio{", "unknown before any prompt")
+	turn := `{"role":"user","content":"` + strings.Repeat("Tell me about the history of the printing press. ", 6) + `"}`
+	f.servedBy("/v1/chat/completions", `{"model":"mock-model","messages":[`+turn+`]}`)
+	time.Sleep(1100 * time.Millisecond) // a window of a second
+	f.servedBy("/v1/chat/completions", `{"model":"mock-model","messages":[`+turn+`,{"role":"assistant","content":"It began with Gutenberg."}]}`)
+	var ratio float64
+	require.Eventually(t, func() bool {
+		_, body := adminDo(t, f, "GET", "/workers/1", "", "")
+		var w struct {
+			Ratio *float64 `json:"engine_prefix_cache_hit_ratio"`
+		}
+		if json.Unmarshal([]byte(body), &w) != nil || w.Ratio == nil {
+			return false
+		}
+		ratio = *w.Ratio
+		return ratio > 0 // the window of the first prompt alone says 0
+	}, 3*time.Second, 20*time.Millisecond, "the second prompt found its first part cached")
+	assert.Less(t, ratio, 1.0)
+	_, page = adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Regexp(t, `fastroute_worker_prefix_cache_hit_ratio\{worker="1"\} 0\.\d+`, page)
 }

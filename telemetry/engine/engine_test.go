@@ -44,6 +44,14 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="meta-l
 vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.0
 vllm:time_to_first_token_seconds_count{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.0
 vllm:time_to_first_token_seconds_sum{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.52
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 6000.0
+vllm:prefix_cache_queries_total{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 4000.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3000.0
+vllm:prefix_cache_hits_total{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1000.0
 # HELP vllm:lora_requests_info Running stats on lora requests.
 # TYPE vllm:lora_requests_info gauge
 vllm:lora_requests_info{max_lora="2",running_lora_adapters="old-lora",waiting_lora_adapters=""} 1.7646040e+09
@@ -75,6 +83,9 @@ sglang:num_running_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 12.0
 # HELP sglang:num_queue_reqs The number of requests in the waiting queue
 # TYPE sglang:num_queue_reqs gauge
 sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0
+# HELP sglang:cache_hit_rate The cache hit rate
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.42
 # HELP sglang:max_running_requests The maximum number of running requests
 # TYPE sglang:max_running_requests gauge
 sglang:max_running_requests{model_name="meta-llama/Llama-3.1-8B-Instruct"} 48.0
@@ -85,12 +96,13 @@ func TestParseVLLM(t *testing.T) {
 	r, err := Parse(strings.NewReader(vllmPage), at)
 	require.NoError(t, err)
 	assert.Equal(t, Reading{At: at, Dialect: "vllm", Running: 5, Waiting: 4, KVUsage: 0.91, Tokens: 1234,
-		Adapters: []string{"chat-lora", "sql-lora"}}, r)
+		Adapters: []string{"chat-lora", "sql-lora"}, PrefixQueries: 10000, PrefixHits: 4000, PrefixHitRate: -1}, r)
 
 	r, err = Parse(strings.NewReader(vllmV0Page), at)
 	require.NoError(t, err)
 	assert.Equal(t, 0.5, r.KVUsage, "the V0 name of the KV cache usage")
 	assert.Equal(t, -1.0, r.Tokens, "no token counter")
+	assert.Equal(t, [3]float64{-1, -1, -1}, [3]float64{r.PrefixQueries, r.PrefixHits, r.PrefixHitRate}, "no prefix cache series")
 }
 
 func TestParseSGLang(t *testing.T) {
@@ -102,7 +114,10 @@ func TestParseSGLang(t *testing.T) {
 	assert.Equal(t, 0.28, r.KVUsage)
 	assert.Equal(t, 7.557572e+06, r.Tokens)
 	assert.Equal(t, 48.0, r.MaxRunning)
+	assert.Equal(t, 0.42, r.PrefixHitRate)
+	assert.Equal(t, -1.0, r.PrefixQueries)
 	var l Learner
+	assert.Equal(t, 0.42, l.Observe(r, 0).PrefixHitRatio, "the rate SGLang reports")
 	assert.Equal(t, 48.0, l.Observe(r, 0).Slots, "the batch size SGLang reports")
 	assert.Equal(t, 8.0, l.Observe(r, 8).Slots, "max_inflight wins")
 }
@@ -209,6 +224,25 @@ func TestLearnerLearnsSpeedAndSlots(t *testing.T) {
 
 	restarted := l.Observe(Reading{At: t0.Add(5 * time.Second), Running: 1, Tokens: 3}, 0)
 	assert.InDelta(t, 50, restarted.TokenRate, 5, "a counter that went back (engine restart) keeps the learned speed")
+}
+
+// vLLM's prefix cache counters give the hit ratio of the last window of a
+// second or more in which they moved.
+func TestLearnerLearnsThePrefixCacheHitRatio(t *testing.T) {
+	var l Learner
+	t0 := time.Unix(1000, 0)
+	reading := func(ms int, queries, hits float64) Reading {
+		return Reading{At: t0.Add(time.Duration(ms) * time.Millisecond), Running: 1, Tokens: -1,
+			PrefixQueries: queries, PrefixHits: hits, PrefixHitRate: -1}
+	}
+	assert.Equal(t, -1.0, l.Observe(reading(0, 1000, 100), 0).PrefixHitRatio, "one reading: unknown")
+	assert.Equal(t, -1.0, l.Observe(reading(500, 1500, 400), 0).PrefixHitRatio, "half a second: still unknown")
+	assert.InDelta(t, 0.6, l.Observe(reading(1000, 2000, 700), 0).PrefixHitRatio, 1e-9, "600 of 1000 tokens found over the second")
+	assert.InDelta(t, 0.6, l.Observe(reading(2500, 2000, 700), 0).PrefixHitRatio, 1e-9, "no query since: the last window's")
+	assert.InDelta(t, 0.1, l.Observe(reading(3000, 3000, 800), 0).PrefixHitRatio, 1e-9, "a window ends once queries move")
+	assert.InDelta(t, 0.1, l.Observe(reading(3500, 10, 0), 0).PrefixHitRatio, 1e-9, "a restart starts a window and keeps the ratio")
+	assert.InDelta(t, 1.0, l.Observe(reading(4600, 110, 100), 0).PrefixHitRatio, 1e-9)
+	assert.Equal(t, -1.0, new(Learner).Observe(Reading{At: t0, PrefixQueries: -1, PrefixHitRate: -1}, 0).PrefixHitRatio, "no series: unknown")
 }
 
 func TestLearnerAdmitsTwoBatchesOnceTheBatchSizeIsKnown(t *testing.T) {

@@ -23,6 +23,10 @@ type Stats struct {
 	// Occupancy is the router's in-flight count on the worker when the
 	// reading arrived: later dispatches and completions are the difference.
 	Occupancy int64
+	// PrefixHitRatio is the share of prompt tokens the engine found in its
+	// prefix cache lately: over the last window of a second or more in
+	// which vLLM's counters moved, or SGLang's own rate; -1 while unknown.
+	PrefixHitRatio float64
 
 	// Set by Prepare: Cost is max(0, queued + occupancy) + 1, times scale.
 	queued float64 // Running + Waiting − Occupancy
@@ -82,6 +86,12 @@ type Learner struct {
 	winStart   time.Time
 	winTokens  float64 // tokens generated in the window
 	winRunning float64 // running requests integrated over the window (request-seconds)
+	// The prefix cache's window: its start and the counters there, and
+	// the hit ratio of the last window that saw queries.
+	prefixStart        time.Time
+	prefixQ0, prefixH0 float64
+	prefixRatio        float64
+	prefixSeen         bool // prefixRatio holds a window's ratio
 }
 
 // Observe adds a reading and returns the Stats it leads to; the caller sets
@@ -111,6 +121,7 @@ func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 		// First reading, or the counter went back (the engine restarted).
 		l.winStart, l.winTokens, l.winRunning = r.At, 0, 0
 	}
+	l.observePrefix(r)
 	l.prev, l.have = r, true
 	slots, known := max(l.slots, 1), l.full
 	switch {
@@ -119,9 +130,31 @@ func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 	case r.MaxRunning > 0:
 		slots, known = r.MaxRunning, true
 	}
-	st := Stats{Reading: r, Slots: slots, TokenRate: l.rate}
+	st := Stats{Reading: r, Slots: slots, TokenRate: l.rate, PrefixHitRatio: -1}
+	switch {
+	case r.PrefixHitRate >= 0:
+		st.PrefixHitRatio = r.PrefixHitRate
+	case l.prefixSeen:
+		st.PrefixHitRatio = l.prefixRatio
+	}
 	if known {
 		st.Admit = 2 * int64(slots)
 	}
 	return st
+}
+
+// observePrefix closes a prefix cache window of learnWindow or more in
+// which the engine looked up prompt tokens: the hits over the queries. A
+// counter that went back (a restart) starts a new window.
+func (l *Learner) observePrefix(r Reading) {
+	switch {
+	case r.PrefixQueries < 0:
+		return
+	case !l.have || l.prefixStart.IsZero() || r.PrefixQueries < l.prefixQ0 || r.PrefixHits < l.prefixH0:
+		l.prefixStart, l.prefixQ0, l.prefixH0 = r.At, r.PrefixQueries, r.PrefixHits
+	case r.At.Sub(l.prefixStart) >= learnWindow && r.PrefixQueries > l.prefixQ0:
+		l.prefixRatio = min((r.PrefixHits-l.prefixH0)/(r.PrefixQueries-l.prefixQ0), 1)
+		l.prefixSeen = true
+		l.prefixStart, l.prefixQ0, l.prefixH0 = r.At, r.PrefixQueries, r.PrefixHits
+	}
 }

@@ -34,6 +34,13 @@ type Reading struct {
 	// max_running_requests); 0 when it reports none and it is learned.
 	MaxRunning float64
 	Adapters   []string
+	// PrefixQueries and PrefixHits are the prompt tokens the engine looked
+	// up in its prefix cache and found there (vLLM's counters); -1 when
+	// not exported.
+	PrefixQueries, PrefixHits float64
+	// PrefixHitRate is the prefix cache's hit rate as the engine reports
+	// it (SGLang's cache_hit_rate, 0..1); -1 when not exported.
+	PrefixHitRate float64
 }
 
 // series names the metrics of one engine family.
@@ -41,6 +48,8 @@ type series struct {
 	dialect                         string
 	running, waiting, tokens        string
 	maxRunning                      string
+	prefixQueries, prefixHits       string   // counters of prompt tokens (vLLM)
+	prefixRate                      string   // a hit rate gauge (SGLang)
 	kvUsage                         []string // current name first
 	loraInfo                        string
 	runningAdapters, waitingAdapter string
@@ -50,10 +59,11 @@ var dialects = []series{
 	{dialect: "vllm", running: "vllm:num_requests_running", waiting: "vllm:num_requests_waiting",
 		tokens:   "vllm:generation_tokens_total",
 		kvUsage:  []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
-		loraInfo: "vllm:lora_requests_info", runningAdapters: "running_lora_adapters", waitingAdapter: "waiting_lora_adapters"},
+		loraInfo: "vllm:lora_requests_info", runningAdapters: "running_lora_adapters", waitingAdapter: "waiting_lora_adapters",
+		prefixQueries: "vllm:prefix_cache_queries_total", prefixHits: "vllm:prefix_cache_hits_total"},
 	{dialect: "sglang", running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs",
 		tokens: "sglang:generation_tokens_total", kvUsage: []string{"sglang:token_usage"},
-		maxRunning: "sglang:max_running_requests"},
+		maxRunning: "sglang:max_running_requests", prefixRate: "sglang:cache_hit_rate"},
 }
 
 // ErrNoLoadSeries says a metrics page holds neither vLLM's nor SGLang's
@@ -110,9 +120,21 @@ func Parse(in io.Reader, at time.Time) (Reading, error) {
 		if !okR || !okW {
 			continue
 		}
-		r := Reading{At: at, Dialect: d.dialect, Running: running, Waiting: waiting, Tokens: -1}
+		r := Reading{At: at, Dialect: d.dialect, Running: running, Waiting: waiting, Tokens: -1,
+			PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1}
 		if t, ok := sum(fams[d.tokens]); ok {
 			r.Tokens = t
+		}
+		q, okQ := sum(fams[d.prefixQueries])
+		h, okH := sum(fams[d.prefixHits])
+		if okQ && okH {
+			r.PrefixQueries, r.PrefixHits = q, h
+		}
+		if f := fams[d.prefixRate]; f != nil && len(f.GetMetric()) > 0 {
+			r.PrefixHitRate = 0 // the mean of the data-parallel engines' rates
+			for _, m := range f.GetMetric() {
+				r.PrefixHitRate += min(max(value(m), 0), 1) / float64(len(f.GetMetric()))
+			}
 		}
 		if d.maxRunning != "" {
 			r.MaxRunning, _ = sum(fams[d.maxRunning])
@@ -137,7 +159,7 @@ func Parse(in io.Reader, at time.Time) (Reading, error) {
 var read = func() map[string]bool {
 	names := map[string]bool{}
 	for _, d := range dialects {
-		for _, n := range append([]string{d.running, d.waiting, d.tokens, d.maxRunning, d.loraInfo}, d.kvUsage...) {
+		for _, n := range append([]string{d.running, d.waiting, d.tokens, d.maxRunning, d.loraInfo, d.prefixQueries, d.prefixHits, d.prefixRate}, d.kvUsage...) {
 			if n != "" {
 				names[n] = true
 			}

@@ -198,6 +198,9 @@ func (s *Scraper) Describe(id uint64, info map[string]any) {
 		info["engine_admit_limit"] = l.Admit
 	}
 	info["engine_token_rate"] = l.TokenRate
+	if l.PrefixHitRatio >= 0 {
+		info["engine_prefix_cache_hit_ratio"] = l.PrefixHitRatio
+	}
 	if len(l.Adapters) > 0 {
 		info["engine_loras"] = l.Adapters
 	}

@@ -192,6 +192,13 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		for _, wk := range workers {
 			w.Sample("fastroute_worker_weight", wk.Weight(), "worker", strconv.FormatUint(wk.ID(), 10))
 		}
+		w.Header("fastroute_worker_prefix_cache_hit_ratio", "gauge",
+			"Share of prompt tokens the worker's engine found in its prefix cache lately, as its metrics say (vLLM's counters over a second or more, SGLang's cache_hit_rate); absent while unknown.")
+		for _, wk := range workers {
+			if st := wk.Engine(); st != nil && st.PrefixHitRatio >= 0 {
+				w.Sample("fastroute_worker_prefix_cache_hit_ratio", st.PrefixHitRatio, "worker", strconv.FormatUint(wk.ID(), 10))
+			}
+		}
 		w.Header("fastroute_worker_ejected", "gauge", "1 while the worker is ejected by the passive health check.")
 		for _, wk := range workers {
 			ejected := 0.0
