@@ -152,8 +152,9 @@ func (p PrefixAffinity) validate() error {
 
 // Queue is the router's wait queue for requests that find their workers
 // busy: up to Size of them wait, each up to Timeout, for a worker to free
-// a slot; a request beyond Size, or still waiting at Timeout, is answered
-// 429. Size 0 turns it off (429 at once).
+// a slot, the lowest body priority (vLLM's field) first; a request beyond
+// Size that goes before no waiter, or one still waiting at Timeout, is
+// answered 429. Size 0 turns it off (429 at once).
 type Queue struct {
 	Size    int           `yaml:"size"`
 	Timeout time.Duration `yaml:"timeout"`

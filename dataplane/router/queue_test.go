@@ -205,3 +205,69 @@ func TestAnAnswerOfARetryStatusMovesTheRequest(t *testing.T) {
 	assert.Equal(t, map[int]int{200: 2, 500: 2}, codes, "without retry_statuses a 500 reaches the client")
 	h.assertIdle()
 }
+
+// prioritized is a chat request with vLLM's priority field.
+func prioritized(priority int) string {
+	return fmt.Sprintf(`{"model":"mock-model","priority":%d,"messages":[{"role":"user","content":"hi"}]}`, priority)
+}
+
+// Waiters go to a freed worker by priority (lower is sooner, as vLLM
+// has it), not by arrival.
+func TestTheQueueServesLowerPriorityFirst(t *testing.T) {
+	f := queued(t, 1, 4, 10*time.Second)
+	first := f.post("/v1/chat/completions", streamBody)
+	require.Equal(t, http.StatusOK, first.StatusCode)
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	for i, p := range []int{5, 0, -3} { // arrive worst first
+		wg.Go(func() {
+			resp := f.post("/v1/chat/completions", prioritized(p))
+			text := readAll(t, resp)
+			assert.Equal(t, http.StatusOK, resp.StatusCode, text)
+			mu.Lock()
+			order = append(order, p)
+			mu.Unlock()
+		})
+		require.Eventually(t, func() bool { return metric(t, f, "fastroute_queued_requests") == fmt.Sprint(i+1) }, 2*time.Second, 5*time.Millisecond)
+	}
+	readAll(t, first)
+	wg.Wait()
+	assert.Equal(t, []int{-3, 0, 5}, order, "served by priority, one at a time")
+	f.assertIdle()
+}
+
+// A request that finds the queue full takes the place of a waiter of
+// higher priority, which gets the 429; one that goes before nobody gets
+// it itself.
+func TestAFullQueueDisplacesItsWorstWaiter(t *testing.T) {
+	f := queued(t, 1, 1, 10*time.Second)
+	first := f.post("/v1/chat/completions", streamBody)
+	require.Equal(t, http.StatusOK, first.StatusCode)
+	displaced := make(chan *http.Response, 1)
+	go func() { displaced <- f.post("/v1/chat/completions", prioritized(5)) }()
+	require.Eventually(t, func() bool { return metric(t, f, "fastroute_queued_requests") == "1" }, 2*time.Second, 5*time.Millisecond)
+	better := make(chan *http.Response, 1)
+	go func() { better <- f.post("/v1/chat/completions", prioritized(0)) }()
+
+	resp := <-displaced
+	text := readAll(t, resp)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Contains(t, text, "went to a request of lower priority")
+	require.Eventually(t, func() bool { return metric(t, f, "fastroute_queue_displaced_total") == "1" }, 2*time.Second, 5*time.Millisecond)
+
+	worse := f.post("/v1/chat/completions", prioritized(9))
+	text = readAll(t, worse)
+	assert.Equal(t, http.StatusTooManyRequests, worse.StatusCode)
+	assert.Contains(t, text, "the router's queue is full", "it goes before nobody")
+	equal := f.post("/v1/chat/completions", prioritized(0))
+	assert.Equal(t, http.StatusTooManyRequests, equal.StatusCode, "an equal priority does not displace")
+	readAll(t, equal)
+
+	readAll(t, first)
+	resp = <-better
+	text = readAll(t, resp)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, text)
+	assert.Equal(t, "2", metric(t, f, "fastroute_queue_full_total"))
+	f.assertIdle()
+}

@@ -75,6 +75,8 @@ type exchange struct {
 	beginStreamFn fasthttp.HijackHandler
 	runTakenFn    fasthttp.HijackHandler
 	queueTimer    *time.Timer // awaitSlot's, made at its first wait
+	priority      int64       // the body's priority (vLLM's: lower is sooner), which orders the wait queue
+	place         waiter      // the request's place in the wait queue
 
 	// Client hang-up while the worker works (watchClient to unwatch).
 	client hangup.Conn   // the client connection, while watched
@@ -101,7 +103,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.watch.Store(0)
 	ex.stop.Store(0)
 	ex.split, ex.decoding, ex.body = false, false, nil
-	ex.ctx = nil
+	ex.ctx, ex.priority = nil, 0
 	if pre := ex.pre.Load(); pre != nil {
 		pre.done, pre.err = nil, nil
 	}
@@ -233,8 +235,9 @@ func (ex *exchange) readForm(contentType, body []byte) error {
 
 // readRouting copies what in a JSON body routes a request into its
 // selection request: the model (a LoRA adapter, maybe), a stored response
-// it continues, the prompt's prefix keys and the embedding inputs' cache
-// keys, each only when routing uses it. It copies into the request's reused buffers, so it
+// it continues, the prompt's prefix keys, the embedding inputs' cache keys
+// and the priority that orders the wait queue, each only when routing uses
+// it. It copies into the request's reused buffers, so it
 // allocates nothing once they have grown.
 func (ex *exchange) readRouting(v *fastjson.Value) error {
 	rt := ex.s.sel.Routing()
@@ -256,6 +259,9 @@ func (ex *exchange) readRouting(v *fastjson.Value) error {
 	}
 	if rt.WantsPrefixKeys() {
 		ex.readPrompt(rt, v)
+	}
+	if p := v.Get("priority"); p != nil && ex.s.queue != nil {
+		ex.priority, _ = p.Int64() // not an integer: 0, and the worker judges it
 	}
 	if ex.rt != routeEmbeddings || !rt.WantsCacheKeys() {
 		return nil

@@ -64,12 +64,14 @@ type Metrics struct {
 	openConnections func() int64
 	maxConnections  int
 	// The wait queue (nil: off): requests in it now, those refused for a
-	// full queue, those that waited out its timeout, and the wait of those
-	// that got a worker.
-	queue         *waitQueue
-	queueFull     metrics.Counter
-	queueTimeouts metrics.Counter
-	queueWait     *metrics.Histogram
+	// full queue, those displaced from it by a request of lower priority,
+	// those that waited out its timeout, and the wait of those that got a
+	// worker.
+	queue          *waitQueue
+	queueFull      metrics.Counter
+	queueDisplaced metrics.Counter
+	queueTimeouts  metrics.Counter
+	queueWait      *metrics.Histogram
 	// Disaggregation: outcomes by leg, prefill legs' time, fallbacks.
 	phases          [numPhases][numOutcomes]metrics.Counter
 	prefillTime     *metrics.Histogram
@@ -88,6 +90,7 @@ func newMetrics() *Metrics {
 		connectionsFull: metrics.NewCounter(),
 		disaggFallbacks: metrics.NewCounter(),
 		queueFull:       metrics.NewCounter(),
+		queueDisplaced:  metrics.NewCounter(),
 		queueTimeouts:   metrics.NewCounter(),
 		queueWait:       metrics.NewHistogram(metrics.DefaultBuckets),
 		routeTime:       metrics.NewHistogram([]float64{1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 1e-4, 1e-3}),
@@ -170,6 +173,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			{"fastroute_max_connections_reached_total", "counter", "Times the listener stopped accepting with limits.max_connections client connections open.", float64(m.connectionsFull.Value())},
 			{"fastroute_queued_requests", "gauge", "Requests waiting in the router's queue for a busy worker (router.queue).", float64(m.queue.Waiting())},
 			{"fastroute_queue_full_total", "counter", "Requests answered 429 at once because the router's queue was full.", float64(m.queueFull.Value())},
+			{"fastroute_queue_displaced_total", "counter", "Requests answered 429 after their place in the full queue went to a request of lower priority (the body's priority field, lower is sooner).", float64(m.queueDisplaced.Value())},
 			{"fastroute_queue_timeouts_total", "counter", "Requests answered 429 after waiting router.queue.timeout in the queue.", float64(m.queueTimeouts.Value())},
 		} {
 			w.Single(f.name, f.typ, f.help, f.value)

@@ -1,8 +1,10 @@
 package frontend
 
 import (
+	"container/heap"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -11,21 +13,61 @@ import (
 
 // waitQueue holds requests that found every worker they may go to busy
 // (router.queue): up to size of them wait, each up to timeout, and try
-// their pick again whenever a request ends, oldest waiter first, or every
-// recheck at the latest (a worker that comes back, a slot freed on a
-// worker some other waiter cannot use). A request that finds the queue
-// full, or still waits at its timeout, is answered 429 as it would have
-// been without the queue. A new request that finds a free worker takes it
-// even while others wait: the waiters may be waiting for other workers (a
-// model's, an adapter's). The request path pays one atomic load per ended
-// request, and nothing while nobody waits.
+// their pick again whenever a request ends, or every recheck at the latest
+// (a worker that comes back, a slot freed on a worker some other waiter
+// cannot use). Each ended request wakes the best waiter: the lowest
+// priority (vLLM's request field: lower is sooner, 0 by default), the
+// oldest among equals. A request that finds the queue full takes the place
+// of the worst waiter when it has a lower priority; otherwise, or once it
+// waited its timeout, it is answered 429 as it would have been without
+// the queue. A new request that finds a free worker takes it even while
+// others wait: the waiters may be waiting for other workers (a model's, an
+// adapter's). The request path pays one atomic load per ended request
+// while nobody waits; while some do, an ended request takes the queue's
+// lock to wake one.
 type waitQueue struct {
 	size    int64
 	timeout time.Duration
-	waiting atomic.Int64
-	// freed gets a token when a request ends while others wait; each token
-	// wakes the oldest waiter.
-	freed chan struct{}
+	waiting atomic.Int64 // requests in the queue, waiting or trying their pick
+
+	mu    sync.Mutex
+	heap  waiters // the waiters asleep, best first
+	seq   uint64  // arrivals, for the order among equal priorities
+	spare int64   // wake-ups that found every waiter awake (trying its pick), for the next to sleep
+}
+
+// waiter is one request's place in the queue (an exchange's, reused).
+type waiter struct {
+	priority  int64
+	seq       uint64
+	index     int           // in the heap; -1 while out of it
+	wake      chan struct{} // a slot freed for it, or its displacement (cap 1)
+	displaced bool          // by a request of lower priority, at a full queue
+}
+
+// waiters is a heap of the waiters asleep, the best at the top.
+type waiters []*waiter
+
+func (h waiters) Len() int { return len(h) }
+func (h waiters) Less(i, j int) bool {
+	return h[i].priority < h[j].priority || (h[i].priority == h[j].priority && h[i].seq < h[j].seq)
+}
+func (h waiters) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *waiters) Push(x any) {
+	w := x.(*waiter)
+	w.index = len(*h)
+	*h = append(*h, w)
+}
+func (h *waiters) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	w.index = -1
+	return w
 }
 
 // queueRecheck bounds how long a waiter sleeps between two tries when no
@@ -36,17 +78,26 @@ func newWaitQueue(size int, timeout time.Duration) *waitQueue {
 	if size <= 0 {
 		return nil
 	}
-	return &waitQueue{size: int64(size), timeout: timeout, freed: make(chan struct{}, size)}
+	return &waitQueue{size: int64(size), timeout: timeout}
 }
 
 // ended is told of every request that released its reservation: it wakes
-// a waiter, if any.
+// the best waiter asleep, or leaves the wake-up to the next to sleep when
+// every waiter is trying its pick already.
 func (q *waitQueue) ended() {
-	if q != nil && q.waiting.Load() > 0 {
-		select {
-		case q.freed <- struct{}{}:
-		default: // as many tokens as waiters already
-		}
+	if q == nil || q.waiting.Load() == 0 {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.heap) == 0 {
+		q.spare = min(q.spare+1, q.size)
+		return
+	}
+	w := heap.Pop(&q.heap).(*waiter)
+	select {
+	case w.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -58,9 +109,87 @@ func (q *waitQueue) Waiting() int64 {
 	return q.waiting.Load()
 }
 
+// enter takes w into the queue, asleep, or reports false when the queue is
+// full of requests w does not go before. A full queue's worst waiter
+// asleep makes room for a better w: it is woken displaced.
+func (q *waitQueue) enter(w *waiter) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w.seq, w.displaced = q.seq, false
+	q.seq++
+	select {
+	case <-w.wake: // a wake-up its last request did not take
+	default:
+	}
+	if q.waiting.Add(1) > q.size {
+		worst := -1
+		for i := range q.heap {
+			if worst < 0 || q.heap.Less(worst, i) {
+				worst = i
+			}
+		}
+		if worst < 0 || q.heap[worst].priority <= w.priority {
+			q.waiting.Add(-1)
+			return false
+		}
+		out := heap.Remove(&q.heap, worst).(*waiter)
+		out.displaced = true
+		select {
+		case out.wake <- struct{}{}:
+		default:
+		}
+	}
+	heap.Push(&q.heap, w)
+	return true
+}
+
+// wakeUp takes w, just woken by its wake-up or its timer, out of the heap;
+// it reports false when w was displaced.
+func (q *waitQueue) wakeUp(w *waiter) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if w.index >= 0 {
+		heap.Remove(&q.heap, w.index)
+	}
+	return !w.displaced
+}
+
+// sleep puts w, whose pick failed again, back to sleep in its place (its
+// priority and arrival), or reports false when a wake-up is there for it
+// already and it should try again at once.
+func (q *waitQueue) sleep(w *waiter) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	select {
+	case <-w.wake: // a wake-up that came after its timer
+	default:
+	}
+	if q.spare > 0 {
+		q.spare--
+		return false
+	}
+	heap.Push(&q.heap, w)
+	return true
+}
+
+// leave takes w out of the queue for good.
+func (q *waitQueue) leave(w *waiter) {
+	q.mu.Lock()
+	if w.index >= 0 {
+		heap.Remove(&q.heap, w.index)
+	}
+	q.mu.Unlock()
+	q.waiting.Add(-1)
+}
+
 // errQueueFull is the 429 of a request that found the queue full.
 var errQueueFull = &dataplane.Error{Code: dataplane.ResourceExhausted,
 	Msg: "every worker this request may go to is busy and the router's queue is full"}
+
+// errDisplaced is the 429 of a waiter whose place a request of lower
+// priority took.
+var errDisplaced = &dataplane.Error{Code: dataplane.ResourceExhausted,
+	Msg: "every worker this request may go to is busy, and its place in the router's full queue went to a request of lower priority"}
 
 // errWaitedOut is the 429 of a request that waited out the queue's timeout.
 func errWaitedOut(timeout time.Duration, last error) error {
@@ -71,17 +200,21 @@ func errWaitedOut(timeout time.Duration, last error) error {
 // awaitSlot waits in the queue for the request's pick to succeed, its
 // first having failed with first: nil once it did, the pick's own error
 // once it fails otherwise (the workers left, say), a 429 when the queue is
-// full or the timeout passes, errHungUpQueued when the client left
-// meanwhile. The client's connection is watched from here on
-// (watchClient).
+// full, the request is displaced or the timeout passes, errHungUpQueued
+// when the client left meanwhile. The client's connection is watched from
+// here on (watchClient).
 func (ex *exchange) awaitSlot(first error) error {
 	q, m := ex.s.queue, ex.s.metrics
-	if q.waiting.Add(1) > q.size {
-		q.waiting.Add(-1)
+	w := &ex.place
+	if w.wake == nil {
+		w.wake, w.index = make(chan struct{}, 1), -1
+	}
+	w.priority = ex.priority
+	if !q.enter(w) {
 		m.queueFull.Inc()
 		return errQueueFull
 	}
-	defer q.waiting.Add(-1)
+	defer q.leave(w)
 	start := time.Now()
 	deadline := start.Add(q.timeout)
 	if ex.queueTimer == nil {
@@ -89,17 +222,23 @@ func (ex *exchange) awaitSlot(first error) error {
 	}
 	t := ex.queueTimer
 	err := first
-	for {
+	for asleep := true; ; {
 		left := time.Until(deadline)
 		if left <= 0 {
 			m.queueTimeouts.Inc()
 			return errWaitedOut(q.timeout, err)
 		}
-		t.Reset(min(left, queueRecheck))
-		select {
-		case <-q.freed:
-			t.Stop()
-		case <-t.C:
+		if asleep {
+			t.Reset(min(left, queueRecheck))
+			select {
+			case <-w.wake:
+				t.Stop()
+			case <-t.C:
+			}
+			if !q.wakeUp(w) {
+				m.queueDisplaced.Inc()
+				return errDisplaced
+			}
 		}
 		if ex.hungUp() {
 			return errHungUpQueued
@@ -111,6 +250,7 @@ func (ex *exchange) awaitSlot(first error) error {
 		if !errors.Is(err, dataplane.ErrResourceExhausted) {
 			return err
 		}
+		asleep = q.sleep(w)
 	}
 }
 

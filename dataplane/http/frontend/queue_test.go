@@ -1,0 +1,93 @@
+package frontend
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func newWaiter(priority int64) *waiter {
+	return &waiter{priority: priority, index: -1, wake: make(chan struct{}, 1)}
+}
+
+func woken(w *waiter) bool {
+	select {
+	case <-w.wake:
+		return true
+	default:
+		return false
+	}
+}
+
+// Each ended request wakes the best waiter asleep: the lowest priority,
+// the oldest among equals; a full queue's worst waiter makes room for a
+// better one, never for an equal or worse one.
+func TestTheWaitQueueWakesTheBestWaiterFirst(t *testing.T) {
+	q := newWaitQueue(3, time.Second)
+	a, b, c := newWaiter(5), newWaiter(0), newWaiter(0)
+	for _, w := range []*waiter{a, b, c} {
+		require.True(t, q.enter(w))
+	}
+	q.ended()
+	assert.Equal(t, []bool{false, true, false}, []bool{woken(a), woken(b), woken(c)}, "priority 0, the older one")
+	assert.True(t, q.wakeUp(b))
+	q.leave(b)
+
+	d := newWaiter(1)
+	require.True(t, q.enter(d)) // room: b left
+	e := newWaiter(-1)
+	require.True(t, q.enter(e), "full: e displaces a, the worst")
+	assert.True(t, woken(a))
+	assert.False(t, q.wakeUp(a), "a learns it was displaced")
+	q.leave(a)
+	assert.False(t, q.enter(newWaiter(1)), "full of waiters as good or better")
+	assert.Equal(t, int64(3), q.Waiting())
+
+	for _, want := range []*waiter{e, c, d} {
+		q.ended()
+		require.True(t, woken(want))
+		require.True(t, q.wakeUp(want))
+		q.leave(want)
+	}
+	assert.Zero(t, q.Waiting())
+
+	// A wake-up that finds every waiter awake goes to the next to sleep.
+	f := newWaiter(0)
+	require.True(t, q.enter(f))
+	q.ended()
+	require.True(t, woken(f))
+	q.wakeUp(f)
+	q.ended() // f is trying its pick
+	assert.False(t, q.sleep(f), "try again at once")
+	assert.True(t, q.sleep(f), "then sleep")
+	q.leave(f)
+	assert.Zero(t, q.Waiting())
+}
+
+// Waiters enter, sleep, wake and leave while requests end, all at once
+// (run under -race); every one leaves and the count returns to 0.
+func TestTheWaitQueueConcurrently(t *testing.T) {
+	q := newWaitQueue(8, time.Second)
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			w := newWaiter(int64(g % 3))
+			for range 200 {
+				if !q.enter(w) {
+					continue
+				}
+				q.ended()
+				if q.wakeUp(w) && !q.sleep(w) {
+					q.wakeUp(w)
+				}
+				q.leave(w)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Zero(t, q.Waiting())
+	assert.Empty(t, q.heap)
+}
