@@ -107,7 +107,7 @@ func TestConversationsStayWhereTheirPrefixIs(t *testing.T) {
 
 // Every generation route keys its prompt: completions' prompt, the
 // Responses API's instructions and input, a chat message's content
-// parts. A prompt of token ids, an embedding and a short prompt are not
+// parts, SGLang's /generate's text. A prompt of token ids, an embedding and a short prompt are not
 // keyed, and route as the mode has them.
 func TestEachRouteKeysItsPrompt(t *testing.T) {
 	f := startFleet(t, cachingEngines(3), prefixAffinity(true))
@@ -123,8 +123,16 @@ func TestEachRouteKeysItsPrompt(t *testing.T) {
 			assert.Equal(t, first, f.servedBy(c.path, fmt.Sprintf(c.next, c.path+long)), c.path)
 		}
 	}
+	// SGLang's native /generate keys its text (the mock engine does not
+	// serve it: its 404 still names the worker the request went to).
+	var went []string
+	for i := range 3 {
+		resp, _ := f.send("POST", "/generate", fmt.Sprintf(`{"text":%q,"sampling_params":{"max_new_tokens":%d}}`, "/generate"+long, i+1))
+		went = append(went, resp.Header.Get("x-fastroute-worker"))
+	}
+	assert.Equal(t, []string{went[0], went[0], went[0]}, went, "/generate")
 	taken, _, unknown := f.r.Selector.PrefixRouted()
-	assert.Equal(t, [2]uint64{9, 3}, [2]uint64{taken, unknown})
+	assert.Equal(t, [2]uint64{11, 4}, [2]uint64{taken, unknown})
 
 	for _, c := range []struct{ path, body string }{
 		{"/v1/completions", `{"model":"mock-model","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30]}`},

@@ -59,6 +59,7 @@ type exchange struct {
 	body     []byte                     // the body sent to the decode worker; nil: the client's
 	stream   bool
 	creates  bool // a POST /v1/responses: its answer may store a response (learnStored)
+	generate bool // a POST /generate (SGLang's native API): its prompt is the body's text
 	created  bool // its answer streams, and its first event is still to be read (learnStreamed)
 	readErr  error
 	done     bool

@@ -510,6 +510,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte) {
 	ex.begin(ctx, rt, start)
 	ex.req.Response = append(ex.req.Response, response...)
 	ex.creates = rt == routeResponses && response == nil
+	ex.generate = rt == routeOther && string(ctx.Path()) == "/generate"
 	query, err := ex.parse(ctx)
 	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error())

@@ -17,6 +17,9 @@ var promptFields = [...][]string{
 	routeMessages:    {"system", "messages"},
 }
 
+// generateFields hold the prompt of SGLang's native POST /generate.
+var generateFields = []string{"text"}
+
 // The fields of a message, or of a part of one, that carry its text (a
 // role, a name, the text, an image's URL), in the order they are keyed.
 var messageFields = [...]string{"role", "name", "content", "text", "image_url", "url"}
@@ -31,14 +34,21 @@ const maxPromptDepth = 5
 var unitSep = []byte{0x1f}
 
 // readPrompt keys the prompt of a generation request's body v for prefix
-// routing (dataplane.Routing.Prefixes): its text, read field by field in
-// the order the engine sees it, hashed in blocks (affinity.PrefixHasher),
+// routing (dataplane.Routing.Prefixes): its text (SGLang's /generate's
+// too), read field by field in the order the engine sees it, hashed in blocks (affinity.PrefixHasher),
 // seeded with the model's name. The keys go to the request routing
 // places by them: the prefill leg's when the request is split, since a
 // prefix cache worth finding is the prefill worker's. It allocates
 // nothing once the keys' buffer has grown.
 func (ex *exchange) readPrompt(rt *dataplane.Routing, v *fastjson.Value) {
-	if int(ex.rt) >= len(promptFields) || len(promptFields[ex.rt]) == 0 {
+	fields := generateFields
+	if !ex.generate {
+		if int(ex.rt) >= len(promptFields) {
+			return
+		}
+		fields = promptFields[ex.rt]
+	}
+	if len(fields) == 0 {
 		return
 	}
 	req := &ex.req
@@ -47,7 +57,7 @@ func (ex *exchange) readPrompt(rt *dataplane.Routing, v *fastjson.Value) {
 	}
 	h := &ex.prompt
 	h.Reset(ex.req.Model, rt.PrefixBlock, rt.PrefixBlocks, req.PrefixKeys)
-	for _, f := range promptFields[ex.rt] {
+	for _, f := range fields {
 		writePrompt(h, v.Get(f), 0)
 	}
 	req.PrefixKeys = h.Keys()
