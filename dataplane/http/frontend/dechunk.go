@@ -12,7 +12,9 @@ import (
 // extensions and trailer fields are read and dropped, as fasthttp's body
 // reader drops them, and bounded, as it bounds them (maxChunkOverhead);
 // lines end in CRLF, a bare LF in a size line is refused (a smuggling
-// vector, fasthttp refuses it too).
+// vector, fasthttp refuses it too); the trailer section's lines, the empty
+// one that ends it included, may end in a bare LF, as fasthttp's header
+// scanner takes them.
 type dechunker struct {
 	state    uint8
 	digits   uint8 // hex digits of the size line read
@@ -36,12 +38,14 @@ const (
 )
 
 // Bounds on a chunked body's framing: a chunk's extensions, or the trailer
-// section, of at most maxChunkOverhead bytes (fasthttp's bound), a size of
-// at most maxChunkSizeDigits hex digits (256 TiB: a larger size is an
-// error, not an overflow).
+// section, of at most maxChunkOverhead bytes (fasthttp's bound), a size
+// line of at most maxChunkSizeDigits hex digits, leading zeros included
+// (fasthttp's bound), and a size below maxChunkSize (256 TiB: a larger one
+// is an error, not an overflow).
 const (
 	maxChunkOverhead   = 16 << 10
-	maxChunkSizeDigits = 12
+	maxChunkSizeDigits = 15
+	maxChunkSize       = 1 << 48
 )
 
 // errBadChunk is a chunked answer whose framing is broken.
@@ -77,8 +81,11 @@ func (d *dechunker) step(c byte) error {
 	switch d.state {
 	case inSize:
 		if v, ok := unhex(c); ok {
-			if d.digits == maxChunkSizeDigits {
+			switch {
+			case d.digits == maxChunkSizeDigits:
 				return fmt.Errorf("%w: chunk size of more than %d hex digits", errBadChunk, maxChunkSizeDigits)
+			case d.left >= maxChunkSize>>4:
+				return fmt.Errorf("%w: chunk size of 256 TiB or more", errBadChunk)
 			}
 			d.left, d.digits = d.left<<4|int64(v), d.digits+1
 			return nil
@@ -131,6 +138,8 @@ func (d *dechunker) step(c byte) error {
 		switch {
 		case d.state == atTrailerLine && c == '\r':
 			d.state = inLastLF
+		case d.state == atTrailerLine && c == '\n': // an empty line of a bare LF, as fasthttp's header scanner takes it
+			d.state = decoded
 		case c == '\n':
 			d.state = atTrailerLine
 		default:

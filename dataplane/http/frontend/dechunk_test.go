@@ -70,6 +70,7 @@ func TestADechunkerRefusesBrokenFraming(t *testing.T) {
 		"data longer than said": {"3\r\nabcd\r\n", "abc"},
 		"CR without LF":         {"3\r\nabc\rx", "abc"},
 		"a size past 256 TiB":   {"1000000000000\r\n", ""},
+		"16 digits":             {"0000000000000003\r\nabc", ""},
 		"space inside the size": {"1 2\r\n", ""},
 		"no CRLF after the end": {"0\r\n\rx", ""},
 		"long extensions":       {"1;" + strings.Repeat("e", maxChunkOverhead+1) + "\r\na\r\n", ""},
@@ -82,6 +83,10 @@ func TestADechunkerRefusesBrokenFraming(t *testing.T) {
 			assert.Equal(t, tc.data, string(data))
 		})
 	}
+	data, _, done, err := decodeInPieces([]byte("000000000000003\r\nabc\r\n0\r\nT: 1\n\n"), 3)
+	require.NoError(t, err, "15 digits, leading zeros included, and trailer lines ending in bare LFs, as fasthttp takes them")
+	assert.True(t, done)
+	assert.Equal(t, "abc", string(data))
 	data, used, done, err := decodeInPieces([]byte("5\r\nabc"), 2)
 	require.NoError(t, err)
 	assert.False(t, done, "cut short: more to come")
