@@ -45,6 +45,10 @@ type Request struct {
 	// Phase picks from the pool of that phase (disaggregation) with its
 	// picker; PhaseAny: every worker.
 	Phase Phase
+	// Query marks a pick that is only reported (x-query-instance-id), not
+	// dispatched: routing honours what it knows and records nothing (no
+	// prompt prefix), as a query pins no session.
+	Query bool
 
 	// What routing decided (route): a worker to take while it is free (a
 	// soft pin, a cache hit, a rendezvous placement; 0: none) and the
@@ -75,7 +79,7 @@ type Request struct {
 func (r *Request) Reset() {
 	r.Model, r.Session, r.CacheKeys, r.Response = r.Model[:0], r.Session[:0], r.CacheKeys[:0], r.Response[:0]
 	r.PrefixKeys, r.prefixID = r.PrefixKeys[:0], 0
-	r.WorkerID, r.DPRank, r.HasDPRank, r.Phase = 0, 0, false, PhaseAny
+	r.WorkerID, r.DPRank, r.HasDPRank, r.Phase, r.Query = 0, 0, false, PhaseAny, false
 	r.preferID, r.preferRank, r.hasPreferRank = 0, 0, false
 	r.group, r.hard, r.stored, r.searching = nil, false, false, false
 	r.nExclude = 0
@@ -262,9 +266,9 @@ func (s *Selector) routeAndPick(rt *Routing, snap *Snapshot, req *Request, res *
 }
 
 // sentPrefix records where a request with prefix keys went (err == nil):
-// that worker now holds its prompt's prefixes.
+// that worker now holds its prompt's prefixes. A query went nowhere.
 func (s *Selector) sentPrefix(rt *Routing, req *Request, res *Reservation, err error) {
-	if err == nil && len(req.PrefixKeys) > 0 && rt.Prefixes != nil {
+	if err == nil && len(req.PrefixKeys) > 0 && rt.Prefixes != nil && !req.Query {
 		rt.Prefixes.Record(req.PrefixKeys, res.Worker().ID())
 	}
 }

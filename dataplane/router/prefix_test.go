@@ -134,6 +134,16 @@ func TestEachRouteKeysItsPrompt(t *testing.T) {
 	taken, _, unknown := f.r.Selector.PrefixRouted()
 	assert.Equal(t, [2]uint64{11, 4}, [2]uint64{taken, unknown})
 
+	// A query-only request is told where its prompt would go and records
+	// nothing: the next request with that prompt is as new as it was.
+	fresh := fmt.Sprintf(`{"model":"mock-model","prompt":%q}`, "a prompt only asked about: "+long)
+	resp, text := f.send("POST", "/v1/completions", fresh, "x-query-instance-id", "true")
+	require.Equal(t, 200, resp.StatusCode, text)
+	f.servedBy("/v1/completions", fresh)
+	_, _, unknownAfter := f.r.Selector.PrefixRouted()
+	assert.Equal(t, unknown+2, unknownAfter, "the query found nothing and left nothing")
+	taken, _, unknown = f.r.Selector.PrefixRouted()
+
 	for _, c := range []struct{ path, body string }{
 		{"/v1/completions", `{"model":"mock-model","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30]}`},
 		{"/v1/embeddings", `{"model":"mock-model","input":"` + long + `"}`},

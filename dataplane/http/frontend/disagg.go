@@ -67,7 +67,7 @@ func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
 	}
 	pre := ex.prefillLeg()
 	pre.req.Reset()
-	pre.req.Phase = dataplane.PhasePrefill
+	pre.req.Phase, pre.req.Query = dataplane.PhasePrefill, ex.req.Query
 	if v := h.Peek(headerPrefillWorker); len(v) > 0 {
 		id, err := fasthttp.ParseUint(v)
 		if err != nil || id == 0 {

@@ -151,7 +151,7 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 	switch v := h.Peek(headerQuery); string(v) { // strconv.ParseBool's words (Python's str(True) is "True")
 	case "", "false", "False", "FALSE", "f", "F", "0":
 	case "true", "True", "TRUE", "t", "T", "1":
-		query = true
+		query, ex.req.Query = true, true
 	default:
 		return false, fmt.Errorf("header %s: %q is not true or false", headerQuery, v)
 	}
