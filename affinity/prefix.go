@@ -14,8 +14,8 @@ import (
 // last block (PrefixHasher). The table is a fixed array of slots, one word
 // each: the key's upper half beside the id of the worker, read and written
 // with atomics. A key's slot is chosen by its low bits, and a new key takes
-// it over from an older one, so the table never grows, forgets the least
-// recently recorded prefixes first (roughly), and neither a lookup nor a
+// it over from whatever key held it, so the table never grows, forgets a
+// prefix when a newer one lands on its slot, and neither a lookup nor a
 // record allocates or locks.
 type Prefixes struct {
 	slots []atomic.Uint64

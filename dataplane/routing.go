@@ -39,8 +39,8 @@ type Routing struct {
 	// Prefixes steers a request to the worker last sent the longest
 	// prefix of its prompt (Request.PrefixKeys), where the engine may
 	// still hold that prefix's KV cache, while that worker has at most
-	// PrefixSlack requests in flight more than the one the mode picks; nil:
-	// off. The front end keys a prompt in blocks of PrefixBlock bytes, at
+	// PrefixSlack requests in flight more than the least loaded candidate;
+	// nil: off. The front end keys a prompt in blocks of PrefixBlock bytes, at
 	// most PrefixBlocks of them.
 	Prefixes     *affinity.Prefixes
 	PrefixSlack  int64

@@ -275,7 +275,7 @@ func TestEnginePrefixCacheFindsRepeatedPrefixes(t *testing.T) {
 
 	ask(first + `,{"role":"assistant","content":"Everest."},{"role":"user","content":"And the second?"}`)
 	hits := scrape(t, w, "vllm:prefix_cache_hits_total")
-	assert.Equal(t, float64(9*16), hits, "the system prompt's 9 whole blocks (the text up to the user's turn is not a whole block more)")
+	assert.Equal(t, float64(9*16), hits, "the first prompt's 9 whole blocks (623 bytes of text: its last 47 make no block)")
 
 	ask(`{"role":"system","content":"` + strings.Repeat("Answer in French. ", 40) + `"}`)
 	assert.Equal(t, hits, scrape(t, w, "vllm:prefix_cache_hits_total"), "another prompt shares nothing")

@@ -126,7 +126,7 @@ type Router struct {
 // blocks of BlockBytes, up to MaxBlocks of them; a table of TableSize
 // slots remembers the worker each prefix was last sent to, and a request
 // goes to the worker holding its longest known prefix while that worker
-// has at most Slack requests in flight more than the one the mode picks.
+// has at most Slack requests in flight more than the least loaded candidate.
 type PrefixAffinity struct {
 	Enabled    bool `yaml:"enabled"`
 	TableSize  int  `yaml:"table_size"`
