@@ -258,17 +258,11 @@ func demoConversation(client *http.Client, base string, mocks []*mockworker.Work
 		`found along it. Keep to places with marked paths, and say how fit one must be."},{"role":"user","content":"Where should I go for a week of hiking?"}`
 	var went []string
 	for turn := range conversationTurns {
-		resp, err := client.Post(base+"/v1/chat/completions", "application/json",
-			strings.NewReader(`{"model":"mock-model","messages":[`+history+`]}`))
+		w, err := demoSend(client, base+"/v1/chat/completions", `{"model":"mock-model","messages":[`+history+`]}`, "")
 		if err != nil {
 			return "", err
 		}
-		b, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
-		}
-		went = append(went, resp.Header.Get("x-fastroute-worker"))
+		went = append(went, w)
 		history += fmt.Sprintf(`,{"role":"assistant","content":"Suggestion %d."},{"role":"user","content":"Somewhere else, please?"}`, turn+1)
 	}
 	for _, w := range went[1:] {
@@ -290,29 +284,14 @@ const stickyRequests = 4
 // demoSticky sends a LoRA request (only worker 3 holds sql-lora) and three
 // requests of one session (soft affinity keeps them on one worker).
 func demoSticky(client *http.Client, base string) (string, error) {
-	send := func(body, session string) (string, error) {
-		req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(body))
-		if session != "" {
-			req.Header.Set("x-session-id", session)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			return "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
-		}
-		return resp.Header.Get("x-fastroute-worker"), nil
-	}
-	loraWorker, err := send(`{"model":"sql-lora","prompt":"select"}`, "")
+	url := base + "/v1/completions"
+	loraWorker, err := demoSend(client, url, `{"model":"sql-lora","prompt":"select"}`, "")
 	if err != nil {
 		return "", err
 	}
 	var session []string
 	for i := 0; i < stickyRequests-1; i++ {
-		w, err := send(`{"model":"mock-model","prompt":"hi"}`, "demo-session")
+		w, err := demoSend(client, url, `{"model":"mock-model","prompt":"hi"}`, "demo-session")
 		if err != nil {
 			return "", err
 		}
@@ -320,4 +299,24 @@ func demoSticky(client *http.Client, base string) (string, error) {
 	}
 	return fmt.Sprintf("lora sql-lora       -> worker %s\nsession demo-session -> workers %s (soft affinity)",
 		loraWorker, strings.Join(session, ", ")), nil
+}
+
+// demoSend posts body to url (with the session header when session is
+// set) and returns the worker that answered; an answer other than 200 is
+// an error carrying its body.
+func demoSend(client *http.Client, url, body, session string) (string, error) {
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if session != "" {
+		req.Header.Set("x-session-id", session)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	return resp.Header.Get("x-fastroute-worker"), nil
 }
