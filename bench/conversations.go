@@ -92,10 +92,7 @@ func conversations(seed uint64, rate float64, dur time.Duration) (jobs []job, me
 func runConversations(o RoutingOptions, dir string) ([]RoutingRow, float64, error) {
 	o.Warmup = max(o.Warmup, convTurns*convGap)
 	_, meanP, meanO := conversations(o.Seed, 100, o.Warmup+o.Duration) // many conversations: the lengths' means
-	capacity := 0.0
-	for _, e := range convFleet {
-		capacity += e.capacity(meanP, meanO)
-	}
+	capacity := fleetCapacity(convFleet, meanP, meanO)
 	jobs, _, _ := conversations(o.Seed, o.ConvLoad*capacity, o.Warmup+o.Duration)
 	var rows []RoutingRow
 	for _, rt := range ConvSetups() {
@@ -140,22 +137,36 @@ func ConvTable(rows []RoutingRow, capacity float64) string {
 // vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total).
 func prefixCache(addrs []string) (queries, hits float64, err error) {
 	for _, a := range addrs {
-		resp, err := http.Get("http://" + a + "/metrics")
+		sums, err := seriesSums(a, "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 		if err != nil {
 			return 0, 0, err
 		}
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			name, value, _ := strings.Cut(sc.Text(), " ")
-			v, _ := strconv.ParseFloat(value, 64)
-			switch {
-			case strings.HasPrefix(name, "vllm:prefix_cache_hits_total{"):
-				hits += v
-			case strings.HasPrefix(name, "vllm:prefix_cache_queries_total{"):
-				queries += v
-			}
-		}
-		_ = resp.Body.Close()
+		queries, hits = queries+sums[0], hits+sums[1]
 	}
 	return queries, hits, nil
+}
+
+// seriesSums reads the Prometheus page at addr's /metrics and returns, for
+// each of names, the sum of its samples over every label set (0 for a
+// series the page lacks).
+func seriesSums(addr string, names ...string) ([]float64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	sums := make([]float64, len(names))
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		sample, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		name, _, _ := strings.Cut(sample, "{")
+		if i := slices.Index(names, name); i >= 0 {
+			v, _ := strconv.ParseFloat(value, 64)
+			sums[i] += v
+		}
+	}
+	return sums, sc.Err()
 }

@@ -100,6 +100,15 @@ func (e simEngine) capacity(meanPrompt, meanOut float64) float64 {
 	return e.speed * float64(e.slots) / (meanOut*step + float64(e.slots)*meanPrompt*simPrefillToken.Seconds())
 }
 
+// fleetCapacity is the engines' capacities summed.
+func fleetCapacity(fleet []simEngine, meanPrompt, meanOut float64) float64 {
+	total := 0.0
+	for _, e := range fleet {
+		total += e.capacity(meanPrompt, meanOut)
+	}
+	return total
+}
+
 // job is one request of the workload.
 type job struct {
 	at          time.Duration // arrival after the start of the run
@@ -215,10 +224,7 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 	}
 	defer os.RemoveAll(dir)
 	meanP, meanO := meanLengths(o.Seed)
-	fleetCap := 0.0
-	for _, e := range routingFleet {
-		fleetCap += e.capacity(meanP, meanO)
-	}
+	fleetCap := fleetCapacity(routingFleet, meanP, meanO)
 	fmt.Printf("fleet capacity %.1f req/s (mean prompt %.0f, answer %.0f tokens)\n", fleetCap, meanP, meanO)
 	var rows []RoutingRow
 	for _, load := range o.Loads {
@@ -242,10 +248,7 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 		table = RoutingTable(rows, fleetCap, o)
 	}
 	if o.PDLoad > 0 {
-		pdCap := 0.0
-		for _, e := range pdFleet {
-			pdCap += e.capacity(meanP, meanO)
-		}
+		pdCap := fleetCapacity(pdFleet, meanP, meanO)
 		jobs := workload(o.Seed, o.PDLoad*pdCap, o.Warmup+o.Duration)
 		var pd []RoutingRow
 		for _, rt := range PDSetups() {
