@@ -3,7 +3,6 @@ package router
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -55,14 +54,7 @@ func (f *fleet) converse(conversations, turns int) [][]string {
 func (f *fleet) cacheHits() float64 {
 	total := 0.0
 	for _, m := range f.mocks {
-		resp, err := f.client.Get(m.URL() + "/metrics")
-		require.NoError(f.t, err)
-		page := readAll(f.t, resp)
-		v := regexp.MustCompile(`(?m)^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$`).FindStringSubmatch(page)
-		require.NotNil(f.t, v, page)
-		n, err := strconv.ParseFloat(v[1], 64)
-		require.NoError(f.t, err)
-		total += n
+		total += m.PrefixCacheHits()
 	}
 	return total
 }
