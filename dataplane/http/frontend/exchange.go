@@ -261,8 +261,10 @@ func (ex *exchange) readRouting(v *fastjson.Value) error {
 	if rt.WantsPrefixKeys() {
 		ex.readPrompt(rt, v)
 	}
-	if p := v.Get("priority"); p != nil && ex.s.queue != nil {
-		ex.priority, _ = p.Int64() // not an integer: 0, and the worker judges it
+	if ex.s.queue != nil { // the body is searched for it only while the queue is on
+		if p := v.Get("priority"); p != nil {
+			ex.priority, _ = p.Int64() // not an integer: 0, and the worker judges it
+		}
 	}
 	if ex.rt != routeEmbeddings || !rt.WantsCacheKeys() {
 		return nil
