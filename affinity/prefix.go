@@ -36,9 +36,6 @@ func NewPrefixes(size int) *Prefixes {
 	return &Prefixes{slots: make([]atomic.Uint64, n), mask: uint64(n - 1)}
 }
 
-// Len returns the table's slots.
-func (p *Prefixes) Len() int { return len(p.slots) }
-
 // Holder returns the worker that last served the longest of keys'
 // prefixes (keys in prompt order, as PrefixHasher gives them) and how many
 // blocks that prefix spans; 0, 0 when no prefix is known.

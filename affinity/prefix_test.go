@@ -48,7 +48,7 @@ func TestPrefixKeysNameWhatCameBefore(t *testing.T) {
 
 func TestPrefixHolderIsTheLongestPrefixs(t *testing.T) {
 	p := NewPrefixes(1000)
-	assert.Equal(t, 1024, p.Len())
+	assert.Len(t, p.slots, 1024, "1000 slots asked for, rounded up to a power of two")
 	system := strings.Repeat("you are a helpful assistant. ", 10)
 	turn1 := prefixKeys("m", system+"user: hello, tell me about the weather", 16, 64)
 	turn2 := prefixKeys("m", system+"user: hello, tell me about the weather assistant: sunny. user: and tomorrow?", 16, 64)
