@@ -18,8 +18,9 @@ import (
 // prefix when a newer one lands on its slot, and neither a lookup nor a
 // record allocates or locks.
 type Prefixes struct {
-	slots []atomic.Uint64
-	mask  uint64
+	slots   []atomic.Uint64
+	mask    uint64
+	journal *journal // nil unless Share was called
 }
 
 // MaxPrefixWorker is the largest worker id the prefix table records: a
@@ -29,11 +30,17 @@ const MaxPrefixWorker = 1<<32 - 1
 // NewPrefixes returns a table of size slots, rounded up to a power of two
 // (at least 64).
 func NewPrefixes(size int) *Prefixes {
+	n := roundSlots(size)
+	return &Prefixes{slots: make([]atomic.Uint64, n), mask: uint64(n - 1)}
+}
+
+// roundSlots rounds size up to a power of two, at least 64.
+func roundSlots(size int) int {
 	n := 64
 	if size > n {
 		n = 1 << bits.Len(uint(size-1))
 	}
-	return &Prefixes{slots: make([]atomic.Uint64, n), mask: uint64(n - 1)}
+	return n
 }
 
 // Holder returns the worker that last served the longest of keys'
@@ -59,6 +66,9 @@ func (p *Prefixes) Record(keys []uint64, worker uint64) {
 		s := &p.slots[k&p.mask]
 		if v := k&^MaxPrefixWorker | worker; s.Load() != v { // no write, no shared cache line dirtied, when nothing changes
 			s.Store(v)
+			if p.journal != nil {
+				p.journal.add(k)
+			}
 		}
 	}
 }

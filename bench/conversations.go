@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fastroute/fastroute/internal/loopback"
 	"github.com/fastroute/fastroute/pickers"
 )
 
@@ -32,7 +33,9 @@ const (
 
 // ConvSetups are the routers of the conversation comparison: nginx
 // least_conn, fastroute's load-aware mode without and with prefix
-// affinity, and two other modes with it.
+// affinity, two other modes with it, and two replicas with it behind
+// nginx's round-robin (a conversation's turns reach either), without and
+// with sharing what they record.
 func ConvSetups() []RoutingRouter {
 	withPrefix := func(m pickers.Mode) startFunc {
 		return func(bin, _ string, workers []string) (string, *exec.Cmd, error) {
@@ -45,6 +48,47 @@ func ConvSetups() []RoutingRouter {
 		{Name: "fastroute load-aware + prefix affinity", start: withPrefix(pickers.ModeLoadAware)},
 		{Name: "fastroute least-loaded + prefix affinity", start: withPrefix(pickers.ModeLeastLoaded)},
 		{Name: "fastroute default + prefix affinity", start: withPrefix(pickers.ModeWeighted)},
+		{Name: "2 replicas behind nginx round-robin", start: nginxFront("", "auto"), backends: replicas(false)},
+		{Name: "2 replicas sharing prefixes behind nginx round-robin", start: nginxFront("", "auto"), backends: replicas(true)},
+	}
+}
+
+// replicas returns the start of two fastroute replicas in load-aware mode
+// with prefix affinity in front of the same engines; with share, each
+// names the other as its peer.
+func replicas(share bool) func(bin string, engines []string) ([]string, func(), error) {
+	return func(bin string, engines []string) ([]string, func(), error) {
+		var addrs, admins []string
+		var ps []*exec.Cmd
+		stop := func() {
+			for _, p := range ps {
+				terminate(p)
+			}
+		}
+		for range 2 {
+			a, err := loopback.FreeAddr()
+			if err != nil {
+				return nil, nil, err
+			}
+			admins = append(admins, a)
+		}
+		for i, admin := range admins {
+			flags := []string{"--mode", string(pickers.ModeLoadAware), "--prefix-affinity"}
+			if share {
+				flags = append(flags, "--prefix-affinity-peer", "http://"+admins[1-i])
+			}
+			addr, p, err := startServeAdmin(bin, admin, engines, flags...)
+			if err != nil {
+				stop()
+				return nil, nil, err
+			}
+			addrs, ps = append(addrs, addr), append(ps, p)
+			if err := waitHealth(addr); err != nil {
+				stop()
+				return nil, nil, err
+			}
+		}
+		return addrs, stop, nil
 	}
 }
 

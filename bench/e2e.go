@@ -270,11 +270,16 @@ func startFastroute(bin, _ string, workers []string) (string, *exec.Cmd, error) 
 // workers ("host:port", maybe followed by more --worker keys:
 // "host:port,role=decode"), ids from 1.
 func startServe(bin string, workers []string, flags ...string) (string, *exec.Cmd, error) {
-	addr, err := loopback.FreeAddr()
+	admin, err := loopback.FreeAddr()
 	if err != nil {
 		return "", nil, err
 	}
-	admin, err := loopback.FreeAddr()
+	return startServeAdmin(bin, admin, workers, flags...)
+}
+
+// startServeAdmin is startServe with its admin listener on admin.
+func startServeAdmin(bin, admin string, workers []string, flags ...string) (string, *exec.Cmd, error) {
+	addr, err := loopback.FreeAddr()
 	if err != nil {
 		return "", nil, err
 	}

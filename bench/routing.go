@@ -152,6 +152,10 @@ func workload(seed uint64, rate float64, dur time.Duration) []job {
 type RoutingRouter struct {
 	Name  string
 	start startFunc
+	// backends, when set, starts what start is put in front of (a
+	// cluster's replicas, in front of the engines) and returns their
+	// addresses and what stops them.
+	backends func(bin string, engines []string) (addrs []string, stop func(), err error)
 }
 
 // RoutingRouters lists every fastroute mode that picks (its defaults
@@ -298,7 +302,16 @@ func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingR
 		addrs, stops = append(addrs, addr), append(stops, stop)
 		names[strconv.Itoa(i+1)] = e.name
 	}
-	front, p, err := rt.start(o.Binary, dir, addrs)
+	fronted := addrs
+	if rt.backends != nil {
+		var stop func()
+		var err error
+		if fronted, stop, err = rt.backends(o.Binary, addrs); err != nil {
+			return RoutingRow{}, err
+		}
+		stops = append(stops, stop)
+	}
+	front, p, err := rt.start(o.Binary, dir, fronted)
 	if err != nil {
 		return RoutingRow{}, err
 	}

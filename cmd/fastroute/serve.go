@@ -129,6 +129,11 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.IntVar(&pa.BlockBytes, "prefix-affinity-block-bytes", pa.BlockBytes, "prompt bytes a prefix block")
 	fs.IntVar(&pa.MaxBlocks, "prefix-affinity-max-blocks", pa.MaxBlocks, "blocks of a prompt keyed at most")
 	fs.IntVar(&pa.Slack, "prefix-affinity-slack", pa.Slack, "requests in flight a prefix's worker may have beyond the least loaded candidate and still take it")
+	fs.Func("prefix-affinity-peer", "another replica's admin listener (http://host:port) to share prefix records with (repeatable)", func(v string) error {
+		pa.Peers = append(pa.Peers, v)
+		return nil
+	})
+	fs.DurationVar(&pa.ShareInterval, "prefix-affinity-share-interval", pa.ShareInterval, "how often prefix records go to the peers")
 	fs.IntVar(&cfg.Router.EmbeddingCacheSize, "embedding-cache-size", cfg.Router.EmbeddingCacheSize, "embedding cache table keys (0 = off)")
 	fs.BoolVar(&cfg.Telemetry.NVML, "telemetry-nvml", cfg.Telemetry.NVML, "poll GPUs through NVML")
 	fs.BoolVar(&cfg.Telemetry.CPU, "telemetry-cpu", cfg.Telemetry.CPU, "poll /proc and cgroup CPU state")

@@ -112,3 +112,15 @@ func TestSIGHUPReloadsTheConfigFile(t *testing.T) {
 func TestDemo(t *testing.T) {
 	require.NoError(t, runDemo(nil))
 }
+
+func TestPrefixSharingFlags(t *testing.T) {
+	cfg, err := loadServeConfig([]string{"--prefix-affinity", "--prefix-affinity-peer", "http://10.0.0.2:8001",
+		"--prefix-affinity-peer", "https://10.0.0.3:8001", "--prefix-affinity-share-interval", "20ms"})
+	require.NoError(t, err)
+	pa := cfg.Router.PrefixAffinity
+	assert.True(t, pa.Enabled)
+	assert.Equal(t, []string{"http://10.0.0.2:8001", "https://10.0.0.3:8001"}, pa.Peers)
+	assert.Equal(t, 20*time.Millisecond, pa.ShareInterval)
+	_, err = loadServeConfig([]string{"--prefix-affinity-peer", "10.0.0.2:8001"})
+	require.ErrorContains(t, err, "router.prefix_affinity.peers")
+}

@@ -127,12 +127,17 @@ type Router struct {
 // slots remembers the worker each prefix was last sent to, and a request
 // goes to the worker holding its longest known prefix while that worker
 // has at most Slack requests in flight more than the least loaded candidate.
+// Replicas in front of the same workers share what they record: every
+// ShareInterval the prefixes recorded anew go to each of Peers (the other
+// replicas' admin listeners, scheme://host:port), which take them in.
 type PrefixAffinity struct {
-	Enabled    bool `yaml:"enabled"`
-	TableSize  int  `yaml:"table_size"`
-	BlockBytes int  `yaml:"block_bytes"`
-	MaxBlocks  int  `yaml:"max_blocks"`
-	Slack      int  `yaml:"slack"`
+	Enabled       bool          `yaml:"enabled"`
+	TableSize     int           `yaml:"table_size"`
+	BlockBytes    int           `yaml:"block_bytes"`
+	MaxBlocks     int           `yaml:"max_blocks"`
+	Slack         int           `yaml:"slack"`
+	Peers         []string      `yaml:"peers"`
+	ShareInterval time.Duration `yaml:"share_interval"`
 }
 
 // validate checks the prefix routing settings, whether on or not.
@@ -146,6 +151,13 @@ func (p PrefixAffinity) validate() error {
 		return keyErr("router.prefix_affinity.max_blocks", "%d is outside 1..4096", p.MaxBlocks)
 	case p.Slack < 0:
 		return keyErr("router.prefix_affinity.slack", "%d is negative", p.Slack)
+	case p.ShareInterval < time.Millisecond || p.ShareInterval > 10*time.Second:
+		return keyErr("router.prefix_affinity.share_interval", "%v is outside 1ms..10s", p.ShareInterval)
+	}
+	for _, peer := range p.Peers {
+		if peer == "*" || !isOrigin(peer) { // an origin's form: scheme://host[:port], nothing else
+			return keyErr("router.prefix_affinity.peers", "%q is not a replica's admin listener as http(s)://host:port", peer)
+		}
 	}
 	return nil
 }
@@ -265,7 +277,7 @@ func Default() Config {
 			Mode: pickers.ModeWeighted, BusyThreshold: 64, Retries: 2,
 			SessionAffinity:    Affinity{Mode: "soft", Header: "x-session-id", TTL: 10 * time.Minute, MaxSessions: 100000},
 			EmbeddingCacheSize: 1 << 16, CPURatio: 8, LoRAPlacement: "off",
-			PrefixAffinity: PrefixAffinity{TableSize: 1 << 18, BlockBytes: 256, MaxBlocks: 128, Slack: 4},
+			PrefixAffinity: PrefixAffinity{TableSize: 1 << 18, BlockBytes: 256, MaxBlocks: 128, Slack: 4, ShareInterval: 10 * time.Millisecond},
 			Disaggregation: Disaggregation{Protocol: DisaggOff, Fallback: FallbackAggr},
 			Queue:          Queue{Timeout: 30 * time.Second},
 		},

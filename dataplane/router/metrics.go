@@ -40,6 +40,7 @@ func (r *Router) stateCollector() metrics.Collector {
 			w.Sample("fastroute_prefix_requests_total", float64(taken), "outcome", "taken")
 			w.Sample("fastroute_prefix_requests_total", float64(passed), "outcome", "passed")
 			w.Sample("fastroute_prefix_requests_total", float64(unknown), "outcome", "unknown")
+			w.Single("fastroute_prefix_learned_records_total", "counter", "Prefix records taken in from peer replicas.", float64(r.prefixLearned.Load()))
 		}
 		if c := r.EmbedCache; c != nil {
 			w.Header("fastroute_embedding_cache_hits_total", "counter", "Embedding inputs found in the cache table.")

@@ -3,11 +3,14 @@ package router
 import (
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
@@ -35,19 +38,44 @@ func prefixAffinity(on bool) func(*config.Config) {
 // turn repeating the conversation so far as a chat client does; it
 // returns the workers each conversation's turns went to.
 func (f *fleet) converse(conversations, turns int) [][]string {
-	f.t.Helper()
+	return converseVia([]*fleet{f}, conversations, turns, nil)
+}
+
+// converseVia is converse with turn i of every conversation sent through
+// replica i mod len(via), then settle called (when not nil) before the
+// next turn.
+func converseVia(via []*fleet, conversations, turns int, settle func()) [][]string {
+	via[0].t.Helper()
 	went := make([][]string, conversations)
 	history := make([]string, conversations)
 	for c := range history {
 		history[c] = fmt.Sprintf(`{"role":"user","content":"Student %d asks: why is the sky blue, what makes sunsets red, and why are clouds white?"}`, c)
 	}
 	for turn := range turns {
+		f := via[turn%len(via)]
 		for c := range history {
 			went[c] = append(went[c], f.servedBy("/v1/chat/completions", `{"model":"mock-model","messages":[`+history[c]+`]}`))
 			history[c] += fmt.Sprintf(`,{"role":"assistant","content":"Answer %d, at some length, about light and the air."},{"role":"user","content":"Follow-up question %d?"}`, turn, turn)
 		}
+		if settle != nil {
+			settle()
+		}
 	}
 	return went
+}
+
+// stayedPut asserts that each conversation's turns went where its first
+// did, and returns the workers the first turns went to.
+func stayedPut(t *testing.T, went [][]string) map[string]bool {
+	t.Helper()
+	firsts := map[string]bool{}
+	for c, workers := range went {
+		firsts[workers[0]] = true
+		for turn, w := range workers {
+			assert.Equal(t, workers[0], w, "conversation %d, turn %d", c, turn)
+		}
+	}
+	return firsts
 }
 
 // cacheHits sums the prefix cache hits (tokens) of the fleet's engines.
@@ -67,14 +95,7 @@ func (f *fleet) cacheHits() float64 {
 // as the mode has them.
 func TestConversationsStayWhereTheirPrefixIs(t *testing.T) {
 	on := startFleet(t, cachingEngines(3), prefixAffinity(true))
-	firsts := map[string]bool{}
-	for c, workers := range on.converse(5, 4) {
-		firsts[workers[0]] = true
-		for turn, w := range workers {
-			assert.Equal(t, workers[0], w, "conversation %d, turn %d", c, turn)
-		}
-	}
-	assert.Len(t, firsts, 3, "the first turns went round the workers")
+	assert.Len(t, stayedPut(t, on.converse(5, 4)), 3, "the first turns went round the workers")
 	taken, passed, unknown := on.r.Selector.PrefixRouted()
 	assert.Equal(t, [3]uint64{15, 0, 5}, [3]uint64{taken, passed, unknown}, "each first turn is new; every later one goes to its holder")
 	_, page := adminDo(t, on, "GET", "/metrics", "", "")
@@ -231,4 +252,124 @@ func TestTheEnginesPrefixCacheHitRatioIsShown(t *testing.T) {
 	assert.Less(t, ratio, 1.0)
 	_, page = adminDo(t, f, "GET", "/metrics", "", "")
 	assert.Regexp(t, `fastroute_worker_prefix_cache_hit_ratio\{worker="1"\} 0\.\d+`, page)
+}
+
+// freeAdminAddrs reserves n loopback addresses for replicas that name each
+// other before they start.
+func freeAdminAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	out := make([]string, n)
+	for i := range out {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		out[i] = ln.Addr().String()
+		require.NoError(t, ln.Close())
+	}
+	return out
+}
+
+// sharingReplicas starts two routers with prefix affinity in front of the
+// same three caching engines; with share, each sends what it records to
+// the other.
+func sharingReplicas(t *testing.T, share bool) (a, b *fleet) {
+	admin := freeAdminAddrs(t, 2)
+	replica := func(i int, workers []dataplane.WorkerSpec) func(*config.Config) {
+		return func(c *config.Config) {
+			prefixAffinity(true)(c)
+			c.AdminListen = admin[i]
+			c.Router.PrefixAffinity.ShareInterval = 5 * time.Millisecond
+			if share {
+				c.Router.PrefixAffinity.Peers = []string{"http://" + admin[1-i]}
+			}
+			if workers != nil {
+				c.Workers = workers
+			}
+		}
+	}
+	a = startFleet(t, cachingEngines(3), replica(0, nil))
+	b = startFleet(t, nil, replica(1, a.r.Config.Workers))
+	b.mocks = a.mocks
+	return a, b
+}
+
+// Two replicas in front of the same engines: a conversation's turns
+// alternate between them (a plain load balancer in front), and each turn
+// still goes to the worker its first turn went to, since each replica
+// takes in what the other records. Without sharing, each replica knows
+// only its own turns and the other's are new to it.
+func TestReplicasShareThePrefixesTheyRecord(t *testing.T) {
+	a, b := sharingReplicas(t, true)
+	settled := func() {
+		require.Eventually(t, func() bool {
+			return b.r.prefixLearned.Load() == a.r.Prefixes.Recorded() && a.r.prefixLearned.Load() == b.r.Prefixes.Recorded()
+		}, 5*time.Second, 2*time.Millisecond, "each replica takes in every record the other made")
+	}
+	assert.Len(t, stayedPut(t, converseVia([]*fleet{a, b}, 5, 4, settled)), 3, "the first turns went round the workers")
+	taken, passed, unknown := b.r.Selector.PrefixRouted()
+	assert.Equal(t, [3]uint64{10, 0, 0}, [3]uint64{taken, passed, unknown}, "replica b knew every conversation it saw from a's records")
+	assert.NotZero(t, a.r.Prefixes.Recorded())
+	_, page := adminDo(t, a, "GET", "/metrics", "", "")
+	assert.Contains(t, page, fmt.Sprintf(`fastroute_prefix_shared_records_total{peer="http://%s",outcome="sent"} %d`, b.r.AdminAddr(), a.r.Prefixes.Recorded()))
+	assert.Contains(t, page, fmt.Sprintf(`fastroute_prefix_learned_records_total %d`, b.r.Prefixes.Recorded()))
+	a.assertIdle()
+	b.assertIdle()
+
+	a, b = sharingReplicas(t, false)
+	converseVia([]*fleet{a, b}, 5, 4, nil)
+	_, _, unknown = b.r.Selector.PrefixRouted()
+	assert.Equal(t, uint64(5), unknown, "unshared, replica b's first turn of each conversation is new to it")
+	assert.Zero(t, a.r.prefixLearned.Load())
+}
+
+// POST /prefixes takes a peer's records behind the admin token and refuses
+// what it cannot take with a clear error; a router without prefix
+// affinity says so.
+func TestThePrefixRecordsRoute(t *testing.T) {
+	f := startFleet(t, cachingEngines(1), func(c *config.Config) {
+		prefixAffinity(true)(c)
+		c.AdminToken = "s3cret"
+	})
+	keys := []uint64{0xAAAA_0000_0000_0001, 0xBBBB_0000_0000_0002}
+	var records []byte
+	for _, k := range keys {
+		records = affinity.AppendPrefixRecord(records, k, 1)
+	}
+	code, body := adminDo(t, f, "POST", "/prefixes", string(records), "")
+	assert.Equal(t, http.StatusUnauthorized, code, body)
+	code, body = adminDo(t, f, "POST", "/prefixes", string(records[:13]), "s3cret")
+	assert.Equal(t, http.StatusBadRequest, code)
+	assert.Contains(t, body, "not a multiple of 12 bytes")
+	code, body = adminDo(t, f, "POST", "/prefixes", strings.Repeat("x", 12<<17), "s3cret")
+	assert.Equal(t, http.StatusRequestEntityTooLarge, code)
+	assert.Contains(t, body, "larger than 1 MiB")
+	w, _ := f.r.Prefixes.Holder(keys)
+	assert.Zero(t, w, "nothing refused was learned")
+
+	code, body = adminDo(t, f, "POST", "/prefixes", string(records), "s3cret")
+	assert.Equal(t, http.StatusNoContent, code, body)
+	w, blocks := f.r.Prefixes.Holder(keys)
+	assert.Equal(t, [2]uint64{1, 2}, [2]uint64{w, uint64(blocks)})
+	assert.Equal(t, uint64(2), f.r.prefixLearned.Load())
+
+	off := startFleet(t, cachingEngines(1), nil)
+	code, body = adminDo(t, off, "POST", "/prefixes", string(records), "")
+	assert.Equal(t, http.StatusConflict, code)
+	assert.Contains(t, body, "prefix affinity is off")
+}
+
+// A peer that is down costs the requests nothing: they are routed and
+// answered, and the records it misses are counted as failed.
+func TestAnAbsentPeerLosesOnlyItsRecords(t *testing.T) {
+	gone := freeAdminAddrs(t, 1)[0]
+	f := startFleet(t, cachingEngines(3), func(c *config.Config) {
+		prefixAffinity(true)(c)
+		c.Router.PrefixAffinity.Peers = []string{"http://" + gone}
+		c.Router.PrefixAffinity.ShareInterval = 5 * time.Millisecond
+	})
+	stayedPut(t, f.converse(3, 3))
+	require.Eventually(t, func() bool {
+		_, page := adminDo(t, f, "GET", "/metrics", "", "")
+		return strings.Contains(page, fmt.Sprintf(`fastroute_prefix_shared_records_total{peer="http://%s",outcome="failed"} %d`, gone, f.r.Prefixes.Recorded()))
+	}, 5*time.Second, 10*time.Millisecond, "every record the peer missed is counted")
+	f.assertIdle()
 }

@@ -54,7 +54,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
 		"router.lora_placement":       old.Router.LoRAPlacement == cfg.Router.LoRAPlacement,
-		"router.prefix_affinity":      old.Router.PrefixAffinity == cfg.Router.PrefixAffinity,
+		"router.prefix_affinity":      reflect.DeepEqual(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity),
 		"router.disaggregation":       old.Router.Disaggregation == cfg.Router.Disaggregation,
 		"router.queue":                old.Router.Queue == cfg.Router.Queue,
 		"router.retry_statuses":       slices.Equal(old.Router.RetryStatuses, cfg.Router.RetryStatuses),

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fastroute/fastroute/affinity"
@@ -19,6 +20,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/http/admin"
 	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/dataplane/loops/health"
+	"github.com/fastroute/fastroute/dataplane/loops/prefixshare"
 	"github.com/fastroute/fastroute/dataplane/loops/weights"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/discovery"
@@ -46,19 +48,23 @@ type Router struct {
 	EmbedCache *affinity.Cache
 	// Prefixes is nil while router.prefix_affinity is off.
 	Prefixes *affinity.Prefixes
-	Metrics  *metrics.Set
+	// PrefixShare sends what Prefixes records anew to the peer replicas;
+	// nil without peers.
+	PrefixShare *prefixshare.Loop
+	Metrics     *metrics.Set
 	// Discovery is nil unless discovery.etcd names endpoints.
 	Discovery *discovery.Watcher
 
-	log         *slog.Logger
-	reloadMu    sync.Mutex // one reload at a time; guards Config and source
-	source      func() (config.Config, error)
-	ln, adminLn net.Listener
-	admin       *http.Server
-	gpu         *nvml.Collector
-	cert        certificate // the front end's, with tls set
-	cancel      context.CancelFunc
-	loops       sync.WaitGroup // health and telemetry goroutines
+	log           *slog.Logger
+	prefixLearned atomic.Uint64 // prefix records taken from peer replicas
+	reloadMu      sync.Mutex    // one reload at a time; guards Config and source
+	source        func() (config.Config, error)
+	ln, adminLn   net.Listener
+	admin         *http.Server
+	gpu           *nvml.Collector
+	cert          certificate // the front end's, with tls set
+	cancel        context.CancelFunc
+	loops         sync.WaitGroup // health and telemetry goroutines
 }
 
 // Start validates cfg, registers its workers and opens both listeners.
@@ -102,6 +108,12 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	pa := cfg.Router.PrefixAffinity
 	if pa.Enabled {
 		r.Prefixes = affinity.NewPrefixes(pa.TableSize)
+		if len(pa.Peers) > 0 {
+			r.Prefixes.Share(prefixshare.JournalKeys)
+			r.PrefixShare = prefixshare.New(prefixshare.Options{Prefixes: r.Prefixes, Peers: pa.Peers, Token: cfg.AdminToken,
+				Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), Logger: log})
+			r.Metrics.Register(r.PrefixShare.Collector())
+		}
 	}
 	sel.SetRouting(dataplane.Routing{
 		Sessions: r.Sessions, SessionMode: affMode, SessionHeader: aff.Header, EmbedCache: r.EmbedCache, Responses: r.Responses,
@@ -150,7 +162,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.admin = &http.Server{
 		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken,
 			MetricsPublic: cfg.MetricsPublic, Logger: log, Reload: r.ReloadFromSource, Probe: r.probeSoon,
-			Describe: r.describe, Drain: r.drainWorker}),
+			Describe: r.describe, Drain: r.drainWorker, LearnPrefixes: r.learnPrefixes()}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	if err := r.startDiscovery(log); err != nil {
@@ -182,9 +194,25 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if r.Engines != nil {
 		r.loops.Go(func() { r.Engines.Run(ctx) })
 	}
+	if r.PrefixShare != nil {
+		r.loops.Go(func() { r.PrefixShare.Run(ctx) })
+	}
 	log.Info("fastroute started", "listen", r.Addr(), "admin", r.AdminAddr(),
 		"mode", cfg.Router.Mode, "workers", len(cfg.Workers), "max_connections", r.Frontend.MaxConnections())
 	return r, nil
+}
+
+// learnPrefixes returns what takes in a peer replica's prefix records
+// (POST /prefixes on the admin listener); nil while prefix affinity is off.
+func (r *Router) learnPrefixes() func(records []byte) (int, error) {
+	if r.Prefixes == nil {
+		return nil
+	}
+	return func(records []byte) (int, error) {
+		n, err := r.Prefixes.Learn(records)
+		r.prefixLearned.Add(uint64(n))
+		return n, err
+	}
 }
 
 // probeSoon runs a round of health probes now, so a worker added while

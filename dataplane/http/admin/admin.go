@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/loops/prefixshare"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 )
 
@@ -64,6 +65,10 @@ type Options struct {
 	// Drain drains a worker (DELETE /workers/{id}); nil: Registry.Drain.
 	// An error for a registered worker answers 503.
 	Drain func(id uint64) error
+	// LearnPrefixes takes in a peer replica's prefix records (POST
+	// /prefixes, affinity.AppendPrefixRecord's format) and says how many
+	// it read; nil while prefix affinity is off (409).
+	LearnPrefixes func(records []byte) (int, error)
 }
 
 // Handler returns the admin handler: the routes behind the token check and
@@ -213,6 +218,26 @@ func routes(o Options) *http.ServeMux {
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"applied": nonNil(applied), "need_restart": nonNil(needRestart)})
 	})
+	mux.HandleFunc("POST "+prefixshare.Path, func(w http.ResponseWriter, r *http.Request) {
+		if o.LearnPrefixes == nil {
+			writeError(w, http.StatusConflict, "prefix affinity is off on this router")
+			return
+		}
+		records, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWriteBody))
+		if _, tooLarge := errors.AsType[*http.MaxBytesError](err); tooLarge {
+			writeError(w, http.StatusRequestEntityTooLarge, "prefix records larger than 1 MiB")
+			return
+		}
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "reading the prefix records: "+err.Error())
+			return
+		}
+		if _, err := o.LearnPrefixes(records); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 	mux.HandleFunc("DELETE /workers/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id, ok := pathID(w, r)
 		if !ok {
@@ -318,6 +343,9 @@ func (o Options) logWrites(h http.Handler) http.Handler {
 		}
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		h.ServeHTTP(sw, r)
+		if r.URL.Path == prefixshare.Path && sw.status == http.StatusNoContent {
+			return // a peer's records, every few milliseconds: counted, not logged
+		}
 		o.Logger.Info("admin write", "method", r.Method, "path", r.URL.Path, "status", sw.status, "remote", r.RemoteAddr)
 	})
 }

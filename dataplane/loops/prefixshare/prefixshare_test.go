@@ -1,0 +1,109 @@
+package prefixshare
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/affinity"
+	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// peerTable is a replica's admin route over a real socket: it takes
+// records into its own table, and can be held (the first post waits for
+// release).
+type peerTable struct {
+	prefixes *affinity.Prefixes
+	learned  atomic.Int64
+	auth     atomic.Value
+	hold     chan struct{}
+}
+
+func (p *peerTable) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != Path || r.Header.Get("Content-Type") != "application/octet-stream" {
+		http.Error(w, "wrong route", http.StatusNotFound)
+		return
+	}
+	p.auth.Store(r.Header.Get("Authorization"))
+	if p.hold != nil {
+		<-p.hold
+	}
+	body, _ := io.ReadAll(r.Body)
+	n, err := p.prefixes.Learn(body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	p.learned.Add(int64(n))
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func page(l *Loop) string {
+	var s metrics.Set
+	s.Register(l.Collector())
+	var b strings.Builder
+	_, _ = s.WriteTo(&b)
+	return b.String()
+}
+
+func run(t *testing.T, l *Loop) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { l.Run(ctx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+// What the table records anew reaches the peer's table, with the token.
+func TestRecordsReachThePeer(t *testing.T) {
+	peer := &peerTable{prefixes: affinity.NewPrefixes(1024)}
+	srv := httptest.NewServer(peer)
+	t.Cleanup(srv.Close)
+	mine := affinity.NewPrefixes(1024)
+	mine.Share(JournalKeys)
+	l := New(Options{Prefixes: mine, Peers: []string{srv.URL + "/"}, Token: "s3cret", Interval: time.Millisecond, Timeout: time.Second})
+	run(t, l)
+
+	keys := []uint64{0xAAAA_0000_0000_0001, 0xBBBB_0000_0000_0002, 0xCCCC_0000_0000_0003}
+	mine.Record(keys, 7)
+	require.Eventually(t, func() bool { return peer.learned.Load() == 3 }, 5*time.Second, time.Millisecond)
+	w, blocks := peer.prefixes.Holder(keys)
+	assert.Equal(t, [2]uint64{7, 3}, [2]uint64{w, uint64(blocks)})
+	assert.Equal(t, "Bearer s3cret", peer.auth.Load())
+	require.Eventually(t, func() bool {
+		return strings.Contains(page(l), `fastroute_prefix_shared_records_total{peer="`+srv.URL+`/",outcome="sent"} 3`)
+	}, 5*time.Second, time.Millisecond)
+	assert.Contains(t, page(l), "fastroute_prefix_recorded_keys_total 3")
+}
+
+// A peer that does not answer holds up only its own sender: its queue
+// fills and the newest batches are dropped and counted, while another
+// peer gets every record.
+func TestASlowPeerDropsOnlyItsOwnBatches(t *testing.T) {
+	slow := &peerTable{prefixes: affinity.NewPrefixes(1024), hold: make(chan struct{})}
+	fast := &peerTable{prefixes: affinity.NewPrefixes(1024)}
+	slowSrv, fastSrv := httptest.NewServer(slow), httptest.NewServer(fast)
+	t.Cleanup(slowSrv.Close)
+	t.Cleanup(fastSrv.Close)
+	mine := affinity.NewPrefixes(1024)
+	mine.Share(JournalKeys)
+	l := New(Options{Prefixes: mine, Peers: []string{slowSrv.URL, fastSrv.URL}, Interval: time.Millisecond, Timeout: 10 * time.Second})
+	run(t, l)
+
+	const batches = queued + 4 // one in flight, queued waiting, the rest dropped
+	for i := range batches {
+		mine.Record([]uint64{uint64(i+1)<<32 | uint64(i)}, 1)
+		require.Eventually(t, func() bool { return fast.learned.Load() == int64(i+1) }, 5*time.Second, time.Millisecond)
+	}
+	assert.Contains(t, page(l), `fastroute_prefix_shared_records_total{peer="`+slowSrv.URL+`",outcome="dropped"} 3`)
+	close(slow.hold)
+	require.Eventually(t, func() bool { return slow.learned.Load() == queued+1 }, 5*time.Second, time.Millisecond)
+	assert.Contains(t, page(l), `fastroute_prefix_shared_records_total{peer="`+fastSrv.URL+`",outcome="sent"} 8`)
+}
