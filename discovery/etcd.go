@@ -7,6 +7,8 @@
 // on every router until it is deleted or the worker's registration ends.
 // A compacted watch or a reconnection resyncs from a fresh list. While
 // etcd is unreachable the router keeps the last known set and says so (Up).
+// Router replicas register their admin listeners under <prefix>/routers/
+// (RegisterRouter); a PeerTarget is told the list whenever it changes.
 package discovery
 
 import (
@@ -17,7 +19,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +50,9 @@ type Options struct {
 
 // WorkersKey is the key prefix of the workers under prefix.
 func WorkersKey(prefix string) string { return root(prefix) + "workers/" }
+
+// RoutersKey is the key prefix of the router replicas under prefix.
+func RoutersKey(prefix string) string { return root(prefix) + "routers/" }
 
 // root is prefix with one trailing slash.
 func root(prefix string) string { return strings.TrimSuffix(prefix, "/") + "/" }
@@ -95,6 +102,15 @@ type Target interface {
 	Drain(id uint64)
 }
 
+// PeerTarget is a Target that also follows the router replicas
+// registered on etcd (RegisterRouter).
+type PeerTarget interface {
+	Target
+	// SetPeers is every registered replica's admin URL, sorted (its own
+	// among them), each time the list changes.
+	SetPeers(urls []string)
+}
+
 // Watcher keeps a Target in step with the workers on etcd.
 type Watcher struct {
 	o      Options
@@ -108,6 +124,7 @@ type Watcher struct {
 	mu    sync.Mutex
 	known map[uint64]string // spec JSON by id, as last seen
 	marks map[uint64]bool   // drain marks
+	peers map[string]string // router replicas: admin URL by key
 }
 
 // probeEvery is how often a watching router checks etcd still answers.
@@ -132,7 +149,7 @@ func Watch(o Options, target Target) (*Watcher, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &Watcher{o: o, cli: cli, target: target, log: o.Logger.With("component", "discovery"), cancel: cancel,
-		done: make(chan struct{}), known: map[uint64]string{}, marks: map[uint64]bool{}}
+		done: make(chan struct{}), known: map[uint64]string{}, marks: map[uint64]bool{}, peers: map[string]string{}}
 	go w.run(ctx)
 	return w, nil
 }
@@ -232,11 +249,15 @@ func (w *Watcher) follow(ctx context.Context, prefix string, rev int64) {
 // every known worker not listed drained.
 func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
 	listed := map[string]map[uint64]bool{"drain": {}, "workers": {}}
+	peers := map[string]string{}
 	for _, kv := range kvs {
 		if kind, id, ok := w.parse(string(kv.Key)); ok {
 			listed[kind][id] = true
+		} else if w.isRouter(string(kv.Key)) {
+			peers[string(kv.Key)] = string(kv.Value)
 		}
 	}
+	w.setPeers(func(m map[string]string) { clear(m); maps.Copy(m, peers) })
 	w.mu.Lock()
 	lifted, gone := unlisted(w.marks, listed["drain"]), unlisted(w.known, listed["workers"])
 	for _, id := range gone {
@@ -284,9 +305,19 @@ func (w *Watcher) parse(key string) (kind string, id uint64, ok bool) {
 // apply one key: a worker's put adds or replaces it, a delete drains it; a
 // drain mark's put drains its worker, its delete brings it back.
 func (w *Watcher) apply(key string, value []byte, deleted bool) {
+	if w.isRouter(key) {
+		w.setPeers(func(m map[string]string) {
+			if deleted {
+				delete(m, key)
+			} else {
+				m[key] = string(value)
+			}
+		})
+		return
+	}
 	kind, id, ok := w.parse(key)
 	if !ok {
-		w.log.Warn("etcd key is not <prefix>/workers/<id> or <prefix>/drain/<id>: ignored", "key", key)
+		w.log.Warn("etcd key is not <prefix>/workers/<id>, <prefix>/drain/<id> or <prefix>/routers/<name>: ignored", "key", key)
 		return
 	}
 	if kind == "drain" {
@@ -313,6 +344,31 @@ func (w *Watcher) apply(key string, value []byte, deleted bool) {
 		w.mu.Lock()
 		w.known[id] = string(value)
 		w.mu.Unlock()
+	}
+}
+
+// isRouter reports whether key is a router replica's.
+func (w *Watcher) isRouter(key string) bool {
+	name, ok := strings.CutPrefix(key, RoutersKey(w.o.Prefix))
+	return ok && name != ""
+}
+
+// setPeers edits the router replicas' list and, when it changed and the
+// target follows them, tells it the new one.
+func (w *Watcher) setPeers(edit func(map[string]string)) {
+	pt, ok := w.target.(PeerTarget)
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	before := maps.Clone(w.peers)
+	edit(w.peers)
+	same := maps.Equal(before, w.peers)
+	urls := slices.Sorted(maps.Values(w.peers))
+	w.mu.Unlock()
+	if !same {
+		w.log.Info("router replicas on etcd", "admin", urls)
+		pt.SetPeers(urls)
 	}
 }
 

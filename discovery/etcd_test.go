@@ -4,7 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -117,4 +119,56 @@ func TestAFollowWhoseWatchCannotStartStillProbes(t *testing.T) {
 	defer cancel()
 	followEnds(t, w, ctx, 10*time.Second, "the follow waited for its watch instead of probing")
 	assert.False(t, w.Up())
+}
+
+// peerRecorder is a PeerTarget that keeps the last replica list it got.
+type peerRecorder struct {
+	etcdtest.Recorder
+	mu    sync.Mutex
+	peers []string
+	calls int
+}
+
+func (p *peerRecorder) SetPeers(urls []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.peers, p.calls = urls, p.calls+1
+}
+
+func (p *peerRecorder) last() ([]string, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.peers, p.calls
+}
+
+// A watcher tells a PeerTarget the replicas registered on etcd, sorted,
+// each time the list changes: those there when it starts, one that
+// registers, one that leaves (its key deleted when its context ends).
+func TestAWatcherFollowsTheRouterReplicas(t *testing.T) {
+	e := etcdtest.Start(t)
+	o := testOptions(e, "/peers")
+	first, err := RegisterRouter(o, "http://10.0.0.2:8001", 5*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = first.Close() })
+	rec := &peerRecorder{}
+	w, err := Watch(o, rec)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Close() })
+	listed := func(want ...string) func() bool {
+		return func() bool { got, _ := rec.last(); return slices.Equal(got, want) }
+	}
+	require.Eventually(t, listed("http://10.0.0.2:8001"), 5*time.Second, 10*time.Millisecond)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { KeepRouterRegistered(ctx, o, "http://10.0.0.1:8001", 5*time.Second); close(done) }()
+	require.Eventually(t, listed("http://10.0.0.1:8001", "http://10.0.0.2:8001"), 5*time.Second, 10*time.Millisecond)
+	cancel()
+	<-done
+	require.Eventually(t, listed("http://10.0.0.2:8001"), 5*time.Second, 10*time.Millisecond, "a replica that stops deletes its key")
+	_, calls := rec.last()
+	assert.Equal(t, 3, calls, "told once per change")
+	put, drained := rec.State()
+	assert.Empty(t, put, "a replica is not a worker")
+	assert.Empty(t, drained)
 }

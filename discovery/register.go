@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -11,7 +13,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Registration keeps one worker's key alive on etcd.
+// Registration keeps one worker's key, or one router replica's, alive on
+// etcd.
 type Registration struct {
 	cli    *clientv3.Client
 	key    string
@@ -27,6 +30,32 @@ func Register(o Options, spec dataplane.WorkerSpec, ttl time.Duration) (*Registr
 	if err := spec.Normalize(); err != nil {
 		return nil, err
 	}
+	value, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	r, err := register(o, WorkersKey, strconv.FormatUint(spec.ID, 10), value, ttl)
+	if err != nil {
+		return nil, fmt.Errorf("register worker %d on etcd: %w", spec.ID, err)
+	}
+	return r, nil
+}
+
+// RegisterRouter puts a router replica's admin listener (adminURL, as its
+// peers reach it) under <prefix>/routers/, on a lease of ttl kept alive
+// until Close: every replica watching the prefix (PeerTarget) shares its
+// prompt prefixes with it while it is there.
+func RegisterRouter(o Options, adminURL string, ttl time.Duration) (*Registration, error) {
+	r, err := register(o, RoutersKey, url.PathEscape(adminURL), []byte(adminURL), ttl)
+	if err != nil {
+		return nil, fmt.Errorf("register router %s on etcd: %w", adminURL, err)
+	}
+	return r, nil
+}
+
+// register puts value under keyOf(prefix)+name on a lease of ttl and keeps
+// the lease alive until Close.
+func register(o Options, keyOf func(prefix string) string, name string, value []byte, ttl time.Duration) (*Registration, error) {
 	if o.Prefix == "" {
 		o.Prefix = "/fastroute"
 	}
@@ -37,34 +66,31 @@ func Register(o Options, spec dataplane.WorkerSpec, ttl time.Duration) (*Registr
 	if err != nil {
 		return nil, err
 	}
-	value, err := json.Marshal(spec)
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), o.DialTimeout+5*time.Second)
-		defer cancel()
-		var lease *clientv3.LeaseGrantResponse
-		if lease, err = cli.Grant(ctx, int64(ttl/time.Second)); err == nil {
-			r := &Registration{cli: cli, key: WorkersKey(o.Prefix) + strconv.FormatUint(spec.ID, 10), lease: lease.ID, done: make(chan struct{})}
-			if _, err = cli.Put(ctx, r.key, string(value), clientv3.WithLease(lease.ID)); err == nil {
-				var kctx context.Context
-				kctx, r.cancel = context.WithCancel(context.Background())
-				var alive <-chan *clientv3.LeaseKeepAliveResponse
-				if alive, err = cli.KeepAlive(kctx, lease.ID); err == nil {
-					go func() {
-						defer close(r.done)
-						for range alive { // drained until the keep-alive ends
-						}
-					}()
-					return r, nil
-				}
-				r.cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), o.DialTimeout+5*time.Second)
+	defer cancel()
+	var lease *clientv3.LeaseGrantResponse
+	if lease, err = cli.Grant(ctx, int64(ttl/time.Second)); err == nil {
+		r := &Registration{cli: cli, key: keyOf(o.Prefix) + name, lease: lease.ID, done: make(chan struct{})}
+		if _, err = cli.Put(ctx, r.key, string(value), clientv3.WithLease(lease.ID)); err == nil {
+			var kctx context.Context
+			kctx, r.cancel = context.WithCancel(context.Background())
+			var alive <-chan *clientv3.LeaseKeepAliveResponse
+			if alive, err = cli.KeepAlive(kctx, lease.ID); err == nil {
+				go func() {
+					defer close(r.done)
+					for range alive { // drained until the keep-alive ends
+					}
+				}()
+				return r, nil
 			}
+			r.cancel()
 		}
 	}
 	_ = cli.Close()
-	return nil, fmt.Errorf("register worker %d on etcd: %w", spec.ID, err)
+	return nil, err
 }
 
-// Key is the worker's key.
+// Key is the registered key.
 func (r *Registration) Key() string { return r.key }
 
 // Close deletes the key (every router drains the worker at once) and
@@ -91,4 +117,36 @@ func (r *Registration) Abandon() error {
 	r.cancel()
 	<-r.done
 	return r.cli.Close()
+}
+
+// KeepRouterRegistered registers a router replica (RegisterRouter) until
+// ctx ends, when it deletes the key: a registration that fails (etcd
+// unreachable) is tried again, and one whose lease is lost (an outage
+// longer than ttl) is made again.
+func KeepRouterRegistered(ctx context.Context, o Options, adminURL string, ttl time.Duration) {
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	pause := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		r, err := RegisterRouter(o, adminURL, ttl)
+		if err != nil {
+			log.Warn("router not registered on etcd: its peers do not share prefixes with it yet", "err", err)
+			sleep(ctx, pause)
+			pause = min(2*pause, reconnectMax)
+			continue
+		}
+		pause = 100 * time.Millisecond
+		select {
+		case <-ctx.Done():
+			if err := r.Close(); err != nil {
+				log.Warn("router's etcd key not deleted: its peers drop it when its lease expires", "err", err)
+			}
+			return
+		case <-r.done:
+			_ = r.Abandon()
+			log.Warn("router's etcd lease lost: registering again", "key", r.key)
+		}
+	}
 }

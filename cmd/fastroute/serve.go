@@ -134,6 +134,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 		return nil
 	})
 	fs.DurationVar(&pa.ShareInterval, "prefix-affinity-share-interval", pa.ShareInterval, "how often prefix records go to the peers")
+	fs.StringVar(&pa.Advertise, "prefix-affinity-advertise", pa.Advertise, "this replica's admin listener as its peers reach it (http://host:port): registered on etcd (discovery.etcd of the config file), where replicas find each other to share prefix records")
 	fs.IntVar(&cfg.Router.EmbeddingCacheSize, "embedding-cache-size", cfg.Router.EmbeddingCacheSize, "embedding cache table keys (0 = off)")
 	fs.BoolVar(&cfg.Telemetry.NVML, "telemetry-nvml", cfg.Telemetry.NVML, "poll GPUs through NVML")
 	fs.BoolVar(&cfg.Telemetry.CPU, "telemetry-cpu", cfg.Telemetry.CPU, "poll /proc and cgroup CPU state")

@@ -123,4 +123,6 @@ func TestPrefixSharingFlags(t *testing.T) {
 	assert.Equal(t, 20*time.Millisecond, pa.ShareInterval)
 	_, err = loadServeConfig([]string{"--prefix-affinity-peer", "10.0.0.2:8001"})
 	require.ErrorContains(t, err, "router.prefix_affinity.peers")
+	_, err = loadServeConfig([]string{"--prefix-affinity-advertise", "http://10.0.0.1:8001"})
+	require.ErrorContains(t, err, "needs discovery.etcd.endpoints")
 }

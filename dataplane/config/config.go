@@ -138,6 +138,10 @@ type PrefixAffinity struct {
 	Slack         int           `yaml:"slack"`
 	Peers         []string      `yaml:"peers"`
 	ShareInterval time.Duration `yaml:"share_interval"`
+	// Advertise is this replica's admin listener as its peers reach it
+	// (scheme://host:port): with discovery.etcd on, the replica registers
+	// it there and shares with every other replica registered.
+	Advertise string `yaml:"advertise"`
 }
 
 // validate checks the prefix routing settings, whether on or not.
@@ -155,9 +159,12 @@ func (p PrefixAffinity) validate() error {
 		return keyErr("router.prefix_affinity.share_interval", "%v is outside 1ms..10s", p.ShareInterval)
 	}
 	for _, peer := range p.Peers {
-		if peer == "*" || !isOrigin(peer) { // an origin's form: scheme://host[:port], nothing else
+		if !isBaseURL(peer) {
 			return keyErr("router.prefix_affinity.peers", "%q is not a replica's admin listener as http(s)://host:port", peer)
 		}
+	}
+	if p.Advertise != "" && !isBaseURL(p.Advertise) {
+		return keyErr("router.prefix_affinity.advertise", "%q is not this replica's admin listener as http(s)://host:port", p.Advertise)
 	}
 	return nil
 }
@@ -435,6 +442,9 @@ func (c *Config) Validate() error {
 	if err := c.Router.PrefixAffinity.validate(); err != nil {
 		return err
 	}
+	if c.Router.PrefixAffinity.Advertise != "" && len(c.Discovery.Etcd.Endpoints) == 0 {
+		return keyErr("router.prefix_affinity.advertise", "needs discovery.etcd.endpoints, where replicas find each other")
+	}
 	if p := c.Router.LoRAPlacement; p != "off" && p != "rendezvous" {
 		return keyErr("router.lora_placement", "%q is not off or rendezvous", p)
 	}
@@ -562,6 +572,10 @@ func (d *Disaggregation) validate() error {
 	}
 	return nil
 }
+
+// isBaseURL reports an origin's form, scheme://host[:port], and nothing
+// else.
+func isBaseURL(u string) bool { return u != "*" && isOrigin(u) }
 
 // isOrigin reports "*" or an origin as a browser's Origin header names it:
 // http or https, a host, maybe a port, and nothing else.

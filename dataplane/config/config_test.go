@@ -66,6 +66,8 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"router: {prefix_affinity: {peers: ['http://u:p@10.0.0.2:8001']}}", "is not a replica's admin listener"},
 		{"router: {prefix_affinity: {peers: ['http://10.0.0.2:8001/x']}}", "is not a replica's admin listener"},
 		{"router: {prefix_affinity: {peers: ['*']}}", "is not a replica's admin listener"},
+		{"router: {prefix_affinity: {advertise: 'http://10.0.0.2:8001'}}", "key router.prefix_affinity.advertise: needs discovery.etcd.endpoints, where replicas find each other"},
+		{"{router: {prefix_affinity: {advertise: '10.0.0.2'}}, discovery: {etcd: {endpoints: ['127.0.0.1:2379']}}}", `key router.prefix_affinity.advertise: "10.0.0.2" is not this replica's admin listener as http(s)://host:port`},
 		{"tls: {cert_file: c.pem}", "key tls: set cert_file and key_file together"},
 		{"router: {retry_statuses: [503, 404]}", "key router.retry_statuses: 404 is not 408, 429 or 5xx"},
 		{"router: {queue: {size: 8, timeout: 0s}}", "key router.queue.timeout: 0s must be positive"},

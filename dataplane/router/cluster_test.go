@@ -215,3 +215,50 @@ func TestDiscoveredSpecPutTwiceKeepsTheWorker(t *testing.T) {
 	assert.NotSame(t, first, changed)
 	assert.Equal(t, 2.0, changed.Spec().Capacity)
 }
+
+// Replicas that advertise their admin listeners find each other on etcd
+// and share the prompt prefixes they record: a conversation whose turns
+// alternate between them stays on its worker. A replica that stops
+// deletes its key, and the other stops sending to it.
+func TestReplicasFindEachOtherOnEtcdToSharePrefixes(t *testing.T) {
+	e := etcdtest.Start(t)
+	const prefix = "/t-prefixes"
+	admin := freeAdminAddrs(t, 2)
+	replica := func(i int) *fleet {
+		return clusterRouter(t, e, prefix, func(c *config.Config) {
+			prefixAffinity(true)(c)
+			c.AdminListen = admin[i]
+			c.Router.PrefixAffinity.Advertise = "http://" + admin[i]
+			c.Router.PrefixAffinity.ShareInterval = 5 * time.Millisecond
+		})
+	}
+	a, b := replica(0), replica(1)
+	for i, o := range cachingEngines(3) {
+		m, err := mockworker.Start("127.0.0.1:0", o)
+		require.NoError(t, err)
+		t.Cleanup(func() { m.Close() })
+		reg := register(t, e, prefix, m, uint64(i+1), 10*time.Second)
+		t.Cleanup(func() { _ = reg.Close() })
+	}
+	peerOf := func(addr string) string {
+		return fmt.Sprintf(`fastroute_prefix_shared_records_total{peer="http://%s",outcome="sent"}`, addr)
+	}
+	for i, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Len() == 3 }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool {
+			_, page := adminDo(t, f, "GET", "/metrics", "", "")
+			return strings.Contains(page, peerOf(admin[1-i])) && !strings.Contains(page, peerOf(admin[i]))
+		}, 5*time.Second, 10*time.Millisecond, "replica %d shares with the other, not with itself", i)
+	}
+
+	assert.Len(t, stayedPut(t, converseVia([]*fleet{a, b}, 5, 4, settled(t, a, b))), 3)
+	taken, passed, unknown := b.r.Selector.PrefixRouted()
+	assert.Equal(t, [3]uint64{10, 0, 0}, [3]uint64{taken, passed, unknown}, "replica b knew every conversation it saw from a's records")
+
+	require.NoError(t, b.r.Close())
+	require.Eventually(t, func() bool {
+		_, page := adminDo(t, a, "GET", "/metrics", "", "")
+		return !strings.Contains(page, peerOf(admin[1]))
+	}, 5*time.Second, 10*time.Millisecond, "a stopped replica's key is deleted, and its peer stops sending to it")
+	a.assertIdle()
+}

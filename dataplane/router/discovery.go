@@ -1,11 +1,14 @@
 package router
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"reflect"
+	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/discovery"
 )
@@ -17,9 +20,7 @@ func (r *Router) startDiscovery(log *slog.Logger) error {
 	if len(e.Endpoints) == 0 {
 		return nil
 	}
-	w, err := discovery.Watch(discovery.Options{Endpoints: e.Endpoints, Prefix: e.Prefix, DialTimeout: e.DialTimeout,
-		Username: e.Username, Password: e.Password, CertFile: e.CertFile, KeyFile: e.KeyFile, CAFile: e.CAFile, Logger: log},
-		discoveryTarget{r})
+	w, err := discovery.Watch(etcdOptions(e, log), discoveryTarget{r})
 	if err != nil {
 		return fmt.Errorf("discovery.etcd: %w", err)
 	}
@@ -35,8 +36,37 @@ func (r *Router) startDiscovery(log *slog.Logger) error {
 	return nil
 }
 
-// discoveryTarget applies what etcd says to the registry.
+// routerTTL is the lease of a replica's key on etcd: a replica that dies
+// without deleting it stops getting its peers' prefixes after that.
+const routerTTL = 10 * time.Second
+
+// etcdOptions locates etcd as the config says.
+func etcdOptions(e config.Etcd, log *slog.Logger) discovery.Options {
+	return discovery.Options{Endpoints: e.Endpoints, Prefix: e.Prefix, DialTimeout: e.DialTimeout,
+		Username: e.Username, Password: e.Password, CertFile: e.CertFile, KeyFile: e.KeyFile, CAFile: e.CAFile, Logger: log}
+}
+
+// keepRegistered registers this replica's admin listener on etcd while
+// ctx lasts, when it shares prompt prefixes and advertises an address.
+func (r *Router) keepRegistered(ctx context.Context, log *slog.Logger) {
+	adv := r.Config.Router.PrefixAffinity.Advertise
+	if r.Discovery == nil || r.PrefixShare == nil || adv == "" {
+		return
+	}
+	r.loops.Go(func() { discovery.KeepRouterRegistered(ctx, etcdOptions(r.Config.Discovery.Etcd, log), adv, routerTTL) })
+}
+
+// discoveryTarget applies what etcd says to the registry, and the
+// replicas registered there to the prefix sharing.
 type discoveryTarget struct{ r *Router }
+
+// SetPeers shares prompt prefixes with every replica registered on etcd
+// (itself left out), besides those of the config.
+func (t discoveryTarget) SetPeers(urls []string) {
+	if t.r.PrefixShare != nil {
+		t.r.PrefixShare.SetPeers(urls)
+	}
+}
 
 // Put adds a discovered worker (routable after its first probe) or
 // replaces it when its spec changed. An id the config file uses is

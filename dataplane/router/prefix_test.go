@@ -292,6 +292,16 @@ func sharingReplicas(t *testing.T, share bool) (a, b *fleet) {
 	return a, b
 }
 
+// settled returns what waits until each of two replicas took in every
+// prefix record the other made.
+func settled(t *testing.T, a, b *fleet) func() {
+	return func() {
+		require.Eventually(t, func() bool {
+			return b.r.prefixLearned.Load() == a.r.Prefixes.Recorded() && a.r.prefixLearned.Load() == b.r.Prefixes.Recorded()
+		}, 5*time.Second, 2*time.Millisecond, "each replica takes in every record the other made")
+	}
+}
+
 // Two replicas in front of the same engines: a conversation's turns
 // alternate between them (a plain load balancer in front), and each turn
 // still goes to the worker its first turn went to, since each replica
@@ -299,12 +309,7 @@ func sharingReplicas(t *testing.T, share bool) (a, b *fleet) {
 // only its own turns and the other's are new to it.
 func TestReplicasShareThePrefixesTheyRecord(t *testing.T) {
 	a, b := sharingReplicas(t, true)
-	settled := func() {
-		require.Eventually(t, func() bool {
-			return b.r.prefixLearned.Load() == a.r.Prefixes.Recorded() && a.r.prefixLearned.Load() == b.r.Prefixes.Recorded()
-		}, 5*time.Second, 2*time.Millisecond, "each replica takes in every record the other made")
-	}
-	assert.Len(t, stayedPut(t, converseVia([]*fleet{a, b}, 5, 4, settled)), 3, "the first turns went round the workers")
+	assert.Len(t, stayedPut(t, converseVia([]*fleet{a, b}, 5, 4, settled(t, a, b))), 3, "the first turns went round the workers")
 	taken, passed, unknown := b.r.Selector.PrefixRouted()
 	assert.Equal(t, [3]uint64{10, 0, 0}, [3]uint64{taken, passed, unknown}, "replica b knew every conversation it saw from a's records")
 	assert.NotZero(t, a.r.Prefixes.Recorded())

@@ -49,7 +49,7 @@ type Router struct {
 	// Prefixes is nil while router.prefix_affinity is off.
 	Prefixes *affinity.Prefixes
 	// PrefixShare sends what Prefixes records anew to the peer replicas;
-	// nil without peers.
+	// nil without peers or an address to advertise.
 	PrefixShare *prefixshare.Loop
 	Metrics     *metrics.Set
 	// Discovery is nil unless discovery.etcd names endpoints.
@@ -108,10 +108,10 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	pa := cfg.Router.PrefixAffinity
 	if pa.Enabled {
 		r.Prefixes = affinity.NewPrefixes(pa.TableSize)
-		if len(pa.Peers) > 0 {
+		if len(pa.Peers) > 0 || pa.Advertise != "" {
 			r.Prefixes.Share(prefixshare.JournalKeys)
-			r.PrefixShare = prefixshare.New(prefixshare.Options{Prefixes: r.Prefixes, Peers: pa.Peers, Token: cfg.AdminToken,
-				Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), Logger: log})
+			r.PrefixShare = prefixshare.New(prefixshare.Options{Prefixes: r.Prefixes, Peers: pa.Peers, Self: pa.Advertise,
+				Token: cfg.AdminToken, Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), Logger: log})
 			r.Metrics.Register(r.PrefixShare.Collector())
 		}
 	}
@@ -197,6 +197,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if r.PrefixShare != nil {
 		r.loops.Go(func() { r.PrefixShare.Run(ctx) })
 	}
+	r.keepRegistered(ctx, log)
 	log.Info("fastroute started", "listen", r.Addr(), "admin", r.AdminAddr(),
 		"mode", cfg.Router.Mode, "workers", len(cfg.Workers), "max_connections", r.Frontend.MaxConnections())
 	return r, nil

@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,8 +40,11 @@ const queued = 4
 type Options struct {
 	Prefixes *affinity.Prefixes // Share must have been called on it
 	// Peers are the other replicas' admin listeners, as base URLs
-	// (http://10.0.0.2:8001).
+	// (http://10.0.0.2:8001); SetPeers adds those found later.
 	Peers []string
+	// Self is this replica's own admin URL as its peers reach it: left
+	// out of what SetPeers is given.
+	Self string
 	// Token goes as "Authorization: Bearer <token>" (the replicas share
 	// their admin token); empty: none.
 	Token    string
@@ -52,10 +56,15 @@ type Options struct {
 
 // Loop is the sender. Its counters are read by its Collector.
 type Loop struct {
-	opts   Options
-	client *http.Client
-	peers  []*peer
-	lost   atomic.Uint64 // keys the journal lost before they were read
+	opts    Options
+	client  *http.Client
+	lost    atomic.Uint64 // keys the journal lost before they were read
+	senders sync.WaitGroup
+
+	mu      sync.Mutex // guards what follows (the tick, SetPeers, Collector)
+	peers   []*peer    // in the order first named
+	ctx     context.Context
+	stopped bool
 }
 
 // peer is one replica's sender and its counts, in records.
@@ -72,29 +81,66 @@ func New(o Options) *Loop {
 		o.Logger = slog.Default()
 	}
 	l := &Loop{opts: o, client: &http.Client{Timeout: o.Timeout}}
-	for _, u := range o.Peers {
-		l.peers = append(l.peers, &peer{base: u, url: strings.TrimSuffix(u, "/") + Path, batches: make(chan []byte, queued)})
-	}
+	l.SetPeers(nil)
 	return l
+}
+
+// SetPeers sets the replicas found besides Options.Peers (Self left
+// out): a sender starts for each new one, and stops for each one gone.
+func (l *Loop) SetPeers(found []string) {
+	want := map[string]bool{}
+	for _, u := range append(slices.Clone(l.opts.Peers), found...) {
+		want[u] = u != l.opts.Self
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		return
+	}
+	kept := l.peers[:0]
+	for _, p := range l.peers {
+		if want[p.base] {
+			kept = append(kept, p)
+			delete(want, p.base)
+		} else {
+			close(p.batches)
+		}
+	}
+	l.peers = kept
+	for _, u := range append(slices.Clone(l.opts.Peers), found...) {
+		if want[u] {
+			delete(want, u)
+			p := &peer{base: u, url: strings.TrimSuffix(u, "/") + Path, batches: make(chan []byte, queued)}
+			l.peers = append(l.peers, p)
+			if l.ctx != nil {
+				l.senders.Go(func() { l.send(l.ctx, p) })
+			}
+		}
+	}
 }
 
 // Run reads the journal every interval and hands each batch to every
 // peer's sender, until ctx ends.
 func (l *Loop) Run(ctx context.Context) {
-	var senders sync.WaitGroup
+	l.mu.Lock()
+	l.ctx = ctx
 	for _, p := range l.peers {
-		senders.Go(func() { l.send(ctx, p) })
+		l.senders.Go(func() { l.send(ctx, p) })
 	}
+	l.mu.Unlock()
 	t := time.NewTicker(l.opts.Interval)
 	defer t.Stop()
 	var buf []byte
 	for {
 		select {
 		case <-ctx.Done():
+			l.mu.Lock()
+			l.stopped = true
 			for _, p := range l.peers {
 				close(p.batches)
 			}
-			senders.Wait()
+			l.mu.Unlock()
+			l.senders.Wait()
 			return
 		case <-t.C:
 		}
@@ -105,6 +151,7 @@ func (l *Loop) Run(ctx context.Context) {
 			continue
 		}
 		batch := bytes.Clone(buf) // the senders read it while buf is refilled
+		l.mu.Lock()
 		for _, p := range l.peers {
 			select {
 			case p.batches <- batch:
@@ -112,6 +159,7 @@ func (l *Loop) Run(ctx context.Context) {
 				p.dropped.Add(uint64(len(batch) / affinity.PrefixRecordBytes))
 			}
 		}
+		l.mu.Unlock()
 	}
 }
 
@@ -164,6 +212,8 @@ func (l *Loop) Collector() metrics.Collector {
 	return func(w *metrics.Writer) {
 		const name = "fastroute_prefix_shared_records_total"
 		w.Header(name, "counter", "Prefix records sent to each peer replica: sent, failed (the post failed), dropped (the peer's queue was full).")
+		l.mu.Lock()
+		defer l.mu.Unlock()
 		for _, p := range l.peers {
 			w.Sample(name, float64(p.sent.Load()), "peer", p.base, "outcome", "sent")
 			w.Sample(name, float64(p.failed.Load()), "peer", p.base, "outcome", "failed")

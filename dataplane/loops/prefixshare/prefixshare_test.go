@@ -107,3 +107,28 @@ func TestASlowPeerDropsOnlyItsOwnBatches(t *testing.T) {
 	require.Eventually(t, func() bool { return slow.learned.Load() == queued+1 }, 5*time.Second, time.Millisecond)
 	assert.Contains(t, page(l), `fastroute_prefix_shared_records_total{peer="`+fastSrv.URL+`",outcome="sent"} 8`)
 }
+
+// The replicas found later join the configured ones, this one's own
+// address left out; one gone gets nothing more.
+func TestSetPeersFollowsTheReplicasFound(t *testing.T) {
+	static, found := &peerTable{prefixes: affinity.NewPrefixes(1024)}, &peerTable{prefixes: affinity.NewPrefixes(1024)}
+	staticSrv, foundSrv := httptest.NewServer(static), httptest.NewServer(found)
+	t.Cleanup(staticSrv.Close)
+	t.Cleanup(foundSrv.Close)
+	const self = "http://127.0.0.1:1"
+	mine := affinity.NewPrefixes(1024)
+	mine.Share(JournalKeys)
+	l := New(Options{Prefixes: mine, Peers: []string{staticSrv.URL}, Self: self, Interval: time.Millisecond, Timeout: time.Second})
+	run(t, l)
+
+	l.SetPeers([]string{self, foundSrv.URL, staticSrv.URL})
+	mine.Record([]uint64{0xAAAA_0000_0000_0001}, 1)
+	require.Eventually(t, func() bool { return static.learned.Load() == 1 && found.learned.Load() == 1 }, 5*time.Second, time.Millisecond)
+	assert.NotContains(t, page(l), self, "not sent to itself")
+
+	l.SetPeers([]string{self})
+	mine.Record([]uint64{0xBBBB_0000_0000_0002}, 1)
+	require.Eventually(t, func() bool { return static.learned.Load() == 2 }, 5*time.Second, time.Millisecond, "the configured peer stays")
+	assert.Equal(t, int64(1), found.learned.Load(), "a replica gone gets nothing more")
+	assert.NotContains(t, page(l), foundSrv.URL)
+}
