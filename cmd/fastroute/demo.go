@@ -94,7 +94,7 @@ func runDemo(args []string) error {
 		return err
 	}
 	fmt.Println(sticky)
-	conv, err := demoConversation(client, base, mocks)
+	conv, err := demoConversation(client, []string{base}, nil, mocks)
 	if err != nil {
 		return fmt.Errorf("conversation: %w", err)
 	}
@@ -247,10 +247,11 @@ func demoDisagg(client *http.Client) (string, error) {
 const conversationTurns = 3
 
 // demoConversation sends the turns of one conversation, each with the
-// conversation so far, and reports the workers they went to (prefix
-// affinity keeps them on one) and the prompt tokens its engines found in
-// their prefix caches.
-func demoConversation(client *http.Client, base string, mocks []*mockworker.Worker) (string, error) {
+// conversation so far, turn i through router bases[i mod len(bases)]
+// (then settle, when not nil), and reports the workers they went to
+// (prefix affinity keeps them on one) and the prompt tokens its engines
+// found in their prefix caches.
+func demoConversation(client *http.Client, bases []string, settle func() error, mocks []*mockworker.Worker) (string, error) {
 	// A system prompt longer than a prefix block (256 bytes), so that even
 	// the first turn is keyed.
 	history := `{"role":"system","content":"You are a travel agent for people who like to walk. Answer with one short suggestion: a region, ` +
@@ -258,7 +259,10 @@ func demoConversation(client *http.Client, base string, mocks []*mockworker.Work
 		`found along it. Keep to places with marked paths, and say how fit one must be."},{"role":"user","content":"Where should I go for a week of hiking?"}`
 	var went []string
 	for turn := range conversationTurns {
-		w, err := demoSend(client, base+"/v1/chat/completions", `{"model":"mock-model","messages":[`+history+`]}`, "")
+		w, err := demoSend(client, bases[turn%len(bases)]+"/v1/chat/completions", `{"model":"mock-model","messages":[`+history+`]}`, "")
+		if err == nil && settle != nil {
+			err = settle()
+		}
 		if err != nil {
 			return "", err
 		}

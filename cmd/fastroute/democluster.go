@@ -17,11 +17,13 @@ import (
 	"github.com/fastroute/fastroute/dataplane/router"
 	"github.com/fastroute/fastroute/discovery"
 	"github.com/fastroute/fastroute/discovery/etcdlocal"
+	"github.com/fastroute/fastroute/internal/loopback"
 )
 
 // runDemoCluster runs a local etcd (the etcd binary), two router replicas
 // that discover their workers on it, and three mock workers that register
-// themselves; it sends requests through both replicas, then kills one
+// themselves; it sends requests through both replicas (sessions, and a
+// conversation whose turns alternate replicas), then kills one
 // worker's process state (its registration lapses) and times how long
 // each replica takes to drop it.
 func runDemoCluster(args []string) error {
@@ -49,9 +51,16 @@ func runDemoCluster(args []string) error {
 	var routers []*router.Router
 	for i := 0; i < 2; i++ {
 		cfg := config.Default()
-		cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+		admin, err := loopback.FreeAddr()
+		if err != nil {
+			return err
+		}
+		cfg.Listen, cfg.AdminListen = "127.0.0.1:0", admin
 		cfg.Health.Interval = 200 * time.Millisecond
 		cfg.Discovery.Etcd = config.Etcd{Endpoints: opts.Endpoints, Prefix: opts.Prefix, DialTimeout: opts.DialTimeout}
+		// The replicas find each other on etcd and share the prompt
+		// prefixes they record.
+		cfg.Router.PrefixAffinity.Enabled, cfg.Router.PrefixAffinity.Advertise = true, "http://"+admin
 		r, err := router.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
 			return err
@@ -62,12 +71,15 @@ func runDemoCluster(args []string) error {
 	fmt.Printf("fastroute demo-cluster: etcd on %s, routers on %s and %s, prefix %s\n", endpoint, routers[0].Addr(), routers[1].Addr(), opts.Prefix)
 
 	var regs []*discovery.Registration
+	var mocks []*mockworker.Worker
 	for id := uint64(1); id <= 3; id++ {
-		m, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: id, Tokens: 4})
+		m, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: id, Tokens: 4,
+			Engine: mockworker.EngineOptions{MaxNumSeqs: 8, InterTokenLatency: time.Millisecond, PrefixCache: true}})
 		if err != nil {
 			return err
 		}
 		defer m.Close()
+		mocks = append(mocks, m)
 		reg, err := discovery.Register(opts, dataplane.WorkerSpec{ID: id, URL: m.URL()}, *ttl)
 		if err != nil {
 			return err
@@ -103,6 +115,16 @@ func runDemoCluster(args []string) error {
 		}
 	}
 
+	if err := waitPeers(routers, 5*time.Second); err != nil {
+		return err
+	}
+	conv, err := demoConversation(client, []string{"http://" + routers[0].Addr(), "http://" + routers[1].Addr()},
+		func() error { return waitShared(routers, 5*time.Second) }, mocks)
+	if err != nil {
+		return fmt.Errorf("conversation: %w", err)
+	}
+	fmt.Println("  " + strings.Replace(conv, "(prefix affinity;", "(turns alternate replicas, which share prefixes through etcd's list of replicas;", 1))
+
 	fmt.Printf("\nworker 1's registrar dies (its lease is no longer kept alive):\n")
 	if err := regs[0].Abandon(); err != nil {
 		return err
@@ -121,17 +143,39 @@ func runDemoCluster(args []string) error {
 	return nil
 }
 
+// waitPeers waits until each router found the other on etcd to share
+// prefixes with.
+func waitPeers(routers []*router.Router, within time.Duration) error {
+	return waitFor(within, fmt.Sprintf("the replicas did not find each other on etcd within %v", within), func() bool {
+		return len(routers[0].PrefixShare.Peers()) == 1 && len(routers[1].PrefixShare.Peers()) == 1
+	})
+}
+
+// waitShared waits until each of two routers took in every prefix record
+// the other made.
+func waitShared(routers []*router.Router, within time.Duration) error {
+	return waitFor(within, fmt.Sprintf("the replicas did not share their prefix records within %v", within), func() bool {
+		return routers[1].PrefixesLearned() == routers[0].Prefixes.Recorded() && routers[0].PrefixesLearned() == routers[1].Prefixes.Recorded()
+	})
+}
+
 func waitRoutable(routers []*router.Router, n int, within time.Duration) error {
-	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		ready := 0
+	return waitFor(within, fmt.Sprintf("the routers did not find %d workers on etcd within %v", n, within), func() bool {
 		for _, r := range routers {
-			if r.Registry.Snapshot().Len() == n {
-				ready++
+			if r.Registry.Snapshot().Len() != n {
+				return false
 			}
 		}
-		if ready == len(routers) {
+		return true
+	})
+}
+
+// waitFor polls done until it holds, or fails with failure after within.
+func waitFor(within time.Duration, failure string, done func() bool) error {
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if done() {
 			return nil
 		}
 	}
-	return fmt.Errorf("the routers did not find %d workers on etcd within %v", n, within)
+	return errors.New(failure)
 }

@@ -297,7 +297,7 @@ func sharingReplicas(t *testing.T, share bool) (a, b *fleet) {
 func settled(t *testing.T, a, b *fleet) func() {
 	return func() {
 		require.Eventually(t, func() bool {
-			return b.r.prefixLearned.Load() == a.r.Prefixes.Recorded() && a.r.prefixLearned.Load() == b.r.Prefixes.Recorded()
+			return b.r.PrefixesLearned() == a.r.Prefixes.Recorded() && a.r.PrefixesLearned() == b.r.Prefixes.Recorded()
 		}, 5*time.Second, 2*time.Millisecond, "each replica takes in every record the other made")
 	}
 }
@@ -323,7 +323,7 @@ func TestReplicasShareThePrefixesTheyRecord(t *testing.T) {
 	converseVia([]*fleet{a, b}, 5, 4, nil)
 	_, _, unknown = b.r.Selector.PrefixRouted()
 	assert.Equal(t, uint64(5), unknown, "unshared, replica b's first turn of each conversation is new to it")
-	assert.Zero(t, a.r.prefixLearned.Load())
+	assert.Zero(t, a.r.PrefixesLearned())
 }
 
 // POST /prefixes takes a peer's records behind the admin token and refuses
@@ -354,7 +354,7 @@ func TestThePrefixRecordsRoute(t *testing.T) {
 	assert.Equal(t, http.StatusNoContent, code, body)
 	w, blocks := f.r.Prefixes.Holder(keys)
 	assert.Equal(t, [2]uint64{1, 2}, [2]uint64{w, uint64(blocks)})
-	assert.Equal(t, uint64(2), f.r.prefixLearned.Load())
+	assert.Equal(t, uint64(2), f.r.PrefixesLearned())
 
 	off := startFleet(t, cachingEngines(1), nil)
 	code, body = adminDo(t, off, "POST", "/prefixes", string(records), "")

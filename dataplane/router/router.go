@@ -216,6 +216,10 @@ func (r *Router) learnPrefixes() func(records []byte) (int, error) {
 	}
 }
 
+// PrefixesLearned returns how many prefix records this router took in
+// from its peer replicas.
+func (r *Router) PrefixesLearned() uint64 { return r.prefixLearned.Load() }
+
 // probeSoon runs a round of health probes now, so a worker added while
 // running (admin API, reload) enters rotation as soon as it answers.
 func (r *Router) probeSoon() { go r.Health.CheckOnce() }

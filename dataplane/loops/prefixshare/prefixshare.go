@@ -119,6 +119,17 @@ func (l *Loop) SetPeers(found []string) {
 	}
 }
 
+// Peers returns the replicas shared with now, in the order first named.
+func (l *Loop) Peers() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]string, len(l.peers))
+	for i, p := range l.peers {
+		out[i] = p.base
+	}
+	return out
+}
+
 // Run reads the journal every interval and hands each batch to every
 // peer's sender, until ctx ends.
 func (l *Loop) Run(ctx context.Context) {

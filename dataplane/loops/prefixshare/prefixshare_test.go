@@ -122,11 +122,13 @@ func TestSetPeersFollowsTheReplicasFound(t *testing.T) {
 	run(t, l)
 
 	l.SetPeers([]string{self, foundSrv.URL, staticSrv.URL})
+	assert.Equal(t, []string{staticSrv.URL, foundSrv.URL}, l.Peers())
 	mine.Record([]uint64{0xAAAA_0000_0000_0001}, 1)
 	require.Eventually(t, func() bool { return static.learned.Load() == 1 && found.learned.Load() == 1 }, 5*time.Second, time.Millisecond)
 	assert.NotContains(t, page(l), self, "not sent to itself")
 
 	l.SetPeers([]string{self})
+	assert.Equal(t, []string{staticSrv.URL}, l.Peers())
 	mine.Record([]uint64{0xBBBB_0000_0000_0002}, 1)
 	require.Eventually(t, func() bool { return static.learned.Load() == 2 }, 5*time.Second, time.Millisecond, "the configured peer stays")
 	assert.Equal(t, int64(1), found.learned.Load(), "a replica gone gets nothing more")
