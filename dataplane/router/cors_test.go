@@ -2,6 +2,7 @@ package router
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/fastroute/fastroute/dataplane/config"
@@ -25,7 +26,10 @@ func TestWithoutCORSTheWorkersHeadersPass(t *testing.T) {
 }
 
 func TestCORSAnswersPreflightsAndMarksAnswers(t *testing.T) {
-	f := startFleet(t, mocks(2, 3, 0), func(c *config.Config) { c.CORSAllowedOrigins = []string{app} })
+	f := startFleet(t, mocks(2, 3, 0), func(c *config.Config) {
+		c.CORSAllowedOrigins = []string{app}
+		c.Limits.MaxBodyBytes = 4 << 10
+	})
 	served := func() (n uint64) {
 		for _, w := range f.r.Registry.All() {
 			n += w.Served()
@@ -64,10 +68,11 @@ func TestCORSAnswersPreflightsAndMarksAnswers(t *testing.T) {
 		{"GET", "/v1/models", "", http.StatusOK},
 		{"GET", "/health", "", http.StatusOK},
 		{"POST", "/v1/chat/completions", "{bad", http.StatusBadRequest},
+		{"POST", "/v1/chat/completions", strings.Repeat("x", 8<<10), http.StatusRequestEntityTooLarge}, // refused while fasthttp reads it
 	} {
 		resp, body := f.send(c.method, c.path, c.body, "Origin", app)
 		assert.Equal(t, c.status, resp.StatusCode, body)
-		assert.Equal(t, []string{app}, resp.Header.Values("Access-Control-Allow-Origin"), "%s %s %s", c.method, c.path, c.body)
+		assert.Equal(t, []string{app}, resp.Header.Values("Access-Control-Allow-Origin"), "%s %s %.20s", c.method, c.path, c.body)
 		assert.Contains(t, resp.Header.Values("Vary"), "Origin")
 	}
 	for _, origin := range []string{evil, ""} {

@@ -469,6 +469,7 @@ func (s *Server) storedResponse(ctx *fasthttp.RequestCtx, rest []byte) {
 // framing). But for a timeout, the client may still be sending the rest:
 // the connection's close lingers (clientConn.lingerOnClose).
 func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
+	defer s.markCORS(ctx) // a browser reads the error only with them (the head was read unless it was too large or malformed)
 	timedOut := isTimeout(err)
 	if cc, ok := ctx.Conn().(*clientConn); ok && !timedOut {
 		cc.lingerOnClose()
