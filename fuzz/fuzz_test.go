@@ -1,6 +1,7 @@
 package fuzz
 
 import (
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -102,7 +103,9 @@ func FuzzPickers(f *testing.F) {
 // FuzzSelectSequence runs random operation sequences on a live registry and
 // checks: occupancy never negative, a drained or unhealthy worker is never
 // selected (nor by prefix affinity), the busy threshold is never passed,
-// and everything returns to 0.
+// everything returns to 0, and a peer replica's table that takes in what
+// the prefix table shares (after every operation) names the same worker
+// for every prompt's prefixes.
 func FuzzSelectSequence(f *testing.F) {
 	f.Add([]byte{0, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1})
 	f.Add([]byte{4, 4, 4, 0, 0, 0, 0, 0, 2, 2, 6})
@@ -122,8 +125,11 @@ func FuzzSelectSequence(f *testing.F) {
 		}
 		// Some selections carry one of three prompts' prefix keys, which
 		// prefix affinity routes by (slack 1).
-		sel.SetRouting(dataplane.Routing{Prefixes: affinity.NewPrefixes(64), PrefixSlack: 1})
+		prefixes, peer := affinity.NewPrefixes(64), affinity.NewPrefixes(64)
+		prefixes.Share(64)
+		sel.SetRouting(dataplane.Routing{Prefixes: prefixes, PrefixSlack: 1})
 		prompts := [3][]uint64{{11, 12, 13}, {11, 12, 14, 15}, {21}}
+		var records []byte
 		var held []*dataplane.Reservation
 		var req dataplane.Request
 		for _, op := range ops {
@@ -177,6 +183,19 @@ func FuzzSelectSequence(f *testing.F) {
 			for _, w := range reg.All() {
 				if w.Occupancy() < 0 {
 					t.Fatalf("worker %d occupancy %d", w.ID(), w.Occupancy())
+				}
+			}
+			records, _ = prefixes.Changed(records[:0])
+			if _, err := peer.Learn(records); err != nil {
+				t.Fatal(err)
+			}
+			for _, keys := range prompts {
+				for i := range keys {
+					mine, _ := prefixes.Holder(keys[i : i+1])
+					theirs, _ := peer.Holder(keys[i : i+1])
+					if mine != theirs {
+						t.Fatalf("key %d: worker %d here, %d at the peer", keys[i], mine, theirs)
+					}
 				}
 			}
 		}
@@ -356,5 +375,45 @@ func FuzzStickySelection(f *testing.F) {
 				t.Fatalf("adapter %s load %d", name, n)
 			}
 		})
+	})
+}
+
+// FuzzPrefixRecords feeds a peer's POST /prefixes body to a prefix table:
+// a body that is not whole records is refused and changes nothing; whole
+// ones are taken in, each naming its worker unless a later record took its
+// slot, and records of worker 0 are skipped.
+func FuzzPrefixRecords(f *testing.F) {
+	f.Add(affinity.AppendPrefixRecord(affinity.AppendPrefixRecord(nil, 0xAAAA_0000_0000_0001, 3), 0xBBBB_0000_0000_0041, 0))
+	f.Add([]byte("not records"))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		const slots = 64
+		p := affinity.NewPrefixes(slots)
+		n, err := p.Learn(body)
+		if len(body)%affinity.PrefixRecordBytes != 0 {
+			if err == nil || n != 0 {
+				t.Fatalf("%d bytes taken in (%d records, err %v)", len(body), n, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := map[uint64]int{} // slot -> index of the last record written there
+		nonzero := 0
+		for i := 0; i+affinity.PrefixRecordBytes <= len(body); i += affinity.PrefixRecordBytes {
+			key, worker := binary.LittleEndian.Uint64(body[i:]), binary.LittleEndian.Uint32(body[i+8:])
+			if worker != 0 {
+				last[key%slots], nonzero = i, nonzero+1
+			}
+		}
+		if n != nonzero {
+			t.Fatalf("%d records taken in, want %d", n, nonzero)
+		}
+		for _, i := range last {
+			key, worker := binary.LittleEndian.Uint64(body[i:]), binary.LittleEndian.Uint32(body[i+8:])
+			if got, _ := p.Holder([]uint64{key}); got != uint64(worker) {
+				t.Fatalf("key %#x: worker %d, want %d", key, got, worker)
+			}
+		}
 	})
 }
