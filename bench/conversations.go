@@ -18,8 +18,13 @@ import (
 )
 
 // The conversation comparison's fleet: three engines like gpu-a with
-// prefix caching (vLLM's automatic prefix caching, simulated).
-var convFleet = []simEngine{{"gpu-1", 16, 1, true}, {"gpu-2", 16, 1, true}, {"gpu-3", 16, 1, true}}
+// prefix caching (vLLM's automatic prefix caching, simulated); or, mixed,
+// the main comparison's fleet (two GPU-like engines and a CPU-like one)
+// with it.
+var (
+	convFleet      = []simEngine{{"gpu-1", 16, 1, true}, {"gpu-2", 16, 1, true}, {"gpu-3", 16, 1, true}}
+	convMixedFleet = []simEngine{{"gpu-a", 16, 1, true}, {"gpu-b", 24, 1, true}, {"cpu", 4, 1.0 / 6, true}}
+)
 
 // The conversations' shape: each opens with a document of its own (median
 // convDocTokens), then asks convTurns questions, each turn sending the
@@ -129,21 +134,26 @@ func conversations(seed uint64, rate float64, dur time.Duration) (jobs []job, me
 	return jobs, meanPrompt / float64(len(jobs)), meanOut / float64(len(jobs))
 }
 
-// runConversations runs ConvSetups on convFleet at load (a share of its
+// runConversations runs ConvSetups on convFleet (convMixedFleet with
+// ConvMixed) at load (a share of its
 // capacity without prefix caching) and returns their rows. The warm-up
 // lasts a conversation at least, so the measured window has
 // conversations at every turn.
 func runConversations(o RoutingOptions, dir string) ([]RoutingRow, float64, error) {
 	o.Warmup = max(o.Warmup, convTurns*convGap)
 	_, meanP, meanO := conversations(o.Seed, 100, o.Warmup+o.Duration) // many conversations: the lengths' means
-	capacity := fleetCapacity(convFleet, meanP, meanO)
+	fleet := convFleet
+	if o.ConvMixed {
+		fleet = convMixedFleet
+	}
+	capacity := fleetCapacity(fleet, meanP, meanO)
 	jobs, _, _ := conversations(o.Seed, o.ConvLoad*capacity, o.Warmup+o.Duration)
 	var rows []RoutingRow
 	for _, rt := range ConvSetups() {
 		if len(o.Routers) > 0 && !slices.Contains(o.Routers, rt.Name) {
 			continue
 		}
-		row, err := runRoutingOnce(o, dir, convFleet, rt, jobs)
+		row, err := runRoutingOnce(o, dir, fleet, rt, jobs)
 		if err != nil {
 			return nil, 0, fmt.Errorf("%s: %w", rt.Name, err)
 		}
@@ -157,11 +167,16 @@ func runConversations(o RoutingOptions, dir string) ([]RoutingRow, float64, erro
 	return rows, capacity, nil
 }
 
-// ConvTable formats the conversation comparison.
-func ConvTable(rows []RoutingRow, capacity float64) string {
+// ConvTable formats the conversation comparison; mixed says it ran on
+// convMixedFleet.
+func ConvTable(rows []RoutingRow, capacity float64, mixed bool) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Conversations on three engines with prefix caching (like gpu-a; %.1f req/s without the cache) at %.0f%% of that: each opens with a document of its own (median %d tokens), then %d turns about %v apart, each sending the conversation so far:\n\n",
-		capacity, 100*rows[0].Load, convDocTokens, convTurns, convGap)
+	fleet := "three engines with prefix caching (like gpu-a"
+	if mixed {
+		fleet = "the main comparison's engines with prefix caching (gpu-a, gpu-b, cpu"
+	}
+	fmt.Fprintf(&b, "Conversations on %s; %.1f req/s without the cache) at %.0f%% of that: each opens with a document of its own (median %d tokens), then %d turns about %v apart, each sending the conversation so far:\n\n",
+		fleet, capacity, 100*rows[0].Load, convDocTokens, convTurns, convGap)
 	fmt.Fprintf(&b, "| router | TTFT p50 | TTFT p99 | e2e p50 | e2e p99 | completed req/s | failed | prompt tokens found cached | share %% (%s) | TTFT p99 vs nginx least_conn |\n",
 		strings.Join(rows[0].WorkerList, "/"))
 	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |\n")

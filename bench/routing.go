@@ -37,8 +37,10 @@ type RoutingOptions struct {
 	// ConvLoad is the load of the conversation comparison (ConvSetups on
 	// convFleet); 0 skips it.
 	ConvLoad float64
-	Seed     uint64 // workload seed
-	OutDir   string // where routing.md and routing.svg go
+	// ConvMixed runs the conversation comparison on convMixedFleet.
+	ConvMixed bool
+	Seed      uint64 // workload seed
+	OutDir    string // where routing.md and routing.svg go
 }
 
 // simEngine is one simulated engine of the routing fleet.
@@ -271,7 +273,7 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 		if err != nil {
 			return nil, err
 		}
-		table += "\n" + ConvTable(conv, capacity)
+		table += "\n" + ConvTable(conv, capacity, o.ConvMixed)
 	}
 	if err := os.WriteFile(filepath.Join(o.OutDir, "routing.md"), []byte(table), 0o644); err != nil {
 		return nil, err

@@ -712,6 +712,63 @@ func TestAPromptGoesWhereItsPrefixWent(t *testing.T) {
 	assertIdle(t, reg)
 }
 
+// With every engine priced, the slack is in the engines' cost: an idle slow
+// engine does not make a fast holder with slack requests more than it
+// look too busy. Without readings it is in requests in flight.
+func TestTheSlackIsInEngineCostWhenEveryEngineIsPriced(t *testing.T) {
+	reg := newFleet(t, 3)
+	fast, slow := engine.Stats{Slots: 16, TokenRate: 60}, engine.Stats{Slots: 4, TokenRate: 10}
+	for id, st := range map[uint64]*engine.Stats{1: &fast, 2: &fast, 3: &slow} {
+		w, _ := reg.Get(id)
+		w.SetEngine(st)
+	}
+	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 0)
+	conversation := "system: be brief. user: what is the capital of France?"
+	var held []*Reservation
+	hold := func(id uint64, n int) {
+		for range n {
+			r := new(Reservation)
+			require.NoError(t, sel.Select(&Request{WorkerID: id}, r))
+			held = append(held, r)
+		}
+	}
+	prefixed := func() uint64 {
+		r := new(Reservation)
+		require.NoError(t, sel.Select(prefixRequest(conversation), r))
+		held = append(held, r)
+		return r.Worker().ID()
+	}
+	sel.SetRouting(Routing{Prefixes: affinity.NewPrefixes(1024), PrefixSlack: 4})
+	hold(1, 5)
+	hold(2, 5)
+	sel.routing.Load().Prefixes.Record(prefixRequest(conversation).PrefixKeys, 1)
+	// Worker 1 holds 5 (6 with this turn's own), worker 2 holds 5, the slow
+	// worker 3 none: 5 is more than 0 + 4 requests, but with 4 fewer worker
+	// 1 would cost 2/960, below worker 2's 6/960 and worker 3's 1/40.
+	assert.Equal(t, uint64(1), prefixed(), "taken: within the slack in cost")
+	hold(1, 4) // 10 in flight: with 4 fewer, 7/960 is more than worker 2's 6/960
+	assert.NotEqual(t, uint64(1), prefixed(), "passed: beyond the slack in cost")
+	taken, passed, _ := sel.PrefixRouted()
+	assert.Equal(t, [2]uint64{1, 1}, [2]uint64{taken, passed})
+
+	for _, r := range held {
+		r.Release()
+	}
+	held = nil
+	w3, _ := reg.Get(3)
+	w3.SetEngine(nil) // one engine unpriced: requests in flight again
+	hold(1, 5)
+	hold(2, 5)
+	sel.routing.Load().Prefixes.Record(prefixRequest(conversation).PrefixKeys, 1)
+	assert.NotEqual(t, uint64(1), prefixed(), "passed: 5 is more than worker 3's 0 + 4")
+	taken, passed, _ = sel.PrefixRouted()
+	assert.Equal(t, [2]uint64{1, 2}, [2]uint64{taken, passed})
+	for _, r := range held {
+		r.Release()
+	}
+	assertIdle(t, reg)
+}
+
 func TestAPrefixPickDoesNotAllocate(t *testing.T) {
 	reg := newFleet(t, 8)
 	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 64)

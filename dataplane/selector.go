@@ -339,15 +339,14 @@ func (s *Selector) pick(snap *Snapshot, req *Request, res *Reservation) error {
 }
 
 // prefixHolder reserves the worker that holds the longest known prefix of
-// req's prompt when it is a candidate (base, req's group), free, and has
-// at most Routing.PrefixSlack requests in flight more than the least
-// loaded candidate; nil when it is not taken. The bound is on requests in
-// flight rather than the mode's own measure so that it holds in every
-// mode, round-robin's and random's too.
+// req's prompt when it is a candidate (base, req's group), free, and
+// within Routing.PrefixSlack requests of the least loaded candidate
+// (withinSlack); nil when it is not taken. The bound is not the mode's own
+// measure, so that it holds in every mode, round-robin's and random's too.
 func (s *Selector) prefixHolder(p *policy, snap *Snapshot, base *candidates, req *Request) *Worker {
 	if i := snap.index(req.prefixID); i >= 0 {
 		w := snap.workers[i]
-		if base.contains(w.spec.ID) && s.admits(req, w) && w.Occupancy() <= s.leastOccupancy(req, base)+s.routing.Load().PrefixSlack &&
+		if h := base.index(w.spec.ID); h >= 0 && s.admits(req, w) && s.withinSlack(req, base, h, s.routing.Load().PrefixSlack) &&
 			w.tryAcquire(p.limit(w)) {
 			s.prefixTaken.Add(1)
 			return w
@@ -355,6 +354,37 @@ func (s *Selector) prefixHolder(p *policy, snap *Snapshot, base *candidates, req
 	}
 	s.prefixPassed.Add(1)
 	return nil
+}
+
+// withinSlack reports whether candidate h of c, with slack requests fewer
+// in flight, would be no busier than the least busy candidate req may go
+// to. While every such candidate's engine is priced (engine telemetry:
+// Stats.Cost, its queue and the router's requests over its learned
+// throughput), busy is that cost, so a slow engine left idle does not
+// count as the least loaded (an idle CPU worker would otherwise pass every
+// prefix on a GPU worker with slack requests more); otherwise it is
+// requests in flight.
+func (s *Selector) withinSlack(req *Request, c *candidates, h int, slack int64) bool {
+	if mine, ok := c.costAt(h, c.occ[h].Load()-slack); ok {
+		priced := true
+		for i, w := range c.workers {
+			if !s.admits(req, w) {
+				continue
+			}
+			v, ok := c.Cost(i)
+			if !ok {
+				priced = false
+				break
+			}
+			if v < mine {
+				return false
+			}
+		}
+		if priced {
+			return true
+		}
+	}
+	return c.occ[h].Load() <= s.leastOccupancy(req, c)+slack
 }
 
 // leastOccupancy returns the fewest requests in flight on a worker of c
