@@ -47,17 +47,21 @@ func (c *candidates) add(w *Worker) {
 // Cost prices candidate i from its engine's last reading and the live
 // occupancy; false when the worker has no fresh reading or learned speed.
 func (c *candidates) Cost(i int) (float64, bool) {
-	return c.costAt(i, c.occ[i].Load())
-}
-
-// costAt prices candidate i as Cost does, with occupancy requests in
-// flight.
-func (c *candidates) costAt(i int, occupancy int64) (float64, bool) {
 	st := c.workers[i].engine.Load()
 	if st == nil {
 		return 0, false
 	}
-	return st.Cost(occupancy)
+	return st.Cost(c.occ[i].Load())
+}
+
+// costWith prices candidate i as Cost does, with n more requests in
+// flight.
+func (c *candidates) costWith(i int, n int64) (float64, bool) {
+	st := c.workers[i].engine.Load()
+	if st == nil {
+		return 0, false
+	}
+	return st.Cost(c.occ[i].Load() + n)
 }
 
 // index returns the position of id, or -1. The search halves a window whose

@@ -88,6 +88,14 @@ func (s *Selector) SetRouting(rt Routing) {
 	}
 }
 
+// SetPrefixSlack changes Routing.PrefixSlack for the requests routed
+// from now on (a reload).
+func (s *Selector) SetPrefixSlack(slack int64) {
+	rt := *s.routing.Load()
+	rt.PrefixSlack = slack
+	s.routing.Store(&rt)
+}
+
 // Routing returns the routing policy (do not modify).
 func (s *Selector) Routing() *Routing { return s.routing.Load() }
 

@@ -714,7 +714,9 @@ func TestAPromptGoesWhereItsPrefixWent(t *testing.T) {
 
 // With every engine priced, the slack is in the engines' cost: an idle slow
 // engine does not make a fast holder with slack requests more than it
-// look too busy. Without readings it is in requests in flight.
+// look too busy, and an idle holder keeps its prefix unless it is much
+// slower than the cheapest engine. Without readings it is in requests in
+// flight.
 func TestTheSlackIsInEngineCostWhenEveryEngineIsPriced(t *testing.T) {
 	reg := newFleet(t, 3)
 	fast, slow := engine.Stats{Slots: 16, TokenRate: 60}, engine.Stats{Slots: 4, TokenRate: 10}
@@ -742,27 +744,42 @@ func TestTheSlackIsInEngineCostWhenEveryEngineIsPriced(t *testing.T) {
 	hold(1, 5)
 	hold(2, 5)
 	sel.routing.Load().Prefixes.Record(prefixRequest(conversation).PrefixKeys, 1)
-	// Worker 1 holds 5 (6 with this turn's own), worker 2 holds 5, the slow
-	// worker 3 none: 5 is more than 0 + 4 requests, but with 4 fewer worker
-	// 1 would cost 2/960, below worker 2's 6/960 and worker 3's 1/40.
+	// Worker 1 holds 5, worker 2 holds 5, the slow worker 3 none: 5 is more
+	// than 0 + 4 requests, but worker 1's 6/960 is below worker 2's with 4
+	// more, 10/960 (and worker 3's 1/40 is no one's bound: it is not the
+	// cheapest).
 	assert.Equal(t, uint64(1), prefixed(), "taken: within the slack in cost")
-	hold(1, 4) // 10 in flight: with 4 fewer, 7/960 is more than worker 2's 6/960
+	hold(1, 4) // 10 in flight: 11/960 is more than 10/960
 	assert.NotEqual(t, uint64(1), prefixed(), "passed: beyond the slack in cost")
 	taken, passed, _ := sel.PrefixRouted()
 	assert.Equal(t, [2]uint64{1, 1}, [2]uint64{taken, passed})
-
 	for _, r := range held {
 		r.Release()
 	}
 	held = nil
+
+	// All idle: a holder at half the speed keeps its prefix (1/480 is
+	// below a fast engine's 5/960 with 4 more); one at 1/24 of it does not
+	// (1/40 is above).
 	w3, _ := reg.Get(3)
+	half := engine.Stats{Slots: 16, TokenRate: 30}
+	w3.SetEngine(&half)
+	sel.routing.Load().Prefixes.Record(prefixRequest(conversation).PrefixKeys, 3)
+	assert.Equal(t, uint64(3), prefixed(), "taken: a slower holder, idle")
+	held[len(held)-1].Release()
+	w3.SetEngine(&slow)
+	assert.NotEqual(t, uint64(3), prefixed(), "passed: a much slower holder, idle")
+	for _, r := range held {
+		r.Release()
+	}
+	held = nil
 	w3.SetEngine(nil) // one engine unpriced: requests in flight again
 	hold(1, 5)
 	hold(2, 5)
 	sel.routing.Load().Prefixes.Record(prefixRequest(conversation).PrefixKeys, 1)
 	assert.NotEqual(t, uint64(1), prefixed(), "passed: 5 is more than worker 3's 0 + 4")
 	taken, passed, _ = sel.PrefixRouted()
-	assert.Equal(t, [2]uint64{1, 2}, [2]uint64{taken, passed})
+	assert.Equal(t, [2]uint64{2, 3}, [2]uint64{taken, passed})
 	for _, r := range held {
 		r.Release()
 	}

@@ -356,32 +356,34 @@ func (s *Selector) prefixHolder(p *policy, snap *Snapshot, base *candidates, req
 	return nil
 }
 
-// withinSlack reports whether candidate h of c, with slack requests fewer
-// in flight, would be no busier than the least busy candidate req may go
-// to. While every such candidate's engine is priced (engine telemetry:
-// Stats.Cost, its queue and the router's requests over its learned
-// throughput), busy is that cost, so a slow engine left idle does not
-// count as the least loaded (an idle CPU worker would otherwise pass every
-// prefix on a GPU worker with slack requests more); otherwise it is
-// requests in flight.
+// withinSlack reports whether candidate h of c is no busier than the least
+// busy candidate req may go to would be with slack more requests. While
+// every such candidate's engine is priced (engine telemetry: Stats.Cost,
+// its queue and the router's requests over its learned throughput), busy
+// is that cost: a slow engine left idle does not count as the least
+// loaded (an idle CPU worker would otherwise pass every prefix on a GPU
+// worker with slack requests more), and a holder much slower than the
+// cheapest candidate is passed even when idle. Otherwise it is requests
+// in flight.
 func (s *Selector) withinSlack(req *Request, c *candidates, h int, slack int64) bool {
-	if mine, ok := c.costAt(h, c.occ[h].Load()-slack); ok {
-		priced := true
+	if mine, ok := c.Cost(h); ok {
+		least, cheapest := math.Inf(1), -1
 		for i, w := range c.workers {
 			if !s.admits(req, w) {
 				continue
 			}
 			v, ok := c.Cost(i)
 			if !ok {
-				priced = false
+				cheapest = -1
 				break
 			}
-			if v < mine {
-				return false
+			if v < least {
+				least, cheapest = v, i
 			}
 		}
-		if priced {
-			return true
+		if cheapest >= 0 {
+			bound, _ := c.costWith(cheapest, slack)
+			return mine <= bound
 		}
 	}
 	return c.occ[h].Load() <= s.leastOccupancy(req, c)+slack

@@ -13,7 +13,8 @@ import (
 // Reload applies a new config to the running router: workers added,
 // removed (drained: in-flight requests finish) or changed (replaced; the
 // old spec's in-flight requests finish on it), and router.mode,
-// router.busy_threshold and router.retries for new requests. Streams in
+// router.busy_threshold, router.retries and router.prefix_affinity's slack
+// and peers (reloadablePrefixes) for new requests. Streams in
 // flight are untouched. A config that fails validation is refused with the
 // same error as at start, and nothing changes. Keys that a running router
 // cannot change (listeners, limits, telemetry, health, affinity) are
@@ -54,7 +55,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
 		"router.lora_placement":       old.Router.LoRAPlacement == cfg.Router.LoRAPlacement,
-		"router.prefix_affinity":      reflect.DeepEqual(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity),
+		"router.prefix_affinity":      reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity)),
 		"router.disaggregation":       old.Router.Disaggregation == cfg.Router.Disaggregation,
 		"router.queue":                old.Router.Queue == cfg.Router.Queue,
 		"router.retry_statuses":       slices.Equal(old.Router.RetryStatuses, cfg.Router.RetryStatuses),
@@ -80,6 +81,18 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Frontend.SetRetries(cfg.Router.Retries)
 		applied = append(applied, fmt.Sprintf("router.retries=%d", cfg.Router.Retries))
 	}
+	prefixes := r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity)
+	if reflect.DeepEqual(old.Router.PrefixAffinity, prefixes) { // the rest waits for a restart
+		next := cfg.Router.PrefixAffinity
+		if next.Slack != old.Router.PrefixAffinity.Slack {
+			r.Selector.SetPrefixSlack(int64(next.Slack))
+			applied = append(applied, fmt.Sprintf("router.prefix_affinity.slack=%d", next.Slack))
+		}
+		if !slices.Equal(next.Peers, old.Router.PrefixAffinity.Peers) {
+			r.PrefixShare.SetStatic(next.Peers)
+			applied = append(applied, fmt.Sprintf("router.prefix_affinity.peers=%v", next.Peers))
+		}
+	}
 	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
 	reread := cert.cur.Load()
 	if reread != nil {
@@ -90,6 +103,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next := old // what runs now: the applied keys new, the others as they were
 	next.Router.Mode, next.Router.BusyThreshold, next.Router.Retries = cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.Retries
 	next.Router.CPURatio = cfg.Router.CPURatio
+	if reflect.DeepEqual(old.Router.PrefixAffinity, prefixes) {
+		next.Router.PrefixAffinity = cfg.Router.PrefixAffinity
+	}
 	next.Workers = cfg.Workers
 	if reread != nil {
 		next.TLS = cfg.TLS
@@ -97,6 +113,21 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	r.Config = next
 	r.log.Info("config reloaded", "applied", applied, "need_restart", needRestart)
 	return applied, needRestart, nil
+}
+
+// reloadablePrefixes returns cfg with the keys of router.prefix_affinity
+// a reload applies set to the running values: slack while prefix affinity
+// is on, and peers while the replica shares (it was started with peers or
+// an address to advertise). The config equals old when nothing else
+// changed.
+func (r *Router) reloadablePrefixes(old, cfg config.PrefixAffinity) config.PrefixAffinity {
+	if r.Prefixes != nil {
+		cfg.Slack = old.Slack
+	}
+	if r.PrefixShare != nil {
+		cfg.Peers = old.Peers
+	}
+	return cfg
 }
 
 // reloadWorkers brings the registry from the old config's workers to the

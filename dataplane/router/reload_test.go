@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -87,4 +88,43 @@ func TestReloadRefusesABadConfigAndKeepsServing(t *testing.T) {
 	resp := f.post("/v1/chat/completions", chatBody)
 	readAll(t, resp)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "still serving")
+}
+
+// A reload applies prefix affinity's slack, and its peers while the
+// replica shares; its other keys, or peers on a replica that was started
+// without sharing, wait for a restart and change nothing.
+func TestReloadAppliesThePrefixSlackAndPeers(t *testing.T) {
+	gone := freeAdminAddrs(t, 3)
+	f := startFleet(t, cachingEngines(2), func(c *config.Config) {
+		prefixAffinity(true)(c)
+		c.Router.PrefixAffinity.Peers = []string{"http://" + gone[0]}
+	})
+	next := f.r.CurrentConfig()
+	next.Router.PrefixAffinity.Slack = 1
+	next.Router.PrefixAffinity.Peers = []string{"http://" + gone[1], "http://" + gone[2]}
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.prefix_affinity.slack=1", fmt.Sprintf("router.prefix_affinity.peers=[http://%s http://%s]", gone[1], gone[2])}, applied)
+	assert.Empty(t, needRestart)
+	assert.Equal(t, int64(1), f.r.Selector.Routing().PrefixSlack)
+	assert.Equal(t, []string{"http://" + gone[1], "http://" + gone[2]}, f.r.PrefixShare.Peers())
+	assert.Equal(t, next.Router.PrefixAffinity, f.r.CurrentConfig().Router.PrefixAffinity)
+
+	again := next
+	again.Router.PrefixAffinity.Slack = 7
+	again.Router.PrefixAffinity.TableSize = 1 << 10
+	applied, needRestart, err = f.r.Reload(again)
+	require.NoError(t, err)
+	assert.Empty(t, applied)
+	assert.Equal(t, []string{"router.prefix_affinity"}, needRestart)
+	assert.Equal(t, int64(1), f.r.Selector.Routing().PrefixSlack, "nothing of the key applies while part of it needs a restart")
+
+	alone := startFleet(t, cachingEngines(1), prefixAffinity(true))
+	next = alone.r.CurrentConfig()
+	next.Router.PrefixAffinity.Peers = []string{"http://" + gone[0]}
+	applied, needRestart, err = alone.r.Reload(next)
+	require.NoError(t, err)
+	assert.Empty(t, applied)
+	assert.Equal(t, []string{"router.prefix_affinity"}, needRestart, "started without sharing: peers need a restart")
+	assert.Nil(t, alone.r.PrefixShare)
 }

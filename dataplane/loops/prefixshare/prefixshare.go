@@ -40,7 +40,8 @@ const queued = 4
 type Options struct {
 	Prefixes *affinity.Prefixes // Share must have been called on it
 	// Peers are the other replicas' admin listeners, as base URLs
-	// (http://10.0.0.2:8001); SetPeers adds those found later.
+	// (http://10.0.0.2:8001); SetPeers adds those found later, and
+	// SetStatic replaces these.
 	Peers []string
 	// Self is this replica's own admin URL as its peers reach it: left
 	// out of what SetPeers is given.
@@ -61,10 +62,11 @@ type Loop struct {
 	lost    atomic.Uint64 // keys the journal lost before they were read
 	senders sync.WaitGroup
 
-	mu      sync.Mutex // guards what follows (the tick, SetPeers, Collector)
-	peers   []*peer    // in the order first named
-	ctx     context.Context
-	stopped bool
+	mu            sync.Mutex // guards what follows (the tick, SetPeers, Collector)
+	peers         []*peer    // in the order first named
+	static, found []string   // the configured peers, and those SetPeers gave
+	ctx           context.Context
+	stopped       bool
 }
 
 // peer is one replica's sender and its counts, in records.
@@ -81,21 +83,38 @@ func New(o Options) *Loop {
 		o.Logger = slog.Default()
 	}
 	l := &Loop{opts: o, client: &http.Client{Timeout: o.Timeout}}
-	l.SetPeers(nil)
+	l.SetStatic(o.Peers)
 	return l
 }
 
-// SetPeers sets the replicas found besides Options.Peers (Self left
+// SetPeers sets the replicas found besides the configured ones (Self left
 // out): a sender starts for each new one, and stops for each one gone.
 func (l *Loop) SetPeers(found []string) {
-	want := map[string]bool{}
-	for _, u := range append(slices.Clone(l.opts.Peers), found...) {
-		want[u] = u != l.opts.Self
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.found = slices.Clone(found)
+	l.follow()
+}
+
+// SetStatic replaces the configured peers (a reload), as SetPeers does
+// those found.
+func (l *Loop) SetStatic(peers []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.static = slices.Clone(peers)
+	l.follow()
+}
+
+// follow starts and stops senders to match the configured peers and those
+// found. The caller holds mu.
+func (l *Loop) follow() {
 	if l.stopped {
 		return
+	}
+	all := append(slices.Clone(l.static), l.found...)
+	want := map[string]bool{}
+	for _, u := range all {
+		want[u] = u != l.opts.Self
 	}
 	kept := l.peers[:0]
 	for _, p := range l.peers {
@@ -107,7 +126,7 @@ func (l *Loop) SetPeers(found []string) {
 		}
 	}
 	l.peers = kept
-	for _, u := range append(slices.Clone(l.opts.Peers), found...) {
+	for _, u := range all {
 		if want[u] {
 			delete(want, u)
 			p := &peer{base: u, url: strings.TrimSuffix(u, "/") + Path, batches: make(chan []byte, queued)}
