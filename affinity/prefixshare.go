@@ -60,7 +60,10 @@ func (p *Prefixes) Changed(dst []byte) (out []byte, lost uint64) {
 		lost, j.tail = head-j.tail-n, head-n
 	}
 	for ; j.tail < head; j.tail++ {
-		k := j.keys[j.tail&j.mask].Load() // a writer that took the place may not have filled it yet: an older key, sent again
+		// A writer that took the place may not have filled it yet: the
+		// older key there is sent again and the new one is missed (a hint:
+		// its prefix's next record is shared).
+		k := j.keys[j.tail&j.mask].Load()
 		if v := p.slots[k&p.mask].Load(); v != 0 && v>>32 == k>>32 {
 			dst = AppendPrefixRecord(dst, k, v&MaxPrefixWorker)
 		}

@@ -207,7 +207,7 @@ func (l *Loop) send(ctx context.Context, p *peer) {
 		}
 		p.sent.Add(n)
 		if p.failing {
-			l.opts.Logger.Info("prefix records shared with a peer again", "peer", p.url)
+			l.opts.Logger.Info("prefix records shared with a peer again", "peer", p.base)
 		}
 		p.failing = false
 	}
