@@ -581,6 +581,10 @@ func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 	ctx.Response.Header.ResetConnectionClose()
 	dropAnswerHops(&ctx.Response.Header)
 	dropWorkerDate(&ctx.Response.Header)
+	// The router's Server, as nginx (proxy_hide_header's default) and
+	// Envoy send theirs: the engine's software and version stay behind it
+	// (X-Fastroute-Worker names the worker).
+	ctx.Response.Header.SetServerBytes(nil)
 	if ex.s.cors != nil {
 		dropAccessControl(&ctx.Response.Header)
 	}

@@ -792,12 +792,12 @@ func TestHopByHopHeadersStayOnTheirConnection(t *testing.T) {
 
 // A worker's answer reaches the client with its headers' names as the
 // worker sent them (not normalized), without a Content-Type when it had
-// none (fasthttp's default, text/plain, is not added), with one Date (the
-// router's, as nginx sends it, whatever the case of the worker's: uvicorn
-// writes "date") and without its hop-by-hop headers, whatever their case:
-// buffered or streamed.
+// none (fasthttp's default, text/plain, is not added), with one Date and
+// one Server (the router's, as nginx sends them, whatever the case of the
+// worker's: uvicorn writes "date" and "server") and without its hop-by-hop
+// headers, whatever their case: buffered or streamed.
 func TestAnAnswersHeadersReachTheClientAsTheWorkerSentThem(t *testing.T) {
-	const fields = "ETag: \"e1\"\r\ndate: Thu, 01 Jan 2026 00:00:00 GMT\r\nx-request-id: r1\r\nX-ENGINE: e\r\nconnection: keep-alive, x-worker-hop\r\nx-worker-hop: 1\r\nKEEP-ALIVE: timeout=5\r\n"
+	const fields = "ETag: \"e1\"\r\ndate: Thu, 01 Jan 2026 00:00:00 GMT\r\nserver: uvicorn\r\nx-request-id: r1\r\nX-ENGINE: e\r\nconnection: keep-alive, x-worker-hop\r\nx-worker-hop: 1\r\nKEEP-ALIVE: timeout=5\r\n"
 	addr := rawWorker(t, 0, func(i int) []string {
 		if i%2 == 0 {
 			return []string{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + fields + "\r\nok"}
@@ -818,13 +818,14 @@ func TestAnAnswersHeadersReachTheClientAsTheWorkerSentThem(t *testing.T) {
 		_ = c.Close()
 		head, answer, ok := strings.Cut(string(got), "\r\n\r\n")
 		require.True(t, ok, "answer %d: %q", i, got)
-		for _, line := range []string{framing, `ETag: "e1"`, "x-request-id: r1", "X-ENGINE: e", "X-Fastroute-Worker: 1", "Connection: close"} {
+		for _, line := range []string{framing, `ETag: "e1"`, "x-request-id: r1", "X-ENGINE: e", "X-Fastroute-Worker: 1", "Connection: close", "Server: fastroute"} {
 			assert.Contains(t, strings.Split(head, "\r\n"), line, "answer %d:\n%s", i, head)
 		}
-		for _, name := range []string{"content-type:", "x-worker-hop:", "keep-alive", "2026 00:00:00"} {
+		for _, name := range []string{"content-type:", "x-worker-hop:", "keep-alive", "2026 00:00:00", "uvicorn"} {
 			assert.NotContains(t, strings.ToLower(head), name, "answer %d:\n%s", i, head)
 		}
 		assert.Equal(t, 1, strings.Count(strings.ToLower(head), "\r\ndate: "), "answer %d: one Date:\n%s", i, head)
+		assert.Equal(t, 1, strings.Count(strings.ToLower(head), "\r\nserver: "), "answer %d: one Server:\n%s", i, head)
 		want := "ok"
 		if i == 1 {
 			want = "2\r\nok\r\n0\r\n\r\n"
