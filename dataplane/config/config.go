@@ -159,11 +159,11 @@ func (p PrefixAffinity) validate() error {
 		return keyErr("router.prefix_affinity.share_interval", "%v is outside 1ms..10s", p.ShareInterval)
 	}
 	for _, peer := range p.Peers {
-		if !isBaseURL(peer) {
+		if !IsBaseURL(peer) {
 			return keyErr("router.prefix_affinity.peers", "%q is not a replica's admin listener as http(s)://host:port", peer)
 		}
 	}
-	if p.Advertise != "" && !isBaseURL(p.Advertise) {
+	if p.Advertise != "" && !IsBaseURL(p.Advertise) {
 		return keyErr("router.prefix_affinity.advertise", "%q is not this replica's admin listener as http(s)://host:port", p.Advertise)
 	}
 	return nil
@@ -573,9 +573,9 @@ func (d *Disaggregation) validate() error {
 	return nil
 }
 
-// isBaseURL reports an origin's form, scheme://host[:port], and nothing
-// else.
-func isBaseURL(u string) bool { return u != "*" && isOrigin(u) }
+// IsBaseURL reports an origin's form, http(s)://host[:port], and nothing
+// else: what a replica's admin listener is named by.
+func IsBaseURL(u string) bool { return u != "*" && isOrigin(u) }
 
 // isOrigin reports "*" or an origin as a browser's Origin header names it:
 // http or https, a host, maybe a port, and nothing else.

@@ -250,6 +250,17 @@ func TestReplicasFindEachOtherOnEtcdToSharePrefixes(t *testing.T) {
 			return strings.Contains(page, peerOf(admin[1-i])) && !strings.Contains(page, peerOf(admin[i]))
 		}, 5*time.Second, 10*time.Millisecond, "replica %d shares with the other, not with itself", i)
 	}
+	// A key that names no admin listener is ignored; one put after it
+	// shows the watch went past it (etcd delivers a prefix's events in
+	// order).
+	opts := discovery.Options{Endpoints: []string{e.Endpoint}, Prefix: prefix, DialTimeout: time.Second}
+	for _, u := range []string{"ftp://10.0.0.9/x", "http://127.0.0.1:1"} {
+		reg, err := discovery.RegisterRouter(opts, u, 10*time.Second)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = reg.Close() })
+	}
+	require.Eventually(t, func() bool { return len(a.r.PrefixShare.Peers()) == 2 }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, []string{"http://" + admin[1], "http://127.0.0.1:1"}, a.r.PrefixShare.Peers(), "a key that names no admin listener is ignored")
 
 	assert.Len(t, stayedPut(t, converseVia([]*fleet{a, b}, 5, 4, settled(t, a, b))), 3)
 	taken, passed, unknown := b.r.Selector.PrefixRouted()

@@ -61,11 +61,22 @@ func (r *Router) keepRegistered(ctx context.Context, log *slog.Logger) {
 type discoveryTarget struct{ r *Router }
 
 // SetPeers shares prompt prefixes with every replica registered on etcd
-// (itself left out), besides those of the config.
+// (itself left out), besides those of the config. A value that does not
+// name an admin listener as http(s)://host:port is ignored: the records
+// go with the admin token.
 func (t discoveryTarget) SetPeers(urls []string) {
-	if t.r.PrefixShare != nil {
-		t.r.PrefixShare.SetPeers(urls)
+	if t.r.PrefixShare == nil {
+		return
 	}
+	valid := urls[:0:0]
+	for _, u := range urls {
+		if config.IsBaseURL(u) {
+			valid = append(valid, u)
+		} else {
+			t.r.log.Warn("etcd router key does not name an admin listener as http(s)://host:port: ignored", "value", u)
+		}
+	}
+	t.r.PrefixShare.SetPeers(valid)
 }
 
 // Put adds a discovered worker (routable after its first probe) or

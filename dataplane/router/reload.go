@@ -81,8 +81,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Frontend.SetRetries(cfg.Router.Retries)
 		applied = append(applied, fmt.Sprintf("router.retries=%d", cfg.Router.Retries))
 	}
-	prefixes := r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity)
-	if reflect.DeepEqual(old.Router.PrefixAffinity, prefixes) { // the rest waits for a restart
+	// Slack and peers apply unless another key of prefix affinity changed
+	// too: that one waits for a restart, and the whole key with it.
+	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
+	if prefixesApply {
 		next := cfg.Router.PrefixAffinity
 		if next.Slack != old.Router.PrefixAffinity.Slack {
 			r.Selector.SetPrefixSlack(int64(next.Slack))
@@ -103,7 +105,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next := old // what runs now: the applied keys new, the others as they were
 	next.Router.Mode, next.Router.BusyThreshold, next.Router.Retries = cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.Retries
 	next.Router.CPURatio = cfg.Router.CPURatio
-	if reflect.DeepEqual(old.Router.PrefixAffinity, prefixes) {
+	if prefixesApply {
 		next.Router.PrefixAffinity = cfg.Router.PrefixAffinity
 	}
 	next.Workers = cfg.Workers
