@@ -34,7 +34,7 @@ func Register(o Options, spec dataplane.WorkerSpec, ttl time.Duration) (*Registr
 	if err != nil {
 		return nil, err
 	}
-	r, err := register(o, WorkersKey, strconv.FormatUint(spec.ID, 10), value, ttl)
+	r, err := register(context.Background(), o, WorkersKey, strconv.FormatUint(spec.ID, 10), value, ttl)
 	if err != nil {
 		return nil, fmt.Errorf("register worker %d on etcd: %w", spec.ID, err)
 	}
@@ -46,7 +46,12 @@ func Register(o Options, spec dataplane.WorkerSpec, ttl time.Duration) (*Registr
 // until Close: every replica watching the prefix (PeerTarget) shares its
 // prompt prefixes with it while it is there.
 func RegisterRouter(o Options, adminURL string, ttl time.Duration) (*Registration, error) {
-	r, err := register(o, RoutersKey, url.PathEscape(adminURL), []byte(adminURL), ttl)
+	return registerRouter(context.Background(), o, adminURL, ttl)
+}
+
+// registerRouter is RegisterRouter, given up when ctx ends.
+func registerRouter(ctx context.Context, o Options, adminURL string, ttl time.Duration) (*Registration, error) {
+	r, err := register(ctx, o, RoutersKey, url.PathEscape(adminURL), []byte(adminURL), ttl)
 	if err != nil {
 		return nil, fmt.Errorf("register router %s on etcd: %w", adminURL, err)
 	}
@@ -54,8 +59,8 @@ func RegisterRouter(o Options, adminURL string, ttl time.Duration) (*Registratio
 }
 
 // register puts value under keyOf(prefix)+name on a lease of ttl and keeps
-// the lease alive until Close.
-func register(o Options, keyOf func(prefix string) string, name string, value []byte, ttl time.Duration) (*Registration, error) {
+// the lease alive until Close; it gives up when parent ends.
+func register(parent context.Context, o Options, keyOf func(prefix string) string, name string, value []byte, ttl time.Duration) (*Registration, error) {
 	if o.Prefix == "" {
 		o.Prefix = "/fastroute"
 	}
@@ -66,7 +71,7 @@ func register(o Options, keyOf func(prefix string) string, name string, value []
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), o.DialTimeout+5*time.Second)
+	ctx, cancel := context.WithTimeout(parent, o.DialTimeout+5*time.Second)
 	defer cancel()
 	var lease *clientv3.LeaseGrantResponse
 	if lease, err = cli.Grant(ctx, int64(ttl/time.Second)); err == nil {
@@ -95,10 +100,13 @@ func (r *Registration) Key() string { return r.key }
 
 // Close deletes the key (every router drains the worker at once) and
 // revokes the lease.
-func (r *Registration) Close() error {
+func (r *Registration) Close() error { return r.close(5 * time.Second) }
+
+// close is Close, waiting at most timeout for etcd.
+func (r *Registration) close(timeout time.Duration) error {
 	r.cancel()
 	<-r.done
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	_, err := r.cli.Delete(ctx, r.key)
 	if _, rerr := r.cli.Revoke(ctx, r.lease); err == nil {
@@ -128,19 +136,25 @@ func KeepRouterRegistered(ctx context.Context, o Options, adminURL string, ttl t
 	if log == nil {
 		log = slog.Default()
 	}
-	pause := 100 * time.Millisecond
+	pause, warned := 100*time.Millisecond, false
 	for ctx.Err() == nil {
-		r, err := RegisterRouter(o, adminURL, ttl)
+		r, err := registerRouter(ctx, o, adminURL, ttl) // a router that stops does not wait for an etcd that does not answer
 		if err != nil {
-			log.Warn("router not registered on etcd: its peers do not share prefixes with it yet", "err", err)
+			if !warned && ctx.Err() == nil {
+				log.Warn("router not registered on etcd: its peers do not share prefixes with it yet; trying again", "err", err)
+			}
+			warned = true
 			sleep(ctx, pause)
 			pause = min(2*pause, reconnectMax)
 			continue
 		}
-		pause = 100 * time.Millisecond
+		if warned {
+			log.Info("router registered on etcd", "key", r.key)
+		}
+		pause, warned = 100*time.Millisecond, false
 		select {
 		case <-ctx.Done():
-			if err := r.Close(); err != nil {
+			if err := r.close(o.DialTimeout); err != nil { // a stopping router waits no longer for etcd
 				log.Warn("router's etcd key not deleted: its peers drop it when its lease expires", "err", err)
 			}
 			return

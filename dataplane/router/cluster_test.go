@@ -273,3 +273,20 @@ func TestReplicasFindEachOtherOnEtcdToSharePrefixes(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond, "a stopped replica's key is deleted, and its peer stops sending to it")
 	a.assertIdle()
 }
+
+// A replica that advertises itself while etcd does not answer keeps
+// trying to register, and stopping does not wait out a registration
+// attempt: Close returns within about the dial timeout.
+func TestAReplicaStopsPromptlyWhileEtcdIsDown(t *testing.T) {
+	down := freeAdminAddrs(t, 2) // nothing listens there
+	f := startFleet(t, cachingEngines(1), func(c *config.Config) {
+		prefixAffinity(true)(c)
+		c.AdminListen = down[1]
+		c.Router.PrefixAffinity.Advertise = "http://" + down[1]
+		c.Discovery.Etcd = config.Etcd{Endpoints: []string{down[0]}, Prefix: "/t-down", DialTimeout: 500 * time.Millisecond}
+	})
+	time.Sleep(700 * time.Millisecond) // a registration attempt is under way
+	start := time.Now()
+	require.NoError(t, f.r.Close())
+	assert.Less(t, time.Since(start), 2*time.Second, "a registration attempt ends with the router (it would wait 5.5 s)")
+}
