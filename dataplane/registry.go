@@ -46,13 +46,7 @@ func (c *candidates) add(w *Worker) {
 
 // Cost prices candidate i from its engine's last reading and the live
 // occupancy; false when the worker has no fresh reading or learned speed.
-func (c *candidates) Cost(i int) (float64, bool) {
-	st := c.workers[i].engine.Load()
-	if st == nil {
-		return 0, false
-	}
-	return st.Cost(c.occ[i].Load())
-}
+func (c *candidates) Cost(i int) (float64, bool) { return c.costWith(i, 0) }
 
 // costWith prices candidate i as Cost does, with n more requests in
 // flight.

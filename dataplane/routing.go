@@ -38,9 +38,9 @@ type Routing struct {
 	Responses *affinity.Table
 	// Prefixes steers a request to the worker last sent the longest
 	// prefix of its prompt (Request.PrefixKeys), where the engine may
-	// still hold that prefix's KV cache, while that worker has at most
-	// PrefixSlack requests in flight more than the least loaded candidate;
-	// nil: off. The front end keys a prompt in blocks of PrefixBlock bytes, at
+	// still hold that prefix's KV cache, while that worker is within
+	// PrefixSlack requests of the least loaded candidate (in engine cost
+	// while every candidate is priced: Selector.withinSlack); nil: off. The front end keys a prompt in blocks of PrefixBlock bytes, at
 	// most PrefixBlocks of them.
 	Prefixes     *affinity.Prefixes
 	PrefixSlack  int64

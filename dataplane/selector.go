@@ -27,9 +27,9 @@ type Request struct {
 	// that served most of them is preferred.
 	CacheKeys []uint64
 	// PrefixKeys key the prompt's prefixes (affinity.PrefixHasher): the
-	// worker last sent the longest of them is preferred while it has at
-	// most Routing.PrefixSlack requests in flight more than the least
-	// loaded candidate.
+	// worker last sent the longest of them is preferred while it is within
+	// Routing.PrefixSlack requests of the least loaded candidate
+	// (withinSlack).
 	PrefixKeys []uint64
 	// Response is the id of a stored response the request names (OpenAI's
 	// Responses API: GET /v1/responses/{id}, its cancel, a new response's

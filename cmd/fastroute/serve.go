@@ -128,7 +128,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.IntVar(&pa.TableSize, "prefix-affinity-table-size", pa.TableSize, "prompt prefixes remembered (table slots)")
 	fs.IntVar(&pa.BlockBytes, "prefix-affinity-block-bytes", pa.BlockBytes, "prompt bytes a prefix block")
 	fs.IntVar(&pa.MaxBlocks, "prefix-affinity-max-blocks", pa.MaxBlocks, "blocks of a prompt keyed at most")
-	fs.IntVar(&pa.Slack, "prefix-affinity-slack", pa.Slack, "requests in flight a prefix's worker may have beyond the least loaded candidate and still take it")
+	fs.IntVar(&pa.Slack, "prefix-affinity-slack", pa.Slack, "requests a prefix's worker may be busier than the least loaded candidate and still take it (in engine cost while every engine is priced)")
 	fs.Func("prefix-affinity-peer", "another replica's admin listener (http://host:port) to share prefix records with (repeatable)", func(v string) error {
 		pa.Peers = append(pa.Peers, v)
 		return nil

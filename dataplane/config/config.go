@@ -126,7 +126,8 @@ type Router struct {
 // blocks of BlockBytes, up to MaxBlocks of them; a table of TableSize
 // slots remembers the worker each prefix was last sent to, and a request
 // goes to the worker holding its longest known prefix while that worker
-// has at most Slack requests in flight more than the least loaded candidate.
+// is within Slack requests of the least loaded candidate (in requests in
+// flight, or in engine cost while engine telemetry prices every candidate).
 // Replicas in front of the same workers share what they record: every
 // ShareInterval the prefixes recorded anew go to each of Peers (the other
 // replicas' admin listeners, scheme://host:port), which take them in.

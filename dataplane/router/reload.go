@@ -46,6 +46,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			return nil, nil, err
 		}
 	}
+	// Prefix affinity's slack and peers apply unless another of its keys
+	// changed too: that one waits for a restart, and the whole key with it.
+	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
 		"admin_token": old.AdminToken == cfg.AdminToken, "metrics_public": old.MetricsPublic == cfg.MetricsPublic,
@@ -55,7 +58,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
 		"router.lora_placement":       old.Router.LoRAPlacement == cfg.Router.LoRAPlacement,
-		"router.prefix_affinity":      reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity)),
+		"router.prefix_affinity":      prefixesApply,
 		"router.disaggregation":       old.Router.Disaggregation == cfg.Router.Disaggregation,
 		"router.queue":                old.Router.Queue == cfg.Router.Queue,
 		"router.retry_statuses":       slices.Equal(old.Router.RetryStatuses, cfg.Router.RetryStatuses),
@@ -81,18 +84,14 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Frontend.SetRetries(cfg.Router.Retries)
 		applied = append(applied, fmt.Sprintf("router.retries=%d", cfg.Router.Retries))
 	}
-	// Slack and peers apply unless another key of prefix affinity changed
-	// too: that one waits for a restart, and the whole key with it.
-	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
-	if prefixesApply {
-		next := cfg.Router.PrefixAffinity
-		if next.Slack != old.Router.PrefixAffinity.Slack {
-			r.Selector.SetPrefixSlack(int64(next.Slack))
-			applied = append(applied, fmt.Sprintf("router.prefix_affinity.slack=%d", next.Slack))
+	if pa := cfg.Router.PrefixAffinity; prefixesApply {
+		if pa.Slack != old.Router.PrefixAffinity.Slack {
+			r.Selector.SetPrefixSlack(int64(pa.Slack))
+			applied = append(applied, fmt.Sprintf("router.prefix_affinity.slack=%d", pa.Slack))
 		}
-		if !slices.Equal(next.Peers, old.Router.PrefixAffinity.Peers) {
-			r.PrefixShare.SetStatic(next.Peers)
-			applied = append(applied, fmt.Sprintf("router.prefix_affinity.peers=%v", next.Peers))
+		if !slices.Equal(pa.Peers, old.Router.PrefixAffinity.Peers) {
+			r.PrefixShare.SetStatic(pa.Peers)
+			applied = append(applied, fmt.Sprintf("router.prefix_affinity.peers=%v", pa.Peers))
 		}
 	}
 	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
