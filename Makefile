@@ -22,10 +22,10 @@ test-race:
 test-nonvml:
 	CGO_ENABLED=0 $(GO) test -tags nonvml -count=1 $(PKGS)
 
-## bench: the micro-benchmarks of pickers, the selection core, the GPU refresh
-## and the parse of an engine's metrics page.
+## bench: the micro-benchmarks of pickers, the selection core, the GPU refresh,
+## the parse of an engine's metrics page and the check of a client's API key.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/engine ./dataplane/loops/weights
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/engine ./dataplane/loops/weights ./dataplane/apikeys
 
 ## bench-e2e: fastroute, nginx (least_conn), HAProxy (leastconn) and direct,
 ## one after the other, same mock workers and load, five rounds interleaved

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/pickers"
 	"gopkg.in/yaml.v3"
@@ -33,10 +34,19 @@ type Config struct {
 	// WorkerAPIKey goes as "Authorization: Bearer <key>" on the router's
 	// own requests to workers (health probes, /v1/models, engine metrics):
 	// an engine started with --api-key answers /v1/models only with it.
-	// Clients' requests keep their own Authorization. WorkerAPIKeyFile
-	// holds it (its first line) out of the config and the command line.
+	// Clients' requests keep their own Authorization, unless APIKeysFile
+	// is set: the router then takes their keys and sends this one in their
+	// place. WorkerAPIKeyFile holds it (its first line) out of the config
+	// and the command line.
 	WorkerAPIKey     string `yaml:"worker_api_key"`
 	WorkerAPIKeyFile string `yaml:"worker_api_key_file"`
+	// APIKeysFile lists the API keys clients must present, one a line
+	// ("NAME KEY [max_inflight=N]", apikeys.Parse): every request but a
+	// CORS preflight and GET /health needs one. Empty: none is checked and
+	// a client's Authorization reaches its worker. A reload reads it again.
+	APIKeysFile string `yaml:"api_keys_file"`
+	// APIKeys are APIKeysFile's keys, read by ResolveSecrets.
+	APIKeys []apikeys.Entry `yaml:"-"`
 	// ShutdownTimeout bounds the drain on SIGTERM; streams still open then are cut.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	// Routes are extra paths proxied like the OpenAI ones, beyond every POST
@@ -337,10 +347,20 @@ const WorkerAPIKeyEnv = "FASTROUTE_WORKER_API_KEY"
 // or the FASTROUTE_ADMIN_TOKEN variable, through getenv) and the workers'
 // API key (worker_api_key, worker_api_key_file or
 // FASTROUTE_WORKER_API_KEY), and refuses an admin listener reachable off
-// this host with no token. It runs once before the router starts, after
-// Validate.
+// this host with no token; it reads the clients' API keys
+// (api_keys_file). It runs before the router starts and at each reload,
+// after Validate.
 func (c *Config) ResolveSecrets(getenv func(string) string) error {
 	var err error
+	if c.APIKeys = nil; c.APIKeysFile != "" {
+		data, err := os.ReadFile(c.APIKeysFile)
+		if err != nil {
+			return keyErr("api_keys_file", "%v", err)
+		}
+		if c.APIKeys, err = apikeys.Parse(data); err != nil {
+			return keyErr("api_keys_file", "%s: %v", c.APIKeysFile, err)
+		}
+	}
 	if c.AdminToken, err = resolveSecret("admin_token", c.AdminToken, c.AdminTokenFile, AdminTokenEnv, getenv); err != nil {
 		return err
 	}

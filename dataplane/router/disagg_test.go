@@ -25,6 +25,7 @@ type seen struct {
 	body      map[string]any
 	requestID string
 	path      string
+	keys      string // the Authorization and x-api-key headers, "|" between
 }
 
 // standIn is a stand-in for one engine over loopback: it records what it
@@ -52,7 +53,8 @@ func startEngine(t *testing.T, answer func(w http.ResponseWriter, r *http.Reques
 		var body map[string]any
 		_ = json.Unmarshal(b, &body)
 		e.mu.Lock()
-		e.got = append(e.got, seen{body: body, requestID: r.Header.Get("X-Request-Id"), path: r.URL.Path})
+		e.got = append(e.got, seen{body: body, requestID: r.Header.Get("X-Request-Id"), path: r.URL.Path,
+			keys: r.Header.Get("Authorization") + "|" + r.Header.Get("X-Api-Key")})
 		e.mu.Unlock()
 		e.answer(w, r, body)
 	}))

@@ -13,8 +13,9 @@ import (
 // Reload applies a new config to the running router: workers added,
 // removed (drained: in-flight requests finish) or changed (replaced; the
 // old spec's in-flight requests finish on it), and router.mode,
-// router.busy_threshold, router.retries and router.prefix_affinity's slack
-// and peers (reloadablePrefixes) for new requests. Streams in
+// router.busy_threshold, router.retries, router.prefix_affinity's slack
+// and peers (reloadablePrefixes) and the clients' API keys (api_keys_file,
+// read again) for new requests. Streams in
 // flight are untouched. A config that fails validation is refused with the
 // same error as at start, and nothing changes. Keys that a running router
 // cannot change (listeners, limits, telemetry, health, affinity) are
@@ -94,6 +95,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			applied = append(applied, fmt.Sprintf("router.prefix_affinity.peers=%v", pa.Peers))
 		}
 	}
+	if cfg.APIKeysFile != "" || old.APIKeysFile != "" {
+		r.APIKeys.Set(cfg.APIKeys)
+		applied = append(applied, fmt.Sprintf("api_keys_file=%q (%d keys)", cfg.APIKeysFile, len(cfg.APIKeys)))
+	}
 	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
 	reread := cert.cur.Load()
 	if reread != nil {
@@ -108,6 +113,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		next.Router.PrefixAffinity = cfg.Router.PrefixAffinity
 	}
 	next.Workers = cfg.Workers
+	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
 	if reread != nil {
 		next.TLS = cfg.TLS
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/http/admin"
 	"github.com/fastroute/fastroute/dataplane/http/frontend"
@@ -52,6 +53,9 @@ type Router struct {
 	// nil without peers or an address to advertise.
 	PrefixShare *prefixshare.Loop
 	Metrics     *metrics.Set
+	// APIKeys are the keys clients present (api_keys_file); none while it
+	// is unset. A reload sets them anew.
+	APIKeys apikeys.Keys
 	// Discovery is nil unless discovery.etcd names endpoints.
 	Discovery *discovery.Watcher
 
@@ -131,7 +135,9 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		AnswerBufferBytes: int(cfg.Limits.AnswerBufferBytes), MaxConnections: cfg.Limits.MaxConnections, Logger: log,
 		Routes: cfg.Routes, CORSOrigins: cfg.CORSAllowedOrigins, Disagg: disaggOptions(cfg.Router.Disaggregation),
 		QueueSize: cfg.Router.Queue.Size, QueueTimeout: cfg.Router.Queue.Timeout, RetryStatuses: cfg.Router.RetryStatuses,
+		APIKeys: &r.APIKeys, WorkerAPIKey: cfg.WorkerAPIKey,
 	}
+	r.APIKeys.Set(cfg.APIKeys)
 	if cfg.Log.Access != "off" {
 		fo.AccessLog, fo.AccessErrorsOnly = log.With("log", "access"), cfg.Log.Access == "errors"
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -45,12 +46,14 @@ var http11 = []byte("HTTP/1.1")
 // exchange is the pooled state of one proxied request. A streamed answer
 // ends it from the goroutine that sends it (sendStream).
 type exchange struct {
-	s      *Server
-	rt     route
-	start  time.Time
-	req    dataplane.Request
-	res    dataplane.Reservation
-	upCall // the request to the (decode) worker
+	s       *Server
+	rt      route
+	start   time.Time
+	req     dataplane.Request
+	res     dataplane.Reservation
+	key     *apikeys.Client // the client whose API key the request presented (admit); nil: none
+	keyHeld bool            // the request holds one of key's slots
+	upCall                  // the request to the (decode) worker
 
 	// A request split between a prefill and a decode worker (Disagg).
 	split    bool
@@ -97,7 +100,7 @@ type exchange struct {
 }
 
 func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
-	ex.rt, ex.start = rt, start
+	ex.rt, ex.start, ex.key, ex.keyHeld = rt, start, nil, false
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done = false, nil, false
 	ex.sse, ex.tail, ex.bodyDone, ex.client, ex.created = false, nil, false, hangup.Conn{}, false
@@ -740,6 +743,7 @@ func (ex *exchange) settle(o outcome) bool {
 	total := time.Since(ex.start)
 	m.total.Observe(total)
 	ex.logAccess(o, total)
+	ex.releaseClient()
 	return true
 }
 
@@ -820,6 +824,7 @@ func (ex *exchange) end(o outcome, status int) {
 	ex.s.metrics.requests[ex.rt][o].Inc()
 	ex.status = status
 	ex.logAccess(o, time.Since(ex.start))
+	ex.releaseClient()
 	ex.s.exchanges.Put(ex)
 }
 
@@ -842,13 +847,19 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 	if pre := ex.pre.Load(); len(id) == 0 && ex.split && pre != nil {
 		id = pre.reqID // made up for a split request
 	}
-	log.LogAttrs(context.Background(), slog.LevelInfo, "access",
+	attrs := [...]slog.Attr{
 		slog.String("method", string(ex.method)), slog.String("path", string(ex.path)), slog.Int("status", ex.status),
 		slog.String("outcome", outcomeNames[o]), slog.Uint64("worker", worker), slog.Int("attempts", attempts),
 		slog.Float64("first_byte_ms", float64(ex.firstByte.Microseconds())/1000),
 		slog.Float64("total_ms", float64(total.Microseconds())/1000), slog.Int64("bytes", ex.bytes),
 		slog.String("model", string(ex.req.Model)), slog.String("client", ex.peer.String()),
-		slog.String("request_id", string(id)))
+		slog.String("request_id", string(id)), {}}
+	n := len(attrs) - 1
+	if ex.key != nil { // the name of the client's API key, never the key
+		attrs[n] = slog.String("api_key", ex.key.Name())
+		n++
+	}
+	log.LogAttrs(context.Background(), slog.LevelInfo, "access", attrs[:n]...)
 }
 
 // transportFailure says in a few words how a dispatch failed, instead of

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
@@ -77,6 +78,13 @@ type Options struct {
 	// TLS, when set, has clients speak TLS (HTTP/1.1 inside); nil: plain
 	// HTTP.
 	TLS *tls.Config
+	// APIKeys, when on, are the keys clients must present (authenticate),
+	// each with its cap on requests in flight; nil or off: none checked.
+	// The router sets them anew on a reload.
+	APIKeys *apikeys.Keys
+	// WorkerAPIKey replaces a client's key on the requests it sends to
+	// workers while APIKeys is on ("": its request goes without one).
+	WorkerAPIKey string
 	// RetryStatuses are worker answer statuses that move the request to
 	// another worker (within Retries) when the answer, read whole first,
 	// is at most AnswerBufferBytes; the last worker's answer goes to the
@@ -86,30 +94,32 @@ type Options struct {
 
 // Server is the request front end.
 type Server struct {
-	opts      Options
-	sel       *dataplane.Selector
-	reg       *dataplane.Registry
-	upstreams *xsync.MapOf[*dataplane.Worker, *upstream]
-	conns     *xsync.MapOf[net.Conn, struct{}] // open client connections, each watched for its hang-up (clientConn.watch)
-	upConns   *xsync.MapOf[net.Conn, struct{}] // open upstream connections
-	exchanges sync.Pool
-	parsers   fastjson.ParserPool
-	metrics   *Metrics
-	queue     *waitQueue                   // requests waiting for a busy worker; nil: none wait
-	retryOn   [600]bool                    // answer statuses retried on another worker (Options.RetryStatuses)
-	routes    map[string]struct{}          // proxied paths outside /v1/
-	cors      *cors                        // nil: off
-	access    *slog.Logger                 // nil: no access log
-	retries   atomic.Int64                 // router.retries, reloadable
-	hangups   *hangup.Watcher[exchange]    // nil: client hang-ups are noticed only on write
-	upCloses  *hangup.Watcher[trackedConn] // workers' closes of their connections (trackedConn.watchCloses); nil: none watched
-	takeovers atomic.Int64                 // client connections taken over from fasthttp (takeOver), until closed or served by it again
-	closing   atomic.Bool                  // Shutdown began: a taken-over connection's answer is its last (keepAfter)
-	srv       *fasthttp.Server
-	gate      atomic.Pointer[gate] // the listener's, once Serve began
-	fullSaid  atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
-	log       *slog.Logger
-	dial      func(addr string, timeout time.Duration) (net.Conn, error) // fasthttp.DialTimeout; tests count dials
+	opts       Options
+	sel        *dataplane.Selector
+	reg        *dataplane.Registry
+	upstreams  *xsync.MapOf[*dataplane.Worker, *upstream]
+	conns      *xsync.MapOf[net.Conn, struct{}] // open client connections, each watched for its hang-up (clientConn.watch)
+	upConns    *xsync.MapOf[net.Conn, struct{}] // open upstream connections
+	exchanges  sync.Pool
+	parsers    fastjson.ParserPool
+	metrics    *Metrics
+	queue      *waitQueue                   // requests waiting for a busy worker; nil: none wait
+	retryOn    [600]bool                    // answer statuses retried on another worker (Options.RetryStatuses)
+	routes     map[string]struct{}          // proxied paths outside /v1/
+	cors       *cors                        // nil: off
+	access     *slog.Logger                 // nil: no access log
+	keys       *apikeys.Keys                // clients' API keys; nil: none
+	workerAuth []byte                       // Authorization value of requests to workers while keys are on; nil: none
+	retries    atomic.Int64                 // router.retries, reloadable
+	hangups    *hangup.Watcher[exchange]    // nil: client hang-ups are noticed only on write
+	upCloses   *hangup.Watcher[trackedConn] // workers' closes of their connections (trackedConn.watchCloses); nil: none watched
+	takeovers  atomic.Int64                 // client connections taken over from fasthttp (takeOver), until closed or served by it again
+	closing    atomic.Bool                  // Shutdown began: a taken-over connection's answer is its last (keepAfter)
+	srv        *fasthttp.Server
+	gate       atomic.Pointer[gate] // the listener's, once Serve began
+	fullSaid   atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
+	log        *slog.Logger
+	dial       func(addr string, timeout time.Duration) (net.Conn, error) // fasthttp.DialTimeout; tests count dials
 }
 
 // New returns a Server; call Serve to start it.
@@ -136,6 +146,10 @@ func New(opts Options) *Server {
 		access:    opts.AccessLog,
 		dial:      fasthttp.DialTimeout,
 		cors:      newCORS(opts.CORSOrigins),
+		keys:      opts.APIKeys,
+	}
+	if opts.WorkerAPIKey != "" {
+		s.workerAuth = []byte("Bearer " + opts.WorkerAPIKey)
 	}
 	s.exchanges.New = func() any {
 		ex := &exchange{s: s}
@@ -146,6 +160,7 @@ func New(opts Options) *Server {
 	s.metrics.openConnections, s.metrics.maxConnections = s.OpenConnections, opts.MaxConnections
 	s.metrics.statsOf = s.statsOf
 	s.metrics.queue = s.queue
+	s.metrics.keys = s.keys
 	s.reg.Subscribe(s.workerChanged)
 	if w, err := hangup.New(clientHungUp); err != nil {
 		s.log.Warn("client hang-ups are noticed only when the router writes to them", "err", err)
@@ -377,18 +392,26 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// Handle routes one request.
+// Handle routes one request. While clients' API keys are on, every
+// request but a CORS preflight and GET /health must present one.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	if s.cors != nil && s.cors.preflight(ctx) {
 		return
 	}
-	switch string(ctx.Path()) {
+	path := ctx.Path()
+	var client *apikeys.Client
+	if s.keys != nil && s.keys.On() && string(path) != "/health" {
+		if client = s.authenticate(ctx); client == nil {
+			return
+		}
+	}
+	switch string(path) {
 	case "/v1/chat/completions":
-		s.proxy(ctx, routeChat)
+		s.proxy(ctx, routeChat, client)
 	case "/v1/completions":
-		s.proxy(ctx, routeCompletions)
+		s.proxy(ctx, routeCompletions, client)
 	case "/v1/embeddings":
-		s.proxy(ctx, routeEmbeddings)
+		s.proxy(ctx, routeEmbeddings, client)
 	case "/v1/models":
 		if !ctx.IsGet() && !ctx.IsHead() { // HEAD as an engine's GET routes take it (Starlette's)
 			methodNotAllowed(ctx, "GET, HEAD")
@@ -396,13 +419,13 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		}
 		s.models(ctx)
 	case "/v1/responses":
-		s.proxy(ctx, routeResponses)
+		s.proxy(ctx, routeResponses, client)
 	case "/v1/messages":
-		s.proxy(ctx, routeMessages)
+		s.proxy(ctx, routeMessages, client)
 	case "/health":
 		s.health(ctx)
 	default:
-		s.other(ctx)
+		s.other(ctx, client)
 	}
 }
 
@@ -424,8 +447,9 @@ var workerStatePaths = map[string]struct{}{"/v1/load_lora_adapter": {}, "/v1/unl
 // for workerStatePaths, refused), to an engine route or to a path of the
 // routes key is proxied, as is a request about a stored response
 // (storedResponse); GET /v1/models/{id} is answered from the union of the
-// workers' models; anything else is a 404 naming the path.
-func (s *Server) other(ctx *fasthttp.RequestCtx) {
+// workers' models; anything else is a 404 naming the path. client holds
+// the request's API key (nil: none).
+func (s *Server) other(ctx *fasthttp.RequestCtx, client *apikeys.Client) {
 	path := ctx.Path()
 	_, extra := s.routes[string(path)]
 	_, changesWorker := workerStatePaths[string(path)]
@@ -435,9 +459,9 @@ func (s *Server) other(ctx *fasthttp.RequestCtx) {
 			" changes one worker and is not proxied: load adapters on each worker and declare them with the admin listener's"+
 			" PUT /workers/{id}/loras, or name the path in the routes key to proxy it")
 	case !extra && bytes.HasPrefix(path, responsesPrefix):
-		s.storedResponse(ctx, path[len(responsesPrefix):])
+		s.storedResponse(ctx, path[len(responsesPrefix):], client)
 	case ctx.IsPost() && (extra || bytes.HasPrefix(path, v1Prefix)):
-		s.proxy(ctx, routeOther)
+		s.proxy(ctx, routeOther, client)
 	case (ctx.IsGet() || ctx.IsHead()) && bytes.HasPrefix(path, modelsPrefix):
 		s.model(ctx, string(path[len(modelsPrefix):]))
 	case extra:
@@ -453,7 +477,7 @@ func (s *Server) other(ctx *fasthttp.RequestCtx) {
 // /v1/responses/{id}/cancel, OpenAI's DELETE and input_items. It goes to the
 // worker that holds the response, the only one that can answer it
 // (dataplane.Request.Response); rest is the path after /v1/responses/.
-func (s *Server) storedResponse(ctx *fasthttp.RequestCtx, rest []byte) {
+func (s *Server) storedResponse(ctx *fasthttp.RequestCtx, rest []byte, client *apikeys.Client) {
 	id, _, _ := bytes.Cut(rest, []byte("/"))
 	switch {
 	case len(id) == 0:
@@ -461,7 +485,7 @@ func (s *Server) storedResponse(ctx *fasthttp.RequestCtx, rest []byte) {
 	case !ctx.IsGet() && !ctx.IsPost() && !ctx.IsDelete():
 		methodNotAllowed(ctx, "GET, POST, DELETE")
 	default:
-		s.forward(ctx, routeResponses, id)
+		s.forward(ctx, routeResponses, id, client)
 	}
 }
 
@@ -494,21 +518,27 @@ func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
 	writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "malformed HTTP request")
 }
 
-// proxy forwards a POST to the route rt to the worker selection picks.
-func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route) {
+// proxy forwards a POST to the route rt to the worker selection picks
+// (forward).
+func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route, client *apikeys.Client) {
 	if !ctx.IsPost() {
 		methodNotAllowed(ctx, "POST")
 		return
 	}
-	s.forward(ctx, rt, nil)
+	s.forward(ctx, rt, nil, client)
 }
 
 // forward forwards a request to the route rt, about the stored response
-// response names (nil: none), to the worker selection picks.
-func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte) {
+// response names (nil: none), to the worker selection picks, within a
+// slot of the client whose API key it presented (nil: none).
+func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, client *apikeys.Client) {
 	start := time.Now()
 	ex := s.exchanges.Get().(*exchange)
 	ex.begin(ctx, rt, start)
+	if !ex.admit(ctx, client) {
+		ex.end(outcomeKeyLimited, fasthttp.StatusTooManyRequests)
+		return
+	}
 	ex.req.Response = append(ex.req.Response, response...)
 	ex.creates = rt == routeResponses && response == nil
 	ex.generate = rt == routeOther && string(ctx.Path()) == "/generate"

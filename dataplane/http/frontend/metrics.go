@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 )
 
@@ -41,10 +42,11 @@ const (
 	outcomeUpstreamError                // transport failure or broken stream
 	outcomeTimeout                      // upstream did not answer in time
 	outcomeCancelled                    // client went away mid-answer
+	outcomeKeyLimited                   // its API key had max_inflight requests in flight (429)
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"ok", "query", "invalid", "no_endpoints", "resource_exhausted", "upstream_error", "timeout", "cancelled"}
+var outcomeNames = [numOutcomes]string{"ok", "query", "invalid", "no_endpoints", "resource_exhausted", "upstream_error", "timeout", "cancelled", "api_key_limited"}
 
 // Metrics are the front end's counters and histograms.
 type Metrics struct {
@@ -80,6 +82,7 @@ type Metrics struct {
 	firstByte       *metrics.Histogram
 	total           *metrics.Histogram
 	statsOf         func(*dataplane.Worker) *workerStats // Server.statsOf
+	keys            *apikeys.Keys                        // the clients' API keys; nil: none
 }
 
 func newMetrics() *Metrics {
@@ -177,6 +180,9 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			{"fastroute_queue_timeouts_total", "counter", "Requests answered 429 after waiting router.queue.timeout in the queue.", float64(m.queueTimeouts.Value())},
 		} {
 			w.Single(f.name, f.typ, f.help, f.value)
+		}
+		if m.keys != nil && m.keys.On() {
+			writeKeyMetrics(w, m.keys)
 		}
 		w.Header("fastroute_queue_wait_seconds", "histogram", "Time requests that found their workers busy waited in the queue before one took them.")
 		w.Histogram("fastroute_queue_wait_seconds", m.queueWait)

@@ -5,11 +5,13 @@ import (
 	"net"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/stretchr/testify/require"
 )
 
@@ -72,7 +74,7 @@ type roundTripper struct {
 	reg *dataplane.Registry
 }
 
-func newRoundTripper(t testing.TB) *roundTripper {
+func newRoundTripper(t testing.TB, opts Options) *roundTripper {
 	worker := serveConns(t, func(c net.Conn) {
 		buf, answer := make([]byte, 4096), []byte(roundTripAnswer)
 		for readMessage(c, buf) > 0 {
@@ -81,7 +83,7 @@ func newRoundTripper(t testing.TB) *roundTripper {
 			}
 		}
 	})
-	reg, _, front := serveOne(t, worker, Options{}, nil)
+	reg, _, front := serveOne(t, worker, opts, nil)
 	c, err := net.Dial("tcp", front[len("http://"):len(front)-len("/v1/chat/completions")])
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
@@ -111,23 +113,41 @@ func TestAProxiedRequestAllocatesOnlyFasthttpsFirstByte(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector drops pooled entries at random")
 	}
-	rt := newRoundTripper(t)
-	request := []byte(roundTripRequest)
-	for range 200 {
-		rt.do(t, request)
+	var keys apikeys.Keys
+	keys.Set([]apikeys.Entry{{Name: "team-a", Key: "sk-team-a-0123456789", MaxInflight: 4}})
+	withKey := strings.Replace(roundTripRequest, "Host: router\r\n", "Host: router\r\nAuthorization: Bearer sk-team-a-0123456789\r\n", 1)
+	for _, tc := range []struct {
+		name    string
+		opts    Options
+		request string
+	}{
+		{"plain", Options{}, roundTripRequest},
+		// The key is checked and taken off, the workers' put on, a slot
+		// of the client's taken and given back: nothing more allocated.
+		{"with API keys", Options{APIKeys: &keys, WorkerAPIKey: "sk-engine-0123456789"}, withKey},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := newRoundTripper(t, tc.opts)
+			request := []byte(tc.request)
+			for range 200 {
+				rt.do(t, request)
+			}
+			const n = 2000
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for range n {
+				rt.do(t, request)
+			}
+			runtime.ReadMemStats(&after)
+			// Timers and tickers of the process may allocate now and then; one
+			// more allocation per request would show n more.
+			require.Less(t, after.Mallocs-before.Mallocs, uint64(n+n/20), "allocations in %d round trips", n)
+			w, _ := rt.reg.Get(1)
+			require.Eventually(t, func() bool { return w.Occupancy() == 0 }, time.Second, time.Millisecond)
+		})
 	}
-	const n = 2000
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	for range n {
-		rt.do(t, request)
-	}
-	runtime.ReadMemStats(&after)
-	// Timers and tickers of the process may allocate now and then; one
-	// more allocation per request would show n more.
-	require.Less(t, after.Mallocs-before.Mallocs, uint64(n+n/20), "allocations in %d round trips", n)
-	w, _ := rt.reg.Get(1)
-	require.Eventually(t, func() bool { return w.Occupancy() == 0 }, time.Second, time.Millisecond)
+	require.Equal(t, int64(0), keys.Clients()[0].Inflight())
+	require.Equal(t, uint64(2200), keys.Clients()[0].Admitted())
 }
 
 // BenchmarkProxiedRequest is one round trip of a non-streaming request
@@ -136,7 +156,7 @@ func TestAProxiedRequestAllocatesOnlyFasthttpsFirstByte(t *testing.T) {
 // and system time) include theirs, so it compares front ends built from two
 // versions, not front ends and nginx (make bench-e2e).
 func BenchmarkProxiedRequest(b *testing.B) {
-	rt := newRoundTripper(b)
+	rt := newRoundTripper(b, Options{})
 	request := []byte(roundTripRequest)
 	b.ReportAllocs()
 	cpu0 := processCPU(b)

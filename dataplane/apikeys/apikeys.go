@@ -1,0 +1,239 @@
+// Package apikeys holds the API keys clients present to the front end
+// (api_keys_file): each has a name, which the metrics and the access log
+// show in its place, and may cap the requests it has in flight at once.
+// A key is checked against SHA-256 digests, so the set keeps no key and a
+// check takes the same time however much of a wrong key is right. Checks,
+// admissions and releases lock and allocate nothing; a reload swaps the
+// set whole.
+package apikeys
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+)
+
+// Entry is one line of a keys file.
+type Entry struct {
+	Name string
+	Key  string
+	// MaxInflight caps the key's requests in flight at once (0: no cap).
+	MaxInflight int
+}
+
+// MinKeyBytes is the shortest key a keys file may give: one a client could
+// guess in a few million tries is no key.
+const MinKeyBytes = 16
+
+// maxNameBytes bounds a name, which labels metrics.
+const maxNameBytes = 64
+
+// Parse reads a keys file: one key a line, "NAME KEY" and optionally
+// "max_inflight=N", separated by spaces or tabs; blank lines and lines
+// starting with # are skipped. A name is 1 to 64 letters, digits, '.', '_'
+// or '-'; a key at least MinKeyBytes of printable ASCII without spaces.
+// Errors give the line, never a key.
+func Parse(data []byte) ([]Entry, error) {
+	var entries []Entry
+	names := map[string]int{}
+	digests := map[[sha256.Size]byte]int{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		e, err := parseLine(strings.Fields(line))
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %v", n, err)
+		}
+		if first, ok := names[e.Name]; ok {
+			return nil, fmt.Errorf("line %d: name %q is line %d's too", n, e.Name, first)
+		}
+		d := sha256.Sum256([]byte(e.Key))
+		if first, ok := digests[d]; ok {
+			return nil, fmt.Errorf("line %d: the key of %q is line %d's too", n, e.Name, first)
+		}
+		names[e.Name], digests[d] = n, n
+		entries = append(entries, e)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(entries) == 0 {
+		return nil, fmt.Errorf("no key in it")
+	}
+	return entries, nil
+}
+
+func parseLine(fields []string) (Entry, error) {
+	if len(fields) < 2 || len(fields) > 3 {
+		return Entry{}, fmt.Errorf("want NAME KEY [max_inflight=N], got %d fields", len(fields))
+	}
+	e := Entry{Name: fields[0], Key: fields[1]}
+	if !validName(e.Name) {
+		return Entry{}, fmt.Errorf("name %q is not 1 to %d letters, digits, '.', '_' or '-'", e.Name, maxNameBytes)
+	}
+	if len(e.Key) < MinKeyBytes {
+		return Entry{}, fmt.Errorf("the key of %q is shorter than %d characters", e.Name, MinKeyBytes)
+	}
+	for i := 0; i < len(e.Key); i++ {
+		if c := e.Key[i]; c <= ' ' || c > '~' {
+			return Entry{}, fmt.Errorf("the key of %q holds a character that is not printable ASCII", e.Name)
+		}
+	}
+	if len(fields) == 3 {
+		v, ok := strings.CutPrefix(fields[2], "max_inflight=")
+		n, err := strconv.Atoi(v)
+		if !ok || err != nil || n < 0 {
+			return Entry{}, fmt.Errorf("%q is not max_inflight=N with N a whole number of 0 or more", fields[2])
+		}
+		e.MaxInflight = n
+	}
+	return e, nil
+}
+
+func validName(name string) bool {
+	if name == "" || len(name) > maxNameBytes {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// Client is the holder of one key, named in the keys file. It outlives a
+// reload that keeps its name, so its counts go on.
+type Client struct {
+	name     string
+	max      atomic.Int64 // MaxInflight; 0: no cap
+	inflight atomic.Int64
+	admitted atomic.Uint64
+	limited  atomic.Uint64
+}
+
+// Name is the client's name in the keys file.
+func (c *Client) Name() string { return c.name }
+
+// MaxInflight is the cap on the client's requests in flight (0: none).
+func (c *Client) MaxInflight() int64 { return c.max.Load() }
+
+// Inflight is how many of the client's requests are admitted and not yet
+// released.
+func (c *Client) Inflight() int64 { return c.inflight.Load() }
+
+// Admitted counts the client's requests let through.
+func (c *Client) Admitted() uint64 { return c.admitted.Load() }
+
+// Limited counts the client's requests refused for its cap.
+func (c *Client) Limited() uint64 { return c.limited.Load() }
+
+// Admit takes one of the client's slots: false, and nothing taken, when it
+// has MaxInflight requests in flight already. An admitted request is
+// released (Release) exactly once when it ends.
+func (c *Client) Admit() bool {
+	n := c.inflight.Add(1)
+	if max := c.max.Load(); max > 0 && n > max {
+		c.inflight.Add(-1)
+		c.limited.Add(1)
+		return false
+	}
+	c.admitted.Add(1)
+	return true
+}
+
+// Release gives back the slot Admit took.
+func (c *Client) Release() { c.inflight.Add(-1) }
+
+// set is one version of the keys: by digest, and the clients by name.
+type set struct {
+	byDigest map[[sha256.Size]byte]*Client
+	clients  []*Client // sorted by name
+}
+
+// Keys is the running set of keys; the zero value has none, and checks
+// nothing (On is false).
+type Keys struct {
+	cur     atomic.Pointer[set]
+	refused atomic.Uint64
+}
+
+// Set makes entries the keys from now on; a client whose name stays keeps
+// its counts (and the requests it has in flight), a new cap applying to
+// its next admissions. No entries: no keys, nothing checked.
+func (k *Keys) Set(entries []Entry) {
+	if len(entries) == 0 {
+		k.cur.Store(nil)
+		return
+	}
+	old := map[string]*Client{}
+	if s := k.cur.Load(); s != nil {
+		for _, c := range s.clients {
+			old[c.name] = c
+		}
+	}
+	next := &set{byDigest: make(map[[sha256.Size]byte]*Client, len(entries))}
+	for _, e := range entries {
+		c := old[e.Name]
+		if c == nil {
+			c = &Client{name: e.Name}
+		}
+		c.max.Store(int64(e.MaxInflight))
+		next.byDigest[sha256.Sum256([]byte(e.Key))] = c
+		next.clients = append(next.clients, c)
+	}
+	slices.SortFunc(next.clients, func(a, b *Client) int { return strings.Compare(a.name, b.name) })
+	k.cur.Store(next)
+}
+
+// On reports whether clients must present a key.
+func (k *Keys) On() bool { return k.cur.Load() != nil }
+
+// Lookup returns the client whose key is key; nil, counted as refused,
+// when none has it.
+func (k *Keys) Lookup(key []byte) *Client {
+	if s := k.cur.Load(); s != nil {
+		if c := s.byDigest[sha256.Sum256(key)]; c != nil {
+			return c
+		}
+	}
+	k.refused.Add(1)
+	return nil
+}
+
+// Refused counts the requests whose key no client has (or that had none).
+func (k *Keys) Refused() uint64 { return k.refused.Load() }
+
+// Clients returns the clients of the current keys, sorted by name.
+func (k *Keys) Clients() []*Client {
+	if s := k.cur.Load(); s != nil {
+		return s.clients
+	}
+	return nil
+}
+
+// FromHeaders returns the key a request presents: the credentials of an
+// "Authorization: Bearer" header (the scheme in any case), as OpenAI's
+// clients send it, else an x-api-key header's value, as Anthropic's send
+// it; nil: neither.
+func FromHeaders(authorization, xAPIKey []byte) []byte {
+	const bearer = "bearer "
+	if len(authorization) > len(bearer) && strings.EqualFold(string(authorization[:len(bearer)]), bearer) {
+		return bytes.TrimLeft(authorization[len(bearer):], " ")
+	}
+	if len(xAPIKey) > 0 {
+		return xAPIKey
+	}
+	return nil
+}

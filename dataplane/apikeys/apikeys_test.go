@@ -1,0 +1,178 @@
+package apikeys
+
+import (
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	keyA = "sk-team-a-0123456789abcdef"
+	keyB = "sk-batch-0123456789abcdef"
+)
+
+func TestParseReadsNamesKeysAndCaps(t *testing.T) {
+	entries, err := Parse([]byte("# clients\n\nteam-a " + keyA + "\n\tbatch\t" + keyB + "  max_inflight=2\n"))
+	require.NoError(t, err)
+	assert.Equal(t, []Entry{{Name: "team-a", Key: keyA}, {Name: "batch", Key: keyB, MaxInflight: 2}}, entries)
+}
+
+func TestParseRefusesBadLinesWithoutQuotingAKey(t *testing.T) {
+	for _, tc := range []struct{ file, want string }{
+		{"", "no key in it"},
+		{"# only a comment\n", "no key in it"},
+		{"team-a\n", "line 1: want NAME KEY [max_inflight=N], got 1 fields"},
+		{"a " + keyA + " max_inflight=1 extra\n", "line 1: want NAME KEY [max_inflight=N], got 4 fields"},
+		{"team/a " + keyA + "\n", `line 1: name "team/a" is not 1 to 64 letters`},
+		{strings.Repeat("n", 65) + " " + keyA + "\n", "is not 1 to 64 letters"},
+		{"\nteam-a sk-short\n", `line 2: the key of "team-a" is shorter than 16 characters`},
+		{"team-a " + keyA + "\u00e9\n", `line 1: the key of "team-a" holds a character that is not printable ASCII`},
+		{"team-a " + keyA + " max_inflight=-1\n", `line 1: "max_inflight=-1" is not max_inflight=N`},
+		{"team-a " + keyA + " inflight=3\n", `line 1: "inflight=3" is not max_inflight=N`},
+		{"team-a " + keyA + "\nteam-a " + keyB + "\n", `line 2: name "team-a" is line 1's too`},
+		{"team-a " + keyA + "\n#\nbatch " + keyA + "\n", `line 3: the key of "batch" is line 1's too`},
+	} {
+		_, err := Parse([]byte(tc.file))
+		require.Error(t, err, tc.file)
+		assert.Contains(t, err.Error(), tc.want)
+		assert.NotContains(t, err.Error(), keyA)
+		assert.NotContains(t, err.Error(), "sk-short")
+	}
+}
+
+func TestKeysFindTheirClients(t *testing.T) {
+	var k Keys
+	assert.False(t, k.On())
+	assert.Nil(t, k.Clients())
+	k.Set([]Entry{{Name: "team-a", Key: keyA}, {Name: "batch", Key: keyB, MaxInflight: 2}})
+	require.True(t, k.On())
+	assert.Equal(t, "team-a", k.Lookup([]byte(keyA)).Name())
+	assert.Equal(t, "batch", k.Lookup([]byte(keyB)).Name())
+	assert.Nil(t, k.Lookup([]byte(keyA[:len(keyA)-1])))
+	assert.Nil(t, k.Lookup(nil))
+	assert.Equal(t, uint64(2), k.Refused())
+	names := []string{}
+	for _, c := range k.Clients() {
+		names = append(names, c.Name())
+	}
+	assert.Equal(t, []string{"batch", "team-a"}, names)
+	k.Set(nil)
+	assert.False(t, k.On())
+	assert.Nil(t, k.Lookup([]byte(keyA)))
+}
+
+func TestAClientsCapRefusesAndItsSlotsComeBack(t *testing.T) {
+	var k Keys
+	k.Set([]Entry{{Name: "batch", Key: keyB, MaxInflight: 2}})
+	c := k.Lookup([]byte(keyB))
+	require.True(t, c.Admit())
+	require.True(t, c.Admit())
+	assert.False(t, c.Admit())
+	assert.Equal(t, int64(2), c.Inflight())
+	c.Release()
+	assert.True(t, c.Admit())
+	c.Release()
+	c.Release()
+	assert.Equal(t, int64(0), c.Inflight())
+	assert.Equal(t, uint64(3), c.Admitted())
+	assert.Equal(t, uint64(1), c.Limited())
+}
+
+// A reload that keeps a name keeps its client: the requests it has in
+// flight count against the new cap and release into it; a new key for the
+// name replaces the old one.
+func TestASetKeepsTheClientsOfNamesThatStay(t *testing.T) {
+	var k Keys
+	k.Set([]Entry{{Name: "team-a", Key: keyA}, {Name: "batch", Key: keyB, MaxInflight: 3}})
+	batch := k.Lookup([]byte(keyB))
+	require.True(t, batch.Admit())
+	require.True(t, batch.Admit())
+	rotated := "sk-batch-rotated-0123456789"
+	k.Set([]Entry{{Name: "batch", Key: rotated, MaxInflight: 2}})
+	assert.Nil(t, k.Lookup([]byte(keyB)), "the old key is gone")
+	assert.Nil(t, k.Lookup([]byte(keyA)), "so is the client left out")
+	same := k.Lookup([]byte(rotated))
+	require.Same(t, batch, same)
+	assert.False(t, same.Admit(), "two in flight already, and the cap is now 2")
+	same.Release()
+	same.Release()
+	assert.Equal(t, int64(0), same.Inflight())
+	assert.Equal(t, int64(2), same.MaxInflight())
+}
+
+func TestTheKeyComesFromBearerOrXAPIKey(t *testing.T) {
+	for _, tc := range []struct{ auth, xkey, want string }{
+		{"Bearer " + keyA, "", keyA},
+		{"bearer  " + keyA, "", keyA},
+		{"BEARER " + keyA, keyB, keyA},
+		{"", keyB, keyB},
+		{"Basic dXNlcjpwYXNz", keyB, keyB},
+		{"Basic dXNlcjpwYXNz", "", ""},
+		{"Bearer", "", ""},
+		{"", "", ""},
+	} {
+		assert.Equal(t, tc.want, string(FromHeaders([]byte(tc.auth), []byte(tc.xkey))), tc)
+	}
+}
+
+func TestACheckAllocatesNothing(t *testing.T) {
+	var k Keys
+	k.Set([]Entry{{Name: "batch", Key: keyB, MaxInflight: 2}})
+	auth := []byte("Bearer " + keyB)
+	allocs := testing.AllocsPerRun(1000, func() {
+		c := k.Lookup(FromHeaders(auth, nil))
+		if c.Admit() {
+			c.Release()
+		}
+	})
+	assert.Zero(t, allocs)
+}
+
+func TestAdmissionsAndReloadsRace(t *testing.T) {
+	var k Keys
+	entries := []Entry{{Name: "batch", Key: keyB, MaxInflight: 4}}
+	k.Set(entries)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 2000 {
+				if c := k.Lookup([]byte(keyB)); c != nil && c.Admit() {
+					c.Release()
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 200 {
+			entries[0].MaxInflight = 1 + i%4
+			k.Set(entries)
+		}
+	})
+	wg.Wait()
+	c := k.Lookup([]byte(keyB))
+	assert.Equal(t, int64(0), c.Inflight())
+	assert.Equal(t, uint64(16000), c.Admitted()+c.Limited())
+}
+
+// BenchmarkCheck is what a request with a key costs the front end beyond
+// one without: the key's lookup by digest, its admission and release.
+func BenchmarkCheck(b *testing.B) {
+	var k Keys
+	entries := make([]Entry, 1000)
+	for i := range entries {
+		entries[i] = Entry{Name: "client-" + strconv.Itoa(i), Key: "sk-client-key-" + strconv.Itoa(1e6+i), MaxInflight: 64}
+	}
+	k.Set(entries)
+	auth := []byte("Bearer sk-client-key-1000500")
+	b.ReportAllocs()
+	for b.Loop() {
+		c := k.Lookup(FromHeaders(auth, nil))
+		if c.Admit() {
+			c.Release()
+		}
+	}
+}

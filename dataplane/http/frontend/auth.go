@@ -1,0 +1,86 @@
+package frontend
+
+import (
+	"strconv"
+
+	"github.com/fastroute/fastroute/dataplane/apikeys"
+	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/valyala/fasthttp"
+)
+
+// Request headers that carry a client's API key.
+const (
+	headerAuthorization = "Authorization"
+	headerXAPIKey       = "X-Api-Key" // as fasthttp normalizes x-api-key
+)
+
+// authenticate finds the client whose API key the request presents
+// (Options.APIKeys), and answers 401 when no client has it. The key goes
+// no further: the request reaches its worker without it, and with the
+// workers' own key (Options.WorkerAPIKey) when one is set, so a client
+// never holds a key an engine takes and an engine's logs never show a
+// client's.
+func (s *Server) authenticate(ctx *fasthttp.RequestCtx) *apikeys.Client {
+	h := &ctx.Request.Header
+	c := s.keys.Lookup(apikeys.FromHeaders(h.Peek(headerAuthorization), h.Peek(headerXAPIKey)))
+	if c == nil {
+		ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="fastroute"`)
+		writeError(ctx, fasthttp.StatusUnauthorized, "authentication_error",
+			"a valid API key is required: send it as Authorization: Bearer <key> (or x-api-key: <key>)")
+		return nil
+	}
+	h.Del(headerAuthorization)
+	h.Del(headerXAPIKey)
+	if s.workerAuth != nil {
+		h.SetCanonical(authorizationKey, s.workerAuth)
+	}
+	return c
+}
+
+var authorizationKey = []byte(headerAuthorization)
+
+// admit takes a slot of the request's client (nil: none) for the
+// exchange, which gives it back when it ends (releaseClient); false: the
+// client has max_inflight requests in flight, and the request is answered
+// 429. The exchange names the client either way, for the access log.
+func (ex *exchange) admit(ctx *fasthttp.RequestCtx, c *apikeys.Client) bool {
+	if ex.key = c; c == nil {
+		return true
+	}
+	if !c.Admit() {
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
+		writeError(ctx, fasthttp.StatusTooManyRequests, "rate_limit_error", "API key "+strconv.Quote(c.Name())+" has "+
+			strconv.FormatInt(c.MaxInflight(), 10)+" requests in flight, its max_inflight")
+		return false
+	}
+	ex.keyHeld = true
+	return true
+}
+
+// releaseClient gives back the slot admit took, once.
+func (ex *exchange) releaseClient() {
+	if ex.keyHeld {
+		ex.key.Release()
+		ex.keyHeld = false
+	}
+}
+
+// writeKeyMetrics writes the families of the clients' API keys.
+func writeKeyMetrics(w *metrics.Writer, keys *apikeys.Keys) {
+	clients := keys.Clients()
+	w.Header("fastroute_api_key_requests_total", "counter",
+		"Requests by API key (the name api_keys_file gives it) and outcome: admitted, or limited (answered 429 for the key's max_inflight).")
+	for _, c := range clients {
+		w.Sample("fastroute_api_key_requests_total", float64(c.Admitted()), "api_key", c.Name(), "outcome", "admitted")
+		w.Sample("fastroute_api_key_requests_total", float64(c.Limited()), "api_key", c.Name(), "outcome", "limited")
+	}
+	w.Header("fastroute_api_key_inflight", "gauge", "Requests of the API key admitted and not yet ended.")
+	for _, c := range clients {
+		w.Sample("fastroute_api_key_inflight", float64(c.Inflight()), "api_key", c.Name())
+	}
+	w.Header("fastroute_api_key_max_inflight", "gauge", "The API key's max_inflight (0: no cap).")
+	for _, c := range clients {
+		w.Sample("fastroute_api_key_max_inflight", float64(c.MaxInflight()), "api_key", c.Name())
+	}
+	w.Single("fastroute_api_key_refused_total", "counter", "Requests answered 401 for want of a key some client has.", float64(keys.Refused()))
+}

@@ -1,0 +1,247 @@
+package router
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	teamAKey = "sk-team-a-5e1f0c2b9d8a7f64"
+	batchKey = "sk-batch-3c9b1e7d0a2f8e45"
+)
+
+// keysFile writes a keys file and returns its path.
+func keysFile(t *testing.T, lines ...string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "keys")
+	require.NoError(t, os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
+	return path
+}
+
+func withKeys(path string) func(*config.Config) {
+	return func(c *config.Config) { c.APIKeysFile = path }
+}
+
+// With api_keys_file set, a request needs a key of the file (as a bearer
+// token or x-api-key); without one it is a 401 that reaches no worker and
+// quotes nothing it was sent. GET /health needs none. The key goes no
+// further than the router: the worker gets the request without it. The
+// metrics and the access log name the key, never show it.
+func TestAPIKeysAdmitClientsAndStayWithTheRouter(t *testing.T) {
+	engine := startEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"choices":[{"message":{"content":"ok"}}]}`))
+	})
+	var logs syncBuffer
+	f := startFleetLog(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: engine.URL}}
+		c.APIKeysFile = keysFile(t, "# clients", "team-a "+teamAKey, "batch "+batchKey+" max_inflight=4")
+		c.Log.Access = "all"
+	}, &logs)
+
+	const wrong = "sk-not-a-key-of-the-file-000"
+	for _, headers := range [][]string{
+		nil,
+		{"Authorization", "Bearer " + wrong},
+		{"x-api-key", wrong},
+		{"Authorization", "Basic " + teamAKey},
+		{"Authorization", "Bearer " + teamAKey[:len(teamAKey)-1]},
+	} {
+		resp, body := f.send("POST", "/v1/chat/completions", chatBody, headers...)
+		assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%v", headers)
+		assert.Equal(t, `Bearer realm="fastroute"`, resp.Header.Get("WWW-Authenticate"))
+		var e struct {
+			Error struct{ Type, Message string }
+		}
+		require.NoError(t, json.Unmarshal([]byte(body), &e), body)
+		assert.Equal(t, "authentication_error", e.Error.Type)
+		assert.NotContains(t, body, wrong)
+		assert.NotContains(t, body, "sk-team")
+	}
+	resp, _ := f.send("GET", "/v1/models", "")
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "the models need a key too")
+	resp, _ = f.send("POST", "/no/such/path", "")
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "a path is not told apart from another before the key")
+	assert.Empty(t, engine.received(), "no refused request reached the worker")
+
+	resp, _ = f.send("GET", "/health", "")
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "health needs no key")
+	resp, _ = f.send("GET", "/v1/models", "", "Authorization", "Bearer "+teamAKey)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	resp, body := f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "bearer "+teamAKey)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	resp, body = f.send("POST", "/v1/messages", chatBody, "x-api-key", batchKey)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	got := engine.received()
+	require.Len(t, got, 2)
+	for _, g := range got {
+		assert.Equal(t, "|", g.keys, "the worker got the request without the client's key (%s)", g.path)
+	}
+
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
+	for _, line := range []string{
+		`fastroute_api_key_requests_total{api_key="team-a",outcome="admitted"} 1`,
+		`fastroute_api_key_requests_total{api_key="batch",outcome="admitted"} 1`,
+		`fastroute_api_key_requests_total{api_key="batch",outcome="limited"} 0`,
+		`fastroute_api_key_inflight{api_key="team-a"} 0`,
+		`fastroute_api_key_max_inflight{api_key="batch"} 4`,
+		`fastroute_api_key_max_inflight{api_key="team-a"} 0`,
+		"fastroute_api_key_refused_total 7",
+	} {
+		assert.Contains(t, metrics, line+"\n")
+	}
+	assert.Regexp(t, `path=/v1/chat/completions status=200 .* api_key=team-a\n`, logs.String())
+	assert.Regexp(t, `path=/v1/messages status=200 .* api_key=batch\n`, logs.String())
+	for what, text := range map[string]string{"the metrics": metrics, "the log": logs.String()} {
+		for _, key := range []string{teamAKey, batchKey, wrong} {
+			assert.NotContains(t, text, key, what)
+		}
+	}
+	f.assertIdle()
+}
+
+// With worker_api_key set too, the router sends the workers' key in place
+// of the client's: engines started with --api-key answer the router's
+// clients, who never hold the engines' key.
+func TestTheWorkersKeyReplacesTheClients(t *testing.T) {
+	const engineKey = "sk-engine-71c0e5a9"
+	opts := mocks(2, 1, 0)
+	for i := range opts {
+		opts[i].APIKey = engineKey
+	}
+	f := startFleet(t, opts, func(c *config.Config) {
+		c.WorkerAPIKey = engineKey
+		c.APIKeysFile = keysFile(t, "team-a "+teamAKey)
+	})
+	direct, err := http.NewRequest("POST", f.mocks[0].URL()+"/v1/chat/completions", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	direct.Header.Set("Authorization", "Bearer "+teamAKey)
+	resp, err := f.client.Do(direct)
+	require.NoError(t, err)
+	readAll(t, resp)
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "the engine does not take the client's key")
+	for range 4 {
+		resp, body := f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+teamAKey)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	}
+	resp, body := f.send("POST", "/v1/chat/completions", streamBody, "x-api-key", teamAKey)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Contains(t, body, "data: [DONE]")
+	f.assertIdle()
+}
+
+// A key's max_inflight caps its requests in flight: one more is a 429 at
+// once (not queued) while other keys go on; every slot comes back when its
+// request ends, a stream's at its end and a cancelled one's at the cut.
+func TestAKeysMaxInflightCapsItsRequests(t *testing.T) {
+	f := startFleet(t, mocks(2, 20, 25*time.Millisecond), func(c *config.Config) {
+		c.APIKeysFile = keysFile(t, "team-a "+teamAKey, "batch "+batchKey+" max_inflight=2")
+		c.Router.Queue.Size = 8
+	})
+	batch := f.r.APIKeys.Clients()[0]
+	require.Equal(t, "batch", batch.Name())
+
+	// Two streams of batch's, held open after their first event.
+	var open []*http.Response
+	for range 2 {
+		resp := f.post("/v1/chat/completions", streamBody, "Authorization", "Bearer "+batchKey)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		line, err := bufio.NewReader(resp.Body).ReadString('\n')
+		require.NoError(t, err)
+		require.Contains(t, line, "data:")
+		open = append(open, resp)
+	}
+	assert.Equal(t, int64(2), batch.Inflight())
+	resp, body := f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+batchKey)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, body)
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	assert.Contains(t, body, `"type":"rate_limit_error"`)
+	assert.Contains(t, body, `API key \"batch\" has 2 requests in flight`)
+	resp, body = f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+teamAKey)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "another key goes on: %s", body)
+
+	open[0].Body.Close() // cancelled mid-stream
+	readAll(t, open[1])  // read to its end
+	require.Eventually(t, func() bool { return batch.Inflight() == 0 }, 5*time.Second, 5*time.Millisecond)
+	resp, body = f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+batchKey)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Equal(t, uint64(1), batch.Limited())
+	assert.Equal(t, uint64(3), batch.Admitted())
+	assert.Equal(t, uint64(1), f.r.Frontend.Metrics().Requests("/v1/chat/completions", "api_key_limited"))
+	f.assertIdle()
+	assert.Equal(t, int64(0), batch.Inflight())
+}
+
+// A reload reads the keys file again: a key taken out is refused at once,
+// a rotated one works under its name, whose counts go on; a file that
+// does not parse refuses the reload and the keys stay; no file opens the
+// router to requests without a key.
+func TestAReloadReadsTheKeysFileAgain(t *testing.T) {
+	path := keysFile(t, "team-a "+teamAKey, "batch "+batchKey+" max_inflight=2")
+	f := startFleet(t, mocks(1, 1, 0), withKeys(path))
+	status := func(headers ...string) int {
+		resp, _ := f.send("POST", "/v1/chat/completions", chatBody, headers...)
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, status("Authorization", "Bearer "+batchKey))
+	reload := func() (int, string) {
+		f.r.SetConfigSource(func() (config.Config, error) { return f.r.CurrentConfig(), nil })
+		return adminDo(t, f, "POST", "/config/reload", "", "")
+	}
+
+	const rotated = "sk-batch-rotated-8b2d4f6a"
+	require.NoError(t, os.WriteFile(path, []byte("batch "+rotated+" max_inflight=3\n"), 0o600))
+	code, body := reload()
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `api_keys_file=`)
+	assert.Contains(t, body, `(1 keys)`)
+	assert.NotContains(t, body, rotated)
+	assert.Equal(t, http.StatusUnauthorized, status("Authorization", "Bearer "+teamAKey), "taken out")
+	assert.Equal(t, http.StatusUnauthorized, status("Authorization", "Bearer "+batchKey), "rotated away")
+	assert.Equal(t, http.StatusOK, status("Authorization", "Bearer "+rotated))
+	batch := f.r.APIKeys.Clients()[0]
+	assert.Equal(t, uint64(2), batch.Admitted(), "the name's counts go on")
+	assert.Equal(t, int64(3), batch.MaxInflight())
+
+	require.NoError(t, os.WriteFile(path, []byte("batch short\n"), 0o600))
+	code, body = reload()
+	assert.Equal(t, http.StatusBadRequest, code, body)
+	assert.Contains(t, body, "api_keys_file")
+	assert.Contains(t, body, `line 1: the key of \"batch\" is shorter than 16 characters`)
+	assert.Equal(t, http.StatusOK, status("Authorization", "Bearer "+rotated), "the keys stay")
+
+	next := f.r.CurrentConfig()
+	next.APIKeysFile = ""
+	f.r.SetConfigSource(func() (config.Config, error) { return next, nil })
+	code, body = adminDo(t, f, "POST", "/config/reload", "", "")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, http.StatusOK, status(), "no keys file: no key needed")
+	f.assertIdle()
+}
+
+func TestABadKeysFileStopsTheStart(t *testing.T) {
+	for _, tc := range []struct{ path, want string }{
+		{filepath.Join(t.TempDir(), "missing"), "key api_keys_file: open "},
+		{keysFile(t, "team-a "+teamAKey, "team-b "+teamAKey), `line 2: the key of "team-b" is line 1's too`},
+		{keysFile(t, "# none"), "no key in it"},
+	} {
+		cfg := config.Default()
+		cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+		cfg.APIKeysFile = tc.path
+		_, err := Start(cfg, nil)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), tc.want)
+		assert.NotContains(t, err.Error(), teamAKey)
+	}
+}
