@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +25,11 @@ type Entry struct {
 	Key  string
 	// MaxInflight caps the key's requests in flight at once (0: no cap).
 	MaxInflight int
+	// Priority, when HasPriority, orders the key's requests in the
+	// router's wait queue in place of their bodies' priority field (lower
+	// is sooner).
+	Priority    int64
+	HasPriority bool
 }
 
 // MinKeyBytes is the shortest key a keys file may give: one a client could
@@ -34,7 +40,7 @@ const MinKeyBytes = 16
 const maxNameBytes = 64
 
 // Parse reads a keys file: one key a line, "NAME KEY" and optionally
-// "max_inflight=N", separated by spaces or tabs; blank lines and lines
+// "max_inflight=N" and "priority=P", separated by spaces or tabs; blank lines and lines
 // starting with # are skipped. A name is 1 to 64 letters, digits, '.', '_'
 // or '-'; a key at least MinKeyBytes of printable ASCII without spaces.
 // Errors give the line, never a key.
@@ -73,8 +79,8 @@ func Parse(data []byte) ([]Entry, error) {
 }
 
 func parseLine(fields []string) (Entry, error) {
-	if len(fields) < 2 || len(fields) > 3 {
-		return Entry{}, fmt.Errorf("want NAME KEY [max_inflight=N], got %d fields", len(fields))
+	if len(fields) < 2 || len(fields) > 4 {
+		return Entry{}, fmt.Errorf("want NAME KEY [max_inflight=N] [priority=P], got %d fields", len(fields))
 	}
 	e := Entry{Name: fields[0], Key: fields[1]}
 	if !validName(e.Name) {
@@ -88,13 +94,21 @@ func parseLine(fields []string) (Entry, error) {
 			return Entry{}, fmt.Errorf("the key of %q holds a character that is not printable ASCII", e.Name)
 		}
 	}
-	if len(fields) == 3 {
-		v, ok := strings.CutPrefix(fields[2], "max_inflight=")
-		n, err := strconv.Atoi(v)
-		if !ok || err != nil || n < 0 {
-			return Entry{}, fmt.Errorf("%q is not max_inflight=N with N a whole number of 0 or more", fields[2])
+	seen := map[string]bool{}
+	for _, f := range fields[2:] {
+		name, v, _ := strings.Cut(f, "=")
+		n, err := strconv.ParseInt(v, 10, 64)
+		switch {
+		case seen[name]:
+			return Entry{}, fmt.Errorf("%s is given twice", name)
+		case name == "max_inflight" && err == nil && n >= 0 && n <= math.MaxInt32:
+			e.MaxInflight = int(n)
+		case name == "priority" && err == nil:
+			e.Priority, e.HasPriority = n, true
+		default:
+			return Entry{}, fmt.Errorf("%q is neither max_inflight=N (a whole number of 0 or more) nor priority=P (a whole number)", f)
 		}
-		e.MaxInflight = n
+		seen[name] = true
 	}
 	return e, nil
 }
@@ -117,7 +131,8 @@ func validName(name string) bool {
 // reload that keeps its name, so its counts go on.
 type Client struct {
 	name     string
-	max      atomic.Int64 // MaxInflight; 0: no cap
+	max      atomic.Int64          // MaxInflight; 0: no cap
+	priority atomic.Pointer[int64] // Priority; nil: none
 	inflight atomic.Int64
 	admitted atomic.Uint64
 	limited  atomic.Uint64
@@ -128,6 +143,15 @@ func (c *Client) Name() string { return c.name }
 
 // MaxInflight is the cap on the client's requests in flight (0: none).
 func (c *Client) MaxInflight() int64 { return c.max.Load() }
+
+// Priority is the priority the client's requests wait with in the
+// router's queue; false: theirs.
+func (c *Client) Priority() (int64, bool) {
+	if p := c.priority.Load(); p != nil {
+		return *p, true
+	}
+	return 0, false
+}
 
 // Inflight is how many of the client's requests are admitted and not yet
 // released.
@@ -190,6 +214,11 @@ func (k *Keys) Set(entries []Entry) {
 			c = &Client{name: e.Name}
 		}
 		c.max.Store(int64(e.MaxInflight))
+		if e.HasPriority {
+			c.priority.Store(&e.Priority)
+		} else {
+			c.priority.Store(nil)
+		}
 		next.byDigest[sha256.Sum256([]byte(e.Key))] = c
 		next.clients = append(next.clients, c)
 	}

@@ -16,23 +16,31 @@ const (
 )
 
 func TestParseReadsNamesKeysAndCaps(t *testing.T) {
-	entries, err := Parse([]byte("# clients\n\nteam-a " + keyA + "\n\tbatch\t" + keyB + "  max_inflight=2\n"))
+	entries, err := Parse([]byte("# clients\n\nteam-a " + keyA + " priority=-1\n\tbatch\t" + keyB + "  max_inflight=2 priority=10\n" +
+		"ops sk-ops-0123456789abcdef priority=0\n"))
 	require.NoError(t, err)
-	assert.Equal(t, []Entry{{Name: "team-a", Key: keyA}, {Name: "batch", Key: keyB, MaxInflight: 2}}, entries)
+	assert.Equal(t, []Entry{
+		{Name: "team-a", Key: keyA, Priority: -1, HasPriority: true},
+		{Name: "batch", Key: keyB, MaxInflight: 2, Priority: 10, HasPriority: true},
+		{Name: "ops", Key: "sk-ops-0123456789abcdef", HasPriority: true},
+	}, entries)
 }
 
 func TestParseRefusesBadLinesWithoutQuotingAKey(t *testing.T) {
 	for _, tc := range []struct{ file, want string }{
 		{"", "no key in it"},
 		{"# only a comment\n", "no key in it"},
-		{"team-a\n", "line 1: want NAME KEY [max_inflight=N], got 1 fields"},
-		{"a " + keyA + " max_inflight=1 extra\n", "line 1: want NAME KEY [max_inflight=N], got 4 fields"},
+		{"team-a\n", "line 1: want NAME KEY [max_inflight=N] [priority=P], got 1 fields"},
+		{"a " + keyA + " max_inflight=1 priority=2 extra\n", "line 1: want NAME KEY [max_inflight=N] [priority=P], got 5 fields"},
+		{"a " + keyA + " max_inflight=1 extra\n", `line 1: "extra" is neither max_inflight=N`},
+		{"a " + keyA + " priority=1 priority=2\n", `line 1: priority is given twice`},
+		{"a " + keyA + " priority=high\n", `line 1: "priority=high" is neither`},
 		{"team/a " + keyA + "\n", `line 1: name "team/a" is not 1 to 64 letters`},
 		{strings.Repeat("n", 65) + " " + keyA + "\n", "is not 1 to 64 letters"},
 		{"\nteam-a sk-short\n", `line 2: the key of "team-a" is shorter than 16 characters`},
 		{"team-a " + keyA + "\u00e9\n", `line 1: the key of "team-a" holds a character that is not printable ASCII`},
-		{"team-a " + keyA + " max_inflight=-1\n", `line 1: "max_inflight=-1" is not max_inflight=N`},
-		{"team-a " + keyA + " inflight=3\n", `line 1: "inflight=3" is not max_inflight=N`},
+		{"team-a " + keyA + " max_inflight=-1\n", `line 1: "max_inflight=-1" is neither max_inflight=N`},
+		{"team-a " + keyA + " inflight=3\n", `line 1: "inflight=3" is neither max_inflight=N`},
 		{"team-a " + keyA + "\nteam-a " + keyB + "\n", `line 2: name "team-a" is line 1's too`},
 		{"team-a " + keyA + "\n#\nbatch " + keyA + "\n", `line 3: the key of "batch" is line 1's too`},
 	} {
@@ -102,6 +110,14 @@ func TestASetKeepsTheClientsOfNamesThatStay(t *testing.T) {
 	same.Release()
 	assert.Equal(t, int64(0), same.Inflight())
 	assert.Equal(t, int64(2), same.MaxInflight())
+
+	k.Set([]Entry{{Name: "batch", Key: rotated, Priority: 5, HasPriority: true}})
+	p, ok := same.Priority()
+	assert.True(t, ok)
+	assert.Equal(t, int64(5), p)
+	k.Set([]Entry{{Name: "batch", Key: rotated}})
+	_, ok = same.Priority()
+	assert.False(t, ok, "no priority=: the requests' own")
 }
 
 func TestTheKeyComesFromBearerOrXAPIKey(t *testing.T) {

@@ -245,3 +245,30 @@ func TestABadKeysFileStopsTheStart(t *testing.T) {
 		assert.NotContains(t, err.Error(), teamAKey)
 	}
 }
+
+// A key's priority= orders its requests in the wait queue whatever their
+// bodies say: a batch key's request whose body claims priority -100 waits
+// behind an interactive key's request that came after it.
+func TestAKeysPriorityOrdersTheQueueInPlaceOfTheBodys(t *testing.T) {
+	f := startFleet(t, mocks(1, 4, 100*time.Millisecond), func(c *config.Config) {
+		c.Router.BusyThreshold = 1
+		c.Router.Queue = config.Queue{Size: 4, Timeout: 5 * time.Second}
+		c.APIKeysFile = keysFile(t, "team-a "+teamAKey, "batch "+batchKey+" priority=10")
+	})
+	first := f.post("/v1/chat/completions", streamBody, "Authorization", "Bearer "+teamAKey)
+	require.Equal(t, http.StatusOK, first.StatusCode)
+	done := make(chan string, 2)
+	send := func(name, key, body string) {
+		resp, text := f.send("POST", "/v1/chat/completions", body, "Authorization", "Bearer "+key)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, text)
+		done <- name
+	}
+	go send("batch", batchKey, `{"model":"mock-model","priority":-100,"messages":[{"role":"user","content":"hi"}]}`)
+	require.Eventually(t, func() bool { return metric(t, f, "fastroute_queued_requests") == "1" }, 2*time.Second, 5*time.Millisecond)
+	go send("team-a", teamAKey, chatBody)
+	require.Eventually(t, func() bool { return metric(t, f, "fastroute_queued_requests") == "2" }, 2*time.Second, 5*time.Millisecond)
+	readAll(t, first)
+	assert.Equal(t, "team-a", <-done, "the key's priority 10 waits behind 0, its body's -100 notwithstanding")
+	assert.Equal(t, "batch", <-done)
+	f.assertIdle()
+}

@@ -42,7 +42,9 @@ var authorizationKey = []byte(headerAuthorization)
 // admit takes a slot of the request's client (nil: none) for the
 // exchange, which gives it back when it ends (releaseClient); false: the
 // client has max_inflight requests in flight, and the request is answered
-// 429. The exchange names the client either way, for the access log.
+// 429. The exchange names the client either way, for the access log. A
+// client's priority orders its requests in the wait queue in place of
+// their bodies'.
 func (ex *exchange) admit(ctx *fasthttp.RequestCtx, c *apikeys.Client) bool {
 	if ex.key = c; c == nil {
 		return true
@@ -54,6 +56,7 @@ func (ex *exchange) admit(ctx *fasthttp.RequestCtx, c *apikeys.Client) bool {
 		return false
 	}
 	ex.keyHeld = true
+	ex.priority, ex.keyPriority = c.Priority()
 	return true
 }
 

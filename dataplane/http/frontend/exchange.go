@@ -79,7 +79,8 @@ type exchange struct {
 	beginStreamFn fasthttp.HijackHandler
 	runTakenFn    fasthttp.HijackHandler
 	queueTimer    *time.Timer // awaitSlot's, made at its first wait
-	priority      int64       // the body's priority (vLLM's: lower is sooner), which orders the wait queue
+	priority      int64       // the body's priority (vLLM's: lower is sooner), or its API key's, which orders the wait queue
+	keyPriority   bool        // priority is the API key's: the body's is not read
 	place         waiter      // the request's place in the wait queue
 
 	// Client hang-up while the worker works (watchClient to unwatch).
@@ -107,7 +108,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.watch.Store(0)
 	ex.stop.Store(0)
 	ex.split, ex.decoding, ex.body = false, false, nil
-	ex.ctx, ex.priority = nil, 0
+	ex.ctx, ex.priority, ex.keyPriority = nil, 0, false
 	if pre := ex.pre.Load(); pre != nil {
 		pre.done, pre.err = nil, nil
 	}
@@ -264,7 +265,7 @@ func (ex *exchange) readRouting(v *fastjson.Value) error {
 	if rt.WantsPrefixKeys() {
 		ex.readPrompt(rt, v)
 	}
-	if ex.s.queue != nil { // the body is searched for it only while the queue is on
+	if ex.s.queue != nil && !ex.keyPriority { // the body is searched for it only while the queue is on
 		if p := v.Get("priority"); p != nil {
 			ex.priority, _ = p.Int64() // not an integer: 0, and the worker judges it
 		}
