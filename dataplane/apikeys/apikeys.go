@@ -136,6 +136,8 @@ type Client struct {
 	inflight atomic.Int64
 	admitted atomic.Uint64
 	limited  atomic.Uint64
+	prompt   atomic.Uint64 // tokens its answers reported (AddTokens)
+	output   atomic.Uint64
 }
 
 // Name is the client's name in the keys file.
@@ -162,6 +164,20 @@ func (c *Client) Admitted() uint64 { return c.admitted.Load() }
 
 // Limited counts the client's requests refused for its cap.
 func (c *Client) Limited() uint64 { return c.limited.Load() }
+
+// AddTokens charges the client the prompt and completion tokens an
+// answer to it reported.
+func (c *Client) AddTokens(prompt, completion uint64) {
+	if prompt > 0 {
+		c.prompt.Add(prompt)
+	}
+	if completion > 0 {
+		c.output.Add(completion)
+	}
+}
+
+// Tokens returns the prompt and completion tokens charged to the client.
+func (c *Client) Tokens() (prompt, completion uint64) { return c.prompt.Load(), c.output.Load() }
 
 // Admit takes one of the client's slots: false, and nothing taken, when it
 // has MaxInflight requests in flight already. An admitted request is

@@ -3,6 +3,7 @@ package router
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -101,8 +102,8 @@ func TestAPIKeysAdmitClientsAndStayWithTheRouter(t *testing.T) {
 	} {
 		assert.Contains(t, metrics, line+"\n")
 	}
-	assert.Regexp(t, `path=/v1/chat/completions status=200 .* api_key=team-a\n`, logs.String())
-	assert.Regexp(t, `path=/v1/messages status=200 .* api_key=batch\n`, logs.String())
+	assert.Regexp(t, `path=/v1/chat/completions status=200 .* api_key=team-a prompt_tokens=0 completion_tokens=0\n`, logs.String())
+	assert.Regexp(t, `path=/v1/messages status=200 .* api_key=batch prompt_tokens=0 completion_tokens=0\n`, logs.String())
 	for what, text := range map[string]string{"the metrics": metrics, "the log": logs.String()} {
 		for _, key := range []string{teamAKey, batchKey, wrong} {
 			assert.NotContains(t, text, key, what)
@@ -271,4 +272,56 @@ func TestAKeysPriorityOrdersTheQueueInPlaceOfTheBodys(t *testing.T) {
 	assert.Equal(t, "team-a", <-done, "the key's priority 10 waits behind 0, its body's -100 notwithstanding")
 	assert.Equal(t, "batch", <-done)
 	f.assertIdle()
+}
+
+// Each key is charged the tokens its answers report in their usage: a
+// whole answer's, a stream's final usage chunk (stream_options.
+// include_usage); a stream that reports none is charged nothing.
+func TestAKeyIsChargedTheTokensItsAnswersReport(t *testing.T) {
+	var logs syncBuffer
+	f := startFleetLog(t, mocks(2, 3, 0), func(c *config.Config) {
+		c.APIKeysFile = keysFile(t, "team-a "+teamAKey, "batch "+batchKey)
+		c.Log.Access = "all"
+	}, &logs)
+	usageOf := func(body string) (prompt, completion uint64) {
+		i := strings.LastIndex(body, `"usage":`)
+		require.GreaterOrEqual(t, i, 0, body)
+		var u struct{ PromptTokens, CompletionTokens uint64 }
+		require.NoError(t, json.NewDecoder(strings.NewReader(body[i+len(`"usage":`):])).Decode(&struct {
+			P *uint64 `json:"prompt_tokens"`
+			C *uint64 `json:"completion_tokens"`
+		}{&u.PromptTokens, &u.CompletionTokens}))
+		return u.PromptTokens, u.CompletionTokens
+	}
+	var wantPrompt, wantCompletion uint64
+	for _, body := range []string{
+		chatBody,
+		`{"model":"mock-model","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"a longer question than the first"}]}`,
+	} {
+		resp, text := f.send("POST", "/v1/chat/completions", body, "Authorization", "Bearer "+teamAKey)
+		require.Equal(t, http.StatusOK, resp.StatusCode, text)
+		p, c := usageOf(text)
+		require.Positive(t, p)
+		require.Equal(t, uint64(3), c)
+		wantPrompt, wantCompletion = wantPrompt+p, wantCompletion+c
+	}
+	resp, text := f.send("POST", "/v1/chat/completions", streamBody, "Authorization", "Bearer "+batchKey)
+	require.Equal(t, http.StatusOK, resp.StatusCode, text)
+	require.NotContains(t, text, `"usage"`, "a stream without include_usage reports none")
+	f.assertIdle()
+
+	clients := f.r.APIKeys.Clients()
+	require.Equal(t, "team-a", clients[1].Name())
+	require.Eventually(t, func() bool { p, _ := clients[1].Tokens(); return p == wantPrompt }, 2*time.Second, 5*time.Millisecond)
+	p, c := clients[1].Tokens()
+	assert.Equal(t, wantPrompt, p)
+	assert.Equal(t, wantCompletion, c)
+	p, c = clients[0].Tokens()
+	assert.Zero(t, p+c, "batch's stream reported nothing")
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, metrics, fmt.Sprintf("fastroute_api_key_tokens_total{api_key=\"team-a\",kind=\"prompt\"} %d\n", wantPrompt))
+	assert.Contains(t, metrics, "fastroute_api_key_tokens_total{api_key=\"team-a\",kind=\"completion\"} 6\n")
+	assert.Contains(t, metrics, "fastroute_api_key_tokens_total{api_key=\"batch\",kind=\"completion\"} 0\n")
+	assert.Regexp(t, `status=200 .* api_key=team-a prompt_tokens=[1-9][0-9]* completion_tokens=3\n`, logs.String())
+	assert.Regexp(t, `status=200 .* api_key=batch prompt_tokens=0 completion_tokens=0\n`, logs.String())
 }

@@ -60,9 +60,11 @@ func (ex *exchange) admit(ctx *fasthttp.RequestCtx, c *apikeys.Client) bool {
 	return true
 }
 
-// releaseClient gives back the slot admit took, once.
+// releaseClient charges the client what the answer said it used and
+// gives back the slot admit took, once.
 func (ex *exchange) releaseClient() {
 	if ex.keyHeld {
+		ex.key.AddTokens(uint64(max(ex.usage.prompt, 0)), uint64(max(ex.usage.completion, 0)))
 		ex.key.Release()
 		ex.keyHeld = false
 	}
@@ -76,6 +78,13 @@ func writeKeyMetrics(w *metrics.Writer, keys *apikeys.Keys) {
 	for _, c := range clients {
 		w.Sample("fastroute_api_key_requests_total", float64(c.Admitted()), "api_key", c.Name(), "outcome", "admitted")
 		w.Sample("fastroute_api_key_requests_total", float64(c.Limited()), "api_key", c.Name(), "outcome", "limited")
+	}
+	w.Header("fastroute_api_key_tokens_total", "counter",
+		"Tokens the answers to the API key's requests reported in their usage (prompt: prompt_tokens or input_tokens; completion: completion_tokens or output_tokens; a stream's when it reports them, as with stream_options.include_usage).")
+	for _, c := range clients {
+		prompt, completion := c.Tokens()
+		w.Sample("fastroute_api_key_tokens_total", float64(prompt), "api_key", c.Name(), "kind", "prompt")
+		w.Sample("fastroute_api_key_tokens_total", float64(completion), "api_key", c.Name(), "kind", "completion")
 	}
 	w.Header("fastroute_api_key_inflight", "gauge", "Requests of the API key admitted and not yet ended.")
 	for _, c := range clients {

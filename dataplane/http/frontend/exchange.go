@@ -53,6 +53,7 @@ type exchange struct {
 	res     dataplane.Reservation
 	key     *apikeys.Client // the client whose API key the request presented (admit); nil: none
 	keyHeld bool            // the request holds one of key's slots
+	usage   tokenUsage      // what the answer says it used, read while key is set (inspect), charged to key at the end
 	upCall                  // the request to the (decode) worker
 
 	// A request split between a prefill and a decode worker (Disagg).
@@ -102,6 +103,7 @@ type exchange struct {
 
 func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.rt, ex.start, ex.key, ex.keyHeld = rt, start, nil, false
+	ex.usage.reset()
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done = false, nil, false
 	ex.sse, ex.tail, ex.bodyDone, ex.client, ex.created = false, nil, false, hangup.Conn{}, false
@@ -462,6 +464,9 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		if ex.creates {
 			ex.learnStored(ctx.Response.Body())
 		}
+		if ex.key != nil {
+			ex.readUsage(ctx.Response.Body())
+		}
 		ex.sendWhole(ctx, u)
 	}
 	return false
@@ -474,6 +479,25 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 // data line is read, and only when it came whole in those bytes (vLLM
 // writes an event at once); else the first request naming the id searches
 // for it.
+// inspect reads what the router learns from a streamed answer's bytes on
+// their way to the client: where a response it creates is stored
+// (learnStreamed), and what the answer used, for its API key (readUsage).
+func (ex *exchange) inspect(data []byte) {
+	if ex.created {
+		ex.learnStreamed(data)
+	}
+	if ex.key != nil {
+		ex.readUsage(data)
+	}
+}
+
+// readUsage reads the token usage an answer reports in data (tokenUsage).
+func (ex *exchange) readUsage(data []byte) {
+	p := ex.s.parsers.Get()
+	ex.usage.scan(p, data)
+	ex.s.parsers.Put(p)
+}
+
 func (ex *exchange) learnStreamed(data []byte) {
 	ex.created = false
 	_, line, found := bytes.Cut(data, sseData)
@@ -854,11 +878,13 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 		slog.Float64("first_byte_ms", float64(ex.firstByte.Microseconds())/1000),
 		slog.Float64("total_ms", float64(total.Microseconds())/1000), slog.Int64("bytes", ex.bytes),
 		slog.String("model", string(ex.req.Model)), slog.String("client", ex.peer.String()),
-		slog.String("request_id", string(id)), {}}
-	n := len(attrs) - 1
-	if ex.key != nil { // the name of the client's API key, never the key
+		slog.String("request_id", string(id)), {}, {}, {}}
+	n := len(attrs) - 3
+	if ex.key != nil { // the name of the client's API key, never the key, and what the answer said it used
 		attrs[n] = slog.String("api_key", ex.key.Name())
-		n++
+		attrs[n+1] = slog.Int64("prompt_tokens", max(ex.usage.prompt, 0))
+		attrs[n+2] = slog.Int64("completion_tokens", max(ex.usage.completion, 0))
+		n += 3
 	}
 	log.LogAttrs(context.Background(), slog.LevelInfo, "access", attrs[:n]...)
 }

@@ -1,0 +1,94 @@
+package frontend
+
+import (
+	"bytes"
+
+	"github.com/valyala/fastjson"
+)
+
+// tokenUsage is what an answer says it used, in its "usage" object:
+// OpenAI's prompt_tokens and completion_tokens (chat, completions,
+// embeddings), or input_tokens and output_tokens (the Responses API,
+// Anthropic's messages). -1: not said.
+type tokenUsage struct{ prompt, completion int64 }
+
+func (u *tokenUsage) reset() { u.prompt, u.completion = -1, -1 }
+
+var usageName = []byte(`"usage"`)
+
+// scan reads the last usage object in data: a whole answer, or the bytes
+// of a streamed one as they pass. The counts it holds replace those read
+// before, since a stream reports them as totals so far (OpenAI's final
+// usage chunk, vLLM's continuous usage stats, Anthropic's input tokens in
+// its first event and output tokens in a later one). "usage" is found as
+// a name only: inside a JSON string its quotes are escaped. A usage object
+// cut between two reads of a stream is not read (engines write an event
+// whole). It allocates nothing once p has grown.
+func (u *tokenUsage) scan(p *fastjson.Parser, data []byte) {
+	i := bytes.LastIndex(data, usageName)
+	if i < 0 {
+		return
+	}
+	rest := skipSpace(data[i+len(usageName):])
+	if len(rest) == 0 || rest[0] != ':' {
+		return
+	}
+	obj := jsonObject(skipSpace(rest[1:]))
+	if obj == nil {
+		return
+	}
+	v, err := p.ParseBytes(obj)
+	if err != nil {
+		return
+	}
+	if n, ok := tokenCount(v, "prompt_tokens", "input_tokens"); ok {
+		u.prompt = n
+	}
+	if n, ok := tokenCount(v, "completion_tokens", "output_tokens"); ok {
+		u.completion = n
+	}
+}
+
+// tokenCount is the first of the named fields of v that is a count.
+func tokenCount(v *fastjson.Value, names ...string) (int64, bool) {
+	for _, name := range names {
+		if f := v.Get(name); f != nil {
+			if n, err := f.Int64(); err == nil && n >= 0 {
+				return n, true
+			}
+		}
+	}
+	return 0, false
+}
+
+func skipSpace(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\r' || b[0] == '\n') {
+		b = b[1:]
+	}
+	return b
+}
+
+// jsonObject returns the JSON object b begins with, to its closing brace;
+// nil: b begins with no object, or it does not end within b.
+func jsonObject(b []byte) []byte {
+	if len(b) == 0 || b[0] != '{' {
+		return nil
+	}
+	depth, inString := 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			if depth--; depth == 0 {
+				return b[:i+1]
+			}
+		}
+	}
+	return nil
+}
