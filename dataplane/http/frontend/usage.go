@@ -20,33 +20,51 @@ var usageName = []byte(`"usage"`)
 // of a streamed one as they pass. The counts it holds replace those read
 // before, since a stream reports them as totals so far (OpenAI's final
 // usage chunk, vLLM's continuous usage stats, Anthropic's input tokens in
-// its first event and output tokens in a later one). "usage" is found as
-// a name only: inside a JSON string its quotes are escaped. A usage object
-// cut between two reads of a stream is not read (engines write an event
-// whole). It allocates nothing once p has grown.
+// its first event and output tokens in a later one). "usage" counts as a
+// name only (a quote inside a JSON string is escaped) and followed by an
+// object; a usage object cut between two reads of a stream is not read
+// (engines write an event whole), an earlier whole one in the same bytes
+// is. It allocates nothing once p has grown.
 func (u *tokenUsage) scan(p *fastjson.Parser, data []byte) {
-	i := bytes.LastIndex(data, usageName)
-	if i < 0 {
+	for end := len(data); ; {
+		i := bytes.LastIndex(data[:end], usageName)
+		if i < 0 {
+			return
+		}
+		end = i
+		if escaped(data, i) {
+			continue
+		}
+		rest := skipSpace(data[i+len(usageName):])
+		if len(rest) == 0 || rest[0] != ':' {
+			continue
+		}
+		obj := jsonObject(skipSpace(rest[1:]))
+		if obj == nil {
+			continue
+		}
+		v, err := p.ParseBytes(obj)
+		if err != nil {
+			continue
+		}
+		if n, ok := tokenCount(v, "prompt_tokens", "input_tokens"); ok {
+			u.prompt = n
+		}
+		if n, ok := tokenCount(v, "completion_tokens", "output_tokens"); ok {
+			u.completion = n
+		}
 		return
 	}
-	rest := skipSpace(data[i+len(usageName):])
-	if len(rest) == 0 || rest[0] != ':' {
-		return
+}
+
+// escaped reports whether the quote at data[i] follows an odd number of
+// backslashes: it is inside a JSON string.
+func escaped(data []byte, i int) bool {
+	n := 0
+	for i > n && data[i-1-n] == '\\' {
+		n++
 	}
-	obj := jsonObject(skipSpace(rest[1:]))
-	if obj == nil {
-		return
-	}
-	v, err := p.ParseBytes(obj)
-	if err != nil {
-		return
-	}
-	if n, ok := tokenCount(v, "prompt_tokens", "input_tokens"); ok {
-		u.prompt = n
-	}
-	if n, ok := tokenCount(v, "completion_tokens", "output_tokens"); ok {
-		u.completion = n
-	}
+	return n%2 == 1
 }
 
 // tokenCount is the first of the named fields of v that is a count.

@@ -1,6 +1,9 @@
 package frontend
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -35,6 +38,11 @@ func TestTheUsageOfAnAnswerIsRead(t *testing.T) {
 		}, 12, 15},
 		{"cut between two reads: not read", []string{`data: {"choices":[],"usage":{"prompt_tokens":20,"comp`, `letion_tokens":8}}` + "\n\n"}, -1, -1},
 		{"not counts", []string{`{"usage":{"prompt_tokens":"9","completion_tokens":-3}}`}, -1, -1},
+		{"a string ending in usage after the usage", []string{`{"usage":{"prompt_tokens":4,"completion_tokens":5},"note":"a\"usage"}`}, 4, 5},
+		{"a name holding usage", []string{`{"usage":{"prompt_tokens":4,"completion_tokens":5},"a\"usage":{"prompt_tokens":99}}`}, 4, 5},
+		{"an escaped backslash before a real quote", []string{`{"note":"a\\","usage":{"prompt_tokens":6,"completion_tokens":1}}`}, 6, 1},
+		{"the last whole usage of a read", []string{
+			`data: {"usage":{"prompt_tokens":20,"completion_tokens":1}}` + "\n\n" + `data: {"usage":{"prompt_tokens":20,"compl`}, 20, 1},
 	} {
 		var u tokenUsage
 		u.reset()
@@ -53,4 +61,54 @@ func TestReadingAUsageAllocatesNothing(t *testing.T) {
 	u.scan(&p, data)
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { u.scan(&p, data) }))
 	assert.Equal(t, tokenUsage{20, 8}, u)
+}
+
+// FuzzTheUsageOfAnAnswer builds answers around any text (which JSON
+// escapes: "usage", quotes, braces and backslashes included), as a value
+// before and after the usage object and as a name, compact or indented,
+// whole or as a stream's event: the scan reads exactly the usage put in.
+// (A usage object nested after the answer's own would be read instead:
+// no engine's answer has one.)
+// On raw bytes it never fails and reads no negative count.
+func FuzzTheUsageOfAnAnswer(f *testing.F) {
+	f.Add("hi", uint32(9), uint32(3), false, []byte(`{"usage":{"prompt_tokens":1}}`))
+	f.Add(`a"usage`, uint32(0), uint32(7), true, []byte(`{"usage":{`))
+	f.Add(`"usage":{"prompt_tokens":99}} \`, uint32(12), uint32(0), false, []byte(`"\\"usage":{"prompt_tokens":2}`))
+	f.Fuzz(func(t *testing.T, text string, prompt, completion uint32, indent bool, raw []byte) {
+		var p fastjson.Parser
+		var u tokenUsage
+		u.reset()
+		u.scan(&p, raw)
+		if u.prompt < -1 || u.completion < -1 {
+			t.Fatalf("negative counts %+v from %q", u, raw)
+		}
+		quoted, err := json.Marshal(text)
+		if err != nil {
+			t.Skip()
+		}
+		doc := []byte(fmt.Sprintf(`{%s:[%s],"choices":[{"message":{"content":%s}}],"usage":{"prompt_tokens":%d,"completion_tokens":%d},"note":%s,%s:{"tokens":0}}`,
+			quoted, quoted, quoted, prompt, completion, quoted, quoted))
+		if !json.Valid(doc) {
+			t.Fatalf("built an invalid document %s", doc)
+		}
+		for _, answer := range [][]byte{doc, indented(doc, indent), append(append([]byte("data: "), doc...), "\n\n"...)} {
+			u.reset()
+			u.scan(&p, answer)
+			if u != (tokenUsage{int64(prompt), int64(completion)}) {
+				t.Fatalf("read %+v from %s", u, answer)
+			}
+		}
+	})
+}
+
+// indented is doc indented when indent, else doc.
+func indented(doc []byte, indent bool) []byte {
+	if !indent {
+		return doc
+	}
+	var b bytes.Buffer
+	if err := json.Indent(&b, doc, "", "  "); err != nil {
+		panic(err)
+	}
+	return b.Bytes()
 }
