@@ -1,6 +1,7 @@
 // Package apikeys holds the API keys clients present to the front end
 // (api_keys_file): each has a name, which the metrics and the access log
-// show in its place, and may cap the requests it has in flight at once.
+// show in its place, and may cap the requests it has in flight at once
+// and the tokens its answers report over a minute.
 // A key is checked against SHA-256 digests, so the set keeps no key and a
 // check takes the same time however much of a wrong key is right. Checks,
 // admissions and releases lock and allocate nothing; a reload swaps the
@@ -17,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // Entry is one line of a keys file.
@@ -25,6 +27,10 @@ type Entry struct {
 	Key  string
 	// MaxInflight caps the key's requests in flight at once (0: no cap).
 	MaxInflight int
+	// TokensPerMinute caps the tokens the key's answers may report over a
+	// minute (0: no cap): once they reach it, its requests are refused
+	// until older ones leave the minute.
+	TokensPerMinute int64
 	// Priority, when HasPriority, orders the key's requests in the
 	// router's wait queue in place of their bodies' priority field (lower
 	// is sooner).
@@ -40,10 +46,11 @@ const MinKeyBytes = 16
 const maxNameBytes = 64
 
 // Parse reads a keys file: one key a line, "NAME KEY" and optionally
-// "max_inflight=N" and "priority=P", separated by spaces or tabs; blank lines and lines
-// starting with # are skipped. A name is 1 to 64 letters, digits, '.', '_'
-// or '-'; a key at least MinKeyBytes of printable ASCII without spaces.
-// Errors give the line, never a key.
+// "max_inflight=N", "tokens_per_minute=N" and "priority=P", separated by
+// spaces or tabs; blank lines and lines starting with # are skipped. A
+// name is 1 to 64 letters, digits, '.', '_' or '-'; a key at least
+// MinKeyBytes of printable ASCII without spaces. Errors give the line,
+// never a key.
 func Parse(data []byte) ([]Entry, error) {
 	var entries []Entry
 	names := map[string]int{}
@@ -79,8 +86,8 @@ func Parse(data []byte) ([]Entry, error) {
 }
 
 func parseLine(fields []string) (Entry, error) {
-	if len(fields) < 2 || len(fields) > 4 {
-		return Entry{}, fmt.Errorf("want NAME KEY [max_inflight=N] [priority=P], got %d fields", len(fields))
+	if len(fields) < 2 || len(fields) > 5 {
+		return Entry{}, fmt.Errorf("want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P], got %d fields", len(fields))
 	}
 	e := Entry{Name: fields[0], Key: fields[1]}
 	if !validName(e.Name) {
@@ -103,10 +110,12 @@ func parseLine(fields []string) (Entry, error) {
 			return Entry{}, fmt.Errorf("%s is given twice", name)
 		case name == "max_inflight" && err == nil && n >= 0 && n <= math.MaxInt32:
 			e.MaxInflight = int(n)
+		case name == "tokens_per_minute" && err == nil && n >= 0:
+			e.TokensPerMinute = n
 		case name == "priority" && err == nil:
 			e.Priority, e.HasPriority = n, true
 		default:
-			return Entry{}, fmt.Errorf("%q is neither max_inflight=N (a whole number of 0 or more) nor priority=P (a whole number)", f)
+			return Entry{}, fmt.Errorf("%q is none of max_inflight=N, tokens_per_minute=N (whole numbers of 0 or more) and priority=P (a whole number)", f)
 		}
 		seen[name] = true
 	}
@@ -132,19 +141,35 @@ func validName(name string) bool {
 type Client struct {
 	name     string
 	max      atomic.Int64          // MaxInflight; 0: no cap
+	tpm      atomic.Int64          // TokensPerMinute; 0: no cap
 	priority atomic.Pointer[int64] // Priority; nil: none
 	inflight atomic.Int64
 	admitted atomic.Uint64
-	limited  atomic.Uint64
+	limited  [numRefusals]atomic.Uint64
 	prompt   atomic.Uint64 // tokens its answers reported (AddTokens)
 	output   atomic.Uint64
+	recent   window // the tokens of the last minute, for tpm
 }
+
+// Refusal says why Admit refused a request; Admitted: it did not.
+type Refusal uint8
+
+const (
+	Admitted     Refusal = iota
+	OverInflight         // the client has MaxInflight requests in flight
+	OverTokens           // its answers reported TokensPerMinute tokens or more over the last minute
+	numRefusals
+)
 
 // Name is the client's name in the keys file.
 func (c *Client) Name() string { return c.name }
 
 // MaxInflight is the cap on the client's requests in flight (0: none).
 func (c *Client) MaxInflight() int64 { return c.max.Load() }
+
+// TokensPerMinute is the cap on the tokens the client's answers may report
+// over a minute (0: none).
+func (c *Client) TokensPerMinute() int64 { return c.tpm.Load() }
 
 // Priority is the priority the client's requests wait with in the
 // router's queue; false: theirs.
@@ -162,39 +187,120 @@ func (c *Client) Inflight() int64 { return c.inflight.Load() }
 // Admitted counts the client's requests let through.
 func (c *Client) Admitted() uint64 { return c.admitted.Load() }
 
-// Limited counts the client's requests refused for its cap.
-func (c *Client) Limited() uint64 { return c.limited.Load() }
+// Limited counts the client's requests refused for reason r.
+func (c *Client) Limited(r Refusal) uint64 { return c.limited[r].Load() }
 
-// AddTokens charges the client the prompt and completion tokens an
-// answer to it reported.
-func (c *Client) AddTokens(prompt, completion uint64) {
-	if prompt > 0 {
-		c.prompt.Add(prompt)
-	}
-	if completion > 0 {
-		c.output.Add(completion)
-	}
+// AddTokens charges the client, at now, the prompt and completion tokens
+// an answer to it reported.
+func (c *Client) AddTokens(now time.Time, prompt, completion uint64) {
+	c.prompt.Add(prompt)
+	c.output.Add(completion)
+	c.recent.add(second(now), prompt+completion)
 }
 
 // Tokens returns the prompt and completion tokens charged to the client.
 func (c *Client) Tokens() (prompt, completion uint64) { return c.prompt.Load(), c.output.Load() }
 
-// Admit takes one of the client's slots: false, and nothing taken, when it
-// has MaxInflight requests in flight already. An admitted request is
-// released (Release) exactly once when it ends.
-func (c *Client) Admit() bool {
+// RecentTokens returns the tokens charged to the client over the minute
+// up to now.
+func (c *Client) RecentTokens(now time.Time) uint64 { return c.recent.sum(second(now)) }
+
+// Admit takes one of the client's slots at now, unless it has MaxInflight
+// requests in flight already, or its answers reported TokensPerMinute
+// tokens over the minute before now: then nothing is taken, and the
+// refusal says which. An admitted request is released (Release) exactly
+// once when it ends.
+func (c *Client) Admit(now time.Time) Refusal {
+	if tpm := c.tpm.Load(); tpm > 0 && c.recent.sum(second(now)) >= uint64(tpm) {
+		c.limited[OverTokens].Add(1)
+		return OverTokens
+	}
 	n := c.inflight.Add(1)
 	if max := c.max.Load(); max > 0 && n > max {
 		c.inflight.Add(-1)
-		c.limited.Add(1)
-		return false
+		c.limited[OverInflight].Add(1)
+		return OverInflight
 	}
 	c.admitted.Add(1)
-	return true
+	return Admitted
+}
+
+// RetryAfter is how long from now until the client's tokens over the last
+// minute fall below TokensPerMinute, to the second (at least one).
+func (c *Client) RetryAfter(now time.Time) time.Duration {
+	return time.Duration(c.recent.secondsUntilBelow(second(now), uint64(c.tpm.Load()))) * time.Second
 }
 
 // Release gives back the slot Admit took.
 func (c *Client) Release() { c.inflight.Add(-1) }
+
+// epoch is where the windows' seconds count from.
+var epoch = time.Now()
+
+// second numbers the second of now from epoch, from 1 (0: an empty bucket).
+func second(now time.Time) uint64 {
+	d := now.Sub(epoch)
+	if d < 0 {
+		return 1
+	}
+	return uint64(d/time.Second) + 1
+}
+
+// windowSeconds is the length of a token window.
+const windowSeconds = 60
+
+// window counts tokens over the last windowSeconds seconds, a bucket a
+// second. A bucket is one word, the second it counts above the tokens of
+// that second (saturated at 2^32-1), so a charge and the bucket's reuse
+// for a later second are one compare-and-swap: no lock, no lost count.
+type window struct {
+	buckets [windowSeconds]atomic.Uint64
+}
+
+const tokenBits = 32
+
+// add charges n tokens at second sec.
+func (w *window) add(sec, n uint64) {
+	if n == 0 {
+		return
+	}
+	b := &w.buckets[sec%windowSeconds]
+	for {
+		old := b.Load()
+		next := sec<<tokenBits | min(n, 1<<tokenBits-1)
+		if old>>tokenBits == sec {
+			next = sec<<tokenBits | min(old&(1<<tokenBits-1)+n, 1<<tokenBits-1)
+		} else if old>>tokenBits > sec {
+			return // a later second took the bucket: this charge is older than the window
+		}
+		if b.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// sum is the tokens of the window ending at second sec.
+func (w *window) sum(sec uint64) uint64 {
+	var total uint64
+	for i := range w.buckets {
+		v := w.buckets[i].Load()
+		if s := v >> tokenBits; s <= sec && s+windowSeconds > sec {
+			total += v & (1<<tokenBits - 1)
+		}
+	}
+	return total
+}
+
+// secondsUntilBelow is how many seconds after sec the window's sum falls
+// below limit as its buckets leave it (at least 1).
+func (w *window) secondsUntilBelow(sec, limit uint64) uint64 {
+	for wait := uint64(1); wait < windowSeconds; wait++ {
+		if w.sum(sec+wait) < limit {
+			return wait
+		}
+	}
+	return windowSeconds
+}
 
 // set is one version of the keys: by digest, and the clients by name.
 type set struct {
@@ -230,6 +336,7 @@ func (k *Keys) Set(entries []Entry) {
 			c = &Client{name: e.Name}
 		}
 		c.max.Store(int64(e.MaxInflight))
+		c.tpm.Store(e.TokensPerMinute)
 		if e.HasPriority {
 			c.priority.Store(&e.Priority)
 		} else {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,12 +17,12 @@ const (
 )
 
 func TestParseReadsNamesKeysAndCaps(t *testing.T) {
-	entries, err := Parse([]byte("# clients\n\nteam-a " + keyA + " priority=-1\n\tbatch\t" + keyB + "  max_inflight=2 priority=10\n" +
+	entries, err := Parse([]byte("# clients\n\nteam-a " + keyA + " priority=-1\n\tbatch\t" + keyB + "  max_inflight=2 priority=10 tokens_per_minute=90000\n" +
 		"ops sk-ops-0123456789abcdef priority=0\n"))
 	require.NoError(t, err)
 	assert.Equal(t, []Entry{
 		{Name: "team-a", Key: keyA, Priority: -1, HasPriority: true},
-		{Name: "batch", Key: keyB, MaxInflight: 2, Priority: 10, HasPriority: true},
+		{Name: "batch", Key: keyB, MaxInflight: 2, TokensPerMinute: 90000, Priority: 10, HasPriority: true},
 		{Name: "ops", Key: "sk-ops-0123456789abcdef", HasPriority: true},
 	}, entries)
 }
@@ -30,17 +31,18 @@ func TestParseRefusesBadLinesWithoutQuotingAKey(t *testing.T) {
 	for _, tc := range []struct{ file, want string }{
 		{"", "no key in it"},
 		{"# only a comment\n", "no key in it"},
-		{"team-a\n", "line 1: want NAME KEY [max_inflight=N] [priority=P], got 1 fields"},
-		{"a " + keyA + " max_inflight=1 priority=2 extra\n", "line 1: want NAME KEY [max_inflight=N] [priority=P], got 5 fields"},
-		{"a " + keyA + " max_inflight=1 extra\n", `line 1: "extra" is neither max_inflight=N`},
+		{"team-a\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P], got 1 fields"},
+		{"a " + keyA + " max_inflight=1 priority=2 tokens_per_minute=3 extra\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P], got 6 fields"},
+		{"a " + keyA + " tokens_per_minute=-5\n", `line 1: "tokens_per_minute=-5" is none of`},
+		{"a " + keyA + " max_inflight=1 extra\n", `line 1: "extra" is none of max_inflight=N`},
 		{"a " + keyA + " priority=1 priority=2\n", `line 1: priority is given twice`},
-		{"a " + keyA + " priority=high\n", `line 1: "priority=high" is neither`},
+		{"a " + keyA + " priority=high\n", `line 1: "priority=high" is none of`},
 		{"team/a " + keyA + "\n", `line 1: name "team/a" is not 1 to 64 letters`},
 		{strings.Repeat("n", 65) + " " + keyA + "\n", "is not 1 to 64 letters"},
 		{"\nteam-a sk-short\n", `line 2: the key of "team-a" is shorter than 16 characters`},
 		{"team-a " + keyA + "\u00e9\n", `line 1: the key of "team-a" holds a character that is not printable ASCII`},
-		{"team-a " + keyA + " max_inflight=-1\n", `line 1: "max_inflight=-1" is neither max_inflight=N`},
-		{"team-a " + keyA + " inflight=3\n", `line 1: "inflight=3" is neither max_inflight=N`},
+		{"team-a " + keyA + " max_inflight=-1\n", `line 1: "max_inflight=-1" is none of max_inflight=N`},
+		{"team-a " + keyA + " inflight=3\n", `line 1: "inflight=3" is none of max_inflight=N`},
 		{"team-a " + keyA + "\nteam-a " + keyB + "\n", `line 2: name "team-a" is line 1's too`},
 		{"team-a " + keyA + "\n#\nbatch " + keyA + "\n", `line 3: the key of "batch" is line 1's too`},
 	} {
@@ -77,17 +79,17 @@ func TestAClientsCapRefusesAndItsSlotsComeBack(t *testing.T) {
 	var k Keys
 	k.Set([]Entry{{Name: "batch", Key: keyB, MaxInflight: 2}})
 	c := k.Lookup([]byte(keyB))
-	require.True(t, c.Admit())
-	require.True(t, c.Admit())
-	assert.False(t, c.Admit())
+	require.True(t, c.Admit(time.Now()) == Admitted)
+	require.True(t, c.Admit(time.Now()) == Admitted)
+	assert.False(t, c.Admit(time.Now()) == Admitted)
 	assert.Equal(t, int64(2), c.Inflight())
 	c.Release()
-	assert.True(t, c.Admit())
+	assert.True(t, c.Admit(time.Now()) == Admitted)
 	c.Release()
 	c.Release()
 	assert.Equal(t, int64(0), c.Inflight())
 	assert.Equal(t, uint64(3), c.Admitted())
-	assert.Equal(t, uint64(1), c.Limited())
+	assert.Equal(t, uint64(1), c.Limited(OverInflight))
 }
 
 // A reload that keeps a name keeps its client: the requests it has in
@@ -97,15 +99,15 @@ func TestASetKeepsTheClientsOfNamesThatStay(t *testing.T) {
 	var k Keys
 	k.Set([]Entry{{Name: "team-a", Key: keyA}, {Name: "batch", Key: keyB, MaxInflight: 3}})
 	batch := k.Lookup([]byte(keyB))
-	require.True(t, batch.Admit())
-	require.True(t, batch.Admit())
+	require.True(t, batch.Admit(time.Now()) == Admitted)
+	require.True(t, batch.Admit(time.Now()) == Admitted)
 	rotated := "sk-batch-rotated-0123456789"
 	k.Set([]Entry{{Name: "batch", Key: rotated, MaxInflight: 2}})
 	assert.Nil(t, k.Lookup([]byte(keyB)), "the old key is gone")
 	assert.Nil(t, k.Lookup([]byte(keyA)), "so is the client left out")
 	same := k.Lookup([]byte(rotated))
 	require.Same(t, batch, same)
-	assert.False(t, same.Admit(), "two in flight already, and the cap is now 2")
+	assert.False(t, same.Admit(time.Now()) == Admitted, "two in flight already, and the cap is now 2")
 	same.Release()
 	same.Release()
 	assert.Equal(t, int64(0), same.Inflight())
@@ -141,7 +143,7 @@ func TestACheckAllocatesNothing(t *testing.T) {
 	auth := []byte("Bearer " + keyB)
 	allocs := testing.AllocsPerRun(1000, func() {
 		c := k.Lookup(FromHeaders(auth, nil))
-		if c.Admit() {
+		if c.Admit(time.Now()) == Admitted {
 			c.Release()
 		}
 	})
@@ -156,7 +158,7 @@ func TestAdmissionsAndReloadsRace(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 2000 {
-				if c := k.Lookup([]byte(keyB)); c != nil && c.Admit() {
+				if c := k.Lookup([]byte(keyB)); c != nil && c.Admit(time.Now()) == Admitted {
 					c.Release()
 				}
 			}
@@ -171,7 +173,7 @@ func TestAdmissionsAndReloadsRace(t *testing.T) {
 	wg.Wait()
 	c := k.Lookup([]byte(keyB))
 	assert.Equal(t, int64(0), c.Inflight())
-	assert.Equal(t, uint64(16000), c.Admitted()+c.Limited())
+	assert.Equal(t, uint64(16000), c.Admitted()+c.Limited(OverInflight))
 }
 
 // BenchmarkCheck is what a request with a key costs the front end beyond
@@ -187,8 +189,79 @@ func BenchmarkCheck(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		c := k.Lookup(FromHeaders(auth, nil))
-		if c.Admit() {
+		if c.Admit(time.Now()) == Admitted {
 			c.Release()
 		}
 	}
+}
+
+// tokens_per_minute refuses a key once its answers reported that many
+// tokens over the last minute, and admits it again as they leave the
+// minute; a request refused takes no slot.
+func TestAKeysTokensPerMinute(t *testing.T) {
+	var k Keys
+	k.Set([]Entry{{Name: "batch", Key: keyB, TokensPerMinute: 100}})
+	c := k.Lookup([]byte(keyB))
+	t0 := epoch.Add(10 * time.Second)
+	require.Equal(t, Admitted, c.Admit(t0))
+	c.AddTokens(t0, 30, 30)
+	c.Release()
+	require.Equal(t, Admitted, c.Admit(t0.Add(20*time.Second)))
+	c.AddTokens(t0.Add(20*time.Second), 10, 30)
+	c.Release()
+	assert.Equal(t, uint64(100), c.RecentTokens(t0.Add(20*time.Second)))
+	assert.Equal(t, OverTokens, c.Admit(t0.Add(25*time.Second)))
+	assert.Equal(t, int64(0), c.Inflight(), "a refused request holds no slot")
+	assert.Equal(t, 35*time.Second, c.RetryAfter(t0.Add(25*time.Second)), "the first 60 leave the minute at t0+60s")
+	assert.Equal(t, OverTokens, c.Admit(t0.Add(59*time.Second)))
+	assert.Equal(t, Admitted, c.Admit(t0.Add(60*time.Second)), "40 left in the minute")
+	c.Release()
+	assert.Equal(t, uint64(40), c.RecentTokens(t0.Add(60*time.Second)))
+	assert.Zero(t, c.RecentTokens(t0.Add(80*time.Second)))
+	assert.Equal(t, uint64(2), c.Limited(OverTokens))
+	p, out := c.Tokens()
+	assert.Equal(t, uint64(40), p)
+	assert.Equal(t, uint64(60), out)
+
+	k.Set([]Entry{{Name: "batch", Key: keyB}})
+	c.AddTokens(t0.Add(90*time.Second), 500, 500)
+	assert.Equal(t, Admitted, c.Admit(t0.Add(90*time.Second)), "no cap after the reload")
+	c.Release()
+}
+
+// A bucket that a later second took keeps its count: a charge older than
+// the window is dropped, not added to the later second's.
+func TestAWindowsBucketsTurnOver(t *testing.T) {
+	var w window
+	w.add(5, 7)
+	w.add(5, 3)
+	assert.Equal(t, uint64(10), w.sum(5))
+	w.add(65, 2) // the same bucket, a minute later
+	assert.Equal(t, uint64(2), w.sum(65))
+	w.add(5, 100) // late: the bucket counts second 65 now
+	assert.Equal(t, uint64(2), w.sum(65))
+	w.add(66, 1<<40)
+	assert.Equal(t, uint64(1<<32-1+2), w.sum(66), "saturated, not wrapped")
+	assert.Zero(t, w.sum(200))
+}
+
+func TestTokenChargesAndAdmissionsRace(t *testing.T) {
+	var k Keys
+	k.Set([]Entry{{Name: "batch", Key: keyB, TokensPerMinute: 1 << 40}})
+	c := k.Lookup([]byte(keyB))
+	now := time.Now()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 1000 {
+				if c.Admit(now) == Admitted {
+					c.AddTokens(now, 2, 1)
+					c.Release()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, uint64(24000), c.RecentTokens(now), "no charge lost")
+	assert.Equal(t, int64(0), c.Inflight())
 }

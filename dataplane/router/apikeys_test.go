@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -94,7 +96,7 @@ func TestAPIKeysAdmitClientsAndStayWithTheRouter(t *testing.T) {
 	for _, line := range []string{
 		`fastroute_api_key_requests_total{api_key="team-a",outcome="admitted"} 1`,
 		`fastroute_api_key_requests_total{api_key="batch",outcome="admitted"} 1`,
-		`fastroute_api_key_requests_total{api_key="batch",outcome="limited"} 0`,
+		`fastroute_api_key_requests_total{api_key="batch",outcome="max_inflight"} 0`,
 		`fastroute_api_key_inflight{api_key="team-a"} 0`,
 		`fastroute_api_key_max_inflight{api_key="batch"} 4`,
 		`fastroute_api_key_max_inflight{api_key="team-a"} 0`,
@@ -177,7 +179,7 @@ func TestAKeysMaxInflightCapsItsRequests(t *testing.T) {
 	require.Eventually(t, func() bool { return batch.Inflight() == 0 }, 5*time.Second, 5*time.Millisecond)
 	resp, body = f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+batchKey)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
-	assert.Equal(t, uint64(1), batch.Limited())
+	assert.Equal(t, uint64(1), batch.Limited(apikeys.OverInflight))
 	assert.Equal(t, uint64(3), batch.Admitted())
 	assert.Equal(t, uint64(1), f.r.Frontend.Metrics().Requests("/v1/chat/completions", "api_key_limited"))
 	f.assertIdle()
@@ -324,4 +326,34 @@ func TestAKeyIsChargedTheTokensItsAnswersReport(t *testing.T) {
 	assert.Contains(t, metrics, "fastroute_api_key_tokens_total{api_key=\"batch\",kind=\"completion\"} 0\n")
 	assert.Regexp(t, `status=200 .* api_key=team-a prompt_tokens=[1-9][0-9]* completion_tokens=3\n`, logs.String())
 	assert.Regexp(t, `status=200 .* api_key=batch prompt_tokens=0 completion_tokens=0\n`, logs.String())
+}
+
+// A key's tokens_per_minute refuses its requests once its answers reported
+// that many tokens over the last minute: a 429 saying when to retry,
+// while other keys go on.
+func TestAKeysTokensPerMinuteRefusesItOnceReached(t *testing.T) {
+	f := startFleet(t, mocks(1, 3, 0), func(c *config.Config) {
+		c.APIKeysFile = keysFile(t, "team-a "+teamAKey, "batch "+batchKey+" tokens_per_minute=5")
+	})
+	resp, body := f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+batchKey)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	batch := f.r.APIKeys.Clients()[0]
+	require.Eventually(t, func() bool { return batch.RecentTokens(time.Now()) >= 5 }, 2*time.Second, 5*time.Millisecond,
+		"the answer's 3 completion tokens and its prompt's")
+	resp, body = f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+batchKey)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, body)
+	assert.Contains(t, body, `"type":"rate_limit_error"`)
+	assert.Regexp(t, `API key \\"batch\\" used [0-9]+ tokens over the last minute, its tokens_per_minute is 5; retry in [0-9]+ s`, body)
+	retry, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	require.NoError(t, err)
+	assert.True(t, retry >= 59 && retry <= 60, "the tokens leave the minute in %d s", retry)
+	resp, body = f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+teamAKey)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "another key goes on: %s", body)
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, metrics, `fastroute_api_key_requests_total{api_key="batch",outcome="tokens_per_minute"} 1`+"\n")
+	assert.Contains(t, metrics, `fastroute_api_key_tokens_per_minute{api_key="batch"} 5`+"\n")
+	assert.Regexp(t, `fastroute_api_key_recent_tokens\{api_key="batch"\} [1-9][0-9]*\n`, metrics)
+	assert.Equal(t, uint64(1), f.r.Frontend.Metrics().Requests("/v1/chat/completions", "api_key_limited"))
+	f.assertIdle()
+	assert.Equal(t, int64(0), batch.Inflight())
 }

@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/metrics"
@@ -41,18 +42,28 @@ var authorizationKey = []byte(headerAuthorization)
 
 // admit takes a slot of the request's client (nil: none) for the
 // exchange, which gives it back when it ends (releaseClient); false: the
-// client has max_inflight requests in flight, and the request is answered
-// 429. The exchange names the client either way, for the access log. A
-// client's priority orders its requests in the wait queue in place of
-// their bodies'.
+// client has max_inflight requests in flight, or its answers reported
+// tokens_per_minute tokens over the last minute, and the request is
+// answered 429. The exchange names the client either way, for the access
+// log. A client's priority orders its requests in the wait queue in place
+// of their bodies'.
 func (ex *exchange) admit(ctx *fasthttp.RequestCtx, c *apikeys.Client) bool {
 	if ex.key = c; c == nil {
 		return true
 	}
-	if !c.Admit() {
+	switch c.Admit(ex.start) {
+	case apikeys.Admitted:
+	case apikeys.OverInflight:
 		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
 		writeError(ctx, fasthttp.StatusTooManyRequests, "rate_limit_error", "API key "+strconv.Quote(c.Name())+" has "+
 			strconv.FormatInt(c.MaxInflight(), 10)+" requests in flight, its max_inflight")
+		return false
+	default:
+		wait := strconv.FormatInt(int64(c.RetryAfter(ex.start)/time.Second), 10)
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, wait)
+		writeError(ctx, fasthttp.StatusTooManyRequests, "rate_limit_error", "API key "+strconv.Quote(c.Name())+" used "+
+			strconv.FormatUint(c.RecentTokens(ex.start), 10)+" tokens over the last minute, its tokens_per_minute is "+
+			strconv.FormatInt(c.TokensPerMinute(), 10)+"; retry in "+wait+" s")
 		return false
 	}
 	ex.keyHeld = true
@@ -63,21 +74,25 @@ func (ex *exchange) admit(ctx *fasthttp.RequestCtx, c *apikeys.Client) bool {
 // releaseClient charges the client what the answer said it used and
 // gives back the slot admit took, once.
 func (ex *exchange) releaseClient() {
-	if ex.keyHeld {
-		ex.key.AddTokens(uint64(max(ex.usage.prompt, 0)), uint64(max(ex.usage.completion, 0)))
-		ex.key.Release()
-		ex.keyHeld = false
+	if !ex.keyHeld {
+		return
 	}
+	if prompt, completion := max(ex.usage.prompt, 0), max(ex.usage.completion, 0); prompt+completion > 0 {
+		ex.key.AddTokens(time.Now(), uint64(prompt), uint64(completion))
+	}
+	ex.key.Release()
+	ex.keyHeld = false
 }
 
 // writeKeyMetrics writes the families of the clients' API keys.
 func writeKeyMetrics(w *metrics.Writer, keys *apikeys.Keys) {
 	clients := keys.Clients()
 	w.Header("fastroute_api_key_requests_total", "counter",
-		"Requests by API key (the name api_keys_file gives it) and outcome: admitted, or limited (answered 429 for the key's max_inflight).")
+		"Requests by API key (the name api_keys_file gives it) and outcome: admitted, or answered 429 for the key's max_inflight or tokens_per_minute.")
 	for _, c := range clients {
 		w.Sample("fastroute_api_key_requests_total", float64(c.Admitted()), "api_key", c.Name(), "outcome", "admitted")
-		w.Sample("fastroute_api_key_requests_total", float64(c.Limited()), "api_key", c.Name(), "outcome", "limited")
+		w.Sample("fastroute_api_key_requests_total", float64(c.Limited(apikeys.OverInflight)), "api_key", c.Name(), "outcome", "max_inflight")
+		w.Sample("fastroute_api_key_requests_total", float64(c.Limited(apikeys.OverTokens)), "api_key", c.Name(), "outcome", "tokens_per_minute")
 	}
 	w.Header("fastroute_api_key_tokens_total", "counter",
 		"Tokens the answers to the API key's requests reported in their usage (prompt: prompt_tokens or input_tokens; completion: completion_tokens or output_tokens; a stream's when it reports them, as with stream_options.include_usage).")
@@ -93,6 +108,15 @@ func writeKeyMetrics(w *metrics.Writer, keys *apikeys.Keys) {
 	w.Header("fastroute_api_key_max_inflight", "gauge", "The API key's max_inflight (0: no cap).")
 	for _, c := range clients {
 		w.Sample("fastroute_api_key_max_inflight", float64(c.MaxInflight()), "api_key", c.Name())
+	}
+	now := time.Now()
+	w.Header("fastroute_api_key_recent_tokens", "gauge", "Tokens the API key's answers reported over the last minute, which its tokens_per_minute caps.")
+	for _, c := range clients {
+		w.Sample("fastroute_api_key_recent_tokens", float64(c.RecentTokens(now)), "api_key", c.Name())
+	}
+	w.Header("fastroute_api_key_tokens_per_minute", "gauge", "The API key's tokens_per_minute (0: no cap).")
+	for _, c := range clients {
+		w.Sample("fastroute_api_key_tokens_per_minute", float64(c.TokensPerMinute()), "api_key", c.Name())
 	}
 	w.Single("fastroute_api_key_refused_total", "counter", "Requests answered 401 for want of a key some client has.", float64(keys.Refused()))
 }
