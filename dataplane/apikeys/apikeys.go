@@ -1,7 +1,8 @@
 // Package apikeys holds the API keys clients present to the front end
 // (api_keys_file): each has a name, which the metrics and the access log
 // show in its place, and may cap the requests it has in flight at once
-// and the tokens its answers report over a minute.
+// and the tokens its answers report over a minute, and name the only
+// models it may use.
 // A key is checked against SHA-256 digests, so the set keeps no key and a
 // check takes the same time however much of a wrong key is right. Checks,
 // admissions and releases lock and allocate nothing; a reload swaps the
@@ -36,6 +37,9 @@ type Entry struct {
 	// is sooner).
 	Priority    int64
 	HasPriority bool
+	// Models, when set, are the only models the key's requests may name
+	// (base models or adapters, as the body's model field names them).
+	Models []string
 }
 
 // MinKeyBytes is the shortest key a keys file may give: one a client could
@@ -46,8 +50,8 @@ const MinKeyBytes = 16
 const maxNameBytes = 64
 
 // Parse reads a keys file: one key a line, "NAME KEY" and optionally
-// "max_inflight=N", "tokens_per_minute=N" and "priority=P", separated by
-// spaces or tabs; blank lines and lines starting with # are skipped. A
+// "max_inflight=N", "tokens_per_minute=N", "priority=P" and "models=a;b",
+// separated by spaces or tabs; blank lines and lines starting with # are skipped. A
 // name is 1 to 64 letters, digits, '.', '_' or '-'; a key at least
 // MinKeyBytes of printable ASCII without spaces. Errors give the line,
 // never a key.
@@ -86,8 +90,8 @@ func Parse(data []byte) ([]Entry, error) {
 }
 
 func parseLine(fields []string) (Entry, error) {
-	if len(fields) < 2 || len(fields) > 5 {
-		return Entry{}, fmt.Errorf("want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P], got %d fields", len(fields))
+	if len(fields) < 2 || len(fields) > 6 {
+		return Entry{}, fmt.Errorf("want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b], got %d fields", len(fields))
 	}
 	e := Entry{Name: fields[0], Key: fields[1]}
 	if !validName(e.Name) {
@@ -110,16 +114,34 @@ func parseLine(fields []string) (Entry, error) {
 			return Entry{}, fmt.Errorf("%s is given twice", name)
 		case name == "max_inflight" && err == nil && n >= 0 && n <= math.MaxInt32:
 			e.MaxInflight = int(n)
+		case name == "models":
+			if e.Models, err = parseModels(v); err != nil {
+				return Entry{}, err
+			}
 		case name == "tokens_per_minute" && err == nil && n >= 0:
 			e.TokensPerMinute = n
 		case name == "priority" && err == nil:
 			e.Priority, e.HasPriority = n, true
 		default:
-			return Entry{}, fmt.Errorf("%q is none of max_inflight=N, tokens_per_minute=N (whole numbers of 0 or more) and priority=P (a whole number)", f)
+			return Entry{}, fmt.Errorf("%q is none of max_inflight=N, tokens_per_minute=N (whole numbers of 0 or more), priority=P (a whole number) and models=a;b", f)
 		}
 		seen[name] = true
 	}
 	return e, nil
+}
+
+// parseModels reads a models= list: model names separated by ';'.
+func parseModels(list string) ([]string, error) {
+	models := strings.Split(list, ";")
+	for i, m := range models {
+		if m == "" {
+			return nil, fmt.Errorf("models=%s names an empty model", list)
+		}
+		if slices.Contains(models[:i], m) {
+			return nil, fmt.Errorf("models=%s names %q twice", list, m)
+		}
+	}
+	return models, nil
 }
 
 func validName(name string) bool {
@@ -140,9 +162,10 @@ func validName(name string) bool {
 // reload that keeps its name, so its counts go on.
 type Client struct {
 	name     string
-	max      atomic.Int64          // MaxInflight; 0: no cap
-	tpm      atomic.Int64          // TokensPerMinute; 0: no cap
-	priority atomic.Pointer[int64] // Priority; nil: none
+	max      atomic.Int64             // MaxInflight; 0: no cap
+	tpm      atomic.Int64             // TokensPerMinute; 0: no cap
+	priority atomic.Pointer[int64]    // Priority; nil: none
+	models   atomic.Pointer[[]string] // Models; nil: any
 	inflight atomic.Int64
 	admitted atomic.Uint64
 	limited  [numRefusals]atomic.Uint64
@@ -178,6 +201,28 @@ func (c *Client) Priority() (int64, bool) {
 		return *p, true
 	}
 	return 0, false
+}
+
+// Models are the only models the client's requests may name; nil: any.
+func (c *Client) Models() []string {
+	if m := c.models.Load(); m != nil {
+		return *m
+	}
+	return nil
+}
+
+// Allows reports whether the client's requests may name model.
+func (c *Client) Allows(model []byte) bool {
+	m := c.models.Load()
+	if m == nil {
+		return true
+	}
+	for _, name := range *m {
+		if name == string(model) {
+			return true
+		}
+	}
+	return false
 }
 
 // Inflight is how many of the client's requests are admitted and not yet
@@ -341,6 +386,11 @@ func (k *Keys) Set(entries []Entry) {
 			c.priority.Store(&e.Priority)
 		} else {
 			c.priority.Store(nil)
+		}
+		if e.Models != nil {
+			c.models.Store(&e.Models)
+		} else {
+			c.models.Store(nil)
 		}
 		next.byDigest[sha256.Sum256([]byte(e.Key))] = c
 		next.clients = append(next.clients, c)

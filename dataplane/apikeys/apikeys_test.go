@@ -18,12 +18,12 @@ const (
 
 func TestParseReadsNamesKeysAndCaps(t *testing.T) {
 	entries, err := Parse([]byte("# clients\n\nteam-a " + keyA + " priority=-1\n\tbatch\t" + keyB + "  max_inflight=2 priority=10 tokens_per_minute=90000\n" +
-		"ops sk-ops-0123456789abcdef priority=0\n"))
+		"ops sk-ops-0123456789abcdef priority=0 models=meta-llama/Llama-3.1-8B;sql-lora\n"))
 	require.NoError(t, err)
 	assert.Equal(t, []Entry{
 		{Name: "team-a", Key: keyA, Priority: -1, HasPriority: true},
 		{Name: "batch", Key: keyB, MaxInflight: 2, TokensPerMinute: 90000, Priority: 10, HasPriority: true},
-		{Name: "ops", Key: "sk-ops-0123456789abcdef", HasPriority: true},
+		{Name: "ops", Key: "sk-ops-0123456789abcdef", HasPriority: true, Models: []string{"meta-llama/Llama-3.1-8B", "sql-lora"}},
 	}, entries)
 }
 
@@ -31,8 +31,12 @@ func TestParseRefusesBadLinesWithoutQuotingAKey(t *testing.T) {
 	for _, tc := range []struct{ file, want string }{
 		{"", "no key in it"},
 		{"# only a comment\n", "no key in it"},
-		{"team-a\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P], got 1 fields"},
-		{"a " + keyA + " max_inflight=1 priority=2 tokens_per_minute=3 extra\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P], got 6 fields"},
+		{"team-a\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b], got 1 fields"},
+		{"a " + keyA + " max_inflight=1 priority=2 tokens_per_minute=3 models=m extra\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b], got 7 fields"},
+		{"a " + keyA + " models=llama;;qwen\n", `line 1: models=llama;;qwen names an empty model`},
+		{"a " + keyA + " models=\n", `line 1: models= names an empty model`},
+		{"a " + keyA + " models=qwen;llama;qwen\n", `line 1: models=qwen;llama;qwen names "qwen" twice`},
+		{"a " + keyA + " models=a models=b\n", `line 1: models is given twice`},
 		{"a " + keyA + " tokens_per_minute=-5\n", `line 1: "tokens_per_minute=-5" is none of`},
 		{"a " + keyA + " max_inflight=1 extra\n", `line 1: "extra" is none of max_inflight=N`},
 		{"a " + keyA + " priority=1 priority=2\n", `line 1: priority is given twice`},
@@ -264,4 +268,20 @@ func TestTokenChargesAndAdmissionsRace(t *testing.T) {
 	wg.Wait()
 	assert.Equal(t, uint64(24000), c.RecentTokens(now), "no charge lost")
 	assert.Equal(t, int64(0), c.Inflight())
+}
+
+func TestAKeyLimitedToModelsAllowsOnlyThem(t *testing.T) {
+	var k Keys
+	k.Set([]Entry{{Name: "ops", Key: keyA, Models: []string{"qwen", "sql-lora"}}, {Name: "batch", Key: keyB}})
+	ops, batch := k.Lookup([]byte(keyA)), k.Lookup([]byte(keyB))
+	assert.True(t, ops.Allows([]byte("qwen")))
+	assert.True(t, ops.Allows([]byte("sql-lora")))
+	assert.False(t, ops.Allows([]byte("llama")))
+	assert.False(t, ops.Allows(nil))
+	assert.True(t, batch.Allows([]byte("llama")))
+	assert.Nil(t, batch.Models())
+	model := []byte("qwen")
+	assert.Zero(t, testing.AllocsPerRun(100, func() { ops.Allows(model) }))
+	k.Set([]Entry{{Name: "ops", Key: keyA}})
+	assert.True(t, ops.Allows([]byte("llama")), "a reload without models= opens them all")
 }

@@ -357,3 +357,43 @@ func TestAKeysTokensPerMinuteRefusesItOnceReached(t *testing.T) {
 	f.assertIdle()
 	assert.Equal(t, int64(0), batch.Inflight())
 }
+
+// A key given models= may name only those: another model, or none, is a
+// 403 that reaches no worker, and the key's /v1/models lists only its
+// models (GET /v1/models/{id} of another is a 404, as for a model no
+// worker serves). A key without models= sees and uses them all.
+func TestAKeyLimitedToModelsUsesAndSeesOnlyThem(t *testing.T) {
+	opts := mocks(2, 1, 0)
+	opts[0].Model, opts[1].Model = "llama", "qwen"
+	f := startFleet(t, opts, func(c *config.Config) {
+		c.APIKeysFile = keysFile(t, "team-a "+teamAKey, "batch "+batchKey+" models=qwen")
+	})
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().ModelGroup([]byte("qwen")) != nil },
+		5*time.Second, 10*time.Millisecond, "the probes list the models")
+	batch := []string{"Authorization", "Bearer " + batchKey}
+	assert.Equal(t, "2", f.servedBy("/v1/chat/completions", `{"model":"qwen","messages":[]}`, batch...))
+	resp, body := f.send("POST", "/v1/chat/completions", `{"model":"llama","messages":[]}`, batch...)
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode, body)
+	assert.Contains(t, body, `"type":"permission_error"`)
+	assert.Contains(t, body, `API key \"batch\" may use only the models qwen, not \"llama\"`)
+	resp, body = f.send("POST", "/v1/completions", `{"prompt":"hi"}`, batch...)
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode, body)
+	assert.Contains(t, body, `may use only the models qwen: the request must name one`)
+	assert.EqualValues(t, 1, f.mocks[0].Served()+f.mocks[1].Served(), "no refused request reached a worker")
+
+	_, list := f.send("GET", "/v1/models", "", batch...)
+	assert.Contains(t, list, `"id":"qwen"`)
+	assert.NotContains(t, list, `"llama"`)
+	resp, _ = f.send("GET", "/v1/models/llama", "", batch...)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	resp, _ = f.send("GET", "/v1/models/qwen", "", batch...)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+
+	teamA := []string{"Authorization", "Bearer " + teamAKey}
+	assert.Equal(t, "1", f.servedBy("/v1/chat/completions", `{"model":"llama","messages":[]}`, teamA...))
+	_, list = f.send("GET", "/v1/models", "", teamA...)
+	assert.Contains(t, list, `"id":"llama"`)
+	assert.Contains(t, list, `"id":"qwen"`)
+	f.assertIdle()
+	assert.Zero(t, f.r.APIKeys.Clients()[0].Inflight())
+}

@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane/apikeys"
@@ -69,6 +70,25 @@ func (ex *exchange) admit(ctx *fasthttp.RequestCtx, c *apikeys.Client) bool {
 	ex.keyHeld = true
 	ex.priority, ex.keyPriority = c.Priority()
 	return true
+}
+
+// modelAllowed reports whether the request's API key may use the model
+// its body names, and answers 403 when not. A key limited to some models
+// must name one of them; only a request about a stored response, which
+// names none, goes without.
+func (ex *exchange) modelAllowed(ctx *fasthttp.RequestCtx, aboutStored bool) bool {
+	c := ex.key
+	if c == nil || c.Allows(ex.req.Model) || (aboutStored && len(ex.req.Model) == 0) {
+		return true
+	}
+	msg := "API key " + strconv.Quote(c.Name()) + " may use only the models " + strings.Join(c.Models(), ", ")
+	if len(ex.req.Model) > 0 {
+		msg += ", not " + strconv.Quote(string(ex.req.Model))
+	} else {
+		msg += ": the request must name one"
+	}
+	writeError(ctx, fasthttp.StatusForbidden, "permission_error", msg)
+	return false
 }
 
 // releaseClient charges the client what the answer said it used and

@@ -417,7 +417,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			methodNotAllowed(ctx, "GET, HEAD")
 			return
 		}
-		s.models(ctx)
+		s.models(ctx, client)
 	case "/v1/responses":
 		s.proxy(ctx, routeResponses, client)
 	case "/v1/messages":
@@ -463,7 +463,7 @@ func (s *Server) other(ctx *fasthttp.RequestCtx, client *apikeys.Client) {
 	case ctx.IsPost() && (extra || bytes.HasPrefix(path, v1Prefix)):
 		s.proxy(ctx, routeOther, client)
 	case (ctx.IsGet() || ctx.IsHead()) && bytes.HasPrefix(path, modelsPrefix):
-		s.model(ctx, string(path[len(modelsPrefix):]))
+		s.model(ctx, string(path[len(modelsPrefix):]), client)
 	case extra:
 		methodNotAllowed(ctx, "POST")
 	default:
@@ -548,6 +548,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 		ex.end(outcomeInvalid, fasthttp.StatusBadRequest)
 		return
 	}
+	if !ex.modelAllowed(ctx, response != nil) {
+		ex.end(outcomeInvalid, fasthttp.StatusForbidden)
+		return
+	}
 	t := time.Now()
 	err = ex.pick()
 	s.metrics.routeTime.Observe(time.Since(t))
@@ -622,23 +626,28 @@ type model struct {
 	OwnedBy string `json:"owned_by"`
 }
 
-func (s *Server) models(ctx *fasthttp.RequestCtx) {
+// models answers GET /v1/models: the workers' models and adapters, those
+// the request's API key may use (nil: any).
+func (s *Server) models(ctx *fasthttp.RequestCtx, client *apikeys.Client) {
 	entries := s.modelEntries()
 	out := struct {
 		Object string            `json:"object"`
 		Data   []json.RawMessage `json:"data"`
 	}{Object: "list", Data: make([]json.RawMessage, 0, len(entries))}
 	for _, e := range entries {
-		out.Data = append(out.Data, e.raw)
+		if client == nil || client.Allows([]byte(e.id)) {
+			out.Data = append(out.Data, e.raw)
+		}
 	}
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }
 
-// model answers GET /v1/models/{id} from the same union.
-func (s *Server) model(ctx *fasthttp.RequestCtx, id string) {
+// model answers GET /v1/models/{id}: a 404 for a model no worker serves,
+// or that the request's API key may not use (nil: any).
+func (s *Server) model(ctx *fasthttp.RequestCtx, id string, client *apikeys.Client) {
 	entries := s.modelEntries()
 	i, ok := slices.BinarySearchFunc(entries, id, func(e modelEntry, id string) int { return strings.Compare(e.id, id) })
-	if !ok {
+	if !ok || (client != nil && !client.Allows([]byte(id))) {
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "model "+strconv.Quote(id)+" is not served by any worker")
 		return
 	}
