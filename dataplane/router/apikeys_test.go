@@ -278,7 +278,8 @@ func TestAKeysPriorityOrdersTheQueueInPlaceOfTheBodys(t *testing.T) {
 
 // Each key is charged the tokens its answers report in their usage: a
 // whole answer's, a stream's final usage chunk (stream_options.
-// include_usage); a stream that reports none is charged nothing.
+// include_usage); a stream that reports none is charged its events as
+// completion tokens.
 func TestAKeyIsChargedTheTokensItsAnswersReport(t *testing.T) {
 	var logs syncBuffer
 	f := startFleetLog(t, mocks(2, 3, 0), func(c *config.Config) {
@@ -310,6 +311,8 @@ func TestAKeyIsChargedTheTokensItsAnswersReport(t *testing.T) {
 	resp, text := f.send("POST", "/v1/chat/completions", streamBody, "Authorization", "Bearer "+batchKey)
 	require.Equal(t, http.StatusOK, resp.StatusCode, text)
 	require.NotContains(t, text, `"usage"`, "a stream without include_usage reports none")
+	events := uint64(strings.Count(text, "data: ") - strings.Count(text, "data: [DONE]"))
+	require.Positive(t, events)
 	f.assertIdle()
 
 	clients := f.r.APIKeys.Clients()
@@ -318,14 +321,16 @@ func TestAKeyIsChargedTheTokensItsAnswersReport(t *testing.T) {
 	p, c := clients[1].Tokens()
 	assert.Equal(t, wantPrompt, p)
 	assert.Equal(t, wantCompletion, c)
+	require.Eventually(t, func() bool { _, c := clients[0].Tokens(); return c > 0 }, 2*time.Second, 5*time.Millisecond)
 	p, c = clients[0].Tokens()
-	assert.Zero(t, p+c, "batch's stream reported nothing")
+	assert.Zero(t, p, "batch's stream reported nothing")
+	assert.Equal(t, events, c, "its completion tokens are estimated by its events")
 	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
 	assert.Contains(t, metrics, fmt.Sprintf("fastroute_api_key_tokens_total{api_key=\"team-a\",kind=\"prompt\"} %d\n", wantPrompt))
 	assert.Contains(t, metrics, "fastroute_api_key_tokens_total{api_key=\"team-a\",kind=\"completion\"} 6\n")
-	assert.Contains(t, metrics, "fastroute_api_key_tokens_total{api_key=\"batch\",kind=\"completion\"} 0\n")
+	assert.Contains(t, metrics, fmt.Sprintf("fastroute_api_key_tokens_total{api_key=\"batch\",kind=\"completion\"} %d\n", events))
 	assert.Regexp(t, `status=200 .* api_key=team-a prompt_tokens=[1-9][0-9]* completion_tokens=3\n`, logs.String())
-	assert.Regexp(t, `status=200 .* api_key=batch prompt_tokens=0 completion_tokens=0\n`, logs.String())
+	assert.Regexp(t, fmt.Sprintf(`status=200 .* api_key=batch prompt_tokens=0 completion_tokens=%d\n`, events), logs.String())
 }
 
 // A key's tokens_per_minute refuses its requests once its answers reported

@@ -97,8 +97,8 @@ func (ex *exchange) releaseClient() {
 	if !ex.keyHeld {
 		return
 	}
-	if prompt, completion := max(ex.usage.prompt, 0), max(ex.usage.completion, 0); prompt+completion > 0 {
-		ex.key.AddTokens(time.Now(), uint64(prompt), uint64(completion))
+	if prompt, completion := ex.usage.charged(); prompt+completion > 0 {
+		ex.key.AddTokens(time.Now(), prompt, completion)
 	}
 	ex.key.Release()
 	ex.keyHeld = false

@@ -488,6 +488,9 @@ func (ex *exchange) inspect(data []byte) {
 	}
 	if ex.key != nil {
 		ex.readUsage(data)
+		if ex.sse {
+			ex.usage.countEvents(data)
+		}
 	}
 }
 
@@ -882,8 +885,9 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 	n := len(attrs) - 3
 	if ex.key != nil { // the name of the client's API key, never the key, and what the answer said it used
 		attrs[n] = slog.String("api_key", ex.key.Name())
-		attrs[n+1] = slog.Int64("prompt_tokens", max(ex.usage.prompt, 0))
-		attrs[n+2] = slog.Int64("completion_tokens", max(ex.usage.completion, 0))
+		prompt, completion := ex.usage.charged()
+		attrs[n+1] = slog.Uint64("prompt_tokens", prompt)
+		attrs[n+2] = slog.Uint64("completion_tokens", completion)
 		n += 3
 	}
 	log.LogAttrs(context.Background(), slog.LevelInfo, "access", attrs[:n]...)

@@ -9,10 +9,42 @@ import (
 // tokenUsage is what an answer says it used, in its "usage" object:
 // OpenAI's prompt_tokens and completion_tokens (chat, completions,
 // embeddings), or input_tokens and output_tokens (the Responses API,
-// Anthropic's messages). -1: not said.
-type tokenUsage struct{ prompt, completion int64 }
+// Anthropic's messages). -1: not said. events counts an event stream's
+// data lines, an estimate of its completion tokens when it says none.
+type tokenUsage struct{ prompt, completion, events int64 }
 
-func (u *tokenUsage) reset() { u.prompt, u.completion = -1, -1 }
+func (u *tokenUsage) reset() { u.prompt, u.completion, u.events = -1, -1, 0 }
+
+var lineData, lineDone = []byte("\ndata:"), []byte("\ndata: [DONE]")
+
+// countEvents counts the data lines of an event stream's bytes (a line
+// that begins the bytes counts too), but for its [DONE]: vLLM and SGLang
+// send a token an event unless asked to batch them, so the count
+// estimates the completion tokens of a stream whose client did not ask
+// for its usage (stream_options.include_usage). A newline inside an
+// event's JSON is escaped, so its text cannot pass for a line.
+func (u *tokenUsage) countEvents(data []byte) {
+	n := bytes.Count(data, lineData) - bytes.Count(data, lineDone)
+	if bytes.HasPrefix(data, lineData[1:]) && !bytes.HasPrefix(data, lineDone[1:]) {
+		n++
+	}
+	u.events += int64(n)
+}
+
+// charged returns the prompt and completion tokens to charge: those the
+// answer said, else for completion the estimate of its events.
+func (u *tokenUsage) charged() (prompt, completion uint64) {
+	if u.prompt > 0 {
+		prompt = uint64(u.prompt)
+	}
+	switch {
+	case u.completion >= 0:
+		completion = uint64(u.completion)
+	case u.events > 0:
+		completion = uint64(u.events)
+	}
+	return prompt, completion
+}
 
 var usageName = []byte(`"usage"`)
 

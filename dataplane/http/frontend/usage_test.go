@@ -50,7 +50,7 @@ func TestTheUsageOfAnAnswerIsRead(t *testing.T) {
 		for _, d := range tc.data {
 			u.scan(&p, []byte(d))
 		}
-		assert.Equal(t, tokenUsage{tc.prompt, tc.completion}, u, tc.name)
+		assert.Equal(t, tokenUsage{tc.prompt, tc.completion, 0}, u, tc.name)
 	}
 }
 
@@ -60,7 +60,28 @@ func TestReadingAUsageAllocatesNothing(t *testing.T) {
 	data := []byte(`data: {"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":8,"total_tokens":28}}` + "\n\n")
 	u.scan(&p, data)
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { u.scan(&p, data) }))
-	assert.Equal(t, tokenUsage{20, 8}, u)
+	assert.Equal(t, tokenUsage{20, 8, 0}, u)
+}
+
+// A stream that says no usage is charged its data lines as completion
+// tokens, [DONE] and text that only looks like a line aside; one that says
+// its usage is charged that.
+func TestAStreamWithoutUsageIsChargedItsEvents(t *testing.T) {
+	var u tokenUsage
+	u.reset()
+	for _, d := range []string{
+		"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n",
+		"data: {\"choices\":[{\"delta\":{\"content\":\"a\\ndata: b\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"c\"}}]}\n\n",
+		"data: {\"choices\":[{\"delta\":{}}]}\n\ndata: [DONE]\n\n",
+	} {
+		u.countEvents([]byte(d))
+	}
+	prompt, completion := u.charged()
+	assert.Zero(t, prompt)
+	assert.Equal(t, uint64(4), completion)
+	u.completion = 7
+	_, completion = u.charged()
+	assert.Equal(t, uint64(7), completion, "a usage said wins")
 }
 
 // FuzzTheUsageOfAnAnswer builds answers around any text (which JSON
@@ -94,7 +115,7 @@ func FuzzTheUsageOfAnAnswer(f *testing.F) {
 		for _, answer := range [][]byte{doc, indented(doc, indent), append(append([]byte("data: "), doc...), "\n\n"...)} {
 			u.reset()
 			u.scan(&p, answer)
-			if u != (tokenUsage{int64(prompt), int64(completion)}) {
+			if u != (tokenUsage{int64(prompt), int64(completion), 0}) {
 				t.Fatalf("read %+v from %s", u, answer)
 			}
 		}
