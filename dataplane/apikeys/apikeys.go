@@ -13,6 +13,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -53,8 +54,9 @@ const maxNameBytes = 64
 // "max_inflight=N", "tokens_per_minute=N", "priority=P" and "models=a;b",
 // separated by spaces or tabs; blank lines and lines starting with # are skipped. A
 // name is 1 to 64 letters, digits, '.', '_' or '-'; a key at least
-// MinKeyBytes of printable ASCII without spaces. Errors give the line,
-// never a key.
+// MinKeyBytes of printable ASCII without spaces. Errors give the line
+// and the field, and quote nothing but a model name: a key written in the
+// wrong place is never shown.
 func Parse(data []byte) ([]Entry, error) {
 	var entries []Entry
 	names := map[string]int{}
@@ -71,11 +73,11 @@ func Parse(data []byte) ([]Entry, error) {
 			return nil, fmt.Errorf("line %d: %v", n, err)
 		}
 		if first, ok := names[e.Name]; ok {
-			return nil, fmt.Errorf("line %d: name %q is line %d's too", n, e.Name, first)
+			return nil, fmt.Errorf("line %d: its name is line %d's too", n, first)
 		}
 		d := sha256.Sum256([]byte(e.Key))
 		if first, ok := digests[d]; ok {
-			return nil, fmt.Errorf("line %d: the key of %q is line %d's too", n, e.Name, first)
+			return nil, fmt.Errorf("line %d: its key is line %d's too", n, first)
 		}
 		names[e.Name], digests[d] = n, n
 		entries = append(entries, e)
@@ -95,18 +97,18 @@ func parseLine(fields []string) (Entry, error) {
 	}
 	e := Entry{Name: fields[0], Key: fields[1]}
 	if !validName(e.Name) {
-		return Entry{}, fmt.Errorf("name %q is not 1 to %d letters, digits, '.', '_' or '-'", e.Name, maxNameBytes)
+		return Entry{}, fmt.Errorf("the name (field 1) is not 1 to %d letters, digits, '.', '_' or '-'", maxNameBytes)
 	}
 	if len(e.Key) < MinKeyBytes {
-		return Entry{}, fmt.Errorf("the key of %q is shorter than %d characters", e.Name, MinKeyBytes)
+		return Entry{}, fmt.Errorf("the key (field 2) is shorter than %d characters", MinKeyBytes)
 	}
 	for i := 0; i < len(e.Key); i++ {
 		if c := e.Key[i]; c <= ' ' || c > '~' {
-			return Entry{}, fmt.Errorf("the key of %q holds a character that is not printable ASCII", e.Name)
+			return Entry{}, errors.New("the key (field 2) holds a character that is not printable ASCII")
 		}
 	}
 	seen := map[string]bool{}
-	for _, f := range fields[2:] {
+	for i, f := range fields[2:] {
 		name, v, _ := strings.Cut(f, "=")
 		n, err := strconv.ParseInt(v, 10, 64)
 		switch {
@@ -123,7 +125,7 @@ func parseLine(fields []string) (Entry, error) {
 		case name == "priority" && err == nil:
 			e.Priority, e.HasPriority = n, true
 		default:
-			return Entry{}, fmt.Errorf("%q is none of max_inflight=N, tokens_per_minute=N (whole numbers of 0 or more), priority=P (a whole number) and models=a;b", f)
+			return Entry{}, fmt.Errorf("field %d is none of max_inflight=N, tokens_per_minute=N (whole numbers of 0 or more), priority=P (a whole number) and models=a;b", i+3)
 		}
 		seen[name] = true
 	}
@@ -135,10 +137,10 @@ func parseModels(list string) ([]string, error) {
 	models := strings.Split(list, ";")
 	for i, m := range models {
 		if m == "" {
-			return nil, fmt.Errorf("models=%s names an empty model", list)
+			return nil, errors.New("models= names an empty model")
 		}
 		if slices.Contains(models[:i], m) {
-			return nil, fmt.Errorf("models=%s names %q twice", list, m)
+			return nil, fmt.Errorf("models= names %q twice", m)
 		}
 	}
 	return models, nil

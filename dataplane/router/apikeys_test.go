@@ -221,7 +221,7 @@ func TestAReloadReadsTheKeysFileAgain(t *testing.T) {
 	code, body = reload()
 	assert.Equal(t, http.StatusBadRequest, code, body)
 	assert.Contains(t, body, "api_keys_file")
-	assert.Contains(t, body, `line 1: the key of \"batch\" is shorter than 16 characters`)
+	assert.Contains(t, body, `line 1: the key (field 2) is shorter than 16 characters`)
 	assert.Equal(t, http.StatusOK, status("Authorization", "Bearer "+rotated), "the keys stay")
 
 	next := f.r.CurrentConfig()
@@ -236,7 +236,7 @@ func TestAReloadReadsTheKeysFileAgain(t *testing.T) {
 func TestABadKeysFileStopsTheStart(t *testing.T) {
 	for _, tc := range []struct{ path, want string }{
 		{filepath.Join(t.TempDir(), "missing"), "key api_keys_file: open "},
-		{keysFile(t, "team-a "+teamAKey, "team-b "+teamAKey), `line 2: the key of "team-b" is line 1's too`},
+		{keysFile(t, "team-a "+teamAKey, "team-b "+teamAKey), `line 2: its key is line 1's too`},
 		{keysFile(t, "# none"), "no key in it"},
 	} {
 		cfg := config.Default()
