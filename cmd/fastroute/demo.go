@@ -9,6 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -104,6 +107,11 @@ func runDemo(args []string) error {
 		return fmt.Errorf("disaggregated request: %w", err)
 	}
 	fmt.Println(split)
+	keys, err := demoKeys(client)
+	if err != nil {
+		return fmt.Errorf("api keys: %w", err)
+	}
+	fmt.Println(keys)
 
 	fmt.Println("\nper-worker counts (served by the mock / dispatched by the router / in flight now), weight:")
 	var total int64
@@ -241,6 +249,72 @@ func demoDisagg(client *http.Client) (string, error) {
 		return "", fmt.Errorf("prefill legs ok %d, decode legs ok %d; want 1 and 1", m.Phase("prefill", "ok"), m.Phase("decode", "ok"))
 	}
 	return strings.Replace(line, "request 1  chat, stream  -> worker", "disaggregated (vllm-nixl): prefill on worker 11, decode on worker", 1), nil
+}
+
+// demoKeys runs a second router that checks clients' API keys (a keys
+// file with a token cap) in front of one engine, and sends a request
+// without a key, then requests with one until the key's tokens per minute
+// run out.
+func demoKeys(client *http.Client) (string, error) {
+	dir, err := os.MkdirTemp("", "fastroute-demo-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	const key = "sk-demo-app-7c1e4b9a2f"
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.APIKeysFile = filepath.Join(dir, "keys")
+	if err := os.WriteFile(cfg.APIKeysFile, []byte("demo-app "+key+" max_inflight=4 tokens_per_minute=40\n"), 0o600); err != nil {
+		return "", err
+	}
+	m, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 21, Tokens: 6})
+	if err != nil {
+		return "", err
+	}
+	defer m.Close()
+	cfg.Workers = []dataplane.WorkerSpec{{ID: 21, URL: m.URL()}}
+	r, err := router.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		return "", err
+	}
+	defer r.Close()
+	send := func(header string) (int, string, error) {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+r.Addr()+"/v1/chat/completions",
+			strings.NewReader(`{"model":"mock-model","messages":[{"role":"user","content":"hello"}]}`))
+		if header != "" {
+			req.Header.Set("Authorization", header)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, resp.Header.Get("Retry-After"), err
+	}
+	code, _, err := send("")
+	if err != nil || code != http.StatusUnauthorized {
+		return "", fmt.Errorf("without a key: status %d, %v; want 401", code, err)
+	}
+	var codes []string
+	for range 10 {
+		code, retry, err := send("Bearer " + key)
+		if err != nil {
+			return "", err
+		}
+		codes = append(codes, strconv.Itoa(code))
+		if code == http.StatusTooManyRequests {
+			c := r.APIKeys.Clients()[0]
+			prompt, completion := c.Tokens()
+			return fmt.Sprintf("api keys            -> no key: 401; key demo-app: %s (%d prompt + %d completion tokens charged, "+
+				"tokens_per_minute 40, retry after %s s)", strings.Join(codes, ", "), prompt, completion, retry), nil
+		}
+		if code != http.StatusOK {
+			return "", fmt.Errorf("with the key: status %d", code)
+		}
+	}
+	return "", fmt.Errorf("the key's tokens per minute never ran out: %s", strings.Join(codes, ", "))
 }
 
 // conversationTurns is how many requests demoConversation sends.
