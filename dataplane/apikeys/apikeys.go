@@ -1,12 +1,11 @@
 // Package apikeys holds the API keys clients present to the front end
 // (api_keys_file): each has a name, which the metrics and the access log
 // show in its place, and may cap the requests it has in flight at once
-// and the tokens its answers report over a minute, and name the only
-// models it may use.
-// A key is checked against SHA-256 digests, so the set keeps no key and a
-// check takes the same time however much of a wrong key is right. Checks,
-// admissions and releases lock and allocate nothing; a reload swaps the
-// set whole.
+// and the tokens its answers report over a minute, order its requests in
+// the wait queue and name the only models it may use. A key is checked
+// against SHA-256 digests, so the set keeps no key and a check takes the
+// same time however much of a wrong key is right. Checks, admissions and
+// releases lock and allocate nothing; a reload swaps the set whole.
 package apikeys
 
 import (
@@ -52,11 +51,11 @@ const maxNameBytes = 64
 
 // Parse reads a keys file: one key a line, "NAME KEY" and optionally
 // "max_inflight=N", "tokens_per_minute=N", "priority=P" and "models=a;b",
-// separated by spaces or tabs; blank lines and lines starting with # are skipped. A
-// name is 1 to 64 letters, digits, '.', '_' or '-'; a key at least
-// MinKeyBytes of printable ASCII without spaces. Errors give the line
-// and the field, and quote nothing but a model name: a key written in the
-// wrong place is never shown.
+// separated by spaces or tabs; blank lines and lines starting with # are
+// skipped. A name is 1 to 64 letters, digits, '.', '_' or '-'; a key at
+// least MinKeyBytes of printable ASCII without spaces. Errors give the
+// line and the field, and quote nothing but a model name: a key written
+// in the wrong place is never shown.
 func Parse(data []byte) ([]Entry, error) {
 	var entries []Entry
 	names := map[string]int{}

@@ -472,13 +472,6 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 	return false
 }
 
-// learnStreamed records where the response a POST /v1/responses created
-// is, from its streamed answer's first bytes, data: its first event
-// (response.created) carries the response object, whose "store" and "id"
-// say it as a buffered answer does (learnStored). Only the first event's
-// data line is read, and only when it came whole in those bytes (vLLM
-// writes an event at once); else the first request naming the id searches
-// for it.
 // inspect reads what the router learns from a streamed answer's bytes on
 // their way to the client: where a response it creates is stored
 // (learnStreamed), and what the answer used, for its API key (readUsage).
@@ -501,6 +494,13 @@ func (ex *exchange) readUsage(data []byte) {
 	ex.s.parsers.Put(p)
 }
 
+// learnStreamed records where the response a POST /v1/responses created
+// is, from its streamed answer's first bytes, data: its first event
+// (response.created) carries the response object, whose "store" and "id"
+// say it as a buffered answer does (learnStored). Only the first event's
+// data line is read, and only when it came whole in those bytes (vLLM
+// writes an event at once); else the first request naming the id searches
+// for it.
 func (ex *exchange) learnStreamed(data []byte) {
 	ex.created = false
 	_, line, found := bytes.Cut(data, sseData)
