@@ -43,7 +43,9 @@ func (w *Worker) createResponse(ctx *fasthttp.RequestCtx) {
 	id := "resp_" + hex.EncodeToString(idBytes[:])
 	model := string(v.GetStringBytes("model"))
 	text := strings.TrimSpace(strings.Repeat("tok ", w.opts.Tokens))
-	done := responseObject(id, model, prev, "completed", store, text)
+	input := len(ctx.PostBody()) / 4 // the mock's estimate of a prompt's tokens
+	usage := fmt.Sprintf(`{"input_tokens":%d,"output_tokens":%d,"total_tokens":%d}`, input, w.opts.Tokens, input+w.opts.Tokens)
+	done := responseObject(id, model, prev, "completed", store, text, usage)
 	if store {
 		w.stored.Store(id, done)
 	}
@@ -53,7 +55,7 @@ func (w *Worker) createResponse(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ctx.SetContentType("text/event-stream")
-	created := responseObject(id, model, prev, "in_progress", store, "")
+	created := responseObject(id, model, prev, "in_progress", store, "", "null")
 	interval, tokens := w.opts.TokenInterval, w.opts.Tokens
 	ctx.SetBodyStreamWriter(func(bw *bufio.Writer) {
 		seq := 0
@@ -99,8 +101,9 @@ func (w *Worker) storedResponse(ctx *fasthttp.RequestCtx, rest string) {
 	}
 }
 
-// responseObject is a Responses API response object of one output message.
-func responseObject(id, model, prev, status string, store bool, text string) []byte {
+// responseObject is a Responses API response object of one output
+// message, with its usage (JSON; null while in progress), as vLLM's.
+func responseObject(id, model, prev, status string, store bool, text, usage string) []byte {
 	prevJSON := "null"
 	if prev != "" {
 		prevJSON = strconv.Quote(prev)
@@ -110,8 +113,8 @@ func responseObject(id, model, prev, status string, store bool, text string) []b
 		output = fmt.Sprintf(`[{"type":"message","id":"msg_%s","role":"assistant","status":"completed","content":[{"type":"output_text","text":%q,"annotations":[]}]}]`,
 			id[len("resp_"):], text)
 	}
-	return fmt.Appendf(nil, `{"id":%q,"object":"response","created_at":%d,"model":%q,"status":%q,"store":%t,"previous_response_id":%s,"output":%s}`,
-		id, time.Now().Unix(), model, status, store, prevJSON, output)
+	return fmt.Appendf(nil, `{"id":%q,"object":"response","created_at":%d,"model":%q,"status":%q,"store":%t,"previous_response_id":%s,"output":%s,"usage":%s}`,
+		id, time.Now().Unix(), model, status, store, prevJSON, output, usage)
 }
 
 // notFound is vLLM's answer to a response id it does not hold.

@@ -402,3 +402,39 @@ func TestAKeyLimitedToModelsUsesAndSeesOnlyThem(t *testing.T) {
 	f.assertIdle()
 	assert.Zero(t, f.r.APIKeys.Clients()[0].Inflight())
 }
+
+// A response the Responses API creates is charged once, at its creation
+// (whole or streamed: its response.completed event's usage); reading it
+// back, which shows the same usage, charges nothing.
+func TestAStoredResponseIsChargedOnce(t *testing.T) {
+	opts := mocks(1, 3, 0)
+	opts[0].ResponsesStore = true
+	f := startFleet(t, opts, withKeys(keysFile(t, "team-a "+teamAKey)))
+	auth := []string{"Authorization", "Bearer " + teamAKey}
+	whole, streamed := `{"model":"mock-model","input":"Say hello."}`, `{"model":"mock-model","input":"Say hello.","stream":true}`
+	resp, body := f.send("POST", "/v1/responses", whole, auth...)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	var created struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &created))
+	// The mock's usage: a token per 4 bytes of the request's body, and its 3 tokens.
+	require.Contains(t, body, fmt.Sprintf(`"usage":{"input_tokens":%d,"output_tokens":3`, len(whole)/4))
+	resp, body = f.send("POST", "/v1/responses", streamed, auth...)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, body, fmt.Sprintf(`"usage":{"input_tokens":%d,"output_tokens":3`, len(streamed)/4))
+	f.assertIdle()
+	client := f.r.APIKeys.Clients()[0]
+	wantPrompt := uint64(len(whole)/4 + len(streamed)/4)
+	require.Eventually(t, func() bool { p, c := client.Tokens(); return p == wantPrompt && c == 6 }, 2*time.Second, 5*time.Millisecond)
+
+	for range 2 {
+		resp, body = f.send("GET", "/v1/responses/"+created.ID, "", auth...)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		require.Contains(t, body, `"usage":{"input_tokens"`)
+	}
+	f.assertIdle()
+	p, c := client.Tokens()
+	assert.Equal(t, wantPrompt, p, "a read-back is not charged")
+	assert.Equal(t, uint64(6), c)
+}

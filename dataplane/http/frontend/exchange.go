@@ -53,7 +53,8 @@ type exchange struct {
 	res     dataplane.Reservation
 	key     *apikeys.Client // the client whose API key the request presented (admit); nil: none
 	keyHeld bool            // the request holds one of key's slots
-	usage   tokenUsage      // what the answer says it used, read while key is set (inspect), charged to key at the end
+	usage   tokenUsage      // what the answer says it used, read while metered (inspect), charged to key at the end
+	metered bool            // the answer's usage is charged to key: a request with a key, but for one about a stored response
 	upCall                  // the request to the (decode) worker
 
 	// A request split between a prefill and a decode worker (Disagg).
@@ -102,7 +103,7 @@ type exchange struct {
 }
 
 func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
-	ex.rt, ex.start, ex.key, ex.keyHeld = rt, start, nil, false
+	ex.rt, ex.start, ex.key, ex.keyHeld, ex.metered = rt, start, nil, false, false
 	ex.usage.reset()
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done = false, nil, false
@@ -464,7 +465,7 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		if ex.creates {
 			ex.learnStored(ctx.Response.Body())
 		}
-		if ex.key != nil {
+		if ex.metered {
 			ex.readUsage(ctx.Response.Body())
 		}
 		ex.sendWhole(ctx, u)
@@ -479,7 +480,7 @@ func (ex *exchange) inspect(data []byte) {
 	if ex.created {
 		ex.learnStreamed(data)
 	}
-	if ex.key != nil {
+	if ex.metered {
 		ex.readUsage(data)
 		if ex.sse {
 			ex.usage.countEvents(data)

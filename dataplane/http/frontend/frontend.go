@@ -540,6 +540,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 		ex.end(outcomeKeyLimited, fasthttp.StatusTooManyRequests)
 		return
 	}
+	// A stored response's retrieval (or the replay of its stream) shows
+	// the usage its creation was charged: not charged again.
+	ex.metered = client != nil && response == nil
 	ex.req.Response = append(ex.req.Response, response...)
 	ex.creates = rt == routeResponses && response == nil
 	ex.generate = rt == routeOther && string(ctx.Path()) == "/generate"
