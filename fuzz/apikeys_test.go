@@ -12,7 +12,7 @@ import (
 // quotes no field of the file but a model name (a key written in the
 // wrong place is never shown).
 func FuzzKeysFile(f *testing.F) {
-	f.Add("team-a sk-team-a-0123456789abcdef max_inflight=4 priority=-1\nbatch sk-batch-0123456789abcdef tokens_per_minute=9000 models=a;b\n")
+	f.Add("team-a sk-team-a-0123456789abcdef max_inflight=4 priority=-1\nbatch sk-batch-0123456789abcdef tokens_per_minute=9000 models=a;b expires=2027-01-31\n")
 	f.Add("# none\n\n")
 	f.Add("team-a sk-old-0123456789abcd sk-new-0123456789abcd\n")
 	f.Add("sk-team-a-0123456789abcdef short\nx y\n")
@@ -61,4 +61,5 @@ const errorWords = "line field fields want NAME KEY [max_inflight=N] [tokens_per
 	"the name (field 1) is not letters, digits, '.', '_' or '-' key (field 2) shorter than characters holds a character that " +
 	"printable ASCII none of max_inflight=N, tokens_per_minute=N (whole numbers of 0 or more), priority=P (a whole number) " +
 	"and models=a;b given twice models= names an empty model its name line's too its key no key in it max_inflight " +
-	"tokens_per_minute priority"
+	"tokens_per_minute priority [expires=T], models=a;b and expires=T field expires= wants a date (2027-01-31, midnight UTC) " +
+	"or an RFC 3339 time"

@@ -2,7 +2,7 @@
 // (api_keys_file): each has a name, which the metrics and the access log
 // show in its place, and may cap the requests it has in flight at once
 // and the tokens its answers report over a minute, order its requests in
-// the wait queue and name the only models it may use. A key is checked
+// the wait queue, name the only models it may use and expire. A key is checked
 // against SHA-256 digests, so the set keeps no key and a check takes the
 // same time however much of a wrong key is right. Checks, admissions and
 // releases lock and allocate nothing; a reload swaps the set whole.
@@ -40,6 +40,8 @@ type Entry struct {
 	// Models, when set, are the only models the key's requests may name
 	// (base models or adapters, as the body's model field names them).
 	Models []string
+	// Expires, when not zero, is when the key stops opening the router.
+	Expires time.Time
 }
 
 // MinKeyBytes is the shortest key a keys file may give: one a client could
@@ -50,8 +52,8 @@ const MinKeyBytes = 16
 const maxNameBytes = 64
 
 // Parse reads a keys file: one key a line, "NAME KEY" and optionally
-// "max_inflight=N", "tokens_per_minute=N", "priority=P" and "models=a;b",
-// separated by spaces or tabs; blank lines and lines starting with # are
+// "max_inflight=N", "tokens_per_minute=N", "priority=P", "models=a;b" and
+// "expires=T", separated by spaces or tabs; blank lines and lines starting with # are
 // skipped. A name is 1 to 64 letters, digits, '.', '_' or '-'; a key at
 // least MinKeyBytes of printable ASCII without spaces. Errors give the
 // line and the field, and quote nothing but a model name: a key written
@@ -91,8 +93,8 @@ func Parse(data []byte) ([]Entry, error) {
 }
 
 func parseLine(fields []string) (Entry, error) {
-	if len(fields) < 2 || len(fields) > 6 {
-		return Entry{}, fmt.Errorf("want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b], got %d fields", len(fields))
+	if len(fields) < 2 || len(fields) > 7 {
+		return Entry{}, fmt.Errorf("want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b] [expires=T], got %d fields", len(fields))
 	}
 	e := Entry{Name: fields[0], Key: fields[1]}
 	if !validName(e.Name) {
@@ -119,16 +121,30 @@ func parseLine(fields []string) (Entry, error) {
 			if e.Models, err = parseModels(v); err != nil {
 				return Entry{}, err
 			}
+		case name == "expires":
+			if e.Expires, err = parseExpiry(v); err != nil {
+				return Entry{}, fmt.Errorf("field %d: expires= wants a date (2027-01-31, midnight UTC) or an RFC 3339 time", i+3)
+			}
 		case name == "tokens_per_minute" && err == nil && n >= 0:
 			e.TokensPerMinute = n
 		case name == "priority" && err == nil:
 			e.Priority, e.HasPriority = n, true
 		default:
-			return Entry{}, fmt.Errorf("field %d is none of max_inflight=N, tokens_per_minute=N (whole numbers of 0 or more), priority=P (a whole number) and models=a;b", i+3)
+			return Entry{}, fmt.Errorf("field %d is none of max_inflight=N, tokens_per_minute=N (whole numbers of 0 or more), priority=P (a whole number), models=a;b and expires=T", i+3)
 		}
 		seen[name] = true
 	}
 	return e, nil
+}
+
+// parseExpiry reads an expires= time, in UTC: a date (midnight UTC) or
+// an RFC 3339 time.
+func parseExpiry(v string) (time.Time, error) {
+	if t, err := time.Parse(time.DateOnly, v); err == nil {
+		return t, nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	return t.UTC(), err
 }
 
 // parseModels reads a models= list: model names separated by ';'.
@@ -167,6 +183,7 @@ type Client struct {
 	tpm      atomic.Int64             // TokensPerMinute; 0: no cap
 	priority atomic.Pointer[int64]    // Priority; nil: none
 	models   atomic.Pointer[[]string] // Models; nil: any
+	expires  atomic.Int64             // Expires in Unix nanoseconds; 0: never
 	inflight atomic.Int64
 	admitted atomic.Uint64
 	limited  [numRefusals]atomic.Uint64
@@ -182,6 +199,7 @@ const (
 	Admitted     Refusal = iota
 	OverInflight         // the client has MaxInflight requests in flight
 	OverTokens           // its answers reported TokensPerMinute tokens or more over the last minute
+	Expired              // its key expired (Expired)
 	numRefusals
 )
 
@@ -202,6 +220,25 @@ func (c *Client) Priority() (int64, bool) {
 		return *p, true
 	}
 	return 0, false
+}
+
+// Expires is when the client's key stops opening the router; zero: never.
+func (c *Client) Expires() time.Time {
+	if ns := c.expires.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// Expired reports, and counts, that the client's key had expired at the
+// time now returns; now is called only for a key that expires.
+func (c *Client) Expired(now func() time.Time) bool {
+	ns := c.expires.Load()
+	if ns == 0 || now().UnixNano() < ns {
+		return false
+	}
+	c.limited[Expired].Add(1)
+	return true
 }
 
 // Models are the only models the client's requests may name; nil: any.
@@ -392,6 +429,11 @@ func (k *Keys) Set(entries []Entry) {
 			c.models.Store(&e.Models)
 		} else {
 			c.models.Store(nil)
+		}
+		if e.Expires.IsZero() {
+			c.expires.Store(0)
+		} else {
+			c.expires.Store(e.Expires.UnixNano())
 		}
 		next.byDigest[sha256.Sum256([]byte(e.Key))] = c
 		next.clients = append(next.clients, c)

@@ -18,12 +18,15 @@ const (
 
 func TestParseReadsNamesKeysAndCaps(t *testing.T) {
 	entries, err := Parse([]byte("# clients\n\nteam-a " + keyA + " priority=-1\n\tbatch\t" + keyB + "  max_inflight=2 priority=10 tokens_per_minute=90000\n" +
-		"ops sk-ops-0123456789abcdef priority=0 models=meta-llama/Llama-3.1-8B;sql-lora\n"))
+		"ops sk-ops-0123456789abcdef priority=0 models=meta-llama/Llama-3.1-8B;sql-lora expires=2027-01-31\n" +
+		"temp sk-temp-0123456789abcdef expires=2026-12-24T18:00:00+01:00\n"))
 	require.NoError(t, err)
 	assert.Equal(t, []Entry{
 		{Name: "team-a", Key: keyA, Priority: -1, HasPriority: true},
 		{Name: "batch", Key: keyB, MaxInflight: 2, TokensPerMinute: 90000, Priority: 10, HasPriority: true},
-		{Name: "ops", Key: "sk-ops-0123456789abcdef", HasPriority: true, Models: []string{"meta-llama/Llama-3.1-8B", "sql-lora"}},
+		{Name: "ops", Key: "sk-ops-0123456789abcdef", HasPriority: true, Models: []string{"meta-llama/Llama-3.1-8B", "sql-lora"},
+			Expires: time.Date(2027, 1, 31, 0, 0, 0, 0, time.UTC)},
+		{Name: "temp", Key: "sk-temp-0123456789abcdef", Expires: time.Date(2026, 12, 24, 17, 0, 0, 0, time.UTC)},
 	}, entries)
 }
 
@@ -31,8 +34,10 @@ func TestParseRefusesBadLinesWithoutQuotingAKey(t *testing.T) {
 	for _, tc := range []struct{ file, want string }{
 		{"", "no key in it"},
 		{"# only a comment\n", "no key in it"},
-		{"team-a\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b], got 1 fields"},
-		{"a " + keyA + " max_inflight=1 priority=2 tokens_per_minute=3 models=m extra\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b], got 7 fields"},
+		{"team-a\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b] [expires=T], got 1 fields"},
+		{"a " + keyA + " max_inflight=1 priority=2 tokens_per_minute=3 models=m expires=2027-01-01 extra\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b] [expires=T], got 8 fields"},
+		{"a " + keyA + " expires=tomorrow\n", "line 1: field 3: expires= wants a date (2027-01-31, midnight UTC) or an RFC 3339 time"},
+		{"a " + keyA + " expires=2027-02-30\n", "line 1: field 3: expires= wants a date"},
 		{"a " + keyA + " models=llama;;qwen\n", `line 1: models= names an empty model`},
 		{"a " + keyA + " models=\n", `line 1: models= names an empty model`},
 		{"a " + keyA + " models=qwen;llama;qwen\n", `line 1: models= names "qwen" twice`},
@@ -286,4 +291,19 @@ func TestAKeyLimitedToModelsAllowsOnlyThem(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(100, func() { ops.Allows(model) }))
 	k.Set([]Entry{{Name: "ops", Key: keyA}})
 	assert.True(t, ops.Allows([]byte("llama")), "a reload without models= opens them all")
+}
+
+func TestAKeyExpires(t *testing.T) {
+	var k Keys
+	at := time.Date(2026, 12, 24, 17, 0, 0, 0, time.UTC)
+	k.Set([]Entry{{Name: "temp", Key: keyA, Expires: at}, {Name: "ops", Key: keyB}})
+	temp, ops := k.Lookup([]byte(keyA)), k.Lookup([]byte(keyB))
+	assert.Equal(t, at, temp.Expires().UTC())
+	assert.False(t, temp.Expired(func() time.Time { return at.Add(-time.Nanosecond) }))
+	assert.True(t, temp.Expired(func() time.Time { return at }))
+	assert.Equal(t, uint64(1), temp.Limited(Expired))
+	assert.True(t, ops.Expires().IsZero())
+	assert.False(t, ops.Expired(func() time.Time { t.Fatal("a key that does not expire reads no clock"); return time.Time{} }))
+	k.Set([]Entry{{Name: "temp", Key: keyA}})
+	assert.False(t, temp.Expired(time.Now), "a reload without expires= lifts it")
 }

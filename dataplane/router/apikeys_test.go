@@ -438,3 +438,22 @@ func TestAStoredResponseIsChargedOnce(t *testing.T) {
 	assert.Equal(t, wantPrompt, p, "a read-back is not charged")
 	assert.Equal(t, uint64(6), c)
 }
+
+// A key past its expires= is a 401 saying so (the realm's error
+// invalid_token), counted as expired; one not yet past works, and the
+// metrics give its expiry for alerts.
+func TestAnExpiredKeyIsRefused(t *testing.T) {
+	f := startFleet(t, mocks(1, 1, 0), withKeys(keysFile(t,
+		"old "+teamAKey+" expires=2020-01-01", "current "+batchKey+" expires=2099-12-31T23:59:59Z")))
+	resp, body := f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+teamAKey)
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, body)
+	assert.Equal(t, `Bearer realm="fastroute", error="invalid_token"`, resp.Header.Get("WWW-Authenticate"))
+	assert.Contains(t, body, `API key \"old\" expired at 2020-01-01T00:00:00Z`)
+	assert.NotContains(t, body, teamAKey)
+	resp, body = f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+batchKey)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, metrics, `fastroute_api_key_requests_total{api_key="old",outcome="expired"} 1`+"\n")
+	assert.Contains(t, metrics, `fastroute_api_key_expiry_timestamp_seconds{api_key="current"} 4.102444799e+09`+"\n")
+	f.assertIdle()
+}

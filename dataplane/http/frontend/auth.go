@@ -17,7 +17,8 @@ const (
 )
 
 // authenticate finds the client whose API key the request presents
-// (Options.APIKeys), and answers 401 when no client has it. The key goes
+// (Options.APIKeys), and answers 401 when no client has it or the key
+// expired. The key goes
 // no further: the request reaches its worker without it, and with the
 // workers' own key (Options.WorkerAPIKey) when one is set, so a client
 // never holds a key an engine takes and an engine's logs never show a
@@ -29,6 +30,12 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) *apikeys.Client {
 		ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="fastroute"`)
 		writeError(ctx, fasthttp.StatusUnauthorized, "authentication_error",
 			"a valid API key is required: send it as Authorization: Bearer <key> (or x-api-key: <key>)")
+		return nil
+	}
+	if c.Expired(time.Now) {
+		ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="fastroute", error="invalid_token"`)
+		writeError(ctx, fasthttp.StatusUnauthorized, "authentication_error",
+			"API key "+strconv.Quote(c.Name())+" expired at "+c.Expires().UTC().Format(time.RFC3339))
 		return nil
 	}
 	h.Del(headerAuthorization)
@@ -108,11 +115,18 @@ func (ex *exchange) releaseClient() {
 func writeKeyMetrics(w *metrics.Writer, keys *apikeys.Keys) {
 	clients := keys.Clients()
 	w.Header("fastroute_api_key_requests_total", "counter",
-		"Requests by API key (the name api_keys_file gives it) and outcome: admitted, or answered 429 for the key's max_inflight or tokens_per_minute.")
+		"Requests by API key (the name api_keys_file gives it) and outcome: admitted, answered 429 for the key's max_inflight or tokens_per_minute, or 401 for its expiry.")
 	for _, c := range clients {
 		w.Sample("fastroute_api_key_requests_total", float64(c.Admitted()), "api_key", c.Name(), "outcome", "admitted")
 		w.Sample("fastroute_api_key_requests_total", float64(c.Limited(apikeys.OverInflight)), "api_key", c.Name(), "outcome", "max_inflight")
 		w.Sample("fastroute_api_key_requests_total", float64(c.Limited(apikeys.OverTokens)), "api_key", c.Name(), "outcome", "tokens_per_minute")
+		w.Sample("fastroute_api_key_requests_total", float64(c.Limited(apikeys.Expired)), "api_key", c.Name(), "outcome", "expired")
+	}
+	w.Header("fastroute_api_key_expiry_timestamp_seconds", "gauge", "When the API key expires (its expires=), for alerts before it does; absent for a key that does not.")
+	for _, c := range clients {
+		if t := c.Expires(); !t.IsZero() {
+			w.Sample("fastroute_api_key_expiry_timestamp_seconds", float64(t.Unix()), "api_key", c.Name())
+		}
 	}
 	w.Header("fastroute_api_key_tokens_total", "counter",
 		"Tokens the answers to the API key's requests reported in their usage (prompt: prompt_tokens or input_tokens; completion: completion_tokens or output_tokens; a stream's when it reports them, as with stream_options.include_usage).")
