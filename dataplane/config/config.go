@@ -41,9 +41,11 @@ type Config struct {
 	WorkerAPIKey     string `yaml:"worker_api_key"`
 	WorkerAPIKeyFile string `yaml:"worker_api_key_file"`
 	// APIKeysFile lists the API keys clients must present, one a line
-	// ("NAME KEY [max_inflight=N]", apikeys.Parse): every request but a
-	// CORS preflight and GET /health needs one. Empty: none is checked and
-	// a client's Authorization reaches its worker. A reload reads it again.
+	// with its options ("NAME KEY [max_inflight=N] [tokens_per_minute=N]
+	// [priority=P] [models=a;b] [expires=T]", apikeys.Parse): every request
+	// but a CORS preflight and GET /health needs one. Empty: none is
+	// checked and a client's Authorization reaches its worker. A reload
+	// reads it again.
 	APIKeysFile string `yaml:"api_keys_file"`
 	// APIKeys are APIKeysFile's keys, read by ResolveSecrets.
 	APIKeys []apikeys.Entry `yaml:"-"`

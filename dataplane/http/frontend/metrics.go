@@ -42,7 +42,7 @@ const (
 	outcomeUpstreamError                // transport failure or broken stream
 	outcomeTimeout                      // upstream did not answer in time
 	outcomeCancelled                    // client went away mid-answer
-	outcomeKeyLimited                   // its API key had max_inflight requests in flight (429)
+	outcomeKeyLimited                   // its API key was at its max_inflight or tokens_per_minute (429)
 	numOutcomes
 )
 
