@@ -279,7 +279,7 @@ func TestAKeysPriorityOrdersTheQueueInPlaceOfTheBodys(t *testing.T) {
 // Each key is charged the tokens its answers report in their usage: a
 // whole answer's, a stream's final usage chunk (stream_options.
 // include_usage); a stream that reports none is charged its events as
-// completion tokens.
+// completion tokens and its body at 4 bytes a token as its prompt.
 func TestAKeyIsChargedTheTokensItsAnswersReport(t *testing.T) {
 	var logs syncBuffer
 	f := startFleetLog(t, mocks(2, 3, 0), func(c *config.Config) {
@@ -323,14 +323,14 @@ func TestAKeyIsChargedTheTokensItsAnswersReport(t *testing.T) {
 	assert.Equal(t, wantCompletion, c)
 	require.Eventually(t, func() bool { _, c := clients[0].Tokens(); return c > 0 }, 2*time.Second, 5*time.Millisecond)
 	p, c = clients[0].Tokens()
-	assert.Zero(t, p, "batch's stream reported nothing")
-	assert.Equal(t, events, c, "its completion tokens are estimated by its events")
+	assert.Equal(t, uint64(len(streamBody)/4), p, "batch's stream reported nothing: its prompt is estimated by its body")
+	assert.Equal(t, events, c, "and its completion tokens by its events")
 	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
 	assert.Contains(t, metrics, fmt.Sprintf("fastroute_api_key_tokens_total{api_key=\"team-a\",kind=\"prompt\"} %d\n", wantPrompt))
 	assert.Contains(t, metrics, "fastroute_api_key_tokens_total{api_key=\"team-a\",kind=\"completion\"} 6\n")
 	assert.Contains(t, metrics, fmt.Sprintf("fastroute_api_key_tokens_total{api_key=\"batch\",kind=\"completion\"} %d\n", events))
 	assert.Regexp(t, `status=200 .* api_key=team-a prompt_tokens=[1-9][0-9]* completion_tokens=3\n`, logs.String())
-	assert.Regexp(t, fmt.Sprintf(`status=200 .* api_key=batch prompt_tokens=0 completion_tokens=%d\n`, events), logs.String())
+	assert.Regexp(t, fmt.Sprintf(`status=200 .* api_key=batch prompt_tokens=%d completion_tokens=%d\n`, len(streamBody)/4, events), logs.String())
 }
 
 // A key's tokens_per_minute refuses its requests once its answers reported

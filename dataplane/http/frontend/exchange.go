@@ -171,6 +171,7 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 		ex.req.Session = append(ex.req.Session[:0], h.Peek(rt.SessionHeader)...)
 	}
 	body := ctx.PostBody()
+	ex.usage.bodyBytes = int64(len(body))
 	strict := ex.rt.strict()
 	switch {
 	case len(body) == 0 && strict:

@@ -9,11 +9,17 @@ import (
 // tokenUsage is what an answer says it used, in its "usage" object:
 // OpenAI's prompt_tokens and completion_tokens (chat, completions,
 // embeddings), or input_tokens and output_tokens (the Responses API,
-// Anthropic's messages). -1: not said. events counts an event stream's
-// data lines, an estimate of its completion tokens when it says none.
-type tokenUsage struct{ prompt, completion, events int64 }
+// Anthropic's messages). -1: not said. For a stream that says neither,
+// its data lines (events) estimate its completion tokens and its
+// request's body (bodyBytes) its prompt's.
+type tokenUsage struct{ prompt, completion, events, bodyBytes int64 }
 
-func (u *tokenUsage) reset() { u.prompt, u.completion, u.events = -1, -1, 0 }
+func (u *tokenUsage) reset() { *u = tokenUsage{prompt: -1, completion: -1} }
+
+// bytesPerToken is the estimate of a prompt's tokens from its request's
+// body: about 4 bytes of English text a token, as OpenAI's guidance and
+// the mock engines have it.
+const bytesPerToken = 4
 
 var lineData, lineDone = []byte("\ndata:"), []byte("\ndata: [DONE]")
 
@@ -32,18 +38,13 @@ func (u *tokenUsage) countEvents(data []byte) {
 }
 
 // charged returns the prompt and completion tokens to charge: those the
-// answer said, else for completion the estimate of its events.
+// answer said; for a stream that said neither, the estimates of its
+// events and its request's body.
 func (u *tokenUsage) charged() (prompt, completion uint64) {
-	if u.prompt > 0 {
-		prompt = uint64(u.prompt)
+	if u.prompt < 0 && u.completion < 0 && u.events > 0 {
+		return uint64(u.bodyBytes / bytesPerToken), uint64(u.events)
 	}
-	switch {
-	case u.completion >= 0:
-		completion = uint64(u.completion)
-	case u.events > 0:
-		completion = uint64(u.events)
-	}
-	return prompt, completion
+	return uint64(max(u.prompt, 0)), uint64(max(u.completion, 0))
 }
 
 var usageName = []byte(`"usage"`)

@@ -50,7 +50,7 @@ func TestTheUsageOfAnAnswerIsRead(t *testing.T) {
 		for _, d := range tc.data {
 			u.scan(&p, []byte(d))
 		}
-		assert.Equal(t, tokenUsage{tc.prompt, tc.completion, 0}, u, tc.name)
+		assert.Equal(t, tokenUsage{prompt: tc.prompt, completion: tc.completion}, u, tc.name)
 	}
 }
 
@@ -60,15 +60,17 @@ func TestReadingAUsageAllocatesNothing(t *testing.T) {
 	data := []byte(`data: {"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":8,"total_tokens":28}}` + "\n\n")
 	u.scan(&p, data)
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { u.scan(&p, data) }))
-	assert.Equal(t, tokenUsage{20, 8, 0}, u)
+	assert.Equal(t, tokenUsage{prompt: 20, completion: 8}, u)
 }
 
 // A stream that says no usage is charged its data lines as completion
-// tokens, [DONE] and text that only looks like a line aside; one that says
-// its usage is charged that.
+// tokens, [DONE] and text that only looks like a line aside, and its
+// request's body at 4 bytes a token as its prompt; one that says its
+// usage is charged that.
 func TestAStreamWithoutUsageIsChargedItsEvents(t *testing.T) {
 	var u tokenUsage
 	u.reset()
+	u.bodyBytes = 410
 	for _, d := range []string{
 		"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n",
 		"data: {\"choices\":[{\"delta\":{\"content\":\"a\\ndata: b\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"c\"}}]}\n\n",
@@ -77,11 +79,16 @@ func TestAStreamWithoutUsageIsChargedItsEvents(t *testing.T) {
 		u.countEvents([]byte(d))
 	}
 	prompt, completion := u.charged()
-	assert.Zero(t, prompt)
+	assert.Equal(t, uint64(102), prompt)
 	assert.Equal(t, uint64(4), completion)
-	u.completion = 7
-	_, completion = u.charged()
-	assert.Equal(t, uint64(7), completion, "a usage said wins")
+	u.prompt, u.completion = 30, 7
+	prompt, completion = u.charged()
+	assert.Equal(t, uint64(30), prompt, "a usage said wins")
+	assert.Equal(t, uint64(7), completion)
+	u.reset()
+	u.bodyBytes = 410
+	prompt, completion = u.charged()
+	assert.Zero(t, prompt+completion, "a whole answer without usage is charged nothing")
 }
 
 // FuzzTheUsageOfAnAnswer builds answers around any text (which JSON
@@ -115,7 +122,7 @@ func FuzzTheUsageOfAnAnswer(f *testing.F) {
 		for _, answer := range [][]byte{doc, indented(doc, indent), append(append([]byte("data: "), doc...), "\n\n"...)} {
 			u.reset()
 			u.scan(&p, answer)
-			if u != (tokenUsage{int64(prompt), int64(completion), 0}) {
+			if u != (tokenUsage{prompt: int64(prompt), completion: int64(completion)}) {
 				t.Fatalf("read %+v from %s", u, answer)
 			}
 		}
