@@ -457,3 +457,56 @@ func TestAnExpiredKeyIsRefused(t *testing.T) {
 	assert.Contains(t, metrics, `fastroute_api_key_expiry_timestamp_seconds{api_key="current"} 4.102444799e+09`+"\n")
 	f.assertIdle()
 }
+
+// The admin listener's GET /api_keys shows each key's name, options and
+// counts, never a key; an empty list while api_keys_file is unset.
+func TestTheAdminListsTheKeys(t *testing.T) {
+	f := startFleet(t, mocks(1, 3, 0), withKeys(keysFile(t,
+		"team-a "+teamAKey+" max_inflight=8 priority=-1 models=mock-model expires=2099-01-01",
+		"batch "+batchKey+" tokens_per_minute=1")))
+	for range 2 {
+		resp, body := f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+batchKey)
+		require.Contains(t, []int{http.StatusOK, http.StatusTooManyRequests}, resp.StatusCode, body)
+	}
+	f.assertIdle()
+	code, body := adminDo(t, f, "GET", "/api_keys", "", "")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.NotContains(t, body, teamAKey)
+	assert.NotContains(t, body, batchKey)
+	var keys []struct {
+		Name               string
+		MaxInflight        int64 `json:"max_inflight"`
+		TokensPerMinute    int64 `json:"tokens_per_minute"`
+		Priority           *int64
+		Models             []string
+		Expires            *time.Time
+		Inflight, Admitted int64
+		PromptTokens       uint64 `json:"prompt_tokens"`
+		CompletionTokens   uint64 `json:"completion_tokens"`
+		Refused            struct {
+			TokensPerMinute uint64 `json:"tokens_per_minute"`
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &keys), body)
+	require.Len(t, keys, 2)
+	batch, teamA := keys[0], keys[1]
+	assert.Equal(t, "batch", batch.Name)
+	assert.Equal(t, int64(1), batch.TokensPerMinute)
+	assert.Equal(t, int64(1), batch.Admitted)
+	assert.Equal(t, uint64(1), batch.Refused.TokensPerMinute)
+	assert.Equal(t, uint64(3), batch.CompletionTokens)
+	assert.Positive(t, batch.PromptTokens)
+	assert.Nil(t, batch.Priority)
+	assert.Equal(t, "team-a", teamA.Name)
+	assert.Equal(t, int64(8), teamA.MaxInflight)
+	require.NotNil(t, teamA.Priority)
+	assert.Equal(t, int64(-1), *teamA.Priority)
+	assert.Equal(t, []string{"mock-model"}, teamA.Models)
+	require.NotNil(t, teamA.Expires)
+	assert.Equal(t, time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC), *teamA.Expires)
+
+	open := startFleet(t, mocks(1, 1, 0), nil)
+	code, body = adminDo(t, open, "GET", "/api_keys", "", "")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Equal(t, "[]\n", body)
+}

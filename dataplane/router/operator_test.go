@@ -57,7 +57,7 @@ func TestMaxHeaderBytesIsConfigurable(t *testing.T) {
 
 func TestAdminRoutesAllNeedTheToken(t *testing.T) {
 	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.AdminToken = "s3cret" })
-	for _, path := range []string{"/workers", "/metrics", "/debug/pprof/", "/debug/pprof/cmdline"} {
+	for _, path := range []string{"/workers", "/api_keys", "/metrics", "/debug/pprof/", "/debug/pprof/cmdline"} {
 		for _, token := range []string{"", "wrong", "s3cre", "s3cretX"} {
 			code, body := adminDo(t, f, "GET", path, "", token)
 			assert.Equal(t, http.StatusUnauthorized, code, "%s with token %q", path, token)

@@ -168,7 +168,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.admin = &http.Server{
 		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken,
 			MetricsPublic: cfg.MetricsPublic, Logger: log, Reload: r.ReloadFromSource, Probe: r.probeSoon,
-			Describe: r.describe, Drain: r.drainWorker, LearnPrefixes: r.learnPrefixes()}),
+			Describe: r.describe, Drain: r.drainWorker, LearnPrefixes: r.learnPrefixes(), APIKeys: &r.APIKeys}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	if err := r.startDiscovery(log); err != nil {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/loops/prefixshare"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 )
@@ -69,6 +70,9 @@ type Options struct {
 	// /prefixes, affinity.AppendPrefixRecord's format) and says how many
 	// it read; nil while prefix affinity is off (409).
 	LearnPrefixes func(records []byte) (int, error)
+	// APIKeys are the clients' keys GET /api_keys describes (their names,
+	// options and counts, never a key); nil or off: an empty list.
+	APIKeys *apikeys.Keys
 }
 
 // Handler returns the admin handler: the routes behind the token check and
@@ -146,6 +150,7 @@ func routes(o Options) *http.ServeMux {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(append(out, "]\n"...))
 	})
+	mux.HandleFunc("GET /api_keys", o.serveAPIKeys)
 	mux.HandleFunc("GET /workers/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id, ok := pathID(w, r)
 		if !ok {
