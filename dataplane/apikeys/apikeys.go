@@ -375,10 +375,16 @@ func (w *window) sum(sec uint64) uint64 {
 }
 
 // secondsUntilBelow is how many seconds after sec the window's sum falls
-// below limit as its buckets leave it (at least 1).
+// below limit as its buckets leave it (at least 1): one pass, a second
+// later taking out the one bucket that leaves then, the one of its second
+// a minute before.
 func (w *window) secondsUntilBelow(sec, limit uint64) uint64 {
+	total := w.sum(sec)
 	for wait := uint64(1); wait < windowSeconds; wait++ {
-		if w.sum(sec+wait) < limit {
+		if v := w.buckets[(sec+wait)%windowSeconds].Load(); v>>tokenBits+windowSeconds == sec+wait {
+			total -= v & (1<<tokenBits - 1)
+		}
+		if total < limit {
 			return wait
 		}
 	}
