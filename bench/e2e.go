@@ -74,6 +74,11 @@ type Row struct {
 	// than the ratio of two median rounds, which may come from different
 	// rounds.
 	CPURatio, CPURatioLeast, CPURatioMost, P99Ratio float64
+	// UserRatio is the median over the rounds of the ratio of the front
+	// end's user-space CPU per request to nginx-1w's: where a CPU ratio
+	// above 1 comes from (the kernel's part is the same system calls on
+	// the same loopback for every proxy).
+	UserRatio float64
 }
 
 // startFunc starts a front end before the workers and returns its address
@@ -151,11 +156,13 @@ func workloadRows(workload string, rounds [][]Result) []Row {
 	cpuRef := slices.IndexFunc(fronts, func(f front) bool { return f.name == "nginx-1w" })
 	p99Ref := slices.IndexFunc(fronts, func(f front) bool { return f.name == "nginx" })
 	cpu := func(r Result) float64 { return float64(r.CPUPerRequest) }
+	user := func(r Result) float64 { return float64(r.UserCPUPerRequest) }
 	p99 := func(r Result) float64 { return float64(r.P99) }
 	rows := make([]Row, 0, len(fronts))
 	for i, f := range fronts {
 		row := medianRow(workload, f.name, rounds[i])
 		row.CPURatio, row.CPURatioLeast, row.CPURatioMost = perRound(rounds[i], rounds[cpuRef], cpu)
+		row.UserRatio, _, _ = perRound(rounds[i], rounds[cpuRef], user)
 		row.P99Ratio, _, _ = perRound(rounds[i], rounds[p99Ref], p99)
 		rows = append(rows, row)
 	}
@@ -215,7 +222,9 @@ func runFront(f front, dir string, workers []string, wl Workload, o E2EOptions) 
 	cpu0 := treeCPU(pid)
 	r := LoadSpread(f.name, targets, wl.Path, wl.Body, o.Connections, o.Duration)
 	if pid != 0 && r.Requests > 0 {
-		r.CPUPerRequest = (treeCPU(pid) - cpu0) / time.Duration(r.Requests)
+		cpu := treeCPU(pid)
+		r.CPUPerRequest = (cpu.total() - cpu0.total()) / time.Duration(r.Requests)
+		r.UserCPUPerRequest = (cpu.user - cpu0.user) / time.Duration(r.Requests)
 		r.PeakRSS = treePeakRSS(pid)
 	}
 	if r.Errors > 0 {

@@ -22,8 +22,11 @@ type Result struct {
 	// from /proc) divided by the requests; PeakRSS its peak resident set.
 	// Both zero for the direct runs.
 	CPUPerRequest time.Duration
-	PeakRSS       int64
-	sorted        []time.Duration // every successful request's latency, ascending
+	// UserCPUPerRequest is the user-space part of CPUPerRequest (the rest
+	// is the kernel's: system calls, the loopback's TCP, wake-ups).
+	UserCPUPerRequest time.Duration
+	PeakRSS           int64
+	sorted            []time.Duration // every successful request's latency, ascending
 }
 
 // Percentile returns the latency below which a share q (0..1) of the
@@ -99,7 +102,8 @@ func (r Result) String() string {
 	line := fmt.Sprintf("%-12s %10.0f req/s  p50 %8s  p99 %8s  (%d ok, %d errors)",
 		r.Name, r.RPS(), r.P50.Round(time.Microsecond), r.P99.Round(time.Microsecond), r.Requests, r.Errors)
 	if r.CPUPerRequest > 0 {
-		line += fmt.Sprintf("  CPU %.1f µs/req, peak RSS %.1f MiB", micros(r.CPUPerRequest), float64(r.PeakRSS)/(1<<20))
+		line += fmt.Sprintf("  CPU %.1f µs/req (user %.1f), peak RSS %.1f MiB",
+			micros(r.CPUPerRequest), micros(r.UserCPUPerRequest), float64(r.PeakRSS)/(1<<20))
 	}
 	return line
 }

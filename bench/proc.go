@@ -48,13 +48,19 @@ func statFields(pid int) []string {
 	return strings.Fields(string(b[i+1:]))
 }
 
-// treeCPU is the user plus system CPU time of pid and its descendants; 0
-// for pid 0 (no process: the direct runs).
-func treeCPU(pid int) time.Duration {
+// cpuTime is a process tree's CPU time, its user-space and kernel parts.
+type cpuTime struct{ user, system time.Duration }
+
+// total is the user plus system time.
+func (c cpuTime) total() time.Duration { return c.user + c.system }
+
+// treeCPU is the CPU time of pid and its descendants; zero for pid 0 (no
+// process: the direct runs).
+func treeCPU(pid int) cpuTime {
+	var c cpuTime
 	if pid == 0 {
-		return 0
+		return c
 	}
-	var ticks int64
 	for _, p := range procTree(pid) {
 		f := statFields(p)
 		if len(f) < 13 {
@@ -62,9 +68,10 @@ func treeCPU(pid int) time.Duration {
 		}
 		u, _ := strconv.ParseInt(f[11], 10, 64)
 		s, _ := strconv.ParseInt(f[12], 10, 64)
-		ticks += u + s
+		c.user += time.Duration(u) * clockTick
+		c.system += time.Duration(s) * clockTick
 	}
-	return time.Duration(ticks) * clockTick
+	return c
 }
 
 // treePeakRSS is the sum of the peak resident sets (VmHWM) of pid and its

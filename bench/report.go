@@ -24,10 +24,11 @@ func Table(rows []Row, o E2EOptions) string {
 	if o.Rounds > 1 {
 		fmt.Fprintf(&b, "%d rounds, the front ends interleaved: each row is the front end's median round, "+
 			"CPU µs/req with its least and most over the rounds; p99 vs nginx and CPU vs nginx-1w are the "+
-			"medians over the rounds of each round's ratio, CPU's with its least and most\n\n", o.Rounds)
+			"medians over the rounds of each round's ratio, CPU's with its least and most; user µs/req is the "+
+			"user-space part of the median round's CPU, its ratio the median of the rounds' user-space ratios to nginx-1w's\n\n", o.Rounds)
 	}
-	b.WriteString("| workload | front end | req/s | p50 | p90 | p99 | p99.9 | req/s vs direct | req/s vs nginx | p99 vs nginx | CPU µs/req | CPU vs nginx-1w | peak RSS |\n")
-	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| workload | front end | req/s | p50 | p90 | p99 | p99.9 | req/s vs direct | req/s vs nginx | p99 vs nginx | CPU µs/req | CPU vs nginx-1w | user µs/req | peak RSS |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
 		direct, nginx := find(rows, r.Workload, "direct"), find(rows, r.Workload, "nginx")
 		fmt.Fprintf(&b, "| %s | %s | %.0f |", r.Workload, r.Front, r.Result.RPS())
@@ -40,7 +41,7 @@ func Table(rows []Row, o E2EOptions) string {
 		}
 		fmt.Fprintf(&b, " %s | %s | %s |", ratio(r.Result.RPS(), direct.RPS()), ratio(r.Result.RPS(), nginx.RPS()), p99)
 		if r.Result.CPUPerRequest == 0 {
-			b.WriteString(" - | - | - |\n")
+			b.WriteString(" - | - | - | - |\n")
 			continue
 		}
 		cpu := fmt.Sprintf("%.1f", micros(r.Result.CPUPerRequest))
@@ -54,7 +55,16 @@ func Table(rows []Row, o E2EOptions) string {
 				vs += fmt.Sprintf(" (%.2f–%.2f)", r.CPURatioLeast, r.CPURatioMost)
 			}
 		}
-		fmt.Fprintf(&b, " %s | %s | %.1f MiB |\n", cpu, vs, float64(r.Result.PeakRSS)/(1<<20))
+		user := "-"
+		if r.Result.UserCPUPerRequest > 0 {
+			vs := ratio(float64(r.Result.UserCPUPerRequest), float64(find(rows, r.Workload, "nginx-1w").UserCPUPerRequest))
+			if r.UserRatio > 0 {
+				vs = fmt.Sprintf("%.2f×", r.UserRatio)
+			}
+			user = fmt.Sprintf("%.1f (%s)", micros(r.Result.UserCPUPerRequest), vs)
+		}
+		fmt.Fprintf(&b, " %s | %s | %s | %.1f MiB |\n", cpu, vs, user,
+			float64(r.Result.PeakRSS)/(1<<20))
 	}
 	return b.String()
 }

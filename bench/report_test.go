@@ -63,7 +63,7 @@ func TestTheMedianRoundAndTheSpreadOfRounds(t *testing.T) {
 	nginx1w := medianRow("non-streaming", "nginx-1w", []Result{cpu(20, 5), cpu(22, 5), cpu(24, 5)})
 	table := Table([]Row{direct, row, nginx1w}, E2EOptions{Connections: 8, Duration: time.Second, Workers: 3, Rounds: 3})
 	assert.Contains(t, table, "3 rounds, the front ends interleaved")
-	assert.Contains(t, table, "| 31.0 (25.0–40.0) | 1.41× |", "without ratios per round: the ratio of the median rounds")
+	assert.Contains(t, table, "| 31.0 (25.0–40.0) | 1.41× | - |", "without ratios per round: the ratio of the median rounds")
 }
 
 // The ratios to the references are taken round by round, and the table
@@ -75,7 +75,14 @@ func TestRatiosAreTakenRoundByRound(t *testing.T) {
 	at := func(us int, p99 time.Duration) Result {
 		r := synthetic("x", 1000, p99)
 		r.CPUPerRequest, r.P99 = time.Duration(us)*time.Microsecond, p99
+		r.UserCPUPerRequest = r.CPUPerRequest / 4
 		return r
+	}
+	userTwice := func(rs []Result, ref []Result) []Result { // user-space CPU twice ref's in each round
+		for k := range rs {
+			rs[k].UserCPUPerRequest = 2 * ref[k].UserCPUPerRequest
+		}
+		return rs
 	}
 	ms := time.Millisecond
 	rounds := make([][]Result, len(fronts))
@@ -84,7 +91,8 @@ func TestRatiosAreTakenRoundByRound(t *testing.T) {
 		case "direct":
 			rounds[i] = []Result{at(0, ms), at(0, ms), at(0, ms)}
 		case "fastroute": // as costly as nginx-1w in each round; its median round against nginx-1w's: 30/29
-			rounds[i] = []Result{at(40, 8*ms), at(30, 6*ms), at(20, 4*ms)}
+			rounds[i] = userTwice([]Result{at(40, 8*ms), at(30, 6*ms), at(20, 4*ms)},
+				[]Result{at(40, 10*ms), at(29, 5*ms), at(20, 4*ms)})
 		case "nginx":
 			rounds[i] = []Result{at(30, 10*ms), at(30, 5*ms), at(30, 4*ms)}
 		case "nginx-1w":
@@ -104,11 +112,13 @@ func TestRatiosAreTakenRoundByRound(t *testing.T) {
 	assert.InDelta(t, 1.0, f.CPURatioLeast, 1e-9)
 	assert.InDelta(t, 30.0/29, f.CPURatioMost, 1e-9)
 	assert.InDelta(t, 1.0, f.P99Ratio, 1e-9, "0.8, 1.2, 1.0")
+	assert.InDelta(t, 2.0, f.UserRatio, 1e-9, "twice nginx-1w's user-space CPU in each round")
 	assert.Zero(t, byFront["direct"].CPURatio, "no CPU measured: no ratio")
 	assert.InDelta(t, 1.0, byFront["nginx-1w"].CPURatio, 1e-9)
 	table := Table(rows, E2EOptions{Connections: 8, Duration: time.Second, Workers: 3, Rounds: 3})
 	assert.Contains(t, table, "| non-streaming | fastroute |")
-	assert.Contains(t, table, "| 1.00× | 30.0 (20.0–40.0) | 1.00× (1.00–1.03) |")
+	assert.Contains(t, table, "| 1.00× | 30.0 (20.0–40.0) | 1.00× (1.00–1.03) | 14.5 (2.00×) |",
+		"the median round's user-space CPU (twice nginx-1w's 7.25) and the median of the rounds' ratios")
 }
 
 // TestE2ESmoke runs the whole comparison briefly where nginx and HAProxy are
