@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"bytes"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -77,4 +78,59 @@ x_seconds_sum{worker="7"} 0.002
 x_seconds_count{worker="7"} 1
 `, buf.String())
 	assert.Equal(t, []string{"worker", "7"}, labels, "the caller's labels are left as they were")
+}
+
+// A family makes a histogram per label value as values come, finds them
+// again without allocating, files values past its limit under Overflow,
+// and stays exact while many goroutines observe new and known values.
+func TestAFamilyHasAHistogramPerValueUpToItsLimit(t *testing.T) {
+	f := NewFamily([]float64{0.01}, 3)
+	f.Of([]byte("llama")).Observe(time.Millisecond)
+	f.Of([]byte("qwen")).Observe(time.Second)
+	f.Of([]byte("llama")).Observe(20 * time.Millisecond)
+	assert.Same(t, f.Of([]byte("llama")), f.Of([]byte("llama")))
+	assert.NotSame(t, f.Of([]byte("llama")), f.Of([]byte("qwen")))
+	assert.EqualValues(t, 2, f.Of([]byte("llama")).Count())
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { f.Of([]byte("qwen")).Observe(time.Millisecond) }),
+		"a known value's histogram is found without allocating")
+
+	f.Of([]byte("")).Observe(time.Millisecond) // the third value: the limit
+	over := f.Of([]byte("mistral"))
+	assert.Same(t, over, f.Of([]byte("phi")), "past the limit every new value shares one histogram")
+	assert.NotSame(t, over, f.Of([]byte("llama")), "values within the limit keep their own")
+	over.Observe(time.Millisecond)
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { f.Of([]byte("gemma")).Observe(time.Millisecond) }),
+		"nor is Overflow's for a value past the limit")
+
+	var buf bytes.Buffer
+	set := Set{}
+	set.Register(func(w *Writer) { w.Family("ttft_seconds", "model", f) })
+	_, err := set.WriteTo(&buf)
+	require.NoError(t, err)
+	out := buf.String()
+	assert.Contains(t, out, `ttft_seconds_bucket{model="llama",le="0.01"} 1`)
+	assert.Contains(t, out, `ttft_seconds_count{model="llama"} 2`)
+	assert.Contains(t, out, `ttft_seconds_count{model="qwen"} 1002`)
+	assert.Contains(t, out, `ttft_seconds_count{model=""} 1`)
+	assert.Contains(t, out, `ttft_seconds_count{model="_other"} 1002`)
+	assert.NotContains(t, out, "mistral")
+	assert.Equal(t, 4, strings.Count(out, "_count{"), "three values and Overflow")
+
+	g := NewFamily(DefaultBuckets, 8)
+	var wg sync.WaitGroup
+	for k := range 16 {
+		wg.Go(func() {
+			name := []byte{'m', byte('a' + k%10)}
+			for range 1000 {
+				g.Of(name).Observe(time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	var total uint64
+	for _, m := range *g.list.Load() {
+		total += m.h.Count()
+	}
+	assert.EqualValues(t, 16000, total, "no observation lost while values were added")
+	assert.Len(t, *g.list.Load(), 9, "eight values and Overflow")
 }

@@ -164,7 +164,7 @@ func (r *chunkRelay) relay(bp *[]byte, lo, n int) bool {
 	buf := *bp
 	m, used, err := r.d.decode(buf[lo : lo+n])
 	r.ex.bytes += int64(m)
-	if (r.ex.created || r.ex.metered) && m > 0 {
+	if m > 0 && r.ex.inspects() {
 		r.ex.inspect(buf[lo : lo+m])
 	}
 	switch {

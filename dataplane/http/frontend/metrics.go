@@ -83,7 +83,27 @@ type Metrics struct {
 	total           *metrics.Histogram
 	statsOf         func(*dataplane.Worker) *workerStats // Server.statsOf
 	keys            *apikeys.Keys                        // the clients' API keys; nil: none
+
+	// Streams of generated tokens, by the request's model: the time to
+	// their first token and their time per output token.
+	firstToken *metrics.Family
+	tokenPace  *metrics.Family
 }
+
+// The buckets of the time to first token and the time per output token,
+// in seconds: vLLM's (vllm:time_to_first_token_seconds,
+// vllm:request_time_per_output_token_seconds), the second's with three
+// below 10 ms for fast decoders.
+var (
+	firstTokenBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5,
+		7.5, 10, 20, 40, 80, 160, 640, 2560}
+	tokenPaceBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+		0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+)
+
+// maxTimedModels is how many models' streams are timed apart; those of
+// further models share the label model="_other" (metrics.Overflow).
+const maxTimedModels = 64
 
 func newMetrics() *Metrics {
 	m := &Metrics{
@@ -100,6 +120,8 @@ func newMetrics() *Metrics {
 		firstByte:       metrics.NewHistogram(metrics.DefaultBuckets),
 		prefillTime:     metrics.NewHistogram(metrics.DefaultBuckets),
 		total:           metrics.NewHistogram(metrics.DefaultBuckets),
+		firstToken:      metrics.NewFamily(firstTokenBuckets, maxTimedModels),
+		tokenPace:       metrics.NewFamily(tokenPaceBuckets, maxTimedModels),
 	}
 	for r := range m.requests {
 		for o := range m.requests[r] {
@@ -192,6 +214,10 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		w.Histogram("fastroute_upstream_first_byte_seconds", m.firstByte)
 		w.Header("fastroute_request_seconds", "histogram", "Time from request arrival to the end of the answer.")
 		w.Histogram("fastroute_request_seconds", m.total)
+		w.Header("fastroute_time_to_first_token_seconds", "histogram", "Streams of generated tokens (chat, completions, /generate) by the request's model: time from the request's arrival to its first event leaving to the client (the router's queue and routing, retries, a prefill leg, the engine's time to first token).")
+		w.Family("fastroute_time_to_first_token_seconds", "model", m.firstToken)
+		w.Header("fastroute_time_per_output_token_seconds", "histogram", "Streams of generated tokens that ended well, by the request's model: time from the first event to the end over the tokens after the first (the completion tokens the usage reported, else the events: vLLM and SGLang send a token an event).")
+		w.Family("fastroute_time_per_output_token_seconds", "model", m.tokenPace)
 
 		workers := reg.All()
 		w.Header("fastroute_worker_inflight", "gauge", "Requests holding a reservation on the worker.")

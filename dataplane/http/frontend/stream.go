@@ -197,7 +197,7 @@ func (ex *exchange) copyStream(w, conn net.Conn, framed bool) (complete bool, we
 			m, err = ex.readAnswer(buf[lo+n : hi])
 			n += m
 		}
-		if (ex.created || ex.metered) && n > 0 {
+		if n > 0 && ex.inspects() {
 			ex.inspect(buf[lo : lo+n])
 		}
 		out := ex.chunkOut(buf, lo, n, framed, err == io.EOF, !headSent)

@@ -24,15 +24,19 @@ const bytesPerToken = 4
 var lineData, lineDone = []byte("\ndata:"), []byte("\ndata: [DONE]")
 
 // countEvents counts the data lines of an event stream's bytes (a line
-// that begins the bytes counts too), but for its [DONE]: vLLM and SGLang
-// send a token an event unless asked to batch them, so the count
-// estimates the completion tokens of a stream whose client did not ask
-// for its usage (stream_options.include_usage). A newline inside an
-// event's JSON is escaped, so its text cannot pass for a line.
+// that begins the bytes counts too), but for its [DONE], which only ends
+// a stream: vLLM and SGLang send a token an event unless asked to batch
+// them, so the count estimates the completion tokens of a stream whose
+// client did not ask for its usage (stream_options.include_usage). A
+// newline inside an event's JSON is escaped, so its text cannot pass for
+// a line.
 func (u *tokenUsage) countEvents(data []byte) {
-	n := bytes.Count(data, lineData) - bytes.Count(data, lineDone)
-	if bytes.HasPrefix(data, lineData[1:]) && !bytes.HasPrefix(data, lineDone[1:]) {
+	n := bytes.Count(data, lineData)
+	if bytes.HasPrefix(data, lineData[1:]) {
 		n++
+	}
+	if n > 0 && bytes.HasSuffix(bytes.TrimRight(data, "\r\n"), lineDone[1:]) {
+		n--
 	}
 	u.events += int64(n)
 }

@@ -75,6 +75,7 @@ func TestAStreamWithoutUsageIsChargedItsEvents(t *testing.T) {
 		"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n",
 		"data: {\"choices\":[{\"delta\":{\"content\":\"a\\ndata: b\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"c\"}}]}\n\n",
 		"data: {\"choices\":[{\"delta\":{}}]}\n\ndata: [DONE]\n\n",
+		"data: [DONE]\r\n\r\n", // a second [DONE] alone, CRLF-framed
 	} {
 		u.countEvents([]byte(d))
 	}
