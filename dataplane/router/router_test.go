@@ -298,6 +298,10 @@ func TestBadRequests(t *testing.T) {
 		{"/v1/chat/completions", `["array"]`, 400, "must be a JSON object"},
 		{"/v1/chat/completions", `{"x":"` + strings.Repeat("a", 2000) + `"}`, 413, "max_body_bytes"},
 		{"/nope", "{}", 404, "no route"}, // every POST under /v1/ is proxied; other paths are not
+		// Two models: the engine's json would serve the last, the router
+		// would route (and check an API key's models) by the first.
+		{"/v1/chat/completions", `{"model":"mock-model","messages":[],"model":"other"}`, 400, `field \"model\" appears more than once`},
+		{"/v1/completions", `{"model":"mock-model","mod\u0065l":"other","prompt":"hi"}`, 400, "appears more than once"},
 	} {
 		resp := f.post(c.path, c.body)
 		body := readAll(t, resp)

@@ -258,7 +258,11 @@ func (ex *exchange) readForm(contentType, body []byte) error {
 // allocates nothing once they have grown.
 func (ex *exchange) readRouting(v *fastjson.Value) error {
 	rt := ex.s.sel.Routing()
-	if m := v.Get("model"); m != nil {
+	m, err := onlyMember(v, "model")
+	if err != nil {
+		return err
+	}
+	if m != nil {
 		b, err := m.StringBytes()
 		if err != nil {
 			return errors.New(`field "model" must be a string`)
@@ -304,6 +308,32 @@ func (ex *exchange) readRouting(v *fastjson.Value) error {
 		}
 	}
 	return nil
+}
+
+// onlyMember returns the value of the member name of the JSON object v
+// (nil: none), or an error when v has it more than once, its name
+// escaped or not. Python's json module, under vLLM and SGLang, takes the
+// last of a name given twice and fastjson's Get the first, so a body
+// naming two models would be routed, and checked against its API key's
+// models, by one and served by the other; serde, under SGLang's router,
+// refuses it too.
+func onlyMember(v *fastjson.Value, name string) (*fastjson.Value, error) {
+	o, err := v.Object()
+	if err != nil {
+		return nil, nil
+	}
+	var found *fastjson.Value
+	twice := false
+	o.Visit(func(k []byte, m *fastjson.Value) {
+		if string(k) == name {
+			twice = twice || found != nil
+			found = m
+		}
+	})
+	if twice {
+		return nil, fmt.Errorf("field %q appears more than once", name)
+	}
+	return found, nil
 }
 
 // run sends the request, after its prefill when it is split; streamed: the
