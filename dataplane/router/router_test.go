@@ -795,6 +795,12 @@ func TestAFormRoutesByItsModelField(t *testing.T) {
 		"Content-Type", "multipart/form-data; boundary=x")
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	assert.Contains(t, readAll(t, resp), `form field \"model\" is longer than 1024 bytes`)
+	twice := "--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper\r\n" +
+		"--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF....\r\n" +
+		"--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nllama\r\n--x--\r\n"
+	resp = f.post("/v1/audio/transcriptions", twice, "Content-Type", "multipart/form-data; boundary=x")
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "a second model field, past the file")
+	assert.Contains(t, readAll(t, resp), `form field \"model\" appears more than once`)
 
 	// The session header routes a request whatever its body.
 	body, ct = form("")

@@ -220,16 +220,18 @@ const maxFormModel = 1 << 10
 
 // readForm reads the model field of a multipart/form-data body, which
 // routes it as a JSON body's model does (an audio model's workers, an
-// adapter's holders). The form is read only up to that field (OpenAI's
-// clients send the fields before the file); a form the router cannot read
-// goes as it is, routed without a model, for its worker to judge. Unlike
-// a JSON body's, this read allocates (mime/multipart).
+// adapter's holders). The form is read to its end, so that a second
+// model field is refused (onlyMember) rather than routed by the first and
+// served by the last; a form the router cannot read goes as it is, routed
+// by the model read before the fault (none: without one), for its worker
+// to judge. Unlike a JSON body's, this read allocates (mime/multipart).
 func (ex *exchange) readForm(contentType, body []byte) error {
 	_, params, err := mime.ParseMediaType(string(contentType))
 	if err != nil || params["boundary"] == "" {
 		return nil
 	}
 	r := multipart.NewReader(bytes.NewReader(body), params["boundary"])
+	found := false
 	for {
 		part, err := r.NextPart()
 		if err != nil {
@@ -237,6 +239,10 @@ func (ex *exchange) readForm(contentType, body []byte) error {
 		}
 		if part.FormName() != "model" {
 			continue
+		}
+		if found { // as onlyMember: Starlette's form serves the last
+			ex.req.Model = ex.req.Model[:0]
+			return errors.New(`form field "model" appears more than once`)
 		}
 		b, err := io.ReadAll(io.LimitReader(part, maxFormModel+1))
 		switch {
@@ -246,7 +252,7 @@ func (ex *exchange) readForm(contentType, body []byte) error {
 			return fmt.Errorf("form field \"model\" is longer than %d bytes", maxFormModel)
 		}
 		ex.req.Model = append(ex.req.Model[:0], b...)
-		return nil
+		found = true
 	}
 }
 
