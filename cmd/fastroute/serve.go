@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/router"
 	"github.com/fastroute/fastroute/pickers"
@@ -80,6 +81,11 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.Func("cors-allowed-origin", "an origin (scheme://host[:port], or *) whose browsers may call the front end (repeatable)", func(v string) error {
 		cfg.CORSAllowedOrigins = append(cfg.CORSAllowedOrigins, v)
 		return nil
+	})
+	fs.Func("model-alias", "a model name clients may ask for and the models it stands for, NAME=MODEL[:WEIGHT][,MODEL[:WEIGHT]...]: its requests go to the models by weight, the body's model rewritten (repeatable)", func(v string) error {
+		a, err := parseAlias(v)
+		cfg.ModelAliases = append(cfg.ModelAliases, a)
+		return err
 	})
 	fs.StringVar(&cfg.Log.Access, "log-access", cfg.Log.Access, "access log: off, all, or errors (400 and above, or cut)")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "log format: text or json")
@@ -251,4 +257,27 @@ func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exi
 			return nil
 		}
 	}
+}
+
+// parseAlias reads --model-alias's NAME=MODEL[:WEIGHT][,MODEL[:WEIGHT]...];
+// a model's name may hold colons (llama3:8b): only digits after its last
+// one are a weight.
+func parseAlias(v string) (aliases.Alias, error) {
+	name, list, ok := strings.Cut(v, "=")
+	if !ok || name == "" || list == "" {
+		return aliases.Alias{}, fmt.Errorf("%q is not NAME=MODEL[:WEIGHT][,MODEL[:WEIGHT]...]", v)
+	}
+	a := aliases.Alias{Name: name}
+	for _, t := range strings.Split(list, ",") {
+		target := aliases.Target{Model: t}
+		if i := strings.LastIndexByte(t, ':'); i >= 0 && i+1 < len(t) && strings.Trim(t[i+1:], "0123456789") == "" {
+			w, err := strconv.Atoi(t[i+1:])
+			if err != nil {
+				return aliases.Alias{}, fmt.Errorf("%q: weight %s: %w", v, t[i+1:], err)
+			}
+			target = aliases.Target{Model: t[:i], Weight: w}
+		}
+		a.Targets = append(a.Targets, target)
+	}
+	return a, nil
 }

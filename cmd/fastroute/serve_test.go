@@ -14,6 +14,7 @@ import (
 
 	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/router"
 	"github.com/stretchr/testify/assert"
@@ -125,4 +126,29 @@ func TestPrefixSharingFlags(t *testing.T) {
 	require.ErrorContains(t, err, "router.prefix_affinity.peers")
 	_, err = loadServeConfig([]string{"--prefix-affinity-advertise", "http://10.0.0.1:8001"})
 	require.ErrorContains(t, err, "needs discovery.etcd.endpoints")
+}
+
+func TestModelAliasFlags(t *testing.T) {
+	cfg, err := loadServeConfig([]string{"--model-alias", "food-review=food-review-v1:90,food-review-v2:10",
+		"--model-alias", "gpt-4o=llama3:8b", "--model-alias", "local=qwen:7b:3,qwen:14b:1"})
+	require.NoError(t, err)
+	assert.Equal(t, []aliases.Alias{
+		{Name: "food-review", Targets: []aliases.Target{{Model: "food-review-v1", Weight: 90}, {Model: "food-review-v2", Weight: 10}}},
+		{Name: "gpt-4o", Targets: []aliases.Target{{Model: "llama3:8b"}}},
+		{Name: "local", Targets: []aliases.Target{{Model: "qwen:7b", Weight: 3}, {Model: "qwen:14b", Weight: 1}}},
+	}, cfg.ModelAliases, "digits after a model's last colon are its weight; other colons are its name's")
+	for flag, want := range map[string]string{
+		"food-review":              "is not NAME=MODEL",
+		"=a":                       "is not NAME=MODEL",
+		"x=a:99999999999999999999": "weight 99999999999999999999",
+		"x=a:1,b:0":                "",
+		"x=a:0,b:0":                `key model_aliases[0].targets: every weight of alias "x" is 0`,
+	} {
+		_, err := loadServeConfig([]string{"--model-alias", flag})
+		if want == "" {
+			assert.NoError(t, err, flag)
+			continue
+		}
+		assert.ErrorContains(t, err, want, flag)
+	}
 }

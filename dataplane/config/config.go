@@ -15,6 +15,7 @@ import (
 
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/pickers"
@@ -58,13 +59,17 @@ type Config struct {
 	// CORSAllowedOrigins are the origins (scheme://host[:port]) whose
 	// browsers may call the front end, "*" for any: the router answers
 	// their CORS preflights and marks its answers. Empty: no CORS.
-	CORSAllowedOrigins []string               `yaml:"cors_allowed_origins"`
-	Router             Router                 `yaml:"router"`
-	Telemetry          Telemetry              `yaml:"telemetry"`
-	Health             Health                 `yaml:"health"`
-	Limits             Limits                 `yaml:"limits"`
-	Log                Log                    `yaml:"log"`
-	Workers            []dataplane.WorkerSpec `yaml:"workers"`
+	CORSAllowedOrigins []string `yaml:"cors_allowed_origins"`
+	// ModelAliases are model names clients may ask for and the models
+	// their requests go to instead, split by weight (aliases.Alias): the
+	// body's model is rewritten. A reload applies them.
+	ModelAliases []aliases.Alias        `yaml:"model_aliases"`
+	Router       Router                 `yaml:"router"`
+	Telemetry    Telemetry              `yaml:"telemetry"`
+	Health       Health                 `yaml:"health"`
+	Limits       Limits                 `yaml:"limits"`
+	Log          Log                    `yaml:"log"`
+	Workers      []dataplane.WorkerSpec `yaml:"workers"`
 	// Discovery finds more workers on etcd, beside the static ones.
 	Discovery Discovery `yaml:"discovery"`
 	// TLS has clients speak TLS to the front end.
@@ -502,6 +507,13 @@ func (c *Config) Validate() error {
 		if !isOrigin(o) {
 			return keyErr(fmt.Sprintf("cors_allowed_origins[%d]", i), "%q is not an origin (scheme://host[:port], as a browser sends it) or *", o)
 		}
+	}
+	if _, err := aliases.New(c.ModelAliases); err != nil {
+		var ae *aliases.Error
+		if errors.As(err, &ae) {
+			return keyErr(ae.Field, "%s", ae.Reason)
+		}
+		return err
 	}
 	if c.ShutdownTimeout <= 0 {
 		return keyErr("shutdown_timeout", "%v must be positive", c.ShutdownTimeout)

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
 )
 
@@ -95,6 +96,14 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			applied = append(applied, fmt.Sprintf("router.prefix_affinity.peers=%v", pa.Peers))
 		}
 	}
+	if !reflect.DeepEqual(cfg.ModelAliases, old.ModelAliases) {
+		t, err := aliases.New(cfg.ModelAliases)
+		if err != nil {
+			return nil, needRestart, err // Validate checked them: not reached
+		}
+		r.Frontend.SetAliases(t)
+		applied = append(applied, fmt.Sprintf("model_aliases (%d)", len(cfg.ModelAliases)))
+	}
 	if cfg.APIKeysFile != "" || old.APIKeysFile != "" {
 		r.APIKeys.Set(cfg.APIKeys)
 		applied = append(applied, fmt.Sprintf("api_keys_file=%q (%d keys)", cfg.APIKeysFile, len(cfg.APIKeys)))
@@ -114,6 +123,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	next.Workers = cfg.Workers
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
+	next.ModelAliases = cfg.ModelAliases
 	if reread != nil {
 		next.TLS = cfg.TLS
 	}

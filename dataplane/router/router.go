@@ -16,6 +16,7 @@ import (
 
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/http/admin"
@@ -138,6 +139,10 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		APIKeys: &r.APIKeys, WorkerAPIKey: cfg.WorkerAPIKey,
 	}
 	r.APIKeys.Set(cfg.APIKeys)
+	modelAliases, err := aliases.New(cfg.ModelAliases)
+	if err != nil {
+		return nil, err // Validate checked them: not reached
+	}
 	if cfg.Log.Access != "off" {
 		fo.AccessLog, fo.AccessErrorsOnly = log.With("log", "access"), cfg.Log.Access == "errors"
 	}
@@ -148,6 +153,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		fo.TLS = r.cert.serverConfig()
 	}
 	r.Frontend = frontend.New(fo)
+	r.Frontend.SetAliases(modelAliases)
 	r.Health = health.New(reg, health.Options{
 		Interval: cfg.Health.Interval, Path: cfg.Health.Path, UnhealthyAfter: cfg.Health.UnhealthyAfter,
 		Logger: log, APIKey: cfg.WorkerAPIKey,

@@ -62,6 +62,7 @@ type exchange struct {
 	decoding bool                       // its decode leg was dispatched
 	pre      atomic.Pointer[prefillLeg] // made at the first request that may split (prefillLeg)
 	body     []byte                     // the body sent to the decode worker; nil: the client's
+	aliased  []byte                     // the client's body with an alias's target for its model (applyAlias)
 	stream   bool
 	creates  bool // a POST /v1/responses: its answer may store a response (learnStored)
 	generate bool // a POST /generate (SGLang's native API): its prompt is the body's text

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
 	"github.com/puzpuzpuz/xsync/v3"
@@ -104,18 +105,19 @@ type Server struct {
 	exchanges  sync.Pool
 	parsers    fastjson.ParserPool
 	metrics    *Metrics
-	queue      *waitQueue                   // requests waiting for a busy worker; nil: none wait
-	retryOn    [600]bool                    // answer statuses retried on another worker (Options.RetryStatuses)
-	routes     map[string]struct{}          // proxied paths outside /v1/
-	cors       *cors                        // nil: off
-	access     *slog.Logger                 // nil: no access log
-	keys       *apikeys.Keys                // clients' API keys; nil: none
-	workerAuth []byte                       // Authorization value of requests to workers while keys are on; nil: none
-	retries    atomic.Int64                 // router.retries, reloadable
-	hangups    *hangup.Watcher[exchange]    // nil: client hang-ups are noticed only on write
-	upCloses   *hangup.Watcher[trackedConn] // workers' closes of their connections (trackedConn.watchCloses); nil: none watched
-	takeovers  atomic.Int64                 // client connections taken over from fasthttp (takeOver), until closed or served by it again
-	closing    atomic.Bool                  // Shutdown began: a taken-over connection's answer is its last (keepAfter)
+	queue      *waitQueue                    // requests waiting for a busy worker; nil: none wait
+	retryOn    [600]bool                     // answer statuses retried on another worker (Options.RetryStatuses)
+	routes     map[string]struct{}           // proxied paths outside /v1/
+	cors       *cors                         // nil: off
+	access     *slog.Logger                  // nil: no access log
+	keys       *apikeys.Keys                 // clients' API keys; nil: none
+	workerAuth []byte                        // Authorization value of requests to workers while keys are on; nil: none
+	retries    atomic.Int64                  // router.retries, reloadable
+	aliases    atomic.Pointer[aliases.Table] // model aliases (SetAliases); nil: none
+	hangups    *hangup.Watcher[exchange]     // nil: client hang-ups are noticed only on write
+	upCloses   *hangup.Watcher[trackedConn]  // workers' closes of their connections (trackedConn.watchCloses); nil: none watched
+	takeovers  atomic.Int64                  // client connections taken over from fasthttp (takeOver), until closed or served by it again
+	closing    atomic.Bool                   // Shutdown began: a taken-over connection's answer is its last (keepAfter)
 	srv        *fasthttp.Server
 	gate       atomic.Pointer[gate] // the listener's, once Serve began
 	fullSaid   atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
@@ -162,6 +164,7 @@ func New(opts Options) *Server {
 	s.metrics.statsOf = s.statsOf
 	s.metrics.queue = s.queue
 	s.metrics.keys = s.keys
+	s.metrics.aliases = &s.aliases
 	s.reg.Subscribe(s.workerChanged)
 	if w, err := hangup.New(clientHungUp); err != nil {
 		s.log.Warn("client hang-ups are noticed only when the router writes to them", "err", err)
@@ -556,6 +559,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 		ex.end(outcomeInvalid, fasthttp.StatusForbidden)
 		return
 	}
+	if !ex.applyAlias(ctx) {
+		ex.end(outcomeInvalid, fasthttp.StatusBadRequest)
+		return
+	}
 	t := time.Now()
 	err = ex.pick()
 	s.metrics.routeTime.Observe(time.Since(t))
@@ -666,9 +673,10 @@ type modelEntry struct {
 	raw json.RawMessage
 }
 
-// modelEntries is the union of the workers' models and adapters, sorted by
-// id: each as the first worker (by id) that lists it wrote it, with all its
-// fields; ids only the config or the admin API name get a minimal entry.
+// modelEntries is the union of the workers' models and adapters and the
+// model aliases, sorted by id: each as the first worker (by id) that lists
+// it wrote it, with all its fields; ids only the config or the admin API
+// name, aliases among them, get a minimal entry.
 func (s *Server) modelEntries() []modelEntry {
 	seen := map[string]json.RawMessage{}
 	add := func(id string, raw json.RawMessage) {
@@ -687,6 +695,9 @@ func (s *Server) modelEntries() []modelEntry {
 	}
 	for _, g := range s.reg.Snapshot().Groups() { // adapters set through the admin API
 		add(g.Name(), nil)
+	}
+	for _, name := range s.aliases.Load().Names() { // a name clients may ask for
+		add(name, nil)
 	}
 	out := make([]modelEntry, 0, len(seen))
 	for id, raw := range seen {

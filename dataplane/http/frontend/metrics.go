@@ -3,8 +3,10 @@ package frontend
 import (
 	"slices"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 )
@@ -83,6 +85,7 @@ type Metrics struct {
 	total           *metrics.Histogram
 	statsOf         func(*dataplane.Worker) *workerStats // Server.statsOf
 	keys            *apikeys.Keys                        // the clients' API keys; nil: none
+	aliases         *atomic.Pointer[aliases.Table]       // the model aliases (Server.SetAliases)
 
 	// Streams of generated tokens, by the request's model: the time to
 	// their first token and their time per output token.
@@ -205,6 +208,9 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		}
 		if m.keys != nil && m.keys.On() {
 			writeKeyMetrics(w, m.keys)
+		}
+		if t := m.aliases; t != nil && t.Load() != nil {
+			writeAliasMetrics(w, t.Load())
 		}
 		w.Header("fastroute_queue_wait_seconds", "histogram", "Time requests that found their workers busy waited in the queue before one took them.")
 		w.Histogram("fastroute_queue_wait_seconds", m.queueWait)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/stretchr/testify/require"
 )
@@ -72,6 +73,7 @@ type roundTripper struct {
 	c   net.Conn
 	buf []byte
 	reg *dataplane.Registry
+	s   *Server
 }
 
 func newRoundTripper(t testing.TB, opts Options) *roundTripper {
@@ -83,11 +85,11 @@ func newRoundTripper(t testing.TB, opts Options) *roundTripper {
 			}
 		}
 	})
-	reg, _, front := serveOne(t, worker, opts, nil)
+	reg, s, front := serveOne(t, worker, opts, nil)
 	c, err := net.Dial("tcp", front[len("http://"):len(front)-len("/v1/chat/completions")])
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
-	return &roundTripper{c: c, buf: make([]byte, 4096), reg: reg}
+	return &roundTripper{c: c, buf: make([]byte, 4096), reg: reg, s: s}
 }
 
 // do sends the request and reads the front end's answer to it.
@@ -116,18 +118,26 @@ func TestAProxiedRequestAllocatesOnlyFasthttpsFirstByte(t *testing.T) {
 	var keys apikeys.Keys
 	keys.Set([]apikeys.Entry{{Name: "team-a", Key: "sk-team-a-0123456789", MaxInflight: 4}})
 	withKey := strings.Replace(roundTripRequest, "Host: router\r\n", "Host: router\r\nAuthorization: Bearer sk-team-a-0123456789\r\n", 1)
+	alias, err := aliases.New([]aliases.Alias{{Name: "mock-model", Targets: []aliases.Target{
+		{Model: "mock-model-v1", Weight: 1}, {Model: "mock-model-v2", Weight: 1}}}})
+	require.NoError(t, err)
 	for _, tc := range []struct {
 		name    string
 		opts    Options
 		request string
+		aliases *aliases.Table
 	}{
-		{"plain", Options{}, roundTripRequest},
+		{"plain", Options{}, roundTripRequest, nil},
 		// The key is checked and taken off, the workers' put on, a slot
 		// of the client's taken and given back: nothing more allocated.
-		{"with API keys", Options{APIKeys: &keys, WorkerAPIKey: "sk-engine-0123456789"}, withKey},
+		{"with API keys", Options{APIKeys: &keys, WorkerAPIKey: "sk-engine-0123456789"}, withKey, nil},
+		// The model is an alias: a target drawn, the body rewritten into
+		// the exchange's buffer.
+		{"with a model alias", Options{}, roundTripRequest, alias},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := newRoundTripper(t, tc.opts)
+			rt.s.SetAliases(tc.aliases)
 			request := []byte(tc.request)
 			for range 200 {
 				rt.do(t, request)

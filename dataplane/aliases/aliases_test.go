@@ -1,0 +1,87 @@
+package aliases
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestABadListIsRefusedNamingTheField(t *testing.T) {
+	for _, c := range []struct {
+		list []Alias
+		want string
+	}{
+		{[]Alias{{Name: "", Targets: []Target{{Model: "a"}}}}, "model_aliases[0].name: empty"},
+		{[]Alias{{Name: "x", Targets: []Target{{Model: "a"}}}, {Name: "x", Targets: []Target{{Model: "b"}}}}, `model_aliases[1].name: "x" is an alias already`},
+		{[]Alias{{Name: "x"}}, `model_aliases[0].targets: alias "x" has none`},
+		{[]Alias{{Name: "x", Targets: make([]Target, MaxTargets+1)}}, "more than 16"},
+		{[]Alias{{Name: "x", Targets: []Target{{Model: ""}}}}, "model_aliases[0].targets[0].model: empty"},
+		{[]Alias{{Name: "x", Targets: []Target{{Model: "a", Weight: 1}, {Model: "a", Weight: 1}}}}, `targets[1].model: "a" is a target of alias "x" already`},
+		{[]Alias{{Name: "x", Targets: []Target{{Model: "a", Weight: 1}, {Model: "b", Weight: -1}}}}, "targets[1].weight: -1 is negative"},
+		{[]Alias{{Name: "x", Targets: []Target{{Model: "a"}, {Model: "b"}}}}, `every weight of alias "x" is 0`},
+	} {
+		_, err := New(c.list)
+		require.Error(t, err, "%+v", c.list)
+		assert.Contains(t, err.Error(), c.want)
+	}
+	tab, err := New(nil)
+	require.NoError(t, err)
+	assert.Nil(t, tab, "no aliases: no table")
+	_, _, ok := tab.Resolve([]byte("x"), nil)
+	assert.False(t, ok, "the nil table resolves nothing")
+}
+
+// Requests for an alias split between its targets by weight: at random
+// without a session, by the session's hash with one, so that all of a
+// session's requests get one target; a target at 0 gets none, a single
+// target all whatever its weight, and a name that is no alias resolves
+// to nothing.
+func TestAnAliasSplitsItsRequestsByWeight(t *testing.T) {
+	tab, err := New([]Alias{
+		{Name: "food-review", Targets: []Target{{Model: "food-review-v1", Weight: 90}, {Model: "food-review-v2", Weight: 10}, {Model: "food-review-v0", Weight: 0}}},
+		{Name: "gpt-4o", Targets: []Target{{Model: `meta-llama/Llama-3.1-70B "instruct"`}}},
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"food-review", "gpt-4o"}, tab.Names())
+	_, _, ok := tab.Resolve([]byte("food-review-v1"), nil)
+	assert.False(t, ok, "a target is no alias")
+
+	count := map[string]int{}
+	for range 10000 {
+		to, quoted, ok := tab.Resolve([]byte("food-review"), nil)
+		require.True(t, ok)
+		assert.Equal(t, strconv.Quote(string(to)), string(quoted))
+		count[string(to)]++
+	}
+	assert.InDelta(t, 9000, count["food-review-v1"], 250, "90 of 100 (the bound is 5 standard deviations)")
+	assert.InDelta(t, 1000, count["food-review-v2"], 250)
+	assert.Zero(t, count["food-review-v0"], "weight 0: none")
+
+	sessions := map[string]int{}
+	for s := range 2000 {
+		session := []byte(fmt.Sprintf("session-%d", s))
+		first, _, _ := tab.Resolve([]byte("food-review"), session)
+		for range 3 {
+			again, _, _ := tab.Resolve([]byte("food-review"), session)
+			require.Equal(t, string(first), string(again), "a session keeps its target")
+		}
+		sessions[string(first)]++
+	}
+	assert.InDelta(t, 1800, sessions["food-review-v1"], 120, "sessions split by weight too")
+
+	to, quoted, ok := tab.Resolve([]byte("gpt-4o"), nil)
+	require.True(t, ok)
+	assert.Equal(t, `meta-llama/Llama-3.1-70B "instruct"`, string(to), "one target: all of them, its weight unread")
+	assert.Equal(t, `"meta-llama/Llama-3.1-70B \"instruct\""`, string(quoted), "quoted as JSON")
+
+	got := map[string]uint64{}
+	tab.Each(func(alias, model string, weight, requests uint64) { got[alias+" "+model] = requests })
+	assert.Equal(t, uint64(count["food-review-v1"]+sessions["food-review-v1"]*4), got["food-review food-review-v1"])
+	assert.Equal(t, uint64(1), got["gpt-4o meta-llama/Llama-3.1-70B \"instruct\""])
+	assert.Zero(t, got["food-review food-review-v0"])
+
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { tab.Resolve([]byte("food-review"), []byte("s")) }))
+}

@@ -1,0 +1,115 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"mime/multipart"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane/aliases"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A model alias sends its requests to its targets by weight, each with
+// the body's model rewritten to its target (the engine serves and echoes
+// the target), whatever the spacing of the body or the escapes of the
+// field's name; a session keeps its target; the alias is listed among
+// the models and counted by target; a form may not name one; a reload
+// moves the weights.
+func TestAModelAliasSplitsRequestsBetweenItsTargets(t *testing.T) {
+	opts := mocks(3, 2, 0)
+	opts[0].Model, opts[1].Model, opts[2].Model = "food-review-v1", "food-review-v2", "llama"
+	f := startFleet(t, opts, func(c *config.Config) {
+		c.Router.SessionAffinity.Mode = "soft"
+		c.ModelAliases = []aliases.Alias{
+			{Name: "food-review", Targets: []aliases.Target{{Model: "food-review-v1", Weight: 3}, {Model: "food-review-v2", Weight: 1}}},
+			{Name: "gpt-4o", Targets: []aliases.Target{{Model: "llama"}}},
+		}
+	})
+	require.Eventually(t, func() bool {
+		return f.r.Registry.Snapshot().ModelGroup([]byte("llama")) != nil
+	}, 5*time.Second, 10*time.Millisecond, "the health loop learns the workers' models")
+	served := func(body string, headers ...string) (worker, model string) {
+		t.Helper()
+		code, worker, text := f.do("POST", "/v1/chat/completions", body, headers...)
+		require.Equal(t, http.StatusOK, code, text)
+		var answer struct{ Model string }
+		require.NoError(t, json.Unmarshal([]byte(text), &answer), text)
+		return worker, answer.Model
+	}
+
+	byModel := map[string]int{}
+	for range 200 {
+		worker, model := served(`{"model":"food-review","messages":[{"role":"user","content":"is the soup good?"}]}`)
+		require.Equal(t, map[string]string{"food-review-v1": "1", "food-review-v2": "2"}[model], worker,
+			"the engine got the target as its model, and routing the target's workers")
+		byModel[model]++
+	}
+	assert.InDelta(t, 150, byModel["food-review-v1"], 35, "3 of 4 (the bound is 5 standard deviations)")
+	assert.Equal(t, 200, byModel["food-review-v1"]+byModel["food-review-v2"])
+
+	for _, body := range []string{
+		`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`,
+		"{ \"messages\" : [ {\"role\":\"user\",\"content\":\"\\\"model\\\": \\\"gpt-4o\\\"\"} ] ,\n\t\"model\"\r\n:\t\"gpt-4o\" }",
+		`{"mod\u0065l":"gpt-4o","n":1,"messages":[{"role":"user","content":"hi"}],"stop":null}`,
+	} {
+		worker, model := served(body)
+		assert.Equal(t, "3", worker, body)
+		assert.Equal(t, "llama", model, body)
+	}
+	resp, text := f.send("POST", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, text)
+	assert.Contains(t, text, `"model":"llama"`, "a stream is served by the target too")
+
+	for s := range 8 {
+		session := fmt.Sprintf("session-%d", s)
+		_, first := served(`{"model":"food-review","messages":[]}`, "x-session-id", session)
+		byModel[first]++
+		for range 3 {
+			_, again := served(`{"model":"food-review","messages":[]}`, "x-session-id", session)
+			assert.Equal(t, first, again, "a session keeps its target")
+			byModel[again]++
+		}
+	}
+
+	_, listing := f.send("GET", "/v1/models", "")
+	assert.Contains(t, listing, `"id":"food-review"`)
+	assert.Contains(t, listing, `"id":"gpt-4o"`)
+	for model, n := range map[string]int{"food-review-v1": byModel["food-review-v1"], "food-review-v2": byModel["food-review-v2"]} {
+		assert.Equal(t, fmt.Sprint(n), metric(t, f, `fastroute_model_alias_requests_total{alias="food-review",model="`+model+`"}`))
+	}
+	assert.Equal(t, "4", metric(t, f, `fastroute_model_alias_requests_total{alias="gpt-4o",model="llama"}`))
+	assert.Equal(t, "3", metric(t, f, `fastroute_model_alias_weight{alias="food-review",model="food-review-v1"}`))
+
+	body, ct := aliasForm("gpt-4o")
+	resp = f.post("/v1/audio/transcriptions", body, "Content-Type", ct)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), `model \"gpt-4o\" is an alias, which only a JSON body may name`)
+
+	next := f.r.CurrentConfig()
+	next.ModelAliases = []aliases.Alias{{Name: "food-review", Targets: []aliases.Target{{Model: "food-review-v1", Weight: 0}, {Model: "food-review-v2", Weight: 1}}}}
+	applied, _, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Contains(t, applied, "model_aliases (1)")
+	for range 20 {
+		worker, model := served(`{"model":"food-review","messages":[]}`)
+		assert.Equal(t, "2", worker)
+		assert.Equal(t, "food-review-v2", model, "v1's weight is 0 now")
+	}
+	code, _, text := f.do("POST", "/v1/chat/completions", `{"model":"gpt-4o","messages":[]}`)
+	assert.Equal(t, http.StatusNotFound, code, "gpt-4o is no alias any more, and no worker serves it: %s", text)
+	f.assertIdle()
+}
+
+func aliasForm(model string) (string, string) {
+	var b strings.Builder
+	mw := multipart.NewWriter(&b)
+	_ = mw.WriteField("model", model)
+	_ = mw.Close()
+	return b.String(), mw.FormDataContentType()
+}
