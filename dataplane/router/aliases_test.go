@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
@@ -112,4 +113,24 @@ func aliasForm(model string) (string, string) {
 	_ = mw.WriteField("model", model)
 	_ = mw.Close()
 	return b.String(), mw.FormDataContentType()
+}
+
+// Both legs of a split request get the alias's target as their model:
+// the prefill body and the decode body are made from the rewritten one.
+func TestBothLegsOfASplitRequestGetTheAliasTarget(t *testing.T) {
+	prefill, decode := startEngine(t, vllmPrefill), startEngine(t, sseDecode)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}},
+		func(c *config.Config) {
+			c.ModelAliases = []aliases.Alias{{Name: "m-latest", Targets: []aliases.Target{{Model: "m"}}}}
+		})
+	resp, text := f.send("POST", "/v1/chat/completions", strings.Replace(pdBody, `"model":"m"`, `"model":"m-latest"`, 1))
+	require.Equal(t, http.StatusOK, resp.StatusCode, text)
+	assert.Contains(t, text, "d2")
+	for leg, e := range map[string]*standIn{"prefill": prefill, "decode": decode} {
+		got := e.received()
+		require.Len(t, got, 1, leg)
+		assert.Equal(t, "m", got[0].body["model"], leg)
+	}
+	assert.Equal(t, true, decode.received()[0].body["stream"], "the rest of the body as it was")
+	f.assertIdle()
 }
