@@ -75,6 +75,14 @@ func TestStreamsAreTimedToTheirFirstTokenAndPerToken(t *testing.T) {
 	assert.Equal(t, "1", metric(t, f, `fastroute_time_per_output_token_seconds_count{model="mock-b"}`))
 	assert.Equal(t, "0", metric(t, f, `fastroute_time_to_first_token_seconds_bucket{model="mock-model",le="0.01"}`),
 		"no first token before the engine's first pause")
+	assert.Equal(t, "4", metric(t, f, `fastroute_worker_time_to_first_token_seconds_count{worker="1"}`), "mock-model's worker")
+	assert.Equal(t, "1", metric(t, f, `fastroute_worker_time_to_first_token_seconds_count{worker="2"}`), "mock-b's")
+	assert.Equal(t, "0", metric(t, f, `fastroute_worker_time_to_first_token_seconds_bucket{worker="1",le="0.01"}`),
+		"the worker's first token comes after its first pause")
+	workerTTFT := seconds(`fastroute_worker_time_to_first_token_seconds_sum{worker="1"}`) / 4
+	assert.GreaterOrEqual(t, workerTTFT, interval.Seconds())
+	assert.LessOrEqual(t, workerTTFT, seconds(`fastroute_time_to_first_token_seconds_sum{model="mock-model"}`)/4,
+		"from the send, not from the request's arrival")
 
 	ttft := seconds(`fastroute_time_to_first_token_seconds_sum{model="mock-model"}`) / 4
 	assert.GreaterOrEqual(t, ttft, interval.Seconds(), "the first token comes after the engine's first pause")

@@ -82,6 +82,7 @@ type exchange struct {
 	// firstToken: when its first event left, since start (0: none yet).
 	timed      bool
 	firstToken time.Duration
+	sent       time.Duration // when the request left for its (decode) worker, since start: its last try's
 
 	// The client's connection taken over from fasthttp (takeOver).
 	ctx           *fasthttp.RequestCtx // the client's, once taken over; nil: the exchange runs in fasthttp's handler
@@ -116,7 +117,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done = false, nil, false
 	ex.sse, ex.tail, ex.bodyDone, ex.client, ex.created = false, nil, false, hangup.Conn{}, false
-	ex.timed, ex.firstToken = false, 0
+	ex.timed, ex.firstToken, ex.sent = false, 0, 0
 	ex.watch.Store(0)
 	ex.stop.Store(0)
 	ex.split, ex.decoding, ex.body = false, false, nil
@@ -363,6 +364,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 		ex.prepare(ctx, u, w)
 		ex.res.Dispatched()
 		t := time.Now()
+		ex.sent = t.Sub(ex.start)
 		err := ex.send(u, ex.token, t, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
 			ex.firstByte = time.Since(t)
@@ -548,10 +550,12 @@ func (ex *exchange) inspect(data []byte) {
 // firstTokenLeaves observes the time to the first token of a timed
 // stream, from the request's arrival to its first event's leaving (the
 // router's queue and routing, retries, a prefill leg and the engine's
-// own time to first token): the time its client waits.
+// own time to first token): the time its client waits; and, for its
+// worker, from the request's leaving for it.
 func (ex *exchange) firstTokenLeaves() {
 	ex.firstToken = max(time.Since(ex.start), 1)
 	ex.s.metrics.firstToken.Of(ex.req.Model).Observe(ex.firstToken)
+	ex.s.statsOf(ex.res.Worker()).firstToken.Observe(ex.firstToken - ex.sent)
 }
 
 // observeTokenPace observes the time per output token of a timed stream

@@ -22,6 +22,9 @@ type workerStats struct {
 	answers   [numStatusClasses]metrics.Counter // answer heads, by status class
 	failures  [numFailures]metrics.Counter
 	firstByte *metrics.Histogram // from the send to the answer's head
+	// From the send to a timed stream's first event leaving (its engine's
+	// time to first token, with the router's relay of it).
+	firstToken *metrics.Histogram
 	// The worker's keep-alive connections (HAProxy's connection attempts
 	// and reuses): connections opened, pooled ones its worker had closed
 	// (dropped before a request went on them: workerClosed,
@@ -50,7 +53,7 @@ const (
 var failureNames = [numFailures]string{"connect", "transport", "timeout", "cut"}
 
 func newWorkerStats() *workerStats {
-	st := &workerStats{firstByte: metrics.NewHistogram(metrics.DefaultBuckets),
+	st := &workerStats{firstByte: metrics.NewHistogram(metrics.DefaultBuckets), firstToken: metrics.NewHistogram(firstTokenBuckets),
 		connects: metrics.NewCounter(), closedByWorker: metrics.NewCounter()}
 	for i := range st.answers {
 		st.answers[i] = metrics.NewCounter()
@@ -118,6 +121,10 @@ func writeWorkerStats(w *metrics.Writer, workers []*dataplane.Worker, statsOf fu
 	w.Header("fastroute_worker_first_byte_seconds", "histogram", "Time from sending a request to a worker to its answer's head, per worker.")
 	for i, st := range stats {
 		w.Histogram("fastroute_worker_first_byte_seconds", st.firstByte, "worker", ids[i])
+	}
+	w.Header("fastroute_worker_time_to_first_token_seconds", "histogram", "Time from sending a request to a worker to its stream's first event leaving to the client, per worker: streams of generated tokens (chat, completions, /generate) only.")
+	for i, st := range stats {
+		w.Histogram("fastroute_worker_time_to_first_token_seconds", st.firstToken, "worker", ids[i])
 	}
 	w.Header("fastroute_worker_connections", "gauge", "Connections open to each worker, carrying a request or kept alive for the next.")
 	for i, st := range stats {
