@@ -112,6 +112,11 @@ func runDemo(args []string) error {
 		return fmt.Errorf("api keys: %w", err)
 	}
 	fmt.Println(keys)
+	alias, err := demoAlias(client, base)
+	if err != nil {
+		return fmt.Errorf("model alias: %w", err)
+	}
+	fmt.Println(alias)
 
 	fmt.Println("\nper-worker counts (served by the mock / dispatched by the router / in flight now), weight:")
 	var total int64
@@ -132,7 +137,7 @@ func runDemo(args []string) error {
 			return fmt.Errorf("worker %d still holds %d reservations", w.ID(), w.Occupancy())
 		}
 	}
-	if want := int64(*requests + 1 + stickyRequests + conversationTurns); total != want {
+	if want := int64(*requests + 1 + stickyRequests + conversationTurns + aliasRequests); total != want {
 		return fmt.Errorf("workers served %d requests, want %d", total, want)
 	}
 	resp, err := client.Get("http://" + r.AdminAddr() + "/metrics")
@@ -142,8 +147,16 @@ func runDemo(args []string) error {
 	defer resp.Body.Close()
 	fmt.Println("\nfrom admin /metrics:")
 	sc := bufio.NewScanner(resp.Body)
+	times := map[string]float64{}
 	for sc.Scan() {
 		l := sc.Text()
+		for _, name := range []string{"fastroute_time_to_first_token_seconds", "fastroute_time_per_output_token_seconds"} {
+			for _, part := range []string{"_sum", "_count"} {
+				if v, ok := strings.CutPrefix(l, name+part+`{model="mock-model"} `); ok {
+					times[name+part], _ = strconv.ParseFloat(v, 64)
+				}
+			}
+		}
 		if strings.HasPrefix(l, "fastroute_worker_inflight") || strings.HasPrefix(l, "fastroute_worker_first_byte_seconds_count") ||
 			strings.HasPrefix(l, "fastroute_prefix_requests_total") ||
 			((strings.HasPrefix(l, "fastroute_requests_total") || strings.HasPrefix(l, "fastroute_worker_answers_total")) &&
@@ -151,8 +164,42 @@ func runDemo(args []string) error {
 			fmt.Println("  " + l)
 		}
 	}
+	ttft, tpot := "fastroute_time_to_first_token_seconds", "fastroute_time_per_output_token_seconds"
+	if times[ttft+"_count"] == 0 || times[tpot+"_count"] == 0 {
+		return fmt.Errorf("mock-model's streams were not timed: %v", times)
+	}
+	fmt.Printf("  mock-model's streams: time to first token %.1f ms, time per output token %.1f ms (means over %.0f and %.0f)\n",
+		1000*times[ttft+"_sum"]/times[ttft+"_count"], 1000*times[tpot+"_sum"]/times[tpot+"_count"], times[ttft+"_count"], times[tpot+"_count"])
 	fmt.Println("\ndemo ok")
 	return nil
+}
+
+// aliasRequests is how many requests demoAlias sends.
+const aliasRequests = 8
+
+// demoAlias asks for the alias "assistant" (demo.yaml) aliasRequests
+// times and shows where they went: each answer names the model its engine
+// got, one of the alias's targets.
+func demoAlias(client *http.Client, base string) (string, error) {
+	got := map[string]int{}
+	for range aliasRequests {
+		resp, err := client.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"model":"assistant","prompt":"hi"}`))
+		if err != nil {
+			return "", err
+		}
+		var answer struct{ Model string }
+		err = json.NewDecoder(resp.Body).Decode(&answer)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return "", fmt.Errorf("status %d: %v", resp.StatusCode, err)
+		}
+		if answer.Model != "mock-model" && answer.Model != "sql-lora" {
+			return "", fmt.Errorf("the engine got model %q, no target of the alias", answer.Model)
+		}
+		got[answer.Model]++
+	}
+	return fmt.Sprintf("alias assistant (mock-model 3, sql-lora 1): %d requests -> mock-model %d, sql-lora %d (the engines got the target as the model)",
+		aliasRequests, got["mock-model"], got["sql-lora"]), nil
 }
 
 func demoRequest(client *http.Client, base string, n int, stream bool) (string, error) {
