@@ -190,6 +190,11 @@ type Client struct {
 	prompt   atomic.Uint64 // tokens its answers reported (AddTokens)
 	output   atomic.Uint64
 	recent   window // the tokens of the last minute, for tpm
+	// The other replicas' tokens over their last minute and requests in
+	// flight, as they last reported them (Keys.SetPeerUsage): added to
+	// this replica's own in Admit.
+	peerTokens   atomic.Uint64
+	peerInflight atomic.Int64
 }
 
 // Refusal says why Admit refused a request; Admitted: it did not.
@@ -290,16 +295,17 @@ func (c *Client) RecentTokens(now time.Time) uint64 { return c.recent.sum(second
 
 // Admit takes one of the client's slots at now, unless it has MaxInflight
 // requests in flight already, or its answers reported TokensPerMinute
-// tokens over the minute before now: then nothing is taken, and the
-// refusal says which. An admitted request is released (Release) exactly
+// tokens over the minute before now (with the other replicas' requests
+// and tokens, when they share them: SetPeerUsage): then nothing is
+// taken, and the refusal says which. An admitted request is released (Release) exactly
 // once when it ends.
 func (c *Client) Admit(now time.Time) Refusal {
-	if tpm := c.tpm.Load(); tpm > 0 && c.recent.sum(second(now)) >= uint64(tpm) {
+	if tpm := c.tpm.Load(); tpm > 0 && c.recent.sum(second(now))+c.peerTokens.Load() >= uint64(tpm) {
 		c.limited[OverTokens].Add(1)
 		return OverTokens
 	}
 	n := c.inflight.Add(1)
-	if max := c.max.Load(); max > 0 && n > max {
+	if max := c.max.Load(); max > 0 && n+c.peerInflight.Load() > max {
 		c.inflight.Add(-1)
 		c.limited[OverInflight].Add(1)
 		return OverInflight
@@ -309,9 +315,15 @@ func (c *Client) Admit(now time.Time) Refusal {
 }
 
 // RetryAfter is how long from now until the client's tokens over the last
-// minute fall below TokensPerMinute, to the second (at least one).
+// minute fall below TokensPerMinute, to the second (at least one). The
+// other replicas' tokens are taken to stay: when they alone reach the
+// cap, a whole minute.
 func (c *Client) RetryAfter(now time.Time) time.Duration {
-	return time.Duration(c.recent.secondsUntilBelow(second(now), uint64(c.tpm.Load()))) * time.Second
+	tpm, peers := uint64(c.tpm.Load()), c.peerTokens.Load()
+	if peers >= tpm {
+		return windowSeconds * time.Second
+	}
+	return time.Duration(c.recent.secondsUntilBelow(second(now), tpm-peers)) * time.Second
 }
 
 // Release gives back the slot Admit took.

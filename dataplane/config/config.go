@@ -48,6 +48,12 @@ type Config struct {
 	// checked and a client's Authorization reaches its worker. A reload
 	// reads it again.
 	APIKeysFile string `yaml:"api_keys_file"`
+	// APIKeysShareInterval, when positive, has the replicas on
+	// discovery.etcd share each key's use (its tokens over the last minute
+	// and requests in flight) that often, so that its caps hold across
+	// them: each replica counts the others' last shared use beside its
+	// own. 0: each replica caps what it serves.
+	APIKeysShareInterval time.Duration `yaml:"api_keys_share_interval"`
 	// APIKeys are APIKeysFile's keys, read by ResolveSecrets.
 	APIKeys []apikeys.Entry `yaml:"-"`
 	// ShutdownTimeout bounds the drain on SIGTERM; streams still open then are cut.
@@ -507,6 +513,16 @@ func (c *Config) Validate() error {
 		if !isOrigin(o) {
 			return keyErr(fmt.Sprintf("cors_allowed_origins[%d]", i), "%q is not an origin (scheme://host[:port], as a browser sends it) or *", o)
 		}
+	}
+	switch iv := c.APIKeysShareInterval; {
+	case iv < 0:
+		return keyErr("api_keys_share_interval", "%v is negative", iv)
+	case iv > 0 && len(c.Discovery.Etcd.Endpoints) == 0:
+		return keyErr("api_keys_share_interval", "needs discovery.etcd.endpoints, where replicas share their keys' use")
+	case iv > 0 && c.APIKeysFile == "":
+		return keyErr("api_keys_share_interval", "needs api_keys_file: no key, nothing to share")
+	case iv > 0 && iv < 100*time.Millisecond:
+		return keyErr("api_keys_share_interval", "%v is below 100ms (two etcd requests a replica each time)", iv)
 	}
 	if _, err := aliases.New(c.ModelAliases); err != nil {
 		var ae *aliases.Error

@@ -2,12 +2,16 @@ package router
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"reflect"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/discovery"
@@ -54,6 +58,36 @@ func (r *Router) keepRegistered(ctx context.Context, log *slog.Logger) {
 		return
 	}
 	r.loops.Go(func() { discovery.KeepRouterRegistered(ctx, etcdOptions(r.Config.Discovery.Etcd, log), adv, routerTTL) })
+}
+
+// shareKeyUsage shares the API keys' use with the other replicas on etcd
+// (api_keys_share_interval) while ctx lasts: each replica's under a key
+// of its own, read back by the others into their admissions.
+func (r *Router) shareKeyUsage(ctx context.Context, log *slog.Logger) {
+	iv := r.Config.APIKeysShareInterval
+	if iv <= 0 {
+		return
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	self := hex.EncodeToString(id[:])
+	read := func() []byte {
+		b, _ := json.Marshal(r.APIKeys.Usage(time.Now())) // a list of plain structs always marshals
+		return b
+	}
+	apply := func(others [][]byte) {
+		var all []apikeys.Usage
+		for _, b := range others {
+			var u []apikeys.Usage
+			if err := json.Unmarshal(b, &u); err != nil {
+				log.Warn("another replica's key use on etcd is not a list of uses: ignored", "err", err)
+				continue
+			}
+			all = append(all, u...)
+		}
+		r.APIKeys.SetPeerUsage(all)
+	}
+	r.loops.Go(func() { discovery.ShareUsage(ctx, etcdOptions(r.Config.Discovery.Etcd, log), self, iv, read, apply) })
 }
 
 // discoveryTarget applies what etcd says to the registry, and the

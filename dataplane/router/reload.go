@@ -55,6 +55,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
 		"admin_token": old.AdminToken == cfg.AdminToken, "metrics_public": old.MetricsPublic == cfg.MetricsPublic,
 		"worker_api_key":              old.WorkerAPIKey == cfg.WorkerAPIKey,
+		"api_keys_share_interval":     old.APIKeysShareInterval == cfg.APIKeysShareInterval,
 		"tls":                         old.TLS.On() == cfg.TLS.On(),
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,

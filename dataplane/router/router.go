@@ -210,6 +210,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		r.loops.Go(func() { r.PrefixShare.Run(ctx) })
 	}
 	r.keepRegistered(ctx, log)
+	r.shareKeyUsage(ctx, log)
 	log.Info("fastroute started", "listen", r.Addr(), "admin", r.AdminAddr(),
 		"mode", cfg.Router.Mode, "workers", len(cfg.Workers), "max_connections", r.Frontend.MaxConnections())
 	return r, nil

@@ -135,22 +135,28 @@ func writeKeyMetrics(w *metrics.Writer, keys *apikeys.Keys) {
 		w.Sample("fastroute_api_key_tokens_total", float64(prompt), "api_key", c.Name(), "kind", "prompt")
 		w.Sample("fastroute_api_key_tokens_total", float64(completion), "api_key", c.Name(), "kind", "completion")
 	}
-	w.Header("fastroute_api_key_inflight", "gauge", "Requests of the API key admitted and not yet ended.")
-	for _, c := range clients {
-		w.Sample("fastroute_api_key_inflight", float64(c.Inflight()), "api_key", c.Name())
-	}
-	w.Header("fastroute_api_key_max_inflight", "gauge", "The API key's max_inflight (0: no cap).")
-	for _, c := range clients {
-		w.Sample("fastroute_api_key_max_inflight", float64(c.MaxInflight()), "api_key", c.Name())
-	}
 	now := time.Now()
-	w.Header("fastroute_api_key_recent_tokens", "gauge", "Tokens the API key's answers reported over the last minute, which its tokens_per_minute caps.")
-	for _, c := range clients {
-		w.Sample("fastroute_api_key_recent_tokens", float64(c.RecentTokens(now)), "api_key", c.Name())
-	}
-	w.Header("fastroute_api_key_tokens_per_minute", "gauge", "The API key's tokens_per_minute (0: no cap).")
-	for _, c := range clients {
-		w.Sample("fastroute_api_key_tokens_per_minute", float64(c.TokensPerMinute()), "api_key", c.Name())
+	for _, g := range []struct {
+		name, help string
+		value      func(c *apikeys.Client) float64
+	}{
+		{"fastroute_api_key_inflight", "Requests of the API key admitted and not yet ended.",
+			func(c *apikeys.Client) float64 { return float64(c.Inflight()) }},
+		{"fastroute_api_key_max_inflight", "The API key's max_inflight (0: no cap).",
+			func(c *apikeys.Client) float64 { return float64(c.MaxInflight()) }},
+		{"fastroute_api_key_recent_tokens", "Tokens the API key's answers reported over the last minute, which its tokens_per_minute caps.",
+			func(c *apikeys.Client) float64 { return float64(c.RecentTokens(now)) }},
+		{"fastroute_api_key_peer_recent_tokens", "Tokens the API key's answers reported over the last minute on the other replicas, as they last shared them (api_keys_share_interval), counted toward its tokens_per_minute here.",
+			func(c *apikeys.Client) float64 { return float64(c.PeerTokens()) }},
+		{"fastroute_api_key_peer_inflight", "The API key's requests in flight on the other replicas, as they last shared them, counted toward its max_inflight here.",
+			func(c *apikeys.Client) float64 { return float64(c.PeerInflight()) }},
+		{"fastroute_api_key_tokens_per_minute", "The API key's tokens_per_minute (0: no cap).",
+			func(c *apikeys.Client) float64 { return float64(c.TokensPerMinute()) }},
+	} {
+		w.Header(g.name, "gauge", g.help)
+		for _, c := range clients {
+			w.Sample(g.name, g.value(c), "api_key", c.Name())
+		}
 	}
 	w.Single("fastroute_api_key_refused_total", "counter", "Requests answered 401 for want of a key some client has.", float64(keys.Refused()))
 }
