@@ -140,6 +140,26 @@ func (t *Table) Resolve(model, session []byte) (to, quoted []byte, ok bool) {
 	return tg.model, tg.quoted, true
 }
 
+// KeepCounts carries the requests each target of prev got over to the
+// same alias's same target in t, so that a reload does not set them back
+// to zero; t must not be in use yet.
+func (t *Table) KeepCounts(prev *Table) {
+	if t == nil || prev == nil {
+		return
+	}
+	for _, a := range t.list {
+		if old := prev.byName[a.name]; old != nil {
+			for _, tg := range a.targets {
+				for _, o := range old.targets {
+					if string(o.model) == string(tg.model) {
+						tg.requests.Store(o.requests.Load())
+					}
+				}
+			}
+		}
+	}
+}
+
 // Names returns the aliases' names, in the order configured.
 func (t *Table) Names() []string {
 	if t == nil {

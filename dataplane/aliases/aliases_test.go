@@ -85,3 +85,26 @@ func TestAnAliasSplitsItsRequestsByWeight(t *testing.T) {
 
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { tab.Resolve([]byte("food-review"), []byte("s")) }))
 }
+
+// A reload's table keeps the requests each alias's target got, for the
+// targets it keeps; a new target starts at zero.
+func TestANewTableKeepsTheCountsOfTheTargetsItKeeps(t *testing.T) {
+	prev, err := New([]Alias{{Name: "a", Targets: []Target{{Model: "v1", Weight: 1}, {Model: "v2", Weight: 1}}}})
+	require.NoError(t, err)
+	for range 10 {
+		prev.Resolve([]byte("a"), nil)
+	}
+	next, err := New([]Alias{{Name: "a", Targets: []Target{{Model: "v2", Weight: 1}, {Model: "v3", Weight: 1}}}, {Name: "b", Targets: []Target{{Model: "v1"}}}})
+	require.NoError(t, err)
+	next.KeepCounts(prev)
+	was, now := map[string]uint64{}, map[string]uint64{}
+	prev.Each(func(alias, model string, _, requests uint64) { was[alias+"/"+model] = requests })
+	next.Each(func(alias, model string, _, requests uint64) { now[alias+"/"+model] = requests })
+	assert.Equal(t, uint64(10), was["a/v1"]+was["a/v2"])
+	assert.Equal(t, was["a/v2"], now["a/v2"])
+	assert.Zero(t, now["a/v3"])
+	assert.Zero(t, now["b/v1"], "another alias's target of the same model is another count")
+	next.KeepCounts(nil)
+	var none *Table
+	none.KeepCounts(prev)
+}

@@ -97,6 +97,8 @@ func TestAModelAliasSplitsRequestsBetweenItsTargets(t *testing.T) {
 	applied, _, err := f.r.Reload(next)
 	require.NoError(t, err)
 	assert.Contains(t, applied, "model_aliases (1)")
+	assert.Equal(t, fmt.Sprint(byModel["food-review-v2"]), metric(t, f, `fastroute_model_alias_requests_total{alias="food-review",model="food-review-v2"}`),
+		"a reload keeps the counts of the targets it keeps")
 	for range 20 {
 		worker, model := served(`{"model":"food-review","messages":[]}`)
 		assert.Equal(t, "2", worker)

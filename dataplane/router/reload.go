@@ -102,6 +102,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		if err != nil {
 			return nil, needRestart, err // Validate checked them: not reached
 		}
+		t.KeepCounts(r.Frontend.Aliases())
 		r.Frontend.SetAliases(t)
 		applied = append(applied, fmt.Sprintf("model_aliases (%d)", len(cfg.ModelAliases)))
 	}

@@ -25,7 +25,7 @@ func writeAliasMetrics(w *metrics.Writer, t *aliases.Table) {
 	t.Each(func(alias, model string, weight, requests uint64) {
 		rows = append(rows, row{alias, model, weight, requests})
 	})
-	w.Header("fastroute_model_alias_requests_total", "counter", "Requests that named a model alias, by the target they went to (since the aliases were last set: start or reload).")
+	w.Header("fastroute_model_alias_requests_total", "counter", "Requests that named a model alias, by the target they went to (a reload keeps the counts of the targets it keeps).")
 	for _, r := range rows {
 		w.Sample("fastroute_model_alias_requests_total", float64(r.requests), "alias", r.alias, "model", r.model)
 	}
@@ -34,6 +34,10 @@ func writeAliasMetrics(w *metrics.Writer, t *aliases.Table) {
 		w.Sample("fastroute_model_alias_weight", float64(r.weight), "alias", r.alias, "model", r.model)
 	}
 }
+
+// Aliases returns the model aliases requests read their model names
+// through now (nil: none).
+func (s *Server) Aliases() *aliases.Table { return s.aliases.Load() }
 
 // aliasBodyKept bounds the buffer of a rewritten body an exchange keeps
 // for its next request: a larger one is let go.
