@@ -15,6 +15,7 @@ import (
 
 	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -322,12 +323,16 @@ func TestDPRankQueryOnlyAndLoRABusyAnswers(t *testing.T) {
 
 func TestAccessLog(t *testing.T) {
 	var logs syncBuffer
-	f := startFleetLog(t, mocks(1, 3, 0), func(c *config.Config) { c.Log.Access = "all" }, &logs)
+	f := startFleetLog(t, mocks(1, 3, 0), func(c *config.Config) {
+		c.Log.Access = "all"
+		c.ModelAliases = []aliases.Alias{{Name: "assistant", Targets: []aliases.Target{{Model: "mock-model"}}}}
+	}, &logs)
 	readAll(t, f.post("/v1/chat/completions", chatBody))
 	readAll(t, f.post("/v1/chat/completions", streamBody, "X-Request-Id", "req-7"))
 	readAll(t, f.post("/v1/completions", "{not json"))
 	readAll(t, f.post("/tokenize", `{"prompt":"x"}`, "Authorization", "Bearer sk-secret"))
 	readAll(t, f.post("/v1/chat/completions", chatBody, "x-query-instance-id", "true"))
+	readAll(t, f.post("/v1/chat/completions", `{"model":"assistant","messages":[]}`))
 	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
 	var access []string
 	for _, l := range lines {
@@ -335,12 +340,15 @@ func TestAccessLog(t *testing.T) {
 			access = append(access, l)
 		}
 	}
-	require.Len(t, access, 5, "%s", logs.String())
+	require.Len(t, access, 6, "%s", logs.String())
 	assert.Regexp(t, `msg=access log=access method=POST path=/v1/chat/completions status=200 outcome=ok worker=1 attempts=1 first_byte_ms=[0-9.]+ total_ms=[0-9.]+ bytes=[1-9][0-9]* model=mock-model client=127\.0\.0\.1:[0-9]+ request_id=""$`, access[0])
-	assert.Regexp(t, `path=/v1/chat/completions status=200 outcome=ok worker=1 attempts=1 .* bytes=[1-9][0-9]* model=mock-model client=127\.0\.0\.1:[0-9]+ request_id=req-7$`, access[1], "the stream's bytes and request id")
+	assert.Regexp(t, `path=/v1/chat/completions status=200 outcome=ok worker=1 attempts=1 .* bytes=[1-9][0-9]* model=mock-model client=127\.0\.0\.1:[0-9]+ request_id=req-7 first_token_ms=[0-9.]+$`, access[1],
+		"the stream's bytes, request id and time to first token")
 	assert.Regexp(t, `path=/v1/completions status=400 outcome=invalid worker=0 attempts=0`, access[2])
 	assert.Contains(t, access[3], "path=/tokenize status=200")
 	assert.Regexp(t, `status=200 outcome=query worker=1 attempts=0`, access[4])
+	assert.Regexp(t, `status=200 outcome=ok .* model=mock-model client=127\.0\.0\.1:[0-9]+ request_id="" alias=assistant$`, access[5],
+		"the target's model, and the alias the client named")
 	assert.NotContains(t, logs.String(), "sk-secret")
 
 	var errs syncBuffer

@@ -70,6 +70,9 @@ func (ex *exchange) applyAlias(ctx *fasthttp.RequestCtx) bool {
 	}
 	ex.aliased = append(append(append(ex.aliased[:0], body[:start]...), quoted...), body[end:]...)
 	ctx.Request.SetBodyRaw(ex.aliased)
+	if ex.s.access != nil {
+		ex.alias = append(ex.alias[:0], ex.req.Model...)
+	}
 	ex.req.Model = append(ex.req.Model[:0], to...)
 	return true
 }

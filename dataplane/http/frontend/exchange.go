@@ -63,6 +63,7 @@ type exchange struct {
 	pre      atomic.Pointer[prefillLeg] // made at the first request that may split (prefillLeg)
 	body     []byte                     // the body sent to the decode worker; nil: the client's
 	aliased  []byte                     // the client's body with an alias's target for its model (applyAlias)
+	alias    []byte                     // the alias the client named, copied while the access log is on (applyAlias); empty: none
 	stream   bool
 	creates  bool // a POST /v1/responses: its answer may store a response (learnStored)
 	generate bool // a POST /generate (SGLang's native API): its prompt is the body's text
@@ -117,7 +118,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done = false, nil, false
 	ex.sse, ex.tail, ex.bodyDone, ex.client, ex.created = false, nil, false, hangup.Conn{}, false
-	ex.timed, ex.firstToken, ex.sent = false, 0, 0
+	ex.timed, ex.firstToken, ex.sent, ex.alias = false, 0, 0, ex.alias[:0]
 	ex.watch.Store(0)
 	ex.stop.Store(0)
 	ex.split, ex.decoding, ex.body = false, false, nil
@@ -978,8 +979,16 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 		slog.Float64("first_byte_ms", float64(ex.firstByte.Microseconds())/1000),
 		slog.Float64("total_ms", float64(total.Microseconds())/1000), slog.Int64("bytes", ex.bytes),
 		slog.String("model", string(ex.req.Model)), slog.String("client", ex.peer.String()),
-		slog.String("request_id", string(id)), {}, {}, {}}
-	n := len(attrs) - 3
+		slog.String("request_id", string(id)), {}, {}, {}, {}, {}}
+	n := len(attrs) - 5
+	if len(ex.alias) > 0 { // the model the client named, whose target model is
+		attrs[n] = slog.String("alias", string(ex.alias))
+		n++
+	}
+	if ex.firstToken > 0 {
+		attrs[n] = slog.Float64("first_token_ms", float64(ex.firstToken.Microseconds())/1000)
+		n++
+	}
 	if ex.key != nil { // the name of the client's API key, never the key, and what the answer said it used
 		attrs[n] = slog.String("api_key", ex.key.Name())
 		prompt, completion := ex.usage.charged()
