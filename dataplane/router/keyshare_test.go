@@ -66,9 +66,7 @@ func TestAKeysCapsHoldAcrossReplicas(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode, text)
 	}
 	require.Less(t, sent, 20, "a caps team-a")
-	used := client(a, "team-a").RecentTokens(time.Now())
-	require.GreaterOrEqual(t, used, uint64(60))
-	require.Eventually(t, func() bool { return client(b, "team-a").PeerTokens() == used }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return client(b, "team-a").PeerTokens() >= 60 }, 5*time.Second, 10*time.Millisecond,
 		"b learns what team-a used through a")
 	resp, text := b.send("POST", "/v1/chat/completions", fastBody, "Authorization", "Bearer "+teamAKey)
 	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "b refuses team-a, which used nothing through b: %s", text)
