@@ -510,3 +510,34 @@ func TestTheAdminListsTheKeys(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 	assert.Equal(t, "[]\n", body)
 }
+
+// Within a priority, the queue's API keys take turns: a request of batch
+// that came after three of team-a's is served after team-a's first, not
+// after all three. Keys off, the same arrivals would be served in order.
+func TestTheQueuesKeysTakeTurns(t *testing.T) {
+	f := startFleet(t, mocks(1, 2, 40*time.Millisecond), func(c *config.Config) {
+		c.Router.BusyThreshold = 1
+		c.Router.Queue = config.Queue{Size: 8, Timeout: 10 * time.Second}
+		c.APIKeysFile = keysFile(t, "team-a "+teamAKey, "batch "+batchKey)
+	})
+	first := f.post("/v1/chat/completions", streamBody, "Authorization", "Bearer "+teamAKey)
+	require.Equal(t, http.StatusOK, first.StatusCode)
+	done := make(chan string, 4)
+	send := func(name, key string) {
+		resp, text := f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+key)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, text)
+		done <- name
+	}
+	for i, r := range []struct{ name, key string }{{"a1", teamAKey}, {"a2", teamAKey}, {"a3", teamAKey}, {"b1", batchKey}} {
+		go send(r.name, r.key)
+		want := fmt.Sprint(i + 1)
+		require.Eventually(t, func() bool { return metric(t, f, "fastroute_queued_requests") == want }, 2*time.Second, 5*time.Millisecond)
+	}
+	readAll(t, first)
+	var order []string
+	for range 4 {
+		order = append(order, <-done)
+	}
+	assert.Equal(t, []string{"a1", "b1", "a2", "a3"}, order)
+	f.assertIdle()
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/apikeys"
 )
 
 // waitQueue holds requests that found every worker they may go to busy
@@ -16,8 +17,14 @@ import (
 // their pick again whenever a request ends, or every recheck at the latest
 // (a worker that comes back, a slot freed on a worker some other waiter
 // cannot use). Each ended request wakes the best waiter: the lowest
-// priority (vLLM's request field: lower is sooner, 0 by default), the
-// oldest among equals. A request that finds the queue full takes the place
+// priority (vLLM's request field: lower is sooner, 0 by default), then the
+// first by its flow's turn, then the oldest. A flow is the requests of one
+// API key (all requests are one flow while keys are off): within a
+// priority the flows take turns, as start-time fair queuing has them
+// (each arrival's turn is one past its flow's last, or past the turn of
+// the last waiter woken when its flow had none waiting), so that one
+// key's burst does not hold another's requests behind all of it, as
+// llm-d's flow control does between its flows. A request that finds the queue full takes the place
 // of the worst waiter when it has a lower priority; otherwise, or once it
 // waited its timeout, it is answered 429 as it would have been without
 // the queue. A new request that finds a free worker takes it even while
@@ -32,13 +39,19 @@ type waitQueue struct {
 
 	mu    sync.Mutex
 	heap  waiters // the waiters asleep, best first
-	seq   uint64  // arrivals, for the order among equal priorities
+	seq   uint64  // arrivals, for the order among equal priorities and turns
 	spare int64   // wake-ups that found every waiter awake (trying its pick), for the next to sleep
+	// Fair queuing between flows: each flow's last turn given, and the
+	// turn of the last waiter woken.
+	turns map[*apikeys.Client]uint64
+	now   uint64
 }
 
 // waiter is one request's place in the queue (an exchange's, reused).
 type waiter struct {
 	priority  int64
+	flow      *apikeys.Client // its API key's client; nil: none (keys off)
+	turn      uint64          // its place among the flows' turns (enter)
 	seq       uint64
 	index     int           // in the heap; -1 while out of it
 	wake      chan struct{} // a slot freed for it, or its displacement (cap 1)
@@ -50,7 +63,14 @@ type waiters []*waiter
 
 func (h waiters) Len() int { return len(h) }
 func (h waiters) Less(i, j int) bool {
-	return h[i].priority < h[j].priority || (h[i].priority == h[j].priority && h[i].seq < h[j].seq)
+	a, b := h[i], h[j]
+	if a.priority != b.priority {
+		return a.priority < b.priority
+	}
+	if a.turn != b.turn {
+		return a.turn < b.turn
+	}
+	return a.seq < b.seq
 }
 func (h waiters) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
@@ -95,6 +115,7 @@ func (q *waitQueue) ended() {
 		return
 	}
 	w := heap.Pop(&q.heap).(*waiter)
+	q.now = max(q.now, w.turn)
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -139,6 +160,11 @@ func (q *waitQueue) enter(w *waiter) bool {
 		default:
 		}
 	}
+	if q.turns == nil {
+		q.turns = map[*apikeys.Client]uint64{}
+	}
+	w.turn = max(q.now, q.turns[w.flow]) + 1
+	q.turns[w.flow] = w.turn
 	heap.Push(&q.heap, w)
 	return true
 }
@@ -172,14 +198,18 @@ func (q *waitQueue) sleep(w *waiter) bool {
 	return true
 }
 
-// leave takes w out of the queue for good.
+// leave takes w out of the queue for good. The last to leave forgets
+// the flows' turns (their memory stays allocated for the next wait).
 func (q *waitQueue) leave(w *waiter) {
 	q.mu.Lock()
 	if w.index >= 0 {
 		heap.Remove(&q.heap, w.index)
 	}
+	if q.waiting.Add(-1) == 0 {
+		clear(q.turns)
+		q.now = 0
+	}
 	q.mu.Unlock()
-	q.waiting.Add(-1)
 }
 
 // errQueueFull is the 429 of a request that found the queue full.
@@ -209,7 +239,7 @@ func (ex *exchange) awaitSlot(first error) error {
 	if w.wake == nil {
 		w.wake, w.index = make(chan struct{}, 1), -1
 	}
-	w.priority = ex.priority
+	w.priority, w.flow = ex.priority, ex.key
 	if !q.enter(w) {
 		m.queueFull.Inc()
 		return errQueueFull

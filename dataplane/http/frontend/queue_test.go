@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -90,4 +91,59 @@ func TestTheWaitQueueConcurrently(t *testing.T) {
 	wg.Wait()
 	assert.Zero(t, q.Waiting())
 	assert.Empty(t, q.heap)
+}
+
+// Within a priority, the flows (API keys) take turns: a burst of one key's
+// requests does not hold another key's behind all of it; a flow that had
+// none waiting takes the next turn, not a turn it saved up while idle; a
+// lower priority still goes first; one flow alone is served in arrival
+// order.
+func TestTheFlowsTakeTurnsWithinAPriority(t *testing.T) {
+	var keys apikeys.Keys
+	keys.Set([]apikeys.Entry{{Name: "a", Key: "sk-a-0123456789abcdef"}, {Name: "b", Key: "sk-b-0123456789abcdef"}, {Name: "c", Key: "sk-c-0123456789abcdef"}})
+	a, b, c := keys.Clients()[0], keys.Clients()[1], keys.Clients()[2]
+	q := newWaitQueue(16, time.Second)
+	type arrival struct {
+		name     string
+		flow     *apikeys.Client
+		priority int64
+	}
+	waiters := map[*waiter]string{}
+	arrive := func(list ...arrival) {
+		for _, r := range list {
+			w := newWaiter(r.priority)
+			w.flow = r.flow
+			require.True(t, q.enter(w))
+			waiters[w] = r.name
+		}
+	}
+	next := func() string {
+		q.ended()
+		for w, name := range waiters {
+			if woken(w) {
+				require.True(t, q.wakeUp(w))
+				q.leave(w)
+				delete(waiters, w)
+				return name
+			}
+		}
+		return ""
+	}
+	arrive(arrival{"a1", a, 0}, arrival{"a2", a, 0}, arrival{"a3", a, 0}, arrival{"a4", a, 0}, arrival{"b1", b, 0}, arrival{"b2", b, 0})
+	assert.Equal(t, "a1", next())
+	assert.Equal(t, "b1", next(), "b's first takes the turn after a's first, not after a's burst")
+	arrive(arrival{"c1", c, 0}, arrival{"urgent", c, -1})
+	assert.Equal(t, "urgent", next(), "a lower priority goes first")
+	assert.Equal(t, "a2", next())
+	assert.Equal(t, "b2", next())
+	assert.Equal(t, "c1", next(), "c, idle until now, takes the turn after the last woken")
+	assert.Equal(t, "a3", next())
+	assert.Equal(t, "a4", next())
+	assert.Zero(t, q.Waiting())
+
+	arrive(arrival{"x1", nil, 0}, arrival{"x2", nil, 0}, arrival{"x3", nil, 0})
+	for _, want := range []string{"x1", "x2", "x3"} {
+		assert.Equal(t, want, next(), "without keys, one flow: arrival order")
+	}
+	assert.Empty(t, q.turns, "the last to leave forgets the turns")
 }
