@@ -165,6 +165,24 @@ func (s *Snapshot) ModelGroup(name []byte) *Group {
 	return nil
 }
 
+// Serves reports whether a routable worker of the snapshot would take a
+// request for model: an adapter's holder, a base model's server (any
+// routable worker while no worker lists its base models, or when every
+// worker serves it).
+func (s *Snapshot) Serves(model []byte) bool {
+	i, err := s.catalog.Resolve(model)
+	switch {
+	case err != nil:
+		return false
+	case i >= 0:
+		return s.groups[i].Len() > 0
+	}
+	if g := s.ModelGroup(model); g != nil {
+		return g.Len() > 0
+	}
+	return s.Len() > 0
+}
+
 // Groups returns every adapter's group (do not modify).
 func (s *Snapshot) Groups() []*Group { return s.groups }
 

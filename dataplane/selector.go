@@ -133,6 +133,10 @@ type phasePolicy struct {
 
 // NewSelector returns a selector over reg. busyThreshold caps the requests in
 // flight per worker (0 = no cap). The CPU overflow rule is off until
+// Serves reports whether a routable worker would take a request for
+// model now (Snapshot.Serves).
+func (s *Selector) Serves(model []byte) bool { return s.reg.Snapshot().Serves(model) }
+
 // SetPolicy sets a ratio; routing resolves LoRA adapters and nothing more
 // until SetRouting says otherwise.
 func NewSelector(reg *Registry, mode pickers.Mode, busyThreshold int) (*Selector, error) {

@@ -87,6 +87,17 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 		cfg.ModelAliases = append(cfg.ModelAliases, a)
 		return err
 	})
+	fs.Func("model-fallback", "a model name clients may ask for and the models it stands for in order, NAME=MODEL[,MODEL...]: its requests go to the first a routable worker serves, the body's model rewritten (repeatable)", func(v string) error {
+		a, err := parseAlias(v)
+		for i := range a.Targets {
+			if a.Targets[i].Weight != 0 && err == nil {
+				err = fmt.Errorf("%q: a fallback's models take no weight: their order says which comes first", v)
+			}
+		}
+		a.Fallback = true
+		cfg.ModelAliases = append(cfg.ModelAliases, a)
+		return err
+	})
 	fs.StringVar(&cfg.Log.Access, "log-access", cfg.Log.Access, "access log: off, all, or errors (400 and above, or cut)")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "log format: text or json")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "drain bound on SIGTERM; streams still open then are cut")

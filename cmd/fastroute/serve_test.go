@@ -137,6 +137,12 @@ func TestModelAliasFlags(t *testing.T) {
 		{Name: "gpt-4o", Targets: []aliases.Target{{Model: "llama3:8b"}}},
 		{Name: "local", Targets: []aliases.Target{{Model: "qwen:7b", Weight: 3}, {Model: "qwen:14b", Weight: 1}}},
 	}, cfg.ModelAliases, "digits after a model's last colon are its weight; other colons are its name's")
+	cfg, err = loadServeConfig([]string{"--model-fallback", "chat=llama-70b,llama3:8b"})
+	require.NoError(t, err)
+	assert.Equal(t, []aliases.Alias{{Name: "chat", Fallback: true, Targets: []aliases.Target{{Model: "llama-70b"}, {Model: "llama3:8b"}}}},
+		cfg.ModelAliases)
+	_, err = loadServeConfig([]string{"--model-fallback", "chat=a:2,b"})
+	assert.ErrorContains(t, err, "take no weight")
 	for flag, want := range map[string]string{
 		"food-review":              "is not NAME=MODEL",
 		"=a":                       "is not NAME=MODEL",

@@ -16,9 +16,13 @@ import (
 )
 
 // Alias is a model name clients may ask for and the models it stands for.
+// A fallback alias sends its requests to the first of its targets, in
+// order, that a routable worker serves, instead of splitting them by
+// weight: a smaller model while the larger one's workers are all down.
 type Alias struct {
-	Name    string   `yaml:"name"`
-	Targets []Target `yaml:"targets"`
+	Name     string   `yaml:"name"`
+	Targets  []Target `yaml:"targets"`
+	Fallback bool     `yaml:"fallback"`
 }
 
 // Target is a model an alias's requests go to and its share of them.
@@ -39,9 +43,10 @@ type Table struct {
 }
 
 type alias struct {
-	name    string
-	targets []*target
-	total   uint64 // the weights' sum
+	name     string
+	targets  []*target
+	total    uint64 // the weights' sum
+	fallback bool
 }
 
 type target struct {
@@ -80,7 +85,7 @@ func New(list []Alias) (*Table, error) {
 		case len(a.Targets) > MaxTargets:
 			return nil, fieldErr(at+".targets", "alias %q has %d, more than %d", a.Name, len(a.Targets), MaxTargets)
 		}
-		al := &alias{name: a.Name}
+		al := &alias{name: a.Name, fallback: a.Fallback}
 		seen := map[string]bool{}
 		for j, tg := range a.Targets {
 			w := tg.Weight
@@ -91,7 +96,9 @@ func New(list []Alias) (*Table, error) {
 				return nil, fieldErr(fmt.Sprintf("%s.targets[%d].model", at, j), "%q is a target of alias %q already", tg.Model, a.Name)
 			case w < 0:
 				return nil, fieldErr(fmt.Sprintf("%s.targets[%d].weight", at, j), "%d is negative", w)
-			case len(a.Targets) == 1:
+			case a.Fallback && w != 0:
+				return nil, fieldErr(fmt.Sprintf("%s.targets[%d].weight", at, j), "a fallback alias's targets take no weight: their order says which comes first")
+			case len(a.Targets) == 1 || a.Fallback:
 				w = 1
 			}
 			seen[tg.Model] = true
@@ -109,18 +116,31 @@ func New(list []Alias) (*Table, error) {
 }
 
 // Resolve returns the model a request for model goes to, and its JSON
-// string (quotes included), when model is an alias: a target chosen by
-// weight, by the hash of session when there is one (every request of a
-// session gets the same target while the weights stay), at random
-// otherwise. ok is false for a model that is no alias. It counts the
-// request on its target, and allocates nothing.
-func (t *Table) Resolve(model, session []byte) (to, quoted []byte, ok bool) {
+// string (quotes included), when model is an alias: a fallback alias's
+// first target that serves says a routable worker serves (the first
+// target when none does, whose error the request then gets); another's
+// target chosen by weight, by the hash of session when there is one
+// (every request of a session gets the same target while the weights
+// stay), at random otherwise. ok is false for a model that is no alias.
+// It counts the request on its target, and allocates nothing.
+func (t *Table) Resolve(model, session []byte, serves func(model []byte) bool) (to, quoted []byte, ok bool) {
 	if t == nil {
 		return nil, nil, false
 	}
 	a := t.byName[string(model)]
 	if a == nil {
 		return nil, nil, false
+	}
+	if a.fallback {
+		tg := a.targets[0]
+		for _, o := range a.targets {
+			if serves(o.model) {
+				tg = o
+				break
+			}
+		}
+		tg.requests.Add(1)
+		return tg.model, tg.quoted, true
 	}
 	var n uint64
 	if len(session) > 0 {
@@ -172,15 +192,19 @@ func (t *Table) Names() []string {
 	return out
 }
 
-// Each calls f with every alias's every target, its weight and the
-// requests it got, in the order configured.
+// Each calls f with every alias's every target, its weight (0 for a
+// fallback alias's) and the requests it got, in the order configured.
 func (t *Table) Each(f func(alias, model string, weight, requests uint64)) {
 	if t == nil {
 		return
 	}
 	for _, a := range t.list {
 		for _, tg := range a.targets {
-			f(a.name, string(tg.model), tg.weight, tg.requests.Load())
+			w := tg.weight
+			if a.fallback {
+				w = 0
+			}
+			f(a.name, string(tg.model), w, tg.requests.Load())
 		}
 	}
 }

@@ -22,6 +22,7 @@ func TestABadListIsRefusedNamingTheField(t *testing.T) {
 		{[]Alias{{Name: "x", Targets: []Target{{Model: "a", Weight: 1}, {Model: "a", Weight: 1}}}}, `targets[1].model: "a" is a target of alias "x" already`},
 		{[]Alias{{Name: "x", Targets: []Target{{Model: "a", Weight: 1}, {Model: "b", Weight: -1}}}}, "targets[1].weight: -1 is negative"},
 		{[]Alias{{Name: "x", Targets: []Target{{Model: "a"}, {Model: "b"}}}}, `every weight of alias "x" is 0`},
+		{[]Alias{{Name: "x", Fallback: true, Targets: []Target{{Model: "a"}, {Model: "b", Weight: 2}}}}, "targets[1].weight: a fallback alias's targets take no weight"},
 	} {
 		_, err := New(c.list)
 		require.Error(t, err, "%+v", c.list)
@@ -30,7 +31,7 @@ func TestABadListIsRefusedNamingTheField(t *testing.T) {
 	tab, err := New(nil)
 	require.NoError(t, err)
 	assert.Nil(t, tab, "no aliases: no table")
-	_, _, ok := tab.Resolve([]byte("x"), nil)
+	_, _, ok := tab.Resolve([]byte("x"), nil, nil)
 	assert.False(t, ok, "the nil table resolves nothing")
 }
 
@@ -46,12 +47,12 @@ func TestAnAliasSplitsItsRequestsByWeight(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"food-review", "gpt-4o"}, tab.Names())
-	_, _, ok := tab.Resolve([]byte("food-review-v1"), nil)
+	_, _, ok := tab.Resolve([]byte("food-review-v1"), nil, nil)
 	assert.False(t, ok, "a target is no alias")
 
 	count := map[string]int{}
 	for range 10000 {
-		to, quoted, ok := tab.Resolve([]byte("food-review"), nil)
+		to, quoted, ok := tab.Resolve([]byte("food-review"), nil, nil)
 		require.True(t, ok)
 		assert.Equal(t, strconv.Quote(string(to)), string(quoted))
 		count[string(to)]++
@@ -63,16 +64,16 @@ func TestAnAliasSplitsItsRequestsByWeight(t *testing.T) {
 	sessions := map[string]int{}
 	for s := range 2000 {
 		session := []byte(fmt.Sprintf("session-%d", s))
-		first, _, _ := tab.Resolve([]byte("food-review"), session)
+		first, _, _ := tab.Resolve([]byte("food-review"), session, nil)
 		for range 3 {
-			again, _, _ := tab.Resolve([]byte("food-review"), session)
+			again, _, _ := tab.Resolve([]byte("food-review"), session, nil)
 			require.Equal(t, string(first), string(again), "a session keeps its target")
 		}
 		sessions[string(first)]++
 	}
 	assert.InDelta(t, 1800, sessions["food-review-v1"], 120, "sessions split by weight too")
 
-	to, quoted, ok := tab.Resolve([]byte("gpt-4o"), nil)
+	to, quoted, ok := tab.Resolve([]byte("gpt-4o"), nil, nil)
 	require.True(t, ok)
 	assert.Equal(t, `meta-llama/Llama-3.1-70B "instruct"`, string(to), "one target: all of them, its weight unread")
 	assert.Equal(t, `"meta-llama/Llama-3.1-70B \"instruct\""`, string(quoted), "quoted as JSON")
@@ -83,7 +84,7 @@ func TestAnAliasSplitsItsRequestsByWeight(t *testing.T) {
 	assert.Equal(t, uint64(1), got["gpt-4o meta-llama/Llama-3.1-70B \"instruct\""])
 	assert.Zero(t, got["food-review food-review-v0"])
 
-	assert.Zero(t, testing.AllocsPerRun(1000, func() { tab.Resolve([]byte("food-review"), []byte("s")) }))
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { tab.Resolve([]byte("food-review"), []byte("s"), nil) }))
 }
 
 // A reload's table keeps the requests each alias's target got, for the
@@ -92,7 +93,7 @@ func TestANewTableKeepsTheCountsOfTheTargetsItKeeps(t *testing.T) {
 	prev, err := New([]Alias{{Name: "a", Targets: []Target{{Model: "v1", Weight: 1}, {Model: "v2", Weight: 1}}}})
 	require.NoError(t, err)
 	for range 10 {
-		prev.Resolve([]byte("a"), nil)
+		prev.Resolve([]byte("a"), nil, nil)
 	}
 	next, err := New([]Alias{{Name: "a", Targets: []Target{{Model: "v2", Weight: 1}, {Model: "v3", Weight: 1}}}, {Name: "b", Targets: []Target{{Model: "v1"}}}})
 	require.NoError(t, err)
@@ -107,4 +108,31 @@ func TestANewTableKeepsTheCountsOfTheTargetsItKeeps(t *testing.T) {
 	next.KeepCounts(nil)
 	var none *Table
 	none.KeepCounts(prev)
+}
+
+// A fallback alias sends its requests to the first target, in order, that
+// a routable worker serves; to its first when none does.
+func TestAFallbackAliasTakesItsFirstTargetServed(t *testing.T) {
+	tab, err := New([]Alias{{Name: "chat", Fallback: true, Targets: []Target{{Model: "big"}, {Model: "medium"}, {Model: "small"}}}})
+	require.NoError(t, err)
+	up := map[string]bool{"big": true, "medium": true, "small": true}
+	serves := func(model []byte) bool { return up[string(model)] }
+	to := func() string {
+		m, _, ok := tab.Resolve([]byte("chat"), []byte("a session"), serves)
+		require.True(t, ok)
+		return string(m)
+	}
+	assert.Equal(t, "big", to())
+	up["big"] = false
+	assert.Equal(t, "medium", to())
+	up["medium"] = false
+	assert.Equal(t, "small", to())
+	up["small"] = false
+	assert.Equal(t, "big", to(), "none served: the first, whose error the request gets")
+	up["medium"] = true
+	assert.Equal(t, "medium", to())
+	got := map[string][2]uint64{}
+	tab.Each(func(_, model string, weight, requests uint64) { got[model] = [2]uint64{weight, requests} })
+	assert.Equal(t, map[string][2]uint64{"big": {0, 2}, "medium": {0, 2}, "small": {0, 1}}, got, "no weights; the requests each took")
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { tab.Resolve([]byte("chat"), nil, serves) }))
 }

@@ -136,3 +136,36 @@ func TestBothLegsOfASplitRequestGetTheAliasTarget(t *testing.T) {
 	assert.Equal(t, true, decode.received()[0].body["stream"], "the rest of the body as it was")
 	f.assertIdle()
 }
+
+// A fallback alias's requests go to its first target a routable worker
+// serves: the big model while its worker is up, the small one once the
+// health check takes the big one's worker out.
+func TestAFallbackAliasMovesToItsNextTargetWhenTheFirstIsDown(t *testing.T) {
+	opts := mocks(2, 2, 0)
+	opts[0].Model, opts[1].Model = "big", "small"
+	f := startFleet(t, opts, func(c *config.Config) {
+		c.ModelAliases = []aliases.Alias{{Name: "chat", Fallback: true, Targets: []aliases.Target{{Model: "big"}, {Model: "small"}}}}
+	})
+	require.Eventually(t, func() bool {
+		return f.r.Registry.Snapshot().ModelGroup([]byte("small")) != nil
+	}, 5*time.Second, 10*time.Millisecond, "the health loop learns the workers' models")
+	const body = `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`
+	for range 5 {
+		code, worker, text := f.do("POST", "/v1/chat/completions", body)
+		require.Equal(t, http.StatusOK, code, text)
+		assert.Equal(t, "1", worker)
+		assert.Contains(t, text, `"model":"big"`)
+	}
+	f.mocks[0].Close()
+	require.Eventually(t, func() bool { return !f.r.Registry.Snapshot().Has(1) }, 5*time.Second, 10*time.Millisecond,
+		"the health check takes the big model's worker out")
+	for range 5 {
+		code, worker, text := f.do("POST", "/v1/chat/completions", body)
+		require.Equal(t, http.StatusOK, code, text)
+		assert.Equal(t, "2", worker)
+		assert.Contains(t, text, `"model":"small"`)
+	}
+	assert.Equal(t, "5", metric(t, f, `fastroute_model_alias_requests_total{alias="chat",model="big"}`))
+	assert.Equal(t, "5", metric(t, f, `fastroute_model_alias_requests_total{alias="chat",model="small"}`))
+	f.assertIdle()
+}

@@ -54,7 +54,7 @@ func (ex *exchange) applyAlias(ctx *fasthttp.RequestCtx) bool {
 	if t == nil || len(ex.req.Model) == 0 {
 		return true
 	}
-	to, quoted, ok := t.Resolve(ex.req.Model, ex.req.Session)
+	to, quoted, ok := t.Resolve(ex.req.Model, ex.req.Session, ex.s.serves)
 	if !ok {
 		return true
 	}

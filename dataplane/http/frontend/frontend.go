@@ -114,6 +114,7 @@ type Server struct {
 	workerAuth []byte                        // Authorization value of requests to workers while keys are on; nil: none
 	retries    atomic.Int64                  // router.retries, reloadable
 	aliases    atomic.Pointer[aliases.Table] // model aliases (SetAliases); nil: none
+	serves     func(model []byte) bool       // sel.Serves, made once (a fallback alias's test of its targets)
 	hangups    *hangup.Watcher[exchange]     // nil: client hang-ups are noticed only on write
 	upCloses   *hangup.Watcher[trackedConn]  // workers' closes of their connections (trackedConn.watchCloses); nil: none watched
 	takeovers  atomic.Int64                  // client connections taken over from fasthttp (takeOver), until closed or served by it again
@@ -165,6 +166,7 @@ func New(opts Options) *Server {
 	s.metrics.queue = s.queue
 	s.metrics.keys = s.keys
 	s.metrics.aliases = &s.aliases
+	s.serves = s.sel.Serves
 	s.reg.Subscribe(s.workerChanged)
 	if w, err := hangup.New(clientHungUp); err != nil {
 		s.log.Warn("client hang-ups are noticed only when the router writes to them", "err", err)
