@@ -169,3 +169,27 @@ func TestAFallbackAliasMovesToItsNextTargetWhenTheFirstIsDown(t *testing.T) {
 	assert.Equal(t, "5", metric(t, f, `fastroute_model_alias_requests_total{alias="chat",model="small"}`))
 	f.assertIdle()
 }
+
+// An API key's models= names what its client may ask for: an alias it
+// lists opens the alias's targets to it, and a target it does not list
+// stays closed when named directly.
+func TestAKeysModelsAreCheckedAgainstTheAliasNamed(t *testing.T) {
+	opts := mocks(1, 2, 0)
+	opts[0].Model = "llama-70b"
+	f := startFleet(t, opts, func(c *config.Config) {
+		c.APIKeysFile = keysFile(t, "team-a "+teamAKey+" models=assistant")
+		c.ModelAliases = []aliases.Alias{{Name: "assistant", Targets: []aliases.Target{{Model: "llama-70b"}}}}
+	})
+	require.Eventually(t, func() bool {
+		return f.r.Registry.Snapshot().Catalog().HasModel([]byte("llama-70b"))
+	}, 5*time.Second, 10*time.Millisecond, "the health loop learns the worker's model")
+	code, _, text := f.do("POST", "/v1/chat/completions", `{"model":"assistant","messages":[]}`, "Authorization", "Bearer "+teamAKey)
+	require.Equal(t, http.StatusOK, code, text)
+	assert.Contains(t, text, `"model":"llama-70b"`)
+	code, _, text = f.do("POST", "/v1/chat/completions", `{"model":"llama-70b","messages":[]}`, "Authorization", "Bearer "+teamAKey)
+	assert.Equal(t, http.StatusForbidden, code, text)
+	_, listing := f.send("GET", "/v1/models", "", "Authorization", "Bearer "+teamAKey)
+	assert.Contains(t, listing, `"id":"assistant"`)
+	assert.NotContains(t, listing, `"id":"llama-70b"`)
+	f.assertIdle()
+}
