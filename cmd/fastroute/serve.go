@@ -108,7 +108,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", cfg.AdminTokenFile, "file whose first line is the admin token")
 	fs.BoolVar(&cfg.MetricsPublic, "metrics-public", cfg.MetricsPublic, "serve GET /metrics without the admin token")
 	fs.StringVar(&cfg.WorkerAPIKey, "worker-api-key", cfg.WorkerAPIKey, "bearer key of the router's own requests to workers (probes, /v1/models, engine metrics) and, with --api-keys-file, of clients' requests in place of their keys (visible in ps: prefer --worker-api-key-file or "+config.WorkerAPIKeyEnv+")")
-	fs.StringVar(&cfg.APIKeysFile, "api-keys-file", cfg.APIKeysFile, "file of the API keys clients must present, one a line: NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b] [expires=T] (read again on reload)")
+	fs.StringVar(&cfg.APIKeysFile, "api-keys-file", cfg.APIKeysFile, "file of the API keys clients must present, one a line: NAME KEY [max_inflight=N] [tokens_per_minute=N] [requests_per_minute=N] [priority=P] [models=a;b] [expires=T] (read again on reload)")
 	fs.DurationVar(&cfg.APIKeysShareInterval, "api-keys-share-interval", cfg.APIKeysShareInterval, "share each API key's use with the other replicas on discovery.etcd this often, so that its caps hold across them (0: each replica caps what it serves)")
 	fs.StringVar(&cfg.WorkerAPIKeyFile, "worker-api-key-file", cfg.WorkerAPIKeyFile, "file whose first line is the workers' API key")
 	fs.Func("mode", "selection mode: "+fmt.Sprint(pickers.Modes)+" (default "+string(cfg.Router.Mode)+")", func(v string) error {

@@ -32,6 +32,9 @@ type Entry struct {
 	// minute (0: no cap): once they reach it, its requests are refused
 	// until older ones leave the minute.
 	TokensPerMinute int64
+	// RequestsPerMinute caps the key's requests admitted over a minute (0:
+	// no cap).
+	RequestsPerMinute int64
 	// Priority, when HasPriority, orders the key's requests in the
 	// router's wait queue in place of their bodies' priority field (lower
 	// is sooner).
@@ -52,8 +55,8 @@ const MinKeyBytes = 16
 const maxNameBytes = 64
 
 // Parse reads a keys file: one key a line, "NAME KEY" and optionally
-// "max_inflight=N", "tokens_per_minute=N", "priority=P", "models=a;b" and
-// "expires=T", separated by spaces or tabs; blank lines and lines starting with # are
+// "max_inflight=N", "tokens_per_minute=N", "requests_per_minute=N",
+// "priority=P", "models=a;b" and "expires=T", separated by spaces or tabs; blank lines and lines starting with # are
 // skipped. A name is 1 to 64 letters, digits, '.', '_' or '-'; a key at
 // least MinKeyBytes of printable ASCII without spaces. Errors give the
 // line and the field, and quote nothing but a model name: a key written
@@ -93,8 +96,8 @@ func Parse(data []byte) ([]Entry, error) {
 }
 
 func parseLine(fields []string) (Entry, error) {
-	if len(fields) < 2 || len(fields) > 7 {
-		return Entry{}, fmt.Errorf("want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b] [expires=T], got %d fields", len(fields))
+	if len(fields) < 2 || len(fields) > 8 {
+		return Entry{}, fmt.Errorf("want NAME KEY [max_inflight=N] [tokens_per_minute=N] [requests_per_minute=N] [priority=P] [models=a;b] [expires=T], got %d fields", len(fields))
 	}
 	e := Entry{Name: fields[0], Key: fields[1]}
 	if !validName(e.Name) {
@@ -127,10 +130,12 @@ func parseLine(fields []string) (Entry, error) {
 			}
 		case name == "tokens_per_minute" && err == nil && n >= 0:
 			e.TokensPerMinute = n
+		case name == "requests_per_minute" && err == nil && n >= 0:
+			e.RequestsPerMinute = n
 		case name == "priority" && err == nil:
 			e.Priority, e.HasPriority = n, true
 		default:
-			return Entry{}, fmt.Errorf("field %d is none of max_inflight=N, tokens_per_minute=N (whole numbers of 0 or more), priority=P (a whole number), models=a;b and expires=T", i+3)
+			return Entry{}, fmt.Errorf("field %d is none of max_inflight=N, tokens_per_minute=N, requests_per_minute=N (whole numbers of 0 or more), priority=P (a whole number), models=a;b and expires=T", i+3)
 		}
 		seen[name] = true
 	}
@@ -181,6 +186,7 @@ type Client struct {
 	name     string
 	max      atomic.Int64             // MaxInflight; 0: no cap
 	tpm      atomic.Int64             // TokensPerMinute; 0: no cap
+	rpm      atomic.Int64             // RequestsPerMinute; 0: no cap
 	priority atomic.Pointer[int64]    // Priority; nil: none
 	models   atomic.Pointer[[]string] // Models; nil: any
 	expires  atomic.Int64             // Expires in Unix nanoseconds; 0: never
@@ -190,10 +196,12 @@ type Client struct {
 	prompt   atomic.Uint64 // tokens its answers reported (AddTokens)
 	output   atomic.Uint64
 	recent   window // the tokens of the last minute, for tpm
+	requests window // the requests admitted over the last minute, for rpm
 	// The other replicas' tokens over their last minute and requests in
 	// flight, as they last reported them (Keys.SetPeerUsage): added to
 	// this replica's own in Admit.
 	peerTokens   atomic.Uint64
+	peerRequests atomic.Uint64
 	peerInflight atomic.Int64
 }
 
@@ -205,6 +213,7 @@ const (
 	OverInflight         // the client has MaxInflight requests in flight
 	OverTokens           // its answers reported TokensPerMinute tokens or more over the last minute
 	Expired              // its key expired (Expired)
+	OverRequests         // it had RequestsPerMinute requests admitted over the last minute
 	numRefusals
 )
 
@@ -217,6 +226,10 @@ func (c *Client) MaxInflight() int64 { return c.max.Load() }
 // TokensPerMinute is the cap on the tokens the client's answers may report
 // over a minute (0: none).
 func (c *Client) TokensPerMinute() int64 { return c.tpm.Load() }
+
+// RequestsPerMinute is the cap on the client's requests admitted over a
+// minute (0: none).
+func (c *Client) RequestsPerMinute() int64 { return c.rpm.Load() }
 
 // Priority is the priority the client's requests wait with in the
 // router's queue; false: theirs.
@@ -293,16 +306,28 @@ func (c *Client) Tokens() (prompt, completion uint64) { return c.prompt.Load(), 
 // up to now.
 func (c *Client) RecentTokens(now time.Time) uint64 { return c.recent.sum(second(now)) }
 
+// RecentRequests returns the client's requests admitted over the minute
+// up to now.
+func (c *Client) RecentRequests(now time.Time) uint64 { return c.requests.sum(second(now)) }
+
 // Admit takes one of the client's slots at now, unless it has MaxInflight
-// requests in flight already, or its answers reported TokensPerMinute
-// tokens over the minute before now (with the other replicas' requests
-// and tokens, when they share them: SetPeerUsage): then nothing is
-// taken, and the refusal says which. An admitted request is released (Release) exactly
+// requests in flight already, its answers reported TokensPerMinute tokens
+// over the minute before now, or it had RequestsPerMinute requests
+// admitted over that minute (with the other replicas' requests and
+// tokens, when they share them: SetPeerUsage): then nothing is taken, and
+// the refusal says which. Admissions at once may all pass a
+// requests_per_minute that has room for one: it is checked, then counted. An admitted request is released (Release) exactly
 // once when it ends.
 func (c *Client) Admit(now time.Time) Refusal {
-	if tpm := c.tpm.Load(); tpm > 0 && c.recent.sum(second(now))+c.peerTokens.Load() >= uint64(tpm) {
+	sec := second(now)
+	if tpm := c.tpm.Load(); tpm > 0 && c.recent.sum(sec)+c.peerTokens.Load() >= uint64(tpm) {
 		c.limited[OverTokens].Add(1)
 		return OverTokens
+	}
+	rpm := c.rpm.Load()
+	if rpm > 0 && c.requests.sum(sec)+c.peerRequests.Load() >= uint64(rpm) {
+		c.limited[OverRequests].Add(1)
+		return OverRequests
 	}
 	n := c.inflight.Add(1)
 	if max := c.max.Load(); max > 0 && n+c.peerInflight.Load() > max {
@@ -310,20 +335,27 @@ func (c *Client) Admit(now time.Time) Refusal {
 		c.limited[OverInflight].Add(1)
 		return OverInflight
 	}
+	if rpm > 0 {
+		c.requests.add(sec, 1)
+	}
 	c.admitted.Add(1)
 	return Admitted
 }
 
 // RetryAfter is how long from now until the client's tokens over the last
-// minute fall below TokensPerMinute, to the second (at least one). The
-// other replicas' tokens are taken to stay: when they alone reach the
-// cap, a whole minute.
-func (c *Client) RetryAfter(now time.Time) time.Duration {
-	tpm, peers := uint64(c.tpm.Load()), c.peerTokens.Load()
-	if peers >= tpm {
+// minute fall below TokensPerMinute (r OverTokens) or its requests below
+// RequestsPerMinute (OverRequests), to the second (at least one). The
+// other replicas' are taken to stay: when they alone reach the cap, a
+// whole minute.
+func (c *Client) RetryAfter(now time.Time, r Refusal) time.Duration {
+	w, limit, peers := &c.recent, uint64(c.tpm.Load()), c.peerTokens.Load()
+	if r == OverRequests {
+		w, limit, peers = &c.requests, uint64(c.rpm.Load()), c.peerRequests.Load()
+	}
+	if peers >= limit {
 		return windowSeconds * time.Second
 	}
-	return time.Duration(c.recent.secondsUntilBelow(second(now), tpm-peers)) * time.Second
+	return time.Duration(w.secondsUntilBelow(second(now), limit-peers)) * time.Second
 }
 
 // Release gives back the slot Admit took.
@@ -438,6 +470,7 @@ func (k *Keys) Set(entries []Entry) {
 		}
 		c.max.Store(int64(e.MaxInflight))
 		c.tpm.Store(e.TokensPerMinute)
+		c.rpm.Store(e.RequestsPerMinute)
 		if e.HasPriority {
 			c.priority.Store(&e.Priority)
 		} else {

@@ -34,8 +34,9 @@ func TestParseRefusesBadLinesWithoutQuotingAKey(t *testing.T) {
 	for _, tc := range []struct{ file, want string }{
 		{"", "no key in it"},
 		{"# only a comment\n", "no key in it"},
-		{"team-a\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b] [expires=T], got 1 fields"},
-		{"a " + keyA + " max_inflight=1 priority=2 tokens_per_minute=3 models=m expires=2027-01-01 extra\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [priority=P] [models=a;b] [expires=T], got 8 fields"},
+		{"team-a\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [requests_per_minute=N] [priority=P] [models=a;b] [expires=T], got 1 fields"},
+		{"a " + keyA + " max_inflight=1 priority=2 tokens_per_minute=3 requests_per_minute=4 models=m expires=2027-01-01 extra\n", "line 1: want NAME KEY [max_inflight=N] [tokens_per_minute=N] [requests_per_minute=N] [priority=P] [models=a;b] [expires=T], got 9 fields"},
+		{"a " + keyA + " requests_per_minute=-1\n", `line 1: field 3 is none of`},
 		{"a " + keyA + " expires=tomorrow\n", "line 1: field 3: expires= wants a date (2027-01-31, midnight UTC) or an RFC 3339 time"},
 		{"a " + keyA + " expires=2027-02-30\n", "line 1: field 3: expires= wants a date"},
 		{"a " + keyA + " models=llama;;qwen\n", `line 1: models= names an empty model`},
@@ -223,7 +224,7 @@ func TestAKeysTokensPerMinute(t *testing.T) {
 	assert.Equal(t, uint64(100), c.RecentTokens(t0.Add(20*time.Second)))
 	assert.Equal(t, OverTokens, c.Admit(t0.Add(25*time.Second)))
 	assert.Equal(t, int64(0), c.Inflight(), "a refused request holds no slot")
-	assert.Equal(t, 35*time.Second, c.RetryAfter(t0.Add(25*time.Second)), "the first 60 leave the minute at t0+60s")
+	assert.Equal(t, 35*time.Second, c.RetryAfter(t0.Add(25*time.Second), OverTokens), "the first 60 leave the minute at t0+60s")
 	assert.Equal(t, OverTokens, c.Admit(t0.Add(59*time.Second)))
 	assert.Equal(t, Admitted, c.Admit(t0.Add(60*time.Second)), "40 left in the minute")
 	c.Release()
@@ -306,4 +307,34 @@ func TestAKeyExpires(t *testing.T) {
 	assert.False(t, ops.Expired(func() time.Time { t.Fatal("a key that does not expire reads no clock"); return time.Time{} }))
 	k.Set([]Entry{{Name: "temp", Key: keyA}})
 	assert.False(t, temp.Expired(time.Now), "a reload without expires= lifts it")
+}
+
+// A key's requests_per_minute refuses its requests once that many were
+// admitted over the last minute (the other replicas' shared ones
+// counted), until the oldest leave it; refused ones count nothing.
+func TestAKeysRequestsPerMinute(t *testing.T) {
+	entries, err := Parse([]byte("batch " + keyB + " requests_per_minute=3\n"))
+	require.NoError(t, err)
+	require.Equal(t, int64(3), entries[0].RequestsPerMinute)
+	var k Keys
+	k.Set(entries)
+	c := k.Lookup([]byte(keyB))
+	t0 := epoch.Add(10 * time.Second)
+	for _, at := range []time.Duration{0, 10 * time.Second, 20 * time.Second} {
+		require.Equal(t, Admitted, c.Admit(t0.Add(at)))
+		c.Release()
+	}
+	assert.Equal(t, uint64(3), c.RecentRequests(t0.Add(20*time.Second)))
+	assert.Equal(t, OverRequests, c.Admit(t0.Add(30*time.Second)))
+	assert.Equal(t, uint64(3), c.RecentRequests(t0.Add(30*time.Second)), "a refused request counts nothing")
+	assert.Equal(t, 30*time.Second, c.RetryAfter(t0.Add(30*time.Second), OverRequests), "the first leaves the minute at t0+60s")
+	assert.Equal(t, Admitted, c.Admit(t0.Add(60*time.Second)))
+	c.Release()
+	assert.Equal(t, uint64(1), c.Limited(OverRequests))
+
+	k.SetPeerUsage([]Usage{{Name: "batch", Requests: 1}})
+	assert.Equal(t, OverRequests, c.Admit(t0.Add(61*time.Second)), "2 here and 1 elsewhere: 3, the cap")
+	assert.Equal(t, []Usage{{Name: "batch", Requests: 3}}, k.Usage(t0.Add(60*time.Second)))
+	k.SetPeerUsage([]Usage{{Name: "batch", Requests: 3}})
+	assert.Equal(t, 60*time.Second, c.RetryAfter(t0.Add(61*time.Second), OverRequests), "the others alone reach the cap")
 }

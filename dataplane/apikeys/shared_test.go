@@ -31,13 +31,13 @@ func TestTheOtherReplicasUsageCountsInAdmissions(t *testing.T) {
 	c.Release()
 	c.AddTokens(t0.Add(5*time.Second), 5, 0)
 	assert.Equal(t, OverTokens, c.Admit(t0.Add(5*time.Second)), "35 here and 65 elsewhere: 100, the cap")
-	assert.Equal(t, 55*time.Second, c.RetryAfter(t0.Add(5*time.Second)),
+	assert.Equal(t, 55*time.Second, c.RetryAfter(t0.Add(5*time.Second), OverTokens),
 		"below 100 when this replica's first 30 leave the minute, the others' 65 taken to stay")
 	assert.Equal(t, Admitted, c.Admit(t0.Add(60*time.Second)), "this replica's 30 left: 5 here, 65 elsewhere")
 	c.Release()
 
 	k.SetPeerUsage([]Usage{{Name: "batch", Tokens: 100}})
-	assert.Equal(t, 60*time.Second, c.RetryAfter(t0.Add(61*time.Second)), "the others' tokens alone reach the cap")
+	assert.Equal(t, 60*time.Second, c.RetryAfter(t0.Add(61*time.Second), OverTokens), "the others' tokens alone reach the cap")
 	k.SetPeerUsage(nil)
 	assert.Zero(t, c.PeerTokens(), "no report names it: nothing elsewhere")
 	assert.Zero(t, c.PeerInflight())

@@ -43,7 +43,8 @@ type Config struct {
 	WorkerAPIKeyFile string `yaml:"worker_api_key_file"`
 	// APIKeysFile lists the API keys clients must present, one a line
 	// with its options ("NAME KEY [max_inflight=N] [tokens_per_minute=N]
-	// [priority=P] [models=a;b] [expires=T]", apikeys.Parse): every request
+	// [requests_per_minute=N] [priority=P] [models=a;b] [expires=T]",
+	// apikeys.Parse): every request
 	// but a CORS preflight and GET /health needs one. Empty: none is
 	// checked and a client's Authorization reaches its worker. A reload
 	// reads it again.

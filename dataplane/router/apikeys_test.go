@@ -541,3 +541,33 @@ func TestTheQueuesKeysTakeTurns(t *testing.T) {
 	assert.Equal(t, []string{"a1", "b1", "a2", "a3"}, order)
 	f.assertIdle()
 }
+
+// A key's requests_per_minute refuses its requests once that many were
+// admitted over the last minute: a 429 saying how many and when to
+// retry, while other keys go on; the refused request reaches no worker.
+func TestAKeysRequestsPerMinuteRefusesItOnceReached(t *testing.T) {
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) {
+		c.APIKeysFile = keysFile(t, "team-a "+teamAKey, "batch "+batchKey+" requests_per_minute=2")
+	})
+	for range 2 {
+		resp, body := f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+batchKey)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	}
+	resp, body := f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+batchKey)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, body)
+	assert.Regexp(t, `API key \\"batch\\" used 2 requests over the last minute, its requests_per_minute is 2; retry in [0-9]+ s`, body)
+	retry, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	require.NoError(t, err)
+	assert.True(t, retry >= 50 && retry <= 60, "the first request leaves the minute in %d s", retry)
+	assert.Equal(t, int64(2), f.mocks[0].Served(), "the refused request reached no worker")
+	resp, body = f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+teamAKey)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "another key goes on: %s", body)
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, metrics, `fastroute_api_key_requests_total{api_key="batch",outcome="requests_per_minute"} 1`+"\n")
+	assert.Contains(t, metrics, `fastroute_api_key_requests_per_minute{api_key="batch"} 2`+"\n")
+	assert.Contains(t, metrics, `fastroute_api_key_recent_requests{api_key="batch"} 2`+"\n")
+	_, listing := adminDo(t, f, "GET", "/api_keys", "", "")
+	assert.Contains(t, listing, `"requests_per_minute":2`)
+	assert.Contains(t, listing, `"recent_requests":2`)
+	f.assertIdle()
+}

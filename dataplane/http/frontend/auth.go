@@ -59,7 +59,7 @@ func (ex *exchange) admit(ctx *fasthttp.RequestCtx, c *apikeys.Client) bool {
 	if ex.key = c; c == nil {
 		return true
 	}
-	switch c.Admit(ex.start) {
+	switch r := c.Admit(ex.start); r {
 	case apikeys.Admitted:
 	case apikeys.OverInflight:
 		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
@@ -67,11 +67,15 @@ func (ex *exchange) admit(ctx *fasthttp.RequestCtx, c *apikeys.Client) bool {
 			strconv.FormatInt(c.MaxInflight(), 10)+" requests in flight, its max_inflight")
 		return false
 	default:
-		wait := strconv.FormatInt(int64(c.RetryAfter(ex.start)/time.Second), 10)
+		wait := strconv.FormatInt(int64(c.RetryAfter(ex.start, r)/time.Second), 10)
 		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, wait)
-		writeError(ctx, fasthttp.StatusTooManyRequests, "rate_limit_error", "API key "+strconv.Quote(c.Name())+" used "+
-			strconv.FormatUint(c.RecentTokens(ex.start), 10)+" tokens over the last minute, its tokens_per_minute is "+
-			strconv.FormatInt(c.TokensPerMinute(), 10)+"; retry in "+wait+" s")
+		used := strconv.FormatUint(c.RecentTokens(ex.start), 10) + " tokens over the last minute, its tokens_per_minute is " +
+			strconv.FormatInt(c.TokensPerMinute(), 10)
+		if r == apikeys.OverRequests {
+			used = strconv.FormatUint(c.RecentRequests(ex.start), 10) + " requests over the last minute, its requests_per_minute is " +
+				strconv.FormatInt(c.RequestsPerMinute(), 10)
+		}
+		writeError(ctx, fasthttp.StatusTooManyRequests, "rate_limit_error", "API key "+strconv.Quote(c.Name())+" used "+used+"; retry in "+wait+" s")
 		return false
 	}
 	ex.keyHeld = true
@@ -115,11 +119,12 @@ func (ex *exchange) releaseClient() {
 func writeKeyMetrics(w *metrics.Writer, keys *apikeys.Keys) {
 	clients := keys.Clients()
 	w.Header("fastroute_api_key_requests_total", "counter",
-		"Requests by API key (the name api_keys_file gives it) and outcome: admitted, answered 429 for the key's max_inflight or tokens_per_minute, or 401 for its expiry.")
+		"Requests by API key (the name api_keys_file gives it) and outcome: admitted, answered 429 for the key's max_inflight, tokens_per_minute or requests_per_minute, or 401 for its expiry.")
 	for _, c := range clients {
 		w.Sample("fastroute_api_key_requests_total", float64(c.Admitted()), "api_key", c.Name(), "outcome", "admitted")
 		w.Sample("fastroute_api_key_requests_total", float64(c.Limited(apikeys.OverInflight)), "api_key", c.Name(), "outcome", "max_inflight")
 		w.Sample("fastroute_api_key_requests_total", float64(c.Limited(apikeys.OverTokens)), "api_key", c.Name(), "outcome", "tokens_per_minute")
+		w.Sample("fastroute_api_key_requests_total", float64(c.Limited(apikeys.OverRequests)), "api_key", c.Name(), "outcome", "requests_per_minute")
 		w.Sample("fastroute_api_key_requests_total", float64(c.Limited(apikeys.Expired)), "api_key", c.Name(), "outcome", "expired")
 	}
 	w.Header("fastroute_api_key_expiry_timestamp_seconds", "gauge", "When the API key expires (its expires=), for alerts before it does; absent for a key that does not.")
@@ -152,6 +157,12 @@ func writeKeyMetrics(w *metrics.Writer, keys *apikeys.Keys) {
 			func(c *apikeys.Client) float64 { return float64(c.PeerInflight()) }},
 		{"fastroute_api_key_tokens_per_minute", "The API key's tokens_per_minute (0: no cap).",
 			func(c *apikeys.Client) float64 { return float64(c.TokensPerMinute()) }},
+		{"fastroute_api_key_recent_requests", "The API key's requests admitted over the last minute, which its requests_per_minute caps (counted while it has one).",
+			func(c *apikeys.Client) float64 { return float64(c.RecentRequests(now)) }},
+		{"fastroute_api_key_peer_recent_requests", "The API key's requests admitted over the last minute on the other replicas, as they last shared them, counted toward its requests_per_minute here.",
+			func(c *apikeys.Client) float64 { return float64(c.PeerRequests()) }},
+		{"fastroute_api_key_requests_per_minute", "The API key's requests_per_minute (0: no cap).",
+			func(c *apikeys.Client) float64 { return float64(c.RequestsPerMinute()) }},
 	} {
 		w.Header(g.name, "gauge", g.help)
 		for _, c := range clients {
