@@ -136,3 +136,27 @@ func TestAFallbackAliasTakesItsFirstTargetServed(t *testing.T) {
 	assert.Equal(t, map[string][2]uint64{"big": {0, 2}, "medium": {0, 2}, "small": {0, 1}}, got, "no weights; the requests each took")
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { tab.Resolve([]byte("chat"), nil, serves) }))
 }
+
+// BenchmarkResolve draws a target of a weighted alias among three, by a
+// session's hash and at random, and a fallback alias's first target
+// served (in make bench).
+func BenchmarkResolve(b *testing.B) {
+	tab, err := New([]Alias{
+		{Name: "food-review", Targets: []Target{{Model: "v1", Weight: 80}, {Model: "v2", Weight: 15}, {Model: "v3", Weight: 5}}},
+		{Name: "chat", Fallback: true, Targets: []Target{{Model: "big"}, {Model: "small"}}},
+	})
+	require.NoError(b, err)
+	model, chat, session := []byte("food-review"), []byte("chat"), []byte("session-1234")
+	serves := func(m []byte) bool { return string(m) == "small" }
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		switch i % 3 {
+		case 0:
+			tab.Resolve(model, session, serves)
+		case 1:
+			tab.Resolve(model, nil, serves)
+		default:
+			tab.Resolve(chat, nil, serves)
+		}
+	}
+}
