@@ -56,11 +56,12 @@ const maxNameBytes = 64
 
 // Parse reads a keys file: one key a line, "NAME KEY" and optionally
 // "max_inflight=N", "tokens_per_minute=N", "requests_per_minute=N",
-// "priority=P", "models=a;b" and "expires=T", separated by spaces or tabs; blank lines and lines starting with # are
-// skipped. A name is 1 to 64 letters, digits, '.', '_' or '-'; a key at
-// least MinKeyBytes of printable ASCII without spaces. Errors give the
-// line and the field, and quote nothing but a model name: a key written
-// in the wrong place is never shown.
+// "priority=P", "models=a;b" and "expires=T", separated by spaces or
+// tabs; blank lines and lines starting with # are skipped. A name is 1 to
+// 64 letters, digits, '.', '_' or '-'; a key at least MinKeyBytes of
+// printable ASCII without spaces. Errors give the line and the field, and
+// quote nothing but a model name: a key written in the wrong place is
+// never shown.
 func Parse(data []byte) ([]Entry, error) {
 	var entries []Entry
 	names := map[string]int{}
@@ -197,9 +198,9 @@ type Client struct {
 	output   atomic.Uint64
 	recent   window // the tokens of the last minute, for tpm
 	requests window // the requests admitted over the last minute, for rpm
-	// The other replicas' tokens over their last minute and requests in
-	// flight, as they last reported them (Keys.SetPeerUsage): added to
-	// this replica's own in Admit.
+	// The other replicas' tokens and requests over their last minute and
+	// requests in flight, as they last reported them (Keys.SetPeerUsage):
+	// added to this replica's own in Admit.
 	peerTokens   atomic.Uint64
 	peerRequests atomic.Uint64
 	peerInflight atomic.Int64
@@ -316,8 +317,8 @@ func (c *Client) RecentRequests(now time.Time) uint64 { return c.requests.sum(se
 // admitted over that minute (with the other replicas' requests and
 // tokens, when they share them: SetPeerUsage): then nothing is taken, and
 // the refusal says which. Admissions at once may all pass a
-// requests_per_minute that has room for one: it is checked, then counted. An admitted request is released (Release) exactly
-// once when it ends.
+// requests_per_minute that has room for one: it is checked, then counted.
+// An admitted request is released (Release) exactly once when it ends.
 func (c *Client) Admit(now time.Time) Refusal {
 	sec := second(now)
 	if tpm := c.tpm.Load(); tpm > 0 && c.recent.sum(sec)+c.peerTokens.Load() >= uint64(tpm) {
