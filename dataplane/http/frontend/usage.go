@@ -72,15 +72,18 @@ func (u *tokenUsage) scan(p *fastjson.Parser, data []byte) {
 		if escaped(data, i) {
 			continue
 		}
-		rest := skipSpace(data[i+len(usageName):])
-		if len(rest) == 0 || rest[0] != ':' {
+		j := spaceEnd(data, i+len(usageName))
+		if j >= len(data) || data[j] != ':' {
 			continue
 		}
-		obj := jsonObject(skipSpace(rest[1:]))
-		if obj == nil {
+		if j = spaceEnd(data, j+1); j >= len(data) || data[j] != '{' {
 			continue
 		}
-		v, err := p.ParseBytes(obj)
+		objEnd := valueEnd(data, j)
+		if objEnd < 0 {
+			continue
+		}
+		v, err := p.ParseBytes(data[j:objEnd])
 		if err != nil {
 			continue
 		}
@@ -94,16 +97,6 @@ func (u *tokenUsage) scan(p *fastjson.Parser, data []byte) {
 	}
 }
 
-// escaped reports whether the quote at data[i] follows an odd number of
-// backslashes: it is inside a JSON string.
-func escaped(data []byte, i int) bool {
-	n := 0
-	for i > n && data[i-1-n] == '\\' {
-		n++
-	}
-	return n%2 == 1
-}
-
 // tokenCount is the first of the named fields of v that is a count.
 func tokenCount(v *fastjson.Value, names ...string) (int64, bool) {
 	for _, name := range names {
@@ -114,36 +107,4 @@ func tokenCount(v *fastjson.Value, names ...string) (int64, bool) {
 		}
 	}
 	return 0, false
-}
-
-func skipSpace(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\r' || b[0] == '\n') {
-		b = b[1:]
-	}
-	return b
-}
-
-// jsonObject returns the JSON object b begins with, to its closing brace;
-// nil: b begins with no object, or it does not end within b.
-func jsonObject(b []byte) []byte {
-	if len(b) == 0 || b[0] != '{' {
-		return nil
-	}
-	depth, inString := 0, false
-	for i := 0; i < len(b); i++ {
-		switch c := b[i]; {
-		case inString && c == '\\':
-			i++
-		case c == '"':
-			inString = !inString
-		case inString:
-		case c == '{' || c == '[':
-			depth++
-		case c == '}' || c == ']':
-			if depth--; depth == 0 {
-				return b[:i+1]
-			}
-		}
-	}
-	return nil
 }
