@@ -44,14 +44,13 @@ type Config struct {
 	// APIKeysFile lists the API keys clients must present, one a line
 	// with its options ("NAME KEY [max_inflight=N] [tokens_per_minute=N]
 	// [requests_per_minute=N] [priority=P] [models=a;b] [expires=T]",
-	// apikeys.Parse): every request
-	// but a CORS preflight and GET /health needs one. Empty: none is
-	// checked and a client's Authorization reaches its worker. A reload
-	// reads it again.
+	// apikeys.Parse): every request but a CORS preflight and GET /health
+	// needs one. Empty: none is checked and a client's Authorization
+	// reaches its worker. A reload reads it again.
 	APIKeysFile string `yaml:"api_keys_file"`
 	// APIKeysShareInterval, when positive, has the replicas on
-	// discovery.etcd share each key's use (its tokens over the last minute
-	// and requests in flight) that often, so that its caps hold across
+	// discovery.etcd share each key's use (its tokens and requests over the
+	// last minute, its requests in flight) that often, so that its caps hold across
 	// them: each replica counts the others' last shared use beside its
 	// own. 0: each replica caps what it serves.
 	APIKeysShareInterval time.Duration `yaml:"api_keys_share_interval"`

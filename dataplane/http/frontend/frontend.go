@@ -80,8 +80,8 @@ type Options struct {
 	// HTTP.
 	TLS *tls.Config
 	// APIKeys, when on, are the keys clients must present (authenticate),
-	// each with its caps (requests in flight, tokens a minute), priority
-	// and models; nil or off: none checked. The router sets them anew on a
+	// each with its caps (requests in flight, tokens and requests a
+	// minute), priority and models; nil or off: none checked. The router sets them anew on a
 	// reload.
 	APIKeys *apikeys.Keys
 	// WorkerAPIKey replaces a client's key on the requests it sends to

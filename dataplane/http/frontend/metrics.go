@@ -44,7 +44,7 @@ const (
 	outcomeUpstreamError                // transport failure or broken stream
 	outcomeTimeout                      // upstream did not answer in time
 	outcomeCancelled                    // client went away mid-answer
-	outcomeKeyLimited                   // its API key was at its max_inflight or tokens_per_minute (429)
+	outcomeKeyLimited                   // its API key was at its max_inflight, tokens_per_minute or requests_per_minute (429)
 	numOutcomes
 )
 
@@ -209,8 +209,8 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		if m.keys != nil && m.keys.On() {
 			writeKeyMetrics(w, m.keys)
 		}
-		if t := m.aliases; t != nil && t.Load() != nil {
-			writeAliasMetrics(w, t.Load())
+		if t := m.aliases.Load(); t != nil {
+			writeAliasMetrics(w, t)
 		}
 		w.Header("fastroute_queue_wait_seconds", "histogram", "Time requests that found their workers busy waited in the queue before one took them.")
 		w.Histogram("fastroute_queue_wait_seconds", m.queueWait)
