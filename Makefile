@@ -25,7 +25,7 @@ test-nonvml:
 ## bench: the micro-benchmarks of pickers, the selection core, the GPU refresh,
 ## the parse of an engine's metrics page and the check of a client's API key.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/engine ./dataplane/loops/weights ./dataplane/apikeys ./dataplane/aliases
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/engine ./dataplane/loops/weights ./dataplane/apikeys ./dataplane/aliases ./dataplane/mirrors
 
 ## bench-e2e: fastroute, nginx (least_conn), HAProxy (leastconn) and direct,
 ## one after the other, same mock workers and load, five rounds interleaved

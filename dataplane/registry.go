@@ -183,6 +183,14 @@ func (s *Snapshot) Serves(model []byte) bool {
 	return s.Len() > 0
 }
 
+// Lists reports whether a routable worker of the snapshot names model:
+// holds it as an adapter, or lists it among its base models. Unlike
+// Serves, never for a model no worker names.
+func (s *Snapshot) Lists(model []byte) bool {
+	_, adapter := s.catalog.Adapter(model)
+	return (adapter || s.catalog.HasModel(model)) && s.Serves(model)
+}
+
 // Groups returns every adapter's group (do not modify).
 func (s *Snapshot) Groups() []*Group { return s.groups }
 

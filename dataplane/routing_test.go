@@ -255,6 +255,16 @@ func TestDeclaredModelsRouteBeforeAnyListing(t *testing.T) {
 	assert.Equal(t, []uint64{1, 3}, snap.ModelGroup([]byte("llama")).ids)
 	assert.Equal(t, []uint64{2}, snap.ModelGroup([]byte("qwen")).ids)
 	assert.Equal(t, []uint64{2}, snap.ModelGroup([]byte("qwen-alias")).ids)
+	assert.True(t, snap.Lists([]byte("qwen-alias")))
+	assert.False(t, snap.Lists([]byte("mistral")), "a model no worker names")
+	reg.SetHealthy(2, false)
+	assert.False(t, reg.Snapshot().Lists([]byte("qwen-alias")), "its one worker is not routable")
+
+	anyModel := NewRegistry()
+	_, err := anyModel.Add(WorkerSpec{ID: 1, URL: "http://127.0.0.1:9001"})
+	require.NoError(t, err)
+	assert.True(t, anyModel.Snapshot().Serves([]byte("mistral")), "a worker that names no model may serve any")
+	assert.False(t, anyModel.Snapshot().Lists([]byte("mistral")), "but it lists none")
 }
 
 func sessionSelector(t testing.TB, reg *Registry, mode affinity.Mode) (*Selector, *affinity.Table) {

@@ -137,6 +137,10 @@ type phasePolicy struct {
 // model now (Snapshot.Serves).
 func (s *Selector) Serves(model []byte) bool { return s.reg.Snapshot().Serves(model) }
 
+// Lists reports whether a routable worker names model now
+// (Snapshot.Lists).
+func (s *Selector) Lists(model []byte) bool { return s.reg.Snapshot().Lists(model) }
+
 // SetPolicy sets a ratio; routing resolves LoRA adapters and nothing more
 // until SetRouting says otherwise.
 func NewSelector(reg *Registry, mode pickers.Mode, busyThreshold int) (*Selector, error) {

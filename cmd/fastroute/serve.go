@@ -13,6 +13,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/router"
 	"github.com/fastroute/fastroute/pickers"
 )
@@ -85,6 +86,11 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.Func("model-alias", "a model name clients may ask for and the models it stands for, NAME=MODEL[:WEIGHT][,MODEL[:WEIGHT]...]: its requests go to the models by weight, the body's model rewritten (repeatable)", func(v string) error {
 		a, err := parseAlias(v)
 		cfg.ModelAliases = append(cfg.ModelAliases, a)
+		return err
+	})
+	fs.Func("model-mirror", "copy a share of the requests routed as a model to the workers of a shadow model, whose answers are dropped, MODEL=SHADOW:PERCENT[,max_inflight=N] (repeatable)", func(v string) error {
+		m, err := parseMirror(v)
+		cfg.ModelMirrors = append(cfg.ModelMirrors, m)
 		return err
 	})
 	fs.Func("model-fallback", "a model name clients may ask for and the models it stands for in order, NAME=MODEL[,MODEL...]: its requests go to the first a routable worker serves, the body's model rewritten (repeatable)", func(v string) error {
@@ -269,6 +275,34 @@ func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exi
 			return nil
 		}
 	}
+}
+
+// parseMirror reads --model-mirror's MODEL=SHADOW:PERCENT[,max_inflight=N];
+// the shadow model's name may hold colons (llama3:8b): the percent is
+// after its last one.
+func parseMirror(v string) (mirrors.Mirror, error) {
+	bad := fmt.Errorf("%q is not MODEL=SHADOW:PERCENT[,max_inflight=N]", v)
+	model, rest, ok := strings.Cut(v, "=")
+	rest, opt, hasOpt := strings.Cut(rest, ",")
+	i := strings.LastIndexByte(rest, ':')
+	if !ok || model == "" || i <= 0 {
+		return mirrors.Mirror{}, bad
+	}
+	m := mirrors.Mirror{Model: model, To: rest[:i]}
+	var err error
+	if m.Percent, err = strconv.ParseFloat(rest[i+1:], 64); err != nil {
+		return mirrors.Mirror{}, fmt.Errorf("%q: percent %q is not a number", v, rest[i+1:])
+	}
+	if hasOpt {
+		n, found := strings.CutPrefix(opt, "max_inflight=")
+		if !found {
+			return mirrors.Mirror{}, bad
+		}
+		if m.MaxInflight, err = strconv.Atoi(n); err != nil {
+			return mirrors.Mirror{}, fmt.Errorf("%q: max_inflight %q is not an integer", v, n)
+		}
+	}
+	return m, nil
 }
 
 // parseAlias reads --model-alias's NAME=MODEL[:WEIGHT][,MODEL[:WEIGHT]...];

@@ -16,6 +16,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/router"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -126,6 +127,29 @@ func TestPrefixSharingFlags(t *testing.T) {
 	require.ErrorContains(t, err, "router.prefix_affinity.peers")
 	_, err = loadServeConfig([]string{"--prefix-affinity-advertise", "http://10.0.0.1:8001"})
 	require.ErrorContains(t, err, "needs discovery.etcd.endpoints")
+}
+
+func TestModelMirrorFlags(t *testing.T) {
+	cfg, err := loadServeConfig([]string{"--model-mirror", "llama=llama-next:5", "--model-mirror", "qwen:7b=qwen:7b-fp8:0.5,max_inflight=8"})
+	require.NoError(t, err)
+	assert.Equal(t, []mirrors.Mirror{
+		{Model: "llama", To: "llama-next", Percent: 5},
+		{Model: "qwen:7b", To: "qwen:7b-fp8", Percent: 0.5, MaxInflight: 8},
+	}, cfg.ModelMirrors, "the percent is after the shadow's last colon")
+	for flag, want := range map[string]string{
+		"llama":                 "is not MODEL=SHADOW:PERCENT",
+		"=b:5":                  "is not MODEL=SHADOW:PERCENT",
+		"a=b":                   "is not MODEL=SHADOW:PERCENT",
+		"a=b:five":              `percent "five" is not a number`,
+		"a=b:5,max=3":           "is not MODEL=SHADOW:PERCENT",
+		"a=b:5,max_inflight=x":  `max_inflight "x" is not an integer`,
+		"a=b:0":                 "key model_mirrors[0].percent: 0 is not above 0 and at most 100",
+		"a=a:5":                 `key model_mirrors[0].to: "a" is the model mirrored`,
+		"a=b:5,max_inflight=-1": "key model_mirrors[0].max_inflight: -1 is negative",
+	} {
+		_, err := loadServeConfig([]string{"--model-mirror", flag})
+		assert.ErrorContains(t, err, want, flag)
+	}
 }
 
 func TestModelAliasFlags(t *testing.T) {

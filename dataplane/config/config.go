@@ -18,6 +18,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/frontend"
+	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/pickers"
 	"gopkg.in/yaml.v3"
 )
@@ -69,7 +70,11 @@ type Config struct {
 	// ModelAliases are model names clients may ask for and the models
 	// their requests go to instead, split by weight (aliases.Alias): the
 	// body's model is rewritten. A reload applies them.
-	ModelAliases []aliases.Alias        `yaml:"model_aliases"`
+	ModelAliases []aliases.Alias `yaml:"model_aliases"`
+	// ModelMirrors copy a share of the requests routed as a model to the
+	// workers of a shadow model, whose answers are dropped
+	// (mirrors.Mirror). A reload applies them.
+	ModelMirrors []mirrors.Mirror       `yaml:"model_mirrors"`
 	Router       Router                 `yaml:"router"`
 	Telemetry    Telemetry              `yaml:"telemetry"`
 	Health       Health                 `yaml:"health"`
@@ -528,6 +533,13 @@ func (c *Config) Validate() error {
 		var ae *aliases.Error
 		if errors.As(err, &ae) {
 			return keyErr(ae.Field, "%s", ae.Reason)
+		}
+		return err
+	}
+	if _, err := mirrors.New(c.ModelMirrors); err != nil {
+		var me *mirrors.Error
+		if errors.As(err, &me) {
+			return keyErr(me.Field, "%s", me.Reason)
 		}
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/mirrors"
 )
 
 // Reload applies a new config to the running router: workers added,
@@ -106,6 +107,15 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Frontend.SetAliases(t)
 		applied = append(applied, fmt.Sprintf("model_aliases (%d)", len(cfg.ModelAliases)))
 	}
+	if !reflect.DeepEqual(cfg.ModelMirrors, old.ModelMirrors) {
+		t, err := mirrors.New(cfg.ModelMirrors)
+		if err != nil {
+			return nil, needRestart, err // Validate checked them: not reached
+		}
+		t.KeepCounts(r.Frontend.Mirrors())
+		r.Frontend.SetMirrors(t)
+		applied = append(applied, fmt.Sprintf("model_mirrors (%d)", len(cfg.ModelMirrors)))
+	}
 	if cfg.APIKeysFile != "" || old.APIKeysFile != "" {
 		r.APIKeys.Set(cfg.APIKeys)
 		applied = append(applied, fmt.Sprintf("api_keys_file=%q (%d keys)", cfg.APIKeysFile, len(cfg.APIKeys)))
@@ -125,7 +135,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	next.Workers = cfg.Workers
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
-	next.ModelAliases = cfg.ModelAliases
+	next.ModelAliases, next.ModelMirrors = cfg.ModelAliases, cfg.ModelMirrors
 	if reread != nil {
 		next.TLS = cfg.TLS
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/loops/prefixshare"
 	"github.com/fastroute/fastroute/dataplane/loops/weights"
 	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/discovery"
 	"github.com/fastroute/fastroute/telemetry/cpu"
 	"github.com/fastroute/fastroute/telemetry/engine"
@@ -143,6 +144,10 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if err != nil {
 		return nil, err // Validate checked them: not reached
 	}
+	modelMirrors, err := mirrors.New(cfg.ModelMirrors)
+	if err != nil {
+		return nil, err // Validate checked them: not reached
+	}
 	if cfg.Log.Access != "off" {
 		fo.AccessLog, fo.AccessErrorsOnly = log.With("log", "access"), cfg.Log.Access == "errors"
 	}
@@ -154,6 +159,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	r.Frontend = frontend.New(fo)
 	r.Frontend.SetAliases(modelAliases)
+	r.Frontend.SetMirrors(modelMirrors)
 	r.Health = health.New(reg, health.Options{
 		Interval: cfg.Health.Interval, Path: cfg.Health.Path, UnhealthyAfter: cfg.Health.UnhealthyAfter,
 		Logger: log, APIKey: cfg.WorkerAPIKey,

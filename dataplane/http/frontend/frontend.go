@@ -26,6 +26,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
+	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -105,20 +106,23 @@ type Server struct {
 	exchanges  sync.Pool
 	parsers    fastjson.ParserPool
 	metrics    *Metrics
-	queue      *waitQueue                    // requests waiting for a busy worker; nil: none wait
-	retryOn    [600]bool                     // answer statuses retried on another worker (Options.RetryStatuses)
-	routes     map[string]struct{}           // proxied paths outside /v1/
-	cors       *cors                         // nil: off
-	access     *slog.Logger                  // nil: no access log
-	keys       *apikeys.Keys                 // clients' API keys; nil: none
-	workerAuth []byte                        // Authorization value of requests to workers while keys are on; nil: none
-	retries    atomic.Int64                  // router.retries, reloadable
-	aliases    atomic.Pointer[aliases.Table] // model aliases (SetAliases); nil: none
-	serves     func(model []byte) bool       // sel.Serves, made once (a fallback alias's test of its targets)
-	hangups    *hangup.Watcher[exchange]     // nil: client hang-ups are noticed only on write
-	upCloses   *hangup.Watcher[trackedConn]  // workers' closes of their connections (trackedConn.watchCloses); nil: none watched
-	takeovers  atomic.Int64                  // client connections taken over from fasthttp (takeOver), until closed or served by it again
-	closing    atomic.Bool                   // Shutdown began: a taken-over connection's answer is its last (keepAfter)
+	queue      *waitQueue                          // requests waiting for a busy worker; nil: none wait
+	retryOn    [600]bool                           // answer statuses retried on another worker (Options.RetryStatuses)
+	routes     map[string]struct{}                 // proxied paths outside /v1/
+	cors       *cors                               // nil: off
+	access     *slog.Logger                        // nil: no access log
+	keys       *apikeys.Keys                       // clients' API keys; nil: none
+	workerAuth []byte                              // Authorization value of requests to workers while keys are on; nil: none
+	retries    atomic.Int64                        // router.retries, reloadable
+	aliases    atomic.Pointer[aliases.Table]       // model aliases (SetAliases); nil: none
+	mirrors    atomic.Pointer[mirrors.Table]       // model mirrors (SetMirrors); nil: none
+	copies     sync.Pool                           // *mirrorCopy
+	copying    *xsync.MapOf[*mirrorCopy, struct{}] // the mirrors' copies in flight, for Shutdown to cut
+	serves     func(model []byte) bool             // sel.Serves, made once (a fallback alias's test of its targets)
+	hangups    *hangup.Watcher[exchange]           // nil: client hang-ups are noticed only on write
+	upCloses   *hangup.Watcher[trackedConn]        // workers' closes of their connections (trackedConn.watchCloses); nil: none watched
+	takeovers  atomic.Int64                        // client connections taken over from fasthttp (takeOver), until closed or served by it again
+	closing    atomic.Bool                         // Shutdown began: a taken-over connection's answer is its last (keepAfter)
 	srv        *fasthttp.Server
 	gate       atomic.Pointer[gate] // the listener's, once Serve began
 	fullSaid   atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
@@ -144,6 +148,7 @@ func New(opts Options) *Server {
 		upstreams: xsync.NewMapOf[*dataplane.Worker, *upstream](),
 		conns:     xsync.NewMapOf[net.Conn, struct{}](),
 		upConns:   xsync.NewMapOf[net.Conn, struct{}](),
+		copying:   xsync.NewMapOf[*mirrorCopy, struct{}](),
 		metrics:   newMetrics(),
 		queue:     newWaitQueue(opts.QueueSize, opts.QueueTimeout),
 		log:       opts.Logger,
@@ -166,6 +171,8 @@ func New(opts Options) *Server {
 	s.metrics.queue = s.queue
 	s.metrics.keys = s.keys
 	s.metrics.aliases = &s.aliases
+	s.metrics.mirrors = &s.mirrors
+	s.copies.New = func() any { return new(mirrorCopy) }
 	s.serves = s.sel.Serves
 	s.reg.Subscribe(s.workerChanged)
 	if w, err := hangup.New(clientHungUp); err != nil {
@@ -321,6 +328,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 		cancel()
 	}
+	s.cutCopies()
 	s.upstreams.Range(func(_ *dataplane.Worker, u *upstream) bool {
 		u.hc.CloseIdleConnections()
 		return true
@@ -587,6 +595,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 		return
 	}
 	ex.picked = true
+	if t := s.mirrors.Load(); t != nil && !query {
+		ex.mirror(ctx, t)
+	}
 	if query && ex.split {
 		ex.res.Release()
 		s.queue.ended()

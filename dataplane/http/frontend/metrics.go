@@ -9,6 +9,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/dataplane/mirrors"
 )
 
 // route enumerates the proxied endpoints, for metric labels.
@@ -86,6 +87,7 @@ type Metrics struct {
 	statsOf         func(*dataplane.Worker) *workerStats // Server.statsOf
 	keys            *apikeys.Keys                        // the clients' API keys; nil: none
 	aliases         *atomic.Pointer[aliases.Table]       // the model aliases (Server.SetAliases)
+	mirrors         *atomic.Pointer[mirrors.Table]       // the model mirrors (Server.SetMirrors)
 
 	// Streams of generated tokens, by the request's model: the time to
 	// their first token and their time per output token.
@@ -211,6 +213,9 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		}
 		if t := m.aliases.Load(); t != nil {
 			writeAliasMetrics(w, t)
+		}
+		if t := m.mirrors.Load(); t != nil {
+			writeMirrorMetrics(w, t)
 		}
 		w.Header("fastroute_queue_wait_seconds", "histogram", "Time requests that found their workers busy waited in the queue before one took them.")
 		w.Histogram("fastroute_queue_wait_seconds", m.queueWait)

@@ -13,6 +13,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/apikeys"
+	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/stretchr/testify/require"
 )
 
@@ -121,23 +122,29 @@ func TestAProxiedRequestAllocatesOnlyFasthttpsFirstByte(t *testing.T) {
 	alias, err := aliases.New([]aliases.Alias{{Name: "mock-model", Targets: []aliases.Target{
 		{Model: "mock-model-v1", Weight: 1}, {Model: "mock-model-v2", Weight: 1}}}})
 	require.NoError(t, err)
+	mirror, err := mirrors.New([]mirrors.Mirror{{Model: "other-model", To: "other-model-next", Percent: 100}})
+	require.NoError(t, err)
 	for _, tc := range []struct {
 		name    string
 		opts    Options
 		request string
 		aliases *aliases.Table
+		mirrors *mirrors.Table
 	}{
-		{"plain", Options{}, roundTripRequest, nil},
+		{"plain", Options{}, roundTripRequest, nil, nil},
 		// The key is checked and taken off, the workers' put on, a slot
 		// of the client's taken and given back: nothing more allocated.
-		{"with API keys", Options{APIKeys: &keys, WorkerAPIKey: "sk-engine-0123456789"}, withKey, nil},
+		{"with API keys", Options{APIKeys: &keys, WorkerAPIKey: "sk-engine-0123456789"}, withKey, nil, nil},
 		// The model is an alias: a target drawn, the body rewritten into
 		// the exchange's buffer.
-		{"with a model alias", Options{}, roundTripRequest, alias},
+		{"with a model alias", Options{}, roundTripRequest, alias, nil},
+		// Another model is mirrored: the request's model looked up.
+		{"with a mirror of another model", Options{}, roundTripRequest, nil, mirror},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := newRoundTripper(t, tc.opts)
 			rt.s.SetAliases(tc.aliases)
+			rt.s.SetMirrors(tc.mirrors)
 			request := []byte(tc.request)
 			for range 200 {
 				rt.do(t, request)
