@@ -10,65 +10,70 @@ import (
 // past its limit under.
 const Overflow = "_other"
 
-// Family is a histogram for each value of one label (a model's name, say),
-// made when the value is first observed, up to limit values: the values
-// past them share the histogram of Overflow, so a label the clients name
-// cannot grow the scrape without bound. Finding a value's histogram reads
-// an atomic snapshot of the list and compares without allocating; only a
-// value's first observation takes the lock and allocates (its histogram
-// and the longer list).
-type Family struct {
-	bounds []float64
+// Family is a record T (a histogram, or a model's several metrics) for
+// each value of one label (a model's name, say), made when the value is
+// first seen, up to limit values: the values past them share the record
+// of Overflow, so a label the clients name cannot grow the scrape without
+// bound. Finding a value's record reads an atomic snapshot of the list and
+// compares without allocating; only a value's first sighting takes the
+// lock and allocates (its record and the longer list).
+type Family[T any] struct {
+	newRec func() *T
 	limit  int
-	list   atomic.Pointer[[]member] // in the order the values came; Overflow's last
-	mu     sync.Mutex               // guards adding to list
+	list   atomic.Pointer[[]member[T]] // in the order the values came; Overflow's last
+	mu     sync.Mutex                  // guards adding to list
 }
 
-type member struct {
+type member[T any] struct {
 	value string
-	h     *Histogram
+	rec   *T
 }
 
-// NewFamily returns a family of histograms over bounds (as NewHistogram),
-// for up to limit values of its label.
-func NewFamily(bounds []float64, limit int) *Family {
-	return &Family{bounds: bounds, limit: limit}
+// NewFamily returns a family of the records newRec makes, for up to limit
+// values of its label.
+func NewFamily[T any](limit int, newRec func() *T) *Family[T] {
+	return &Family[T]{newRec: newRec, limit: limit}
 }
 
-// Of returns the histogram of the label's value.
-func (f *Family) Of(value []byte) *Histogram {
-	if h := f.find(value); h != nil {
-		return h
+// NewHistogramFamily returns a family of histograms over bounds (as
+// NewHistogram).
+func NewHistogramFamily(bounds []float64, limit int) *Family[Histogram] {
+	return NewFamily(limit, func() *Histogram { return NewHistogram(bounds) })
+}
+
+// Of returns the record of the label's value.
+func (f *Family[T]) Of(value []byte) *T {
+	if r := f.find(value); r != nil {
+		return r
 	}
 	return f.add(value)
 }
 
-// find returns value's histogram (Overflow's once the list is full), or
-// nil.
-func (f *Family) find(value []byte) *Histogram {
+// find returns value's record (Overflow's once the list is full), or nil.
+func (f *Family[T]) find(value []byte) *T {
 	p := f.list.Load()
 	if p == nil {
 		return nil
 	}
 	for _, m := range *p {
 		if m.value == string(value) {
-			return m.h
+			return m.rec
 		}
 	}
 	if len(*p) > f.limit { // full: Overflow's is the last
-		return (*p)[len(*p)-1].h
+		return (*p)[len(*p)-1].rec
 	}
 	return nil
 }
 
-// add makes value's histogram, or Overflow's when the list is full.
-func (f *Family) add(value []byte) *Histogram {
+// add makes value's record, or Overflow's when the list is full.
+func (f *Family[T]) add(value []byte) *T {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if h := f.find(value); h != nil { // another came first
-		return h
+	if r := f.find(value); r != nil { // another came first
+		return r
 	}
-	var list []member
+	var list []member[T]
 	if p := f.list.Load(); p != nil {
 		list = *p
 	}
@@ -76,20 +81,26 @@ func (f *Family) add(value []byte) *Histogram {
 	if len(list) == f.limit {
 		name = Overflow
 	}
-	h := NewHistogram(f.bounds)
-	list = append(slices.Clip(list), member{name, h})
+	r := f.newRec()
+	list = append(slices.Clip(list), member[T]{name, r})
 	f.list.Store(&list)
-	return h
+	return r
 }
 
-// Family writes the histogram of each of f's values under name, labelled
-// label="value", in the order the values came.
-func (w *Writer) Family(name, label string, f *Family) {
+// Each calls fn with each value and its record, in the order the values
+// came (Overflow's last).
+func (f *Family[T]) Each(fn func(value string, rec *T)) {
 	p := f.list.Load()
 	if p == nil {
 		return
 	}
 	for _, m := range *p {
-		w.Histogram(name, m.h, label, m.value)
+		fn(m.value, m.rec)
 	}
+}
+
+// Family writes the histogram of each of f's values under name, labelled
+// label="value", in the order the values came.
+func (w *Writer) Family(name, label string, f *Family[Histogram]) {
+	f.Each(func(value string, h *Histogram) { w.Histogram(name, h, label, value) })
 }

@@ -84,7 +84,7 @@ x_seconds_count{worker="7"} 1
 // again without allocating, files values past its limit under Overflow,
 // and stays exact while many goroutines observe new and known values.
 func TestAFamilyHasAHistogramPerValueUpToItsLimit(t *testing.T) {
-	f := NewFamily([]float64{0.01}, 3)
+	f := NewHistogramFamily([]float64{0.01}, 3)
 	f.Of([]byte("llama")).Observe(time.Millisecond)
 	f.Of([]byte("qwen")).Observe(time.Second)
 	f.Of([]byte("llama")).Observe(20 * time.Millisecond)
@@ -116,7 +116,7 @@ func TestAFamilyHasAHistogramPerValueUpToItsLimit(t *testing.T) {
 	assert.NotContains(t, out, "mistral")
 	assert.Equal(t, 4, strings.Count(out, "_count{"), "three values and Overflow")
 
-	g := NewFamily(DefaultBuckets, 8)
+	g := NewHistogramFamily(DefaultBuckets, 8)
 	var wg sync.WaitGroup
 	for k := range 16 {
 		wg.Go(func() {
@@ -129,7 +129,7 @@ func TestAFamilyHasAHistogramPerValueUpToItsLimit(t *testing.T) {
 	wg.Wait()
 	var total uint64
 	for _, m := range *g.list.Load() {
-		total += m.h.Count()
+		total += m.rec.Count()
 	}
 	assert.EqualValues(t, 16000, total, "no observation lost while values were added")
 	assert.Len(t, *g.list.Load(), 9, "eight values and Overflow")

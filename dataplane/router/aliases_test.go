@@ -107,6 +107,15 @@ func TestAModelAliasSplitsRequestsBetweenItsTargets(t *testing.T) {
 	code, _, text := f.do("POST", "/v1/chat/completions", `{"model":"gpt-4o","messages":[]}`)
 	assert.Equal(t, http.StatusNotFound, code, "gpt-4o is no alias any more, and no worker serves it: %s", text)
 	f.assertIdle()
+
+	// The requests by model count them under the model they were routed
+	// as, the target, from the moment it was known.
+	assert.Equal(t, fmt.Sprint(byModel["food-review-v1"]), metric(t, f, `fastroute_model_requests_total{model="food-review-v1",outcome="ok"}`))
+	assert.Equal(t, fmt.Sprint(byModel["food-review-v2"]+20), metric(t, f, `fastroute_model_requests_total{model="food-review-v2",outcome="ok"}`))
+	assert.Equal(t, "4", metric(t, f, `fastroute_model_requests_total{model="llama",outcome="ok"}`), "three bodies and a stream")
+	assert.Equal(t, "4", metric(t, f, `fastroute_model_request_seconds_count{model="llama"}`))
+	assert.Equal(t, "1", metric(t, f, `fastroute_model_requests_total{model="gpt-4o",outcome="invalid"}`), "routed as gpt-4o, which no worker serves")
+	assert.Equal(t, "", metric(t, f, `fastroute_model_requests_total{model="food-review",outcome="ok"}`), "an alias is no model requests are routed as")
 }
 
 func aliasForm(model string) (string, string) {

@@ -83,7 +83,10 @@ type exchange struct {
 	// firstToken: when its first event left, since start (0: none yet).
 	timed      bool
 	firstToken time.Duration
-	sent       time.Duration // when the request left for its (decode) worker, since start: its last try's
+	// model: the metrics of the model the request is routed as, once known
+	// (Server.forward); nil before.
+	model *modelStats
+	sent  time.Duration // when the request left for its (decode) worker, since start: its last try's
 
 	// The client's connection taken over from fasthttp (takeOver).
 	ctx           *fasthttp.RequestCtx // the client's, once taken over; nil: the exchange runs in fasthttp's handler
@@ -118,7 +121,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done = false, nil, false
 	ex.sse, ex.tail, ex.bodyDone, ex.client, ex.created = false, nil, false, hangup.Conn{}, false
-	ex.timed, ex.firstToken, ex.sent, ex.alias = false, 0, 0, ex.alias[:0]
+	ex.timed, ex.firstToken, ex.sent, ex.alias, ex.model = false, 0, 0, ex.alias[:0], nil
 	ex.watch.Store(0)
 	ex.stop.Store(0)
 	ex.split, ex.decoding, ex.body = false, false, nil
@@ -555,7 +558,7 @@ func (ex *exchange) inspect(data []byte) {
 // worker, from the request's leaving for it.
 func (ex *exchange) firstTokenLeaves() {
 	ex.firstToken = max(time.Since(ex.start), 1)
-	ex.s.metrics.firstToken.Of(ex.req.Model).Observe(ex.firstToken)
+	ex.model.firstToken.Observe(ex.firstToken)
 	ex.s.statsOf(ex.res.Worker()).firstToken.Observe(ex.firstToken - ex.sent)
 }
 
@@ -572,7 +575,7 @@ func (ex *exchange) observeTokenPace(total time.Duration) {
 	if ex.firstToken == 0 || tokens < 2 {
 		return
 	}
-	ex.s.metrics.tokenPace.Of(ex.req.Model).Observe((total - ex.firstToken) / time.Duration(tokens-1))
+	ex.model.tokenPace.Observe((total - ex.firstToken) / time.Duration(tokens-1))
 }
 
 // readUsage reads the token usage an answer reports in data (tokenUsage).
@@ -865,6 +868,7 @@ func (ex *exchange) settle(o outcome) bool {
 	}
 	total := time.Since(ex.start)
 	m.total.Observe(total)
+	ex.countModel(o, total)
 	if ex.timed && o == outcomeOK {
 		ex.observeTokenPace(total)
 	}
@@ -949,9 +953,20 @@ func clientHungUp(ex *exchange, gen uint32) {
 func (ex *exchange) end(o outcome, status int) {
 	ex.s.metrics.requests[ex.rt][o].Inc()
 	ex.status = status
-	ex.logAccess(o, time.Since(ex.start))
+	total := time.Since(ex.start)
+	ex.countModel(o, total)
+	ex.logAccess(o, total)
 	ex.releaseClient()
 	ex.s.exchanges.Put(ex)
+}
+
+// countModel counts the request's outcome o and time total under the
+// model it was routed as, once that was known.
+func (ex *exchange) countModel(o outcome, total time.Duration) {
+	if ex.model != nil {
+		ex.model.requests[o].Inc()
+		ex.model.seconds.Observe(total)
+	}
 }
 
 // logAccess writes the request's access line: with log.access all every

@@ -573,6 +573,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 		ex.end(outcomeInvalid, fasthttp.StatusBadRequest)
 		return
 	}
+	ex.model = s.metrics.models.Of(ex.req.Model) // "": none named
 	t := time.Now()
 	err = ex.pick()
 	s.metrics.routeTime.Observe(time.Since(t))

@@ -89,10 +89,30 @@ type Metrics struct {
 	aliases         *atomic.Pointer[aliases.Table]       // the model aliases (Server.SetAliases)
 	mirrors         *atomic.Pointer[mirrors.Table]       // the model mirrors (Server.SetMirrors)
 
-	// Streams of generated tokens, by the request's model: the time to
-	// their first token and their time per output token.
-	firstToken *metrics.Family
-	tokenPace  *metrics.Family
+	// By the model requests were routed as (modelStats).
+	models *metrics.Family[modelStats]
+}
+
+// modelStats are the metrics of the requests routed as one model (an
+// alias's target): their outcomes and times, and for streams of generated
+// tokens the time to their first token and their time per output token.
+type modelStats struct {
+	requests   [numOutcomes]metrics.Counter
+	seconds    *metrics.Histogram
+	firstToken *metrics.Histogram
+	tokenPace  *metrics.Histogram
+}
+
+func newModelStats() *modelStats {
+	st := &modelStats{
+		seconds:    metrics.NewHistogram(metrics.DefaultBuckets),
+		firstToken: metrics.NewHistogram(firstTokenBuckets),
+		tokenPace:  metrics.NewHistogram(tokenPaceBuckets),
+	}
+	for o := range st.requests {
+		st.requests[o] = metrics.NewCounter()
+	}
+	return st
 }
 
 // The buckets of the time to first token and the time per output token,
@@ -106,9 +126,10 @@ var (
 		0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
 )
 
-// maxTimedModels is how many models' streams are timed apart; those of
-// further models share the label model="_other" (metrics.Overflow).
-const maxTimedModels = 64
+// maxModels is how many models' requests are counted and timed apart;
+// those of further models share the label model="_other"
+// (metrics.Overflow).
+const maxModels = 64
 
 func newMetrics() *Metrics {
 	m := &Metrics{
@@ -125,8 +146,7 @@ func newMetrics() *Metrics {
 		firstByte:       metrics.NewHistogram(metrics.DefaultBuckets),
 		prefillTime:     metrics.NewHistogram(metrics.DefaultBuckets),
 		total:           metrics.NewHistogram(metrics.DefaultBuckets),
-		firstToken:      metrics.NewFamily(firstTokenBuckets, maxTimedModels),
-		tokenPace:       metrics.NewFamily(tokenPaceBuckets, maxTimedModels),
+		models:          metrics.NewFamily(maxModels, newModelStats),
 	}
 	for r := range m.requests {
 		for o := range m.requests[r] {
@@ -169,6 +189,34 @@ func (m *Metrics) Retries() uint64 { return m.retries.Value() }
 // SearchMoves returns how many times a request for a stored response
 // moved past a worker that answered 404.
 func (m *Metrics) SearchMoves() uint64 { return m.searchMoves.Value() }
+
+// writeModels writes the families by model.
+func (m *Metrics) writeModels(w *metrics.Writer) {
+	w.Header("fastroute_model_requests_total", "counter", "Requests by the model they were routed as (an alias's target) and outcome, from the moment the model was known (a body the router could not read has none).")
+	m.models.Each(func(model string, st *modelStats) {
+		for o := range numOutcomes {
+			if n := st.requests[o].Value(); n > 0 {
+				w.Sample("fastroute_model_requests_total", float64(n), "model", model, "outcome", outcomeNames[o])
+			}
+		}
+	})
+	w.Header("fastroute_model_request_seconds", "histogram", "Time from request arrival to the end of the answer, by the model requests were routed as.")
+	m.models.Each(func(model string, st *modelStats) {
+		w.Histogram("fastroute_model_request_seconds", st.seconds, "model", model)
+	})
+	w.Header("fastroute_time_to_first_token_seconds", "histogram", "Streams of generated tokens (chat, completions, /generate) by the request's model: time from the request's arrival to its first event leaving to the client (the router's queue and routing, retries, a prefill leg, the engine's time to first token).")
+	m.models.Each(func(model string, st *modelStats) {
+		if st.firstToken.Count() > 0 {
+			w.Histogram("fastroute_time_to_first_token_seconds", st.firstToken, "model", model)
+		}
+	})
+	w.Header("fastroute_time_per_output_token_seconds", "histogram", "Streams of generated tokens that ended well, by the request's model: time from the first event to the end over the tokens after the first (the completion tokens the usage reported, else the events: vLLM and SGLang send a token an event).")
+	m.models.Each(func(model string, st *modelStats) {
+		if st.tokenPace.Count() > 0 {
+			w.Histogram("fastroute_time_per_output_token_seconds", st.tokenPace, "model", model)
+		}
+	})
+}
 
 // Collector writes the front end's families and the per-worker gauges.
 // mode names the selection mode running at the scrape (a reload may change it).
@@ -225,10 +273,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		w.Histogram("fastroute_upstream_first_byte_seconds", m.firstByte)
 		w.Header("fastroute_request_seconds", "histogram", "Time from request arrival to the end of the answer.")
 		w.Histogram("fastroute_request_seconds", m.total)
-		w.Header("fastroute_time_to_first_token_seconds", "histogram", "Streams of generated tokens (chat, completions, /generate) by the request's model: time from the request's arrival to its first event leaving to the client (the router's queue and routing, retries, a prefill leg, the engine's time to first token).")
-		w.Family("fastroute_time_to_first_token_seconds", "model", m.firstToken)
-		w.Header("fastroute_time_per_output_token_seconds", "histogram", "Streams of generated tokens that ended well, by the request's model: time from the first event to the end over the tokens after the first (the completion tokens the usage reported, else the events: vLLM and SGLang send a token an event).")
-		w.Family("fastroute_time_per_output_token_seconds", "model", m.tokenPace)
+		m.writeModels(w)
 
 		workers := reg.All()
 		w.Header("fastroute_worker_inflight", "gauge", "Requests holding a reservation on the worker.")
