@@ -129,6 +129,17 @@ func TestPrefixSharingFlags(t *testing.T) {
 	require.ErrorContains(t, err, "needs discovery.etcd.endpoints")
 }
 
+func TestRetryBudgetFlags(t *testing.T) {
+	cfg, err := loadServeConfig(nil)
+	require.NoError(t, err)
+	assert.Equal(t, config.RetryBudget{MinRetries: 3}, cfg.Router.RetryBudget, "off by default")
+	cfg, err = loadServeConfig([]string{"--retry-budget-percent", "20", "--retry-budget-min-retries", "5"})
+	require.NoError(t, err)
+	assert.Equal(t, config.RetryBudget{Percent: 20, MinRetries: 5}, cfg.Router.RetryBudget)
+	_, err = loadServeConfig([]string{"--retry-budget-percent", "-1"})
+	assert.ErrorContains(t, err, "router.retry_budget.percent")
+}
+
 func TestModelMirrorFlags(t *testing.T) {
 	cfg, err := loadServeConfig([]string{"--model-mirror", "llama=llama-next:5", "--model-mirror", "qwen:7b=qwen:7b-fp8:0.5,max_inflight=8"})
 	require.NoError(t, err)

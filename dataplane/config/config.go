@@ -147,6 +147,16 @@ type Router struct {
 	// the answer is small enough to be read whole first; the last worker's
 	// answer reaches the client as it is. Empty: answers are never retried.
 	RetryStatuses []int `yaml:"retry_statuses"`
+	// RetryBudget caps the requests on a retry at once: a retry is made
+	// only while fewer than max(MinRetries, Percent% of the requests
+	// holding a worker) are on one. Percent 0: no budget.
+	RetryBudget RetryBudget `yaml:"retry_budget"`
+}
+
+// RetryBudget is router.retry_budget.
+type RetryBudget struct {
+	Percent    float64 `yaml:"percent"`
+	MinRetries int     `yaml:"min_retries"`
 }
 
 // PrefixAffinity is prefix-aware routing: a generation request's prompt
@@ -316,6 +326,7 @@ func Default() Config {
 			PrefixAffinity: PrefixAffinity{TableSize: 1 << 18, BlockBytes: 256, MaxBlocks: 128, Slack: 4, ShareInterval: 10 * time.Millisecond},
 			Disaggregation: Disaggregation{Protocol: DisaggOff, Fallback: FallbackAggr},
 			Queue:          Queue{Timeout: 30 * time.Second},
+			RetryBudget:    RetryBudget{MinRetries: 3},
 		},
 		Telemetry: Telemetry{NVML: true, CPU: true, Interval: 250 * time.Millisecond,
 			Engine: Engine{Enabled: true, Interval: 50 * time.Millisecond, Timeout: time.Second}},
@@ -450,6 +461,11 @@ func (c *Config) Validate() error {
 		if st != 408 && st != 429 && (st < 500 || st > 599) {
 			return keyErr("router.retry_statuses", "%d is not 408, 429 or 5xx", st)
 		}
+	}
+	if b := c.Router.RetryBudget; !(b.Percent >= 0 && b.Percent <= 100) {
+		return keyErr("router.retry_budget.percent", "%v is outside 0..100 (0 turns the budget off)", b.Percent)
+	} else if b.MinRetries < 0 {
+		return keyErr("router.retry_budget.min_retries", "%d is negative", b.MinRetries)
 	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		return keyErr("tls", "set cert_file and key_file together")

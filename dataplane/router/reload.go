@@ -88,6 +88,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Frontend.SetRetries(cfg.Router.Retries)
 		applied = append(applied, fmt.Sprintf("router.retries=%d", cfg.Router.Retries))
 	}
+	if cfg.Router.RetryBudget != old.Router.RetryBudget {
+		r.Frontend.SetRetryBudget(retryBudget(cfg.Router.RetryBudget))
+		applied = append(applied, fmt.Sprintf("router.retry_budget=%+v", cfg.Router.RetryBudget))
+	}
 	if pa := cfg.Router.PrefixAffinity; prefixesApply {
 		if pa.Slack != old.Router.PrefixAffinity.Slack {
 			r.Selector.SetPrefixSlack(int64(pa.Slack))
@@ -129,6 +133,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 
 	next := old // what runs now: the applied keys new, the others as they were
 	next.Router.Mode, next.Router.BusyThreshold, next.Router.Retries = cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.Retries
+	next.Router.RetryBudget = cfg.Router.RetryBudget
 	next.Router.CPURatio = cfg.Router.CPURatio
 	if prefixesApply {
 		next.Router.PrefixAffinity = cfg.Router.PrefixAffinity

@@ -129,7 +129,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 		PrefillFallback:  cfg.Router.Disaggregation.Fallback == config.FallbackAggr,
 	})
 	fo := frontend.Options{
-		Selector: sel, Retries: cfg.Router.Retries,
+		Selector: sel, Retries: cfg.Router.Retries, RetryBudget: retryBudget(cfg.Router.RetryBudget),
 		MaxBodyBytes: int(cfg.Limits.MaxBodyBytes), MaxHeaderBytes: int(cfg.Limits.MaxHeaderBytes),
 		ReadTimeout: cfg.Limits.ReadTimeout, WriteTimeout: cfg.Limits.WriteTimeout,
 		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
@@ -383,4 +383,9 @@ func disaggOptions(d config.Disaggregation) frontend.Disagg {
 		out.Protocol = frontend.ProtocolSGLang
 	}
 	return out
+}
+
+// retryBudget is the front end's form of router.retry_budget.
+func retryBudget(b config.RetryBudget) frontend.RetryBudget {
+	return frontend.RetryBudget{Percent: b.Percent, MinRetries: int64(b.MinRetries)}
 }

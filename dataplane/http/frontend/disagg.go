@@ -142,6 +142,9 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 		if !retryable(err) || int64(pre.req.Attempts()) >= s.retries.Load() {
 			return ex.prefillFailed(ctx, w, err, nil)
 		}
+		if !ex.mayRetry() {
+			return ex.prefillFailed(ctx, w, err, errRetryBudget)
+		}
 		s.metrics.retries.Inc()
 		if rerr := s.sel.Retry(&pre.req, &pre.res); rerr != nil {
 			return ex.prefillFailed(ctx, w, err, rerr)
@@ -333,7 +336,10 @@ func (ex *exchange) prefillLeg() *prefillLeg {
 // prefill worker tried.
 func (ex *exchange) prefillFailed(ctx *fasthttp.RequestCtx, w *dataplane.Worker, err, retryErr error) bool {
 	msg := fmt.Sprintf("prefill worker %d %s: %s", w.ID(), failedHow(err), ex.s.failureReason(w.ID(), err))
-	if retryErr != nil {
+	switch {
+	case retryErr == errRetryBudget:
+		msg += "; " + retryErr.Error()
+	case retryErr != nil:
 		msg += "; no other prefill worker to retry on: " + retryErr.Error()
 	}
 	if isTimeout(err) {

@@ -83,6 +83,9 @@ type exchange struct {
 	// firstToken: when its first event left, since start (0: none yet).
 	timed      bool
 	firstToken time.Duration
+	inBudget   bool // counted among the requests holding a worker (holdWorker)
+	onRetry    bool // counted among the requests on a retry (mayRetry)
+
 	// model: the metrics of the model the request is routed as, once known
 	// (Server.forward); nil before.
 	model *modelStats
@@ -380,6 +383,10 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 					return false
 				}
 				ex.endConn(ex.token) // read to its end: the connection goes back to its pool
+				if !search && !ex.mayRetry() {
+					ex.sendWhole(ctx, u) // the client gets this answer
+					return false
+				}
 				rerr := s.sel.Retry(&ex.req, &ex.res)
 				switch {
 				case rerr == nil:
@@ -412,6 +419,10 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 		s.reportAnswer(w, false)
 		if !retryable(err) || int64(ex.req.Attempts()) >= s.retries.Load() {
 			ex.fail(ctx, w.ID(), err, nil)
+			return false
+		}
+		if !ex.mayRetry() {
+			ex.fail(ctx, w.ID(), err, errRetryBudget)
 			return false
 		}
 		s.metrics.retries.Inc()
@@ -822,7 +833,10 @@ func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr 
 		return
 	}
 	msg := fmt.Sprintf("worker %d %s: %s", worker, how, reason)
-	if retryErr != nil {
+	switch {
+	case retryErr == errRetryBudget:
+		msg += "; " + retryErr.Error()
+	case retryErr != nil:
 		msg += "; no other worker to retry on: " + retryErr.Error()
 	}
 	if isTimeout(err) {
@@ -857,6 +871,7 @@ func (ex *exchange) settle(o outcome) bool {
 	}
 	ex.endConn(ex.token)
 	ex.res.Release()
+	ex.releaseBudget()
 	ex.s.queue.ended()
 	m := ex.s.metrics
 	m.requests[ex.rt][o].Inc()

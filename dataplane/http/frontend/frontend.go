@@ -36,6 +36,7 @@ import (
 type Options struct {
 	Selector       *dataplane.Selector
 	Retries        int
+	RetryBudget    RetryBudget
 	MaxBodyBytes   int
 	MaxHeaderBytes int           // request line and headers (431 above); 0: fasthttp's 4 KiB
 	ReadTimeout    time.Duration // client request read (headers and body)
@@ -114,6 +115,9 @@ type Server struct {
 	keys       *apikeys.Keys                       // clients' API keys; nil: none
 	workerAuth []byte                              // Authorization value of requests to workers while keys are on; nil: none
 	retries    atomic.Int64                        // router.retries, reloadable
+	budget     atomic.Pointer[RetryBudget]         // router.retry_budget, reloadable; nil: none
+	holding    atomic.Int64                        // requests holding a worker, counted while a budget is set (holdWorker)
+	retrying   atomic.Int64                        // of those, the ones on a retry (mayRetry)
 	aliases    atomic.Pointer[aliases.Table]       // model aliases (SetAliases); nil: none
 	mirrors    atomic.Pointer[mirrors.Table]       // model mirrors (SetMirrors); nil: none
 	copies     sync.Pool                           // *mirrorCopy
@@ -172,6 +176,7 @@ func New(opts Options) *Server {
 	s.metrics.keys = s.keys
 	s.metrics.aliases = &s.aliases
 	s.metrics.mirrors = &s.mirrors
+	s.metrics.retrying = &s.retrying
 	s.copies.New = func() any { return new(mirrorCopy) }
 	s.serves = s.sel.Serves
 	s.reg.Subscribe(s.workerChanged)
@@ -188,6 +193,7 @@ func New(opts Options) *Server {
 		s.routes[r] = struct{}{}
 	}
 	s.retries.Store(int64(opts.Retries))
+	s.SetRetryBudget(opts.RetryBudget)
 	for _, st := range opts.RetryStatuses {
 		if st >= 0 && st < len(s.retryOn) {
 			s.retryOn[st] = true
@@ -618,6 +624,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 		ex.end(outcomeQuery, fasthttp.StatusOK)
 		return
 	}
+	ex.holdWorker()
 	if ex.client.Gen() == 0 { // not watched while it waited in the queue
 		ex.watchClient(ctx)
 	}

@@ -55,6 +55,10 @@ var outcomeNames = [numOutcomes]string{"ok", "query", "invalid", "no_endpoints",
 type Metrics struct {
 	requests [numRoutes][numOutcomes]metrics.Counter
 	retries  metrics.Counter
+	// Retries the retry budget refused (mayRetry), and the requests on a
+	// retry now (Server.retrying).
+	retriesRefused metrics.Counter
+	retrying       *atomic.Int64
 	// Workers a request for a stored response moved past because they
 	// answered 404 (movesOn).
 	searchMoves metrics.Counter
@@ -134,6 +138,7 @@ const maxModels = 64
 func newMetrics() *Metrics {
 	m := &Metrics{
 		retries:         metrics.NewCounter(),
+		retriesRefused:  metrics.NewCounter(),
 		searchMoves:     metrics.NewCounter(),
 		acceptShortages: metrics.NewCounter(),
 		connectionsFull: metrics.NewCounter(),
@@ -244,6 +249,8 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		}{
 			{"fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on a decode worker for want of a routable prefill worker.", float64(m.disaggFallbacks.Value())},
 			{"fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte, or an answer of a status router.retry_statuses names.", float64(m.retries.Value())},
+			{"fastroute_retries_refused_total", "counter", "Requests not moved to another worker, though they could have been, because router.retry_budget's share of requests were on a retry already.", float64(m.retriesRefused.Value())},
+			{"fastroute_retrying_requests", "gauge", "Requests on a retry now (counted while router.retry_budget is set).", float64(m.retrying.Load())},
 			{"fastroute_response_search_moves_total", "counter", "Requests for a stored response (Responses API) no worker was known to hold, moved on from a worker that answered 404.", float64(m.searchMoves.Value())},
 			{"fastroute_accept_shortages_total", "counter", "Accepts of client connections that failed for want of file descriptors or kernel memory (each followed by a pause of 5 ms to 1 s and another accept).", float64(m.acceptShortages.Value())},
 			{"fastroute_client_connections", "gauge", "Client connections open (accepted, not yet closed).", float64(m.openConnections())},
