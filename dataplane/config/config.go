@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -558,6 +559,11 @@ func (c *Config) Validate() error {
 			return keyErr(me.Field, "%s", me.Reason)
 		}
 		return err
+	}
+	for i, m := range c.ModelMirrors {
+		if slices.ContainsFunc(c.ModelAliases, func(a aliases.Alias) bool { return a.Name == m.Model }) {
+			return keyErr(fmt.Sprintf("model_mirrors[%d].model", i), "%q is a model alias: requests are mirrored by the model they are routed as, so name its targets", m.Model)
+		}
 	}
 	if c.ShutdownTimeout <= 0 {
 		return keyErr("shutdown_timeout", "%v must be positive", c.ShutdownTimeout)

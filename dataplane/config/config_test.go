@@ -88,6 +88,7 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"model_aliases: [{name: x, targets: [{model: a, wieght: 1}]}]", "field wieght not found"},
 		{"router: {retry_budget: {percent: 101}}", "key router.retry_budget.percent: 101 is outside 0..100 (0 turns the budget off)"},
 		{"router: {retry_budget: {percent: 20, min_retries: -1}}", "key router.retry_budget.min_retries: -1 is negative"},
+		{"model_aliases: [{name: x, targets: [{model: a}]}]\nmodel_mirrors: [{model: x, to: b, percent: 5}]", `key model_mirrors[0].model: "x" is a model alias`},
 		{"model_mirrors: [{model: a, to: b, percent: 120}]", "key model_mirrors[0].percent: 120 is not above 0 and at most 100"},
 		{"model_mirrors: [{model: a, to: b, percent: 5}, {model: a, to: c, percent: 5}]", `key model_mirrors[1].model: "a" is mirrored already`},
 		{"api_keys_share_interval: 1s", "key api_keys_share_interval: needs discovery.etcd.endpoints, where replicas share their keys' use"},

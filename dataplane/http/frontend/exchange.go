@@ -83,13 +83,14 @@ type exchange struct {
 	// firstToken: when its first event left, since start (0: none yet).
 	timed      bool
 	firstToken time.Duration
-	inBudget   bool // counted among the requests holding a worker (holdWorker)
-	onRetry    bool // counted among the requests on a retry (mayRetry)
-
+	sent       time.Duration // when the request left for its (decode) worker, since start: its last try's
 	// model: the metrics of the model the request is routed as, once known
 	// (Server.forward); nil before.
 	model *modelStats
-	sent  time.Duration // when the request left for its (decode) worker, since start: its last try's
+
+	// Its place in the retry budget's counts: among the requests holding a
+	// worker (holdWorker), and among those on a retry (mayRetry).
+	inBudget, onRetry bool
 
 	// The client's connection taken over from fasthttp (takeOver).
 	ctx           *fasthttp.RequestCtx // the client's, once taken over; nil: the exchange runs in fasthttp's handler
