@@ -147,17 +147,21 @@ func runDemo(args []string) error {
 	defer resp.Body.Close()
 	fmt.Println("\nfrom admin /metrics:")
 	sc := bufio.NewScanner(resp.Body)
-	times := map[string]float64{}
+	values := map[string]float64{} // samples read from /metrics
 	for sc.Scan() {
 		l := sc.Text()
 		for _, name := range []string{"fastroute_time_to_first_token_seconds", "fastroute_time_per_output_token_seconds"} {
 			for _, part := range []string{"_sum", "_count"} {
 				if v, ok := strings.CutPrefix(l, name+part+`{model="mock-model"} `); ok {
-					times[name+part], _ = strconv.ParseFloat(v, 64)
+					values[name+part], _ = strconv.ParseFloat(v, 64)
 				}
 			}
 		}
+		if v, ok := strings.CutPrefix(l, `fastroute_model_requests_total{model="mock-model",outcome="ok"} `); ok {
+			values["model_requests"], _ = strconv.ParseFloat(v, 64)
+		}
 		if strings.HasPrefix(l, "fastroute_worker_inflight") || strings.HasPrefix(l, "fastroute_worker_first_byte_seconds_count") ||
+			strings.HasPrefix(l, "fastroute_model_requests_total") ||
 			strings.HasPrefix(l, "fastroute_prefix_requests_total") ||
 			((strings.HasPrefix(l, "fastroute_requests_total") || strings.HasPrefix(l, "fastroute_worker_answers_total")) &&
 				!strings.HasSuffix(l, " 0")) {
@@ -165,11 +169,14 @@ func runDemo(args []string) error {
 		}
 	}
 	ttft, tpot := "fastroute_time_to_first_token_seconds", "fastroute_time_per_output_token_seconds"
-	if times[ttft+"_count"] == 0 || times[tpot+"_count"] == 0 {
-		return fmt.Errorf("mock-model's streams were not timed: %v", times)
+	if values["model_requests"] == 0 {
+		return fmt.Errorf("no request was counted under mock-model")
+	}
+	if values[ttft+"_count"] == 0 || values[tpot+"_count"] == 0 {
+		return fmt.Errorf("mock-model's streams were not timed: %v", values)
 	}
 	fmt.Printf("  mock-model's streams: time to first token %.1f ms, time per output token %.1f ms (means over %.0f and %.0f)\n",
-		1000*times[ttft+"_sum"]/times[ttft+"_count"], 1000*times[tpot+"_sum"]/times[tpot+"_count"], times[ttft+"_count"], times[tpot+"_count"])
+		1000*values[ttft+"_sum"]/values[ttft+"_count"], 1000*values[tpot+"_sum"]/values[tpot+"_count"], values[ttft+"_count"], values[tpot+"_count"])
 	fmt.Println("\ndemo ok")
 	return nil
 }
