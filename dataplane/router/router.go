@@ -180,6 +180,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.admin = &http.Server{
 		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken,
 			MetricsPublic: cfg.MetricsPublic, Logger: log, Reload: r.ReloadFromSource, Probe: r.probeSoon,
+			Config:   func() ([]byte, error) { return r.CurrentConfig().RedactedYAML() },
 			Describe: r.describe, Drain: r.drainWorker, LearnPrefixes: r.learnPrefixes(), APIKeys: &r.APIKeys}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}

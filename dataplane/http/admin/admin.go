@@ -60,6 +60,9 @@ type Options struct {
 	// Reload reads and applies the config again (POST /config/reload);
 	// may be nil.
 	Reload func() (applied, needRestart []string, err error)
+	// Config writes the running config, its secrets redacted, as YAML
+	// (GET /config); may be nil.
+	Config func() ([]byte, error)
 	// Probe starts a health probe round (a registered worker is routable
 	// once one passes); may be nil.
 	Probe func()
@@ -210,6 +213,19 @@ func routes(o Options) *http.ServeMux {
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"id": id, "loras": body.LoRAs})
+	})
+	mux.HandleFunc("GET /config", func(w http.ResponseWriter, _ *http.Request) {
+		if o.Config == nil {
+			writeError(w, http.StatusNotImplemented, "the running config is not available")
+			return
+		}
+		b, err := o.Config()
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, "the running config: "+err.Error())
+			return
+		}
+		w.Header().Set("Content-Type", "application/yaml")
+		_, _ = w.Write(b)
 	})
 	mux.HandleFunc("POST /config/reload", func(w http.ResponseWriter, _ *http.Request) {
 		if o.Reload == nil {

@@ -1,0 +1,24 @@
+package config
+
+import "gopkg.in/yaml.v3"
+
+// Redacted is what a secret reads as in Redacted's config.
+const Redacted = "<redacted>"
+
+// Redacted returns the config with each secret that is set replaced by
+// Redacted: admin_token and worker_api_key (read from their files or the
+// environment too, by ResolveSecrets) and discovery.etcd.password. The
+// clients' API keys are never part of the YAML. The files' paths are
+// kept: they are no secrets.
+func (c Config) Redacted() Config {
+	for _, s := range []*string{&c.AdminToken, &c.WorkerAPIKey, &c.Discovery.Etcd.Password} {
+		if *s != "" {
+			*s = Redacted
+		}
+	}
+	return c
+}
+
+// RedactedYAML is the config as YAML, its secrets redacted (Redacted):
+// what the admin listener's GET /config shows. Parse reads it back.
+func (c Config) RedactedYAML() ([]byte, error) { return yaml.Marshal(c.Redacted()) }
