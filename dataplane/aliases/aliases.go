@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/fastroute/fastroute/internal/fielderr"
 )
 
 // Alias is a model name clients may ask for and the models it stands for.
@@ -56,18 +57,8 @@ type target struct {
 	requests atomic.Uint64
 }
 
-// Error is what is wrong with an alias list: the field
-// (model_aliases[1].targets[0].weight) and why.
-type Error struct{ Field, Reason string }
-
-func (e *Error) Error() string { return e.Field + ": " + e.Reason }
-
-func fieldErr(field, format string, args ...any) error {
-	return &Error{Field: field, Reason: fmt.Sprintf(format, args...)}
-}
-
 // New checks list and returns its table (nil for an empty list). Its
-// errors are *Error.
+// errors are *fielderr.Error.
 func New(list []Alias) (*Table, error) {
 	if len(list) == 0 {
 		return nil, nil
@@ -77,13 +68,13 @@ func New(list []Alias) (*Table, error) {
 		at := fmt.Sprintf("model_aliases[%d]", i)
 		switch {
 		case a.Name == "":
-			return nil, fieldErr(at+".name", "empty")
+			return nil, fielderr.New(at+".name", "empty")
 		case t.byName[a.Name] != nil:
-			return nil, fieldErr(at+".name", "%q is an alias already", a.Name)
+			return nil, fielderr.New(at+".name", "%q is an alias already", a.Name)
 		case len(a.Targets) == 0:
-			return nil, fieldErr(at+".targets", "alias %q has none", a.Name)
+			return nil, fielderr.New(at+".targets", "alias %q has none", a.Name)
 		case len(a.Targets) > MaxTargets:
-			return nil, fieldErr(at+".targets", "alias %q has %d, more than %d", a.Name, len(a.Targets), MaxTargets)
+			return nil, fielderr.New(at+".targets", "alias %q has %d, more than %d", a.Name, len(a.Targets), MaxTargets)
 		}
 		al := &alias{name: a.Name, fallback: a.Fallback}
 		seen := map[string]bool{}
@@ -91,13 +82,13 @@ func New(list []Alias) (*Table, error) {
 			w := tg.Weight
 			switch {
 			case tg.Model == "":
-				return nil, fieldErr(fmt.Sprintf("%s.targets[%d].model", at, j), "empty")
+				return nil, fielderr.New(fmt.Sprintf("%s.targets[%d].model", at, j), "empty")
 			case seen[tg.Model]:
-				return nil, fieldErr(fmt.Sprintf("%s.targets[%d].model", at, j), "%q is a target of alias %q already", tg.Model, a.Name)
+				return nil, fielderr.New(fmt.Sprintf("%s.targets[%d].model", at, j), "%q is a target of alias %q already", tg.Model, a.Name)
 			case w < 0:
-				return nil, fieldErr(fmt.Sprintf("%s.targets[%d].weight", at, j), "%d is negative", w)
+				return nil, fielderr.New(fmt.Sprintf("%s.targets[%d].weight", at, j), "%d is negative", w)
 			case a.Fallback && w != 0:
-				return nil, fieldErr(fmt.Sprintf("%s.targets[%d].weight", at, j), "a fallback alias's targets take no weight: their order says which comes first")
+				return nil, fielderr.New(fmt.Sprintf("%s.targets[%d].weight", at, j), "a fallback alias's targets take no weight: their order says which comes first")
 			case len(a.Targets) == 1 || a.Fallback:
 				w = 1
 			}
@@ -107,7 +98,7 @@ func New(list []Alias) (*Table, error) {
 			al.total += uint64(w)
 		}
 		if al.total == 0 {
-			return nil, fieldErr(at+".targets", "every weight of alias %q is 0", a.Name)
+			return nil, fielderr.New(at+".targets", "every weight of alias %q is 0", a.Name)
 		}
 		t.byName[a.Name] = al
 		t.list = append(t.list, al)

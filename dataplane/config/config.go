@@ -3,6 +3,7 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
+	"github.com/fastroute/fastroute/internal/fielderr"
 	"github.com/fastroute/fastroute/pickers"
 	"gopkg.in/yaml.v3"
 )
@@ -546,17 +548,12 @@ func (c *Config) Validate() error {
 	case iv > 0 && iv < 100*time.Millisecond:
 		return keyErr("api_keys_share_interval", "%v is below 100ms (two etcd requests a replica each time)", iv)
 	}
-	if _, err := aliases.New(c.ModelAliases); err != nil {
-		var ae *aliases.Error
-		if errors.As(err, &ae) {
-			return keyErr(ae.Field, "%s", ae.Reason)
-		}
-		return err
-	}
-	if _, err := mirrors.New(c.ModelMirrors); err != nil {
-		var me *mirrors.Error
-		if errors.As(err, &me) {
-			return keyErr(me.Field, "%s", me.Reason)
+	_, aerr := aliases.New(c.ModelAliases)
+	_, merr := mirrors.New(c.ModelMirrors)
+	if err := cmp.Or(aerr, merr); err != nil {
+		var fe *fielderr.Error
+		if errors.As(err, &fe) {
+			return keyErr(fe.Field, "%s", fe.Reason)
 		}
 		return err
 	}

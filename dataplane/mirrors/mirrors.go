@@ -13,6 +13,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync/atomic"
+
+	"github.com/fastroute/fastroute/internal/fielderr"
 )
 
 // Mirror copies Percent of the requests routed as Model to the workers
@@ -64,18 +66,8 @@ type Rule struct {
 	outcomes    [NumOutcomes]atomic.Uint64
 }
 
-// Error is what is wrong with a mirror list: the field
-// (model_mirrors[1].percent) and why.
-type Error struct{ Field, Reason string }
-
-func (e *Error) Error() string { return e.Field + ": " + e.Reason }
-
-func fieldErr(field, format string, args ...any) error {
-	return &Error{Field: field, Reason: fmt.Sprintf(format, args...)}
-}
-
 // New checks list and returns its table (nil for an empty list). Its
-// errors are *Error.
+// errors are *fielderr.Error.
 func New(list []Mirror) (*Table, error) {
 	if len(list) == 0 {
 		return nil, nil
@@ -85,17 +77,17 @@ func New(list []Mirror) (*Table, error) {
 		at := fmt.Sprintf("model_mirrors[%d]", i)
 		switch {
 		case m.Model == "":
-			return nil, fieldErr(at+".model", "empty")
+			return nil, fielderr.New(at+".model", "empty")
 		case t.byModel[m.Model] != nil:
-			return nil, fieldErr(at+".model", "%q is mirrored already", m.Model)
+			return nil, fielderr.New(at+".model", "%q is mirrored already", m.Model)
 		case m.To == "":
-			return nil, fieldErr(at+".to", "empty")
+			return nil, fielderr.New(at+".to", "empty")
 		case m.To == m.Model:
-			return nil, fieldErr(at+".to", "%q is the model mirrored: its copies would go to the workers its requests go to", m.To)
+			return nil, fielderr.New(at+".to", "%q is the model mirrored: its copies would go to the workers its requests go to", m.To)
 		case !(m.Percent > 0 && m.Percent <= 100): // NaN too
-			return nil, fieldErr(at+".percent", "%v is not above 0 and at most 100", m.Percent)
+			return nil, fielderr.New(at+".percent", "%v is not above 0 and at most 100", m.Percent)
 		case m.MaxInflight < 0:
-			return nil, fieldErr(at+".max_inflight", "%d is negative", m.MaxInflight)
+			return nil, fielderr.New(at+".max_inflight", "%d is negative", m.MaxInflight)
 		}
 		quoted, _ := json.Marshal(m.To) // a string always marshals
 		r := &Rule{model: m.Model, to: m.To, quoted: quoted, percent: m.Percent, maxInflight: int64(m.MaxInflight)}
