@@ -261,8 +261,9 @@ func TestDeclaredModelsRouteBeforeAnyListing(t *testing.T) {
 	assert.False(t, reg.Snapshot().Lists([]byte("qwen-alias")), "its one worker is not routable")
 
 	anyModel := NewRegistry()
-	_, err := anyModel.Add(WorkerSpec{ID: 1, URL: "http://127.0.0.1:9001"})
+	_, err := anyModel.Add(WorkerSpec{ID: 1, URL: "http://127.0.0.1:9001", LoRAs: []string{"sql-lora"}})
 	require.NoError(t, err)
+	assert.True(t, anyModel.Snapshot().Lists([]byte("sql-lora")), "an adapter its worker holds")
 	assert.True(t, anyModel.Snapshot().Serves([]byte("mistral")), "a worker that names no model may serve any")
 	assert.False(t, anyModel.Snapshot().Lists([]byte("mistral")), "but it lists none")
 }

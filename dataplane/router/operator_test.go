@@ -17,6 +17,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -357,6 +358,15 @@ func TestAccessLog(t *testing.T) {
 	readAll(t, g.post("/v1/chat/completions", "[]"))
 	assert.Equal(t, 1, strings.Count(errs.String(), "log=access"), "only the error: %s", errs.String())
 	assert.Contains(t, errs.String(), "status=400")
+
+	var mirrored syncBuffer
+	h := startFleetLog(t, mocks(1, 1, 0), func(c *config.Config) {
+		c.Log.Access = "all"
+		c.ModelMirrors = []mirrors.Mirror{{Model: "mock-model", To: "mock-model-next", Percent: 100}}
+	}, &mirrored)
+	readAll(t, h.post("/v1/chat/completions", chatBody))
+	assert.Regexp(t, `status=200 outcome=ok .* model=mock-model .* mirrored_to=mock-model-next\n`, mirrored.String(),
+		"a request copied names the shadow model its copy went to")
 }
 
 // stallMidStream sends the headers and one event, then goes silent.

@@ -20,6 +20,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
+	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 )
@@ -86,7 +87,8 @@ type exchange struct {
 	sent       time.Duration // when the request left for its (decode) worker, since start: its last try's
 	// model: the metrics of the model the request is routed as, once known
 	// (Server.forward); nil before.
-	model *modelStats
+	model  *modelStats
+	copied *mirrors.Rule // the mirror a copy of the request went by (mirror); nil: none
 
 	// Its place in the retry budget's counts: among the requests holding a
 	// worker (holdWorker), and among those on a retry (mayRetry).
@@ -125,7 +127,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done = false, nil, false
 	ex.sse, ex.tail, ex.bodyDone, ex.client, ex.created = false, nil, false, hangup.Conn{}, false
-	ex.timed, ex.firstToken, ex.sent, ex.alias, ex.model = false, 0, 0, ex.alias[:0], nil
+	ex.timed, ex.firstToken, ex.sent, ex.alias, ex.model, ex.copied = false, 0, 0, ex.alias[:0], nil, nil
 	ex.watch.Store(0)
 	ex.stop.Store(0)
 	ex.split, ex.decoding, ex.body = false, false, nil
@@ -1010,10 +1012,14 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 		slog.Float64("first_byte_ms", float64(ex.firstByte.Microseconds())/1000),
 		slog.Float64("total_ms", float64(total.Microseconds())/1000), slog.Int64("bytes", ex.bytes),
 		slog.String("model", string(ex.req.Model)), slog.String("client", ex.peer.String()),
-		slog.String("request_id", string(id)), {}, {}, {}, {}, {}}
-	n := len(attrs) - 5
+		slog.String("request_id", string(id)), {}, {}, {}, {}, {}, {}}
+	n := len(attrs) - 6
 	if len(ex.alias) > 0 { // the model the client named, whose target model is
 		attrs[n] = slog.String("alias", string(ex.alias))
+		n++
+	}
+	if ex.copied != nil { // a copy went to the mirror's shadow model
+		attrs[n] = slog.String("mirrored_to", ex.copied.To())
 		n++
 	}
 	if ex.firstToken > 0 {

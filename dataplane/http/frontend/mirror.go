@@ -69,6 +69,7 @@ func (ex *exchange) mirror(ctx *fasthttp.RequestCtx, t *mirrors.Table) {
 	c.uri = append(c.uri[:0], ctx.RequestURI()...)
 	c.body = append(append(append(c.body[:0], body[:start]...), r.Quoted()...), body[end:]...)
 	s.copying.Store(c, struct{}{})
+	ex.copied = r
 	go s.sendCopy(c)
 }
 
