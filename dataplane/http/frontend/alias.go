@@ -37,10 +37,6 @@ func writeAliasMetrics(w *metrics.Writer, t *aliases.Table) {
 // through now (nil: none).
 func (s *Server) Aliases() *aliases.Table { return s.aliases.Load() }
 
-// aliasBodyKept bounds the buffer of a rewritten body an exchange keeps
-// for its next request: a larger one is let go.
-const aliasBodyKept = 64 << 10
-
 // applyAlias sends a request whose model is an alias to one of its
 // targets (aliases.Table.Resolve): the model routing reads becomes the
 // target's, and so does the body's model field, rewritten into the
@@ -56,17 +52,12 @@ func (ex *exchange) applyAlias(ctx *fasthttp.RequestCtx) bool {
 	if !ok {
 		return true
 	}
-	body := ctx.PostBody()
-	start, end, found := memberSpan(body, "model")
-	if !found {
+	var found bool
+	if ex.aliased, found = withModel(ex.aliased, ctx.PostBody(), quoted); !found {
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error",
 			"model "+strconv.Quote(string(ex.req.Model))+" is an alias, which only a JSON body may name")
 		return false
 	}
-	if cap(ex.aliased) > aliasBodyKept {
-		ex.aliased = nil
-	}
-	ex.aliased = append(append(append(ex.aliased[:0], body[:start]...), quoted...), body[end:]...)
 	ctx.Request.SetBodyRaw(ex.aliased)
 	if ex.s.access != nil {
 		ex.alias = append(ex.alias[:0], ex.req.Model...)

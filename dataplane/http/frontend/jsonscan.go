@@ -21,6 +21,26 @@ func escaped(data []byte, i int) bool {
 	return n%2 == 1
 }
 
+// rewrittenBodyKept bounds the buffer of a rewritten body (withModel)
+// kept for its next use, an exchange's or a pooled copy's: a larger one is
+// let go.
+const rewrittenBodyKept = 64 << 10
+
+// withModel writes the JSON object body into buf, its top-level model
+// field's value replaced by quoted (a JSON string, quotes included), the
+// rest byte for byte. False: body names no model so (a form, say), and buf
+// is returned as it was. A buf grown past rewrittenBodyKept is let go.
+func withModel(buf, body, quoted []byte) ([]byte, bool) {
+	start, end, found := memberSpan(body, "model")
+	if !found {
+		return buf, false
+	}
+	if cap(buf) > rewrittenBodyKept {
+		buf = nil
+	}
+	return append(append(append(buf[:0], body[:start]...), quoted...), body[end:]...), true
+}
+
 // memberSpan returns where the value of the top-level member name of the
 // JSON object body lies: body[start:end], a string's quotes included (of
 // the last such member, its name escaped or not; onlyMember lets only

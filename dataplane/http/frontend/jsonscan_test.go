@@ -77,7 +77,10 @@ func FuzzTheModelFieldIsRewritten(f *testing.F) {
 		if err != nil || string(got.MarshalTo(nil)) != string(m.MarshalTo(nil)) {
 			t.Fatalf("%q: found %q, the field is %s", body, body[start:end], m.MarshalTo(nil))
 		}
-		rewritten := append(append(append([]byte(nil), body[:start]...), `"target"`...), body[end:]...)
+		rewritten, ok := withModel(nil, body, []byte(`"target"`))
+		if !ok {
+			t.Fatalf("withModel found no model field in %q", body)
+		}
 		w, err := fastjson.ParseBytes(rewritten)
 		if err != nil {
 			t.Fatalf("%q rewritten is no JSON: %q: %v", body, rewritten, err)

@@ -36,9 +36,6 @@ type mirrorCopy struct {
 // copy may have the same.
 const copyToken = 1
 
-// copyBodyKept bounds the body buffer a pooled copy keeps.
-const copyBodyKept = 64 << 10
-
 // mirror copies the exchange's request to the shadow model of its model's
 // mirror when the draw says so (mirrors.Table.Draw): the body's model is
 // rewritten, and the copy goes from a goroutine of its own while the
@@ -55,19 +52,18 @@ func (ex *exchange) mirror(ctx *fasthttp.RequestCtx, t *mirrors.Table) {
 	if r == nil {
 		return
 	}
-	body := ctx.PostBody()
-	start, end, found := memberSpan(body, "model")
-	if !found { // a form: its model is not rewritten
+	c := s.copies.Get().(*mirrorCopy)
+	var found bool
+	if c.body, found = withModel(c.body, ctx.PostBody(), r.Quoted()); !found { // a form: its model is not rewritten
+		s.copies.Put(c)
 		r.Done(mirrors.Skipped)
 		return
 	}
-	c := s.copies.Get().(*mirrorCopy)
 	c.rule = r
 	c.stop.Store(0)
 	c.own.Reset()
 	ctx.Request.Header.CopyTo(&c.own.Header) // without the client's API key (authenticate)
 	c.uri = append(c.uri[:0], ctx.RequestURI()...)
-	c.body = append(append(append(c.body[:0], body[:start]...), r.Quoted()...), body[end:]...)
 	s.copying.Store(c, struct{}{})
 	ex.copied = r
 	go s.sendCopy(c)
@@ -78,7 +74,7 @@ func (s *Server) sendCopy(c *mirrorCopy) {
 	c.rule.Done(s.runCopy(c))
 	c.rule = nil
 	s.copying.Delete(c)
-	if cap(c.body) > copyBodyKept {
+	if cap(c.body) > rewrittenBodyKept {
 		c.body = nil
 	}
 	s.copies.Put(c)
