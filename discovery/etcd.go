@@ -48,6 +48,18 @@ type Options struct {
 	Logger                    *slog.Logger
 }
 
+// withDefaults fills in the options left empty: the prefix /fastroute,
+// the default logger.
+func (o Options) withDefaults() Options {
+	if o.Prefix == "" {
+		o.Prefix = "/fastroute"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
 // WorkersKey is the key prefix of the workers under prefix.
 func WorkersKey(prefix string) string { return root(prefix) + "workers/" }
 
@@ -137,12 +149,7 @@ const reconnectMax = time.Second
 // Watch lists and watches the workers under o.Prefix until Close. It
 // returns at once; the first list runs in the background (Up reports it).
 func Watch(o Options, target Target) (*Watcher, error) {
-	if o.Prefix == "" {
-		o.Prefix = "/fastroute"
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
+	o = o.withDefaults()
 	cli, err := client(o)
 	if err != nil {
 		return nil, err

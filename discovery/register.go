@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"strconv"
 	"time"
@@ -61,9 +60,7 @@ func registerRouter(ctx context.Context, o Options, adminURL string, ttl time.Du
 // register puts value under keyOf(prefix)+name on a lease of ttl and keeps
 // the lease alive until Close; it gives up when parent ends.
 func register(parent context.Context, o Options, keyOf func(prefix string) string, name string, value []byte, ttl time.Duration) (*Registration, error) {
-	if o.Prefix == "" {
-		o.Prefix = "/fastroute"
-	}
+	o = o.withDefaults()
 	if ttl < time.Second {
 		return nil, fmt.Errorf("ttl %v: etcd leases last whole seconds, at least 1s", ttl)
 	}
@@ -132,10 +129,8 @@ func (r *Registration) Abandon() error {
 // unreachable) is tried again, and one whose lease is lost (an outage
 // longer than ttl) is made again.
 func KeepRouterRegistered(ctx context.Context, o Options, adminURL string, ttl time.Duration) {
+	o = o.withDefaults()
 	log := o.Logger
-	if log == nil {
-		log = slog.Default()
-	}
 	pause, warned := 100*time.Millisecond, false
 	for ctx.Err() == nil {
 		r, err := registerRouter(ctx, o, adminURL, ttl) // a router that stops does not wait for an etcd that does not answer

@@ -2,7 +2,6 @@ package discovery
 
 import (
 	"context"
-	"log/slog"
 	"math"
 	"time"
 
@@ -20,13 +19,8 @@ func UsageKey(prefix string) string { return root(prefix) + "usage/" }
 // While etcd does not answer, apply is not called: the others' last
 // known usage stays, as the last known workers do.
 func ShareUsage(ctx context.Context, o Options, self string, interval time.Duration, read func() []byte, apply func(others [][]byte)) {
+	o = o.withDefaults()
 	log := o.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	if o.Prefix == "" {
-		o.Prefix = "/fastroute"
-	}
 	cli, err := client(o)
 	if err != nil {
 		log.Warn("usage not shared: etcd client", "err", err)
