@@ -94,12 +94,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 		return err
 	})
 	fs.Func("model-fallback", "a model name clients may ask for and the models it stands for in order, NAME=MODEL[,MODEL...]: its requests go to the first a routable worker serves, the body's model rewritten (repeatable)", func(v string) error {
-		a, err := parseAlias(v)
-		for i := range a.Targets {
-			if a.Targets[i].Weight != 0 && err == nil {
-				err = fmt.Errorf("%q: a fallback's models take no weight: their order says which comes first", v)
-			}
-		}
+		a, err := parseAlias(v) // a weight is refused with the key's name (aliases.New)
 		a.Fallback = true
 		cfg.ModelAliases = append(cfg.ModelAliases, a)
 		return err
