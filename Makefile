@@ -23,9 +23,10 @@ test-nonvml:
 	CGO_ENABLED=0 $(GO) test -tags nonvml -count=1 $(PKGS)
 
 ## bench: the micro-benchmarks of pickers, the selection core, the GPU refresh,
-## the parse of an engine's metrics page and the check of a client's API key.
+## the parse of an engine's metrics page, the check of a client's API key,
+## a model alias's and mirror's draw, and a traced request's span.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/engine ./dataplane/loops/weights ./dataplane/apikeys ./dataplane/aliases ./dataplane/mirrors
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/engine ./dataplane/loops/weights ./dataplane/apikeys ./dataplane/aliases ./dataplane/mirrors ./dataplane/tracing
 
 ## bench-e2e: fastroute, nginx (least_conn), HAProxy (leastconn) and direct,
 ## one after the other, same mock workers and load, five rounds interleaved

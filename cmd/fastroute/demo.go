@@ -19,6 +19,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/router"
+	"github.com/fastroute/fastroute/internal/otlpsink"
 )
 
 //go:embed demo.yaml
@@ -51,6 +52,14 @@ func runDemo(args []string) error {
 		mocks[i] = m
 		spec.URL = m.URL()
 	}
+	// An OpenTelemetry collector's receiver in miniature: every request's
+	// span goes there.
+	sink, err := otlpsink.Start()
+	if err != nil {
+		return err
+	}
+	defer sink.Close()
+	cfg.Tracing.OTLPEndpoint = sink.URL()
 	r, err := router.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		return err
@@ -117,6 +126,11 @@ func runDemo(args []string) error {
 		return fmt.Errorf("model alias: %w", err)
 	}
 	fmt.Println(alias)
+	traced, err := demoTrace(client, base, sink)
+	if err != nil {
+		return fmt.Errorf("tracing: %w", err)
+	}
+	fmt.Println(traced)
 
 	fmt.Println("\nper-worker counts (served by the mock / dispatched by the router / in flight now), weight:")
 	var total int64
@@ -137,7 +151,7 @@ func runDemo(args []string) error {
 			return fmt.Errorf("worker %d still holds %d reservations", w.ID(), w.Occupancy())
 		}
 	}
-	if want := int64(*requests + 1 + stickyRequests + conversationTurns + aliasRequests); total != want {
+	if want := int64(*requests + 1 + stickyRequests + conversationTurns + aliasRequests + 1); total != want { // the last: demoTrace's
 		return fmt.Errorf("workers served %d requests, want %d", total, want)
 	}
 	resp, err := client.Get("http://" + r.AdminAddr() + "/metrics")

@@ -125,6 +125,8 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	})
 	fs.Float64Var(&cfg.Router.RetryBudget.Percent, "retry-budget-percent", cfg.Router.RetryBudget.Percent, "the share of the requests holding a worker that may be on a retry at once, in percent (0: no budget)")
 	fs.IntVar(&cfg.Router.RetryBudget.MinRetries, "retry-budget-min-retries", cfg.Router.RetryBudget.MinRetries, "requests that may be on a retry at once whatever the budget's percent")
+	fs.StringVar(&cfg.Tracing.OTLPEndpoint, "otlp-traces-endpoint", cfg.Tracing.OTLPEndpoint, "an OpenTelemetry collector's OTLP/HTTP traces URL (as http://collector:4318/v1/traces): each sampled request's span goes there, and its traceparent to its worker names it (empty: no tracing)")
+	fs.Float64Var(&cfg.Tracing.SampleRatio, "trace-sample-ratio", cfg.Tracing.SampleRatio, "the share of requests without a sampled traceparent that start a trace, 0 to 1")
 	fs.IntVar(&cfg.Router.Queue.Size, "queue-size", cfg.Router.Queue.Size, "requests that may wait for a busy worker instead of a 429 (0: none)")
 	fs.DurationVar(&cfg.Router.Queue.Timeout, "queue-timeout", cfg.Router.Queue.Timeout, "longest wait in the queue before a 429")
 	fs.Float64Var(&cfg.Router.CPURatio, "cpu-ratio", cfg.Router.CPURatio, "device-aware-weighted: CPU workers take a request only while cpu_inflight < gpu_inflight × cpus / (ratio × gpus) (0: off)")

@@ -18,6 +18,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/router"
+	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -138,6 +139,19 @@ func TestRetryBudgetFlags(t *testing.T) {
 	assert.Equal(t, config.RetryBudget{Percent: 20, MinRetries: 5}, cfg.Router.RetryBudget)
 	_, err = loadServeConfig([]string{"--retry-budget-percent", "-1"})
 	assert.ErrorContains(t, err, "router.retry_budget.percent")
+}
+
+func TestTracingFlags(t *testing.T) {
+	cfg, err := loadServeConfig(nil)
+	require.NoError(t, err)
+	assert.Equal(t, tracing.Config{SampleRatio: 1, ServiceName: "fastroute"}, cfg.Tracing, "off by default")
+	cfg, err = loadServeConfig([]string{"--otlp-traces-endpoint", "http://collector:4318", "--trace-sample-ratio", "0.05"})
+	require.NoError(t, err)
+	assert.Equal(t, tracing.Config{OTLPEndpoint: "http://collector:4318", SampleRatio: 0.05, ServiceName: "fastroute"}, cfg.Tracing)
+	_, err = loadServeConfig([]string{"--otlp-traces-endpoint", "collector:4317"})
+	assert.ErrorContains(t, err, "tracing.otlp_endpoint")
+	_, err = loadServeConfig([]string{"--trace-sample-ratio", "-1"})
+	assert.ErrorContains(t, err, "tracing.sample_ratio")
 }
 
 func TestModelMirrorFlags(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
+	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/fastroute/fastroute/internal/fielderr"
 	"github.com/fastroute/fastroute/pickers"
 	"gopkg.in/yaml.v3"
@@ -88,6 +89,9 @@ type Config struct {
 	Discovery Discovery `yaml:"discovery"`
 	// TLS has clients speak TLS to the front end.
 	TLS TLS `yaml:"tls"`
+	// Tracing exports a span of each sampled request to an OpenTelemetry
+	// collector (OTLP/HTTP), its traceparent sent on to the worker.
+	Tracing tracing.Config `yaml:"tracing"`
 }
 
 // TLS serves the front end over TLS (HTTP/1.1 inside) when both files
@@ -336,6 +340,7 @@ func Default() Config {
 		Health: Health{Interval: 2 * time.Second, Path: "/health", UnhealthyAfter: 3,
 			EjectAfter: 5, EjectTime: 5 * time.Second, EjectMax: 5 * time.Minute},
 		Discovery: Discovery{Etcd: Etcd{Prefix: "/fastroute", DialTimeout: 2 * time.Second}},
+		Tracing:   tracing.Config{SampleRatio: 1, ServiceName: "fastroute"},
 		Limits: Limits{
 			MaxBodyBytes: 16 << 20, MaxHeaderBytes: 64 << 10, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
 			IdleTimeout: 2 * time.Minute, ConnectTimeout: 2 * time.Second,
@@ -561,6 +566,9 @@ func (c *Config) Validate() error {
 		if slices.ContainsFunc(c.ModelAliases, func(a aliases.Alias) bool { return a.Name == m.Model }) {
 			return keyErr(fmt.Sprintf("model_mirrors[%d].model", i), "%q is a model alias: requests are mirrored by the model they are routed as, so name its targets", m.Model)
 		}
+	}
+	if key, err := c.Tracing.Check(); err != nil {
+		return keyErr("tracing."+key, "%v", err)
 	}
 	if c.ShutdownTimeout <= 0 {
 		return keyErr("shutdown_timeout", "%v must be positive", c.ShutdownTimeout)

@@ -26,6 +26,8 @@ type seen struct {
 	requestID string
 	path      string
 	keys      string // the Authorization and x-api-key headers, "|" between
+	// traceparent is the header as it came, "" when none did.
+	traceparent string
 }
 
 // standIn is a stand-in for one engine over loopback: it records what it
@@ -54,7 +56,7 @@ func startEngine(t *testing.T, answer func(w http.ResponseWriter, r *http.Reques
 		_ = json.Unmarshal(b, &body)
 		e.mu.Lock()
 		e.got = append(e.got, seen{body: body, requestID: r.Header.Get("X-Request-Id"), path: r.URL.Path,
-			keys: r.Header.Get("Authorization") + "|" + r.Header.Get("X-Api-Key")})
+			keys: r.Header.Get("Authorization") + "|" + r.Header.Get("X-Api-Key"), traceparent: r.Header.Get("traceparent")})
 		e.mu.Unlock()
 		e.answer(w, r, body)
 	}))

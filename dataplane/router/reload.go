@@ -51,6 +51,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	// Prefix affinity's slack and peers apply unless another of its keys
 	// changed too: that one waits for a restart, and the whole key with it.
+	// Tracing's sample ratio applies unless its endpoint or service
+	// changed too.
+	tracingApplies := old.Tracing.OTLPEndpoint == cfg.Tracing.OTLPEndpoint && old.Tracing.ServiceName == cfg.Tracing.ServiceName
 	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
@@ -70,6 +73,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": old.Health == cfg.Health,
 		"limits": old.Limits == cfg.Limits, "routes": slices.Equal(old.Routes, cfg.Routes), "log": old.Log == cfg.Log,
 		"cors_allowed_origins": slices.Equal(old.CORSAllowedOrigins, cfg.CORSAllowedOrigins),
+		"tracing":              tracingApplies,
 	} {
 		if !same {
 			needRestart = append(needRestart, key)
@@ -101,6 +105,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			r.PrefixShare.SetStatic(pa.Peers)
 			applied = append(applied, fmt.Sprintf("router.prefix_affinity.peers=%v", pa.Peers))
 		}
+	}
+	if tracingApplies && r.Tracer != nil && cfg.Tracing.SampleRatio != old.Tracing.SampleRatio {
+		r.Tracer.SetSampleRatio(cfg.Tracing.SampleRatio)
+		applied = append(applied, fmt.Sprintf("tracing.sample_ratio=%g", cfg.Tracing.SampleRatio))
 	}
 	if !reflect.DeepEqual(cfg.ModelAliases, old.ModelAliases) {
 		t, err := aliases.New(cfg.ModelAliases)
@@ -143,6 +151,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next.ModelAliases, next.ModelMirrors = cfg.ModelAliases, cfg.ModelMirrors
 	if reread != nil {
 		next.TLS = cfg.TLS
+	}
+	if tracingApplies {
+		next.Tracing = cfg.Tracing
 	}
 	r.Config = next
 	r.log.Info("config reloaded", "applied", applied, "need_restart", needRestart)

@@ -26,6 +26,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/loops/weights"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
+	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/fastroute/fastroute/discovery"
 	"github.com/fastroute/fastroute/telemetry/cpu"
 	"github.com/fastroute/fastroute/telemetry/engine"
@@ -60,6 +61,9 @@ type Router struct {
 	APIKeys apikeys.Keys
 	// Discovery is nil unless discovery.etcd names endpoints.
 	Discovery *discovery.Watcher
+	// Tracer exports the sampled requests' spans; nil unless
+	// tracing.otlp_endpoint is set.
+	Tracer *tracing.Tracer
 
 	log           *slog.Logger
 	prefixLearned atomic.Uint64 // prefix records taken from peer replicas
@@ -148,6 +152,13 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if err != nil {
 		return nil, err // Validate checked them: not reached
 	}
+	if cfg.Tracing.On() {
+		if r.Tracer, err = tracing.New(cfg.Tracing, tracing.Options{Logger: log}); err != nil {
+			return nil, err // Validate checked it: not reached
+		}
+		fo.Tracer = r.Tracer
+		r.Metrics.Register(r.Tracer.Collector())
+	}
 	if cfg.Log.Access != "off" {
 		fo.AccessLog, fo.AccessErrorsOnly = log.With("log", "access"), cfg.Log.Access == "errors"
 	}
@@ -218,6 +229,9 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	r.keepRegistered(ctx, log)
 	r.shareKeyUsage(ctx, log)
+	if r.Tracer != nil {
+		r.Tracer.Start()
+	}
 	log.Info("fastroute started", "listen", r.Addr(), "admin", r.AdminAddr(),
 		"mode", cfg.Router.Mode, "workers", len(cfg.Workers), "max_connections", r.Frontend.MaxConnections())
 	return r, nil
@@ -257,6 +271,9 @@ func (r *Router) Addr() string { return r.ln.Addr().String() }
 // AdminAddr returns the admin listener's address.
 func (r *Router) AdminAddr() string { return r.adminLn.Addr().String() }
 
+// spanFlushTimeout bounds the export of the spans still queued at Close.
+const spanFlushTimeout = 5 * time.Second
+
 // Close stops the health loop and both listeners, waiting for open
 // requests up to shutdown_timeout and cutting those still open then.
 func (r *Router) Close() error {
@@ -270,6 +287,12 @@ func (r *Router) Close() error {
 	defer cancel()
 	err := r.Frontend.Shutdown(ctx)
 	_ = r.ln.Close() // in case Serve had not yet taken the listener
+	if r.Tracer != nil {
+		// The spans still queued, the drained requests' among them.
+		flush, cancel := context.WithTimeout(context.Background(), spanFlushTimeout)
+		defer cancel()
+		r.Tracer.Close(flush)
+	}
 	if aerr := r.admin.Close(); aerr != nil && !errors.Is(aerr, http.ErrServerClosed) {
 		err = errors.Join(err, aerr)
 	}

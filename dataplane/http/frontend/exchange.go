@@ -3,6 +3,7 @@ package frontend
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
+	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 )
@@ -90,6 +92,12 @@ type exchange struct {
 	model  *modelStats
 	copied *mirrors.Rule // the mirror a copy of the request went by (mirror); nil: none
 
+	// The request's span while it is traced (traceRequest), and the
+	// traceparent it went on with.
+	traced      bool
+	span        tracing.Span
+	traceparent []byte
+
 	// Its place in the retry budget's counts: among the requests holding a
 	// worker (holdWorker), and among those on a retry (mayRetry).
 	inBudget, onRetry bool
@@ -142,6 +150,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 		ex.requestID = append(ex.requestID[:0], ctx.Request.Header.Peek(headerRequestID)...)
 		ex.peer = ctx.RemoteAddr()
 	}
+	ex.traceRequest(ctx, start)
 }
 
 // pick selects and reserves the request's worker, both of a split
@@ -891,6 +900,7 @@ func (ex *exchange) settle(o outcome) bool {
 		ex.observeTokenPace(total)
 	}
 	ex.logAccess(o, total)
+	ex.endSpan(o, total)
 	ex.releaseClient()
 	return true
 }
@@ -974,6 +984,7 @@ func (ex *exchange) end(o outcome, status int) {
 	total := time.Since(ex.start)
 	ex.countModel(o, total)
 	ex.logAccess(o, total)
+	ex.endSpan(o, total)
 	ex.releaseClient()
 	ex.s.exchanges.Put(ex)
 }
@@ -1012,14 +1023,18 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 		slog.Float64("first_byte_ms", float64(ex.firstByte.Microseconds())/1000),
 		slog.Float64("total_ms", float64(total.Microseconds())/1000), slog.Int64("bytes", ex.bytes),
 		slog.String("model", string(ex.req.Model)), slog.String("client", ex.peer.String()),
-		slog.String("request_id", string(id)), {}, {}, {}, {}, {}, {}}
-	n := len(attrs) - 6
+		slog.String("request_id", string(id)), {}, {}, {}, {}, {}, {}, {}}
+	n := len(attrs) - 7
 	if len(ex.alias) > 0 { // the model the client named, whose target model is
 		attrs[n] = slog.String("alias", string(ex.alias))
 		n++
 	}
 	if ex.copied != nil { // a copy went to the mirror's shadow model
 		attrs[n] = slog.String("mirrored_to", ex.copied.To())
+		n++
+	}
+	if ex.traced { // the trace the router's span is in
+		attrs[n] = slog.String("trace_id", hex.EncodeToString(ex.span.Trace[:]))
 		n++
 	}
 	if ex.firstToken > 0 {

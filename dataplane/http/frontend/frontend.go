@@ -27,6 +27,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
+	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -94,6 +95,10 @@ type Options struct {
 	// is at most AnswerBufferBytes; the last worker's answer goes to the
 	// client as it is.
 	RetryStatuses []int
+	// Tracer, when set, traces the requests it samples: each gets the
+	// router's span, whose id its worker sees as the traceparent's parent
+	// (traceRequest); nil: traceparent headers pass untouched.
+	Tracer *tracing.Tracer
 }
 
 // Server is the request front end.

@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"bytes"
+	"context"
 	"net"
 	"runtime"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
+	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/stretchr/testify/require"
 )
 
@@ -124,6 +126,16 @@ func TestAProxiedRequestAllocatesOnlyFasthttpsFirstByte(t *testing.T) {
 	require.NoError(t, err)
 	mirror, err := mirrors.New([]mirrors.Mirror{{Model: "other-model", To: "other-model-next", Percent: 100}})
 	require.NoError(t, err)
+	// A tracer whose export never starts: its queue (8192) takes every
+	// span of a case's 2,200 requests.
+	tracer := func() *tracing.Tracer {
+		tr, err := tracing.New(tracing.Config{OTLPEndpoint: "http://127.0.0.1:1", SampleRatio: 1, ServiceName: "t"}, tracing.Options{})
+		require.NoError(t, err)
+		return tr
+	}
+	traced := strings.Replace(roundTripRequest, "Host: router\r\n",
+		"Host: router\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n", 1)
+	tracers := []*tracing.Tracer{tracer(), tracer()}
 	for _, tc := range []struct {
 		name    string
 		opts    Options
@@ -140,6 +152,11 @@ func TestAProxiedRequestAllocatesOnlyFasthttpsFirstByte(t *testing.T) {
 		{"with a model alias", Options{}, roundTripRequest, alias, nil},
 		// Another model is mirrored: the request's model looked up.
 		{"with a mirror of another model", Options{}, roundTripRequest, nil, mirror},
+		// Traced: a span begun in the client's trace, the traceparent
+		// sent on rewritten, the span queued at the end.
+		{"traced in the client's trace", Options{Tracer: tracers[0]}, traced, nil, nil},
+		// Traced in a trace of its own (sample ratio 1).
+		{"traced in a new trace", Options{Tracer: tracers[1]}, roundTripRequest, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := newRoundTripper(t, tc.opts)
@@ -165,6 +182,11 @@ func TestAProxiedRequestAllocatesOnlyFasthttpsFirstByte(t *testing.T) {
 	}
 	require.Equal(t, int64(0), keys.Clients()[0].Inflight())
 	require.Equal(t, uint64(2200), keys.Clients()[0].Admitted())
+	for _, tr := range tracers { // each request's span was queued: its export to no collector fails them all
+		tr.Close(context.Background())
+		exported, dropped, failed := tr.Counts()
+		require.Equal(t, [3]uint64{0, 0, 2200}, [3]uint64{exported, dropped, failed})
+	}
 }
 
 // BenchmarkProxiedRequest is one round trip of a non-streaming request

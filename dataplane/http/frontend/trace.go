@@ -1,0 +1,81 @@
+package frontend
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane/tracing"
+	"github.com/valyala/fasthttp"
+)
+
+// spanNames are the spans' names of POSTs to each route, as
+// OpenTelemetry's HTTP conventions name server spans ("METHOD route"; the
+// method alone where no route is named).
+var spanNames = func() (names [numRoutes]string) {
+	for rt := range numRoutes {
+		names[rt] = http.MethodPost
+		if rt != routeOther {
+			names[rt] += " " + routeNames[rt]
+		}
+	}
+	return names
+}()
+
+// traceRequest decides whether the request is traced (Options.Tracer) and,
+// if so, starts its span and sends it on with the span's traceparent in
+// place of the client's: its worker's span (an engine's, a mirror's
+// copy's, both legs' of a split request) is then the router's child.
+func (ex *exchange) traceRequest(ctx *fasthttp.RequestCtx, start time.Time) {
+	t := ex.s.opts.Tracer
+	ex.traced = t != nil && t.Begin(&ex.span, ctx.Request.Header.Peek(tracing.Header), start)
+	if !ex.traced {
+		return
+	}
+	sp := &ex.span
+	sp.Method = methodName(ctx.Method())
+	sp.Name = sp.Method
+	if ctx.IsPost() {
+		sp.Name = spanNames[ex.rt]
+		if ex.rt != routeOther {
+			sp.Route = routeNames[ex.rt]
+		}
+	}
+	ex.traceparent = sp.Context.Append(ex.traceparent[:0])
+	ctx.Request.Header.SetBytesV(tracing.Header, ex.traceparent)
+}
+
+// methodName is the method as OpenTelemetry's HTTP conventions record
+// it: one of the methods the router proxies, or _OTHER.
+func methodName(m []byte) string {
+	switch string(m) {
+	case http.MethodPost:
+		return http.MethodPost
+	case http.MethodGet:
+		return http.MethodGet
+	case http.MethodDelete:
+		return http.MethodDelete
+	}
+	return "_OTHER"
+}
+
+// endSpan ends a traced request's span with its outcome o after total,
+// and queues it for export.
+func (ex *exchange) endSpan(o outcome, total time.Duration) {
+	if !ex.traced {
+		return
+	}
+	sp := &ex.span
+	sp.Duration, sp.Status, sp.Outcome, sp.Error = total, ex.status, outcomeNames[o], ex.status >= 500
+	if ex.picked {
+		sp.Worker = ex.res.Worker().ID()
+		if o != outcomeQuery {
+			sp.Attempts = ex.req.Attempts() + 1
+		}
+	}
+	sp.Stream, sp.Sent, sp.FirstByte, sp.FirstToken = ex.stream, ex.sent, ex.firstByte, ex.firstToken
+	if ex.metered {
+		sp.InputTokens, sp.OutputTokens = ex.usage.charged()
+	}
+	sp.SetModel(ex.req.Model)
+	ex.s.opts.Tracer.End(sp)
+}

@@ -1,0 +1,172 @@
+package router
+
+import (
+	"encoding/hex"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/tracing"
+	"github.com/fastroute/fastroute/internal/otlpsink"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+)
+
+// traceEngine answers as an engine: a stream for a stream request, a
+// short chat completion otherwise.
+func traceEngine(w http.ResponseWriter, r *http.Request, body map[string]any) {
+	if body["stream"] == true {
+		sseDecode(w, r, body)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}`)
+}
+
+// With tracing on, a request the client traces (a sampled traceparent)
+// reaches its worker as the child of the router's span, which the
+// collector gets with the request's route, model, worker, status and
+// steps; a request without a traceparent starts a trace at the sample
+// ratio; an unsampled traceparent passes untouched and no span is made; a
+// refused request's span says so. The access log names each traced
+// request's trace. A reload applies a new ratio; Close sends the spans
+// still queued.
+func TestTracedRequestsReachTheCollector(t *testing.T) {
+	sink, err := otlpsink.Start()
+	require.NoError(t, err)
+	defer sink.Close()
+	engine := startEngine(t, traceEngine)
+	logs := &syncBuffer{}
+	f := startFleetLog(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: engine.URL}}
+		c.Tracing = tracing.Config{OTLPEndpoint: sink.URL(), SampleRatio: 1, ServiceName: "router-test"}
+		c.Log.Access = "all"
+	}, logs)
+	const clientTrace, clientSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	spanOf := func(trace string) otlpsink.Span {
+		t.Helper()
+		var found otlpsink.Span
+		require.Eventually(t, func() bool {
+			for _, s := range sink.Spans() {
+				if hex.EncodeToString(s.TraceId) == trace {
+					found = s
+					return true
+				}
+			}
+			return false
+		}, 5*time.Second, 5*time.Millisecond, "the span of trace %s reaches the collector", trace)
+		return found
+	}
+	sentOn := func(i int) tracing.Context {
+		t.Helper()
+		got := engine.received()
+		require.Greater(t, len(got), i)
+		c, ok := tracing.Parse([]byte(got[i].traceparent))
+		require.True(t, ok, "the worker gets a valid traceparent: %q", got[i].traceparent)
+		return c
+	}
+
+	// The client's trace.
+	code, worker, text := f.do("POST", "/v1/chat/completions", chatBody, "traceparent", "00-"+clientTrace+"-"+clientSpan+"-01")
+	require.Equal(t, http.StatusOK, code, text)
+	assert.Equal(t, "1", worker)
+	c := sentOn(0)
+	assert.Equal(t, clientTrace, hex.EncodeToString(c.Trace[:]), "in the client's trace")
+	assert.NotEqual(t, clientSpan, hex.EncodeToString(c.Span[:]), "the worker's parent is the router's span")
+	assert.True(t, c.Sampled)
+	s := spanOf(clientTrace)
+	assert.Equal(t, c.Span[:], s.SpanId, "the span the worker's traceparent names")
+	assert.Equal(t, clientSpan, hex.EncodeToString(s.ParentSpanId))
+	assert.Equal(t, "router-test", s.Service)
+	assert.Equal(t, "POST /v1/chat/completions", s.Name)
+	assert.Equal(t, tracepb.Span_SPAN_KIND_SERVER, s.Kind)
+	for key, want := range map[string]any{
+		"http.request.method": "POST", "http.route": "/v1/chat/completions", "http.response.status_code": int64(200),
+		"gen_ai.request.model": "mock-model", "fastroute.outcome": "ok", "fastroute.worker.id": int64(1),
+		"fastroute.attempts": int64(1), "fastroute.stream": false,
+	} {
+		assert.Equal(t, want, s.Attr(key), key)
+	}
+	var events []string
+	for _, e := range s.Events {
+		events = append(events, e.Name)
+		assert.GreaterOrEqual(t, e.TimeUnixNano, s.StartTimeUnixNano)
+		assert.LessOrEqual(t, e.TimeUnixNano, s.EndTimeUnixNano)
+	}
+	assert.Equal(t, []string{"sent_to_worker", "first_byte"}, events)
+	assert.Nil(t, s.Status)
+
+	// A stream without a traceparent: a trace of its own.
+	resp, text := f.send("POST", "/v1/chat/completions", streamBody)
+	require.Equal(t, http.StatusOK, resp.StatusCode, text)
+	require.Contains(t, text, "[DONE]")
+	c = sentOn(1)
+	s = spanOf(hex.EncodeToString(c.Trace[:]))
+	assert.Equal(t, c.Span[:], s.SpanId)
+	assert.Empty(t, s.ParentSpanId, "the trace starts at the router")
+	assert.Equal(t, true, s.Attr("fastroute.stream"))
+	events = events[:0]
+	for _, e := range s.Events {
+		events = append(events, e.Name)
+	}
+	assert.Equal(t, []string{"sent_to_worker", "first_byte", "first_token"}, events)
+	streamTrace := hex.EncodeToString(c.Trace[:])
+
+	// An unsampled traceparent passes as it came, and makes no span.
+	unsampled := "00-" + strings.Repeat("ab", 16) + "-" + clientSpan + "-00"
+	code, _, _ = f.do("POST", "/v1/chat/completions", chatBody, "traceparent", unsampled)
+	require.Equal(t, http.StatusOK, code)
+	assert.Equal(t, unsampled, engine.received()[2].traceparent)
+
+	// A refused request is traced too.
+	badTrace := strings.Repeat("cd", 16)
+	code, _, _ = f.do("POST", "/v1/chat/completions", `{"model":`, "traceparent", "00-"+badTrace+"-"+clientSpan+"-01")
+	require.Equal(t, http.StatusBadRequest, code)
+	s = spanOf(badTrace)
+	assert.Equal(t, int64(400), s.Attr("http.response.status_code"))
+	assert.Equal(t, "invalid", s.Attr("fastroute.outcome"))
+	assert.Nil(t, s.Attr("fastroute.worker.id"), "no worker picked")
+	assert.Nil(t, s.Status, "a client's error is not the server's")
+	assert.Len(t, engine.received(), 3)
+
+	require.Eventually(t, func() bool {
+		return metric(t, f, `fastroute_trace_spans_total{outcome="exported"}`) == "3"
+	}, 5*time.Second, 5*time.Millisecond)
+	assert.Equal(t, "1", metric(t, f, "fastroute_trace_sample_ratio"))
+	log := logs.String()
+	for _, trace := range []string{clientTrace, streamTrace, badTrace} {
+		assert.Contains(t, log, "trace_id="+trace, "the access log names the trace")
+	}
+	assert.NotContains(t, log, "trace_id="+strings.Repeat("ab", 16), "an untraced request has no trace id")
+	f.assertIdle()
+
+	// A reload applies a new ratio; a new endpoint waits for a restart.
+	next := f.r.CurrentConfig()
+	next.Tracing.SampleRatio = 0
+	next.Tracing.ServiceName = "renamed"
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.NotContains(t, applied, "tracing.sample_ratio=0")
+	assert.Contains(t, needRestart, "tracing")
+	next.Tracing.ServiceName = "router-test"
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Contains(t, applied, "tracing.sample_ratio=0")
+	assert.NotContains(t, needRestart, "tracing")
+	code, _, _ = f.do("POST", "/v1/chat/completions", chatBody)
+	require.Equal(t, http.StatusOK, code)
+	assert.Empty(t, engine.received()[3].traceparent, "ratio 0: not traced")
+
+	// Close sends what is still queued.
+	lastTrace := strings.Repeat("ef", 16)
+	code, _, _ = f.do("POST", "/v1/chat/completions", chatBody, "traceparent", "00-"+lastTrace+"-"+clientSpan+"-01")
+	require.Equal(t, http.StatusOK, code)
+	require.NoError(t, f.r.Close())
+	spanOf(lastTrace)
+	assert.Len(t, sink.Spans(), 4)
+}

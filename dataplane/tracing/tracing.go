@@ -1,0 +1,171 @@
+// Package tracing records the router's span of each sampled request and
+// exports the spans to an OpenTelemetry collector over OTLP/HTTP, so that
+// a request's time in the router (its wait, its pick, its retries, its
+// worker's first byte and first token) shows in the same trace as the
+// client's spans and the engine's (vLLM's and SGLang's --otlp-traces-endpoint
+// spans are children of the span a request's traceparent names, which is
+// the router's once it traces the request). A Tracer decides per request
+// and records without locks or allocation: a span is filled in place and
+// queued by value; a goroutine of its own batches and sends them.
+package tracing
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"sync/atomic"
+	"time"
+)
+
+// Config is the tracing key of the router's config.
+type Config struct {
+	// OTLPEndpoint is the collector's OTLP/HTTP traces URL (protobuf), as
+	// http://collector:4318/v1/traces; one with no path gets /v1/traces.
+	// Empty: nothing is traced and traceparent headers pass untouched.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// SampleRatio is the share of the requests that come without a
+	// traceparent which start a trace here (OpenTelemetry's
+	// parentbased_traceidratio: a request whose traceparent is valid is
+	// traced when its sampled flag is set, whatever the ratio).
+	SampleRatio float64 `yaml:"sample_ratio"`
+	// ServiceName is the service.name of the spans' resource.
+	ServiceName string `yaml:"service_name"`
+}
+
+// On says the config turns tracing on.
+func (c Config) On() bool { return c.OTLPEndpoint != "" }
+
+// Check validates c; its errors name the key below tracing.
+func (c Config) Check() (key string, err error) {
+	if !(c.SampleRatio >= 0 && c.SampleRatio <= 1) {
+		return "sample_ratio", fmt.Errorf("%g is not a ratio between 0 and 1", c.SampleRatio)
+	}
+	if !c.On() {
+		return "", nil
+	}
+	if _, err := exportURL(c.OTLPEndpoint); err != nil {
+		return "otlp_endpoint", err
+	}
+	if c.ServiceName == "" {
+		return "service_name", fmt.Errorf("is empty; the spans need a service.name")
+	}
+	return "", nil
+}
+
+// exportURL is the URL spans are posted to: endpoint, with /v1/traces
+// when it names no path.
+func exportURL(endpoint string) (string, error) {
+	u, err := url.Parse(endpoint)
+	switch {
+	case err != nil:
+		return "", errors.New("is not a URL") // not quoted: it may hold a password
+	case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
+		return "", fmt.Errorf("%q is not an http:// or https:// URL with a host (an OTLP/HTTP traces endpoint, as http://collector:4318/v1/traces)", u.Redacted())
+	case u.Path == "" || u.Path == "/":
+		u.Path = "/v1/traces"
+	}
+	return u.String(), nil
+}
+
+// maxModel bounds the model name a span keeps (longer ones are cut).
+const maxModel = 128
+
+// Span is the router's span of one request: a server span from the
+// moment its request was read to the end of its answer (a stream's last
+// event). The front end fills it in place.
+type Span struct {
+	Context          // its trace and its own id
+	Parent    SpanID // the client's span; zero: the trace starts here
+	Name      string // "METHOD /route", or the method alone for a path of no named route
+	Method    string
+	Route     string // "" for a path of no named route
+	Start     time.Time
+	Duration  time.Duration
+	Status    int           // the HTTP status of the answer to the client
+	Outcome   string        // how the request ended (fastroute_requests_total's outcome)
+	Error     bool          // the request failed on the router's side or its worker's (a 5xx)
+	Worker    uint64        // the worker that answered, the last one tried; 0: none was picked
+	Attempts  int           // workers tried
+	Stream    bool          // the request asked for a stream
+	Sent      time.Duration // since Start: when the request left for its worker (its last try); 0: never
+	FirstByte time.Duration // since Sent: the worker's first byte; 0: none
+	// FirstToken is since Start: when the first token's event left for
+	// the client, for streams of generated tokens; 0: none.
+	FirstToken                time.Duration
+	InputTokens, OutputTokens uint64 // as the answer's usage said; both 0: not read
+
+	model    [maxModel]byte
+	modelLen uint8
+}
+
+// SetModel keeps the request's model name (its first maxModel bytes).
+func (s *Span) SetModel(m []byte) { s.modelLen = uint8(copy(s.model[:], m)) }
+
+// Model returns the model name SetModel kept.
+func (s *Span) Model() string { return string(s.model[:s.modelLen]) }
+
+// Tracer samples requests and exports their spans.
+type Tracer struct {
+	bound atomic.Uint64 // the sample ratio as a bound on a trace id's low 63 bits (sampled)
+	*exporter
+}
+
+// New returns a Tracer exporting to cfg's endpoint, which Check accepted;
+// Start starts its export. opts may be zero.
+func New(cfg Config, opts Options) (*Tracer, error) {
+	if key, err := cfg.Check(); err != nil {
+		return nil, fmt.Errorf("tracing.%s: %w", key, err)
+	}
+	target, _ := exportURL(cfg.OTLPEndpoint)
+	t := &Tracer{exporter: newExporter(target, cfg.ServiceName, opts)}
+	t.SetSampleRatio(cfg.SampleRatio)
+	return t, nil
+}
+
+// SetSampleRatio sets the share of requests without a traceparent that
+// are traced (a reload's).
+func (t *Tracer) SetSampleRatio(r float64) {
+	// OpenTelemetry's TraceIDRatioBased: a trace id is in when its low 8
+	// bytes, less their lowest bit, fall under ratio·2⁶³.
+	t.bound.Store(uint64(math.Min(max(r, 0), 1) * (1 << 63)))
+}
+
+// SampleRatio returns the share SetSampleRatio set.
+func (t *Tracer) SampleRatio() float64 { return float64(t.bound.Load()) / (1 << 63) }
+
+// sampled says a new trace of id t is traced at the bound b.
+func sampled(t TraceID, b uint64) bool { return binary.BigEndian.Uint64(t[8:])>>1 < b }
+
+// Begin decides whether the request whose traceparent header is
+// traceparent (nil: none) is traced, and if so readies s for it: its own
+// span id, in the client's trace when the header is valid and sampled, in
+// a new one otherwise. A valid traceparent that is not sampled leaves the
+// request untraced, whatever the ratio (parent-based sampling); an invalid
+// one counts as none.
+func (t *Tracer) Begin(s *Span, traceparent []byte, start time.Time) bool {
+	var c Context
+	var parent SpanID
+	if p, ok := Parse(traceparent); ok {
+		if !p.Sampled {
+			return false
+		}
+		c.Trace, parent = p.Trace, p.Span
+	} else {
+		b := t.bound.Load()
+		if b == 0 {
+			return false
+		}
+		if c.Trace = newTraceID(); !sampled(c.Trace, b) {
+			return false
+		}
+	}
+	c.Span, c.Sampled = newSpanID(), true
+	*s = Span{Context: c, Parent: parent, Start: start}
+	return true
+}
+
+// End queues the finished span s for export: a copy, so s may be reused
+// at once. A full queue drops it (counted).
+func (t *Tracer) End(s *Span) { t.enqueue(s) }

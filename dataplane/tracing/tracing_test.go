@@ -1,0 +1,300 @@
+package tracing
+
+import (
+	"context"
+	"encoding/hex"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/internal/otlpsink"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+)
+
+const (
+	clientTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
+	clientSpan  = "00f067aa0ba902b7"
+)
+
+// Parse takes the W3C Trace Context's traceparent values and no others;
+// Append writes what Parse reads back.
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		value   string
+		ok      bool
+		sampled bool
+	}{
+		{"00-" + clientTrace + "-" + clientSpan + "-01", true, true},
+		{"00-" + clientTrace + "-" + clientSpan + "-00", true, false},
+		{"00-" + clientTrace + "-" + clientSpan + "-03", true, true},                 // other flags beside sampled
+		{"cc-" + clientTrace + "-" + clientSpan + "-01-what-comes-next", true, true}, // a later version's, read as 00's
+		{"cc-" + clientTrace + "-" + clientSpan + "-01", true, true},
+		{"cc-" + clientTrace + "-" + clientSpan + "-01x", false, false}, // a later version's extra needs its dash
+		{"00-" + clientTrace + "-" + clientSpan + "-01-", false, false}, // version 00 is exactly 55 bytes
+		{"ff-" + clientTrace + "-" + clientSpan + "-01", false, false},  // version ff is invalid
+		{"00-4BF92F3577B34DA6A3CE929D0E0E4736-" + clientSpan + "-01", false, false},
+		{"00-00000000000000000000000000000000-" + clientSpan + "-01", false, false},
+		{"00-" + clientTrace + "-0000000000000000-01", false, false},
+		{"00-" + clientTrace + "-" + clientSpan + "-0g", false, false},
+		{"00_" + clientTrace + "-" + clientSpan + "-01", false, false},
+		{"00-" + clientTrace[:31] + "-" + clientSpan + "-01", false, false},
+		{"", false, false},
+		{"garbage", false, false},
+	} {
+		c, ok := Parse([]byte(tc.value))
+		require.Equal(t, tc.ok, ok, tc.value)
+		if !ok {
+			continue
+		}
+		assert.Equal(t, tc.sampled, c.Sampled, tc.value)
+		assert.Equal(t, clientTrace, hex.EncodeToString(c.Trace[:]))
+		assert.Equal(t, clientSpan, hex.EncodeToString(c.Span[:]))
+		back, ok := Parse(c.Append(nil))
+		require.True(t, ok)
+		assert.Equal(t, c, back)
+	}
+	c, _ := Parse([]byte("00-" + clientTrace + "-" + clientSpan + "-03"))
+	assert.Equal(t, "00-"+clientTrace+"-"+clientSpan+"-01", string(c.Append(nil)), "the router sends version 00 with the sampled flag alone")
+}
+
+func newTracer(t *testing.T, endpoint string, ratio float64, opts Options) *Tracer {
+	t.Helper()
+	tr, err := New(Config{OTLPEndpoint: endpoint, SampleRatio: ratio, ServiceName: "fastroute-test"}, opts)
+	require.NoError(t, err)
+	return tr
+}
+
+// A valid traceparent decides by its sampled flag (parent-based); a
+// request without one, or with an invalid one, starts a trace at the
+// sample ratio: OpenTelemetry's TraceIDRatioBased over the new trace id.
+func TestBeginSamples(t *testing.T) {
+	tr := newTracer(t, "http://127.0.0.1:1/v1/traces", 0, Options{})
+	var s Span
+	start := time.Now()
+	sampled := []byte("00-" + clientTrace + "-" + clientSpan + "-01")
+	require.True(t, tr.Begin(&s, sampled, start), "a sampled parent is traced at ratio 0")
+	assert.Equal(t, clientTrace, hex.EncodeToString(s.Trace[:]), "in the client's trace")
+	assert.Equal(t, clientSpan, hex.EncodeToString(s.Parent[:]), "a child of the client's span")
+	assert.NotEqual(t, SpanID{}, s.Span)
+	assert.NotEqual(t, s.Parent, s.Span)
+	assert.True(t, s.Sampled)
+	assert.Equal(t, start, s.Start)
+	assert.False(t, tr.Begin(&s, nil, start), "ratio 0: no new trace")
+	assert.False(t, tr.Begin(&s, []byte("garbage"), start))
+
+	tr.SetSampleRatio(1)
+	assert.InDelta(t, 1, tr.SampleRatio(), 1e-9)
+	assert.False(t, tr.Begin(&s, []byte("00-"+clientTrace+"-"+clientSpan+"-00"), start), "an unsampled parent is not traced at ratio 1")
+	require.True(t, tr.Begin(&s, []byte("garbage"), start), "an invalid traceparent counts as none")
+	assert.Equal(t, SpanID{}, s.Parent, "a new trace's root")
+	assert.NotEqual(t, clientTrace, hex.EncodeToString(s.Trace[:]))
+	first := s.Trace
+	require.True(t, tr.Begin(&s, nil, start))
+	assert.NotEqual(t, first, s.Trace, "each request starts its own trace")
+
+	tr.SetSampleRatio(0.25)
+	in := 0
+	const draws = 40000
+	for range draws {
+		if tr.Begin(&s, nil, start) {
+			in++
+			assert.Less(t, s.Trace[8], uint8(0x40), "a sampled id's low 8 bytes, less their lowest bit, fall under 0.25·2⁶³")
+		}
+	}
+	assert.InDelta(t, 0.25, float64(in)/draws, 0.02)
+	tr.SetSampleRatio(7)
+	assert.InDelta(t, 1, tr.SampleRatio(), 1e-9, "a ratio is at most 1")
+}
+
+// A bad tracing config is refused, naming the key.
+func TestConfigCheck(t *testing.T) {
+	for _, tc := range []struct {
+		cfg Config
+		key string
+	}{
+		{Config{SampleRatio: -0.1}, "sample_ratio"},
+		{Config{SampleRatio: 1.5, OTLPEndpoint: "http://c:4318"}, "sample_ratio"},
+		{Config{SampleRatio: 1, OTLPEndpoint: "collector:4317", ServiceName: "s"}, "otlp_endpoint"},
+		{Config{SampleRatio: 1, OTLPEndpoint: "grpc://c:4317", ServiceName: "s"}, "otlp_endpoint"},
+		{Config{SampleRatio: 1, OTLPEndpoint: "http://", ServiceName: "s"}, "otlp_endpoint"},
+		{Config{SampleRatio: 1, OTLPEndpoint: "http://c:4318"}, "service_name"},
+	} {
+		key, err := tc.cfg.Check()
+		assert.Error(t, err, "%+v", tc.cfg)
+		assert.Equal(t, tc.key, key, "%+v", tc.cfg)
+	}
+	_, err := Config{SampleRatio: 1}.Check()
+	assert.NoError(t, err, "off")
+	_, err = New(Config{SampleRatio: 1, OTLPEndpoint: "http://user:secret@c:4318/\x7f", ServiceName: "s"}, Options{})
+	if assert.Error(t, err) {
+		assert.NotContains(t, err.Error(), "secret", "a URL's password is never quoted")
+	}
+	for endpoint, want := range map[string]string{
+		"http://c:4318":               "http://c:4318/v1/traces",
+		"https://c:4318/":             "https://c:4318/v1/traces",
+		"http://c:4318/otlp/traces":   "http://c:4318/otlp/traces",
+		"http://u:p@c:4318/v1/traces": "http://u:p@c:4318/v1/traces",
+	} {
+		got, err := exportURL(endpoint)
+		require.NoError(t, err)
+		assert.Equal(t, want, got)
+	}
+}
+
+// Begin and End allocate nothing: a traced request costs the request path
+// no allocation.
+func TestBeginAndEndDoNotAllocate(t *testing.T) {
+	tr := newTracer(t, "http://127.0.0.1:1/v1/traces", 1, Options{QueueSize: 4})
+	var s Span
+	parent := []byte("00-" + clientTrace + "-" + clientSpan + "-01")
+	var buf []byte
+	allocs := testing.AllocsPerRun(1000, func() {
+		if tr.Begin(&s, parent, time.Now()) {
+			s.SetModel([]byte("mock-model"))
+			buf = s.Context.Append(buf[:0])
+			tr.End(&s)
+		}
+		if tr.Begin(&s, nil, time.Now()) {
+			tr.End(&s)
+		}
+	})
+	assert.Zero(t, allocs)
+	_, dropped, _ := tr.Counts()
+	assert.Positive(t, dropped, "the queue of 4, never sent, is full")
+}
+
+// The spans go to a collector over OTLP/HTTP, a batch a post, as
+// OpenTelemetry's conventions name their fields; a collector that refuses
+// them or is gone counts them failed; a full queue drops them; Close sends
+// what is queued.
+func TestSpansReachTheCollector(t *testing.T) {
+	sink, err := otlpsink.Start()
+	require.NoError(t, err)
+	defer sink.Close()
+	tr := newTracer(t, sink.URL(), 1, Options{Interval: 10 * time.Millisecond, BatchSize: 2})
+	tr.Start()
+	defer tr.Close(context.Background())
+
+	start := time.Now()
+	var s Span
+	require.True(t, tr.Begin(&s, []byte("00-"+clientTrace+"-"+clientSpan+"-01"), start))
+	s.Name, s.Method, s.Route = "POST /v1/chat/completions", "POST", "/v1/chat/completions"
+	s.Duration, s.Status, s.Outcome, s.Worker, s.Attempts, s.Stream = 40*time.Millisecond, 200, "ok", 3, 2, true
+	s.Sent, s.FirstByte, s.FirstToken = time.Millisecond, 5*time.Millisecond, 9*time.Millisecond
+	s.InputTokens, s.OutputTokens = 12, 34
+	s.SetModel([]byte("mock-model"))
+	tr.End(&s)
+	own := s.Span
+	require.True(t, tr.Begin(&s, nil, start))
+	s.Name, s.Method, s.Duration, s.Status, s.Outcome, s.Error = "POST", "POST", time.Millisecond, 502, "upstream_error", true
+	tr.End(&s)
+	require.True(t, tr.Begin(&s, nil, start))
+	s.Name, s.Status, s.Outcome = "GET", 404, "invalid"
+	tr.End(&s)
+
+	require.Eventually(t, func() bool { return len(sink.Spans()) == 3 }, 5*time.Second, 5*time.Millisecond)
+	assert.Equal(t, 2, sink.Posts(), "batches of at most 2")
+	got := sink.Spans()
+	ok := got[0]
+	assert.Equal(t, "fastroute-test", ok.Service)
+	assert.Equal(t, clientTrace, hex.EncodeToString(ok.TraceId))
+	assert.Equal(t, clientSpan, hex.EncodeToString(ok.ParentSpanId))
+	assert.Equal(t, own[:], ok.SpanId)
+	assert.Equal(t, "POST /v1/chat/completions", ok.Name)
+	assert.Equal(t, tracepb.Span_SPAN_KIND_SERVER, ok.Kind)
+	assert.Equal(t, uint64(start.UnixNano()), ok.StartTimeUnixNano)
+	assert.Equal(t, uint64(start.Add(40*time.Millisecond).UnixNano()), ok.EndTimeUnixNano)
+	assert.Equal(t, uint32(0x301), ok.Flags, "sampled, its parent remote")
+	for key, want := range map[string]any{
+		"http.request.method": "POST", "http.route": "/v1/chat/completions", "http.response.status_code": int64(200),
+		"gen_ai.request.model": "mock-model", "gen_ai.usage.input_tokens": int64(12), "gen_ai.usage.output_tokens": int64(34),
+		"fastroute.outcome": "ok", "fastroute.worker.id": int64(3), "fastroute.attempts": int64(2), "fastroute.stream": true,
+	} {
+		assert.Equal(t, want, ok.Attr(key), key)
+	}
+	require.Len(t, ok.Events, 3)
+	for i, want := range []struct {
+		name string
+		at   time.Duration
+	}{{"sent_to_worker", time.Millisecond}, {"first_byte", 6 * time.Millisecond}, {"first_token", 9 * time.Millisecond}} {
+		assert.Equal(t, want.name, ok.Events[i].Name)
+		assert.Equal(t, uint64(start.Add(want.at).UnixNano()), ok.Events[i].TimeUnixNano, want.name)
+	}
+	assert.Nil(t, ok.Status, "no error: status unset")
+
+	failed := got[1]
+	assert.Empty(t, failed.ParentSpanId, "a root")
+	assert.Equal(t, uint32(0x101), failed.Flags)
+	assert.Equal(t, tracepb.Status_STATUS_CODE_ERROR, failed.Status.GetCode())
+	assert.Equal(t, "upstream_error", failed.Status.GetMessage())
+	assert.Nil(t, failed.Attr("http.route"))
+	assert.Nil(t, failed.Attr("gen_ai.request.model"), "no model named")
+	assert.Nil(t, failed.Attr("fastroute.worker.id"), "none picked")
+	assert.Empty(t, failed.Events)
+	exported, dropped, fails := tr.Counts()
+	assert.Equal(t, [3]uint64{3, 0, 0}, [3]uint64{exported, dropped, fails})
+
+	sink.SetStatus(http.StatusServiceUnavailable)
+	tr.End(&s)
+	require.Eventually(t, func() bool { _, _, f := tr.Counts(); return f == 1 }, 5*time.Second, 5*time.Millisecond)
+	assert.Len(t, sink.Spans(), 3, "not retried")
+
+	var set metrics.Set
+	set.Register(tr.Collector())
+	var out strings.Builder
+	_, err = set.WriteTo(&out)
+	require.NoError(t, err)
+	text := out.String()
+	assert.Contains(t, text, `fastroute_trace_spans_total{outcome="exported"} 3`)
+	assert.Contains(t, text, `fastroute_trace_spans_total{outcome="failed"} 1`)
+	assert.Contains(t, text, `fastroute_trace_sample_ratio 1`)
+}
+
+// A span that finds the queue full is dropped and counted; Close sends
+// the queued ones, and a collector that is gone fails them.
+func TestCloseSendsTheQueue(t *testing.T) {
+	sink, err := otlpsink.Start()
+	require.NoError(t, err)
+	defer sink.Close()
+	tr := newTracer(t, sink.URL(), 1, Options{QueueSize: 2, Interval: time.Hour})
+	tr.Start()
+	var s Span
+	for range 5 {
+		require.True(t, tr.Begin(&s, nil, time.Now()))
+		tr.End(&s)
+	}
+	tr.Close(context.Background())
+	assert.Len(t, sink.Spans(), 2)
+	exported, dropped, failed := tr.Counts()
+	assert.Equal(t, [3]uint64{2, 3, 0}, [3]uint64{exported, dropped, failed})
+
+	gone := newTracer(t, sink.URL(), 1, Options{Timeout: time.Second})
+	require.NoError(t, sink.Close())
+	require.True(t, gone.Begin(&s, nil, time.Now()))
+	gone.End(&s)
+	gone.Close(context.Background())
+	_, _, failed = gone.Counts()
+	assert.Equal(t, uint64(1), failed)
+}
+
+func BenchmarkBeginEnd(b *testing.B) {
+	tr, err := New(Config{OTLPEndpoint: "http://127.0.0.1:1", SampleRatio: 1, ServiceName: "b"}, Options{QueueSize: 1 << 16})
+	require.NoError(b, err)
+	parent := []byte("00-" + clientTrace + "-" + clientSpan + "-01")
+	var s Span
+	var buf []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		tr.Begin(&s, parent, time.Now())
+		buf = s.Context.Append(buf[:0])
+		s.SetModel([]byte("mock-model"))
+		tr.End(&s)
+		if _, ok := tr.queue.TryDequeue(); !ok {
+			b.Fatal("not queued")
+		}
+	}
+}
