@@ -10,6 +10,7 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/fastroute/fastroute/internal/otlpsink"
 	"github.com/stretchr/testify/assert"
@@ -169,4 +170,65 @@ func TestTracedRequestsReachTheCollector(t *testing.T) {
 	require.NoError(t, f.r.Close())
 	spanOf(lastTrace)
 	assert.Len(t, sink.Spans(), 4)
+}
+
+// Both legs of a split request, and a mirror's copy beside the request
+// itself, go on as children of the router's span.
+func TestSplitLegsAndMirrorCopiesCarryTheRoutersSpan(t *testing.T) {
+	sink, err := otlpsink.Start()
+	require.NoError(t, err)
+	defer sink.Close()
+	traceOn := func(c *config.Config) {
+		c.Tracing = tracing.Config{OTLPEndpoint: sink.URL(), SampleRatio: 0, ServiceName: "router-test"}
+	}
+	clientParent := func(trace string) string { return "00-" + trace + "-00f067aa0ba902b7-01" }
+	routerSpan := func(trace string) []byte {
+		t.Helper()
+		var id []byte
+		require.Eventually(t, func() bool {
+			for _, s := range sink.Spans() {
+				if hex.EncodeToString(s.TraceId) == trace {
+					id = s.SpanId
+					return true
+				}
+			}
+			return false
+		}, 5*time.Second, 5*time.Millisecond)
+		return id
+	}
+	assertChild := func(traceparent, trace string, span []byte, leg string) {
+		t.Helper()
+		c, ok := tracing.Parse([]byte(traceparent))
+		require.True(t, ok, "%s: %q", leg, traceparent)
+		assert.Equal(t, trace, hex.EncodeToString(c.Trace[:]), leg)
+		assert.Equal(t, span, c.Span[:], "%s: the router's span is the parent", leg)
+	}
+
+	prefill, decode := startEngine(t, vllmPrefill), startEngine(t, sseDecode)
+	pd := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}}, traceOn)
+	splitTrace := strings.Repeat("12", 16)
+	readAll(t, pd.post("/v1/chat/completions", pdBody, "traceparent", clientParent(splitTrace)))
+	span := routerSpan(splitTrace)
+	require.Len(t, prefill.received(), 1)
+	require.Len(t, decode.received(), 1)
+	assertChild(prefill.received()[0].traceparent, splitTrace, span, "prefill leg")
+	assertChild(decode.received()[0].traceparent, splitTrace, span, "decode leg")
+	pd.assertIdle()
+
+	production, shadow := startEngine(t, traceEngine), startEngine(t, traceEngine)
+	f := startFleet(t, nil, func(c *config.Config) {
+		traceOn(c)
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: production.URL, Models: []string{"llama"}},
+			{ID: 2, URL: shadow.URL, Models: []string{"llama-next"}}}
+		c.ModelMirrors = []mirrors.Mirror{{Model: "llama", To: "llama-next", Percent: 100}}
+	})
+	mirrorTrace := strings.Repeat("34", 16)
+	code, worker, text := f.do("POST", "/v1/chat/completions", `{"model":"llama","messages":[]}`, "traceparent", clientParent(mirrorTrace))
+	require.Equal(t, http.StatusOK, code, text)
+	assert.Equal(t, "1", worker)
+	span = routerSpan(mirrorTrace)
+	require.Eventually(t, func() bool { return len(shadow.received()) == 1 }, 5*time.Second, 5*time.Millisecond)
+	assertChild(production.received()[0].traceparent, mirrorTrace, span, "the request")
+	assertChild(shadow.received()[0].traceparent, mirrorTrace, span, "the mirror's copy")
+	f.assertIdle()
 }
