@@ -11,11 +11,6 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/puzpuzpuz/xsync/v3"
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
-	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
-	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/protobuf/proto"
 )
 
 // Options tune the export; the zero value takes the defaults.
@@ -54,11 +49,14 @@ const failureLogEvery = time.Minute
 // collector does not take is counted failed and dropped, so a collector
 // that is down costs the router no memory beyond the queue.
 type exporter struct {
-	url      string
-	opts     Options
-	queue    *xsync.MPMCQueueOf[Span]
-	client   *http.Client
-	resource *resourcepb.Resource
+	url    string
+	opts   Options
+	queue  *xsync.MPMCQueueOf[Span]
+	client *http.Client
+	// The export goroutine's (Start), Close's once it ended: the batch
+	// taken from the queue, and its encoder.
+	batch []Span
+	enc   *encoder
 
 	exported, dropped, failed metrics.Counter
 
@@ -74,10 +72,7 @@ func newExporter(url, service string, opts Options) *exporter {
 	return &exporter{
 		url: url, opts: opts, queue: xsync.NewMPMCQueueOf[Span](opts.QueueSize),
 		client: &http.Client{Timeout: opts.Timeout},
-		resource: &resourcepb.Resource{Attributes: []*commonpb.KeyValue{
-			stringAttr("service.name", service),
-			stringAttr("telemetry.sdk.name", "fastroute"),
-		}},
+		batch:  make([]Span, 0, opts.BatchSize), enc: newEncoder(service),
 		exported: metrics.NewCounter(), dropped: metrics.NewCounter(), failed: metrics.NewCounter(),
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -130,9 +125,8 @@ func (e *exporter) Close(ctx context.Context) {
 
 // drain sends the queued spans in batches until the queue is empty.
 func (e *exporter) drain(ctx context.Context) {
-	batch := make([]Span, 0, e.opts.BatchSize)
 	for ctx.Err() == nil {
-		batch = batch[:0]
+		batch := e.batch[:0]
 		for len(batch) < e.opts.BatchSize {
 			s, ok := e.queue.TryDequeue()
 			if !ok {
@@ -150,11 +144,7 @@ func (e *exporter) drain(ctx context.Context) {
 // send posts one batch and counts how it went.
 func (e *exporter) send(ctx context.Context, batch []Span) {
 	n := uint64(len(batch))
-	body, err := proto.Marshal(e.request(batch))
-	if err == nil {
-		err = e.post(ctx, body)
-	}
-	if err != nil {
+	if err := e.post(ctx, e.enc.request(batch)); err != nil {
 		e.failed.Add(n)
 		if time.Since(e.lastLog) >= failureLogEvery {
 			e.lastLog = time.Now()
@@ -188,86 +178,6 @@ type statusError struct{ status int }
 
 func (e *statusError) Error() string {
 	return "the collector answered " + http.StatusText(e.status)
-}
-
-// request is the OTLP export request of a batch.
-func (e *exporter) request(batch []Span) *coltracepb.ExportTraceServiceRequest {
-	spans := make([]*tracepb.Span, len(batch))
-	for i := range batch {
-		spans[i] = batch[i].proto()
-	}
-	return &coltracepb.ExportTraceServiceRequest{ResourceSpans: []*tracepb.ResourceSpans{{
-		Resource: e.resource,
-		ScopeSpans: []*tracepb.ScopeSpans{{
-			Scope: &commonpb.InstrumentationScope{Name: "github.com/fastroute/fastroute"}, Spans: spans,
-		}},
-	}}}
-}
-
-// proto is s as OTLP has it: HTTP server attributes and gen_ai's request
-// model and usage by OpenTelemetry's semantic conventions, the router's own
-// under fastroute.*, and the request's steps as events.
-func (s *Span) proto() *tracepb.Span {
-	start := s.Start.UnixNano()
-	p := &tracepb.Span{
-		TraceId: s.Trace[:], SpanId: s.Span[:], Name: s.Name, Kind: tracepb.Span_SPAN_KIND_SERVER,
-		StartTimeUnixNano: uint64(start), EndTimeUnixNano: uint64(start + int64(s.Duration)),
-		// Sampled, and whether the parent is remote is known: it is when
-		// there is one (the client's).
-		Flags: 1 | uint32(tracepb.SpanFlags_SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK),
-		Attributes: []*commonpb.KeyValue{
-			stringAttr("http.request.method", s.Method),
-			intAttr("http.response.status_code", int64(s.Status)),
-			stringAttr("fastroute.outcome", s.Outcome),
-			intAttr("fastroute.attempts", int64(s.Attempts)),
-			boolAttr("fastroute.stream", s.Stream),
-		},
-	}
-	if s.Parent != (SpanID{}) {
-		p.ParentSpanId = s.Parent[:]
-		p.Flags |= uint32(tracepb.SpanFlags_SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK)
-	}
-	if s.Route != "" {
-		p.Attributes = append(p.Attributes, stringAttr("http.route", s.Route))
-	}
-	if s.modelLen > 0 {
-		p.Attributes = append(p.Attributes, stringAttr("gen_ai.request.model", s.Model()))
-	}
-	if s.Worker != 0 {
-		p.Attributes = append(p.Attributes, intAttr("fastroute.worker.id", int64(s.Worker)))
-	}
-	if s.InputTokens > 0 || s.OutputTokens > 0 {
-		p.Attributes = append(p.Attributes, intAttr("gen_ai.usage.input_tokens", int64(s.InputTokens)),
-			intAttr("gen_ai.usage.output_tokens", int64(s.OutputTokens)))
-	}
-	event := func(name string, at time.Duration) {
-		p.Events = append(p.Events, &tracepb.Span_Event{Name: name, TimeUnixNano: uint64(start + int64(at))})
-	}
-	if s.Sent > 0 {
-		event("sent_to_worker", s.Sent)
-		if s.FirstByte > 0 {
-			event("first_byte", s.Sent+s.FirstByte)
-		}
-	}
-	if s.FirstToken > 0 {
-		event("first_token", s.FirstToken)
-	}
-	if s.Error {
-		p.Status = &tracepb.Status{Code: tracepb.Status_STATUS_CODE_ERROR, Message: s.Outcome}
-	}
-	return p
-}
-
-func stringAttr(k, v string) *commonpb.KeyValue {
-	return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: v}}}
-}
-
-func intAttr(k string, v int64) *commonpb.KeyValue {
-	return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_IntValue{IntValue: v}}}
-}
-
-func boolAttr(k string, v bool) *commonpb.KeyValue {
-	return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_BoolValue{BoolValue: v}}}
 }
 
 // Collector exports the spans' counts and the sample ratio.

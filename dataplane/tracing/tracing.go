@@ -103,9 +103,6 @@ type Span struct {
 // SetModel keeps the request's model name (its first maxModel bytes).
 func (s *Span) SetModel(m []byte) { s.modelLen = uint8(copy(s.model[:], m)) }
 
-// Model returns the model name SetModel kept.
-func (s *Span) Model() string { return string(s.model[:s.modelLen]) }
-
 // Tracer samples requests and exports their spans.
 type Tracer struct {
 	bound atomic.Uint64 // the sample ratio as a bound on a trace id's low 63 bits (sampled)

@@ -12,7 +12,11 @@ import (
 	"github.com/fastroute/fastroute/internal/otlpsink"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 const (
@@ -176,7 +180,6 @@ func TestSpansReachTheCollector(t *testing.T) {
 	require.NoError(t, err)
 	defer sink.Close()
 	tr := newTracer(t, sink.URL(), 1, Options{Interval: 10 * time.Millisecond, BatchSize: 2})
-	tr.Start()
 	defer tr.Close(context.Background())
 
 	start := time.Now()
@@ -196,7 +199,8 @@ func TestSpansReachTheCollector(t *testing.T) {
 	s.Name, s.Status, s.Outcome = "GET", 404, "invalid"
 	tr.End(&s)
 
-	require.Eventually(t, func() bool { return len(sink.Spans()) == 3 }, 5*time.Second, 5*time.Millisecond)
+	tr.Start() // the three spans queued: two posts
+	require.Eventually(t, func() bool { e, _, _ := tr.Counts(); return e == 3 }, 5*time.Second, 5*time.Millisecond)
 	assert.Equal(t, 2, sink.Posts(), "batches of at most 2")
 	got := sink.Spans()
 	ok := got[0]
@@ -297,4 +301,57 @@ func BenchmarkBeginEnd(b *testing.B) {
 			b.Fatal("not queued")
 		}
 	}
+}
+
+// The encoder writes what OpenTelemetry's own generated types read back
+// as the same message, field for field, with nothing left unknown.
+func TestTheEncodingIsOTLPs(t *testing.T) {
+	start := time.Unix(1700000000, 123)
+	full := Span{Context: Context{Trace: TraceID{1, 2, 3}, Span: SpanID{4, 5}, Sampled: true}, Parent: SpanID{6},
+		Name: "POST /v1/chat/completions", Method: "POST", Route: "/v1/chat/completions", Start: start,
+		Duration: 40 * time.Millisecond, Status: 503, Outcome: "upstream_error", Error: true, Worker: 300, Attempts: 3,
+		Stream: true, Sent: time.Millisecond, FirstByte: 2 * time.Millisecond, FirstToken: 5 * time.Millisecond,
+		InputTokens: 1 << 20, OutputTokens: 7}
+	full.SetModel([]byte(strings.Repeat("m", 200)))
+	bare := Span{Context: Context{Trace: TraceID{9}, Span: SpanID{8}, Sampled: true}, Name: "GET", Method: "GET",
+		Start: start, Status: 401, Outcome: "invalid"}
+	got := &coltracepb.ExportTraceServiceRequest{}
+	require.NoError(t, proto.Unmarshal(newEncoder("svc").request([]Span{full, bare}), got))
+
+	str := func(k, v string) *commonpb.KeyValue {
+		return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: v}}}
+	}
+	num := func(k string, v int64) *commonpb.KeyValue {
+		return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_IntValue{IntValue: v}}}
+	}
+	flag := func(k string, v bool) *commonpb.KeyValue {
+		return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_BoolValue{BoolValue: v}}}
+	}
+	at := func(d time.Duration) uint64 { return uint64(start.Add(d).UnixNano()) }
+	want := &coltracepb.ExportTraceServiceRequest{ResourceSpans: []*tracepb.ResourceSpans{{
+		Resource: &resourcepb.Resource{Attributes: []*commonpb.KeyValue{str("service.name", "svc"), str("telemetry.sdk.name", "fastroute")}},
+		ScopeSpans: []*tracepb.ScopeSpans{{
+			Scope: &commonpb.InstrumentationScope{Name: "github.com/fastroute/fastroute"},
+			Spans: []*tracepb.Span{{
+				TraceId: full.Trace[:], SpanId: full.Span[:], ParentSpanId: full.Parent[:], Name: full.Name,
+				Kind: tracepb.Span_SPAN_KIND_SERVER, StartTimeUnixNano: at(0), EndTimeUnixNano: at(40 * time.Millisecond),
+				Attributes: []*commonpb.KeyValue{str("http.request.method", "POST"), num("http.response.status_code", 503),
+					str("http.route", "/v1/chat/completions"), str("gen_ai.request.model", strings.Repeat("m", maxModel)),
+					num("gen_ai.usage.input_tokens", 1<<20), num("gen_ai.usage.output_tokens", 7),
+					str("fastroute.outcome", "upstream_error"), num("fastroute.worker.id", 300), num("fastroute.attempts", 3),
+					flag("fastroute.stream", true)},
+				Events: []*tracepb.Span_Event{{Name: "sent_to_worker", TimeUnixNano: at(time.Millisecond)},
+					{Name: "first_byte", TimeUnixNano: at(3 * time.Millisecond)}, {Name: "first_token", TimeUnixNano: at(5 * time.Millisecond)}},
+				Status: &tracepb.Status{Code: tracepb.Status_STATUS_CODE_ERROR, Message: "upstream_error"},
+				Flags:  0x301,
+			}, {
+				TraceId: bare.Trace[:], SpanId: bare.Span[:], Name: "GET", Kind: tracepb.Span_SPAN_KIND_SERVER,
+				StartTimeUnixNano: at(0), EndTimeUnixNano: at(0),
+				Attributes: []*commonpb.KeyValue{str("http.request.method", "GET"), num("http.response.status_code", 401),
+					str("fastroute.outcome", "invalid"), num("fastroute.attempts", 0), flag("fastroute.stream", false)},
+				Flags: 0x101,
+			}},
+		}},
+	}}}
+	assert.True(t, proto.Equal(want, got), "got %v", got)
 }
