@@ -515,7 +515,9 @@ func TestTheAdminListsTheKeys(t *testing.T) {
 // that came after three of team-a's is served after team-a's first, not
 // after all three. Keys off, the same arrivals would be served in order.
 func TestTheQueuesKeysTakeTurns(t *testing.T) {
-	f := startFleet(t, mocks(1, 2, 40*time.Millisecond), func(c *config.Config) {
+	// Answers of 320 ms: the four requests queue while the first streams
+	// (a scrape of /metrics between two takes a while under -race).
+	f := startFleet(t, mocks(1, 8, 40*time.Millisecond), func(c *config.Config) {
 		c.Router.BusyThreshold = 1
 		c.Router.Queue = config.Queue{Size: 8, Timeout: 10 * time.Second}
 		c.APIKeysFile = keysFile(t, "team-a "+teamAKey, "batch "+batchKey)

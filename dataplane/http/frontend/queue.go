@@ -41,6 +41,10 @@ type waitQueue struct {
 	heap  waiters // the waiters asleep, best first
 	seq   uint64  // arrivals, for the order among equal priorities and turns
 	spare int64   // wake-ups that found every waiter awake (trying its pick), for the next to sleep
+	// Waiters an ended request woke that have not yet tried their pick:
+	// while there are some, a waiter its timer woke does not try, so that
+	// the slot freed goes to the best waiter, not to whichever timer fired.
+	called int
 	// Fair queuing between flows: each flow's last turn given, and the
 	// turn of the last waiter woken.
 	turns map[*apikeys.Client]uint64
@@ -56,6 +60,7 @@ type waiter struct {
 	index     int           // in the heap; -1 while out of it
 	wake      chan struct{} // a slot freed for it, or its displacement (cap 1)
 	displaced bool          // by a request of lower priority, at a full queue
+	called    bool          // woken by an ended request, its try still to come (waitQueue.called)
 }
 
 // waiters is a heap of the waiters asleep, the best at the top.
@@ -116,6 +121,8 @@ func (q *waitQueue) ended() {
 	}
 	w := heap.Pop(&q.heap).(*waiter)
 	q.now = max(q.now, w.turn)
+	w.called = true
+	q.called++
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -170,14 +177,25 @@ func (q *waitQueue) enter(w *waiter) bool {
 }
 
 // wakeUp takes w, just woken by its wake-up or its timer, out of the heap;
-// it reports false when w was displaced.
-func (q *waitQueue) wakeUp(w *waiter) bool {
+// stay is false when w was displaced; try says w tries its pick now: it
+// was called (ended), or its timer woke it while no waiter called is
+// still to try (a slot that freed without an ended request, a capacity
+// raised, is taken on a timer).
+func (q *waitQueue) wakeUp(w *waiter) (stay, try bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if w.index >= 0 {
 		heap.Remove(&q.heap, w.index)
 	}
-	return !w.displaced
+	return !w.displaced, w.called || q.called == 0
+}
+
+// answered ends w's call (ended): its try is over. Under q.mu.
+func (q *waitQueue) answered(w *waiter) {
+	if w.called {
+		w.called = false
+		q.called--
+	}
 }
 
 // sleep puts w, whose pick failed again, back to sleep in its place (its
@@ -186,6 +204,7 @@ func (q *waitQueue) wakeUp(w *waiter) bool {
 func (q *waitQueue) sleep(w *waiter) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.answered(w)
 	select {
 	case <-w.wake: // a wake-up that came after its timer
 	default:
@@ -202,6 +221,7 @@ func (q *waitQueue) sleep(w *waiter) bool {
 // the flows' turns (their memory stays allocated for the next wait).
 func (q *waitQueue) leave(w *waiter) {
 	q.mu.Lock()
+	q.answered(w)
 	if w.index >= 0 {
 		heap.Remove(&q.heap, w.index)
 	}
@@ -265,9 +285,14 @@ func (ex *exchange) awaitSlot(first error) error {
 				t.Stop()
 			case <-t.C:
 			}
-			if !q.wakeUp(w) {
+			stay, try := q.wakeUp(w)
+			if !stay {
 				m.queueDisplaced.Inc()
 				return errDisplaced
+			}
+			if !try { // a waiter called takes the slot freed
+				asleep = q.sleep(w)
+				continue
 			}
 		}
 		if ex.hungUp() {

@@ -34,7 +34,7 @@ func TestTheWaitQueueWakesTheBestWaiterFirst(t *testing.T) {
 	}
 	q.ended()
 	assert.Equal(t, []bool{false, true, false}, []bool{woken(a), woken(b), woken(c)}, "priority 0, the older one")
-	assert.True(t, q.wakeUp(b))
+	assert.Equal(t, [2]bool{true, true}, stayTry(q.wakeUp(b)))
 	q.leave(b)
 
 	d := newWaiter(1)
@@ -42,7 +42,8 @@ func TestTheWaitQueueWakesTheBestWaiterFirst(t *testing.T) {
 	e := newWaiter(-1)
 	require.True(t, q.enter(e), "full: e displaces a, the worst")
 	assert.True(t, woken(a))
-	assert.False(t, q.wakeUp(a), "a learns it was displaced")
+	stay, _ := q.wakeUp(a)
+	assert.False(t, stay, "a learns it was displaced")
 	q.leave(a)
 	assert.False(t, q.enter(newWaiter(1)), "full of waiters as good or better")
 	assert.Equal(t, int64(3), q.Waiting())
@@ -50,7 +51,7 @@ func TestTheWaitQueueWakesTheBestWaiterFirst(t *testing.T) {
 	for _, want := range []*waiter{e, c, d} {
 		q.ended()
 		require.True(t, woken(want))
-		require.True(t, q.wakeUp(want))
+		require.Equal(t, [2]bool{true, true}, stayTry(q.wakeUp(want)))
 		q.leave(want)
 	}
 	assert.Zero(t, q.Waiting())
@@ -68,6 +69,39 @@ func TestTheWaitQueueWakesTheBestWaiterFirst(t *testing.T) {
 	assert.Zero(t, q.Waiting())
 }
 
+func stayTry(stay, try bool) [2]bool { return [2]bool{stay, try} }
+
+// A waiter its timer wakes does not try its pick while a waiter an ended
+// request woke (called) has yet to try: the slot freed goes to the best
+// waiter, whose try it is, not to the one whose timer fired first. Once
+// the called waiter tried (and slept again: its model's workers are
+// still busy, say), a timer's waiter tries.
+func TestATimersWaiterLeavesTheFreedSlotToTheWaiterCalled(t *testing.T) {
+	q := newWaitQueue(4, time.Second)
+	worst, best := newWaiter(5), newWaiter(-3)
+	require.True(t, q.enter(worst))
+	require.True(t, q.enter(best))
+	q.ended()
+	require.True(t, woken(best))
+	assert.False(t, woken(worst))
+	assert.Equal(t, [2]bool{true, false}, stayTry(q.wakeUp(worst)), "worst's timer: best is called, worst waits")
+	assert.True(t, q.sleep(worst))
+	assert.Equal(t, [2]bool{true, true}, stayTry(q.wakeUp(best)), "best tries")
+	assert.True(t, q.sleep(best), "its pick failed: asleep again")
+	assert.Equal(t, [2]bool{true, true}, stayTry(q.wakeUp(worst)), "no call pending: a timer's waiter tries")
+	q.leave(worst)
+
+	q.ended()
+	require.True(t, woken(best))
+	q.leave(best) // called, and gone (its client left, say): the call ends with it
+	other := newWaiter(0)
+	require.True(t, q.enter(other))
+	assert.Equal(t, [2]bool{true, true}, stayTry(q.wakeUp(other)))
+	q.leave(other)
+	assert.Zero(t, q.Waiting())
+	assert.Zero(t, q.called)
+}
+
 // Waiters enter, sleep, wake and leave while requests end, all at once
 // (run under -race); every one leaves and the count returns to 0.
 func TestTheWaitQueueConcurrently(t *testing.T) {
@@ -81,7 +115,7 @@ func TestTheWaitQueueConcurrently(t *testing.T) {
 					continue
 				}
 				q.ended()
-				if q.wakeUp(w) && !q.sleep(w) {
+				if stay, _ := q.wakeUp(w); stay && !q.sleep(w) {
 					q.wakeUp(w)
 				}
 				q.leave(w)
@@ -91,6 +125,7 @@ func TestTheWaitQueueConcurrently(t *testing.T) {
 	wg.Wait()
 	assert.Zero(t, q.Waiting())
 	assert.Empty(t, q.heap)
+	assert.Zero(t, q.called, "every call ended")
 }
 
 // Within a priority, the flows (API keys) take turns: a burst of one key's
@@ -121,7 +156,7 @@ func TestTheFlowsTakeTurnsWithinAPriority(t *testing.T) {
 		q.ended()
 		for w, name := range waiters {
 			if woken(w) {
-				require.True(t, q.wakeUp(w))
+				require.Equal(t, [2]bool{true, true}, stayTry(q.wakeUp(w)))
 				q.leave(w)
 				delete(waiters, w)
 				return name
