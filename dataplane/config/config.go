@@ -404,6 +404,11 @@ func (c *Config) ResolveSecrets(getenv func(string) string) error {
 	if c.WorkerAPIKey, err = resolveSecret("worker_api_key", c.WorkerAPIKey, c.WorkerAPIKeyFile, WorkerAPIKeyEnv, getenv); err != nil {
 		return err
 	}
+	if c.Tracing.On() && len(c.Tracing.Headers) == 0 {
+		if c.Tracing.Headers, err = tracing.HeadersFromEnv(getenv); err != nil {
+			return keyErr("tracing.headers", "%v", err)
+		}
+	}
 	if c.AdminToken != "" {
 		return nil
 	}

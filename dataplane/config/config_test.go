@@ -173,3 +173,41 @@ func TestWorkerAPIKeyComesFromTheConfigAFileOrTheEnvironment(t *testing.T) {
 	c.WorkerAPIKeyFile = empty
 	assert.EqualError(t, c.ResolveSecrets(noEnv), "key worker_api_key_file: "+empty+" holds nothing on its first line")
 }
+
+// The export's headers come from tracing.headers, else from
+// OpenTelemetry's environment variables, read only while tracing is on.
+func TestTracingHeadersComeFromTheConfigOrTheEnvironment(t *testing.T) {
+	env := func(vars map[string]string) func(string) string { return func(k string) string { return vars[k] } }
+	otel := env(map[string]string{"OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=acme,authorization=Bearer%20from-env"})
+
+	c := Default()
+	require.NoError(t, c.ResolveSecrets(otel))
+	assert.Empty(t, c.Tracing.Headers, "tracing off: not read")
+
+	c = Default()
+	c.Tracing.OTLPEndpoint = "http://collector:4318"
+	require.NoError(t, c.ResolveSecrets(otel))
+	assert.Equal(t, map[string]string{"x-tenant": "acme", "authorization": "Bearer from-env"}, c.Tracing.Headers)
+	out, err := c.RedactedYAML()
+	require.NoError(t, err)
+	assert.NotContains(t, string(out), "from-env")
+	assert.Contains(t, string(out), "authorization: <redacted>")
+	assert.Equal(t, "Bearer from-env", c.Tracing.Headers["authorization"], "the config itself keeps them")
+
+	c = Default()
+	c.Tracing.OTLPEndpoint = "http://collector:4318"
+	c.Tracing.Headers = map[string]string{"x-honeycomb-team": "from-config"}
+	require.NoError(t, c.ResolveSecrets(otel))
+	assert.Equal(t, map[string]string{"x-honeycomb-team": "from-config"}, c.Tracing.Headers, "the config's win")
+
+	c = Default()
+	c.Tracing.OTLPEndpoint = "http://collector:4318"
+	err = c.ResolveSecrets(env(map[string]string{"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "authorization=secret-value%0D%0Ax-evil: 1"}))
+	require.Error(t, err)
+	assert.Equal(t, "key tracing.headers: environment variable OTEL_EXPORTER_OTLP_TRACES_HEADERS: header 1 is not a valid HTTP header", err.Error())
+
+	_, err = Parse("f.yaml", []byte("tracing: {otlp_endpoint: 'http://c:4318', headers: {authorization: \"a\\r\\nb-secret\"}}"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "key tracing.headers.authorization: is not a valid HTTP header value")
+	assert.NotContains(t, err.Error(), "b-secret")
+}

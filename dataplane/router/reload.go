@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -51,9 +52,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	// Prefix affinity's slack and peers apply unless another of its keys
 	// changed too: that one waits for a restart, and the whole key with it.
-	// Tracing's sample ratio applies unless its endpoint or service
-	// changed too.
-	tracingApplies := old.Tracing.OTLPEndpoint == cfg.Tracing.OTLPEndpoint && old.Tracing.ServiceName == cfg.Tracing.ServiceName
+	// Tracing's sample ratio applies unless its endpoint, service or
+	// headers changed too.
+	tracingApplies := old.Tracing.OTLPEndpoint == cfg.Tracing.OTLPEndpoint && old.Tracing.ServiceName == cfg.Tracing.ServiceName &&
+		maps.Equal(old.Tracing.Headers, cfg.Tracing.Headers)
 	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,

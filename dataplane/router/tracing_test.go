@@ -99,7 +99,7 @@ func TestTracedRequestsReachTheCollector(t *testing.T) {
 		assert.GreaterOrEqual(t, e.TimeUnixNano, s.StartTimeUnixNano)
 		assert.LessOrEqual(t, e.TimeUnixNano, s.EndTimeUnixNano)
 	}
-	assert.Equal(t, []string{"sent_to_worker", "first_byte"}, events)
+	assert.Equal(t, []string{"worker_picked", "sent_to_worker", "first_byte"}, events)
 	assert.Nil(t, s.Status)
 
 	// A stream without a traceparent: a trace of its own.
@@ -115,7 +115,7 @@ func TestTracedRequestsReachTheCollector(t *testing.T) {
 	for _, e := range s.Events {
 		events = append(events, e.Name)
 	}
-	assert.Equal(t, []string{"sent_to_worker", "first_byte", "first_token"}, events)
+	assert.Equal(t, []string{"worker_picked", "sent_to_worker", "first_byte", "first_token"}, events)
 	streamTrace := hex.EncodeToString(c.Trace[:])
 
 	// An unsampled traceparent passes as it came, and makes no span.

@@ -53,6 +53,7 @@ type exporter struct {
 	opts   Options
 	queue  *xsync.MPMCQueueOf[Span]
 	client *http.Client
+	header http.Header // of every export request: Config.Headers and the content type
 	// The export goroutine's (Start), Close's once it ended: the batch
 	// taken from the queue, and its encoder.
 	batch []Span
@@ -67,9 +68,13 @@ type exporter struct {
 	lastLog time.Time // the last failure warned of (the export goroutine's)
 }
 
-func newExporter(url, service string, opts Options) *exporter {
+func newExporter(url, service string, headers map[string]string, opts Options) *exporter {
 	opts = opts.withDefaults()
-	return &exporter{
+	h := http.Header{"Content-Type": {"application/x-protobuf"}}
+	for name, value := range headers {
+		h.Set(name, value)
+	}
+	return &exporter{header: h,
 		url: url, opts: opts, queue: xsync.NewMPMCQueueOf[Span](opts.QueueSize),
 		client: &http.Client{Timeout: opts.Timeout},
 		batch:  make([]Span, 0, opts.BatchSize), enc: newEncoder(service),
@@ -160,7 +165,7 @@ func (e *exporter) post(ctx context.Context, body []byte) error {
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/x-protobuf")
+	req.Header = e.header
 	resp, err := e.client.Do(req)
 	if err != nil {
 		return err

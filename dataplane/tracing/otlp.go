@@ -143,6 +143,9 @@ func (s *Span) appendProto(b []byte) []byte {
 	}
 	b = appendVarintAttr(b, "fastroute.stream", anyBool, stream)
 
+	if s.Picked > 0 {
+		b = appendEvent(b, "worker_picked", start, s.Picked)
+	}
 	if s.Sent > 0 {
 		b = appendEvent(b, "sent_to_worker", start, s.Sent)
 		if s.FirstByte > 0 {

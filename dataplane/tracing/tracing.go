@@ -15,8 +15,11 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Config is the tracing key of the router's config.
@@ -32,6 +35,43 @@ type Config struct {
 	SampleRatio float64 `yaml:"sample_ratio"`
 	// ServiceName is the service.name of the spans' resource.
 	ServiceName string `yaml:"service_name"`
+	// Headers go on every export request: a hosted collector's
+	// credentials, say, so their values count as secrets. None set: those
+	// of the environment's OTEL_EXPORTER_OTLP_TRACES_HEADERS, else
+	// OTEL_EXPORTER_OTLP_HEADERS (HeadersFromEnv).
+	Headers map[string]string `yaml:"headers,omitempty"`
+}
+
+// The environment variables of OpenTelemetry's exporters that hold the
+// export's headers, the first set taken.
+var headersEnv = []string{"OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"}
+
+// HeadersFromEnv returns the export headers the environment (getenv) sets,
+// as OpenTelemetry's exporters read them: "name=value,name=value", each
+// part percent-encoded, in the first of headersEnv that is set; nil when
+// none is. Its errors name the variable and never quote a value.
+func HeadersFromEnv(getenv func(string) string) (map[string]string, error) {
+	for _, env := range headersEnv {
+		v := getenv(env)
+		if v == "" {
+			continue
+		}
+		h := map[string]string{}
+		for i, pair := range strings.Split(v, ",") {
+			name, value, ok := strings.Cut(pair, "=")
+			name, nerr := url.PathUnescape(strings.TrimSpace(name))
+			value, verr := url.PathUnescape(strings.TrimSpace(value))
+			switch {
+			case !ok || nerr != nil || verr != nil:
+				return nil, fmt.Errorf("environment variable %s: header %d is not a percent-encoded name=value", env, i+1)
+			case !httpguts.ValidHeaderFieldName(name) || !httpguts.ValidHeaderFieldValue(value):
+				return nil, fmt.Errorf("environment variable %s: header %d is not a valid HTTP header", env, i+1)
+			}
+			h[name] = value
+		}
+		return h, nil
+	}
+	return nil, nil
 }
 
 // On says the config turns tracing on.
@@ -50,6 +90,14 @@ func (c Config) Check() (key string, err error) {
 	}
 	if c.ServiceName == "" {
 		return "service_name", fmt.Errorf("is empty; the spans need a service.name")
+	}
+	for name, value := range c.Headers {
+		if !httpguts.ValidHeaderFieldName(name) {
+			return "headers", fmt.Errorf("%q is not an HTTP header name", name)
+		}
+		if !httpguts.ValidHeaderFieldValue(value) {
+			return "headers." + name, errors.New("is not a valid HTTP header value") // not quoted: a secret
+		}
 	}
 	return "", nil
 }
@@ -89,6 +137,7 @@ type Span struct {
 	Worker    uint64        // the worker that answered, the last one tried; 0: none was picked
 	Attempts  int           // workers tried
 	Stream    bool          // the request asked for a stream
+	Picked    time.Duration // since Start: when its worker was reserved, after any wait in the queue; 0: never
 	Sent      time.Duration // since Start: when the request left for its worker (its last try); 0: never
 	FirstByte time.Duration // since Sent: the worker's first byte; 0: none
 	// FirstToken is since Start: when the first token's event left for
@@ -116,7 +165,7 @@ func New(cfg Config, opts Options) (*Tracer, error) {
 		return nil, fmt.Errorf("tracing.%s: %w", key, err)
 	}
 	target, _ := exportURL(cfg.OTLPEndpoint)
-	t := &Tracer{exporter: newExporter(target, cfg.ServiceName, opts)}
+	t := &Tracer{exporter: newExporter(target, cfg.ServiceName, cfg.Headers, opts)}
 	t.SetSampleRatio(cfg.SampleRatio)
 	return t, nil
 }

@@ -179,7 +179,9 @@ func TestSpansReachTheCollector(t *testing.T) {
 	sink, err := otlpsink.Start()
 	require.NoError(t, err)
 	defer sink.Close()
-	tr := newTracer(t, sink.URL(), 1, Options{Interval: 10 * time.Millisecond, BatchSize: 2})
+	tr, err := New(Config{OTLPEndpoint: sink.URL(), SampleRatio: 1, ServiceName: "fastroute-test",
+		Headers: map[string]string{"authorization": "Bearer collector-token"}}, Options{Interval: 10 * time.Millisecond, BatchSize: 2})
+	require.NoError(t, err)
 	defer tr.Close(context.Background())
 
 	start := time.Now()
@@ -187,7 +189,7 @@ func TestSpansReachTheCollector(t *testing.T) {
 	require.True(t, tr.Begin(&s, []byte("00-"+clientTrace+"-"+clientSpan+"-01"), start))
 	s.Name, s.Method, s.Route = "POST /v1/chat/completions", "POST", "/v1/chat/completions"
 	s.Duration, s.Status, s.Outcome, s.Worker, s.Attempts, s.Stream = 40*time.Millisecond, 200, "ok", 3, 2, true
-	s.Sent, s.FirstByte, s.FirstToken = time.Millisecond, 5*time.Millisecond, 9*time.Millisecond
+	s.Picked, s.Sent, s.FirstByte, s.FirstToken = 500*time.Microsecond, time.Millisecond, 5*time.Millisecond, 9*time.Millisecond
 	s.InputTokens, s.OutputTokens = 12, 34
 	s.SetModel([]byte("mock-model"))
 	tr.End(&s)
@@ -202,6 +204,8 @@ func TestSpansReachTheCollector(t *testing.T) {
 	tr.Start() // the three spans queued: two posts
 	require.Eventually(t, func() bool { e, _, _ := tr.Counts(); return e == 3 }, 5*time.Second, 5*time.Millisecond)
 	assert.Equal(t, 2, sink.Posts(), "batches of at most 2")
+	assert.Equal(t, "Bearer collector-token", sink.Header("Authorization"), "the config's headers go with each post")
+	assert.Equal(t, "application/x-protobuf", sink.Header("Content-Type"))
 	got := sink.Spans()
 	ok := got[0]
 	assert.Equal(t, "fastroute-test", ok.Service)
@@ -220,11 +224,11 @@ func TestSpansReachTheCollector(t *testing.T) {
 	} {
 		assert.Equal(t, want, ok.Attr(key), key)
 	}
-	require.Len(t, ok.Events, 3)
+	require.Len(t, ok.Events, 4)
 	for i, want := range []struct {
 		name string
 		at   time.Duration
-	}{{"sent_to_worker", time.Millisecond}, {"first_byte", 6 * time.Millisecond}, {"first_token", 9 * time.Millisecond}} {
+	}{{"worker_picked", 500 * time.Microsecond}, {"sent_to_worker", time.Millisecond}, {"first_byte", 6 * time.Millisecond}, {"first_token", 9 * time.Millisecond}} {
 		assert.Equal(t, want.name, ok.Events[i].Name)
 		assert.Equal(t, uint64(start.Add(want.at).UnixNano()), ok.Events[i].TimeUnixNano, want.name)
 	}
@@ -310,7 +314,7 @@ func TestTheEncodingIsOTLPs(t *testing.T) {
 	full := Span{Context: Context{Trace: TraceID{1, 2, 3}, Span: SpanID{4, 5}, Sampled: true}, Parent: SpanID{6},
 		Name: "POST /v1/chat/completions", Method: "POST", Route: "/v1/chat/completions", Start: start,
 		Duration: 40 * time.Millisecond, Status: 503, Outcome: "upstream_error", Error: true, Worker: 300, Attempts: 3,
-		Stream: true, Sent: time.Millisecond, FirstByte: 2 * time.Millisecond, FirstToken: 5 * time.Millisecond,
+		Stream: true, Picked: time.Microsecond, Sent: time.Millisecond, FirstByte: 2 * time.Millisecond, FirstToken: 5 * time.Millisecond,
 		InputTokens: 1 << 20, OutputTokens: 7}
 	full.SetModel([]byte(strings.Repeat("m", 200)))
 	bare := Span{Context: Context{Trace: TraceID{9}, Span: SpanID{8}, Sampled: true}, Name: "GET", Method: "GET",
@@ -340,7 +344,8 @@ func TestTheEncodingIsOTLPs(t *testing.T) {
 					num("gen_ai.usage.input_tokens", 1<<20), num("gen_ai.usage.output_tokens", 7),
 					str("fastroute.outcome", "upstream_error"), num("fastroute.worker.id", 300), num("fastroute.attempts", 3),
 					flag("fastroute.stream", true)},
-				Events: []*tracepb.Span_Event{{Name: "sent_to_worker", TimeUnixNano: at(time.Millisecond)},
+				Events: []*tracepb.Span_Event{{Name: "worker_picked", TimeUnixNano: at(time.Microsecond)},
+					{Name: "sent_to_worker", TimeUnixNano: at(time.Millisecond)},
 					{Name: "first_byte", TimeUnixNano: at(3 * time.Millisecond)}, {Name: "first_token", TimeUnixNano: at(5 * time.Millisecond)}},
 				Status: &tracepb.Status{Code: tracepb.Status_STATUS_CODE_ERROR, Message: "upstream_error"},
 				Flags:  0x301,
@@ -354,4 +359,29 @@ func TestTheEncodingIsOTLPs(t *testing.T) {
 		}},
 	}}}
 	assert.True(t, proto.Equal(want, got), "got %v", got)
+}
+
+// The export's headers are read from OpenTelemetry's environment
+// variables as its exporters read them, the traces' own first; a bad one
+// is refused without quoting it.
+func TestHeadersFromEnv(t *testing.T) {
+	env := func(vars map[string]string) func(string) string { return func(k string) string { return vars[k] } }
+	h, err := HeadersFromEnv(env(nil))
+	require.NoError(t, err)
+	assert.Nil(t, h)
+	h, err = HeadersFromEnv(env(map[string]string{
+		"OTEL_EXPORTER_OTLP_HEADERS":        "x-generic=1",
+		"OTEL_EXPORTER_OTLP_TRACES_HEADERS": " Authorization = Basic%20dXNlcjpwYXNz , x-tenant=a%2Cb",
+	}))
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"Authorization": "Basic dXNlcjpwYXNz", "x-tenant": "a,b"}, h)
+	for _, bad := range []string{"no-equals-secret", "bad name=secret", "a=secret%0A", "a=%zz-secret"} {
+		_, err := HeadersFromEnv(env(map[string]string{"OTEL_EXPORTER_OTLP_HEADERS": "ok=1," + bad}))
+		require.Error(t, err, bad)
+		assert.Contains(t, err.Error(), "OTEL_EXPORTER_OTLP_HEADERS: header 2 ")
+		assert.NotContains(t, err.Error(), "secret")
+	}
+	key, err := Config{SampleRatio: 1, OTLPEndpoint: "http://c", ServiceName: "s", Headers: map[string]string{"bad name": "v"}}.Check()
+	assert.Equal(t, "headers", key)
+	assert.Error(t, err)
 }

@@ -51,7 +51,8 @@ type Sink struct {
 	mu     sync.Mutex
 	spans  []Span
 	posts  int
-	status int // the answer to an export: 200, or what SetStatus set
+	header http.Header // the last export's
+	status int         // the answer to an export: 200, or what SetStatus set
 }
 
 // Start starts a sink on a free loopback port.
@@ -91,6 +92,13 @@ func (s *Sink) Posts() int {
 	return s.posts
 }
 
+// Header returns the header name of the last export received.
+func (s *Sink) Header(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.header.Get(name)
+}
+
 // Close stops the sink.
 func (s *Sink) Close() error { return s.srv.Close() }
 
@@ -102,7 +110,7 @@ func (s *Sink) receive(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.posts++
+	s.posts, s.header = s.posts+1, r.Header.Clone()
 	if s.status != http.StatusOK {
 		w.WriteHeader(s.status)
 		return

@@ -607,6 +607,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 		return
 	}
 	ex.picked = true
+	if ex.traced {
+		ex.span.Picked = time.Since(start)
+	}
 	if t := s.mirrors.Load(); t != nil && !query {
 		ex.mirror(ctx, t)
 	}
