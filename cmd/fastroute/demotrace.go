@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -35,10 +34,7 @@ func demoTrace(client *http.Client, base string, sink *otlpsink.Sink) (string, e
 		return "", fmt.Errorf("status %d, %v", resp.StatusCode, err)
 	}
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		for _, s := range sink.Spans() {
-			if hex.EncodeToString(s.TraceId) != demoTraceID {
-				continue
-			}
+		if s, ok := sink.SpanOf(demoTraceID); ok {
 			var steps []string
 			for _, e := range s.Events {
 				steps = append(steps, fmt.Sprintf("%s +%.1f ms", e.Name, float64(e.TimeUnixNano-s.StartTimeUnixNano)/1e6))

@@ -29,6 +29,17 @@ func traceEngine(w http.ResponseWriter, r *http.Request, body map[string]any) {
 	_, _ = io.WriteString(w, `{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}`)
 }
 
+// spanOf waits for the span of trace (hex) to reach sink and returns it.
+func spanOf(t *testing.T, sink *otlpsink.Sink, trace string) otlpsink.Span {
+	t.Helper()
+	var found otlpsink.Span
+	require.Eventually(t, func() (ok bool) {
+		found, ok = sink.SpanOf(trace)
+		return ok
+	}, 5*time.Second, 5*time.Millisecond, "the span of trace %s reaches the collector", trace)
+	return found
+}
+
 // With tracing on, a request the client traces (a sampled traceparent)
 // reaches its worker as the child of the router's span, which the
 // collector gets with the request's route, model, worker, status and
@@ -49,20 +60,6 @@ func TestTracedRequestsReachTheCollector(t *testing.T) {
 		c.Log.Access = "all"
 	}, logs)
 	const clientTrace, clientSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-	spanOf := func(trace string) otlpsink.Span {
-		t.Helper()
-		var found otlpsink.Span
-		require.Eventually(t, func() bool {
-			for _, s := range sink.Spans() {
-				if hex.EncodeToString(s.TraceId) == trace {
-					found = s
-					return true
-				}
-			}
-			return false
-		}, 5*time.Second, 5*time.Millisecond, "the span of trace %s reaches the collector", trace)
-		return found
-	}
 	sentOn := func(i int) tracing.Context {
 		t.Helper()
 		got := engine.received()
@@ -80,7 +77,7 @@ func TestTracedRequestsReachTheCollector(t *testing.T) {
 	assert.Equal(t, clientTrace, hex.EncodeToString(c.Trace[:]), "in the client's trace")
 	assert.NotEqual(t, clientSpan, hex.EncodeToString(c.Span[:]), "the worker's parent is the router's span")
 	assert.True(t, c.Sampled)
-	s := spanOf(clientTrace)
+	s := spanOf(t, sink, clientTrace)
 	assert.Equal(t, c.Span[:], s.SpanId, "the span the worker's traceparent names")
 	assert.Equal(t, clientSpan, hex.EncodeToString(s.ParentSpanId))
 	assert.Equal(t, "router-test", s.Service)
@@ -107,7 +104,7 @@ func TestTracedRequestsReachTheCollector(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, text)
 	require.Contains(t, text, "[DONE]")
 	c = sentOn(1)
-	s = spanOf(hex.EncodeToString(c.Trace[:]))
+	s = spanOf(t, sink, hex.EncodeToString(c.Trace[:]))
 	assert.Equal(t, c.Span[:], s.SpanId)
 	assert.Empty(t, s.ParentSpanId, "the trace starts at the router")
 	assert.Equal(t, true, s.Attr("fastroute.stream"))
@@ -128,7 +125,7 @@ func TestTracedRequestsReachTheCollector(t *testing.T) {
 	badTrace := strings.Repeat("cd", 16)
 	code, _, _ = f.do("POST", "/v1/chat/completions", `{"model":`, "traceparent", "00-"+badTrace+"-"+clientSpan+"-01")
 	require.Equal(t, http.StatusBadRequest, code)
-	s = spanOf(badTrace)
+	s = spanOf(t, sink, badTrace)
 	assert.Equal(t, int64(400), s.Attr("http.response.status_code"))
 	assert.Equal(t, "invalid", s.Attr("fastroute.outcome"))
 	assert.Nil(t, s.Attr("fastroute.worker.id"), "no worker picked")
@@ -168,7 +165,7 @@ func TestTracedRequestsReachTheCollector(t *testing.T) {
 	code, _, _ = f.do("POST", "/v1/chat/completions", chatBody, "traceparent", "00-"+lastTrace+"-"+clientSpan+"-01")
 	require.Equal(t, http.StatusOK, code)
 	require.NoError(t, f.r.Close())
-	spanOf(lastTrace)
+	spanOf(t, sink, lastTrace)
 	assert.Len(t, sink.Spans(), 4)
 }
 
@@ -182,20 +179,6 @@ func TestSplitLegsAndMirrorCopiesCarryTheRoutersSpan(t *testing.T) {
 		c.Tracing = tracing.Config{OTLPEndpoint: sink.URL(), SampleRatio: 0, ServiceName: "router-test"}
 	}
 	clientParent := func(trace string) string { return "00-" + trace + "-00f067aa0ba902b7-01" }
-	routerSpan := func(trace string) []byte {
-		t.Helper()
-		var id []byte
-		require.Eventually(t, func() bool {
-			for _, s := range sink.Spans() {
-				if hex.EncodeToString(s.TraceId) == trace {
-					id = s.SpanId
-					return true
-				}
-			}
-			return false
-		}, 5*time.Second, 5*time.Millisecond)
-		return id
-	}
 	assertChild := func(traceparent, trace string, span []byte, leg string) {
 		t.Helper()
 		c, ok := tracing.Parse([]byte(traceparent))
@@ -208,7 +191,7 @@ func TestSplitLegsAndMirrorCopiesCarryTheRoutersSpan(t *testing.T) {
 	pd := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}}, traceOn)
 	splitTrace := strings.Repeat("12", 16)
 	readAll(t, pd.post("/v1/chat/completions", pdBody, "traceparent", clientParent(splitTrace)))
-	span := routerSpan(splitTrace)
+	span := spanOf(t, sink, splitTrace).SpanId
 	require.Len(t, prefill.received(), 1)
 	require.Len(t, decode.received(), 1)
 	assertChild(prefill.received()[0].traceparent, splitTrace, span, "prefill leg")
@@ -226,7 +209,7 @@ func TestSplitLegsAndMirrorCopiesCarryTheRoutersSpan(t *testing.T) {
 	code, worker, text := f.do("POST", "/v1/chat/completions", `{"model":"llama","messages":[]}`, "traceparent", clientParent(mirrorTrace))
 	require.Equal(t, http.StatusOK, code, text)
 	assert.Equal(t, "1", worker)
-	span = routerSpan(mirrorTrace)
+	span = spanOf(t, sink, mirrorTrace).SpanId
 	require.Eventually(t, func() bool { return len(shadow.received()) == 1 }, 5*time.Second, 5*time.Millisecond)
 	assertChild(production.received()[0].traceparent, mirrorTrace, span, "the request")
 	assertChild(shadow.received()[0].traceparent, mirrorTrace, span, "the mirror's copy")

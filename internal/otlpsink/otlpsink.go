@@ -5,6 +5,7 @@
 package otlpsink
 
 import (
+	"encoding/hex"
 	"errors"
 	"io"
 	"net"
@@ -83,6 +84,17 @@ func (s *Sink) Spans() []Span {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]Span(nil), s.spans...)
+}
+
+// SpanOf returns the first span received of the trace of id trace (in
+// hex), false while none came.
+func (s *Sink) SpanOf(trace string) (Span, bool) {
+	for _, sp := range s.Spans() {
+		if hex.EncodeToString(sp.TraceId) == trace {
+			return sp, true
+		}
+	}
+	return Span{}, false
 }
 
 // Posts returns the export requests received so far.
