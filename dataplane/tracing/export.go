@@ -74,10 +74,10 @@ func newExporter(url, service string, headers map[string]string, opts Options) *
 	for name, value := range headers {
 		h.Set(name, value)
 	}
-	return &exporter{header: h,
+	return &exporter{
 		url: url, opts: opts, queue: xsync.NewMPMCQueueOf[Span](opts.QueueSize),
-		client: &http.Client{Timeout: opts.Timeout},
-		batch:  make([]Span, 0, opts.BatchSize), enc: newEncoder(service),
+		client: &http.Client{Timeout: opts.Timeout}, header: h,
+		batch: make([]Span, 0, opts.BatchSize), enc: newEncoder(service),
 		exported: metrics.NewCounter(), dropped: metrics.NewCounter(), failed: metrics.NewCounter(),
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}

@@ -13,7 +13,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -158,8 +157,8 @@ type Tracer struct {
 	*exporter
 }
 
-// New returns a Tracer exporting to cfg's endpoint, which Check accepted;
-// Start starts its export. opts may be zero.
+// New returns a Tracer exporting to cfg's endpoint, or Check's refusal of
+// cfg; Start starts its export. opts may be zero.
 func New(cfg Config, opts Options) (*Tracer, error) {
 	if key, err := cfg.Check(); err != nil {
 		return nil, fmt.Errorf("tracing.%s: %w", key, err)
@@ -175,7 +174,7 @@ func New(cfg Config, opts Options) (*Tracer, error) {
 func (t *Tracer) SetSampleRatio(r float64) {
 	// OpenTelemetry's TraceIDRatioBased: a trace id is in when its low 8
 	// bytes, less their lowest bit, fall under ratio·2⁶³.
-	t.bound.Store(uint64(math.Min(max(r, 0), 1) * (1 << 63)))
+	t.bound.Store(uint64(min(max(r, 0), 1) * (1 << 63)))
 }
 
 // SampleRatio returns the share SetSampleRatio set.
