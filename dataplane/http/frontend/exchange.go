@@ -22,7 +22,6 @@ import (
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
-	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 )
@@ -92,11 +91,9 @@ type exchange struct {
 	model  *modelStats
 	copied *mirrors.Rule // the mirror a copy of the request went by (mirror); nil: none
 
-	// The request's span while it is traced (traceRequest), and the
-	// traceparent it went on with.
-	traced      bool
-	span        tracing.Span
-	traceparent []byte
+	// traced: the request is traced, its span in trace (traceRequest).
+	traced bool
+	trace  *spanRecord
 
 	// Its place in the retry budget's counts: among the requests holding a
 	// worker (holdWorker), and among those on a retry (mayRetry).
@@ -1034,7 +1031,7 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 		n++
 	}
 	if ex.traced { // the trace the router's span is in
-		attrs[n] = slog.String("trace_id", hex.EncodeToString(ex.span.Trace[:]))
+		attrs[n] = slog.String("trace_id", hex.EncodeToString(ex.trace.Trace[:]))
 		n++
 	}
 	if ex.firstToken > 0 {

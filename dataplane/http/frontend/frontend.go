@@ -608,7 +608,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 	}
 	ex.picked = true
 	if ex.traced {
-		ex.span.Picked = time.Since(start)
+		ex.trace.Picked = time.Since(start)
 	}
 	if t := s.mirrors.Load(); t != nil && !query {
 		ex.mirror(ctx, t)

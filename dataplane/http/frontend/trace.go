@@ -21,17 +21,32 @@ var spanNames = func() (names [numRoutes]string) {
 	return names
 }()
 
+// spanRecord is a traced request's span and the traceparent it went on
+// with. An exchange makes its own at its first request while tracing is
+// on and keeps it: with tracing off no exchange, and so no open stream,
+// holds the 300 bytes of a span.
+type spanRecord struct {
+	tracing.Span
+	traceparent []byte
+}
+
 // traceRequest decides whether the request is traced (Options.Tracer) and,
 // if so, starts its span and sends it on with the span's traceparent in
 // place of the client's: its worker's span (an engine's, a mirror's
 // copy's, both legs' of a split request) is then the router's child.
 func (ex *exchange) traceRequest(ctx *fasthttp.RequestCtx, start time.Time) {
 	t := ex.s.opts.Tracer
-	ex.traced = t != nil && t.Begin(&ex.span, ctx.Request.Header.Peek(tracing.Header), start)
-	if !ex.traced {
+	if ex.traced = false; t == nil {
 		return
 	}
-	sp := &ex.span
+	if ex.trace == nil {
+		ex.trace = &spanRecord{}
+	}
+	rec := ex.trace
+	if ex.traced = t.Begin(&rec.Span, ctx.Request.Header.Peek(tracing.Header), start); !ex.traced {
+		return
+	}
+	sp := &rec.Span
 	sp.Method = methodName(ctx.Method())
 	sp.Name = sp.Method
 	if ctx.IsPost() {
@@ -40,8 +55,8 @@ func (ex *exchange) traceRequest(ctx *fasthttp.RequestCtx, start time.Time) {
 			sp.Route = routeNames[ex.rt]
 		}
 	}
-	ex.traceparent = sp.Context.Append(ex.traceparent[:0])
-	ctx.Request.Header.SetBytesV(tracing.Header, ex.traceparent)
+	rec.traceparent = sp.Context.Append(rec.traceparent[:0])
+	ctx.Request.Header.SetBytesV(tracing.Header, rec.traceparent)
 }
 
 // methodName is the method as OpenTelemetry's HTTP conventions record
@@ -64,7 +79,7 @@ func (ex *exchange) endSpan(o outcome, total time.Duration) {
 	if !ex.traced {
 		return
 	}
-	sp := &ex.span
+	sp := &ex.trace.Span
 	sp.Duration, sp.Status, sp.Outcome, sp.Error = total, ex.status, outcomeNames[o], ex.status >= 500
 	if ex.picked {
 		sp.Worker = ex.res.Worker().ID()
