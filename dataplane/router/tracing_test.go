@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -213,5 +214,51 @@ func TestSplitLegsAndMirrorCopiesCarryTheRoutersSpan(t *testing.T) {
 	require.Eventually(t, func() bool { return len(shadow.received()) == 1 }, 5*time.Second, 5*time.Millisecond)
 	assertChild(production.received()[0].traceparent, mirrorTrace, span, "the request")
 	assertChild(shadow.received()[0].traceparent, mirrorTrace, span, "the mirror's copy")
+	f.assertIdle()
+}
+
+// A traced request's span shows each try that moved it on: a worker that
+// refused the connection (connect), one that answered a status of
+// router.retry_statuses (status, with the status), each naming its worker.
+func TestATracedRequestsSpanShowsItsMoves(t *testing.T) {
+	sink, err := otlpsink.Start()
+	require.NoError(t, err)
+	defer sink.Close()
+	busy := startEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		http.Error(w, `{"error":"busy"}`, http.StatusServiceUnavailable)
+	})
+	good := startEngine(t, traceEngine)
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Tracing = tracing.Config{OTLPEndpoint: sink.URL(), SampleRatio: 1, ServiceName: "router-test"}
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://" + deadAddr(t)}, {ID: 2, URL: busy.URL}, {ID: 3, URL: good.URL}}
+		c.Router.RetryStatuses = []int{http.StatusServiceUnavailable}
+		c.Health.EjectAfter = 1000
+	})
+	// Round-robin puts each worker first in turn: a few requests meet both.
+	moves := map[string]int64{} // reason → the worker it named
+	for i := 0; i < 12 && len(moves) < 2; i++ {
+		trace := strings.Repeat(fmt.Sprintf("%02d", 50+i), 16)
+		code, worker, text := f.do("POST", "/v1/chat/completions", chatBody, "traceparent", "00-"+trace+"-00f067aa0ba902b7-01")
+		require.Equal(t, http.StatusOK, code, text)
+		require.Equal(t, "3", worker)
+		s := spanOf(t, sink, trace)
+		n := int64(0)
+		for _, e := range s.Events {
+			if e.Name != "moved_on" {
+				continue
+			}
+			n++
+			attr := otlpsink.Span{Span: &tracepb.Span{Attributes: e.Attributes}}
+			reason := attr.Attr("fastroute.move.reason").(string)
+			moves[reason] = attr.Attr("fastroute.worker.id").(int64)
+			if reason == "status" {
+				assert.Equal(t, int64(503), attr.Attr("http.response.status_code"))
+			}
+			assert.Greater(t, e.TimeUnixNano, s.StartTimeUnixNano)
+		}
+		assert.Equal(t, n+1, s.Attr("fastroute.attempts"), "a move for each try but the last")
+		assert.Equal(t, int64(3), s.Attr("fastroute.worker.id"))
+	}
+	assert.Equal(t, map[string]int64{"connect": 1, "status": 2}, moves)
 	f.assertIdle()
 }

@@ -31,10 +31,11 @@ const (
 	spanStatus       = 15
 	spanFlags        = 16
 
-	eventTime     = 1 // Span.Event.time_unix_nano
-	eventName     = 2 // Span.Event.name
-	statusMessage = 2 // Status.message
-	statusCode    = 3 // Status.code
+	eventTime       = 1 // Span.Event.time_unix_nano
+	eventName       = 2 // Span.Event.name
+	eventAttributes = 3 // Span.Event.attributes
+	statusMessage   = 2 // Status.message
+	statusCode      = 3 // Status.code
 
 	keyValueKey   = 1 // KeyValue.key
 	keyValueValue = 2 // KeyValue.value
@@ -141,10 +142,13 @@ func (s *Span) appendProto(b []byte) []byte {
 	if s.Stream {
 		stream = 1
 	}
-	b = appendVarintAttr(b, "fastroute.stream", anyBool, stream)
+	b = appendVarintAttr(b, spanAttributes, "fastroute.stream", anyBool, stream)
 
 	if s.Picked > 0 {
 		b = appendEvent(b, "worker_picked", start, s.Picked)
+	}
+	for _, m := range s.moves[:s.nMoves] {
+		b = appendMove(b, start, &m)
 	}
 	if s.Sent > 0 {
 		b = appendEvent(b, "sent_to_worker", start, s.Sent)
@@ -179,6 +183,25 @@ func appendEvent(b []byte, name string, start int64, since time.Duration) []byte
 }
 
 // appendStringAttr appends a KeyValue field of a string value.
+// appendMove appends the event "moved_on" of a try that moved the request
+// on, with the worker tried, the reason and the answer's status.
+func appendMove(b []byte, start int64, m *Move) []byte {
+	var attrs [256]byte
+	a := appendVarintAttr(attrs[:0], eventAttributes, "fastroute.worker.id", anyInt, m.Worker)
+	a = appendStringAttr(a, eventAttributes, "fastroute.move.reason", m.Reason)
+	if m.Status > 0 {
+		a = appendVarintAttr(a, eventAttributes, "http.response.status_code", anyInt, uint64(m.Status))
+	}
+	const name = "moved_on"
+	n := protowire.SizeTag(eventTime) + protowire.SizeFixed64() + protowire.SizeTag(eventName) + protowire.SizeBytes(len(name)) + len(a)
+	b = protowire.AppendTag(b, spanEvents, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(n))
+	b = protowire.AppendTag(b, eventTime, protowire.Fixed64Type)
+	b = protowire.AppendFixed64(b, uint64(start+int64(m.At)))
+	b = appendString(b, eventName, name)
+	return append(b, a...)
+}
+
 func appendStringAttr[T string | []byte](b []byte, field protowire.Number, key string, v T) []byte {
 	value := protowire.SizeTag(anyString) + protowire.SizeBytes(len(v))
 	b = appendKeyValueHead(b, field, key, value)
@@ -189,13 +212,13 @@ func appendStringAttr[T string | []byte](b []byte, field protowire.Number, key s
 
 // appendIntAttr appends a span attribute of an int value.
 func appendIntAttr(b []byte, key string, v int64) []byte {
-	return appendVarintAttr(b, key, anyInt, uint64(v))
+	return appendVarintAttr(b, spanAttributes, key, anyInt, uint64(v))
 }
 
-// appendVarintAttr appends a span attribute whose value is the varint
+// appendVarintAttr appends a KeyValue field whose value is the varint
 // member of AnyValue (int_value, bool_value).
-func appendVarintAttr(b []byte, key string, member protowire.Number, v uint64) []byte {
-	b = appendKeyValueHead(b, spanAttributes, key, protowire.SizeTag(member)+protowire.SizeVarint(v))
+func appendVarintAttr(b []byte, field protowire.Number, key string, member protowire.Number, v uint64) []byte {
+	b = appendKeyValueHead(b, field, key, protowire.SizeTag(member)+protowire.SizeVarint(v))
 	b = protowire.AppendTag(b, member, protowire.VarintType)
 	return protowire.AppendVarint(b, v)
 }

@@ -146,6 +146,31 @@ type Span struct {
 
 	model    [maxModel]byte
 	modelLen uint8
+	moves    [maxMoves]Move
+	nMoves   uint8
+}
+
+// maxMoves bounds the moves a span keeps (the router makes at most 8
+// tries).
+const maxMoves = 8
+
+// Move is a try that moved the request on to another worker: a retry.
+type Move struct {
+	At     time.Duration // since Start: when the try ended
+	Worker uint64        // the worker tried
+	// Reason is why: connect, transport or timeout (the try failed: the
+	// worker failures' reasons), or status (its answer's status, Status,
+	// is one to retry, or a 404 to a search for a stored response).
+	Reason string
+	Status int
+}
+
+// AddMove records a try that moved the request on (the first maxMoves).
+func (s *Span) AddMove(m Move) {
+	if int(s.nMoves) < len(s.moves) {
+		s.moves[s.nMoves] = m
+		s.nMoves++
+	}
 }
 
 // SetModel keeps the request's model name (its first maxModel bytes).

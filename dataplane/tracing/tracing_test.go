@@ -307,6 +307,16 @@ func BenchmarkBeginEnd(b *testing.B) {
 	}
 }
 
+// A span keeps its first eight moves.
+func TestASpanKeepsItsFirstMoves(t *testing.T) {
+	var s Span
+	for i := range 10 {
+		s.AddMove(Move{Worker: uint64(i + 1), Reason: "connect"})
+	}
+	require.Equal(t, uint8(maxMoves), s.nMoves)
+	assert.Equal(t, uint64(8), s.moves[7].Worker)
+}
+
 // The encoder writes what OpenTelemetry's own generated types read back
 // as the same message, field for field, with nothing left unknown.
 func TestTheEncodingIsOTLPs(t *testing.T) {
@@ -317,6 +327,8 @@ func TestTheEncodingIsOTLPs(t *testing.T) {
 		Stream: true, Picked: time.Microsecond, Sent: time.Millisecond, FirstByte: 2 * time.Millisecond, FirstToken: 5 * time.Millisecond,
 		InputTokens: 1 << 20, OutputTokens: 7}
 	full.SetModel([]byte(strings.Repeat("m", 200)))
+	full.AddMove(Move{At: 300 * time.Microsecond, Worker: 7, Reason: "connect"})
+	full.AddMove(Move{At: 700 * time.Microsecond, Worker: 8, Reason: "status", Status: 503})
 	bare := Span{Context: Context{Trace: TraceID{9}, Span: SpanID{8}, Sampled: true}, Name: "GET", Method: "GET",
 		Start: start, Status: 401, Outcome: "invalid"}
 	got := &coltracepb.ExportTraceServiceRequest{}
@@ -345,6 +357,10 @@ func TestTheEncodingIsOTLPs(t *testing.T) {
 					str("fastroute.outcome", "upstream_error"), num("fastroute.worker.id", 300), num("fastroute.attempts", 3),
 					flag("fastroute.stream", true)},
 				Events: []*tracepb.Span_Event{{Name: "worker_picked", TimeUnixNano: at(time.Microsecond)},
+					{Name: "moved_on", TimeUnixNano: at(300 * time.Microsecond), Attributes: []*commonpb.KeyValue{
+						num("fastroute.worker.id", 7), str("fastroute.move.reason", "connect")}},
+					{Name: "moved_on", TimeUnixNano: at(700 * time.Microsecond), Attributes: []*commonpb.KeyValue{
+						num("fastroute.worker.id", 8), str("fastroute.move.reason", "status"), num("http.response.status_code", 503)}},
 					{Name: "sent_to_worker", TimeUnixNano: at(time.Millisecond)},
 					{Name: "first_byte", TimeUnixNano: at(3 * time.Millisecond)}, {Name: "first_token", TimeUnixNano: at(5 * time.Millisecond)}},
 				Status: &tracepb.Status{Code: tracepb.Status_STATUS_CODE_ERROR, Message: "upstream_error"},

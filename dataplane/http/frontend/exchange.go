@@ -399,6 +399,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 				rerr := s.sel.Retry(&ex.req, &ex.res)
 				switch {
 				case rerr == nil:
+					ex.traceMove(w, "status", ex.resp.StatusCode())
 					ctx.Response.ResetBody()
 					if search {
 						s.metrics.searchMoves.Inc()
@@ -424,7 +425,8 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 		if ex.endStopped(ctx) {
 			return false
 		}
-		u.stats.failed(failureOf(err))
+		failed := failureOf(err)
+		u.stats.failed(failed)
 		s.reportAnswer(w, false)
 		if !retryable(err) || int64(ex.req.Attempts()) >= s.retries.Load() {
 			ex.fail(ctx, w.ID(), err, nil)
@@ -439,6 +441,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 			ex.fail(ctx, w.ID(), err, rerr)
 			return false
 		}
+		ex.traceMove(w, failureNames[failed], 0)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/valyala/fasthttp"
 )
@@ -57,6 +58,14 @@ func (ex *exchange) traceRequest(ctx *fasthttp.RequestCtx, start time.Time) {
 	}
 	rec.traceparent = sp.Context.Append(rec.traceparent[:0])
 	ctx.Request.Header.SetBytesV(tracing.Header, rec.traceparent)
+}
+
+// traceMove records in a traced request's span the try on worker w that
+// moved it on to another worker, and why (reason; status: its answer's).
+func (ex *exchange) traceMove(w *dataplane.Worker, reason string, status int) {
+	if ex.traced {
+		ex.trace.AddMove(tracing.Move{At: time.Since(ex.start), Worker: w.ID(), Reason: reason, Status: status})
+	}
 }
 
 // methodName is the method as OpenTelemetry's HTTP conventions record
