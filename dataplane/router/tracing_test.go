@@ -197,7 +197,31 @@ func TestSplitLegsAndMirrorCopiesCarryTheRoutersSpan(t *testing.T) {
 	require.Len(t, decode.received(), 1)
 	assertChild(prefill.received()[0].traceparent, splitTrace, span, "prefill leg")
 	assertChild(decode.received()[0].traceparent, splitTrace, span, "decode leg")
+	assertPrefill := func(trace string) {
+		t.Helper()
+		s := spanOf(t, sink, trace)
+		assert.Equal(t, int64(1), s.Attr("fastroute.prefill.worker.id"))
+		assert.Equal(t, int64(2), s.Attr("fastroute.worker.id"), "the decode worker answered")
+		var events []string
+		for _, e := range s.Events {
+			events = append(events, e.Name)
+		}
+		assert.Subset(t, events, []string{"prefill_done", "sent_to_worker", "first_byte", "first_token"})
+	}
+	assertPrefill(splitTrace)
 	pd.assertIdle()
+
+	// SGLang's prefill leg runs beside the decode leg, on a goroutine of
+	// its own: its end reaches the span too (under -race: no race).
+	sglPrefill := startEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		_, _ = io.WriteString(w, `{"choices":[]}`)
+	})
+	sglDecode := startEngine(t, sseDecode)
+	sgl := startPD(t, config.DisaggSGLang, []pdWorker{{dataplane.RolePrefill, sglPrefill.URL}, {dataplane.RoleDecode, sglDecode.URL}}, traceOn)
+	sglTrace := strings.Repeat("56", 16)
+	readAll(t, sgl.post("/v1/chat/completions", pdBody, "traceparent", clientParent(sglTrace)))
+	assertPrefill(sglTrace)
+	sgl.assertIdle()
 
 	production, shadow := startEngine(t, traceEngine), startEngine(t, traceEngine)
 	f := startFleet(t, nil, func(c *config.Config) {

@@ -137,6 +137,9 @@ func (s *Span) appendProto(b []byte) []byte {
 	if s.Worker != 0 {
 		b = appendIntAttr(b, "fastroute.worker.id", int64(s.Worker))
 	}
+	if s.PrefillWorker != 0 {
+		b = appendIntAttr(b, "fastroute.prefill.worker.id", int64(s.PrefillWorker))
+	}
 	b = appendIntAttr(b, "fastroute.attempts", int64(s.Attempts))
 	stream := uint64(0)
 	if s.Stream {
@@ -149,6 +152,9 @@ func (s *Span) appendProto(b []byte) []byte {
 	}
 	for _, m := range s.moves[:s.nMoves] {
 		b = appendMove(b, start, &m)
+	}
+	if s.Prefilled > 0 {
+		b = appendEvent(b, "prefill_done", start, s.Prefilled)
 	}
 	if s.Sent > 0 {
 		b = appendEvent(b, "sent_to_worker", start, s.Sent)

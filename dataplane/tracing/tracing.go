@@ -143,6 +143,10 @@ type Span struct {
 	// the client, for streams of generated tokens; 0: none.
 	FirstToken                time.Duration
 	InputTokens, OutputTokens uint64 // as the answer's usage said; both 0: not read
+	// A split request's prefill leg: its worker (0: none) and when its
+	// answer ended, since Start (0: it did not).
+	PrefillWorker uint64
+	Prefilled     time.Duration
 
 	model    [maxModel]byte
 	modelLen uint8

@@ -325,7 +325,7 @@ func TestTheEncodingIsOTLPs(t *testing.T) {
 		Name: "POST /v1/chat/completions", Method: "POST", Route: "/v1/chat/completions", Start: start,
 		Duration: 40 * time.Millisecond, Status: 503, Outcome: "upstream_error", Error: true, Worker: 300, Attempts: 3,
 		Stream: true, Picked: time.Microsecond, Sent: time.Millisecond, FirstByte: 2 * time.Millisecond, FirstToken: 5 * time.Millisecond,
-		InputTokens: 1 << 20, OutputTokens: 7}
+		InputTokens: 1 << 20, OutputTokens: 7, PrefillWorker: 9, Prefilled: 800 * time.Microsecond}
 	full.SetModel([]byte(strings.Repeat("m", 200)))
 	full.AddMove(Move{At: 300 * time.Microsecond, Worker: 7, Reason: "connect"})
 	full.AddMove(Move{At: 700 * time.Microsecond, Worker: 8, Reason: "status", Status: 503})
@@ -354,13 +354,15 @@ func TestTheEncodingIsOTLPs(t *testing.T) {
 				Attributes: []*commonpb.KeyValue{str("http.request.method", "POST"), num("http.response.status_code", 503),
 					str("http.route", "/v1/chat/completions"), str("gen_ai.request.model", strings.Repeat("m", maxModel)),
 					num("gen_ai.usage.input_tokens", 1<<20), num("gen_ai.usage.output_tokens", 7),
-					str("fastroute.outcome", "upstream_error"), num("fastroute.worker.id", 300), num("fastroute.attempts", 3),
+					str("fastroute.outcome", "upstream_error"), num("fastroute.worker.id", 300), num("fastroute.prefill.worker.id", 9),
+					num("fastroute.attempts", 3),
 					flag("fastroute.stream", true)},
 				Events: []*tracepb.Span_Event{{Name: "worker_picked", TimeUnixNano: at(time.Microsecond)},
 					{Name: "moved_on", TimeUnixNano: at(300 * time.Microsecond), Attributes: []*commonpb.KeyValue{
 						num("fastroute.worker.id", 7), str("fastroute.move.reason", "connect")}},
 					{Name: "moved_on", TimeUnixNano: at(700 * time.Microsecond), Attributes: []*commonpb.KeyValue{
 						num("fastroute.worker.id", 8), str("fastroute.move.reason", "status"), num("http.response.status_code", 503)}},
+					{Name: "prefill_done", TimeUnixNano: at(800 * time.Microsecond)},
 					{Name: "sent_to_worker", TimeUnixNano: at(time.Millisecond)},
 					{Name: "first_byte", TimeUnixNano: at(3 * time.Millisecond)}, {Name: "first_token", TimeUnixNano: at(5 * time.Millisecond)}},
 				Status: &tracepb.Status{Code: tracepb.Status_STATUS_CODE_ERROR, Message: "upstream_error"},

@@ -163,6 +163,7 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 	pre.endConn(ex.token)
 	pre.res.Release()
 	s.metrics.prefillTime.Observe(time.Since(start))
+	ex.tracePrefill(w)
 	switch {
 	case err != nil && ex.hungUp():
 		s.metrics.phases[phasePrefill][outcomeCancelled].Inc()
@@ -246,6 +247,7 @@ func (ex *exchange) bootstrapPrefill(pre *prefillLeg, w *dataplane.Worker) {
 	pre.endConn(ex.token)
 	pre.res.Release()
 	s.metrics.prefillTime.Observe(time.Since(start))
+	ex.tracePrefill(w)
 	if err == nil {
 		s.reportAnswer(w, true)
 		s.metrics.phases[phasePrefill][outcomeOK].Inc()

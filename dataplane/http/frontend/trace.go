@@ -68,6 +68,15 @@ func (ex *exchange) traceMove(w *dataplane.Worker, reason string, status int) {
 	}
 }
 
+// tracePrefill records in a traced request's span the end of its prefill
+// leg's answer, from worker w. An SGLang leg's goroutine writes it before
+// it ends, and endSpan reads it after endPrefill waited for that end.
+func (ex *exchange) tracePrefill(w *dataplane.Worker) {
+	if ex.traced {
+		ex.trace.PrefillWorker, ex.trace.Prefilled = w.ID(), time.Since(ex.start)
+	}
+}
+
 // methodName is the method as OpenTelemetry's HTTP conventions record
 // it: one of the methods the router proxies, or _OTHER.
 func methodName(m []byte) string {
