@@ -147,6 +147,10 @@ func (p *peerRecorder) last() ([]string, int) {
 func TestAWatcherFollowsTheRouterReplicas(t *testing.T) {
 	e := etcdtest.Start(t)
 	o := testOptions(e, "/peers")
+	// A stopping replica waits dial_timeout for its key's deletion: 1 s
+	// was once too short under CI's load, and the key stayed until its
+	// lease's 5 s ran out.
+	o.DialTimeout = 4 * time.Second
 	first, err := RegisterRouter(o, "http://10.0.0.2:8001", 5*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = first.Close() })

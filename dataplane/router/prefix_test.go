@@ -293,12 +293,31 @@ func sharingReplicas(t *testing.T, share bool) (a, b *fleet) {
 }
 
 // settled returns what waits until each of two replicas took in every
-// prefix record the other made.
+// prefix record the other made. It waits up to 15 s (under -race beside
+// other packages on two CPUs a post can take seconds), and a replica that
+// never does fails the test with each side's counts and its senders' (a
+// failed post drops its records: sharing is best effort).
 func settled(t *testing.T, a, b *fleet) func() {
 	return func() {
-		require.Eventually(t, func() bool {
+		t.Helper()
+		done := func() bool {
 			return b.r.PrefixesLearned() == a.r.Prefixes.Recorded() && a.r.PrefixesLearned() == b.r.Prefixes.Recorded()
-		}, 5*time.Second, 2*time.Millisecond, "each replica takes in every record the other made")
+		}
+		for deadline := time.Now().Add(15 * time.Second); !done(); time.Sleep(2 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				var senders []string
+				for _, f := range []*fleet{a, b} {
+					_, page := adminDo(t, f, "GET", "/metrics", "", "")
+					for _, line := range strings.Split(page, "\n") {
+						if strings.HasPrefix(line, "fastroute_prefix_share") && !strings.HasSuffix(line, " 0") {
+							senders = append(senders, line)
+						}
+					}
+				}
+				t.Fatalf("each replica takes in every record the other made: a recorded %d, learned %d; b recorded %d, learned %d; %v",
+					a.r.Prefixes.Recorded(), a.r.PrefixesLearned(), b.r.Prefixes.Recorded(), b.r.PrefixesLearned(), senders)
+			}
+		}
 	}
 }
 

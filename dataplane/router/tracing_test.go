@@ -272,11 +272,10 @@ func TestATracedRequestsSpanShowsItsMoves(t *testing.T) {
 				continue
 			}
 			n++
-			attr := otlpsink.Span{Span: &tracepb.Span{Attributes: e.Attributes}}
-			reason := attr.Attr("fastroute.move.reason").(string)
-			moves[reason] = attr.Attr("fastroute.worker.id").(int64)
+			reason := otlpsink.Attr(e.Attributes, "fastroute.move.reason").(string)
+			moves[reason] = otlpsink.Attr(e.Attributes, "fastroute.worker.id").(int64)
 			if reason == "status" {
-				assert.Equal(t, int64(503), attr.Attr("http.response.status_code"))
+				assert.Equal(t, int64(503), otlpsink.Attr(e.Attributes, "http.response.status_code"))
 			}
 			assert.Greater(t, e.TimeUnixNano, s.StartTimeUnixNano)
 		}

@@ -29,8 +29,12 @@ type Span struct {
 
 // Attr returns the value of the span's attribute key (a string, int64 or
 // bool), nil when it has none.
-func (s Span) Attr(key string) any {
-	for _, kv := range s.Attributes {
+func (s Span) Attr(key string) any { return Attr(s.Attributes, key) }
+
+// Attr returns the value of key among attributes (a span's, an event's):
+// a string, int64 or bool, nil when it is not there.
+func Attr(attributes []*commonpb.KeyValue, key string) any {
+	for _, kv := range attributes {
 		if kv.Key == key {
 			switch v := kv.Value.Value.(type) {
 			case *commonpb.AnyValue_StringValue:
