@@ -148,24 +148,24 @@ func (s *Span) appendProto(b []byte) []byte {
 	b = appendVarintAttr(b, spanAttributes, "fastroute.stream", anyBool, stream)
 
 	if s.Picked > 0 {
-		b = appendEvent(b, "worker_picked", start, s.Picked)
+		b = appendEvent(b, "worker_picked", start, s.Picked, nil)
 	}
 	for _, m := range s.moves[:s.nMoves] {
 		b = appendMove(b, start, &m)
 	}
 	if s.Prefilled > 0 {
-		b = appendEvent(b, "prefill_done", start, s.Prefilled)
+		b = appendEvent(b, "prefill_done", start, s.Prefilled, nil)
 	}
 	if s.Sent > 0 {
-		b = appendEvent(b, "sent_to_worker", start, s.Sent)
+		b = appendEvent(b, "sent_to_worker", start, s.Sent, nil)
 		if s.FirstByte > 0 {
-			b = appendEvent(b, "first_byte", start, s.Sent+s.FirstByte)
+			b = appendEvent(b, "first_byte", start, s.Sent+s.FirstByte, nil)
 		}
 	}
 	if s.FirstToken > 0 {
-		b = appendEvent(b, "first_token", start, s.FirstToken)
+		b = appendEvent(b, "first_token", start, s.FirstToken, nil)
 	}
-	if s.Error {
+	if s.Status >= 500 { // the router's failure or its worker's
 		n := protowire.SizeTag(statusMessage) + protowire.SizeBytes(len(s.Outcome)) +
 			protowire.SizeTag(statusCode) + protowire.SizeVarint(statusCodeError)
 		b = protowire.AppendTag(b, spanStatus, protowire.BytesType)
@@ -178,17 +178,18 @@ func (s *Span) appendProto(b []byte) []byte {
 	return protowire.AppendFixed32(b, flags)
 }
 
-// appendEvent appends a Span.Event named name, at since after start.
-func appendEvent(b []byte, name string, start int64, since time.Duration) []byte {
-	n := protowire.SizeTag(eventTime) + protowire.SizeFixed64() + protowire.SizeTag(eventName) + protowire.SizeBytes(len(name))
+// appendEvent appends a Span.Event named name, at since after start, with
+// attrs (encoded attributes fields; nil: none).
+func appendEvent(b []byte, name string, start int64, since time.Duration, attrs []byte) []byte {
+	n := protowire.SizeTag(eventTime) + protowire.SizeFixed64() + protowire.SizeTag(eventName) + protowire.SizeBytes(len(name)) + len(attrs)
 	b = protowire.AppendTag(b, spanEvents, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(n))
 	b = protowire.AppendTag(b, eventTime, protowire.Fixed64Type)
 	b = protowire.AppendFixed64(b, uint64(start+int64(since)))
-	return appendString(b, eventName, name)
+	b = appendString(b, eventName, name)
+	return append(b, attrs...)
 }
 
-// appendStringAttr appends a KeyValue field of a string value.
 // appendMove appends the event "moved_on" of a try that moved the request
 // on, with the worker tried, the reason and the answer's status.
 func appendMove(b []byte, start int64, m *Move) []byte {
@@ -198,16 +199,10 @@ func appendMove(b []byte, start int64, m *Move) []byte {
 	if m.Status > 0 {
 		a = appendVarintAttr(a, eventAttributes, "http.response.status_code", anyInt, uint64(m.Status))
 	}
-	const name = "moved_on"
-	n := protowire.SizeTag(eventTime) + protowire.SizeFixed64() + protowire.SizeTag(eventName) + protowire.SizeBytes(len(name)) + len(a)
-	b = protowire.AppendTag(b, spanEvents, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(n))
-	b = protowire.AppendTag(b, eventTime, protowire.Fixed64Type)
-	b = protowire.AppendFixed64(b, uint64(start+int64(m.At)))
-	b = appendString(b, eventName, name)
-	return append(b, a...)
+	return appendEvent(b, "moved_on", start, m.At, a)
 }
 
+// appendStringAttr appends a KeyValue field of a string value.
 func appendStringAttr[T string | []byte](b []byte, field protowire.Number, key string, v T) []byte {
 	value := protowire.SizeTag(anyString) + protowire.SizeBytes(len(v))
 	b = appendKeyValueHead(b, field, key, value)

@@ -131,8 +131,7 @@ type Span struct {
 	Start     time.Time
 	Duration  time.Duration
 	Status    int           // the HTTP status of the answer to the client
-	Outcome   string        // how the request ended (fastroute_requests_total's outcome)
-	Error     bool          // the request failed on the router's side or its worker's (a 5xx)
+	Outcome   string        // how the request ended (fastroute_requests_total's outcome); a 5xx Status is an error
 	Worker    uint64        // the worker that answered, the last one tried; 0: none was picked
 	Attempts  int           // workers tried
 	Stream    bool          // the request asked for a stream

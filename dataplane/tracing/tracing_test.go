@@ -195,7 +195,7 @@ func TestSpansReachTheCollector(t *testing.T) {
 	tr.End(&s)
 	own := s.Span
 	require.True(t, tr.Begin(&s, nil, start))
-	s.Name, s.Method, s.Duration, s.Status, s.Outcome, s.Error = "POST", "POST", time.Millisecond, 502, "upstream_error", true
+	s.Name, s.Method, s.Duration, s.Status, s.Outcome = "POST", "POST", time.Millisecond, 502, "upstream_error"
 	tr.End(&s)
 	require.True(t, tr.Begin(&s, nil, start))
 	s.Name, s.Status, s.Outcome = "GET", 404, "invalid"
@@ -323,7 +323,7 @@ func TestTheEncodingIsOTLPs(t *testing.T) {
 	start := time.Unix(1700000000, 123)
 	full := Span{Context: Context{Trace: TraceID{1, 2, 3}, Span: SpanID{4, 5}, Sampled: true}, Parent: SpanID{6},
 		Name: "POST /v1/chat/completions", Method: "POST", Route: "/v1/chat/completions", Start: start,
-		Duration: 40 * time.Millisecond, Status: 503, Outcome: "upstream_error", Error: true, Worker: 300, Attempts: 3,
+		Duration: 40 * time.Millisecond, Status: 503, Outcome: "upstream_error", Worker: 300, Attempts: 3,
 		Stream: true, Picked: time.Microsecond, Sent: time.Millisecond, FirstByte: 2 * time.Millisecond, FirstToken: 5 * time.Millisecond,
 		InputTokens: 1 << 20, OutputTokens: 7, PrefillWorker: 9, Prefilled: 800 * time.Microsecond}
 	full.SetModel([]byte(strings.Repeat("m", 200)))

@@ -886,7 +886,6 @@ func (ex *exchange) settle(o outcome) bool {
 	ex.releaseBudget()
 	ex.s.queue.ended()
 	m := ex.s.metrics
-	m.requests[ex.rt][o].Inc()
 	switch {
 	case !ex.split:
 		m.phases[phaseAggregated][o].Inc()
@@ -895,14 +894,22 @@ func (ex *exchange) settle(o outcome) bool {
 	}
 	total := time.Since(ex.start)
 	m.total.Observe(total)
-	ex.countModel(o, total)
 	if ex.timed && o == outcomeOK {
 		ex.observeTokenPace(total)
 	}
+	ex.report(o, total)
+	return true
+}
+
+// report tells of a request that ended with outcome o after total: its
+// counts by route and by model, its access line, its span; and gives its
+// API key's slot back.
+func (ex *exchange) report(o outcome, total time.Duration) {
+	ex.s.metrics.requests[ex.rt][o].Inc()
+	ex.countModel(o, total)
 	ex.logAccess(o, total)
 	ex.endSpan(o, total)
 	ex.releaseClient()
-	return true
 }
 
 // recycle returns a settled exchange to its pool.
@@ -979,13 +986,8 @@ func clientHungUp(ex *exchange, gen uint32) {
 // end closes an exchange that was never dispatched (a bad request, no
 // worker, a query-only pick): count, log, back to the pool.
 func (ex *exchange) end(o outcome, status int) {
-	ex.s.metrics.requests[ex.rt][o].Inc()
 	ex.status = status
-	total := time.Since(ex.start)
-	ex.countModel(o, total)
-	ex.logAccess(o, total)
-	ex.endSpan(o, total)
-	ex.releaseClient()
+	ex.report(o, time.Since(ex.start))
 	ex.s.exchanges.Put(ex)
 }
 
@@ -998,6 +1000,19 @@ func (ex *exchange) countModel(o outcome, total time.Duration) {
 	}
 }
 
+// tried returns the worker of a request that ended with outcome o, the
+// last one tried (0: none was picked), and the workers it was sent to (0
+// for a query-only pick).
+func (ex *exchange) tried(o outcome) (worker uint64, attempts int) {
+	if ex.picked {
+		worker = ex.res.Worker().ID()
+		if o != outcomeQuery {
+			attempts = ex.req.Attempts() + 1
+		}
+	}
+	return worker, attempts
+}
+
 // logAccess writes the request's access line: with log.access all every
 // request, with errors those answered 400 or above or that did not end well.
 func (ex *exchange) logAccess(o outcome, total time.Duration) {
@@ -1005,14 +1020,7 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 	if log == nil || (ex.s.opts.AccessErrorsOnly && ex.status < 400 && (o == outcomeOK || o == outcomeQuery)) {
 		return
 	}
-	var worker uint64
-	attempts := 0
-	if ex.picked {
-		worker = ex.res.Worker().ID()
-		if o != outcomeQuery {
-			attempts = ex.req.Attempts() + 1
-		}
-	}
+	worker, attempts := ex.tried(o)
 	id := ex.requestID
 	if pre := ex.pre.Load(); len(id) == 0 && ex.split && pre != nil {
 		id = pre.reqID // made up for a split request

@@ -98,13 +98,8 @@ func (ex *exchange) endSpan(o outcome, total time.Duration) {
 		return
 	}
 	sp := &ex.trace.Span
-	sp.Duration, sp.Status, sp.Outcome, sp.Error = total, ex.status, outcomeNames[o], ex.status >= 500
-	if ex.picked {
-		sp.Worker = ex.res.Worker().ID()
-		if o != outcomeQuery {
-			sp.Attempts = ex.req.Attempts() + 1
-		}
-	}
+	sp.Duration, sp.Status, sp.Outcome = total, ex.status, outcomeNames[o]
+	sp.Worker, sp.Attempts = ex.tried(o)
 	sp.Stream, sp.Sent, sp.FirstByte, sp.FirstToken = ex.stream, ex.sent, ex.firstByte, ex.firstToken
 	if ex.metered {
 		sp.InputTokens, sp.OutputTokens = ex.usage.charged()
