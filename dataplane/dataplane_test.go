@@ -101,6 +101,25 @@ func TestAddRefusesDuplicatesAndBadSpecs(t *testing.T) {
 	assert.Len(t, reg.All(), 1)
 }
 
+// A worker's url is http:// or https://; its host gets its scheme's port
+// when it names none.
+func TestAWorkersHostAndScheme(t *testing.T) {
+	for _, c := range []struct {
+		url, host string
+		tls       bool
+	}{
+		{"http://10.0.0.1:8000", "10.0.0.1:8000", false},
+		{"http://vllm-0", "vllm-0:80", false},
+		{"https://vllm-0.internal", "vllm-0.internal:443", true},
+		{"HTTPS://[fd00::1]:8443/", "[fd00::1]:8443", true},
+	} {
+		s := WorkerSpec{ID: 1, URL: c.url}
+		require.NoError(t, s.Normalize(), c.url)
+		assert.Equal(t, c.host, s.Host(), c.url)
+		assert.Equal(t, c.tls, s.TLS(), c.url)
+	}
+}
+
 func TestDrainedWorkerIsKeptWhileBusy(t *testing.T) {
 	reg := newFleet(t, 2)
 	sel := newSelector(t, reg, pickers.ModeDirect, 0)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"net/url"
 	"slices"
 	"strings"
@@ -95,11 +96,11 @@ func (s *WorkerSpec) Normalize() error {
 		return fieldErr("id", "must be a positive integer")
 	}
 	u, err := url.Parse(s.URL)
-	if err != nil || u.Scheme != "http" || u.Host == "" {
-		return fieldErr("url", "%q is not an http://host:port address", s.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fieldErr("url", "%q is not an http://host:port or https://host:port address", s.URL)
 	}
 	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return fieldErr("url", "%q has more than http://host:port; requests keep their own path (/v1/...), so a base path would be dropped", s.URL)
+		return fieldErr("url", "%q has more than %s://host:port; requests keep their own path (/v1/...), so a base path would be dropped", s.URL, u.Scheme)
 	}
 	switch s.Device {
 	case "":
@@ -164,10 +165,23 @@ func fieldErr(field, format string, args ...any) error {
 	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
-// Host returns the host:port part of the worker URL.
+// Host returns the host:port part of the worker URL, the port its
+// scheme's (80, 443) when the URL names none.
 func (s *WorkerSpec) Host() string {
 	u, _ := url.Parse(s.URL)
-	return u.Host
+	if u.Port() != "" {
+		return u.Host
+	}
+	if u.Scheme == "https" {
+		return net.JoinHostPort(u.Hostname(), "443")
+	}
+	return net.JoinHostPort(u.Hostname(), "80")
+}
+
+// TLS reports a worker spoken to over TLS: its url is https://.
+func (s *WorkerSpec) TLS() bool {
+	u, _ := url.Parse(s.URL)
+	return u.Scheme == "https"
 }
 
 // occupancy holds a worker's hot counters on a cache line of their own, so

@@ -14,13 +14,10 @@ package discovery
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"maps"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,6 +26,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/internal/tlsfiles"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -85,21 +83,18 @@ func client(o Options) (*clientv3.Client, error) {
 	if o.CertFile != "" || o.KeyFile != "" || o.CAFile != "" {
 		t := &tls.Config{MinVersion: tls.VersionTLS12}
 		if o.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+			cert, err := tlsfiles.Pair("discovery.etcd.cert_file", o.CertFile, o.KeyFile)
 			if err != nil {
-				return nil, fmt.Errorf("discovery.etcd.cert_file: %w", err)
+				return nil, err
 			}
-			t.Certificates = []tls.Certificate{cert}
+			t.Certificates = []tls.Certificate{*cert}
 		}
 		if o.CAFile != "" {
-			pem, err := os.ReadFile(o.CAFile)
+			roots, err := tlsfiles.Roots("discovery.etcd.ca_file", o.CAFile)
 			if err != nil {
-				return nil, fmt.Errorf("discovery.etcd.ca_file: %w", err)
+				return nil, err
 			}
-			t.RootCAs = x509.NewCertPool()
-			if !t.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("discovery.etcd.ca_file: %s holds no PEM certificate", o.CAFile)
-			}
+			t.RootCAs = roots
 		}
 		cfg.TLS = t
 	}

@@ -10,6 +10,7 @@
 package mockworker
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"strconv"
@@ -43,6 +44,13 @@ type Options struct {
 	// GET /v1/responses/{id}, its cancel and previous_response_id, as vLLM
 	// does with VLLM_ENABLE_RESPONSES_API_STORE=1.
 	ResponsesStore bool
+	// TLS, when set, has clients speak TLS to the worker (URL https://),
+	// as vLLM started with --ssl-certfile and --ssl-keyfile.
+	TLS *tls.Config
+	// KeepAlive closes a connection that brings no request within it of
+	// its last answer, as uvicorn's timeout_keep_alive (5 s under vLLM and
+	// SGLang) does; 0: never.
+	KeepAlive time.Duration
 }
 
 // maxModelLen is the context length the mock's /v1/models reports.
@@ -84,12 +92,15 @@ func Serve(ln net.Listener, opts Options) *Worker {
 	if opts.Model == "" {
 		opts.Model = "mock-model"
 	}
+	if opts.TLS != nil {
+		ln = tls.NewListener(ln, opts.TLS)
+	}
 	w := &Worker{opts: opts, ln: ln}
 	if opts.Engine.MaxNumSeqs > 0 {
 		w.engine = newEngine(opts.Engine)
 	}
 	w.srv = &fasthttp.Server{Handler: w.handle, Name: "mockworker", NoDefaultDate: true, CloseOnShutdown: true,
-		MaxRequestBodySize: MaxBodyBytes,
+		MaxRequestBodySize: MaxBodyBytes, IdleTimeout: opts.KeepAlive,
 		// Headers up to the router's largest limit plus what it adds; the
 		// buffer is held only while a request is read.
 		ReadBufferSize: 80 << 10, ReduceMemoryUsage: true,
@@ -120,8 +131,13 @@ func (w *Worker) Kill() {
 // Addr returns the listen address.
 func (w *Worker) Addr() string { return w.ln.Addr().String() }
 
-// URL returns the base URL.
-func (w *Worker) URL() string { return "http://" + w.Addr() }
+// URL returns the base URL: https:// with Options.TLS.
+func (w *Worker) URL() string {
+	if w.opts.TLS != nil {
+		return "https://" + w.Addr()
+	}
+	return "http://" + w.Addr()
+}
 
 // Served returns how many generation and embedding requests it answered.
 func (w *Worker) Served() int64 { return w.served.Load() }

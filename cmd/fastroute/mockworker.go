@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/discovery"
+	"github.com/fastroute/fastroute/internal/tlsfiles"
 )
 
 func runMockWorker(args []string) error {
@@ -37,8 +39,15 @@ func runMockWorker(args []string) error {
 	fs.IntVar(&e.BlockSize, "block-size", mockworker.DefaultBlockSize, "engine: tokens per KV cache block")
 	fs.IntVar(&e.MaxLoRA, "max-lora", mockworker.DefaultMaxLoRA, "engine: adapters per batch (reported in vllm:lora_requests_info)")
 	fs.StringVar(&o.MetricsDialect, "metrics-dialect", "vllm", "names of the /metrics series: vllm or sglang")
+	certFile := fs.String("ssl-certfile", "", "PEM certificate chain: clients speak TLS to the worker (with --ssl-keyfile), as vLLM's --ssl-certfile")
+	keyFile := fs.String("ssl-keyfile", "", "PEM private key of --ssl-certfile")
+	caFile := fs.String("ssl-ca-certs", "", "PEM CA certificates: clients must show a certificate they signed (mutual TLS, as vLLM with --ssl-ca-certs and --ssl-cert-reqs 2)")
 	etcd := bindEtcdFlags(fs, "etcd-")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	if o.TLS, err = mockTLS(*certFile, *keyFile, *caFile); err != nil {
 		return err
 	}
 	if *loras != "" {
@@ -73,4 +82,27 @@ func runMockWorker(args []string) error {
 		err = reg.Close()
 	}
 	return errors.Join(err, w.Close())
+}
+
+// mockTLS is a mock worker's TLS configuration from its flags' files (nil
+// with none).
+func mockTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
+	if certFile == "" && keyFile == "" && caFile == "" {
+		return nil, nil
+	}
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("--ssl-certfile and --ssl-keyfile go together")
+	}
+	cert, err := tlsfiles.Pair("--ssl-certfile", certFile, keyFile)
+	if err != nil {
+		return nil, err
+	}
+	conf := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{*cert}}
+	if caFile != "" {
+		if conf.ClientCAs, err = tlsfiles.Roots("--ssl-ca-certs", caFile); err != nil {
+			return nil, err
+		}
+		conf.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return conf, nil
 }

@@ -104,6 +104,12 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "drain bound on SIGTERM; streams still open then are cut")
 	fs.StringVar(&cfg.TLS.CertFile, "tls-cert-file", cfg.TLS.CertFile, "PEM certificate chain: clients speak TLS to the front end (with --tls-key-file)")
 	fs.StringVar(&cfg.TLS.KeyFile, "tls-key-file", cfg.TLS.KeyFile, "PEM private key of --tls-cert-file")
+	wt := &cfg.WorkerTLS
+	fs.StringVar(&wt.CAFile, "worker-tls-ca-file", wt.CAFile, "PEM CA certificates that https:// workers' certificates are checked against (default: the system's roots)")
+	fs.StringVar(&wt.CertFile, "worker-tls-cert-file", wt.CertFile, "PEM client certificate chain shown to https:// workers that ask for one (with --worker-tls-key-file; read again on reload)")
+	fs.StringVar(&wt.KeyFile, "worker-tls-key-file", wt.KeyFile, "PEM private key of --worker-tls-cert-file")
+	fs.StringVar(&wt.ServerName, "worker-tls-server-name", wt.ServerName, "name https:// workers' certificates are checked against and sent as SNI, instead of each url's host")
+	fs.BoolVar(&wt.InsecureSkipVerify, "worker-tls-insecure-skip-verify", wt.InsecureSkipVerify, "accept any certificate an https:// worker shows (testing only)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin address (metrics, pprof, workers)")
 	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer token every admin route needs (visible in ps: prefer --admin-token-file or "+config.AdminTokenEnv+")")
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", cfg.AdminTokenFile, "file whose first line is the admin token")

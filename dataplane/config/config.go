@@ -89,6 +89,9 @@ type Config struct {
 	Discovery Discovery `yaml:"discovery"`
 	// TLS has clients speak TLS to the front end.
 	TLS TLS `yaml:"tls"`
+	// WorkerTLS is how the router speaks TLS to workers whose url is
+	// https://.
+	WorkerTLS WorkerTLS `yaml:"worker_tls"`
 	// Tracing exports a span of each sampled request to an OpenTelemetry
 	// collector (OTLP/HTTP), its traceparent sent on to the worker.
 	Tracing tracing.Config `yaml:"tracing"`
@@ -104,6 +107,29 @@ type TLS struct {
 
 // On reports whether the front end speaks TLS.
 func (t TLS) On() bool { return t.CertFile != "" }
+
+// WorkerTLS is the TLS of the router's connections to workers whose url is
+// https:// (TLS 1.2 or later, HTTP/1.1 inside). Their certificates are
+// checked against CAFile's PEM certificates (default: the system's roots)
+// for the url's host, or ServerName when set (also sent as SNI), unless
+// InsecureSkipVerify. CertFile and KeyFile are the router's client
+// certificate, for workers that ask for one (mutual TLS); a reload reads
+// them again, while a new CAFile, ServerName or InsecureSkipVerify waits
+// for a restart.
+type WorkerTLS struct {
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// Verification is what a reload does not change: the roots, the name
+// checked and whether certificates are checked at all.
+func (t WorkerTLS) Verification() WorkerTLS {
+	t.CertFile, t.KeyFile = "", ""
+	return t
+}
 
 // Discovery configures worker discovery.
 type Discovery struct {
@@ -482,6 +508,11 @@ func (c *Config) Validate() error {
 	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		return keyErr("tls", "set cert_file and key_file together")
+	}
+	if w := c.WorkerTLS; (w.CertFile == "") != (w.KeyFile == "") {
+		return keyErr("worker_tls", "set cert_file and key_file together")
+	} else if w.InsecureSkipVerify && (w.CAFile != "" || w.ServerName != "") {
+		return keyErr("worker_tls.insecure_skip_verify", "checks no certificate, so ca_file and server_name would do nothing: set one or the other")
 	}
 	if q := c.Router.Queue; q.Size < 0 {
 		return keyErr("router.queue.size", "%d is negative (0 turns the queue off)", q.Size)

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"crypto/tls"
 	"fmt"
 	"maps"
 	"os"
@@ -17,8 +18,9 @@ import (
 // removed (drained: in-flight requests finish) or changed (replaced; the
 // old spec's in-flight requests finish on it), and router.mode,
 // router.busy_threshold, router.retries, router.prefix_affinity's slack
-// and peers (reloadablePrefixes) and the clients' API keys (api_keys_file,
-// read again) for new requests. Streams in
+// and peers (reloadablePrefixes), the clients' API keys (api_keys_file,
+// read again) and worker_tls's client certificate (read again) for new
+// requests and connections. Streams in
 // flight are untouched. A config that fails validation is refused with the
 // same error as at start, and nothing changes. Keys that a running router
 // cannot change (listeners, limits, telemetry, health, affinity) are
@@ -50,6 +52,17 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			return nil, nil, err
 		}
 	}
+	// worker_tls's client certificate is read again unless the way workers'
+	// certificates are checked changed too: that waits for a restart, and
+	// the whole key with it.
+	workerTLSApplies := old.WorkerTLS.Verification() == cfg.WorkerTLS.Verification()
+	var workerCert *tls.Certificate
+	if workerTLSApplies {
+		var err error
+		if workerCert, err = readClientCertificate(cfg.WorkerTLS); err != nil {
+			return nil, nil, err
+		}
+	}
 	// Prefix affinity's slack and peers apply unless another of its keys
 	// changed too: that one waits for a restart, and the whole key with it.
 	// Tracing's sample ratio applies unless its endpoint, service or
@@ -76,6 +89,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"limits": old.Limits == cfg.Limits, "routes": slices.Equal(old.Routes, cfg.Routes), "log": old.Log == cfg.Log,
 		"cors_allowed_origins": slices.Equal(old.CORSAllowedOrigins, cfg.CORSAllowedOrigins),
 		"tracing":              tracingApplies,
+		"worker_tls":           workerTLSApplies,
 	} {
 		if !same {
 			needRestart = append(needRestart, key)
@@ -140,6 +154,15 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.cert.cur.Store(reread)
 		applied = append(applied, "tls certificate read again")
 	}
+	workerCertApplies := workerTLSApplies && (cfg.WorkerTLS.CertFile != "" || old.WorkerTLS.CertFile != "")
+	if workerCertApplies {
+		r.workerCert.cur.Store(workerCert)
+		if workerCert != nil {
+			applied = append(applied, "worker_tls client certificate read again")
+		} else {
+			applied = append(applied, "worker_tls client certificate dropped")
+		}
+	}
 
 	next := old // what runs now: the applied keys new, the others as they were
 	next.Router.Mode, next.Router.BusyThreshold, next.Router.Retries = cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.Retries
@@ -156,6 +179,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	if tracingApplies {
 		next.Tracing = cfg.Tracing
+	}
+	if workerTLSApplies {
+		next.WorkerTLS = cfg.WorkerTLS
 	}
 	r.Config = next
 	r.log.Info("config reloaded", "applied", applied, "need_restart", needRestart)

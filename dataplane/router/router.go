@@ -4,6 +4,7 @@ package router
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -72,7 +73,9 @@ type Router struct {
 	ln, adminLn   net.Listener
 	admin         *http.Server
 	gpu           *nvml.Collector
-	cert          certificate // the front end's, with tls set
+	cert          certificate       // the front end's, with tls set
+	workerCert    clientCertificate // worker_tls's
+	workerTLS     *tls.Config       // of every connection to an https:// worker
 	cancel        context.CancelFunc
 	loops         sync.WaitGroup // health and telemetry goroutines
 }
@@ -152,6 +155,10 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if err != nil {
 		return nil, err // Validate checked them: not reached
 	}
+	if err := r.startWorkerTLS(cfg.WorkerTLS, log); err != nil {
+		return nil, err
+	}
+	fo.WorkerTLS = r.workerTLS
 	if cfg.Tracing.On() {
 		if r.Tracer, err = tracing.New(cfg.Tracing, tracing.Options{Logger: log}); err != nil {
 			return nil, err // Validate checked it: not reached
@@ -173,7 +180,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.Frontend.SetMirrors(modelMirrors)
 	r.Health = health.New(reg, health.Options{
 		Interval: cfg.Health.Interval, Path: cfg.Health.Path, UnhealthyAfter: cfg.Health.UnhealthyAfter,
-		Logger: log, APIKey: cfg.WorkerAPIKey,
+		Logger: log, APIKey: cfg.WorkerAPIKey, TLS: r.workerTLS,
 	})
 	r.Metrics.Register(r.Frontend.Metrics().Collector(func() string { return string(r.CurrentConfig().Router.Mode) }, reg))
 	r.Metrics.Register(r.stateCollector())
@@ -334,7 +341,7 @@ func (r *Router) startEngines(log *slog.Logger) {
 	}
 	reg := r.Registry
 	r.Engines = engine.New(engine.Options{
-		Interval: e.Interval, Timeout: e.Timeout, Logger: log, APIKey: r.Config.WorkerAPIKey,
+		Interval: e.Interval, Timeout: e.Timeout, Logger: log, APIKey: r.Config.WorkerAPIKey, TLS: r.workerTLS,
 		Targets: func() []engine.Target {
 			all := reg.All()
 			out := make([]engine.Target, len(all))

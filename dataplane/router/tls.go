@@ -2,10 +2,11 @@ package router
 
 import (
 	"crypto/tls"
-	"fmt"
+	"log/slog"
 	"sync/atomic"
 
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/internal/tlsfiles"
 )
 
 // certificate is the front end's TLS certificate, read again by a reload
@@ -17,11 +18,11 @@ type certificate struct {
 
 // load reads the certificate and key files of t.
 func (c *certificate) load(t config.TLS) error {
-	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	cert, err := tlsfiles.Pair("key tls", t.CertFile, t.KeyFile)
 	if err != nil {
-		return fmt.Errorf("key tls: %w", err)
+		return err
 	}
-	c.cur.Store(&cert)
+	c.cur.Store(cert)
 	return nil
 }
 
@@ -35,4 +36,69 @@ func (c *certificate) serverConfig() *tls.Config {
 			return c.cur.Load(), nil
 		},
 	}
+}
+
+// clientCertificate is the router's certificate for workers that ask for
+// one (worker_tls.cert_file), read again by a reload: new connections show
+// the one read last, connections open keep theirs.
+type clientCertificate struct {
+	cur atomic.Pointer[tls.Certificate] // nil: none
+}
+
+// readClientCertificate reads t's certificate and key files, or nothing
+// when t names none.
+func readClientCertificate(t config.WorkerTLS) (*tls.Certificate, error) {
+	if t.CertFile == "" {
+		return nil, nil
+	}
+	return tlsfiles.Pair("key worker_tls", t.CertFile, t.KeyFile)
+}
+
+// workerConfig is the TLS configuration of connections to https://
+// workers (worker_tls): TLS 1.2 and later, HTTP/1.1 inside, certificates
+// checked against t's roots (else the system's) for t's server name (else
+// each connection's host, set by its dialer), the current client
+// certificate shown to a worker that asks for one, and sessions resumed
+// across a worker's connections (nginx's proxy_ssl_session_reuse), so that
+// a connection a worker's keep-alive timeout closed is replaced without a
+// full handshake.
+func (c *clientCertificate) workerConfig(t config.WorkerTLS) (*tls.Config, error) {
+	conf := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		NextProtos:         []string{"http/1.1"},
+		ServerName:         t.ServerName,
+		InsecureSkipVerify: t.InsecureSkipVerify,
+		ClientSessionCache: tls.NewLRUClientSessionCache(0),
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if cert := c.cur.Load(); cert != nil {
+				return cert, nil
+			}
+			return &tls.Certificate{}, nil // none: the worker decides
+		},
+	}
+	if t.CAFile != "" {
+		roots, err := tlsfiles.Roots("key worker_tls.ca_file", t.CAFile)
+		if err != nil {
+			return nil, err
+		}
+		conf.RootCAs = roots
+	}
+	return conf, nil
+}
+
+// startWorkerTLS reads worker_tls's files into the configuration of
+// connections to https:// workers.
+func (r *Router) startWorkerTLS(t config.WorkerTLS, log *slog.Logger) error {
+	cert, err := readClientCertificate(t)
+	if err != nil {
+		return err
+	}
+	r.workerCert.cur.Store(cert)
+	if r.workerTLS, err = r.workerCert.workerConfig(t); err != nil {
+		return err
+	}
+	if t.InsecureSkipVerify {
+		log.Warn("worker_tls.insecure_skip_verify: https:// workers' certificates are not checked")
+	}
+	return nil
 }

@@ -30,7 +30,7 @@ import (
 
 // writeCert writes a self-signed certificate for 127.0.0.1 with the given
 // serial number, and its key, to dir's cert.pem and key.pem; it returns a
-// pool that trusts it.
+// pool that trusts it. It serves a server or a client.
 func writeCert(t *testing.T, dir string, serial int64) (config.TLS, *x509.CertPool) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -39,7 +39,7 @@ func writeCert(t *testing.T, dir string, serial int64) (config.TLS, *x509.CertPo
 		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "fastroute test"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, BasicConstraintsValid: true, IsCA: true,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	require.NoError(t, err)

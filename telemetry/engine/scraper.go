@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -43,6 +44,9 @@ type Options struct {
 	// APIKey, when set, goes as "Authorization: Bearer <key>" on every
 	// scrape.
 	APIKey string
+	// TLS is the configuration of scrapes of https:// workers with the
+	// default Client (nil: the system's roots).
+	TLS *tls.Config
 }
 
 // Scraper polls every target's metrics concurrently each interval.
@@ -74,7 +78,7 @@ func New(o Options) *Scraper {
 		o.Logger = slog.Default()
 	}
 	if o.Client == nil {
-		o.Client = &http.Client{Timeout: o.Timeout, Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute}}
+		o.Client = &http.Client{Timeout: o.Timeout, Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute, TLSClientConfig: o.TLS}}
 	}
 	return &Scraper{o: o, state: map[uint64]*target{}}
 }

@@ -82,6 +82,10 @@ type Options struct {
 	// TLS, when set, has clients speak TLS (HTTP/1.1 inside); nil: plain
 	// HTTP.
 	TLS *tls.Config
+	// WorkerTLS is the configuration of connections to https:// workers,
+	// each given its host as the server name unless it names one (nil:
+	// the system's roots).
+	WorkerTLS *tls.Config
 	// APIKeys, when on, are the keys clients must present (authenticate),
 	// each with its caps (requests in flight, tokens and requests a
 	// minute), priority and models; nil or off: none checked. The router sets them anew on a

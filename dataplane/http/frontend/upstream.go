@@ -3,6 +3,7 @@ package frontend
 import (
 	"bufio"
 	"cmp"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -119,9 +120,14 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 		return u
 	}
 	u, _ := s.upstreams.LoadOrCompute(w, func() *upstream {
-		host := w.Spec().Host()
+		spec := w.Spec()
+		host := spec.Host()
 		stats := newWorkerStats()
 		dialTimeout, queueTimeout := s.opts.ConnectTimeout, s.opts.FirstByteTimeout
+		dial := s.dial
+		if spec.TLS() {
+			dial = tlsDialer(s.dial, workerTLS(s.opts.WorkerTLS, host))
+		}
 		turns := make(chan struct{}, cmp.Or(s.opts.DialsPerWorker, DefaultDialsPerWorker))
 		hc := &fasthttp.HostClient{
 			Addr:                host,
@@ -137,7 +143,7 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 				if err := takeTurn(turns, queueTimeout); err != nil {
 					return nil, err
 				}
-				c, err := dialAside(s.dial, addr, dialTimeout)
+				c, err := dialAside(dial, addr, dialTimeout)
 				<-turns
 				if err != nil {
 					return nil, err
@@ -177,6 +183,42 @@ func dialAside(dial func(string, time.Duration) (net.Conn, error), addr string, 
 	}()
 	d := <-done
 	return d.c, d.err
+}
+
+// workerTLS is conf (nil: the defaults) for connections to host: its
+// server name, unless conf names one, is host's.
+func workerTLS(conf *tls.Config, host string) *tls.Config {
+	if conf == nil {
+		conf = &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
+	}
+	conf = conf.Clone()
+	if conf.ServerName == "" {
+		conf.ServerName, _, _ = net.SplitHostPort(host)
+	}
+	return conf
+}
+
+// tlsDialer returns dial followed by a TLS handshake under conf, both
+// within the dial's timeout. A handshake that fails fails the connect (a
+// worker whose certificate is not trusted is unreachable), closed.
+func tlsDialer(dial func(string, time.Duration) (net.Conn, error), conf *tls.Config) func(string, time.Duration) (net.Conn, error) {
+	return func(addr string, timeout time.Duration) (net.Conn, error) {
+		start := time.Now()
+		c, err := dial(addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		if timeout > 0 {
+			_ = c.SetDeadline(start.Add(timeout))
+		}
+		tc := tls.Client(c, conf)
+		if err := tc.Handshake(); err != nil {
+			_ = c.Close()
+			return nil, &net.OpError{Op: "dial", Net: "tcp+tls", Addr: c.RemoteAddr(), Err: err}
+		}
+		_ = c.SetDeadline(time.Time{})
+		return tc, nil
+	}
 }
 
 // takeTurn waits for a place in turns, up to wait (0: no limit).
@@ -473,6 +515,7 @@ type trackedConn struct {
 	// before the connection is used.
 	closes *hangup.Watcher[trackedConn]
 	watch  hangup.Conn
+	sock   syscall.RawConn // the socket watched (a TLS connection's too); nil: none
 	// In the pool: connLent (or not pooled yet), connIdle or connDead
 	// (pool, lend, workerClosed).
 	pooled atomic.Uint32
@@ -491,6 +534,12 @@ const (
 func newTrackedConn(c net.Conn, set *xsync.MapOf[net.Conn, struct{}], idle time.Duration) *trackedConn {
 	tc := &trackedConn{Conn: c, set: set, idle: idle}
 	tc.init(c)
+	tc.sock = tc.raw
+	if t, ok := c.(*tls.Conn); ok {
+		if sc, ok := t.NetConn().(syscall.Conn); ok {
+			tc.sock, _ = sc.SyscallConn()
+		}
+	}
 	// A request sent, its wait reads before it waits only once the watch
 	// saw the worker close the connection (and finds the close). The wait's
 	// work began before (beginWait), so a close seen after that check comes
@@ -602,10 +651,10 @@ func (c *trackedConn) Close() error {
 // pool lends no connection its worker closed while it idled
 // (hostPool.acquire). A nil w watches nothing.
 func (c *trackedConn) watchCloses(w *hangup.Watcher[trackedConn]) {
-	if w == nil || c.raw == nil {
+	if w == nil || c.sock == nil {
 		return
 	}
-	_ = c.raw.Control(func(fd uintptr) { c.watch, _ = w.Add(int(fd)) })
+	_ = c.sock.Control(func(fd uintptr) { c.watch, _ = w.Add(int(fd)) })
 	if c.watch.Gen() != 0 {
 		c.closes = w
 	}
@@ -685,5 +734,5 @@ func workerClosed(c *trackedConn, _ uint32) {
 		_ = c.Close()
 		return
 	}
-	_ = c.raw.Control(func(fd uintptr) { _ = syscall.Shutdown(int(fd), syscall.SHUT_RD) })
+	_ = c.sock.Control(func(fd uintptr) { _ = syscall.Shutdown(int(fd), syscall.SHUT_RD) })
 }

@@ -5,6 +5,7 @@ package health
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"log/slog"
 	"sync"
@@ -24,6 +25,9 @@ type Options struct {
 	// APIKey, when set, goes as "Authorization: Bearer <key>" on every
 	// probe (an engine started with --api-key lists its models only then).
 	APIKey string
+	// TLS is the configuration of probes to https:// workers (default:
+	// the system's roots).
+	TLS *tls.Config
 }
 
 // MaxAnswerBytes bounds what a probe reads of an answer: a /v1/models
@@ -50,7 +54,7 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 	c := &Checker{
 		reg: reg, opts: opts, failures: map[uint64]int{},
 		client: &fasthttp.Client{Name: "fastroute-health", ReadTimeout: opts.Interval, WriteTimeout: opts.Interval,
-			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes},
+			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes, TLSConfig: opts.TLS},
 	}
 	reg.Subscribe(c.workerChanged)
 	return c
