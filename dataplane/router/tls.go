@@ -59,9 +59,8 @@ func readClientCertificate(t config.WorkerTLS) (*tls.Certificate, error) {
 // checked against t's roots (else the system's) for t's server name (else
 // each connection's host, set by its dialer), the current client
 // certificate shown to a worker that asks for one, and sessions resumed
-// across a worker's connections (nginx's proxy_ssl_session_reuse), so that
-// a connection a worker's keep-alive timeout closed is replaced without a
-// full handshake.
+// across a worker's connections (nginx's proxy_ssl_session_reuse; the
+// front end gives each worker a cache of its own).
 func (c *clientCertificate) workerConfig(t config.WorkerTLS) (*tls.Config, error) {
 	conf := &tls.Config{
 		MinVersion:         tls.VersionTLS12,

@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -208,14 +209,25 @@ func TestAReloadReadsTheWorkersClientCertificateAgain(t *testing.T) {
 // A kept-alive TLS connection its worker closes while it idles (uvicorn's
 // keep-alive timeout) is closed at once by the watch on its socket, as a
 // plain one is, and the next request goes on a new connection without a
-// failure.
+// failure, resuming the first connection's session.
 func TestTheWatchClosesATLSConnectionItsWorkerClosed(t *testing.T) {
 	c := newWorkerCerts(t)
-	opts := tlsMocks(1, c.serverConf(t, ""))
+	conf := c.serverConf(t, "")
+	var lastResumed atomic.Bool // the last handshake resumed a session
+	conf.VerifyConnection = func(cs tls.ConnectionState) error {
+		lastResumed.Store(cs.DidResume)
+		return nil
+	}
+	opts := tlsMocks(1, conf)
 	opts[0].KeepAlive = 100 * time.Millisecond
-	f := startFleet(t, opts, func(cfg *config.Config) { cfg.WorkerTLS = config.WorkerTLS{CAFile: c.server.CertFile} })
+	f := startFleet(t, opts, func(cfg *config.Config) {
+		cfg.WorkerTLS = config.WorkerTLS{CAFile: c.server.CertFile}
+		// No probe or scrape makes a connection of its own meanwhile.
+		cfg.Health.Interval, cfg.Telemetry.Engine.Enabled = time.Hour, false
+	})
 	resp, text := f.send(http.MethodPost, "/v1/chat/completions", chatBody)
 	require.Equal(t, http.StatusOK, resp.StatusCode, text)
+	assert.False(t, lastResumed.Load(), "the first connection's handshake is a full one")
 	require.Eventually(t, func() bool {
 		return metric(t, f, `fastroute_worker_closed_connections_total{worker="1"}`) == "1" &&
 			metric(t, f, `fastroute_worker_connections{worker="1"}`) == "0"
@@ -225,6 +237,7 @@ func TestTheWatchClosesATLSConnectionItsWorkerClosed(t *testing.T) {
 	assert.Equal(t, "2", metric(t, f, `fastroute_worker_connects_total{worker="1"}`))
 	connect, transport := workerFailures(t, f, "1")
 	assert.Equal(t, []string{"0", "0"}, []string{connect, transport})
+	assert.True(t, lastResumed.Load(), "the second connection resumed the first one's session")
 	f.assertIdle()
 }
 

@@ -186,7 +186,9 @@ func dialAside(dial func(string, time.Duration) (net.Conn, error), addr string, 
 }
 
 // workerTLS is conf (nil: the defaults) for connections to host: its
-// server name, unless conf names one, is host's.
+// server name, unless conf names one, is host's, and it resumes sessions
+// from a cache of its own (a cache shared by the workers would key them
+// all by a server name conf names, and offer one worker another's).
 func workerTLS(conf *tls.Config, host string) *tls.Config {
 	if conf == nil {
 		conf = &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
@@ -195,8 +197,12 @@ func workerTLS(conf *tls.Config, host string) *tls.Config {
 	if conf.ServerName == "" {
 		conf.ServerName, _, _ = net.SplitHostPort(host)
 	}
+	conf.ClientSessionCache = tls.NewLRUClientSessionCache(workerSessions)
 	return conf
 }
+
+// workerSessions is the TLS sessions kept per worker for resumption.
+const workerSessions = 16
 
 // tlsDialer returns dial followed by a TLS handshake under conf, both
 // within the dial's timeout. A handshake that fails fails the connect (a
