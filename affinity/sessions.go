@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fastroute/fastroute/internal/every"
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
@@ -211,16 +212,7 @@ func (t *Table) Tick() int {
 
 // Run ticks every interval until ctx ends.
 func (t *Table) Run(ctx context.Context, interval time.Duration) {
-	tk := time.NewTicker(interval)
-	defer tk.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tk.C:
-			t.Tick()
-		}
-	}
+	every.Tick(ctx, interval, func() { t.Tick() })
 }
 
 // Len returns the number of sessions held.

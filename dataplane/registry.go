@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fastroute/fastroute/internal/every"
 	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/puzpuzpuz/xsync/v3"
@@ -270,17 +271,8 @@ func (r *Registry) notify(w *Worker, c Change) {
 }
 
 // Run sweeps drained workers every interval until ctx ends.
-func (r *Registry) Run(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			r.SweepDrained()
-		}
-	}
+func (r *Registry) Run(ctx context.Context, interval time.Duration) {
+	every.Tick(ctx, interval, func() { r.SweepDrained() })
 }
 
 // Snapshot returns the current routable view. It never blocks.

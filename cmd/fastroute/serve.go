@@ -25,11 +25,21 @@ func (w *workerFlags) String() string { return fmt.Sprint(len(*w), " workers") }
 
 // Set parses "id=1,url=http://h:p,device=gpu,gpu_index=0,dp_size=1,capacity=1,loras=a;b,metrics_path=/metrics,max_inflight=0,cgroup_path=/sys/fs/cgroup/x,role=both,bootstrap_port=8998".
 func (w *workerFlags) Set(v string) error {
+	s, err := parseSpec(v)
+	if err != nil {
+		return err
+	}
+	*w = append(*w, s)
+	return nil
+}
+
+// parseSpec parses a worker's key=value pairs, comma-separated.
+func parseSpec(v string) (dataplane.WorkerSpec, error) {
 	var s dataplane.WorkerSpec
 	for _, kv := range strings.Split(v, ",") {
 		k, val, ok := strings.Cut(kv, "=")
 		if !ok {
-			return fmt.Errorf("%q is not key=value", kv)
+			return s, fmt.Errorf("%q is not key=value", kv)
 		}
 		var err error
 		switch k {
@@ -62,14 +72,13 @@ func (w *workerFlags) Set(v string) error {
 		case "bootstrap_port":
 			s.BootstrapPort, err = strconv.Atoi(val)
 		default:
-			return fmt.Errorf("unknown worker key %q", k)
+			return s, fmt.Errorf("unknown worker key %q", k)
 		}
 		if err != nil {
-			return fmt.Errorf("worker key %s: %v", k, err)
+			return s, fmt.Errorf("worker key %s: %v", k, err)
 		}
 	}
-	*w = append(*w, s)
-	return nil
+	return s, nil
 }
 
 // bindFlags registers one flag per config key, defaulting to cfg's values.
@@ -104,6 +113,19 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "drain bound on SIGTERM; streams still open then are cut")
 	fs.StringVar(&cfg.TLS.CertFile, "tls-cert-file", cfg.TLS.CertFile, "PEM certificate chain: clients speak TLS to the front end (with --tls-key-file)")
 	fs.StringVar(&cfg.TLS.KeyFile, "tls-key-file", cfg.TLS.KeyFile, "PEM private key of --tls-cert-file")
+	dn := &cfg.Discovery.DNS
+	fs.Func("dns-name", "find workers by DNS name, host:port: each address the host resolves to is a worker on that port (repeatable)", func(v string) error {
+		dn.Names = append(dn.Names, v)
+		return nil
+	})
+	fs.DurationVar(&dn.Interval, "dns-interval", dn.Interval, "look the --dns-name hosts up this often")
+	fs.StringVar(&dn.Server, "dns-server", dn.Server, "DNS server (host:port) that --dns-name lookups ask (default: the system's resolver)")
+	fs.StringVar(&dn.Scheme, "dns-scheme", dn.Scheme, "http or https: how workers found by --dns-name are spoken to")
+	fs.Func("dns-worker", "fields every worker found by --dns-name gets: device=gpu|cpu,capacity=C,dp_size=D,max_inflight=M,role=prefill|decode|both,models=a;b,... (as --worker, without id and url)", func(v string) error {
+		spec, err := parseSpec(v)
+		dn.Worker = spec
+		return err
+	})
 	wt := &cfg.WorkerTLS
 	fs.StringVar(&wt.CAFile, "worker-tls-ca-file", wt.CAFile, "PEM CA certificates that https:// workers' certificates are checked against (default: the system's roots)")
 	fs.StringVar(&wt.CertFile, "worker-tls-cert-file", wt.CertFile, "PEM client certificate chain shown to https:// workers that ask for one (with --worker-tls-key-file; read again on reload)")

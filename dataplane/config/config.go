@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"net/url"
@@ -22,6 +23,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/tracing"
+	"github.com/fastroute/fastroute/discovery/dns"
 	"github.com/fastroute/fastroute/internal/fielderr"
 	"github.com/fastroute/fastroute/pickers"
 	"gopkg.in/yaml.v3"
@@ -134,6 +136,28 @@ func (t WorkerTLS) Verification() WorkerTLS {
 // Discovery configures worker discovery.
 type Discovery struct {
 	Etcd Etcd `yaml:"etcd"`
+	DNS  DNS  `yaml:"dns"`
+}
+
+// DNS finds workers by DNS name (off without names): every address each
+// host:port of Names resolves to is a worker on its port, spoken to over
+// Scheme, with Worker's fields (device, capacity, role...), looked up
+// again every Interval, from Server when set (else the system's
+// resolver).
+type DNS struct {
+	Names    []string             `yaml:"names"`
+	Interval time.Duration        `yaml:"interval"`
+	Server   string               `yaml:"server"`
+	Scheme   string               `yaml:"scheme"`
+	Worker   dataplane.WorkerSpec `yaml:"worker"`
+}
+
+// On reports whether workers are found by DNS name.
+func (d DNS) On() bool { return len(d.Names) > 0 }
+
+// Options are the DNS watcher's options.
+func (d DNS) Options(log *slog.Logger) dns.Options {
+	return dns.Options{Names: d.Names, Interval: d.Interval, Server: d.Server, Scheme: d.Scheme, Worker: d.Worker, Logger: log}
 }
 
 // Etcd locates the etcd cluster workers register on (no endpoints: off).
@@ -365,7 +389,7 @@ func Default() Config {
 			Engine: Engine{Enabled: true, Interval: 50 * time.Millisecond, Timeout: time.Second}},
 		Health: Health{Interval: 2 * time.Second, Path: "/health", UnhealthyAfter: 3,
 			EjectAfter: 5, EjectTime: 5 * time.Second, EjectMax: 5 * time.Minute},
-		Discovery: Discovery{Etcd: Etcd{Prefix: "/fastroute", DialTimeout: 2 * time.Second}},
+		Discovery: Discovery{Etcd: Etcd{Prefix: "/fastroute", DialTimeout: 2 * time.Second}, DNS: DNS{Interval: 5 * time.Second, Scheme: "http"}},
 		Tracing:   tracing.Config{SampleRatio: 1, ServiceName: "fastroute"},
 		Limits: Limits{
 			MaxBodyBytes: 16 << 20, MaxHeaderBytes: 64 << 10, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
@@ -559,6 +583,11 @@ func (c *Config) Validate() error {
 		}
 		if (e.CertFile == "") != (e.KeyFile == "") {
 			return keyErr("discovery.etcd.cert_file", "cert_file and key_file go together")
+		}
+	}
+	if c.Discovery.DNS.On() {
+		if err := c.Discovery.DNS.Options(nil).Check(); err != nil {
+			return keyErr("discovery.dns", "%v", err)
 		}
 	}
 	switch c.Log.Access {

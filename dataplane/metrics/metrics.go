@@ -10,6 +10,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -189,6 +190,15 @@ func (s *Set) WriteTo(out io.Writer) (int64, error) {
 		w.err = w.w.Flush()
 	}
 	return cw.n, w.err
+}
+
+// Text is what c writes, as a scrape has it.
+func Text(c Collector) string {
+	var s Set
+	s.Register(c)
+	var b strings.Builder
+	_, _ = s.WriteTo(&b) // a strings.Builder takes every write
+	return b.String()
 }
 
 type countingWriter struct {

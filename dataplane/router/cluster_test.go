@@ -162,7 +162,7 @@ func TestDiscoveredAndStaticIDsNeverClash(t *testing.T) {
 	cfg := f.r.CurrentConfig()
 	cfg.Workers = append(cfg.Workers, dataplane.WorkerSpec{ID: 2, URL: ms[0].URL()})
 	_, _, err := f.r.Reload(cfg)
-	assert.ErrorContains(t, err, "2 is a worker found on etcd")
+	assert.ErrorContains(t, err, "2 is a worker found on etcd or in DNS")
 }
 
 // DELETE /workers/{id} on one replica drains a discovered worker on every
@@ -202,7 +202,7 @@ func TestDrainMarkHonouredByEveryReplica(t *testing.T) {
 func TestDiscoveredSpecPutTwiceKeepsTheWorker(t *testing.T) {
 	f := startFleet(t, nil, nil)
 	m := startMocks(t, 1)[0]
-	target := discoveryTarget{f.r}
+	target := discoveryTarget{f.r, "on etcd"}
 	spec := dataplane.WorkerSpec{ID: 4, URL: m.URL()}
 	require.NoError(t, target.Put(spec))
 	first, _ := f.r.Registry.Get(4)

@@ -15,16 +15,27 @@ import (
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/discovery"
+	"github.com/fastroute/fastroute/discovery/dns"
 )
 
 // startDiscovery watches etcd for workers when discovery.etcd names
-// endpoints; the static workers of the config stay beside them.
+// endpoints, and makes the DNS watcher when discovery.dns names hosts
+// (startDNS starts it); the static workers of the config stay beside
+// them.
 func (r *Router) startDiscovery(log *slog.Logger) error {
+	if d := r.Config.Discovery.DNS; d.On() {
+		w, err := dns.New(d.Options(log), discoveryTarget{r, "in DNS"})
+		if err != nil {
+			return fmt.Errorf("discovery.dns: %w", err) // Validate checked it: not reached
+		}
+		r.DNS = w
+		r.Metrics.Register(w.Collector())
+	}
 	e := r.Config.Discovery.Etcd
 	if len(e.Endpoints) == 0 {
 		return nil
 	}
-	w, err := discovery.Watch(etcdOptions(e, log), discoveryTarget{r})
+	w, err := discovery.Watch(etcdOptions(e, log), discoveryTarget{r, "on etcd"})
 	if err != nil {
 		return fmt.Errorf("discovery.etcd: %w", err)
 	}
@@ -38,6 +49,22 @@ func (r *Router) startDiscovery(log *slog.Logger) error {
 		mw.Sample("fastroute_discovery_up", up)
 	})
 	return nil
+}
+
+// startDNS looks discovery.dns's names up once before the router starts,
+// so that it starts with their workers, then every interval while ctx
+// lasts.
+func (r *Router) startDNS(ctx context.Context) {
+	if r.DNS == nil {
+		return
+	}
+	r.DNS.Sync(ctx)
+	r.loops.Go(func() { r.DNS.Run(ctx) })
+}
+
+// knownDiscovered reports a worker found on etcd or in DNS.
+func (r *Router) knownDiscovered(id uint64) bool {
+	return (r.Discovery != nil && r.Discovery.Known(id)) || (r.DNS != nil && r.DNS.Known(id))
 }
 
 // routerTTL is the lease of a replica's key on etcd: a replica that dies
@@ -90,9 +117,12 @@ func (r *Router) shareKeyUsage(ctx context.Context, log *slog.Logger) {
 	r.loops.Go(func() { discovery.ShareUsage(ctx, etcdOptions(r.Config.Discovery.Etcd, log), self, iv, read, apply) })
 }
 
-// discoveryTarget applies what etcd says to the registry, and the
-// replicas registered there to the prefix sharing.
-type discoveryTarget struct{ r *Router }
+// discoveryTarget applies what etcd or DNS says to the registry, and the
+// replicas registered on etcd to the prefix sharing.
+type discoveryTarget struct {
+	r     *Router
+	where string // "on etcd", "in DNS": for the log
+}
 
 // SetPeers shares prompt prefixes with every replica registered on etcd
 // (itself left out), besides those of the config. A value that does not
@@ -120,7 +150,7 @@ func (t discoveryTarget) Put(spec dataplane.WorkerSpec) error {
 	r := t.r
 	for _, s := range r.CurrentConfig().Workers {
 		if s.ID == spec.ID {
-			return fmt.Errorf("id %d is a worker of the config file; the etcd key is ignored", spec.ID)
+			return fmt.Errorf("id %d is a worker of the config file; the one %s is ignored", spec.ID, t.where)
 		}
 	}
 	if err := spec.Normalize(); err != nil {
@@ -132,18 +162,18 @@ func (t discoveryTarget) Put(spec dataplane.WorkerSpec) error {
 		if _, err := r.Registry.AddUnprobed(spec); err != nil {
 			return err
 		}
-		r.log.Info("worker found on etcd", "worker", spec.ID, "url", spec.URL)
+		r.log.Info("worker found "+t.where, "worker", spec.ID, "url", spec.URL)
 		r.probeSoon()
 	case w.Draining() || !reflect.DeepEqual(*w.Spec(), spec):
 		if _, err := r.Registry.Replace(spec); err != nil {
 			return err
 		}
-		r.log.Info("worker changed on etcd", "worker", spec.ID)
+		r.log.Info("worker changed "+t.where, "worker", spec.ID)
 	}
 	return nil
 }
 
-// Drain drains a worker that left etcd: its requests finish.
+// Drain drains a worker that left etcd or DNS: its requests finish.
 func (t discoveryTarget) Drain(id uint64) { _ = t.r.Registry.Drain(id) }
 
 // drainWorker drains a worker (DELETE /workers/{id}); one found on etcd is
@@ -151,9 +181,15 @@ func (t discoveryTarget) Drain(id uint64) { _ = t.r.Registry.Drain(id) }
 // first: the mark comes back through this router's own watch too, which
 // drains the worker and may remove it (no request in flight) before a
 // drain made after the mark would find it.
+//
+// One found in DNS stays drained while its address stays in DNS (on this
+// router: DNS has no mark the others would read).
 func (r *Router) drainWorker(id uint64) error {
-	if err := r.Registry.Drain(id); err != nil || r.Discovery == nil || !r.Discovery.Known(id) {
+	if err := r.Registry.Drain(id); err != nil {
 		return err
+	}
+	if r.DNS != nil && r.DNS.Hold(id) || r.Discovery == nil || !r.Discovery.Known(id) {
+		return nil
 	}
 	if err := r.Discovery.MarkDrain(id); err != nil {
 		return fmt.Errorf("worker %d drained on this router only: the drain mark could not be written to etcd: %v", id, err)

@@ -35,15 +35,13 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		return nil, nil, err
 	}
 	old := r.Config
-	if r.Discovery != nil {
-		static := map[uint64]bool{}
-		for _, s := range old.Workers {
-			static[s.ID] = true
-		}
-		for i, s := range cfg.Workers {
-			if !static[s.ID] && r.Discovery.Known(s.ID) {
-				return nil, nil, fmt.Errorf("key workers[%d].id: %d is a worker found on etcd; an id is never used twice", i, s.ID)
-			}
+	static := map[uint64]bool{}
+	for _, s := range old.Workers {
+		static[s.ID] = true
+	}
+	for i, s := range cfg.Workers {
+		if !static[s.ID] && r.knownDiscovered(s.ID) {
+			return nil, nil, fmt.Errorf("key workers[%d].id: %d is a worker found on etcd or in DNS; an id is never used twice", i, s.ID)
 		}
 	}
 	var cert certificate // read before anything applies: a bad one refuses the reload

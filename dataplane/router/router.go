@@ -29,6 +29,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/fastroute/fastroute/discovery"
+	"github.com/fastroute/fastroute/discovery/dns"
 	"github.com/fastroute/fastroute/telemetry/cpu"
 	"github.com/fastroute/fastroute/telemetry/engine"
 	"github.com/fastroute/fastroute/telemetry/nvml"
@@ -62,6 +63,8 @@ type Router struct {
 	APIKeys apikeys.Keys
 	// Discovery is nil unless discovery.etcd names endpoints.
 	Discovery *discovery.Watcher
+	// DNS is nil unless discovery.dns names hosts.
+	DNS *dns.Watcher
 	// Tracer exports the sampled requests' spans; nil unless
 	// tracing.otlp_endpoint is set.
 	Tracer *tracing.Tracer
@@ -236,6 +239,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	r.keepRegistered(ctx, log)
 	r.shareKeyUsage(ctx, log)
+	r.startDNS(ctx)
 	if r.Tracer != nil {
 		r.Tracer.Start()
 	}
@@ -383,6 +387,9 @@ func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
 	if r.Discovery != nil && r.Discovery.Known(w.ID()) {
 		info["discovered"] = "etcd"
 		info["discovery_up"] = r.Discovery.Up()
+	}
+	if r.DNS != nil && r.DNS.Known(w.ID()) {
+		info["discovered"] = "dns"
 	}
 	if r.Weights != nil {
 		r.Weights.Describe(w, info)

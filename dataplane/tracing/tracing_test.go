@@ -251,12 +251,7 @@ func TestSpansReachTheCollector(t *testing.T) {
 	require.Eventually(t, func() bool { _, _, f := tr.Counts(); return f == 1 }, 5*time.Second, 5*time.Millisecond)
 	assert.Len(t, sink.Spans(), 3, "not retried")
 
-	var set metrics.Set
-	set.Register(tr.Collector())
-	var out strings.Builder
-	_, err = set.WriteTo(&out)
-	require.NoError(t, err)
-	text := out.String()
+	text := metrics.Text(tr.Collector())
 	assert.Contains(t, text, `fastroute_trace_spans_total{outcome="exported"} 3`)
 	assert.Contains(t, text, `fastroute_trace_spans_total{outcome="failed"} 1`)
 	assert.Contains(t, text, `fastroute_trace_sample_ratio 1`)

@@ -46,13 +46,7 @@ func (p *peerTable) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func page(l *Loop) string {
-	var s metrics.Set
-	s.Register(l.Collector())
-	var b strings.Builder
-	_, _ = s.WriteTo(&b)
-	return b.String()
-}
+func page(l *Loop) string { return metrics.Text(l.Collector()) }
 
 func run(t *testing.T, l *Loop) {
 	ctx, cancel := context.WithCancel(context.Background())

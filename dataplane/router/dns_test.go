@@ -1,0 +1,111 @@
+package router
+
+import (
+	"net"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/discovery/dns"
+	"github.com/fastroute/fastroute/internal/fakedns"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// mocksOnOnePort starts a mock worker on each loopback address of ips, all
+// on one port (a name's port is every address's), and returns the port.
+func mocksOnOnePort(t *testing.T, ips ...string) int {
+	t.Helper()
+	for range 20 {
+		first, err := net.Listen("tcp", ips[0]+":0")
+		require.NoError(t, err)
+		port := first.Addr().(*net.TCPAddr).Port
+		lns := []net.Listener{first}
+		for _, ip := range ips[1:] {
+			ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
+			if err != nil {
+				break
+			}
+			lns = append(lns, ln)
+		}
+		if len(lns) < len(ips) { // the port was taken on another address: try another
+			for _, ln := range lns {
+				ln.Close()
+			}
+			continue
+		}
+		for i, ln := range lns {
+			m := mockworker.Serve(ln, mockworker.Options{ID: uint64(i + 1), Tokens: 3})
+			t.Cleanup(func() { m.Close() })
+		}
+		return port
+	}
+	t.Fatal("no port free on every address")
+	return 0
+}
+
+// Workers found by DNS name: every address the name resolves to is a
+// worker with the name's port and the template's fields, served once
+// probed. An address that leaves the answer is drained and removed; a
+// worker drained by hand stays drained while DNS still names it; a static
+// worker may not take a DNS worker's id.
+func TestWorkersFoundByDNSName(t *testing.T) {
+	srv, err := fakedns.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.Close() })
+	port := mocksOnOnePort(t, "127.0.0.1", "127.0.0.2")
+	srv.Set("vllm.fastroute.test", "127.0.0.1", "127.0.0.2")
+	name := "vllm.fastroute.test.:" + strconv.Itoa(port)
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Discovery.DNS = config.DNS{Names: []string{name}, Interval: 50 * time.Millisecond, Server: srv.Addr(), Scheme: "http",
+			Worker: dataplane.WorkerSpec{Capacity: 3}}
+	})
+	one, two := dns.ID(net.JoinHostPort("127.0.0.1", strconv.Itoa(port))), dns.ID(net.JoinHostPort("127.0.0.2", strconv.Itoa(port)))
+	require.Len(t, f.r.Registry.All(), 2, "the first lookup is done when Start returns")
+	for _, id := range []uint64{one, two} {
+		w, ok := f.r.Registry.Get(id)
+		require.True(t, ok)
+		assert.Equal(t, 3.0, w.Spec().Capacity)
+	}
+	served := map[string]int{}
+	require.Eventually(t, func() bool {
+		resp, _ := f.send(http.MethodPost, "/v1/chat/completions", chatBody)
+		if resp.StatusCode == http.StatusOK { // else 503: no worker probed yet
+			served[resp.Header.Get("x-fastroute-worker")]++
+		}
+		return len(served) == 2
+	}, 5*time.Second, 10*time.Millisecond, "both workers serve once probed")
+	assert.Contains(t, served, strconv.FormatUint(two, 10))
+	assert.Equal(t, "1", metric(t, f, `fastroute_dns_discovery_up{name="`+name+`"}`))
+	_, text := adminDo(t, f, http.MethodGet, "/workers/"+strconv.FormatUint(two, 10), "", "")
+	assert.Contains(t, text, `"discovered":"dns"`)
+
+	srv.Set("vllm.fastroute.test", "127.0.0.1")
+	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(two); return !ok }, 5*time.Second, 10*time.Millisecond,
+		"an address that left DNS is drained and removed")
+	for range 4 {
+		resp, text := f.send(http.MethodPost, "/v1/chat/completions", chatBody)
+		require.Equal(t, http.StatusOK, resp.StatusCode, text)
+		assert.Equal(t, strconv.FormatUint(one, 10), resp.Header.Get("x-fastroute-worker"))
+	}
+
+	code, text := adminDo(t, f, http.MethodDelete, "/workers/"+strconv.FormatUint(one, 10), "", "")
+	require.Equal(t, http.StatusAccepted, code, text)
+	time.Sleep(200 * time.Millisecond) // four lookups
+	w, ok := f.r.Registry.Get(one)
+	assert.True(t, !ok || w.Draining(), "drained by hand, it is not put again while DNS names it")
+	assert.True(t, f.r.DNS.Known(one))
+
+	cfg := f.r.CurrentConfig()
+	cfg.Workers = append(cfg.Workers, dataplane.WorkerSpec{ID: two, URL: "http://127.0.0.1:1"})
+	_, _, err = f.r.Reload(cfg)
+	assert.NoError(t, err, "an id DNS no longer names is free")
+	cfg.Workers = append(cfg.Workers, dataplane.WorkerSpec{ID: one, URL: "http://127.0.0.1:2"})
+	_, _, err = f.r.Reload(cfg)
+	assert.ErrorContains(t, err, "is a worker found on etcd or in DNS")
+	f.assertIdle()
+}

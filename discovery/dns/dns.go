@@ -1,0 +1,256 @@
+// Package dns finds workers by DNS name, as nginx's resolve, HAProxy's
+// server-template and Envoy's strict DNS clusters do: every address a
+// name resolves to (a Kubernetes headless service's ready pods, a Consul
+// service, a scaled compose service) is a worker on the name's port,
+// looked up again every interval. An address that leaves every answer is
+// drained; a lookup that fails keeps what the name had, so a DNS outage
+// does not empty the fleet.
+package dns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/discovery"
+	"github.com/fastroute/fastroute/internal/every"
+)
+
+// Options configures a Watcher.
+type Options struct {
+	// Names are the host:port entries looked up; each address a host
+	// resolves to is a worker on its port.
+	Names []string
+	// Interval is the time between two rounds of lookups.
+	Interval time.Duration
+	// Server is the DNS server asked, host:port ("": the system's
+	// resolver, /etc/resolv.conf).
+	Server string
+	// Scheme is how workers are spoken to: http or https.
+	Scheme string
+	// Worker holds the fields every worker found gets (device, capacity,
+	// role...); its id and url are each address's.
+	Worker dataplane.WorkerSpec
+	Logger *slog.Logger
+}
+
+// Watcher keeps a Target in step with the addresses of Options.Names.
+type Watcher struct {
+	o        Options
+	target   discovery.Target
+	resolver *net.Resolver
+	mu       sync.Mutex
+	names    map[string][]uint64 // each name's workers at its last good lookup
+	put      map[uint64]bool     // the workers put and not drained since
+	held     map[uint64]bool     // drained by hand (Hold): not put again while their address stays
+	failing  map[string]bool     // names whose last lookup failed
+}
+
+// New checks o and returns a Watcher over t; Run starts it.
+func New(o Options, t discovery.Target) (*Watcher, error) {
+	if err := o.Check(); err != nil {
+		return nil, err
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	w := &Watcher{o: o, target: t, names: map[string][]uint64{}, put: map[uint64]bool{}, held: map[uint64]bool{}, failing: map[string]bool{}}
+	w.resolver = net.DefaultResolver
+	if o.Server != "" {
+		var d net.Dialer
+		w.resolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, o.Server)
+		}}
+	}
+	return w, nil
+}
+
+// Check reports the first field of o that is wrong, by its name.
+func (o Options) Check() error {
+	if len(o.Names) == 0 {
+		return errors.New("names: none")
+	}
+	for i, n := range o.Names {
+		host, port, err := net.SplitHostPort(n)
+		if p, perr := strconv.ParseUint(port, 10, 16); err != nil || host == "" || perr != nil || p == 0 {
+			return fmt.Errorf("names[%d]: %q is not host:port", i, n)
+		}
+	}
+	if o.Interval <= 0 {
+		return fmt.Errorf("interval: %v must be positive", o.Interval)
+	}
+	if o.Scheme != "http" && o.Scheme != "https" {
+		return fmt.Errorf("scheme: %q is not http or https", o.Scheme)
+	}
+	if o.Worker.ID != 0 || o.Worker.URL != "" {
+		return errors.New("worker: id and url are each address's, not set here")
+	}
+	probe := o.Worker
+	probe.ID, probe.URL = 1, o.Scheme+"://127.0.0.1:1"
+	if err := probe.Normalize(); err != nil {
+		return fmt.Errorf("worker.%w", err)
+	}
+	if o.Server != "" {
+		if _, _, err := net.SplitHostPort(o.Server); err != nil {
+			return fmt.Errorf("server: %q is not host:port", o.Server)
+		}
+	}
+	return nil
+}
+
+// ID is the worker id of the address addr (ip:port): the same on every
+// replica, so that their sessions and prefix records name the same
+// workers, and within 1..2^53−1, which a JSON number holds exactly.
+func ID(addr string) uint64 {
+	return xxhash.Sum64String(addr)&(1<<53-1) | 1<<52
+}
+
+// Run looks the names up every Interval until ctx ends (Sync looks them
+// up at once).
+func (w *Watcher) Run(ctx context.Context) {
+	every.Tick(ctx, w.o.Interval, func() { w.Sync(ctx) })
+}
+
+// Sync is one round: each name looked up (within an Interval, at most 5
+// s), the workers of the addresses found put, and those of addresses no
+// name holds any more drained. A name whose lookup fails keeps its
+// workers; one that does not exist (NXDOMAIN) has none.
+func (w *Watcher) Sync(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, min(w.o.Interval, 5*time.Second))
+	defer cancel()
+	for _, n := range w.o.Names {
+		host, port, _ := net.SplitHostPort(n) // New checked it
+		addrs, err := w.resolver.LookupNetIP(ctx, "ip", host)
+		var dnsErr *net.DNSError
+		if err != nil && !(errors.As(err, &dnsErr) && dnsErr.IsNotFound) {
+			w.setFailing(n, err)
+			continue
+		}
+		w.setFailing(n, nil)
+		ids := make([]uint64, 0, len(addrs))
+		for _, a := range addrs {
+			ids = append(ids, w.putAddr(a, port))
+		}
+		w.mu.Lock()
+		w.names[n] = ids
+		w.mu.Unlock()
+	}
+	w.drainGone()
+}
+
+// putAddr puts the worker of address a on port, unless held, and
+// returns its id.
+func (w *Watcher) putAddr(a netip.Addr, port string) uint64 {
+	addr := net.JoinHostPort(a.Unmap().String(), port)
+	id := ID(addr)
+	w.mu.Lock()
+	held, known := w.held[id], w.put[id]
+	w.mu.Unlock()
+	if held {
+		return id
+	}
+	spec := w.o.Worker
+	spec.ID, spec.URL = id, w.o.Scheme+"://"+addr
+	spec.LoRAs, spec.Models = slices.Clone(spec.LoRAs), slices.Clone(spec.Models)
+	if err := w.target.Put(spec); err != nil {
+		if !known {
+			w.o.Logger.Warn("worker found in DNS not added", "url", spec.URL, "worker", id, "err", err)
+		}
+		return id
+	}
+	w.mu.Lock()
+	w.put[id] = true
+	w.mu.Unlock()
+	return id
+}
+
+// drainGone drains the workers no name's last good lookup holds, and
+// forgets the holds of addresses gone.
+func (w *Watcher) drainGone() {
+	w.mu.Lock()
+	live := map[uint64]bool{}
+	for _, ids := range w.names {
+		for _, id := range ids {
+			live[id] = true
+		}
+	}
+	var gone []uint64
+	for id := range w.put {
+		if !live[id] {
+			gone = append(gone, id)
+			delete(w.put, id)
+		}
+	}
+	for id := range w.held {
+		if !live[id] {
+			delete(w.held, id)
+		}
+	}
+	w.mu.Unlock()
+	for _, id := range gone {
+		w.target.Drain(id)
+	}
+}
+
+// setFailing records a name's lookup failure (nil: it answered), logged
+// when it begins and when it ends.
+func (w *Watcher) setFailing(name string, err error) {
+	w.mu.Lock()
+	was := w.failing[name]
+	w.failing[name] = err != nil
+	w.mu.Unlock()
+	switch {
+	case err != nil && !was:
+		w.o.Logger.Warn("DNS lookup failed; the name keeps its last workers", "name", name, "err", err)
+	case err == nil && was:
+		w.o.Logger.Info("DNS lookup answers again", "name", name)
+	}
+}
+
+// Known reports whether id is a worker found in DNS and not drained since.
+func (w *Watcher) Known(id uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.put[id] || w.held[id]
+}
+
+// Hold keeps a worker drained by hand (DELETE /workers/{id}) from being
+// put again while its address stays in DNS; false: not a worker found
+// here.
+func (w *Watcher) Hold(id uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.put[id] {
+		return false
+	}
+	delete(w.put, id)
+	w.held[id] = true
+	return true
+}
+
+// Collector writes fastroute_dns_discovery_up{name}: 0 while a name's
+// lookups fail (its workers are the last good answer's).
+func (w *Watcher) Collector() metrics.Collector {
+	return func(mw *metrics.Writer) {
+		mw.Header("fastroute_dns_discovery_up", "gauge", "1 while a discovery.dns name's lookups answer; 0: it keeps the workers of its last good answer.")
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for _, n := range w.o.Names {
+			up := 1.0
+			if w.failing[n] {
+				up = 0
+			}
+			mw.Sample("fastroute_dns_discovery_up", up, "name", n)
+		}
+	}
+}

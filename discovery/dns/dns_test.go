@@ -1,0 +1,196 @@
+package dns
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/internal/fakedns"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// recorder is a Target that keeps the workers put and drained.
+type recorder struct {
+	mu      sync.Mutex
+	live    map[uint64]dataplane.WorkerSpec
+	puts    int
+	drained []uint64
+}
+
+func (r *recorder) Put(spec dataplane.WorkerSpec) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.live[spec.ID] = spec
+	r.puts++
+	return nil
+}
+
+func (r *recorder) Drain(id uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.live, id)
+	r.drained = append(r.drained, id)
+}
+
+// urls is the live workers' urls, sorted.
+func (r *recorder) urls() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for id, s := range r.live {
+		if _, addr, _ := strings.Cut(s.URL, "://"); id != ID(addr) {
+			out = append(out, "wrong id for "+s.URL)
+		}
+		out = append(out, s.URL)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func startDNS(t *testing.T) *fakedns.Server {
+	srv, err := fakedns.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+// Every address a name resolves to is a worker on the name's port, with
+// the template's fields and an id of its address. An address that leaves
+// the answer is drained; a lookup that fails keeps the name's workers (and
+// says so in the metric); a name that does not exist any more has none.
+func TestTheWorkersFollowTheNamesAddresses(t *testing.T) {
+	srv := startDNS(t)
+	srv.Set("vllm.fastroute.test", "10.0.0.1", "10.0.0.2")
+	srv.Set("sglang.fastroute.test", "fd00::7")
+	rec := &recorder{live: map[uint64]dataplane.WorkerSpec{}}
+	w, err := New(Options{Names: []string{"vllm.fastroute.test.:8000", "sglang.fastroute.test.:30000"}, Interval: time.Second, Server: srv.Addr(),
+		Scheme: "http", Worker: dataplane.WorkerSpec{Device: dataplane.DeviceGPU, Capacity: 2, Models: []string{"m"}},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, rec)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	w.Sync(ctx)
+	assert.Equal(t, []string{"http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://[fd00::7]:30000"}, rec.urls())
+	for _, s := range rec.live {
+		assert.Equal(t, dataplane.DeviceGPU, s.Device)
+		assert.Equal(t, 2.0, s.Capacity)
+		assert.Equal(t, []string{"m"}, s.Models)
+		assert.True(t, w.Known(s.ID))
+	}
+	assert.Contains(t, metrics.Text(w.Collector()), `fastroute_dns_discovery_up{name="vllm.fastroute.test.:8000"} 1`)
+
+	srv.Set("vllm.fastroute.test", "10.0.0.2", "10.0.0.3")
+	w.Sync(ctx)
+	assert.Equal(t, []string{"http://10.0.0.2:8000", "http://10.0.0.3:8000", "http://[fd00::7]:30000"}, rec.urls())
+	assert.Equal(t, []uint64{ID("10.0.0.1:8000")}, rec.drained)
+	assert.False(t, w.Known(ID("10.0.0.1:8000")))
+
+	srv.Fail("vllm.fastroute.test")
+	w.Sync(ctx)
+	assert.Len(t, rec.urls(), 3, "a failing lookup keeps the name's workers")
+	assert.Contains(t, metrics.Text(w.Collector()), `fastroute_dns_discovery_up{name="vllm.fastroute.test.:8000"} 0`)
+	assert.Contains(t, metrics.Text(w.Collector()), `fastroute_dns_discovery_up{name="sglang.fastroute.test.:30000"} 1`)
+
+	srv.Remove("vllm.fastroute.test")
+	w.Sync(ctx)
+	assert.Equal(t, []string{"http://[fd00::7]:30000"}, rec.urls(), "a name that is gone (NXDOMAIN) has no workers")
+	assert.Contains(t, metrics.Text(w.Collector()), `fastroute_dns_discovery_up{name="vllm.fastroute.test.:8000"} 1`)
+}
+
+// A worker drained by hand (Hold) is not put again while its address
+// stays in DNS; once the address left and came back it is.
+func TestAWorkerDrainedByHandStaysDrained(t *testing.T) {
+	srv := startDNS(t)
+	srv.Set("w.fastroute.test", "10.0.0.1", "10.0.0.2")
+	rec := &recorder{live: map[uint64]dataplane.WorkerSpec{}}
+	w, err := New(Options{Names: []string{"w.fastroute.test.:80"}, Interval: time.Second, Server: srv.Addr(), Scheme: "http"}, rec)
+	require.NoError(t, err)
+	ctx := context.Background()
+	w.Sync(ctx)
+	one := ID("10.0.0.1:80")
+	require.True(t, w.Hold(one))
+	assert.False(t, w.Hold(12345), "not a worker found here")
+	rec.Drain(one) // what the router does beside Hold
+	puts := rec.puts
+	w.Sync(ctx)
+	assert.Equal(t, []string{"http://10.0.0.2:80"}, rec.urls())
+	assert.Equal(t, puts+1, rec.puts, "only the other worker is put again")
+	assert.True(t, w.Known(one), "held: its id stays taken")
+
+	srv.Set("w.fastroute.test", "10.0.0.2")
+	w.Sync(ctx)
+	srv.Set("w.fastroute.test", "10.0.0.1", "10.0.0.2")
+	w.Sync(ctx)
+	assert.Equal(t, []string{"http://10.0.0.1:80", "http://10.0.0.2:80"}, rec.urls(), "back in DNS: put again")
+}
+
+// Run looks the names up every interval.
+func TestRunLooksUpEveryInterval(t *testing.T) {
+	srv := startDNS(t)
+	srv.Set("w.fastroute.test", "10.0.0.1")
+	rec := &recorder{live: map[uint64]dataplane.WorkerSpec{}}
+	w, err := New(Options{Names: []string{"w.fastroute.test.:80"}, Interval: 20 * time.Millisecond, Server: srv.Addr(), Scheme: "https"}, rec)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	require.Eventually(t, func() bool { return slices.Equal(rec.urls(), []string{"https://10.0.0.1:80"}) },
+		2*time.Second, 5*time.Millisecond)
+	srv.Set("w.fastroute.test", "10.0.0.9")
+	require.Eventually(t, func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.drained) == 1
+	}, 2*time.Second, 5*time.Millisecond)
+	cancel()
+	<-done
+}
+
+func TestOptionsAreChecked(t *testing.T) {
+	ok := Options{Names: []string{"w:80"}, Interval: time.Second, Scheme: "http"}
+	require.NoError(t, ok.Check())
+	for _, c := range []struct {
+		edit func(*Options)
+		want string
+	}{
+		{func(o *Options) { o.Names = nil }, "names: none"},
+		{func(o *Options) { o.Names = []string{"w"} }, `names[0]: "w" is not host:port`},
+		{func(o *Options) { o.Names = []string{"w:0"} }, `names[0]: "w:0" is not host:port`},
+		{func(o *Options) { o.Names = []string{":80"} }, `names[0]: ":80" is not host:port`},
+		{func(o *Options) { o.Interval = 0 }, "interval: 0s must be positive"},
+		{func(o *Options) { o.Scheme = "ftp" }, `scheme: "ftp" is not http or https`},
+		{func(o *Options) { o.Worker.ID = 3 }, "worker: id and url are each address's"},
+		{func(o *Options) { o.Worker.Device = "tpu" }, `worker.device: "tpu" is not gpu or cpu`},
+		{func(o *Options) { o.Server = "10.96.0.10" }, `server: "10.96.0.10" is not host:port`},
+	} {
+		o := ok
+		c.edit(&o)
+		assert.ErrorContains(t, o.Check(), c.want)
+		_, err := New(o, &recorder{})
+		assert.ErrorContains(t, err, c.want)
+	}
+}
+
+// An address's id is the same wherever it is computed, a JSON-safe
+// integer, and differs between addresses.
+func TestIDs(t *testing.T) {
+	seen := map[uint64]string{}
+	for i := range 10000 {
+		addr := fmt.Sprintf("10.%d.%d.1:8000", i/256, i%256)
+		id := ID(addr)
+		if other, dup := seen[id]; dup || id == 0 || id >= 1<<53 {
+			t.Fatalf("%s: id %d (the same as %q's)", addr, id, other)
+		}
+		seen[id] = addr
+	}
+	assert.Equal(t, ID("10.0.0.1:8000"), ID("10.0.0.1:8000"))
+}
