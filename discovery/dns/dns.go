@@ -53,6 +53,7 @@ type Watcher struct {
 	names    map[string][]uint64 // each name's workers at its last good lookup
 	put      map[uint64]bool     // the workers put and not drained since
 	held     map[uint64]bool     // drained by hand (Hold): not put again while their address stays
+	refused  map[uint64]bool     // the target refused them (logged once, while their address stays)
 	failing  map[string]bool     // names whose last lookup failed
 }
 
@@ -64,7 +65,7 @@ func New(o Options, t discovery.Target) (*Watcher, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	w := &Watcher{o: o, target: t, names: map[string][]uint64{}, put: map[uint64]bool{}, held: map[uint64]bool{}, failing: map[string]bool{}}
+	w := &Watcher{o: o, target: t, names: map[string][]uint64{}, put: map[uint64]bool{}, held: map[uint64]bool{}, refused: map[uint64]bool{}, failing: map[string]bool{}}
 	w.resolver = net.DefaultResolver
 	if o.Server != "" {
 		var d net.Dialer
@@ -154,7 +155,7 @@ func (w *Watcher) putAddr(a netip.Addr, port string) uint64 {
 	addr := net.JoinHostPort(a.Unmap().String(), port)
 	id := ID(addr)
 	w.mu.Lock()
-	held, known := w.held[id], w.put[id]
+	held := w.held[id]
 	w.mu.Unlock()
 	if held {
 		return id
@@ -162,15 +163,19 @@ func (w *Watcher) putAddr(a netip.Addr, port string) uint64 {
 	spec := w.o.Worker
 	spec.ID, spec.URL = id, w.o.Scheme+"://"+addr
 	spec.LoRAs, spec.Models = slices.Clone(spec.LoRAs), slices.Clone(spec.Models)
-	if err := w.target.Put(spec); err != nil {
-		if !known {
-			w.o.Logger.Warn("worker found in DNS not added", "url", spec.URL, "worker", id, "err", err)
-		}
-		return id
-	}
+	err := w.target.Put(spec)
 	w.mu.Lock()
-	w.put[id] = true
+	refused := w.refused[id]
+	if err != nil {
+		w.refused[id] = true
+	} else {
+		w.put[id] = true
+		delete(w.refused, id)
+	}
 	w.mu.Unlock()
+	if err != nil && !refused {
+		w.o.Logger.Warn("worker found in DNS not added", "url", spec.URL, "worker", id, "err", err)
+	}
 	return id
 }
 
@@ -194,6 +199,11 @@ func (w *Watcher) drainGone() {
 	for id := range w.held {
 		if !live[id] {
 			delete(w.held, id)
+		}
+	}
+	for id := range w.refused {
+		if !live[id] {
+			delete(w.refused, id)
 		}
 	}
 	w.mu.Unlock()

@@ -24,11 +24,15 @@ type recorder struct {
 	live    map[uint64]dataplane.WorkerSpec
 	puts    int
 	drained []uint64
+	refuse  uint64 // an id Put refuses
 }
 
 func (r *recorder) Put(spec dataplane.WorkerSpec) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if spec.ID == r.refuse {
+		return fmt.Errorf("id %d is taken", spec.ID)
+	}
 	r.live[spec.ID] = spec
 	r.puts++
 	return nil
@@ -131,6 +135,28 @@ func TestAWorkerDrainedByHandStaysDrained(t *testing.T) {
 	srv.Set("w.fastroute.test", "10.0.0.1", "10.0.0.2")
 	w.Sync(ctx)
 	assert.Equal(t, []string{"http://10.0.0.1:80", "http://10.0.0.2:80"}, rec.urls(), "back in DNS: put again")
+}
+
+// A worker the target refuses is logged once, not at every lookup, and
+// is not drained (it was never put).
+func TestARefusedWorkerIsLoggedOnce(t *testing.T) {
+	srv := startDNS(t)
+	srv.Set("w.fastroute.test", "10.0.0.1", "10.0.0.2")
+	rec := &recorder{live: map[uint64]dataplane.WorkerSpec{}, refuse: ID("10.0.0.1:80")}
+	var logs strings.Builder
+	w, err := New(Options{Names: []string{"w.fastroute.test.:80"}, Interval: time.Second, Server: srv.Addr(), Scheme: "http",
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, rec)
+	require.NoError(t, err)
+	for range 3 {
+		w.Sync(context.Background())
+	}
+	assert.Equal(t, 1, strings.Count(logs.String(), "worker found in DNS not added"), logs.String())
+	assert.Contains(t, logs.String(), "is taken")
+	assert.False(t, w.Known(rec.refuse))
+	srv.Set("w.fastroute.test", "10.0.0.2")
+	w.Sync(context.Background())
+	assert.Empty(t, rec.drained)
+	assert.Equal(t, []string{"http://10.0.0.2:80"}, rec.urls())
 }
 
 // Run looks the names up every interval.
