@@ -18,7 +18,7 @@ import (
 type Server struct {
 	conn    net.PacketConn
 	mu      sync.Mutex
-	addrs   map[string][]netip.Addr      // name (lower case, rooted) → its addresses
+	addrs   map[string][]netip.Addr     // name (lower case, rooted) → its addresses
 	fail    map[string]dnsmessage.RCode // name → the code it fails with
 	queries atomic.Int64
 	done    chan struct{}
