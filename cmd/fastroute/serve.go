@@ -114,7 +114,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.StringVar(&cfg.TLS.CertFile, "tls-cert-file", cfg.TLS.CertFile, "PEM certificate chain: clients speak TLS to the front end (with --tls-key-file)")
 	fs.StringVar(&cfg.TLS.KeyFile, "tls-key-file", cfg.TLS.KeyFile, "PEM private key of --tls-cert-file")
 	dn := &cfg.Discovery.DNS
-	fs.Func("dns-name", "find workers by DNS name, host:port: each address the host resolves to is a worker on that port (repeatable)", func(v string) error {
+	fs.Func("dns-name", "find workers by DNS name: host:port (each address the host resolves to is a worker on that port) or an SRV name, _service._proto.name (each address of each target, on the target's port) (repeatable)", func(v string) error {
 		dn.Names = append(dn.Names, v)
 		return nil
 	})

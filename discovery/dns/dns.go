@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,8 +29,10 @@ import (
 
 // Options configures a Watcher.
 type Options struct {
-	// Names are the host:port entries looked up; each address a host
-	// resolves to is a worker on its port.
+	// Names are the entries looked up: host:port, each address the host
+	// resolves to a worker on that port, or an SRV name
+	// (_service._proto.name), each address of each target a worker on
+	// the target's port.
 	Names []string
 	// Interval is the time between two rounds of lookups.
 	Interval time.Duration
@@ -83,8 +86,11 @@ func (o Options) Check() error {
 	}
 	for i, n := range o.Names {
 		host, port, err := net.SplitHostPort(n)
+		if err != nil && strings.HasPrefix(n, "_") && !strings.Contains(n, ":") {
+			continue // an SRV name
+		}
 		if p, perr := strconv.ParseUint(port, 10, 16); err != nil || host == "" || perr != nil || p == 0 {
-			return fmt.Errorf("names[%d]: %q is not host:port", i, n)
+			return fmt.Errorf("names[%d]: %q is not host:port or an SRV name (_service._proto.name)", i, n)
 		}
 	}
 	if o.Interval <= 0 {
@@ -130,17 +136,15 @@ func (w *Watcher) Sync(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, min(w.o.Interval, 5*time.Second))
 	defer cancel()
 	for _, n := range w.o.Names {
-		host, port, _ := net.SplitHostPort(n) // New checked it
-		addrs, err := w.resolver.LookupNetIP(ctx, "ip", host)
-		var dnsErr *net.DNSError
-		if err != nil && !(errors.As(err, &dnsErr) && dnsErr.IsNotFound) {
+		found, err := w.lookup(ctx, n)
+		if err != nil {
 			w.setFailing(n, err)
 			continue
 		}
 		w.setFailing(n, nil)
-		ids := make([]uint64, 0, len(addrs))
-		for _, a := range addrs {
-			ids = append(ids, w.putAddr(a, port))
+		ids := make([]uint64, 0, len(found))
+		for _, a := range found {
+			ids = append(ids, w.putAddr(a))
 		}
 		w.mu.Lock()
 		w.names[n] = ids
@@ -149,10 +153,60 @@ func (w *Watcher) Sync(ctx context.Context) {
 	w.drainGone()
 }
 
-// putAddr puts the worker of address a on port, unless held, and
-// returns its id.
-func (w *Watcher) putAddr(a netip.Addr, port string) uint64 {
-	addr := net.JoinHostPort(a.Unmap().String(), port)
+// lookup returns the addresses (ip:port) of name: a host:port's host's
+// addresses on its port, or an SRV name's targets' addresses on their
+// ports. A name that does not exist has none; an error is a lookup that
+// failed.
+func (w *Watcher) lookup(ctx context.Context, name string) ([]netip.AddrPort, error) {
+	host, port, err := net.SplitHostPort(name)
+	if err != nil { // an SRV name (Check)
+		_, srvs, err := w.resolver.LookupSRV(ctx, "", "", name)
+		if err != nil && (len(srvs) == 0 || !notFound(err)) { // some targets' names may be invalid: the others count
+			return nil, absent(err)
+		}
+		var out []netip.AddrPort
+		for _, srv := range srvs {
+			addrs, err := w.resolver.LookupNetIP(ctx, "ip", srv.Target)
+			if err != nil {
+				return nil, absent(err)
+			}
+			for _, a := range addrs {
+				out = append(out, netip.AddrPortFrom(a, srv.Port))
+			}
+		}
+		return out, nil
+	}
+	addrs, err := w.resolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return nil, absent(err)
+	}
+	p, _ := strconv.ParseUint(port, 10, 16) // Check checked it
+	out := make([]netip.AddrPort, len(addrs))
+	for i, a := range addrs {
+		out[i] = netip.AddrPortFrom(a, uint16(p))
+	}
+	return out, nil
+}
+
+// notFound reports a name that does not exist (NXDOMAIN, or no record of
+// the kind asked).
+func notFound(err error) bool {
+	var dnsErr *net.DNSError
+	return errors.As(err, &dnsErr) && dnsErr.IsNotFound
+}
+
+// absent is err, or nil for a name that does not exist: it has no
+// workers, which is an answer, not a failure.
+func absent(err error) error {
+	if notFound(err) {
+		return nil
+	}
+	return err
+}
+
+// putAddr puts the worker of address a, unless held, and returns its id.
+func (w *Watcher) putAddr(a netip.AddrPort) uint64 {
+	addr := netip.AddrPortFrom(a.Addr().Unmap(), a.Port()).String()
 	id := ID(addr)
 	w.mu.Lock()
 	held := w.held[id]

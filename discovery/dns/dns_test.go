@@ -110,6 +110,37 @@ func TestTheWorkersFollowTheNamesAddresses(t *testing.T) {
 	assert.Contains(t, metrics.Text(w.Collector()), `fastroute_dns_discovery_up{name="vllm.fastroute.test.:8000"} 1`)
 }
 
+// An SRV name (a Kubernetes headless service's named port, a Consul
+// service) gives its targets' addresses on each target's port. A target
+// that fails keeps the name's workers.
+func TestAnSRVNameGivesItsTargetsOnTheirPorts(t *testing.T) {
+	srv := startDNS(t)
+	srv.Set("pod-a.fastroute.test", "10.0.0.1")
+	srv.Set("pod-b.fastroute.test", "10.0.0.2", "fd00::2")
+	srv.SetSRV("_http._tcp.vllm.fastroute.test", "pod-a.fastroute.test:8000", "pod-b.fastroute.test:8001")
+	rec := &recorder{live: map[uint64]dataplane.WorkerSpec{}}
+	name := "_http._tcp.vllm.fastroute.test."
+	w, err := New(Options{Names: []string{name}, Interval: time.Second, Server: srv.Addr(), Scheme: "http",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, rec)
+	require.NoError(t, err)
+	ctx := context.Background()
+	w.Sync(ctx)
+	assert.Equal(t, []string{"http://10.0.0.1:8000", "http://10.0.0.2:8001", "http://[fd00::2]:8001"}, rec.urls())
+
+	srv.Fail("pod-b.fastroute.test")
+	w.Sync(ctx)
+	assert.Len(t, rec.urls(), 3, "a target's failed lookup keeps the name's workers")
+	assert.Contains(t, metrics.Text(w.Collector()), `fastroute_dns_discovery_up{name="`+name+`"} 0`)
+
+	srv.Set("pod-b.fastroute.test", "10.0.0.2")
+	srv.SetSRV("_http._tcp.vllm.fastroute.test", "pod-b.fastroute.test:8001")
+	w.Sync(ctx)
+	assert.Equal(t, []string{"http://10.0.0.2:8001"}, rec.urls())
+	srv.Remove("_http._tcp.vllm.fastroute.test")
+	w.Sync(ctx)
+	assert.Empty(t, rec.urls(), "a name gone has no workers")
+}
+
 // A worker drained by hand (Hold) is not put again while its address
 // stays in DNS; once the address left and came back it is.
 func TestAWorkerDrainedByHandStaysDrained(t *testing.T) {
@@ -182,14 +213,14 @@ func TestRunLooksUpEveryInterval(t *testing.T) {
 }
 
 func TestOptionsAreChecked(t *testing.T) {
-	ok := Options{Names: []string{"w:80"}, Interval: time.Second, Scheme: "http"}
+	ok := Options{Names: []string{"w:80", "_http._tcp.vllm.default.svc.cluster.local"}, Interval: time.Second, Scheme: "http"}
 	require.NoError(t, ok.Check())
 	for _, c := range []struct {
 		edit func(*Options)
 		want string
 	}{
 		{func(o *Options) { o.Names = nil }, "names: none"},
-		{func(o *Options) { o.Names = []string{"w"} }, `names[0]: "w" is not host:port`},
+		{func(o *Options) { o.Names = []string{"w"} }, `names[0]: "w" is not host:port or an SRV name (_service._proto.name)`},
 		{func(o *Options) { o.Names = []string{"w:0"} }, `names[0]: "w:0" is not host:port`},
 		{func(o *Options) { o.Names = []string{":80"} }, `names[0]: ":80" is not host:port`},
 		{func(o *Options) { o.Interval = 0 }, "interval: 0s must be positive"},

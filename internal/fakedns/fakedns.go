@@ -1,12 +1,13 @@
 // Package fakedns is a DNS server in miniature on loopback UDP, for tests:
-// it answers A and AAAA questions from a table the test changes as it
-// goes, a name it does not hold with NXDOMAIN, and a name set to fail
+// it answers A, AAAA and SRV questions from a table the test changes as
+// it goes, a name it does not hold with NXDOMAIN, and a name set to fail
 // with that failure's code.
 package fakedns
 
 import (
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,8 +21,15 @@ type Server struct {
 	mu      sync.Mutex
 	addrs   map[string][]netip.Addr     // name (lower case, rooted) → its addresses
 	fail    map[string]dnsmessage.RCode // name → the code it fails with
+	srv     map[string][]srvTarget      // SRV name → its targets
 	queries atomic.Int64
 	done    chan struct{}
+}
+
+// srvTarget is one SRV record's target and port.
+type srvTarget struct {
+	target dnsmessage.Name
+	port   uint16
 }
 
 // Start serves on a free loopback port.
@@ -30,7 +38,7 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{conn: conn, addrs: map[string][]netip.Addr{}, fail: map[string]dnsmessage.RCode{}, done: make(chan struct{})}
+	s := &Server{conn: conn, addrs: map[string][]netip.Addr{}, fail: map[string]dnsmessage.RCode{}, srv: map[string][]srvTarget{}, done: make(chan struct{})}
 	go s.serve()
 	return s, nil
 }
@@ -54,11 +62,30 @@ func (s *Server) Set(name string, addrs ...string) {
 	delete(s.fail, rooted(name))
 }
 
+// SetSRV makes the SRV name resolve to targets, each host:port (the
+// host a name Set resolves).
+func (s *Server) SetSRV(name string, targets ...string) {
+	parsed := make([]srvTarget, len(targets))
+	for i, t := range targets {
+		host, port, err := net.SplitHostPort(t)
+		p, perr := strconv.ParseUint(port, 10, 16)
+		if err != nil || perr != nil {
+			panic("fakedns: " + t + " is not host:port")
+		}
+		parsed[i] = srvTarget{dnsmessage.MustNewName(rooted(host)), uint16(p)}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.srv[rooted(name)] = parsed
+	delete(s.fail, rooted(name))
+}
+
 // Remove forgets name: it answers NXDOMAIN.
 func (s *Server) Remove(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.addrs, rooted(name))
+	delete(s.srv, rooted(name))
 	delete(s.fail, rooted(name))
 }
 
@@ -110,8 +137,10 @@ func (s *Server) answer(query []byte) ([]byte, bool) {
 	name := rooted(q.Name.String())
 	s.mu.Lock()
 	addrs, known := s.addrs[name]
+	srvs, isSRV := s.srv[name]
 	rcode, failing := s.fail[name]
 	s.mu.Unlock()
+	known = known || isSRV
 	switch {
 	case failing:
 	case !known:
@@ -126,6 +155,11 @@ func (s *Server) answer(query []byte) ([]byte, bool) {
 	_ = b.StartAnswers()
 	if rcode == dnsmessage.RCodeSuccess {
 		rh := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 1}
+		if q.Type == dnsmessage.TypeSRV {
+			for _, t := range srvs {
+				_ = b.SRVResource(rh, dnsmessage.SRVResource{Priority: 10, Weight: 1, Port: t.port, Target: t.target})
+			}
+		}
 		for _, a := range addrs {
 			switch {
 			case q.Type == dnsmessage.TypeA && a.Is4():
