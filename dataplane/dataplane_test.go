@@ -101,22 +101,30 @@ func TestAddRefusesDuplicatesAndBadSpecs(t *testing.T) {
 	assert.Len(t, reg.All(), 1)
 }
 
-// A worker's url is http:// or https://; its host gets its scheme's port
-// when it names none.
+// A worker's url is http://, https:// or unix:/path; its host gets its
+// scheme's port when it names none, a unix socket's is localhost.
 func TestAWorkersHostAndScheme(t *testing.T) {
 	for _, c := range []struct {
-		url, host string
-		tls       bool
+		url, host, hostname, socket, base string
+		tls                               bool
 	}{
-		{"http://10.0.0.1:8000", "10.0.0.1:8000", false},
-		{"http://vllm-0", "vllm-0:80", false},
-		{"https://vllm-0.internal", "vllm-0.internal:443", true},
-		{"HTTPS://[fd00::1]:8443/", "[fd00::1]:8443", true},
+		{"http://10.0.0.1:8000", "10.0.0.1:8000", "10.0.0.1", "", "http://10.0.0.1:8000", false},
+		{"http://vllm-0", "vllm-0:80", "vllm-0", "", "http://vllm-0", false},
+		{"https://vllm-0.internal", "vllm-0.internal:443", "vllm-0.internal", "", "https://vllm-0.internal", true},
+		{"HTTPS://[fd00::1]:8443/", "[fd00::1]:8443", "fd00::1", "", "HTTPS://[fd00::1]:8443/", true},
+		{"unix:/run/vllm/engine.sock", "localhost", "localhost", "/run/vllm/engine.sock", "http://localhost", false},
 	} {
 		s := WorkerSpec{ID: 1, URL: c.url}
 		require.NoError(t, s.Normalize(), c.url)
 		assert.Equal(t, c.host, s.Host(), c.url)
+		assert.Equal(t, c.hostname, s.Hostname(), c.url)
+		assert.Equal(t, c.socket, s.Socket(), c.url)
+		assert.Equal(t, c.base, s.BaseURL(), c.url)
 		assert.Equal(t, c.tls, s.TLS(), c.url)
+	}
+	for _, bad := range []string{"unix:run/vllm.sock", "unix:/run/../vllm.sock", "unix:", "unix://run/vllm.sock"} {
+		s := WorkerSpec{ID: 1, URL: bad}
+		assert.ErrorContains(t, s.Normalize(), "is not unix:/absolute/path of a socket", bad)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"path"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -95,11 +96,13 @@ func (s *WorkerSpec) Normalize() error {
 	if s.ID == 0 {
 		return fieldErr("id", "must be a positive integer")
 	}
-	u, err := url.Parse(s.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fieldErr("url", "%q is not an http://host:port or https://host:port address", s.URL)
-	}
-	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+	if sock, ok := strings.CutPrefix(s.URL, "unix:"); ok {
+		if !path.IsAbs(sock) || path.Clean(sock) != sock {
+			return fieldErr("url", "%q is not unix:/absolute/path of a socket", s.URL)
+		}
+	} else if u, err := url.Parse(s.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fieldErr("url", "%q is not an http://host:port, https://host:port or unix:/path address", s.URL)
+	} else if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
 		return fieldErr("url", "%q has more than %s://host:port; requests keep their own path (/v1/...), so a base path would be dropped", s.URL, u.Scheme)
 	}
 	switch s.Device {
@@ -166,8 +169,11 @@ func fieldErr(field, format string, args ...any) error {
 }
 
 // Host returns the host:port part of the worker URL, the port its
-// scheme's (80, 443) when the URL names none.
+// scheme's (80, 443) when the URL names none; localhost for a unix socket.
 func (s *WorkerSpec) Host() string {
+	if s.Socket() != "" {
+		return "localhost"
+	}
 	u, _ := url.Parse(s.URL)
 	if u.Port() != "" {
 		return u.Host
@@ -176,6 +182,34 @@ func (s *WorkerSpec) Host() string {
 		return net.JoinHostPort(u.Hostname(), "443")
 	}
 	return net.JoinHostPort(u.Hostname(), "80")
+}
+
+// Hostname is Host without its port.
+func (s *WorkerSpec) Hostname() string {
+	if s.Socket() != "" {
+		return "localhost"
+	}
+	u, _ := url.Parse(s.URL)
+	return u.Hostname()
+}
+
+// Socket is the path of the unix socket the worker listens on (its url
+// is unix:/path), or "" for one reached over TCP.
+func (s *WorkerSpec) Socket() string {
+	if sock, ok := strings.CutPrefix(s.URL, "unix:"); ok {
+		return sock
+	}
+	return ""
+}
+
+// BaseURL is where the router's own requests to the worker go (probes,
+// model listings, engine metrics): its url, or http://localhost for a
+// unix socket's, whose connections the clients dial to the socket.
+func (s *WorkerSpec) BaseURL() string {
+	if s.Socket() != "" {
+		return "http://localhost"
+	}
+	return s.URL
 }
 
 // TLS reports a worker spoken to over TLS: its url is https://.

@@ -131,8 +131,12 @@ func (w *Worker) Kill() {
 // Addr returns the listen address.
 func (w *Worker) Addr() string { return w.ln.Addr().String() }
 
-// URL returns the base URL: https:// with Options.TLS.
+// URL returns the base URL: https:// with Options.TLS, unix:/path on a
+// unix socket.
 func (w *Worker) URL() string {
+	if a, ok := w.ln.Addr().(*net.UnixAddr); ok {
+		return "unix:" + a.Name
+	}
 	if w.opts.TLS != nil {
 		return "https://" + w.Addr()
 	}

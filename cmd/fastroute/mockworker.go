@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -19,6 +20,7 @@ import (
 func runMockWorker(args []string) error {
 	fs := flag.NewFlagSet("mockworker", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:9001", "listen address")
+	uds := fs.String("uds", "", "listen on this unix socket instead of --listen, as vLLM's --uds")
 	var o mockworker.Options
 	fs.Uint64Var(&o.ID, "id", 1, "worker id (echoed in answers)")
 	fs.IntVar(&o.Tokens, "tokens", 8, "chunks per answer")
@@ -62,10 +64,15 @@ func runMockWorker(args []string) error {
 	if !(e.Speed > 0) || e.LoadFactor < 0 || e.MaxNumSeqs < 0 {
 		return fmt.Errorf("--speed must be positive, --load-factor and --max-num-seqs not negative")
 	}
-	w, err := mockworker.Start(*listen, o)
+	network, addr := "tcp", *listen
+	if *uds != "" {
+		network, addr = "unix", *uds
+	}
+	ln, err := net.Listen(network, addr)
 	if err != nil {
 		return err
 	}
+	w := mockworker.Serve(ln, o)
 	fmt.Fprintf(os.Stderr, "mockworker %d listening on %s\n", o.ID, w.Addr())
 	var reg *discovery.Registration
 	if etcd.endpoints != "" {

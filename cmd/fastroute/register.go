@@ -49,7 +49,7 @@ func registerUntil(args []string, sig <-chan os.Signal) error {
 	e := bindEtcdFlags(fs, "")
 	var spec dataplane.WorkerSpec
 	fs.Uint64Var(&spec.ID, "id", 0, "worker id (required)")
-	fs.StringVar(&spec.URL, "url", "", "worker address, http://host:port or https://host:port (required)")
+	fs.StringVar(&spec.URL, "url", "", "worker address, http://host:port, https://host:port or unix:/path (required)")
 	fs.Func("device", "gpu or cpu (default cpu)", func(v string) error { spec.Device = dataplane.Device(v); return nil })
 	fs.IntVar(&spec.GPUIndex, "gpu-index", 0, "GPU index (NVML) of a gpu worker")
 	fs.IntVar(&spec.DPSize, "dp-size", 1, "data-parallel ranks")

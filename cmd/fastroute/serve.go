@@ -210,7 +210,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.DurationVar(&cfg.Limits.ConnectTimeout, "connect-timeout", cfg.Limits.ConnectTimeout, "dial timeout to workers")
 	fs.DurationVar(&cfg.Limits.FirstByteTimeout, "first-byte-timeout", cfg.Limits.FirstByteTimeout, "wait for a worker's response headers (504 beyond)")
 	fs.DurationVar(&cfg.Limits.StreamIdleTimeout, "stream-idle-timeout", cfg.Limits.StreamIdleTimeout, "gap between two reads of a worker's answer (a stream is cut with an SSE error event)")
-	fs.Var(workers, "worker", "add a worker: id=N,url=http://host:port[,device=gpu|cpu,gpu_index=I,dp_size=D,capacity=C,loras=a;b,models=a;b,metrics_path=/metrics,max_inflight=M,cgroup_path=DIR,role=prefill|decode|both,bootstrap_port=P] (repeatable)")
+	fs.Var(workers, "worker", "add a worker: id=N,url=http://host:port|https://host:port|unix:/path[,device=gpu|cpu,gpu_index=I,dp_size=D,capacity=C,loras=a;b,models=a;b,metrics_path=/metrics,max_inflight=M,cgroup_path=DIR,role=prefill|decode|both,bootstrap_port=P] (repeatable)")
 }
 
 // loadServeConfig reads --config (when given) and applies the other flags over it.

@@ -75,7 +75,7 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"discovery: {dns: {names: ['vllm:8000'], worker: {url: 'http://x:1'}}}", "key discovery.dns: worker: id and url are each address's"},
 		{"discovery: {dns: {names: ['vllm:8000'], worker: {role: router}}}", `key discovery.dns: worker.role: "router"`},
 		{"worker_tls: {insecure_skip_verify: true, ca_file: ca.pem}", "key worker_tls.insecure_skip_verify: checks no certificate, so ca_file and server_name would do nothing"},
-		{"workers: [{id: 1, url: 'ftp://10.0.0.1:8000'}]", `url: "ftp://10.0.0.1:8000" is not an http://host:port or https://host:port address`},
+		{"workers: [{id: 1, url: 'ftp://10.0.0.1:8000'}]", `url: "ftp://10.0.0.1:8000" is not an http://host:port, https://host:port or unix:/path address`},
 		{"workers: [{id: 1, url: 'https://10.0.0.1:8000/v1'}]", `has more than https://host:port`},
 		{"router: {retry_statuses: [503, 404]}", "key router.retry_statuses: 404 is not 408, 429 or 5xx"},
 		{"router: {queue: {size: 8, timeout: 0s}}", "key router.queue.timeout: 0s must be positive"},

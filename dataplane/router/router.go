@@ -351,7 +351,7 @@ func (r *Router) startEngines(log *slog.Logger) {
 			out := make([]engine.Target, len(all))
 			for i, w := range all {
 				s := w.Spec()
-				out[i] = engine.Target{ID: s.ID, URL: s.URL + s.MetricsPath, Slots: s.MaxInflight}
+				out[i] = engine.Target{ID: s.ID, URL: s.BaseURL() + s.MetricsPath, Slots: s.MaxInflight, Socket: s.Socket()}
 			}
 			return out
 		},

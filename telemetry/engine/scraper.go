@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,9 @@ type Target struct {
 	ID    uint64
 	URL   string // the metrics URL
 	Slots int    // configured max_inflight; 0: learn the batch size
+	// Socket is the unix socket URL's connections are dialed to ("":
+	// URL's host).
+	Socket string
 }
 
 // Options configures a Scraper.
@@ -59,11 +63,12 @@ type Scraper struct {
 
 type target struct {
 	Target
-	busy    atomic.Bool // a scrape is under way
-	learner Learner     // guarded by Scraper.mu
-	last    *Stats      // last published, nil when stale; guarded by Scraper.mu
-	lastAt  time.Time   // time of the last good reading
-	reason  string      // why there is no fresh reading ("" when there is)
+	busy    atomic.Bool  // a scrape is under way
+	learner Learner      // guarded by Scraper.mu
+	last    *Stats       // last published, nil when stale; guarded by Scraper.mu
+	lastAt  time.Time    // time of the last good reading
+	reason  string       // why there is no fresh reading ("" when there is)
+	client  *http.Client // Socket's; nil: Options.Client
 }
 
 // New returns a Scraper; Run starts it.
@@ -107,8 +112,8 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 	keep := make(map[uint64]*target, len(targets))
 	for _, tg := range targets {
 		st := s.state[tg.ID]
-		if st == nil || st.URL != tg.URL {
-			st = &target{Target: tg, reason: "no reading yet"}
+		if st == nil || st.URL != tg.URL || st.Socket != tg.Socket {
+			st = &target{Target: tg, reason: "no reading yet", client: s.socketClient(tg.Socket)}
 		}
 		st.Slots = tg.Slots
 		keep[tg.ID] = st
@@ -125,9 +130,24 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 	s.mu.Unlock()
 }
 
+// socketClient is a client whose connections go to the unix socket sock,
+// or nil for none.
+func (s *Scraper) socketClient(sock string) *http.Client {
+	if sock == "" {
+		return nil
+	}
+	var d net.Dialer
+	return &http.Client{Timeout: s.o.Timeout, Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", sock) }}}
+}
+
 func (s *Scraper) scrape(ctx context.Context, st *target) {
 	defer st.busy.Store(false)
-	r, err := s.fetch(ctx, st.URL)
+	client := s.o.Client
+	if st.client != nil {
+		client = st.client
+	}
+	r, err := s.fetch(ctx, client, st.URL)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
@@ -142,7 +162,7 @@ func (s *Scraper) scrape(ctx context.Context, st *target) {
 	s.o.Publish(st.ID, st.last)
 }
 
-func (s *Scraper) fetch(ctx context.Context, url string) (Reading, error) {
+func (s *Scraper) fetch(ctx context.Context, client *http.Client, url string) (Reading, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return Reading{}, err
@@ -150,7 +170,7 @@ func (s *Scraper) fetch(ctx context.Context, url string) (Reading, error) {
 	if s.o.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+s.o.APIKey)
 	}
-	resp, err := s.o.Client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return Reading{}, err
 	}

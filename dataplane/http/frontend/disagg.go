@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"time"
 
@@ -211,12 +210,10 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 func (ex *exchange) startBootstrap(ctx *fasthttp.RequestCtx) bool {
 	pre := ex.prefillLeg()
 	w := pre.res.Worker()
-	host, _, err := net.SplitHostPort(w.Spec().Host())
-	if err == nil {
-		var room [8]byte
-		_, _ = rand.Read(room[:])
-		ex.body, err = disagg.BootstrapBody(ctx.PostBody(), host, w.Spec().BootstrapPort, binary.LittleEndian.Uint64(room[:])>>1)
-	}
+	var room [8]byte
+	_, _ = rand.Read(room[:])
+	var err error
+	ex.body, err = disagg.BootstrapBody(ctx.PostBody(), w.Spec().Hostname(), w.Spec().BootstrapPort, binary.LittleEndian.Uint64(room[:])>>1)
 	if err != nil {
 		return ex.answerPrefill(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error(), outcomeInvalid)
 	}

@@ -125,7 +125,10 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 		stats := newWorkerStats()
 		dialTimeout, queueTimeout := s.opts.ConnectTimeout, s.opts.FirstByteTimeout
 		dial := s.dial
-		if spec.TLS() {
+		switch sock := spec.Socket(); {
+		case sock != "":
+			dial = func(_ string, timeout time.Duration) (net.Conn, error) { return net.DialTimeout("unix", sock, timeout) }
+		case spec.TLS():
 			dial = tlsDialer(s.dial, workerTLS(s.opts.WorkerTLS, host))
 		}
 		turns := make(chan struct{}, cmp.Or(s.opts.DialsPerWorker, DefaultDialsPerWorker))

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -42,8 +43,9 @@ type Checker struct {
 	reg      *dataplane.Registry
 	opts     Options
 	client   *fasthttp.Client
+	sockets  map[string]*fasthttp.HostClient // the clients of workers on unix sockets, by path
 	failures map[uint64]int
-	mu       sync.Mutex // guards failures between Run and CheckOnce callers
+	mu       sync.Mutex // guards failures between Run and CheckOnce callers, and sockets
 }
 
 // New returns a Checker over reg.
@@ -52,7 +54,7 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 		opts.Logger = slog.Default()
 	}
 	c := &Checker{
-		reg: reg, opts: opts, failures: map[uint64]int{},
+		reg: reg, opts: opts, failures: map[uint64]int{}, sockets: map[string]*fasthttp.HostClient{},
 		client: &fasthttp.Client{Name: "fastroute-health", ReadTimeout: opts.Interval, WriteTimeout: opts.Interval,
 			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes, TLSConfig: opts.TLS},
 	}
@@ -68,6 +70,10 @@ func (c *Checker) workerChanged(w *dataplane.Worker, change dataplane.Change) {
 	}
 	c.mu.Lock()
 	delete(c.failures, w.ID())
+	if hc := c.sockets[w.Spec().Socket()]; hc != nil {
+		hc.CloseIdleConnections()
+		delete(c.sockets, w.Spec().Socket())
+	}
 	c.mu.Unlock()
 	c.opts.Logger.Info("drained worker removed", "worker", w.ID())
 }
@@ -100,9 +106,10 @@ func (c *Checker) CheckOnce() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ok[i] = c.probe(w.Spec().URL + c.opts.Path)
+			spec := w.Spec()
+			ok[i] = c.probe(spec, c.opts.Path)
 			if ok[i] {
-				models[i] = c.models(w.Spec().URL + "/v1/models")
+				models[i] = c.models(spec)
 			}
 		}()
 	}
@@ -141,25 +148,47 @@ func (c *Checker) CheckOnce() {
 	c.mu.Unlock()
 }
 
-// get fetches url within one probe interval, with the API key if set.
-func (c *Checker) get(url string) (status int, body []byte, err error) {
+// get fetches path of w within one probe interval, with the API key if
+// set.
+func (c *Checker) get(w *dataplane.WorkerSpec, path string) (status int, body []byte, err error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(url)
+	req.SetRequestURI(w.BaseURL() + path)
 	if c.opts.APIKey != "" {
 		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+c.opts.APIKey)
 	}
-	if err = c.client.DoTimeout(req, resp, c.opts.Interval); err != nil {
+	if err = c.clientOf(w).DoTimeout(req, resp, c.opts.Interval); err != nil {
 		return 0, nil, err
 	}
 	return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil
 }
 
-func (c *Checker) probe(url string) bool {
-	status, _, err := c.get(url)
+// clientOf is the client of w's probes: the one of every worker over
+// TCP, or one of w's unix socket's own, which dials it.
+func (c *Checker) clientOf(w *dataplane.WorkerSpec) interface {
+	DoTimeout(*fasthttp.Request, *fasthttp.Response, time.Duration) error
+} {
+	sock := w.Socket()
+	if sock == "" {
+		return c.client
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hc := c.sockets[sock]
+	if hc == nil {
+		hc = &fasthttp.HostClient{Addr: w.Host(), Name: c.client.Name, ReadTimeout: c.client.ReadTimeout, WriteTimeout: c.client.WriteTimeout,
+			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes,
+			Dial: func(string) (net.Conn, error) { return net.DialTimeout("unix", sock, c.opts.Interval) }}
+		c.sockets[sock] = hc
+	}
+	return hc
+}
+
+func (c *Checker) probe(w *dataplane.WorkerSpec, path string) bool {
+	status, _, err := c.get(w, path)
 	if err != nil || status != fasthttp.StatusOK {
-		c.opts.Logger.Debug("health probe failed", "url", url, "status", status, "err", err)
+		c.opts.Logger.Debug("health probe failed", "url", w.URL, "path", path, "status", status, "err", err)
 		return false
 	}
 	return true
@@ -167,8 +196,8 @@ func (c *Checker) probe(url string) bool {
 
 // models reads an OpenAI /v1/models answer: entries with a parent are LoRA
 // adapters, the others base models. Nil when unreadable.
-func (c *Checker) models(url string) *dataplane.Advertised {
-	status, body, err := c.get(url)
+func (c *Checker) models(w *dataplane.WorkerSpec) *dataplane.Advertised {
+	status, body, err := c.get(w, "/v1/models")
 	if err != nil || status != fasthttp.StatusOK {
 		return nil
 	}

@@ -1,0 +1,77 @@
+package router
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Workers on unix sockets (url unix:/path, as vLLM's --uds serves): their
+// requests whole and streamed on kept connections, probes, model listings
+// and engine scrapes all go to the socket. A worker whose socket goes
+// away fails its connects, and its requests move to the other.
+func TestWorkersOnUnixSockets(t *testing.T) {
+	dir := t.TempDir()
+	var mocks []*mockworker.Worker
+	f := startFleet(t, nil, func(c *config.Config) {
+		for id := uint64(1); id <= 2; id++ {
+			ln, err := net.Listen("unix", filepath.Join(dir, fmt.Sprintf("w%d.sock", id)))
+			require.NoError(t, err)
+			m := mockworker.Serve(ln, mockworker.Options{ID: id, Tokens: 3, TokenInterval: 5 * time.Millisecond})
+			t.Cleanup(func() { m.Close() })
+			mocks = append(mocks, m)
+			c.Workers = append(c.Workers, dataplane.WorkerSpec{ID: id, URL: m.URL()})
+		}
+	})
+	require.True(t, strings.HasPrefix(mocks[0].URL(), "unix:/"), mocks[0].URL())
+	require.Eventually(t, func() bool {
+		for _, w := range f.r.Registry.All() {
+			if !w.Healthy() || !slices.Contains(w.Models(), "mock-model") || w.Engine() == nil {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 10*time.Millisecond, "probes, model listings and engine scrapes reach the sockets")
+	seen := map[string]int{}
+	for i := range 6 {
+		body := chatBody
+		if i%2 == 1 {
+			body = streamBody
+		}
+		resp, text := f.send(http.MethodPost, "/v1/chat/completions", body)
+		require.Equal(t, http.StatusOK, resp.StatusCode, text)
+		w := resp.Header.Get("x-fastroute-worker")
+		assert.Equal(t, w, resp.Header.Get("x-mock-worker"))
+		if i%2 == 1 {
+			assert.Equal(t, 3, strings.Count(text, "data: {"), text)
+			assert.Contains(t, text, "data: [DONE]")
+		}
+		seen[w]++
+	}
+	assert.Equal(t, map[string]int{"1": 3, "2": 3}, seen)
+	for _, id := range []string{"1", "2"} {
+		assert.Equal(t, "1", metric(t, f, `fastroute_worker_connects_total{worker="`+id+`"}`), "worker %s: one kept connection", id)
+	}
+
+	mocks[1].Kill()
+	require.Eventually(t, func() bool { return metric(t, f, `fastroute_worker_connections{worker="2"}`) == "0" }, 5*time.Second, 10*time.Millisecond,
+		"the watch closed the pooled connection the worker closed")
+	for range 4 {
+		resp, text := f.send(http.MethodPost, "/v1/chat/completions", chatBody)
+		require.Equal(t, http.StatusOK, resp.StatusCode, text)
+		assert.Equal(t, "1", resp.Header.Get("x-fastroute-worker"))
+	}
+	assert.NotEqual(t, "0", metric(t, f, `fastroute_worker_failures_total{worker="2",reason="connect"}`))
+	f.assertIdle()
+}
