@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,34 +34,7 @@ func TestWorkersOnUnixSockets(t *testing.T) {
 		}
 	})
 	require.True(t, strings.HasPrefix(mocks[0].URL(), "unix:/"), mocks[0].URL())
-	require.Eventually(t, func() bool {
-		for _, w := range f.r.Registry.All() {
-			if !w.Healthy() || !slices.Contains(w.Models(), "mock-model") || w.Engine() == nil {
-				return false
-			}
-		}
-		return true
-	}, 5*time.Second, 10*time.Millisecond, "probes, model listings and engine scrapes reach the sockets")
-	seen := map[string]int{}
-	for i := range 6 {
-		body := chatBody
-		if i%2 == 1 {
-			body = streamBody
-		}
-		resp, text := f.send(http.MethodPost, "/v1/chat/completions", body)
-		require.Equal(t, http.StatusOK, resp.StatusCode, text)
-		w := resp.Header.Get("x-fastroute-worker")
-		assert.Equal(t, w, resp.Header.Get("x-mock-worker"))
-		if i%2 == 1 {
-			assert.Equal(t, 3, strings.Count(text, "data: {"), text)
-			assert.Contains(t, text, "data: [DONE]")
-		}
-		seen[w]++
-	}
-	assert.Equal(t, map[string]int{"1": 3, "2": 3}, seen)
-	for _, id := range []string{"1", "2"} {
-		assert.Equal(t, "1", metric(t, f, `fastroute_worker_connects_total{worker="`+id+`"}`), "worker %s: one kept connection", id)
-	}
+	f.reachesBothWorkers()
 
 	mocks[1].Kill()
 	require.Eventually(t, func() bool { return metric(t, f, `fastroute_worker_connections{worker="2"}`) == "0" }, 5*time.Second, 10*time.Millisecond,

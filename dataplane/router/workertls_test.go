@@ -64,31 +64,12 @@ func copyFile(t *testing.T, from, to string) {
 	require.NoError(t, os.WriteFile(to, b, 0o600))
 }
 
-func tlsMocks(n int, conf *tls.Config) []mockworker.Options {
-	opts := mocks(n, 3, 5*time.Millisecond)
-	for i := range opts {
-		opts[i].TLS = conf
-	}
-	return opts
-}
-
-// workerFailures is the connect and transport failures of worker id.
-func workerFailures(t *testing.T, f *fleet, id string) (connect, transport string) {
-	return metric(t, f, `fastroute_worker_failures_total{worker="`+id+`",reason="connect"}`),
-		metric(t, f, `fastroute_worker_failures_total{worker="`+id+`",reason="transport"}`)
-}
-
-// Workers whose url is https:// are spoken to over TLS, each showing a
-// certificate the router checks against worker_tls.ca_file and asking for
-// the router's (mutual TLS): requests whole and streamed on kept
-// connections (one connect per worker for six requests), health probes,
-// the /v1/models listings and the engine metrics scrapes all reach them.
-func TestHTTPSWorkersAreSpokenToOverMutualTLS(t *testing.T) {
-	c := newWorkerCerts(t)
-	f := startFleet(t, tlsMocks(2, c.serverConf(t, c.client.CertFile)), func(cfg *config.Config) { cfg.WorkerTLS = c.routerTLS() })
-	for _, m := range f.mocks {
-		require.True(t, strings.HasPrefix(m.URL(), "https://"), m.URL())
-	}
+// reachesBothWorkers waits until both workers passed a probe, listed
+// their model and gave an engine reading, then sends six requests, whole
+// and streamed in turn: each worker answers three, on one kept connection.
+func (f *fleet) reachesBothWorkers() {
+	t := f.t
+	t.Helper()
 	require.Eventually(t, func() bool {
 		for _, w := range f.r.Registry.All() {
 			if !w.Healthy() || !slices.Contains(w.Models(), "mock-model") || w.Engine() == nil {
@@ -118,6 +99,36 @@ func TestHTTPSWorkersAreSpokenToOverMutualTLS(t *testing.T) {
 	assert.Equal(t, map[string]int{"1": 3, "2": 3}, seen)
 	for _, id := range []string{"1", "2"} {
 		assert.Equal(t, "1", metric(t, f, `fastroute_worker_connects_total{worker="`+id+`"}`), "worker %s: one kept connection", id)
+	}
+}
+
+func tlsMocks(n int, conf *tls.Config) []mockworker.Options {
+	opts := mocks(n, 3, 5*time.Millisecond)
+	for i := range opts {
+		opts[i].TLS = conf
+	}
+	return opts
+}
+
+// workerFailures is the connect and transport failures of worker id.
+func workerFailures(t *testing.T, f *fleet, id string) (connect, transport string) {
+	return metric(t, f, `fastroute_worker_failures_total{worker="`+id+`",reason="connect"}`),
+		metric(t, f, `fastroute_worker_failures_total{worker="`+id+`",reason="transport"}`)
+}
+
+// Workers whose url is https:// are spoken to over TLS, each showing a
+// certificate the router checks against worker_tls.ca_file and asking for
+// the router's (mutual TLS): requests whole and streamed on kept
+// connections (one connect per worker for six requests), health probes,
+// the /v1/models listings and the engine metrics scrapes all reach them.
+func TestHTTPSWorkersAreSpokenToOverMutualTLS(t *testing.T) {
+	c := newWorkerCerts(t)
+	f := startFleet(t, tlsMocks(2, c.serverConf(t, c.client.CertFile)), func(cfg *config.Config) { cfg.WorkerTLS = c.routerTLS() })
+	for _, m := range f.mocks {
+		require.True(t, strings.HasPrefix(m.URL(), "https://"), m.URL())
+	}
+	f.reachesBothWorkers()
+	for _, id := range []string{"1", "2"} {
 		connect, transport := workerFailures(t, f, id)
 		assert.Equal(t, []string{"0", "0"}, []string{connect, transport}, "worker %s", id)
 	}
