@@ -101,22 +101,25 @@ func TestAddRefusesDuplicatesAndBadSpecs(t *testing.T) {
 	assert.Len(t, reg.All(), 1)
 }
 
-// A worker's url is http://, https:// or unix:/path; its host gets its
-// scheme's port when it names none, a unix socket's is localhost.
+// A worker's url is http://, https:// or unix:/path; its address gets its
+// scheme's port when it names none, a unix socket's host is localhost.
 func TestAWorkersHostAndScheme(t *testing.T) {
 	for _, c := range []struct {
-		url, host, hostname, socket, base string
-		tls                               bool
+		url, host, address, hostname, socket, base string
+		tls                                        bool
 	}{
-		{"http://10.0.0.1:8000", "10.0.0.1:8000", "10.0.0.1", "", "http://10.0.0.1:8000", false},
-		{"http://vllm-0", "vllm-0:80", "vllm-0", "", "http://vllm-0", false},
-		{"https://vllm-0.internal", "vllm-0.internal:443", "vllm-0.internal", "", "https://vllm-0.internal", true},
-		{"HTTPS://[fd00::1]:8443/", "[fd00::1]:8443", "fd00::1", "", "HTTPS://[fd00::1]:8443/", true},
-		{"unix:/run/vllm/engine.sock", "localhost", "localhost", "/run/vllm/engine.sock", "http://localhost", false},
+		{"http://10.0.0.1:8000", "10.0.0.1:8000", "10.0.0.1:8000", "10.0.0.1", "", "http://10.0.0.1:8000", false},
+		{"http://vllm-0", "vllm-0", "vllm-0:80", "vllm-0", "", "http://vllm-0", false},
+		{"https://vllm-0.internal", "vllm-0.internal", "vllm-0.internal:443", "vllm-0.internal", "", "https://vllm-0.internal", true},
+		{"HTTPS://[fd00::1]:8443/", "[fd00::1]:8443", "[fd00::1]:8443", "fd00::1", "", "HTTPS://[fd00::1]:8443", true},
+		{"unix:/run/vllm/engine.sock", "localhost", "", "localhost", "/run/vllm/engine.sock", "http://localhost", false},
 	} {
 		s := WorkerSpec{ID: 1, URL: c.url}
 		require.NoError(t, s.Normalize(), c.url)
 		assert.Equal(t, c.host, s.Host(), c.url)
+		if c.socket == "" {
+			assert.Equal(t, c.address, s.Address(), c.url)
+		}
 		assert.Equal(t, c.hostname, s.Hostname(), c.url)
 		assert.Equal(t, c.socket, s.Socket(), c.url)
 		assert.Equal(t, c.base, s.BaseURL(), c.url)

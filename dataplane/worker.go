@@ -168,12 +168,19 @@ func fieldErr(field, format string, args ...any) error {
 	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
-// Host returns the host:port part of the worker URL, the port its
-// scheme's (80, 443) when the URL names none; localhost for a unix socket.
+// Host returns the host[:port] part of the worker URL as written, the
+// Host header of its requests; localhost for a unix socket.
 func (s *WorkerSpec) Host() string {
 	if s.Socket() != "" {
 		return "localhost"
 	}
+	u, _ := url.Parse(s.URL)
+	return u.Host
+}
+
+// Address is the host:port a TCP worker's connections go to, the port its
+// scheme's (80, 443) when the URL names none.
+func (s *WorkerSpec) Address() string {
 	u, _ := url.Parse(s.URL)
 	if u.Port() != "" {
 		return u.Host
@@ -209,7 +216,7 @@ func (s *WorkerSpec) BaseURL() string {
 	if s.Socket() != "" {
 		return "http://localhost"
 	}
-	return s.URL
+	return strings.TrimSuffix(s.URL, "/")
 }
 
 // TLS reports a worker spoken to over TLS: its url is https://.

@@ -124,12 +124,14 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 		host := spec.Host()
 		stats := newWorkerStats()
 		dialTimeout, queueTimeout := s.opts.ConnectTimeout, s.opts.FirstByteTimeout
-		dial := s.dial
+		// Connections go to the spec's address (fasthttp's would take
+		// port 80 for an https:// URL that names none), or its socket.
+		addr, dial := spec.Address(), s.dial
 		switch sock := spec.Socket(); {
 		case sock != "":
 			dial = func(_ string, timeout time.Duration) (net.Conn, error) { return net.DialTimeout("unix", sock, timeout) }
 		case spec.TLS():
-			dial = tlsDialer(s.dial, workerTLS(s.opts.WorkerTLS, host))
+			dial = tlsDialer(s.dial, workerTLS(s.opts.WorkerTLS, spec.Hostname()))
 		}
 		turns := make(chan struct{}, cmp.Or(s.opts.DialsPerWorker, DefaultDialsPerWorker))
 		hc := &fasthttp.HostClient{
@@ -142,7 +144,7 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 			// instead of each being kept alive by its turn in a round.
 			ConnPoolStrategy: fasthttp.LIFO,
 			WriteBufferSize:  requestWriteBuffer,
-			Dial: func(addr string) (net.Conn, error) {
+			Dial: func(string) (net.Conn, error) {
 				if err := takeTurn(turns, queueTimeout); err != nil {
 					return nil, err
 				}
@@ -188,17 +190,18 @@ func dialAside(dial func(string, time.Duration) (net.Conn, error), addr string, 
 	return d.c, d.err
 }
 
-// workerTLS is conf (nil: the defaults) for connections to host: its
-// server name, unless conf names one, is host's, and it resumes sessions
-// from a cache of its own (a cache shared by the workers would key them
-// all by a server name conf names, and offer one worker another's).
-func workerTLS(conf *tls.Config, host string) *tls.Config {
+// workerTLS is conf (nil: the defaults) for connections to the worker
+// named hostname: its server name, unless conf names one, is hostname,
+// and it resumes sessions from a cache of its own (a cache shared by the
+// workers would key them all by a server name conf names, and offer one
+// worker another's).
+func workerTLS(conf *tls.Config, hostname string) *tls.Config {
 	if conf == nil {
 		conf = &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
 	}
 	conf = conf.Clone()
 	if conf.ServerName == "" {
-		conf.ServerName, _, _ = net.SplitHostPort(host)
+		conf.ServerName = hostname
 	}
 	conf.ClientSessionCache = tls.NewLRUClientSessionCache(workerSessions)
 	return conf
