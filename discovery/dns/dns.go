@@ -128,13 +128,11 @@ func (w *Watcher) Run(ctx context.Context) {
 	every.Tick(ctx, w.o.Interval, func() { w.Sync(ctx) })
 }
 
-// Sync is one round: each name looked up (within an Interval, at most 5
-// s), the workers of the addresses found put, and those of addresses no
-// name holds any more drained. A name whose lookup fails keeps its
-// workers; one that does not exist (NXDOMAIN) has none.
+// Sync is one round: each name looked up (each within an Interval, at
+// most 5 s), the workers of the addresses found put, and those of
+// addresses no name holds any more drained. A name whose lookup fails
+// keeps its workers; one that does not exist (NXDOMAIN) has none.
 func (w *Watcher) Sync(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, min(w.o.Interval, 5*time.Second))
-	defer cancel()
 	for _, n := range w.o.Names {
 		found, err := w.lookup(ctx, n)
 		if err != nil {
@@ -158,6 +156,8 @@ func (w *Watcher) Sync(ctx context.Context) {
 // ports. A name that does not exist has none; an error is a lookup that
 // failed.
 func (w *Watcher) lookup(ctx context.Context, name string) ([]netip.AddrPort, error) {
+	ctx, cancel := context.WithTimeout(ctx, min(w.o.Interval, 5*time.Second))
+	defer cancel()
 	host, port, err := net.SplitHostPort(name)
 	if err != nil { // an SRV name (Check)
 		_, srvs, err := w.resolver.LookupSRV(ctx, "", "", name)

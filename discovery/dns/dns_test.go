@@ -141,6 +141,24 @@ func TestAnSRVNameGivesItsTargetsOnTheirPorts(t *testing.T) {
 	assert.Empty(t, rec.urls(), "a name gone has no workers")
 }
 
+// Each name has its own time: one whose server does not answer fails
+// alone, and the names after it are still looked up.
+func TestANameThatDoesNotAnswerFailsAlone(t *testing.T) {
+	srv := startDNS(t)
+	srv.Set("slow.fastroute.test", "10.0.0.1")
+	srv.Stall("slow.fastroute.test")
+	srv.Set("fast.fastroute.test", "10.0.0.2")
+	rec := &recorder{live: map[uint64]dataplane.WorkerSpec{}}
+	w, err := New(Options{Names: []string{"slow.fastroute.test.:80", "fast.fastroute.test.:80"}, Interval: 300 * time.Millisecond,
+		Server: srv.Addr(), Scheme: "http", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, rec)
+	require.NoError(t, err)
+	w.Sync(context.Background())
+	assert.Equal(t, []string{"http://10.0.0.2:80"}, rec.urls())
+	page := metrics.Text(w.Collector())
+	assert.Contains(t, page, `fastroute_dns_discovery_up{name="slow.fastroute.test.:80"} 0`)
+	assert.Contains(t, page, `fastroute_dns_discovery_up{name="fast.fastroute.test.:80"} 1`)
+}
+
 // A worker drained by hand (Hold) is not put again while its address
 // stays in DNS; once the address left and came back it is.
 func TestAWorkerDrainedByHandStaysDrained(t *testing.T) {

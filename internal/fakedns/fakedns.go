@@ -22,6 +22,7 @@ type Server struct {
 	addrs   map[string][]netip.Addr     // name (lower case, rooted) → its addresses
 	fail    map[string]dnsmessage.RCode // name → the code it fails with
 	srv     map[string][]srvTarget      // SRV name → its targets
+	stalled map[string]bool             // names whose questions go unanswered
 	queries atomic.Int64
 	done    chan struct{}
 }
@@ -38,7 +39,7 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{conn: conn, addrs: map[string][]netip.Addr{}, fail: map[string]dnsmessage.RCode{}, srv: map[string][]srvTarget{}, done: make(chan struct{})}
+	s := &Server{conn: conn, addrs: map[string][]netip.Addr{}, fail: map[string]dnsmessage.RCode{}, srv: map[string][]srvTarget{}, stalled: map[string]bool{}, done: make(chan struct{})}
 	go s.serve()
 	return s, nil
 }
@@ -96,6 +97,14 @@ func (s *Server) Fail(name string) {
 	s.fail[rooted(name)] = dnsmessage.RCodeServerFailure
 }
 
+// Stall leaves questions about name unanswered, as a server that is
+// down would.
+func (s *Server) Stall(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stalled[rooted(name)] = true
+}
+
 // Close stops the server.
 func (s *Server) Close() error {
 	err := s.conn.Close()
@@ -136,6 +145,10 @@ func (s *Server) answer(query []byte) ([]byte, bool) {
 	}
 	name := rooted(q.Name.String())
 	s.mu.Lock()
+	if s.stalled[name] {
+		s.mu.Unlock()
+		return nil, false
+	}
 	addrs, known := s.addrs[name]
 	srvs, isSRV := s.srv[name]
 	rcode, failing := s.fail[name]
