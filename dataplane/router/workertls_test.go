@@ -66,7 +66,8 @@ func copyFile(t *testing.T, from, to string) {
 
 // reachesBothWorkers waits until both workers passed a probe, listed
 // their model and gave an engine reading, then sends six requests, whole
-// and streamed in turn: each worker answers three, on one kept connection.
+// and streamed in turn, one after the other's books closed: each worker
+// answers three, on one kept connection.
 func (f *fleet) reachesBothWorkers() {
 	t := f.t
 	t.Helper()
@@ -95,6 +96,9 @@ func (f *fleet) reachesBothWorkers() {
 			assert.Contains(t, text, `"chat.completion"`)
 		}
 		seen[w]++
+		// The connection is back in its pool before the reservation is
+		// released: the next request to the worker finds it there.
+		f.assertIdle()
 	}
 	assert.Equal(t, map[string]int{"1": 3, "2": 3}, seen)
 	for _, id := range []string{"1", "2"} {
