@@ -188,7 +188,7 @@ func (r *Router) drainWorker(id uint64) error {
 	if err := r.Registry.Drain(id); err != nil {
 		return err
 	}
-	if r.DNS != nil && r.DNS.Hold(id) || r.Discovery == nil || !r.Discovery.Known(id) {
+	if (r.DNS != nil && r.DNS.Hold(id)) || r.Discovery == nil || !r.Discovery.Known(id) {
 		return nil
 	}
 	if err := r.Discovery.MarkDrain(id); err != nil {
