@@ -1,7 +1,8 @@
 // Package dns finds workers by DNS name, as nginx's resolve, HAProxy's
 // server-template and Envoy's strict DNS clusters do: every address a
 // name resolves to (a Kubernetes headless service's ready pods, a Consul
-// service, a scaled compose service) is a worker on the name's port,
+// service, a scaled compose service) is a worker on the name's port, or
+// for an SRV name every address of every target on the target's port,
 // looked up again every interval. An address that leaves every answer is
 // drained; a lookup that fails keeps what the name had, so a DNS outage
 // does not empty the fleet.
