@@ -22,15 +22,24 @@ var ErrPrefixRecords = errors.New("the prefix records' length is not a multiple 
 
 // journal lists the keys a table recorded anew, in a ring that one reader
 // (Prefixes.Changed) follows: a writer takes the next place with one
-// atomic add and fills it with one atomic store, and a reader that falls a
-// whole ring behind loses the oldest keys (hints, not state: the next
-// record of the same prefix is shared again).
+// atomic add and fills it with one atomic store, the reader empties each
+// place it reads, and a reader that falls a whole ring behind loses the
+// oldest keys (hints, not state: the next record of the same prefix is
+// shared again).
 type journal struct {
 	keys []atomic.Uint64
 	mask uint64
 	head atomic.Uint64 // places taken since the start
 	tail uint64        // the reader's: places read since the start
+	// The reader's calls that found the place at tail taken but still
+	// empty: its writer is between its add and its store.
+	waits int
 }
+
+// maxJournalWaits bounds the reader's calls that wait on one empty place:
+// a writer stalled that long (or a key of 0, which reads as empty) loses
+// that key, not the ones after it.
+const maxJournalWaits = 100
 
 func (j *journal) add(key uint64) {
 	i := j.head.Add(1) - 1
@@ -60,11 +69,15 @@ func (p *Prefixes) Changed(dst []byte) (out []byte, lost uint64) {
 		lost, j.tail = head-j.tail-n, head-n
 	}
 	for ; j.tail < head; j.tail++ {
-		// A writer that took the place may not have filled it yet: the
-		// older key there is sent again and the new one is missed (a hint:
-		// its prefix's next record is shared).
-		k := j.keys[j.tail&j.mask].Load()
-		if v := p.slots[k&p.mask].Load(); v != 0 && v>>32 == k>>32 {
+		// A writer that took the place may not have filled it yet: it is
+		// read at a later call, and the places after it with it.
+		k := j.keys[j.tail&j.mask].Swap(0)
+		if k == 0 && j.waits < maxJournalWaits {
+			j.waits++
+			break
+		}
+		j.waits = 0
+		if v := p.slots[k&p.mask].Load(); k != 0 && v != 0 && v>>32 == k>>32 {
 			dst = AppendPrefixRecord(dst, k, v&MaxPrefixWorker)
 		}
 	}
