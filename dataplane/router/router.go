@@ -76,9 +76,9 @@ type Router struct {
 	ln, adminLn   net.Listener
 	admin         *http.Server
 	gpu           *nvml.Collector
-	cert          certificate       // the front end's, with tls set
-	workerCert    clientCertificate // worker_tls's
-	workerTLS     *tls.Config       // of every connection to an https:// worker
+	cert          certificate // the front end's, with tls set
+	workerCert    certificate // worker_tls's client certificate
+	workerTLS     *tls.Config // of every connection to an https:// worker
 	cancel        context.CancelFunc
 	loops         sync.WaitGroup // health and telemetry goroutines
 }

@@ -9,9 +9,10 @@ import (
 	"github.com/fastroute/fastroute/internal/tlsfiles"
 )
 
-// certificate is the front end's TLS certificate, read again by a reload
-// (a rotated certificate serves new handshakes at once; connections open
-// keep theirs).
+// certificate is a TLS certificate read again by a reload: the front
+// end's, or the router's own for workers that ask for one (nil: none). A
+// rotated certificate serves new handshakes at once; connections open
+// keep theirs.
 type certificate struct {
 	cur atomic.Pointer[tls.Certificate]
 }
@@ -38,13 +39,6 @@ func (c *certificate) serverConfig() *tls.Config {
 	}
 }
 
-// clientCertificate is the router's certificate for workers that ask for
-// one (worker_tls.cert_file), read again by a reload: new connections show
-// the one read last, connections open keep theirs.
-type clientCertificate struct {
-	cur atomic.Pointer[tls.Certificate] // nil: none
-}
-
 // readClientCertificate reads t's certificate and key files, or nothing
 // when t names none.
 func readClientCertificate(t config.WorkerTLS) (*tls.Certificate, error) {
@@ -61,7 +55,7 @@ func readClientCertificate(t config.WorkerTLS) (*tls.Certificate, error) {
 // certificate shown to a worker that asks for one, and sessions resumed
 // across a worker's connections (nginx's proxy_ssl_session_reuse; the
 // front end gives each worker a cache of its own).
-func (c *clientCertificate) workerConfig(t config.WorkerTLS) (*tls.Config, error) {
+func (c *certificate) workerConfig(t config.WorkerTLS) (*tls.Config, error) {
 	conf := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		NextProtos:         []string{"http/1.1"},

@@ -30,12 +30,6 @@ func newWorkerCerts(t *testing.T) workerCerts {
 	return workerCerts{server: server, client: client}
 }
 
-// serverConf is the workers' TLS: their certificate, and, when
-// clientCAFile is set, a client certificate it signed required.
-func (c workerCerts) serverConf(t *testing.T, clientCAFile string) *tls.Config {
-	return workerTLSConf(t, c.server, clientCAFile)
-}
-
 // workerTLSConf is a worker's TLS with cert as its certificate, requiring
 // a client certificate clientCAFile's certificates signed when it is set.
 func workerTLSConf(t *testing.T, cert config.TLS, clientCAFile string) *tls.Config {
@@ -127,7 +121,7 @@ func workerFailures(t *testing.T, f *fleet, id string) (connect, transport strin
 // the /v1/models listings and the engine metrics scrapes all reach them.
 func TestHTTPSWorkersAreSpokenToOverMutualTLS(t *testing.T) {
 	c := newWorkerCerts(t)
-	f := startFleet(t, tlsMocks(2, c.serverConf(t, c.client.CertFile)), func(cfg *config.Config) { cfg.WorkerTLS = c.routerTLS() })
+	f := startFleet(t, tlsMocks(2, workerTLSConf(t, c.server, c.client.CertFile)), func(cfg *config.Config) { cfg.WorkerTLS = c.routerTLS() })
 	for _, m := range f.mocks {
 		require.True(t, strings.HasPrefix(m.URL(), "https://"), m.URL())
 	}
@@ -155,10 +149,10 @@ func TestAWorkerTheRouterCannotSpeakTLSWithIsUnreachable(t *testing.T) {
 		reason   string // of worker 1's failures
 	}{
 		{"certificate not trusted", workerTLSConf(t, stranger, ""), c.routerTLS(), "connect"},
-		{"no client certificate", c.serverConf(t, c.client.CertFile), config.WorkerTLS{CAFile: c.server.CertFile}, "transport"},
+		{"no client certificate", workerTLSConf(t, c.server, c.client.CertFile), config.WorkerTLS{CAFile: c.server.CertFile}, "transport"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := tlsMocks(2, c.serverConf(t, ""))
+			opts := tlsMocks(2, workerTLSConf(t, c.server, ""))
 			opts[0].TLS = tc.worker1
 			f := startFleet(t, opts, func(cfg *config.Config) { cfg.WorkerTLS = tc.routerTC })
 			for range 4 {
@@ -184,7 +178,7 @@ func TestAReloadReadsTheWorkersClientCertificateAgain(t *testing.T) {
 	c := newWorkerCerts(t)
 	dir := t.TempDir()
 	old, _ := writeCert(t, dir, 20)
-	f := startFleet(t, tlsMocks(1, c.serverConf(t, c.client.CertFile)), func(cfg *config.Config) {
+	f := startFleet(t, tlsMocks(1, workerTLSConf(t, c.server, c.client.CertFile)), func(cfg *config.Config) {
 		cfg.WorkerTLS = config.WorkerTLS{CAFile: c.server.CertFile, CertFile: old.CertFile, KeyFile: old.KeyFile}
 		cfg.Health.EjectAfter = 0
 	})
@@ -227,7 +221,7 @@ func TestAReloadReadsTheWorkersClientCertificateAgain(t *testing.T) {
 // failure, resuming the first connection's session.
 func TestTheWatchClosesATLSConnectionItsWorkerClosed(t *testing.T) {
 	c := newWorkerCerts(t)
-	conf := c.serverConf(t, "")
+	conf := workerTLSConf(t, c.server, "")
 	var lastResumed atomic.Bool // the last handshake resumed a session
 	conf.VerifyConnection = func(cs tls.ConnectionState) error {
 		lastResumed.Store(cs.DidResume)

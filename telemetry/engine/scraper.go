@@ -83,7 +83,7 @@ func New(o Options) *Scraper {
 		o.Logger = slog.Default()
 	}
 	if o.Client == nil {
-		o.Client = &http.Client{Timeout: o.Timeout, Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute, TLSClientConfig: o.TLS}}
+		o.Client = newClient(o.Timeout, o.TLS, nil)
 	}
 	return &Scraper{o: o, state: map[uint64]*target{}}
 }
@@ -137,8 +137,15 @@ func (s *Scraper) socketClient(sock string) *http.Client {
 		return nil
 	}
 	var d net.Dialer
-	return &http.Client{Timeout: s.o.Timeout, Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", sock) }}}
+	return newClient(s.o.Timeout, nil, func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", sock) })
+}
+
+// newClient is a scrape client that keeps its connections alive, speaks
+// TLS to https:// URLs by tlsConf and dials with dial (nil: the URL's
+// host, by Go's dialer).
+func newClient(timeout time.Duration, tlsConf *tls.Config, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Client {
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute,
+		TLSClientConfig: tlsConf, DialContext: dial}}
 }
 
 func (s *Scraper) scrape(ctx context.Context, st *target) {
