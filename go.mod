@@ -20,6 +20,8 @@ require (
 
 require go.opentelemetry.io/proto/otlp v1.11.1
 
+require github.com/cloudflare/tableflip v1.2.3 // indirect
+
 require (
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect

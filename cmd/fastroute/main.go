@@ -14,7 +14,8 @@ import (
 const usage = `usage: fastroute <command> [flags]
 
 commands:
-  serve       run the router (--config FILE, flags override the file)
+  serve       run the router (--config FILE, flags override the file;
+              SIGHUP reloads, SIGUSR2 upgrades, SIGTERM drains)
   register    keep a worker's key alive on etcd for discovering routers (--etcd, --id, --url)
   mockworker  run an OpenAI-compatible fake worker (--etcd: registered on etcd)
   demo        run 3 mock workers and the router, send real requests, print the split

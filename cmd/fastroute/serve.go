@@ -4,12 +4,14 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/cloudflare/tableflip"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
@@ -110,6 +112,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	})
 	fs.StringVar(&cfg.Log.Access, "log-access", cfg.Log.Access, "access log: off, all, or errors (400 and above, or cut)")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "log format: text or json")
+	fs.StringVar(&cfg.PIDFile, "pid-file", cfg.PIDFile, "write the serving process's id to this file once it accepts requests (an upgrade's new process writes its own)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "drain bound on SIGTERM; streams still open then are cut")
 	fs.StringVar(&cfg.TLS.CertFile, "tls-cert-file", cfg.TLS.CertFile, "PEM certificate chain: clients speak TLS to the front end (with --tls-key-file)")
 	fs.StringVar(&cfg.TLS.KeyFile, "tls-key-file", cfg.TLS.KeyFile, "PEM private key of --tls-cert-file")
@@ -266,26 +269,96 @@ func runServe(args []string) error {
 	} else {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	r, err := router.Start(cfg, log)
+	// The listeners come from the process this one upgrades, if any
+	// (SIGUSR2 there started this one), with the connections queued on
+	// them; that process drains once this one is ready.
+	upg, err := tableflip.New(tableflip.Options{PIDFile: cfg.PIDFile})
+	if err != nil {
+		return err
+	}
+	defer upg.Stop()
+	// A listener is the old process's when its key and address are the
+	// same (so two keys on port 0 stay apart).
+	r, err := router.StartWith(cfg, log, func(key, address string) (net.Listener, error) {
+		return upg.ListenWithCallback("tcp", key+"="+address, func(network, _ string) (net.Listener, error) {
+			return net.Listen(network, address)
+		})
+	})
 	if err != nil {
 		return err
 	}
 	r.SetConfigSource(func() (config.Config, error) { return loadServeConfig(args) })
+	if err := upg.Ready(); err != nil {
+		_ = r.Close()
+		return err
+	}
+	if upg.HasParent() {
+		log.Info("took the listeners over from the process before this one, which drains its open requests and exits")
+	}
 	sig := make(chan os.Signal, 2)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	return handleSignals(r, sig, log, os.Exit)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR2)
+	return handleSignals(r, sig, log, os.Exit, upg)
+}
+
+// upgrader starts a new process of the router's executable on the
+// listeners (tableflip.Upgrader).
+type upgrader interface {
+	// Upgrade starts the new process and returns once it is ready, or
+	// failed to start, or timed out (then killed).
+	Upgrade() error
+	// Stop ends an upgrade under way (its process killed) and refuses new
+	// ones.
+	Stop()
 }
 
 // handleSignals reloads the config on SIGHUP (a refused config leaves the
-// running one), and on SIGINT or SIGTERM drains the router (up to
-// shutdown_timeout); a second such signal exits at once through exit.
-func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exit func(int)) error {
-	s := <-sig
-	for ; s == syscall.SIGHUP; s = <-sig {
-		_, _, _ = r.ReloadFromSource() // the router logs what it applied or why it refused
+// running one) and upgrades on SIGUSR2: a new process of the executable
+// (the file at its path now, a new build maybe) reads the config and
+// takes the listeners over, then this one drains as on SIGTERM; an
+// upgrade that fails leaves this one serving. On SIGINT or SIGTERM it
+// drains the router (up to shutdown_timeout); a second such signal exits
+// at once through exit.
+func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exit func(int), upg upgrader) error {
+	upgraded := make(chan error, 1)
+	upgrading := false
+	for {
+		select {
+		case s := <-sig:
+			switch s {
+			case syscall.SIGHUP:
+				_, _, _ = r.ReloadFromSource() // the router logs what it applied or why it refused
+				continue
+			case syscall.SIGUSR2:
+				if upgrading {
+					log.Warn("SIGUSR2 ignored: an upgrade is under way")
+					continue
+				}
+				upgrading = true
+				log.Info("upgrading: a new process of the executable takes the listeners over once ready", "executable", os.Args[0])
+				go func() { upgraded <- upg.Upgrade() }()
+				continue
+			}
+			upg.Stop() // a new process not yet ready is killed
+			log.Info("draining: open requests finish, new ones are refused; a second signal exits at once",
+				"signal", s.String(), "shutdown_timeout", r.CurrentConfig().ShutdownTimeout)
+			return drain(r, sig, log, exit)
+		case err := <-upgraded:
+			upgrading = false
+			if err != nil {
+				log.Error("upgrade failed: this process goes on serving", "err", err)
+				continue
+			}
+			log.Info("upgraded: the new process serves; this one drains its open requests and exits",
+				"shutdown_timeout", r.CurrentConfig().ShutdownTimeout)
+			return drain(r, sig, log, exit)
+		}
 	}
-	log.Info("draining: open requests finish, new ones are refused; a second signal exits at once",
-		"signal", s.String(), "shutdown_timeout", r.CurrentConfig().ShutdownTimeout)
+}
+
+// drain closes the router, waiting for its open requests up to
+// shutdown_timeout; a SIGINT or SIGTERM meanwhile exits at once through
+// exit.
+func drain(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exit func(int)) error {
 	done := make(chan error, 1)
 	go func() { done <- r.Close() }()
 	for {
@@ -293,9 +366,9 @@ func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exi
 		case err := <-done:
 			log.Info("drained")
 			return err
-		case s = <-sig:
-			if s == syscall.SIGHUP {
-				continue // no reload while draining
+		case s := <-sig:
+			if s != syscall.SIGINT && s != syscall.SIGTERM {
+				continue // no reload nor upgrade while draining
 			}
 			log.Warn("second signal: exiting now", "signal", s.String())
 			exit(1)

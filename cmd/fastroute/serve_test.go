@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -43,7 +45,7 @@ func TestFirstSignalDrainsSecondExits(t *testing.T) {
 	sig := make(chan os.Signal, 2)
 	exited := make(chan int, 1)
 	returned := make(chan error, 1)
-	go func() { returned <- handleSignals(r, sig, log, func(code int) { exited <- code }) }()
+	go func() { returned <- handleSignals(r, sig, log, func(code int) { exited <- code }, noUpgrade{}) }()
 	sig <- syscall.SIGTERM
 	time.Sleep(100 * time.Millisecond)
 	select {
@@ -57,6 +59,85 @@ func TestFirstSignalDrainsSecondExits(t *testing.T) {
 		assert.Equal(t, 1, code)
 	case <-time.After(2 * time.Second):
 		t.Fatal("the second signal did not exit at once")
+	}
+}
+
+// noUpgrade is an upgrader whose upgrades fail.
+type noUpgrade struct{}
+
+func (noUpgrade) Upgrade() error { return errors.New("no upgrade here") }
+func (noUpgrade) Stop()          {}
+
+// fakeUpgrade answers each Upgrade with the next of its results, once
+// release lets it (a new process that takes its time to be ready).
+type fakeUpgrade struct {
+	results chan error
+	stopped chan struct{}
+	calls   atomic.Int32
+}
+
+func (u *fakeUpgrade) Upgrade() error {
+	u.calls.Add(1)
+	select {
+	case err := <-u.results:
+		return err
+	case <-u.stopped:
+		return errors.New("terminating")
+	}
+}
+
+func (u *fakeUpgrade) Stop() { close(u.stopped) }
+
+// SIGUSR2 upgrades: a failed upgrade leaves the router serving, a second
+// SIGUSR2 while one is under way is ignored, and a ready new process has
+// the router drain and handleSignals return. SIGTERM during an upgrade
+// stops it (its process not yet ready is killed) and drains.
+func TestSIGUSR2Upgrades(t *testing.T) {
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, end := range []string{"upgraded", "SIGTERM"} {
+		r, err := router.Start(cfg, log)
+		require.NoError(t, err)
+		sig := make(chan os.Signal, 2)
+		upg := &fakeUpgrade{results: make(chan error), stopped: make(chan struct{})}
+		returned := make(chan error, 1)
+		go func() { returned <- handleSignals(r, sig, log, func(int) { t.Error("no exit expected") }, upg) }()
+
+		sig <- syscall.SIGUSR2
+		sig <- syscall.SIGUSR2 // ignored: one upgrade at a time (Upgrade would block the test otherwise)
+		upg.results <- errors.New("child exited: exit status 3")
+		time.Sleep(50 * time.Millisecond) // the failure is handled
+		sig <- syscall.SIGUSR2
+		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-returned:
+			t.Fatal("a failed upgrade must leave the router serving")
+		default:
+		}
+		resp, err := http.Get("http://" + r.Addr() + "/health")
+		require.NoError(t, err)
+		resp.Body.Close()
+
+		if end == "upgraded" {
+			upg.results <- nil
+		} else {
+			sig <- syscall.SIGTERM
+			select {
+			case <-upg.stopped:
+			case <-time.After(5 * time.Second):
+				t.Fatal("SIGTERM did not stop the upgrade under way")
+			}
+		}
+		select {
+		case err := <-returned:
+			assert.NoError(t, err, end)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the router did not drain", end)
+		}
+		_, err = http.Get("http://" + r.Addr() + "/health")
+		assert.Error(t, err, "%s: drained, the listener is closed", end)
+		assert.EqualValues(t, 2, upg.calls.Load(), "%s: the SIGUSR2 sent during the first upgrade started none", end)
 	}
 }
 
@@ -85,7 +166,7 @@ func TestSIGHUPReloadsTheConfigFile(t *testing.T) {
 
 	sig := make(chan os.Signal, 2)
 	returned := make(chan error, 1)
-	go func() { returned <- handleSignals(r, sig, log, func(int) { t.Error("no exit expected") }) }()
+	go func() { returned <- handleSignals(r, sig, log, func(int) { t.Error("no exit expected") }, noUpgrade{}) }()
 
 	write(fmt.Sprintf("workers:\n  - {id: 1, url: %q}\n  - {id: 2, url: %q}\n", mocks[0].URL(), mocks[1].URL()))
 	sig <- syscall.SIGHUP

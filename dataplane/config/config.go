@@ -65,6 +65,11 @@ type Config struct {
 	APIKeys []apikeys.Entry `yaml:"-"`
 	// ShutdownTimeout bounds the drain on SIGTERM; streams still open then are cut.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// PIDFile, when set, is where the serving process writes its process
+	// id once it accepts requests; an upgrade (SIGUSR2) has its new
+	// process write its own, so that a supervisor reading the file (as
+	// systemd's PIDFile=) follows the upgrade.
+	PIDFile string `yaml:"pid_file"`
 	// Routes are extra paths proxied like the OpenAI ones, beyond every POST
 	// under /v1/ and the engines' own (/tokenize, /detokenize, /pooling,
 	// /classify, /score, /rerank, /generate).

@@ -75,6 +75,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"api_keys_share_interval":     old.APIKeysShareInterval == cfg.APIKeysShareInterval,
 		"tls":                         old.TLS.On() == cfg.TLS.On(),
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
+		"pid_file":                    old.PIDFile == cfg.PIDFile,
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
 		"router.lora_placement":       old.Router.LoRAPlacement == cfg.Router.LoRAPlacement,

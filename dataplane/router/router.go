@@ -86,6 +86,17 @@ type Router struct {
 // Start validates cfg, registers its workers and opens both listeners.
 // Nothing is left running when it returns an error.
 func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
+	return StartWith(cfg, log, func(_, address string) (net.Listener, error) { return net.Listen("tcp", address) })
+}
+
+// Listen opens the TCP listener of a config key (listen, admin_listen) on
+// its address; a process that took over from another (an upgrade) gets
+// the listener the other served for that key, with the connections
+// queued on it.
+type Listen func(key, address string) (net.Listener, error)
+
+// StartWith is Start with the listeners opened by listen.
+func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -191,10 +202,10 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.startTelemetry(log)
 	r.startEngines(log)
 
-	if r.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+	if r.ln, err = listen("listen", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
-	if r.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+	if r.adminLn, err = listen("admin_listen", cfg.AdminListen); err != nil {
 		r.ln.Close()
 		return nil, fmt.Errorf("admin_listen %s: %w", cfg.AdminListen, err)
 	}

@@ -313,11 +313,27 @@ func (s *Server) acceptShort(err error, pause time.Duration) {
 	}
 }
 
-// Shutdown stops accepting, waits for open requests until ctx ends, then
+// drainLinger is how long a drain (Shutdown) leaves a connection that
+// waits in the gate for a request: one accepted before the listener
+// closed, whose request is on its way, or one kept alive between two
+// requests, whose client may be sending its next. A request that comes
+// meanwhile is served, its answer the connection's last (Connection:
+// close); closed at once, the connection would fail a request the client
+// had sent already. Under an upgrade the new process serves the
+// connection the client opens next.
+const drainLinger = 250 * time.Millisecond
+
+// Shutdown stops accepting, leaves the connections waiting for a request
+// up to drainLinger for it, waits for open requests until ctx ends, then
 // cuts the connections still open (their streams end, their reservations
-// are released), and closes the idle upstream connections.
+// are released), and closes the idle upstream connections. Answers sent
+// meanwhile close their connections.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
+	if g := s.gate.Load(); g != nil {
+		g.stopAccepting()
+		s.settle(ctx, g)
+	}
 	err := s.srv.ShutdownWithContext(ctx)
 	if err == nil {
 		err = s.awaitTakeovers(ctx)
@@ -355,6 +371,27 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		err = errors.Join(err, s.upCloses.Close())
 	}
 	return err
+}
+
+// settle waits, before fasthttp's shutdown closes the gate and the
+// connections idle in fasthttp, until no connection is taken over, none
+// waits in the gate but those that waited drainLinger (closed then) and,
+// for drainLinger at most, none is in fasthttp; or until ctx ends. A
+// stream that began as kept-alive is so given back to the gate when it
+// ends, and a kept-alive connection that waits for its next request has
+// drainLinger to send it, answered as the connection's last.
+func (s *Server) settle(ctx context.Context, g *gate) {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	lingerEnd := time.Now().Add(drainLinger)
+	for !g.closeLingering() || s.takeovers.Load() != 0 ||
+		(s.srv.GetOpenConnectionsCount() > 0 && time.Now().Before(lingerEnd)) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // trackConn keeps the set of open client connections, so a shutdown that
@@ -416,6 +453,9 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		return // the answer is sent from the take-over (runTaken, beginStream)
 	}
 	s.markCORS(ctx)
+	if s.closing.Load() {
+		closeAfter(&ctx.Response.Header)
+	}
 	if cc != nil && s.keepsAlive(ctx) {
 		cc.hold()
 	}

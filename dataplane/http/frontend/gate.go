@@ -24,15 +24,25 @@ import (
 // streams holds no serving goroutine.
 type gate struct {
 	net.Listener
-	ready   chan net.Conn // connections whose request has come, for Accept
-	failed  chan error    // the listener's failure, for Accept
-	closed  chan struct{}
-	close   sync.Once
-	waiting *xsync.MapOf[*clientConn, struct{}]  // connections waiting for their request, closed with the gate
-	first   time.Duration                        // how long a new connection may wait for its first request (0: no limit)
-	idle    time.Duration                        // and one given back for its next
-	drop    func(net.Conn)                       // closes a connection and forgets it (Server.closeConn)
-	short   func(err error, pause time.Duration) // tells of an accept that failed for want of resources (Server.acceptShort)
+	ready  chan net.Conn // connections whose request has come, for Accept
+	failed chan error    // the listener's failure, for Accept
+	closed chan struct{}
+	close  sync.Once
+	// Connections waiting for their request, closed with the gate, each
+	// with the time its wait began if the gate had stopped accepting
+	// then (Unix nanoseconds; 0: before).
+	waiting *xsync.MapOf[*clientConn, int64]
+	handing atomic.Int64 // connections whose request came, on their way to Accept
+	// When stopAccepting was first called (Unix nanoseconds; 0: not
+	// yet): the listener's close is then no failure, and the connections
+	// waiting linger from then (closeLingering).
+	stoppedAt atomic.Int64
+	lnClose   sync.Once // the listener's close (closeListener)
+	lnErr     error
+	first     time.Duration                        // how long a new connection may wait for its first request (0: no limit)
+	idle      time.Duration                        // and one given back for its next
+	drop      func(net.Conn)                       // closes a connection and forgets it (Server.closeConn)
+	short     func(err error, pause time.Duration) // tells of an accept that failed for want of resources (Server.acceptShort)
 	// Client connections open at once: the most (limits.max_connections),
 	// the ones accepted and not yet closed, and a close that made room
 	// under the most, for accept.
@@ -46,7 +56,7 @@ type gate struct {
 func newGate(ln net.Listener, first, idle time.Duration, maxOpen int, drop func(net.Conn),
 	short func(error, time.Duration), full func(), tlsConfig *tls.Config) *gate {
 	g := &gate{Listener: ln, ready: make(chan net.Conn), failed: make(chan error, 1), closed: make(chan struct{}),
-		waiting: xsync.NewMapOf[*clientConn, struct{}](), first: first, idle: idle, drop: drop, short: short,
+		waiting: xsync.NewMapOf[*clientConn, int64](), first: first, idle: idle, drop: drop, short: short,
 		max: int64(maxOpen), room: make(chan struct{}, 1), full: full, tls: tlsConfig}
 	go g.accept()
 	return g
@@ -85,7 +95,9 @@ func (g *gate) accept() {
 			continue
 		}
 		if err != nil {
-			g.failed <- err
+			if g.stoppedAt.Load() == 0 {
+				g.failed <- err
+			}
 			return
 		}
 		pause = 0
@@ -135,15 +147,51 @@ func (g *gate) Accept() (net.Conn, error) {
 	case err := <-g.failed:
 		g.failed <- err // for the next call
 		return nil, err
+	case <-g.closed:
+		return nil, net.ErrClosed
 	}
+}
+
+// stopAccepting closes the listener but not the gate: the connections
+// waiting in it still go to Accept as their requests come, for up to
+// drainLinger from now or from the start of their wait, whichever is
+// later (closeLingering), until Close.
+func (g *gate) stopAccepting() {
+	g.stoppedAt.CompareAndSwap(0, time.Now().UnixNano())
+	_ = g.closeListener()
+}
+
+// closeLingering closes the connections that have waited for a request
+// for drainLinger since the gate stopped accepting, and says whether none is
+// left in the gate but those (each sent its request and went to Accept,
+// or was closed).
+func (g *gate) closeLingering() (settled bool) {
+	now := time.Now().UnixNano()
+	settled = g.handing.Load() == 0
+	stopped := g.stoppedAt.Load()
+	g.waiting.Range(func(cc *clientConn, since int64) bool {
+		if now-max(since, stopped) >= int64(drainLinger) {
+			_ = cc.Close() // its wait fails, and drops it
+		} else {
+			settled = false
+		}
+		return true
+	})
+	return settled
+}
+
+// closeListener closes the listener the first time it is called.
+func (g *gate) closeListener() error {
+	g.lnClose.Do(func() { g.lnErr = g.Listener.Close() })
+	return g.lnErr
 }
 
 // Close closes the listener and the connections waiting in the gate (idle
 // ones, which fasthttp closes at Shutdown).
 func (g *gate) Close() error {
-	err := g.Listener.Close()
+	err := g.closeListener()
 	g.close.Do(func() { close(g.closed) })
-	g.waiting.Range(func(cc *clientConn, _ struct{}) bool {
+	g.waiting.Range(func(cc *clientConn, _ int64) bool {
 		_ = cc.Close()
 		return true
 	})
@@ -158,7 +206,11 @@ func (g *gate) giveBack(cc *clientConn) { go g.wait(cc, g.idle) }
 // to Accept; one that sends nothing in time, or whose wait the gate's
 // close cut, is closed (and forgotten, if it was served before).
 func (g *gate) wait(cc *clientConn, timeout time.Duration) {
-	g.waiting.Store(cc, struct{}{})
+	var since int64
+	if g.stoppedAt.Load() != 0 {
+		since = time.Now().UnixNano()
+	}
+	g.waiting.Store(cc, since)
 	var ok bool
 	select {
 	case <-g.closed:
@@ -174,13 +226,18 @@ func (g *gate) wait(cc *clientConn, timeout time.Duration) {
 			_ = cc.SetReadDeadline(time.Time{}) // fasthttp sets its own
 		}
 	}
-	g.waiting.Delete(cc)
 	if ok {
+		g.handing.Add(1)
+		g.waiting.Delete(cc)
 		select {
 		case g.ready <- cc:
+			g.handing.Add(-1)
 			return
 		case <-g.closed:
 		}
+		g.handing.Add(-1)
+	} else {
+		g.waiting.Delete(cc)
 	}
 	g.drop(cc)
 }

@@ -2,6 +2,8 @@ package frontend
 
 import (
 	"bufio"
+	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -211,4 +213,92 @@ func TestMaxConnectionsHoldsTheNextInTheListenQueue(t *testing.T) {
 	closing.Close()
 	require.Eventually(t, func() bool { return s.OpenConnections() == 0 }, 5*time.Second, 10*time.Millisecond,
 		"every connection counted closed once")
+}
+
+// A drain (Shutdown) stops accepting at once but serves the requests on
+// their way: that of a connection accepted before, sent after, and the
+// next request of a kept-alive connection, whether its last answer was
+// streamed (taken over from fasthttp, given back to the gate) or not
+// (idle in fasthttp), each answered as its connection's last (Connection:
+// close). Closed at once, such a connection would fail a request its
+// client had sent (an upgrade's new process serves the connection the
+// client opens next). One that sends nothing is closed once drainLinger
+// passed, and occupancy returns to 0.
+func TestADrainServesTheRequestsOnTheirWay(t *testing.T) {
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n0\r\n\r\n"
+	const plain = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
+	addr := rawServer(t, func(c net.Conn, req *http.Request) bool {
+		answer := plain
+		if req.Header.Get("X-Want") == "sse" {
+			answer = sse
+		}
+		_, err := io.WriteString(c, answer)
+		return err == nil
+	})
+	reg, s, url := serveOne(t, addr, Options{}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	type client struct {
+		name   string
+		c      net.Conn
+		br     *bufio.Reader
+		stream bool
+	}
+	send := func(cl *client) *http.Response {
+		req := streamRequest("HTTP/1.1", "X-Want: sse\r\n")
+		if !cl.stream {
+			body := `{"model":"m","messages":[]}`
+			req = fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		}
+		_, err := io.WriteString(cl.c, req)
+		require.NoError(t, err, cl.name)
+		resp, err := http.ReadResponse(cl.br, nil)
+		require.NoError(t, err, cl.name)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, err, cl.name)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, cl.name)
+		if cl.stream {
+			assert.Equal(t, "data: a\n\n", string(got), cl.name)
+		} else {
+			assert.Equal(t, `{"ok":true}`, string(got), cl.name)
+		}
+		return resp
+	}
+	dial := func(name string, stream bool) *client {
+		c, err := net.Dial("tcp", front)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return &client{name: name, c: c, br: bufio.NewReader(c), stream: stream}
+	}
+	streamed, plainKept := dial("kept-alive after a stream", true), dial("kept-alive after a plain answer", false)
+	for _, cl := range []*client{streamed, plainKept} {
+		assert.False(t, send(cl).Close, "%s: kept alive before the drain", cl.name)
+	}
+	early, silent := dial("accepted before the drain, its request sent after", true), dial("silent", false)
+	time.Sleep(50 * time.Millisecond) // both accepted into the gate
+
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- s.Shutdown(context.Background()) }()
+	time.Sleep(50 * time.Millisecond)
+	_, err := net.DialTimeout("tcp", front, time.Second)
+	assert.ErrorIs(t, err, syscall.ECONNREFUSED, "the listener closed at once")
+	for _, cl := range []*client{streamed, plainKept, early} {
+		assert.True(t, send(cl).Close, "%s: the answer closes the connection", cl.name)
+		require.NoError(t, cl.c.SetReadDeadline(time.Now().Add(5*time.Second)))
+		_, err := cl.br.ReadByte()
+		assert.ErrorIs(t, err, io.EOF, cl.name)
+	}
+	require.NoError(t, silent.c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	_, err = silent.br.ReadByte()
+	assert.ErrorIs(t, err, io.EOF)
+	assert.Greater(t, time.Since(start), drainLinger-50*time.Millisecond, "a silent connection lingers")
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown did not return")
+	}
+	assert.Less(t, time.Since(start), 2*time.Second)
+	w, _ := reg.Get(1)
+	assert.Zero(t, w.Occupancy())
 }
