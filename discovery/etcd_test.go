@@ -176,3 +176,29 @@ func TestAWatcherFollowsTheRouterReplicas(t *testing.T) {
 	assert.Empty(t, put, "a replica is not a worker")
 	assert.Empty(t, drained)
 }
+
+// A registration's Close deletes its key only while the key is on its
+// lease: a router upgraded registers the same admin URL from its new
+// process before the old one stops, and the old one's Close must not take
+// the new one's key away (its peers would stop sharing prefixes with it
+// for good).
+func TestAKeyTakenOverOutlivesTheRegistrationBefore(t *testing.T) {
+	_, o, cli := testClient(t, "/upgrade")
+	const admin = "http://10.0.0.1:8001"
+	old, err := RegisterRouter(o, admin, 5*time.Second)
+	require.NoError(t, err)
+	taken, err := RegisterRouter(o, admin, 5*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, old.Key(), taken.Key())
+
+	require.NoError(t, old.Close())
+	got, err := cli.Get(context.Background(), taken.Key())
+	require.NoError(t, err)
+	require.Len(t, got.Kvs, 1, "the key another registration took over stays")
+	assert.Equal(t, int64(taken.lease), got.Kvs[0].Lease)
+
+	require.NoError(t, taken.Close())
+	got, err = cli.Get(context.Background(), taken.Key())
+	require.NoError(t, err)
+	assert.Empty(t, got.Kvs, "its own Close deletes it")
+}

@@ -96,7 +96,8 @@ func register(parent context.Context, o Options, keyOf func(prefix string) strin
 func (r *Registration) Key() string { return r.key }
 
 // Close deletes the key (every router drains the worker at once) and
-// revokes the lease.
+// revokes the lease; a key another registration put since (the same
+// worker's or router's, from a process that took over) stays.
 func (r *Registration) Close() error { return r.close(5 * time.Second) }
 
 // close is Close, waiting at most timeout for etcd.
@@ -105,7 +106,11 @@ func (r *Registration) close(timeout time.Duration) error {
 	<-r.done
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	_, err := r.cli.Delete(ctx, r.key)
+	// The key goes only while it is this lease's: a process that took over
+	// the same name (a router's upgrade, a worker's sidecar restarted) put
+	// it on a lease of its own, and keeps it.
+	_, err := r.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(r.key), "=", r.lease)).
+		Then(clientv3.OpDelete(r.key)).Commit()
 	if _, rerr := r.cli.Revoke(ctx, r.lease); err == nil {
 		err = rerr
 	}
