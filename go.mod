@@ -5,6 +5,8 @@ go 1.26.0
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/cloudflare/tableflip v1.2.3
+	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.74.0
 	github.com/puzpuzpuz/xsync/v3 v3.5.1
@@ -13,18 +15,14 @@ require (
 	github.com/valyala/fastjson v1.6.10
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3
+	go.opentelemetry.io/proto/otlp v1.11.1
 	go.uber.org/zap v1.27.1
 	golang.org/x/sys v0.50.0
 	gopkg.in/yaml.v3 v3.0.1
 )
 
-require go.opentelemetry.io/proto/otlp v1.11.1
-
-require github.com/cloudflare/tableflip v1.2.3 // indirect
-
 require (
 	github.com/coreos/go-semver v0.3.1 // indirect
-	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.31.0 // indirect
 	github.com/klauspost/compress v1.20.4 // indirect

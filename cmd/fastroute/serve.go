@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/cloudflare/tableflip"
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
@@ -277,10 +278,25 @@ func runServe(args []string) error {
 		return err
 	}
 	defer upg.Stop()
+	// Sockets systemd passed (socket activation) serve their keys, else
+	// the listeners are opened here.
+	sockets, err := systemdListeners(cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, ln := range sockets { // those Start did not take
+			ln.Close()
+		}
+	}()
 	// A listener is the old process's when its key and address are the
 	// same (so two keys on port 0 stay apart).
 	r, err := router.StartWith(cfg, log, func(key, address string) (net.Listener, error) {
 		return upg.ListenWithCallback("tcp", key+"="+address, func(network, _ string) (net.Listener, error) {
+			if ln := sockets[key]; ln != nil {
+				delete(sockets, key)
+				return ln, nil
+			}
 			return net.Listen(network, address)
 		})
 	})
@@ -292,6 +308,7 @@ func runServe(args []string) error {
 		_ = r.Close()
 		return err
 	}
+	notifyReady()
 	if upg.HasParent() {
 		log.Info("took the listeners over from the process before this one, which drains its open requests and exits")
 	}
@@ -339,6 +356,7 @@ func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exi
 				continue
 			}
 			upg.Stop() // a new process not yet ready is killed
+			notify(daemon.SdNotifyStopping)
 			log.Info("draining: open requests finish, new ones are refused; a second signal exits at once",
 				"signal", s.String(), "shutdown_timeout", r.CurrentConfig().ShutdownTimeout)
 			return drain(r, sig, log, exit)

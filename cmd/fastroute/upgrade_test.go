@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -191,15 +193,26 @@ func TestAnUpgradeHandsTheListenersToANewProcessWithoutAFailedRequest(t *testing
 	}
 	config("least-loaded")
 
+	// Started as systemd starts a socket-activated Type=notify service:
+	// the front end's socket passed (named listen: the config's address
+	// does not matter then), and a notify socket to tell of its state.
+	front, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	frontFile, err := front.(*net.TCPListener).File()
+	require.NoError(t, err)
+	notes := listenNotify(t, filepath.Join(dir, "notify"))
 	logR, logW, err := os.Pipe()
 	require.NoError(t, err)
 	var log serverLog
 	go log.read(logR)
-	old := exec.Command(bin, "serve", "--config", conf)
-	old.Env = append(os.Environ(), asMain+"=1")
+	old := systemdStart(bin, "serve", "--config", conf)
+	old.Env = append(os.Environ(), asMain+"=1", "LISTEN_FDS=1", "LISTEN_FDNAMES=listen", "NOTIFY_SOCKET="+filepath.Join(dir, "notify"))
+	old.ExtraFiles = []*os.File{frontFile}
 	old.Stderr = logW // a file: Wait does not wait for the new process, which keeps it
 	require.NoError(t, old.Start())
 	logW.Close()
+	frontFile.Close()
+	front.Close() // the router holds the socket
 	exited := make(chan error, 1)
 	go func() { exited <- old.Wait() }()
 	newPID := 0
@@ -217,6 +230,8 @@ func TestAnUpgradeHandsTheListenersToANewProcessWithoutAFailedRequest(t *testing
 	started := regexp.MustCompile(`msg="fastroute started" listen=(\S+) admin=(\S+) mode=(\S+)`)
 	require.Eventually(t, func() bool { return len(log.matches(started)) == 1 }, 10*time.Second, 10*time.Millisecond)
 	addr := log.matches(started)[0][1]
+	require.Equal(t, front.Addr().String(), addr, "the front end serves the socket systemd passed")
+	notes.expect(t, fmt.Sprintf("READY=1\nMAINPID=%d", old.Process.Pid))
 	readPID := func() int {
 		b, _ := os.ReadFile(pidFile)
 		pid, _ := strconv.Atoi(string(b))
@@ -259,6 +274,7 @@ func TestAnUpgradeHandsTheListenersToANewProcessWithoutAFailedRequest(t *testing
 	assert.Equal(t, addr, both[1][1], "the new process serves the same listener")
 	assert.Equal(t, "round-robin", both[1][3], "the new process read the config anew")
 
+	notes.expect(t, fmt.Sprintf("READY=1\nMAINPID=%d", newPID)) // and the old one's drain said nothing: the service runs on
 	servedBefore := l.served.Load()
 	time.Sleep(300 * time.Millisecond)
 	served, failedN, errs := l.end()
@@ -275,5 +291,81 @@ func TestAnUpgradeHandsTheListenersToANewProcessWithoutAFailedRequest(t *testing
 	resp.Body.Close()
 	assert.Equal(t, 2, strings.Count(string(b), `"occupancy":0`), "%s", b)
 	require.NoError(t, syscall.Kill(newPID, syscall.SIGTERM))
+	notes.expect(t, "STOPPING=1")
 	require.Eventually(t, func() bool { return !alive(newPID) }, 10*time.Second, 20*time.Millisecond)
+}
+
+// systemdStart returns a command that runs name with args as systemd runs
+// a socket-activated service: LISTEN_PID is the process's own id (the
+// shell's, which execs name), for the sockets of LISTEN_FDS from fd 3 on
+// (the command's ExtraFiles).
+func systemdStart(name string, args ...string) *exec.Cmd {
+	return exec.Command("/bin/sh", append([]string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, name}, args...)...)
+}
+
+// notifySocket receives what a process tells systemd (sd_notify).
+type notifySocket struct{ got chan string }
+
+func listenNotify(t *testing.T, path string) notifySocket {
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	n := notifySocket{got: make(chan string, 16)}
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			k, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			n.got <- string(buf[:k])
+		}
+	}()
+	return n
+}
+
+// expect fails the test unless the next message is want.
+func (n notifySocket) expect(t *testing.T, want string) {
+	t.Helper()
+	select {
+	case got := <-n.got:
+		assert.Equal(t, want, got)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no %q told to systemd", want)
+	}
+}
+
+// A socket systemd passed is a listener's by its name, or else by its
+// address; one that is neither is refused at start, naming it.
+func TestSystemdSocketsServeTheirKeys(t *testing.T) {
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = ":8080", "127.0.0.1:8081"
+	for addr, key := range map[string]string{
+		"127.0.0.1:8080": "", "[::]:8080": "listen", "0.0.0.0:8080": "listen",
+		"127.0.0.1:8081": "admin_listen", "0.0.0.0:8081": "", "127.0.0.1:9000": "",
+	} {
+		a, err := net.ResolveTCPAddr("tcp", addr)
+		require.NoError(t, err)
+		assert.Equal(t, key, keyOfAddress(cfg, a), addr)
+	}
+
+	if testing.Short() {
+		t.Skip("starts a router process")
+	}
+	stray, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer stray.Close()
+	f, err := stray.(*net.TCPListener).File()
+	require.NoError(t, err)
+	defer f.Close()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	cmd := systemdStart(self, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), asMain+"=1", "LISTEN_FDS=1", "LISTEN_FDNAMES=web.socket")
+	cmd.ExtraFiles = []*os.File{f}
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	assert.Equal(t, 1, exit.ExitCode())
+	assert.Contains(t, string(out), "socket web.socket from systemd ("+stray.Addr().String()+") is neither listen (127.0.0.1:0) nor admin_listen (127.0.0.1:0)")
 }
