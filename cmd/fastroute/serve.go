@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/cloudflare/tableflip"
 	"github.com/coreos/go-systemd/v22/daemon"
@@ -114,6 +115,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.StringVar(&cfg.Log.Access, "log-access", cfg.Log.Access, "access log: off, all, or errors (400 and above, or cut)")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "log format: text or json")
 	fs.StringVar(&cfg.PIDFile, "pid-file", cfg.PIDFile, "write the serving process's id to this file once it accepts requests (an upgrade's new process writes its own)")
+	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", cfg.ShutdownDelay, "after SIGTERM, go on serving this long with GET /health answering 503 (a load balancer takes the router out of rotation), then drain")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "drain bound on SIGTERM; streams still open then are cut")
 	fs.StringVar(&cfg.TLS.CertFile, "tls-cert-file", cfg.TLS.CertFile, "PEM certificate chain: clients speak TLS to the front end (with --tls-key-file)")
 	fs.StringVar(&cfg.TLS.KeyFile, "tls-key-file", cfg.TLS.KeyFile, "PEM private key of --tls-cert-file")
@@ -333,8 +335,9 @@ type upgrader interface {
 // (the file at its path now, a new build maybe) reads the config and
 // takes the listeners over, then this one drains as on SIGTERM; an
 // upgrade that fails leaves this one serving. On SIGINT or SIGTERM it
-// drains the router (up to shutdown_timeout); a second such signal exits
-// at once through exit.
+// withdraws the router for shutdown_delay (GET /health answers 503,
+// requests are served), then drains it (up to shutdown_timeout); a second
+// such signal exits at once through exit.
 func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exit func(int), upg upgrader) error {
 	upgraded := make(chan error, 1)
 	upgrading := false
@@ -357,6 +360,14 @@ func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exi
 			}
 			upg.Stop() // a new process not yet ready is killed
 			notify(daemon.SdNotifyStopping)
+			if d := r.CurrentConfig().ShutdownDelay; d > 0 {
+				r.Frontend.Withdraw()
+				log.Info("withdrawing: GET /health answers 503, requests are still served; draining after shutdown_delay; a second signal exits at once",
+					"signal", s.String(), "shutdown_delay", d)
+				if !await(d, sig, log, exit) {
+					return nil
+				}
+			}
 			log.Info("draining: open requests finish, new ones are refused; a second signal exits at once",
 				"signal", s.String(), "shutdown_timeout", r.CurrentConfig().ShutdownTimeout)
 			return drain(r, sig, log, exit)
@@ -373,6 +384,35 @@ func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exi
 	}
 }
 
+// await waits d, and reports true; a SIGINT or SIGTERM meanwhile exits at
+// once through exit (false).
+func await(d time.Duration, sig <-chan os.Signal, log *slog.Logger, exit func(int)) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return true
+		case s := <-sig:
+			if secondSignal(s, log, exit) {
+				return false
+			}
+		}
+	}
+}
+
+// secondSignal exits through exit on a SIGINT or SIGTERM that comes while
+// the router stops, and reports whether it did; other signals are ignored
+// then (no reload nor upgrade).
+func secondSignal(s os.Signal, log *slog.Logger, exit func(int)) bool {
+	if s != syscall.SIGINT && s != syscall.SIGTERM {
+		return false
+	}
+	log.Warn("second signal: exiting now", "signal", s.String())
+	exit(1)
+	return true
+}
+
 // drain closes the router, waiting for its open requests up to
 // shutdown_timeout; a SIGINT or SIGTERM meanwhile exits at once through
 // exit.
@@ -385,12 +425,9 @@ func drain(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exit func(i
 			log.Info("drained")
 			return err
 		case s := <-sig:
-			if s != syscall.SIGINT && s != syscall.SIGTERM {
-				continue // no reload nor upgrade while draining
+			if secondSignal(s, log, exit) {
+				return nil
 			}
-			log.Warn("second signal: exiting now", "signal", s.String())
-			exit(1)
-			return nil
 		}
 	}
 }

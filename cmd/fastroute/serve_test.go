@@ -62,6 +62,70 @@ func TestFirstSignalDrainsSecondExits(t *testing.T) {
 	}
 }
 
+// With shutdown_delay, SIGTERM first withdraws the router: GET /health
+// answers 503 while requests, on new connections too, are still served;
+// the drain closes the listener once the delay passed. A second signal
+// during the delay exits at once.
+func TestShutdownDelayWithdrawsTheRouterFirst(t *testing.T) {
+	m, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 1})
+	require.NoError(t, err)
+	defer m.Close()
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen, cfg.ShutdownDelay = "127.0.0.1:0", "127.0.0.1:0", 500*time.Millisecond
+	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: m.URL()}}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	status := func(r *router.Router, method, path string) (int, string, error) {
+		c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}} // a new connection each
+		req, _ := http.NewRequest(method, "http://"+r.Addr()+path, strings.NewReader(`{"messages":[]}`))
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), nil
+	}
+
+	r, err := router.Start(cfg, log)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { code, _, _ := status(r, "GET", "/health"); return code == 200 }, 5*time.Second, 10*time.Millisecond)
+	sig := make(chan os.Signal, 2)
+	returned := make(chan error, 1)
+	start := time.Now()
+	go func() { returned <- handleSignals(r, sig, log, func(int) { t.Error("no exit expected") }, noUpgrade{}) }()
+	sig <- syscall.SIGTERM
+	require.Eventually(t, func() bool { code, _, _ := status(r, "GET", "/health"); return code == 503 }, time.Second, 5*time.Millisecond)
+	_, body, _ := status(r, "GET", "/health")
+	assert.Contains(t, body, `"status":"shutting down"`)
+	code, _, err := status(r, "POST", "/v1/chat/completions")
+	require.NoError(t, err)
+	assert.Equal(t, 200, code, "requests are still served")
+	assert.Less(t, time.Since(start), 400*time.Millisecond, "within the delay")
+	select {
+	case err := <-returned:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the router did not drain after the delay")
+	}
+	assert.GreaterOrEqual(t, time.Since(start), 500*time.Millisecond)
+	_, _, err = status(r, "GET", "/health")
+	assert.Error(t, err, "drained: the listener is closed")
+
+	r, err = router.Start(cfg, log)
+	require.NoError(t, err)
+	defer r.Close()
+	exited := make(chan int, 1)
+	go func() { returned <- handleSignals(r, sig, log, func(code int) { exited <- code }, noUpgrade{}) }()
+	sig <- syscall.SIGTERM
+	sig <- syscall.SIGINT
+	select {
+	case code := <-exited:
+		assert.Equal(t, 1, code)
+	case <-time.After(300 * time.Millisecond):
+		t.Fatal("a second signal during the delay did not exit at once")
+	}
+}
+
 // noUpgrade is an upgrader whose upgrades fail.
 type noUpgrade struct{}
 

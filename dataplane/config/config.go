@@ -65,6 +65,12 @@ type Config struct {
 	APIKeys []apikeys.Entry `yaml:"-"`
 	// ShutdownTimeout bounds the drain on SIGTERM; streams still open then are cut.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// ShutdownDelay is how long the router goes on serving after SIGTERM,
+	// its GET /health answering 503 meanwhile, before the drain closes
+	// the listener: a load balancer (a Kubernetes Service's endpoints)
+	// takes it out of rotation meanwhile, and sends no connection to a
+	// closed port. 0: the drain begins at once.
+	ShutdownDelay time.Duration `yaml:"shutdown_delay"`
 	// PIDFile, when set, is where the serving process writes its process
 	// id once it accepts requests; an upgrade (SIGUSR2) has its new
 	// process write its own, so that a supervisor reading the file (as
@@ -642,6 +648,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		return keyErr("shutdown_timeout", "%v must be positive", c.ShutdownTimeout)
+	}
+	if c.ShutdownDelay < 0 {
+		return keyErr("shutdown_delay", "%v is negative", c.ShutdownDelay)
 	}
 	if c.Telemetry.Interval <= 0 {
 		return keyErr("telemetry.interval", "%v must be positive", c.Telemetry.Interval)

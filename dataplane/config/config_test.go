@@ -79,6 +79,7 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"workers: [{id: 1, url: 'https://10.0.0.1:8000/v1'}]", `has more than https://host:port`},
 		{"router: {retry_statuses: [503, 404]}", "key router.retry_statuses: 404 is not 408, 429 or 5xx"},
 		{"router: {queue: {size: 8, timeout: 0s}}", "key router.queue.timeout: 0s must be positive"},
+		{"shutdown_delay: -1s", "key shutdown_delay: -1s is negative"},
 		{"router: {session_affinity: {mode: sticky}}", "key router.session_affinity.mode"},
 		{"telemetry: {interval: 0s}", "key telemetry.interval"},
 		{"health: {path: health}", "key health.path"},

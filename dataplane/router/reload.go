@@ -147,6 +147,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.APIKeys.Set(cfg.APIKeys)
 		applied = append(applied, fmt.Sprintf("api_keys_file=%q (%d keys)", cfg.APIKeysFile, len(cfg.APIKeys)))
 	}
+	if cfg.ShutdownDelay != old.ShutdownDelay {
+		applied = append(applied, fmt.Sprintf("shutdown_delay=%v", cfg.ShutdownDelay))
+	}
 	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
 	reread := cert.cur.Load()
 	if reread != nil {
@@ -170,7 +173,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if prefixesApply {
 		next.Router.PrefixAffinity = cfg.Router.PrefixAffinity
 	}
-	next.Workers = cfg.Workers
+	next.Workers, next.ShutdownDelay = cfg.Workers, cfg.ShutdownDelay
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
 	next.ModelAliases, next.ModelMirrors = cfg.ModelAliases, cfg.ModelMirrors
 	if reread != nil {

@@ -38,13 +38,15 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	next.Limits.MaxBodyBytes = 1 << 20
 	next.Router.Queue.Size, next.Router.RetryStatuses = 8, []int{503}
 	next.Router.PrefixAffinity.Enabled = true
+	next.ShutdownDelay, next.PIDFile = 5*time.Second, "/run/fastroute.pid"
 	code, body := adminDo(t, f, "POST", "/config/reload", "", "s3cret")
 	require.Equal(t, http.StatusOK, code, body)
 	var answer struct{ Applied, NeedRestart []string }
 	require.NoError(t, json.Unmarshal([]byte(strings.ReplaceAll(body, "need_restart", "NeedRestart")), &answer))
 	assert.Equal(t, []string{"router.mode=least-loaded router.busy_threshold=64 router.cpu_ratio=8", "router.retries=1",
-		"worker 1 removed (draining)", "worker 2 replaced", "worker 3 added"}, answer.Applied)
-	assert.Equal(t, []string{"limits", "router.prefix_affinity", "router.queue", "router.retry_statuses"}, answer.NeedRestart)
+		"shutdown_delay=5s", "worker 1 removed (draining)", "worker 2 replaced", "worker 3 added"}, answer.Applied)
+	assert.Equal(t, []string{"limits", "pid_file", "router.prefix_affinity", "router.queue", "router.retry_statuses"}, answer.NeedRestart)
+	assert.Equal(t, 5*time.Second, f.r.CurrentConfig().ShutdownDelay)
 	assert.Contains(t, logs.String(), `msg="config reloaded"`)
 
 	seen := map[string]int{}

@@ -136,6 +136,7 @@ type Server struct {
 	upCloses   *hangup.Watcher[trackedConn]        // workers' closes of their connections (trackedConn.watchCloses); nil: none watched
 	takeovers  atomic.Int64                        // client connections taken over from fasthttp (takeOver), until closed or served by it again
 	closing    atomic.Bool                         // Shutdown began: a taken-over connection's answer is its last (keepAfter)
+	withdrawn  atomic.Bool                         // GET /health answers 503 (Withdraw)
 	srv        *fasthttp.Server
 	gate       atomic.Pointer[gate] // the listener's, once Serve began
 	fullSaid   atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
@@ -312,6 +313,11 @@ func (s *Server) acceptShort(err error, pause time.Duration) {
 			"err", err, "open_connections", s.OpenConnections())
 	}
 }
+
+// Withdraw has GET /health answer 503 from now on, while every other
+// request is served as before: a load balancer that probes it takes the
+// router out of rotation before it drains (shutdown_delay).
+func (s *Server) Withdraw() { s.withdrawn.Store(true) }
 
 // drainLinger is how long a drain (Shutdown) leaves a connection that
 // waits in the gate for a request: one accepted before the listener
@@ -787,7 +793,10 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 	n := s.reg.Snapshot().Len()
 	status := fasthttp.StatusOK
 	state := "ok"
-	if n == 0 {
+	switch {
+	case s.withdrawn.Load():
+		status, state = fasthttp.StatusServiceUnavailable, "shutting down"
+	case n == 0:
 		status, state = fasthttp.StatusServiceUnavailable, "no routable workers"
 	}
 	writeJSON(ctx, status, map[string]any{"status": state, "routable_workers": n})
