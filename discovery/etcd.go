@@ -80,25 +80,35 @@ func client(o Options) (*clientv3.Client, error) {
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: reconnectMax},
 			MinConnectTimeout: o.DialTimeout,
 		})}}
-	if o.CertFile != "" || o.KeyFile != "" || o.CAFile != "" {
-		t := &tls.Config{MinVersion: tls.VersionTLS12}
-		if o.CertFile != "" {
-			cert, err := tlsfiles.Pair("discovery.etcd.cert_file", o.CertFile, o.KeyFile)
-			if err != nil {
-				return nil, err
-			}
-			t.Certificates = []tls.Certificate{*cert}
-		}
-		if o.CAFile != "" {
-			roots, err := tlsfiles.Roots("discovery.etcd.ca_file", o.CAFile)
-			if err != nil {
-				return nil, err
-			}
-			t.RootCAs = roots
-		}
-		cfg.TLS = t
+	var err error
+	if cfg.TLS, err = TLSConfig(o); err != nil {
+		return nil, err
 	}
 	return clientv3.New(cfg)
+}
+
+// TLSConfig is the TLS configuration of the connections to etcd, from
+// o's files (their errors name their keys); nil when o names none.
+func TLSConfig(o Options) (*tls.Config, error) {
+	if o.CertFile == "" && o.KeyFile == "" && o.CAFile == "" {
+		return nil, nil
+	}
+	t := &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.CertFile != "" {
+		cert, err := tlsfiles.Pair("discovery.etcd.cert_file", o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, err
+		}
+		t.Certificates = []tls.Certificate{*cert}
+	}
+	if o.CAFile != "" {
+		roots, err := tlsfiles.Roots("discovery.etcd.ca_file", o.CAFile)
+		if err != nil {
+			return nil, err
+		}
+		t.RootCAs = roots
+	}
+	return t, nil
 }
 
 // Target is what discovery changes: the router's workers.

@@ -16,6 +16,8 @@ const usage = `usage: fastroute <command> [flags]
 commands:
   serve       run the router (--config FILE, flags override the file;
               SIGHUP reloads, SIGUSR2 upgrades, SIGTERM drains)
+  check       read the config as serve would (files, certificates) and start nothing
+              (--print: the config that would run, secrets redacted)
   register    keep a worker's key alive on etcd for discovering routers (--etcd, --id, --url)
   mockworker  run an OpenAI-compatible fake worker (--etcd: registered on etcd)
   demo        run 3 mock workers and the router, send real requests, print the split
@@ -36,6 +38,8 @@ func main() {
 	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
 	case "serve":
 		err = runServe(args)
+	case "check":
+		err = runCheck(args, os.Stdout)
 	case "register":
 		err = runRegister(args)
 	case "mockworker":

@@ -3,10 +3,12 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -317,6 +319,33 @@ func runServe(args []string) error {
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR2)
 	return handleSignals(r, sig, log, os.Exit, upg)
+}
+
+// runCheck reads the config of serve's flags (--config and the others) as
+// serve would, files and certificates included, and starts nothing (as
+// nginx -t): before a reload or an upgrade, say. It writes a line saying
+// what would run to out, and with --print the config itself, secrets
+// redacted.
+func runCheck(args []string, out io.Writer) error {
+	show := slices.Contains(args, "--print") || slices.Contains(args, "-print")
+	args = slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--print" || a == "-print" })
+	cfg, err := loadServeConfig(args)
+	if err != nil {
+		return err
+	}
+	if cfg, err = router.Check(cfg); err != nil {
+		return err
+	}
+	if show {
+		text, err := cfg.RedactedYAML()
+		if err != nil {
+			return err
+		}
+		_, _ = out.Write(text)
+	}
+	_, err = fmt.Fprintf(out, "config ok: listen %s, admin_listen %s, mode %s, %d workers\n",
+		cfg.Listen, cfg.AdminListen, cfg.Router.Mode, len(cfg.Workers))
+	return err
 }
 
 // upgrader starts a new process of the router's executable on the

@@ -126,6 +126,45 @@ func TestShutdownDelayWithdrawsTheRouterFirst(t *testing.T) {
 	}
 }
 
+// check reads the config as serve would, files and certificates included,
+// and says what would run (with --print, the config, secrets redacted);
+// each file it cannot read is an error naming its key.
+func TestCheckReadsTheConfigAsServeWould(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, text string) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, []byte(text), 0o600))
+		return path
+	}
+	token := file("token", "s3cret-admin\n")
+	keys := file("keys", "alice sk-alice-0123456789abcdef\n")
+	conf := file("ok.yaml", fmt.Sprintf("admin_token_file: %s\napi_keys_file: %s\nworkers:\n  - {id: 1, url: 'http://10.0.0.1:8000'}\n", token, keys))
+	var out strings.Builder
+	require.NoError(t, runCheck([]string{"--config", conf, "--print", "--mode", "round-robin"}, &out))
+	assert.Contains(t, out.String(), "config ok: listen 127.0.0.1:8000, admin_listen 127.0.0.1:9090, mode round-robin, 1 workers\n")
+	assert.Contains(t, out.String(), "admin_token: <redacted>")
+	assert.NotContains(t, out.String(), "s3cret-admin")
+	assert.NotContains(t, out.String(), "sk-alice")
+	out.Reset()
+	require.NoError(t, runCheck([]string{"--config", conf}, &out))
+	assert.NotContains(t, out.String(), "admin_token", "the config only with --print")
+
+	notPEM := file("not.pem", "hello\n")
+	for name, tc := range map[string]struct{ yaml, err string }{
+		"api keys file":    {"api_keys_file: " + filepath.Join(dir, "none"), "api_keys_file"},
+		"front end pair":   {"tls: {cert_file: " + notPEM + ", key_file: " + notPEM + "}", "key tls"},
+		"workers' CA file": {"worker_tls: {ca_file: " + notPEM + "}", "key worker_tls.ca_file"},
+		"etcd's CA file":   {"discovery: {etcd: {endpoints: ['127.0.0.1:2379'], ca_file: " + filepath.Join(dir, "none") + "}}", "discovery.etcd.ca_file"},
+		"a bad key":        {"router: {mode: fastest}", "key router.mode"},
+	} {
+		err := runCheck([]string{"--config", file(strings.ReplaceAll(name, " ", "-")+".yaml", tc.yaml)}, &out)
+		require.Error(t, err, name)
+		assert.Contains(t, err.Error(), tc.err, name)
+		assert.NotContains(t, err.Error(), "hello", "%s: a file's content is never quoted", name)
+	}
+	assert.Error(t, runCheck([]string{"--no-such-flag"}, &out))
+}
+
 // noUpgrade is an upgrader whose upgrades fail.
 type noUpgrade struct{}
 

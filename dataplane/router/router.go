@@ -95,15 +95,42 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 // queued on it.
 type Listen func(key, address string) (net.Listener, error)
 
+// Check reads cfg as Start would, and starts nothing: it validates it,
+// reads the files its secrets and clients' API keys are in, and loads its
+// TLS certificates and CA files (the front end's, the workers', etcd's).
+// It returns cfg with the secrets read.
+func Check(cfg config.Config) (config.Config, error) {
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	if err := cfg.ResolveSecrets(os.Getenv); err != nil {
+		return cfg, err
+	}
+	var c certificate
+	if cfg.TLS.On() {
+		if err := c.load(cfg.TLS); err != nil {
+			return cfg, err
+		}
+	}
+	if _, err := readClientCertificate(cfg.WorkerTLS); err != nil {
+		return cfg, err
+	}
+	if _, err := c.workerConfig(cfg.WorkerTLS); err != nil {
+		return cfg, err
+	}
+	if _, err := discovery.TLSConfig(etcdOptions(cfg.Discovery.Etcd, nil)); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
 // StartWith is Start with the listeners opened by listen.
 func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if err := cfg.ResolveSecrets(os.Getenv); err != nil {
+	cfg, err := Check(cfg)
+	if err != nil {
 		return nil, err
 	}
 	reg := dataplane.NewRegistry()
