@@ -271,8 +271,10 @@ func startMock(bin string, id int, flags []string) (string, func(), error) {
 }
 
 func startFastroute(bin, _ string, workers []string) (string, *exec.Cmd, error) {
-	// least-loaded against nginx's least_conn and HAProxy's leastconn.
-	return startServe(bin, workers, "--mode", "least-loaded", "--busy-threshold", "0", "--telemetry-nvml=false", "--telemetry-cpu=false")
+	// least-loaded against nginx's least_conn and HAProxy's leastconn;
+	// client connections as long-lived as nginx's (keepalive_requests).
+	return startServe(bin, workers, "--mode", "least-loaded", "--busy-threshold", "0", "--telemetry-nvml=false", "--telemetry-cpu=false",
+		"--max-requests-per-connection", "1000000")
 }
 
 // startServe starts `fastroute serve` with the extra flags in front of

@@ -211,6 +211,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.Var(&cfg.Limits.MaxBodyBytes, "max-body-bytes", "request body limit, e.g. 16MiB (413 above)")
 	fs.Var(&cfg.Limits.AnswerBufferBytes, "answer-buffer-bytes", "largest non-streamed answer read whole before it is sent, e.g. 1MiB (larger ones pass through as they come)")
 	fs.IntVar(&cfg.Limits.MaxConnections, "max-connections", cfg.Limits.MaxConnections, "client connections open at once; beyond, new ones wait in the listen queue (0: half the open-files limit less 128)")
+	fs.IntVar(&cfg.Limits.MaxRequestsPerConnection, "max-requests-per-connection", cfg.Limits.MaxRequestsPerConnection, "requests a client connection carries before its answer closes it, so kept-alive clients spread again over replicas (0: no limit)")
 	fs.Var(&cfg.Limits.MaxHeaderBytes, "max-header-bytes", "request line and headers limit, e.g. 64KiB (431 above)")
 	fs.DurationVar(&cfg.Limits.ReadTimeout, "read-timeout", cfg.Limits.ReadTimeout, "client request read timeout")
 	fs.DurationVar(&cfg.Limits.WriteTimeout, "write-timeout", cfg.Limits.WriteTimeout, "client response write timeout")

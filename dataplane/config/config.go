@@ -378,6 +378,12 @@ type Limits struct {
 	// new ones wait in the listen queue until one closes (0: half the
 	// open-files limit less 128, frontend.DefaultMaxConnections).
 	MaxConnections int `yaml:"max_connections"`
+	// MaxRequestsPerConnection is how many requests a client connection
+	// carries: the last one's answer closes it (Connection: close), so that
+	// kept-alive clients behind a layer-4 balancer spread again over the
+	// router replicas, a new one included (nginx's keepalive_requests,
+	// Envoy's max_requests_per_connection). 0: no limit.
+	MaxRequestsPerConnection int `yaml:"max_requests_per_connection"`
 }
 
 // Default returns the configuration of DESIGN.md with no workers.
@@ -406,6 +412,7 @@ func Default() Config {
 			MaxBodyBytes: 16 << 20, MaxHeaderBytes: 64 << 10, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
 			IdleTimeout: 2 * time.Minute, ConnectTimeout: 2 * time.Second,
 			FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 5 * time.Minute, AnswerBufferBytes: frontend.DefaultAnswerBufferBytes,
+			MaxRequestsPerConnection: 1000,
 		},
 	}
 }
@@ -681,6 +688,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.MaxConnections < 0 {
 		return keyErr("limits.max_connections", "%d is negative (0: half the open-files limit less 128)", c.Limits.MaxConnections)
+	}
+	if c.Limits.MaxRequestsPerConnection < 0 {
+		return keyErr("limits.max_requests_per_connection", "%d is negative (0: no limit)", c.Limits.MaxRequestsPerConnection)
 	}
 	if c.Limits.AnswerBufferBytes < 4<<10 {
 		return keyErr("limits.answer_buffer_bytes", "%d is under 4KiB", c.Limits.AnswerBufferBytes)

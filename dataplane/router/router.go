@@ -183,7 +183,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
 		FirstByteTimeout: cfg.Limits.FirstByteTimeout, StreamIdleTimeout: cfg.Limits.StreamIdleTimeout,
 		AnswerBufferBytes: int(cfg.Limits.AnswerBufferBytes), MaxConnections: cfg.Limits.MaxConnections, Logger: log,
-		Routes: cfg.Routes, CORSOrigins: cfg.CORSAllowedOrigins, Disagg: disaggOptions(cfg.Router.Disaggregation),
+		MaxRequestsPerConnection: cfg.Limits.MaxRequestsPerConnection,
+		Routes:                   cfg.Routes, CORSOrigins: cfg.CORSAllowedOrigins, Disagg: disaggOptions(cfg.Router.Disaggregation),
 		QueueSize: cfg.Router.Queue.Size, QueueTimeout: cfg.Router.Queue.Timeout, RetryStatuses: cfg.Router.RetryStatuses,
 		APIKeys: &r.APIKeys, WorkerAPIKey: cfg.WorkerAPIKey,
 	}

@@ -49,7 +49,14 @@ type clientConn struct {
 	probed  bool            // a read of nothing came (pipelined)
 	sock    syscall.RawConn // the socket, for the hang-up watcher (a TLS connection's too); nil: none
 	linger  atomic.Bool     // its next Close lingers (lingerOnClose)
+	// The requests it carried, this one included (Server.serve counts
+	// them; a connection serves one request at a time).
+	requests int
 }
+
+// spent says the connection carried max requests (0: no limit), so the
+// answer to the one it carries now is its last.
+func (c *clientConn) spent(max int) bool { return max > 0 && c.requests >= max }
 
 // lingerTime bounds a lingering close (lingerOnClose).
 const lingerTime = 2 * time.Second

@@ -59,7 +59,10 @@ type Options struct {
 	// DefaultMaxConnections()): beyond, new ones wait in the listen queue
 	// until one closes.
 	MaxConnections int
-	Logger         *slog.Logger
+	// MaxRequestsPerConnection is how many requests a client connection
+	// carries before its answer closes it (0: no limit).
+	MaxRequestsPerConnection int
+	Logger                   *slog.Logger
 	// Routes are extra paths proxied like the OpenAI ones (beyond every
 	// POST under /v1/ and the engines' own routes).
 	Routes []string
@@ -453,13 +456,14 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	cc, _ := ctx.Conn().(*clientConn)
 	if cc != nil {
 		_ = cc.flushHeld() // a failed write fails this answer's too
+		cc.requests++
 	}
 	s.Handle(ctx)
 	if ctx.Hijacked() {
 		return // the answer is sent from the take-over (runTaken, beginStream)
 	}
 	s.markCORS(ctx)
-	if s.closing.Load() {
+	if s.closing.Load() || (cc != nil && cc.spent(s.opts.MaxRequestsPerConnection)) {
 		closeAfter(&ctx.Response.Header)
 	}
 	if cc != nil && s.keepsAlive(ctx) {

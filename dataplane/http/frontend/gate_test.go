@@ -302,3 +302,52 @@ func TestADrainServesTheRequestsOnTheirWay(t *testing.T) {
 	w, _ := reg.Get(1)
 	assert.Zero(t, w.Occupancy())
 }
+
+// A client connection carries limits.max_requests_per_connection
+// requests: the last one's answer says Connection: close and the
+// connection closes after it, whether fasthttp served its answer or a
+// stream was taken over for it (its head says so then); the ones before
+// keep it alive.
+func TestAConnectionCarriesMaxRequests(t *testing.T) {
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n0\r\n\r\n"
+	const plain = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
+	addr := rawServer(t, func(c net.Conn, req *http.Request) bool {
+		answer := plain
+		if req.Header.Get("X-Want") == "sse" {
+			answer = sse
+		}
+		_, err := io.WriteString(c, answer)
+		return err == nil
+	})
+	reg, _, url := serveOne(t, addr, Options{MaxRequestsPerConnection: 3}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	plainRequest := func() string {
+		body := `{"model":"m","messages":[]}`
+		return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	}
+	for _, last := range []string{"plain", "stream"} {
+		c, err := net.Dial("tcp", front)
+		require.NoError(t, err)
+		defer c.Close()
+		br := bufio.NewReader(c)
+		requests := []string{streamRequest("HTTP/1.1", "X-Want: sse\r\n"), plainRequest(), plainRequest()}
+		if last == "stream" {
+			requests = []string{plainRequest(), plainRequest(), streamRequest("HTTP/1.1", "X-Want: sse\r\n")}
+		}
+		for i, req := range requests {
+			_, err := io.WriteString(c, req)
+			require.NoError(t, err)
+			resp, err := http.ReadResponse(br, nil)
+			require.NoError(t, err, "%s: request %d", last, i+1)
+			_, err = io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, i == 2, resp.Close, "%s: request %d closes the connection", last, i+1)
+		}
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+		_, err = br.ReadByte()
+		assert.ErrorIs(t, err, io.EOF, last)
+	}
+	w, _ := reg.Get(1)
+	assert.Zero(t, w.Occupancy())
+}

@@ -97,10 +97,11 @@ func (ex *exchange) sendStream(c, conn net.Conn, keep, framed bool) {
 // keepAfter says whether the connection c taken over for ctx's request
 // may serve the next one: an HTTP/1.1 client that did not ask to close,
 // and sent nothing yet past this request (pipelined), while the server
-// runs, on a connection that came through the gate (Serve).
+// runs, on a connection that came through the gate (Serve) and has not
+// carried limits.max_requests_per_connection requests.
 func (s *Server) keepAfter(ctx *fasthttp.RequestCtx, c net.Conn) bool {
 	cc, _ := ctx.Conn().(*clientConn)
-	return cc != nil && cc.gate != nil && !cc.pipelined(c) && s.keepsAlive(ctx)
+	return cc != nil && cc.gate != nil && !cc.spent(s.opts.MaxRequestsPerConnection) && !cc.pipelined(c) && s.keepsAlive(ctx)
 }
 
 // keepsAlive says the answer to ctx's request leaves its connection open
