@@ -409,6 +409,7 @@ func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exi
 			}
 			log.Info("upgraded: the new process serves; this one drains its open requests and exits",
 				"shutdown_timeout", r.CurrentConfig().ShutdownTimeout)
+			r.HandOverAdmin()
 			return drain(r, sig, log, exit)
 		}
 	}

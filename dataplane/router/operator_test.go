@@ -2,6 +2,7 @@ package router
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -461,4 +462,22 @@ func TestWriteTimeoutBoundsEachWriteNotTheStream(t *testing.T) {
 	_, err = stream(4 * time.Second)
 	assert.Error(t, err, "a client that took nothing for longer than write_timeout was cut")
 	f.assertIdle()
+}
+
+// An upgrade's old process hands the admin listener over: it accepts no
+// admin connection more, while its front end serves on, and its Close
+// (the drain) still succeeds.
+func TestHandOverAdminStopsAcceptingAdminConnections(t *testing.T) {
+	f := startFleet(t, mocks(1, 4, 0), nil)
+	code, _ := adminDo(t, f, "GET", "/workers", "", "")
+	require.Equal(t, http.StatusOK, code)
+	f.r.HandOverAdmin()
+	require.Eventually(t, func() bool {
+		_, err := net.DialTimeout("tcp", f.r.AdminAddr(), time.Second)
+		return errors.Is(err, syscall.ECONNREFUSED)
+	}, 5*time.Second, 10*time.Millisecond, "the admin listener is closed")
+	resp := f.post("/v1/chat/completions", chatBody)
+	readAll(t, resp)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "the front end serves on")
+	assert.NoError(t, f.r.Close())
 }

@@ -321,6 +321,15 @@ func (r *Router) Addr() string { return r.ln.Addr().String() }
 // AdminAddr returns the admin listener's address.
 func (r *Router) AdminAddr() string { return r.adminLn.Addr().String() }
 
+// HandOverAdmin stops accepting admin connections and closes the idle
+// ones, leaving open admin requests to finish: an upgrade's old process so
+// leaves the admin listener, whose socket the new process holds too, to
+// the new one while it drains (its metrics, reloads and worker drains
+// would otherwise land on either process by turns).
+func (r *Router) HandOverAdmin() {
+	go func() { _ = r.admin.Shutdown(context.Background()) }()
+}
+
 // spanFlushTimeout bounds the export of the spans still queued at Close.
 const spanFlushTimeout = 5 * time.Second
 
