@@ -275,6 +275,11 @@ func runServe(args []string) error {
 	} else {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
+	// Signals are caught from the start: one that comes while the router
+	// starts is handled once it serves (SIGHUP's default would end the
+	// process, and systemd may send it as soon as READY=1 is told).
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR2)
 	// The listeners come from the process this one upgrades, if any
 	// (SIGUSR2 there started this one), with the connections queued on
 	// them; that process drains once this one is ready.
@@ -317,8 +322,6 @@ func runServe(args []string) error {
 	if upg.HasParent() {
 		log.Info("took the listeners over from the process before this one, which drains its open requests and exits")
 	}
-	sig := make(chan os.Signal, 2)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR2)
 	return handleSignals(r, sig, log, os.Exit, upg)
 }
 
@@ -376,7 +379,9 @@ func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exi
 		case s := <-sig:
 			switch s {
 			case syscall.SIGHUP:
+				notifyReloading()
 				_, _, _ = r.ReloadFromSource() // the router logs what it applied or why it refused
+				notifyReady()
 				continue
 			case syscall.SIGUSR2:
 				if upgrading {

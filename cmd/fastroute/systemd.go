@@ -10,6 +10,7 @@ import (
 	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"golang.org/x/sys/unix"
 )
 
 // systemdListeners returns the sockets systemd passed the process (socket
@@ -87,6 +88,15 @@ func unspecified(ip net.IP) bool { return ip == nil || ip.IsUnspecified() }
 // the process with Type=notify (NOTIFY_SOCKET); a message it cannot send
 // is no failure of the router's.
 func notify(state string) { _, _ = daemon.SdNotify(false, state) }
+
+// notifyReloading says a reload begins, with the monotonic clock's
+// reading in microseconds (systemd's Type=notify-reload wants both); the
+// reload's end is a READY=1 (notifyReady).
+func notifyReloading() {
+	var now unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &now)
+	notify(daemon.SdNotifyReloading + "\nMONOTONIC_USEC=" + strconv.FormatInt(now.Nano()/1000, 10))
+}
 
 // notifyReady says the process serves, and that it is the service's main
 // process: an upgrade's new process so takes over from the old one

@@ -232,6 +232,11 @@ func TestAnUpgradeHandsTheListenersToANewProcessWithoutAFailedRequest(t *testing
 	addr := log.matches(started)[0][1]
 	require.Equal(t, front.Addr().String(), addr, "the front end serves the socket systemd passed")
 	notes.expect(t, fmt.Sprintf("READY=1\nMAINPID=%d", old.Process.Pid))
+	// A reload (systemd's Type=notify-reload sends SIGHUP) says it begins
+	// and ends.
+	require.NoError(t, old.Process.Signal(syscall.SIGHUP))
+	notes.expectMatch(t, `^RELOADING=1\nMONOTONIC_USEC=[1-9][0-9]*$`)
+	notes.expect(t, fmt.Sprintf("READY=1\nMAINPID=%d", old.Process.Pid))
 	readPID := func() int {
 		b, _ := os.ReadFile(pidFile)
 		pid, _ := strconv.Atoi(string(b))
@@ -332,6 +337,17 @@ func (n notifySocket) expect(t *testing.T, want string) {
 		assert.Equal(t, want, got)
 	case <-time.After(10 * time.Second):
 		t.Fatalf("no %q told to systemd", want)
+	}
+}
+
+// expectMatch fails the test unless the next message matches re.
+func (n notifySocket) expectMatch(t *testing.T, re string) {
+	t.Helper()
+	select {
+	case got := <-n.got:
+		assert.Regexp(t, re, got)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("nothing matching %q told to systemd", re)
 	}
 }
 
