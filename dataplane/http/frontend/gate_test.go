@@ -225,16 +225,7 @@ func TestMaxConnectionsHoldsTheNextInTheListenQueue(t *testing.T) {
 // client opens next). One that sends nothing is closed once drainLinger
 // passed, and occupancy returns to 0.
 func TestADrainServesTheRequestsOnTheirWay(t *testing.T) {
-	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n0\r\n\r\n"
-	const plain = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
-	addr := rawServer(t, func(c net.Conn, req *http.Request) bool {
-		answer := plain
-		if req.Header.Get("X-Want") == "sse" {
-			answer = sse
-		}
-		_, err := io.WriteString(c, answer)
-		return err == nil
-	})
+	addr := streamOrPlainWorker(t)
 	reg, s, url := serveOne(t, addr, Options{}, nil)
 	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
 	type client struct {
@@ -246,8 +237,7 @@ func TestADrainServesTheRequestsOnTheirWay(t *testing.T) {
 	send := func(cl *client) *http.Response {
 		req := streamRequest("HTTP/1.1", "X-Want: sse\r\n")
 		if !cl.stream {
-			body := `{"model":"m","messages":[]}`
-			req = fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			req = plainRequest()
 		}
 		_, err := io.WriteString(cl.c, req)
 		require.NoError(t, err, cl.name)
@@ -309,22 +299,9 @@ func TestADrainServesTheRequestsOnTheirWay(t *testing.T) {
 // stream was taken over for it (its head says so then); the ones before
 // keep it alive.
 func TestAConnectionCarriesMaxRequests(t *testing.T) {
-	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n0\r\n\r\n"
-	const plain = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
-	addr := rawServer(t, func(c net.Conn, req *http.Request) bool {
-		answer := plain
-		if req.Header.Get("X-Want") == "sse" {
-			answer = sse
-		}
-		_, err := io.WriteString(c, answer)
-		return err == nil
-	})
+	addr := streamOrPlainWorker(t)
 	reg, _, url := serveOne(t, addr, Options{MaxRequestsPerConnection: 3}, nil)
 	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
-	plainRequest := func() string {
-		body := `{"model":"m","messages":[]}`
-		return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	}
 	for _, last := range []string{"plain", "stream"} {
 		c, err := net.Dial("tcp", front)
 		require.NoError(t, err)
@@ -350,4 +327,26 @@ func TestAConnectionCarriesMaxRequests(t *testing.T) {
 	}
 	w, _ := reg.Get(1)
 	assert.Zero(t, w.Occupancy())
+}
+
+// streamOrPlainWorker is a worker on loopback that answers a stream of one
+// event to a request with "X-Want: sse" (streamRequest's extra header) and
+// a JSON body of {"ok":true} to any other; it returns its address.
+func streamOrPlainWorker(t *testing.T) string {
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n0\r\n\r\n"
+	const plain = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
+	return rawServer(t, func(c net.Conn, req *http.Request) bool {
+		answer := plain
+		if req.Header.Get("X-Want") == "sse" {
+			answer = sse
+		}
+		_, err := io.WriteString(c, answer)
+		return err == nil
+	})
+}
+
+// plainRequest is a non-streaming chat request, as a client writes it.
+func plainRequest() string {
+	body := `{"model":"m","messages":[]}`
+	return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 }
