@@ -331,9 +331,9 @@ func runServe(args []string) error {
 // what would run to out, and with --print the config itself, secrets
 // redacted.
 func runCheck(args []string, out io.Writer) error {
-	show := slices.Contains(args, "--print") || slices.Contains(args, "-print")
-	args = slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--print" || a == "-print" })
-	cfg, err := loadServeConfig(args)
+	serveArgs := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--print" || a == "-print" })
+	show := len(serveArgs) < len(args)
+	cfg, err := loadServeConfig(serveArgs)
 	if err != nil {
 		return err
 	}

@@ -231,12 +231,12 @@ func TestAnUpgradeHandsTheListenersToANewProcessWithoutAFailedRequest(t *testing
 	require.Eventually(t, func() bool { return len(log.matches(started)) == 1 }, 10*time.Second, 10*time.Millisecond)
 	addr := log.matches(started)[0][1]
 	require.Equal(t, front.Addr().String(), addr, "the front end serves the socket systemd passed")
-	notes.expect(t, fmt.Sprintf("READY=1\nMAINPID=%d", old.Process.Pid))
+	assert.Equal(t, fmt.Sprintf("READY=1\nMAINPID=%d", old.Process.Pid), notes.next(t))
 	// A reload (systemd's Type=notify-reload sends SIGHUP) says it begins
 	// and ends.
 	require.NoError(t, old.Process.Signal(syscall.SIGHUP))
-	notes.expectMatch(t, `^RELOADING=1\nMONOTONIC_USEC=[1-9][0-9]*$`)
-	notes.expect(t, fmt.Sprintf("READY=1\nMAINPID=%d", old.Process.Pid))
+	assert.Regexp(t, `^RELOADING=1\nMONOTONIC_USEC=[1-9][0-9]*$`, notes.next(t))
+	assert.Equal(t, fmt.Sprintf("READY=1\nMAINPID=%d", old.Process.Pid), notes.next(t))
 	readPID := func() int {
 		b, _ := os.ReadFile(pidFile)
 		pid, _ := strconv.Atoi(string(b))
@@ -279,7 +279,8 @@ func TestAnUpgradeHandsTheListenersToANewProcessWithoutAFailedRequest(t *testing
 	assert.Equal(t, addr, both[1][1], "the new process serves the same listener")
 	assert.Equal(t, "round-robin", both[1][3], "the new process read the config anew")
 
-	notes.expect(t, fmt.Sprintf("READY=1\nMAINPID=%d", newPID)) // and the old one's drain said nothing: the service runs on
+	// And the old one's drain said nothing: the service runs on.
+	assert.Equal(t, fmt.Sprintf("READY=1\nMAINPID=%d", newPID), notes.next(t))
 	servedBefore := l.served.Load()
 	time.Sleep(300 * time.Millisecond)
 	served, failedN, errs := l.end()
@@ -296,7 +297,7 @@ func TestAnUpgradeHandsTheListenersToANewProcessWithoutAFailedRequest(t *testing
 	resp.Body.Close()
 	assert.Equal(t, 2, strings.Count(string(b), `"occupancy":0`), "%s", b)
 	require.NoError(t, syscall.Kill(newPID, syscall.SIGTERM))
-	notes.expect(t, "STOPPING=1")
+	assert.Equal(t, "STOPPING=1", notes.next(t))
 	require.Eventually(t, func() bool { return !alive(newPID) }, 10*time.Second, 20*time.Millisecond)
 }
 
@@ -329,25 +330,16 @@ func listenNotify(t *testing.T, path string) notifySocket {
 	return n
 }
 
-// expect fails the test unless the next message is want.
-func (n notifySocket) expect(t *testing.T, want string) {
+// next returns the next message told to systemd, failing the test when
+// none comes within 10 s.
+func (n notifySocket) next(t *testing.T) string {
 	t.Helper()
 	select {
 	case got := <-n.got:
-		assert.Equal(t, want, got)
+		return got
 	case <-time.After(10 * time.Second):
-		t.Fatalf("no %q told to systemd", want)
-	}
-}
-
-// expectMatch fails the test unless the next message matches re.
-func (n notifySocket) expectMatch(t *testing.T, re string) {
-	t.Helper()
-	select {
-	case got := <-n.got:
-		assert.Regexp(t, re, got)
-	case <-time.After(10 * time.Second):
-		t.Fatalf("nothing matching %q told to systemd", re)
+		t.Fatal("nothing told to systemd within 10 s")
+		return ""
 	}
 }
 
