@@ -164,6 +164,9 @@ func (ex *exchange) pick() error {
 // embeddings routes require), or a form's model field.
 func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 	h := &ctx.Request.Header
+	if k := spacedFieldName(h.RawHeaders()); k != nil {
+		return false, fmt.Errorf("header field name %q holds a space; a field name is a token (RFC 9110 section 5.1)", k)
+	}
 	if v := h.Peek(headerWorkerID); len(v) > 0 {
 		id, err := fasthttp.ParseUint(v)
 		if err != nil || id == 0 {

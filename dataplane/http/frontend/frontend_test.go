@@ -1407,6 +1407,82 @@ func TestARequestCutShortReachesNoWorker(t *testing.T) {
 	assert.Zero(t, w.Occupancy())
 }
 
+// A request with a space in a field name ("X Id: 1", which fasthttp takes)
+// is answered 400 naming it and reaches no worker; the same request with
+// a token for a name passes, on the same connection.
+func TestAFieldNameWithASpaceIsRefused(t *testing.T) {
+	var got atomic.Int32
+	addr := rawServer(t, func(c net.Conn, _ *http.Request) bool {
+		got.Add(1)
+		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+		return err == nil
+	})
+	reg, _, url := serveOne(t, addr, Options{}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	c, err := net.Dial("tcp", front)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	br := bufio.NewReader(c)
+	body := `{"model":"m","messages":[]}`
+	for _, tc := range []struct {
+		name   string
+		status int
+		served int32
+	}{
+		{"X Id", http.StatusBadRequest, 0},
+		{"X-Id", http.StatusOK, 1},
+	} {
+		_, err = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%s: 1\r\nContent-Length: %d\r\n\r\n%s", tc.name, len(body), body)
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err, tc.name)
+		answer, _ := io.ReadAll(resp.Body)
+		assert.Equal(t, tc.status, resp.StatusCode, "%s: %s", tc.name, answer)
+		if tc.status == http.StatusBadRequest {
+			assert.Contains(t, string(answer), `header field name \"X Id\" holds a space`)
+		}
+		assert.Equal(t, tc.served, got.Load(), tc.name)
+	}
+	w, _ := reg.Get(1)
+	assert.Zero(t, w.Occupancy())
+}
+
+// A request with both Content-Length and Transfer-Encoding: chunked (the
+// ground of request smuggling) is read by its chunks, reaches the worker
+// framed by its length alone, and its connection closes after the answer,
+// as RFC 9112 section 6.1 asks: what followed it on the connection is
+// never read as a request.
+func TestARequestWithLengthAndChunksClosesItsConnection(t *testing.T) {
+	got := make(chan *http.Request, 2)
+	addr := rawServer(t, func(c net.Conn, req *http.Request) bool {
+		got <- req
+		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+		return err == nil
+	})
+	reg, _, url := serveOne(t, addr, Options{}, nil)
+	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
+	c, err := net.Dial("tcp", front)
+	require.NoError(t, err)
+	defer c.Close()
+	body := `{"model":"m","messages":[]}`
+	_, err = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"+
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", len(body), body)
+	require.NoError(t, err)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	ans, err := io.ReadAll(c)
+	require.NoError(t, err, "the connection closes after the answer")
+	assert.Equal(t, 1, strings.Count(string(ans), "HTTP/1.1 "), "one answer: %q", ans)
+	assert.True(t, strings.HasPrefix(string(ans), "HTTP/1.1 200 "), "%q", ans)
+	req := <-got
+	assert.Equal(t, int64(len(body)), req.ContentLength)
+	assert.Empty(t, req.TransferEncoding)
+	assert.Equal(t, "/v1/chat/completions", req.URL.Path)
+	assert.Empty(t, got, "the request after it reached no worker")
+	w, _ := reg.Get(1)
+	assert.Zero(t, w.Occupancy())
+}
+
 // An answer that keeps its connection is held for the wait for the
 // connection's next request (sockIO.hold), which sends it: it reaches its
 // client at once all the same. When the next request came with it

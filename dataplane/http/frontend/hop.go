@@ -130,6 +130,21 @@ func nextFieldName(raw []byte) (name, rest []byte) {
 	return nil, nil
 }
 
+// spacedFieldName returns the first field name of a raw header block that
+// holds a space ("X Id: 1"), or nil. fasthttp takes such a name (it
+// refuses every other byte a token may not hold, and a space before the
+// colon), but a field name is a token (RFC 9110 §5.1): passed on, the
+// worker's HTTP server refuses it or reads it as it likes, so the router
+// answers 400 itself, as HAProxy does.
+func spacedFieldName(raw []byte) []byte {
+	for k, rest := nextFieldName(raw); k != nil; k, rest = nextFieldName(rest) {
+		if bytes.IndexByte(k, ' ') >= 0 {
+			return k
+		}
+	}
+	return nil
+}
+
 // isHop reports whether key is a hop-by-hop header, or Expect.
 func isHop(key []byte) bool {
 	var names []string
