@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -345,8 +346,12 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 		return st != nil && st.Running == 2 && st.Waiting == 1 && st.TokenRate > 0
 	}, 5*time.Second, 10*time.Millisecond, "queue seen and speed learned over loopback")
 	st, _ := s.get(1)
-	// Two running at a 2 ms step: about 500 tokens/s each (less with timer slack).
-	assert.InDelta(t, 400, st.TokenRate, 150)
+	// Two running at a 2 ms step: at most 500 tokens/s each, less with timer
+	// slack, and half that or less on a loaded machine (seen at 196 with
+	// three busy loops beside this test under -race), which slows the engine
+	// itself.
+	assert.LessOrEqual(t, st.TokenRate, 550.0)
+	assert.Greater(t, st.TokenRate, 50.0)
 	assert.Equal(t, 2.0, st.Slots)
 	st2, _ := s.get(2)
 	require.NotNil(t, st2)
@@ -357,9 +362,6 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 	sc.Describe(3, info)
 	assert.Equal(t, "none", info["engine_source"])
 	assert.Contains(t, info["engine_reason"], "status 404")
-	fallbacks, without := sc.Counts()
-	assert.EqualValues(t, 1, fallbacks, "the worker without metrics, counted once")
-	assert.Equal(t, 1, without)
 
 	// The SGLang engine goes away: its reading is withdrawn after 3 intervals.
 	require.NoError(t, sg.Close())
@@ -367,6 +369,50 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 		st, n := s.get(2)
 		return st == nil && n > 1
 	}, 5*time.Second, 10*time.Millisecond, "a stale reading is withdrawn (nil published)")
+	info = map[string]any{}
+	sc.Describe(2, info)
+	assert.Equal(t, "none", info["engine_source"])
+	// (The counts of readings lost are checked apart: on a loaded machine a
+	// scrape of the busy engine may take longer than 3 intervals of 20 ms,
+	// and its reading then goes stale and comes back, counted each time.)
+}
+
+// A worker whose metrics page never answers is counted once as having
+// lost its engine reading, not once per scrape; one whose reading goes
+// stale is counted again.
+func TestScraperCountsEachLossOfAReadingOnce(t *testing.T) {
+	plain, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 3})
+	require.NoError(t, err)
+	defer plain.Close()
+	vllm, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 1})
+	require.NoError(t, err)
+	defer vllm.Close()
+	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
+	targets := atomic.Pointer[[]Target]{}
+	targets.Store(&[]Target{{ID: 3, URL: plain.URL() + "/nope"}})
+	// 100 ms apart, a reading goes stale after 300 ms without a scrape:
+	// more than a loaded machine takes for one over loopback.
+	sc := New(Options{Interval: 100 * time.Millisecond, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Targets: func() []Target { return *targets.Load() }, Publish: s.publish})
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sc.Run(runCtx); close(done) }()
+	defer func() { stop(); <-done }()
+	require.Eventually(t, func() bool {
+		info := map[string]any{}
+		sc.Describe(3, info)
+		return info["engine_reason"] != nil && info["engine_reason"] != "no reading yet"
+	}, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(time.Second) // ten intervals, ten failed scrapes
+	fallbacks, without := sc.Counts()
+	assert.EqualValues(t, 1, fallbacks, "the worker without metrics, counted once")
+	assert.Equal(t, 1, without)
+
+	// A second worker reads, then goes: counted once more.
+	targets.Store(&[]Target{{ID: 3, URL: plain.URL() + "/nope"}, {ID: 1, URL: vllm.URL() + "/metrics"}})
+	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, vllm.Close())
+	require.Eventually(t, func() bool { st, n := s.get(1); return st == nil && n > 1 }, 5*time.Second, 10*time.Millisecond)
 	fallbacks, without = sc.Counts()
 	assert.EqualValues(t, 2, fallbacks)
 	assert.Equal(t, 2, without)
