@@ -7,6 +7,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/cloudflare/tableflip v1.2.3
 	github.com/coreos/go-systemd/v22 v22.7.0
+	github.com/pires/go-proxyproto v0.15.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.74.0
 	github.com/puzpuzpuz/xsync/v3 v3.5.1

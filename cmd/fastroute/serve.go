@@ -121,6 +121,11 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "drain bound on SIGTERM; streams still open then are cut")
 	fs.StringVar(&cfg.TLS.CertFile, "tls-cert-file", cfg.TLS.CertFile, "PEM certificate chain: clients speak TLS to the front end (with --tls-key-file)")
 	fs.StringVar(&cfg.TLS.KeyFile, "tls-key-file", cfg.TLS.KeyFile, "PEM private key of --tls-cert-file")
+	fs.BoolVar(&cfg.ProxyProtocol.Enabled, "proxy-protocol", cfg.ProxyProtocol.Enabled, "connections to --listen begin with a PROXY protocol header (v1 or v2, from a load balancer) naming the client's address; one without is closed")
+	fs.Func("proxy-protocol-from", "an IP or CIDR prefix whose connections carry the PROXY protocol header; others are served under their own address (repeatable; none: every connection)", func(v string) error {
+		cfg.ProxyProtocol.From = append(cfg.ProxyProtocol.From, v)
+		return nil
+	})
 	dn := &cfg.Discovery.DNS
 	fs.Func("dns-name", "find workers by DNS name: host:port (each address the host resolves to is a worker on that port) or an SRV name, _service._proto.name (each address of each target, on the target's port) (repeatable)", func(v string) error {
 		dn.Names = append(dn.Names, v)

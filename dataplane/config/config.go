@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"slices"
@@ -102,6 +103,9 @@ type Config struct {
 	Discovery Discovery `yaml:"discovery"`
 	// TLS has clients speak TLS to the front end.
 	TLS TLS `yaml:"tls"`
+	// ProxyProtocol has the connections of a load balancer in front of
+	// the router begin with a PROXY protocol header naming the client.
+	ProxyProtocol ProxyProtocol `yaml:"proxy_protocol"`
 	// WorkerTLS is how the router speaks TLS to workers whose url is
 	// https://.
 	WorkerTLS WorkerTLS `yaml:"worker_tls"`
@@ -120,6 +124,37 @@ type TLS struct {
 
 // On reports whether the front end speaks TLS.
 func (t TLS) On() bool { return t.CertFile != "" }
+
+// ProxyProtocol, when Enabled, has each connection to listen from one of
+// the addresses From (an IP, or a CIDR prefix; none: every connection)
+// begin with a PROXY protocol header (HAProxy's, version 1 or 2), as a
+// load balancer in TCP mode sends it (an AWS Network Load Balancer,
+// HAProxy's send-proxy, nginx's proxy_protocol): the address it names is
+// the client's, in the access log. A connection from elsewhere is served
+// under its own address, and one from From without a header is closed
+// unserved.
+type ProxyProtocol struct {
+	Enabled bool     `yaml:"enabled"`
+	From    []string `yaml:"from"`
+}
+
+// Prefixes returns From as prefixes, a lone IP as the prefix of it
+// alone.
+func (p ProxyProtocol) Prefixes() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range p.From {
+		pre, err := netip.ParsePrefix(f)
+		if err != nil {
+			ip, ipErr := netip.ParseAddr(f)
+			if ipErr != nil {
+				return nil, fmt.Errorf("%q is neither an IP nor a CIDR prefix", f)
+			}
+			pre = netip.PrefixFrom(ip, ip.BitLen())
+		}
+		out = append(out, pre.Masked())
+	}
+	return out, nil
+}
 
 // WorkerTLS is the TLS of the router's connections to workers whose url is
 // https:// (TLS 1.2 or later, HTTP/1.1 inside). Their certificates are
@@ -550,6 +585,11 @@ func (c *Config) Validate() error {
 	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		return keyErr("tls", "set cert_file and key_file together")
+	}
+	if _, err := c.ProxyProtocol.Prefixes(); err != nil {
+		return keyErr("proxy_protocol.from", "%v", err)
+	} else if len(c.ProxyProtocol.From) > 0 && !c.ProxyProtocol.Enabled {
+		return keyErr("proxy_protocol.from", "set, but proxy_protocol.enabled is false")
 	}
 	if w := c.WorkerTLS; (w.CertFile == "") != (w.KeyFile == "") {
 		return keyErr("worker_tls", "set cert_file and key_file together")

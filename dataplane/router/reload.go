@@ -74,6 +74,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"worker_api_key":              old.WorkerAPIKey == cfg.WorkerAPIKey,
 		"api_keys_share_interval":     old.APIKeysShareInterval == cfg.APIKeysShareInterval,
 		"tls":                         old.TLS.On() == cfg.TLS.On(),
+		"proxy_protocol":              reflect.DeepEqual(old.ProxyProtocol, cfg.ProxyProtocol),
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"pid_file":                    old.PIDFile == cfg.PIDFile,
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,

@@ -211,6 +211,13 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	if cfg.Log.Access != "off" {
 		fo.AccessLog, fo.AccessErrorsOnly = log.With("log", "access"), cfg.Log.Access == "errors"
 	}
+	if cfg.ProxyProtocol.Enabled {
+		from, err := cfg.ProxyProtocol.Prefixes()
+		if err != nil {
+			return nil, err // Validate checked them: not reached
+		}
+		fo.ProxyProtocol = &frontend.ProxyProtocol{From: from}
+	}
 	if cfg.TLS.On() {
 		if err := r.cert.load(cfg.TLS); err != nil {
 			return nil, err

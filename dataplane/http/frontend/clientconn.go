@@ -49,9 +49,23 @@ type clientConn struct {
 	probed  bool            // a read of nothing came (pipelined)
 	sock    syscall.RawConn // the socket, for the hang-up watcher (a TLS connection's too); nil: none
 	linger  atomic.Bool     // its next Close lingers (lingerOnClose)
+	// A PROXY protocol header is due before its first request
+	// (gate.tookProxyHeader), and the client address one named (nil:
+	// the peer's own).
+	headerDue bool
+	source    net.Addr
 	// The requests it carried, this one included (Server.serve counts
 	// them; a connection serves one request at a time).
 	requests int
+}
+
+// RemoteAddr is the client's address: the one its load balancer's PROXY
+// protocol header named, else its peer's.
+func (c *clientConn) RemoteAddr() net.Addr {
+	if c.source != nil {
+		return c.source
+	}
+	return c.Conn.RemoteAddr()
 }
 
 // spent says the connection carried max requests (0: no limit), so the

@@ -102,6 +102,10 @@ type Options struct {
 	// is at most AnswerBufferBytes; the last worker's answer goes to the
 	// client as it is.
 	RetryStatuses []int
+	// ProxyProtocol, when set, has connections from a load balancer
+	// begin with a PROXY protocol header naming the client's address;
+	// nil: none does.
+	ProxyProtocol *ProxyProtocol
 	// Tracer, when set, traces the requests it samples: each gets the
 	// router's span, whose id its worker sees as the traceparent's parent
 	// (traceRequest); nil: traceparent headers pass untouched.
@@ -143,6 +147,7 @@ type Server struct {
 	srv        *fasthttp.Server
 	gate       atomic.Pointer[gate] // the listener's, once Serve began
 	fullSaid   atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
+	proxySaid  atomic.Int64         // when a connection refused for its PROXY protocol header was (Unix ns)
 	log        *slog.Logger
 	dial       func(addr string, timeout time.Duration) (net.Conn, error) // fasthttp.DialTimeout; tests count dials
 }
@@ -264,7 +269,8 @@ func (s *Server) Serve(ln net.Listener) error {
 	if idle == 0 { // as fasthttp does
 		idle = s.opts.ReadTimeout
 	}
-	g := newGate(ln, s.opts.ReadTimeout, idle, s.opts.MaxConnections, s.closeConn, s.acceptShort, s.connectionsFull, s.opts.TLS)
+	g := newGate(ln, gateOptions{first: s.opts.ReadTimeout, idle: idle, max: int64(s.opts.MaxConnections), drop: s.closeConn,
+		short: s.acceptShort, full: s.connectionsFull, tls: s.opts.TLS, proxy: s.opts.ProxyProtocol, refused: s.proxyRefused})
 	s.gate.Store(g)
 	return s.srv.Serve(g)
 }
@@ -287,11 +293,19 @@ func DefaultMaxConnections() int {
 // and logs it at most once a minute.
 func (s *Server) connectionsFull() {
 	s.metrics.connectionsFull.Inc()
-	now := time.Now().UnixNano()
-	if last := s.fullSaid.Load(); now-last >= int64(time.Minute) && s.fullSaid.CompareAndSwap(last, now) {
+	if aMinuteSince(&s.fullSaid) {
 		s.log.Warn("limits.max_connections client connections are open: new ones wait in the listen queue until one closes",
 			"max_connections", s.opts.MaxConnections)
 	}
+}
+
+// aMinuteSince says whether a minute passed since the time in last (Unix
+// nanoseconds; 0: never), and if so sets it to now, once among callers at
+// the same time: for a log line at most once a minute.
+func aMinuteSince(last *atomic.Int64) bool {
+	now := time.Now().UnixNano()
+	was := last.Load()
+	return now-was >= int64(time.Minute) && last.CompareAndSwap(was, now)
 }
 
 // MaxConnections returns the most client connections open at once.
@@ -314,6 +328,17 @@ func (s *Server) acceptShort(err error, pause time.Duration) {
 	if pause == firstAcceptPause {
 		s.log.Warn("cannot accept connections, accepting again shortly; if the open-files limit is reached, raise it (ulimit -n, systemd LimitNOFILE)",
 			"err", err, "open_connections", s.OpenConnections())
+	}
+}
+
+// proxyRefused counts a connection closed unserved for the PROXY protocol
+// header it did not send, or sent malformed, and logs it at most once a
+// minute: a balancer that sends none, or a client that reaches the router
+// past it, is a setup to fix.
+func (s *Server) proxyRefused(err error, peer net.Addr) {
+	s.metrics.proxyRefusals.Inc()
+	if aMinuteSince(&s.proxySaid) {
+		s.log.Warn("connection closed unserved: it must begin with a PROXY protocol header (proxy_protocol)", "peer", peer.String(), "err", err)
 	}
 }
 

@@ -39,25 +39,32 @@ type gate struct {
 	stoppedAt atomic.Int64
 	lnClose   sync.Once // the listener's close (closeListener)
 	lnErr     error
-	first     time.Duration                        // how long a new connection may wait for its first request (0: no limit)
-	idle      time.Duration                        // and one given back for its next
-	drop      func(net.Conn)                       // closes a connection and forgets it (Server.closeConn)
-	short     func(err error, pause time.Duration) // tells of an accept that failed for want of resources (Server.acceptShort)
-	// Client connections open at once: the most (limits.max_connections),
-	// the ones accepted and not yet closed, and a close that made room
-	// under the most, for accept.
-	max  int64
+	gateOptions
+	// Client connections open at once: the ones accepted and not yet
+	// closed, and a close that made room under the most, for accept.
 	open atomic.Int64
 	room chan struct{}
-	full func()      // tells of the listener stopped at max (Server.connectionsFull)
-	tls  *tls.Config // connections speak TLS (nil: plain HTTP)
 }
 
-func newGate(ln net.Listener, first, idle time.Duration, maxOpen int, drop func(net.Conn),
-	short func(error, time.Duration), full func(), tlsConfig *tls.Config) *gate {
+// gateOptions are what a gate is made with.
+type gateOptions struct {
+	first time.Duration                        // how long a new connection may wait for its first request (0: no limit)
+	idle  time.Duration                        // and one given back for its next
+	drop  func(net.Conn)                       // closes a connection and forgets it (Server.closeConn)
+	short func(err error, pause time.Duration) // tells of an accept that failed for want of resources (Server.acceptShort)
+	max   int64                                // client connections open at once, at most (limits.max_connections)
+	full  func()                               // tells of the listener stopped at max (Server.connectionsFull)
+	tls   *tls.Config                          // connections speak TLS (nil: plain HTTP)
+	// proxy has connections from a load balancer begin with a PROXY
+	// protocol header (nil: none does), and refused tells of one that
+	// sent none, or a malformed one (Server.proxyRefused).
+	proxy   *ProxyProtocol
+	refused func(err error, peer net.Addr)
+}
+
+func newGate(ln net.Listener, o gateOptions) *gate {
 	g := &gate{Listener: ln, ready: make(chan net.Conn), failed: make(chan error, 1), closed: make(chan struct{}),
-		waiting: xsync.NewMapOf[*clientConn, int64](), first: first, idle: idle, drop: drop, short: short,
-		max: int64(maxOpen), room: make(chan struct{}, 1), full: full, tls: tlsConfig}
+		waiting: xsync.NewMapOf[*clientConn, int64](), gateOptions: o, room: make(chan struct{}, 1)}
 	go g.accept()
 	return g
 }
@@ -104,6 +111,7 @@ func (g *gate) accept() {
 		g.open.Add(1)
 		cc := newClientConn(c, g.tls)
 		cc.gate = g
+		cc.headerDue = g.proxy != nil && g.proxy.expects(c.RemoteAddr())
 		go g.wait(cc, g.first)
 	}
 }
@@ -221,7 +229,7 @@ func (g *gate) wait(cc *clientConn, timeout time.Duration) {
 		}
 		// A connection that is not a socket, or speaks TLS (whose
 		// handshake fasthttp's first read makes), goes on at once.
-		ok = cc.raw == nil || cc.await()
+		ok = g.tookProxyHeader(cc) && (cc.raw == nil || cc.await())
 		if timeout > 0 {
 			_ = cc.SetReadDeadline(time.Time{}) // fasthttp sets its own
 		}
@@ -240,4 +248,29 @@ func (g *gate) wait(cc *clientConn, timeout time.Duration) {
 		g.waiting.Delete(cc)
 	}
 	g.drop(cc)
+}
+
+// tookProxyHeader reads a new connection's PROXY protocol header when its
+// peer must send one (gateOptions.proxy), under the wait's deadline, and
+// says whether it may go on: one that sent none, or a malformed one, is
+// refused.
+func (g *gate) tookProxyHeader(cc *clientConn) bool {
+	if !cc.headerDue {
+		return true
+	}
+	cc.headerDue = false
+	var src net.Addr
+	err := errNotASocket
+	if cc.sock != nil {
+		cc.syncReadDeadline() // a lazy socket's: the one asked goes on it
+		src, err = readProxyHeader(cc.sock)
+	}
+	if err != nil {
+		if !errors.Is(err, net.ErrClosed) { // the gate's close, not the peer's fault
+			g.refused(err, cc.Conn.RemoteAddr())
+		}
+		return false
+	}
+	cc.source = src
+	return true
 }

@@ -65,6 +65,7 @@ type Metrics struct {
 	// Client connections the listener could not accept for want of
 	// resources (file descriptors, kernel memory), each accepted later.
 	acceptShortages metrics.Counter
+	proxyRefusals   metrics.Counter
 	// Times the listener stopped accepting with limits.max_connections
 	// client connections open.
 	connectionsFull metrics.Counter
@@ -141,6 +142,7 @@ func newMetrics() *Metrics {
 		retriesRefused:  metrics.NewCounter(),
 		searchMoves:     metrics.NewCounter(),
 		acceptShortages: metrics.NewCounter(),
+		proxyRefusals:   metrics.NewCounter(),
 		connectionsFull: metrics.NewCounter(),
 		disaggFallbacks: metrics.NewCounter(),
 		queueFull:       metrics.NewCounter(),
@@ -252,6 +254,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			{"fastroute_retries_refused_total", "counter", "Requests not moved to another worker, though they could have been, because router.retry_budget's share of requests were on a retry already.", float64(m.retriesRefused.Value())},
 			{"fastroute_retrying_requests", "gauge", "Requests on a retry now (counted while router.retry_budget is set).", float64(m.retrying.Load())},
 			{"fastroute_response_search_moves_total", "counter", "Requests for a stored response (Responses API) no worker was known to hold, moved on from a worker that answered 404.", float64(m.searchMoves.Value())},
+			{"fastroute_proxy_protocol_refusals_total", "counter", "Client connections closed unserved for want of the PROXY protocol header they must begin with (none, malformed, or not whole within limits.read_timeout).", float64(m.proxyRefusals.Value())},
 			{"fastroute_accept_shortages_total", "counter", "Accepts of client connections that failed for want of file descriptors or kernel memory (each followed by a pause of 5 ms to 1 s and another accept).", float64(m.acceptShortages.Value())},
 			{"fastroute_client_connections", "gauge", "Client connections open (accepted, not yet closed).", float64(m.openConnections())},
 			{"fastroute_client_connections_max", "gauge", "The most client connections open at once (limits.max_connections); beyond, new ones wait in the listen queue.", float64(m.maxConnections)},
