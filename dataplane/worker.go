@@ -363,15 +363,21 @@ func (w *Worker) SetEngine(st *engine.Stats) (adaptersChanged bool) {
 // declared for it (the admin API's list, else its spec's), those it lists
 // in /v1/models and those its engine runs.
 func (w *Worker) Adapters() []string {
-	declared := w.spec.LoRAs
-	if d := w.declared.Load(); d != nil {
-		declared = *d
-	}
+	declared := w.DeclaredAdapters()
 	var running []string
 	if st := w.engine.Load(); st != nil {
 		running = st.Adapters
 	}
 	return lora.Held(declared, w.Advertised().Adapters, running)
+}
+
+// DeclaredAdapters returns the LoRA adapters declared for w: the admin
+// API's list (Registry.SetAdapters), else its spec's.
+func (w *Worker) DeclaredAdapters() []string {
+	if d := w.declared.Load(); d != nil {
+		return *d
+	}
+	return w.spec.LoRAs
 }
 
 // Models returns the base models the worker serves, each once, sorted:

@@ -117,6 +117,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.StringVar(&cfg.Log.Access, "log-access", cfg.Log.Access, "access log: off, all, or errors (400 and above, or cut)")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "log format: text or json")
 	fs.StringVar(&cfg.PIDFile, "pid-file", cfg.PIDFile, "write the serving process's id to this file once it accepts requests (an upgrade's new process writes its own)")
+	fs.StringVar(&cfg.StateFile, "state-file", cfg.StateFile, "keep the workers the admin API added (and their declared adapters) in this file, read at start: they outlast a restart or an upgrade")
 	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", cfg.ShutdownDelay, "after SIGTERM, go on serving this long with GET /health answering 503 (a load balancer takes the router out of rotation), then drain")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "drain bound on SIGTERM; streams still open then are cut")
 	fs.StringVar(&cfg.TLS.CertFile, "tls-cert-file", cfg.TLS.CertFile, "PEM certificate chain: clients speak TLS to the front end (with --tls-key-file)")

@@ -77,6 +77,12 @@ type Config struct {
 	// process write its own, so that a supervisor reading the file (as
 	// systemd's PIDFile=) follows the upgrade.
 	PIDFile string `yaml:"pid_file"`
+	// StateFile, when set, is where the router keeps what the admin API
+	// changed (the workers POST /workers added, with the adapters declared
+	// for them), written after each change and read at start: a restart,
+	// or an upgrade's new process, starts with them, as a reload keeps
+	// them.
+	StateFile string `yaml:"state_file"`
 	// Routes are extra paths proxied like the OpenAI ones, beyond every POST
 	// under /v1/ and the engines' own (/tokenize, /detokenize, /pooling,
 	// /classify, /score, /rerank, /generate).

@@ -77,6 +77,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"proxy_protocol":              reflect.DeepEqual(old.ProxyProtocol, cfg.ProxyProtocol),
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"pid_file":                    old.PIDFile == cfg.PIDFile,
+		"state_file":                  old.StateFile == cfg.StateFile,
 		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
 		"router.lora_placement":       old.Router.LoRAPlacement == cfg.Router.LoRAPlacement,
@@ -187,6 +188,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		next.WorkerTLS = cfg.WorkerTLS
 	}
 	r.Config = next
+	r.saveStateLocked() // the config may name a worker the admin API added
 	r.log.Info("config reloaded", "applied", applied, "need_restart", needRestart)
 	return applied, needRestart, nil
 }

@@ -121,6 +121,11 @@ func Check(cfg config.Config) (config.Config, error) {
 	if _, err := discovery.TLSConfig(etcdOptions(cfg.Discovery.Etcd, nil)); err != nil {
 		return cfg, err
 	}
+	if cfg.StateFile != "" {
+		if _, err := readState(cfg.StateFile); err != nil {
+			return cfg, err
+		}
+	}
 	return cfg, nil
 }
 
@@ -234,6 +239,9 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.Metrics.Register(r.Frontend.Metrics().Collector(func() string { return string(r.CurrentConfig().Router.Mode) }, reg))
 	r.Metrics.Register(r.stateCollector())
 	r.Metrics.Register(metrics.Process())
+	if err := r.restoreState(); err != nil {
+		return nil, err
+	}
 	r.startTelemetry(log)
 	r.startEngines(log)
 
@@ -248,7 +256,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken,
 			MetricsPublic: cfg.MetricsPublic, Logger: log, Reload: r.ReloadFromSource, Probe: r.probeSoon,
 			Config:   func() ([]byte, error) { return r.CurrentConfig().RedactedYAML() },
-			Describe: r.describe, Drain: r.drainWorker, LearnPrefixes: r.learnPrefixes(), APIKeys: &r.APIKeys}),
+			Describe: r.describe, Drain: r.drainWorker, LearnPrefixes: r.learnPrefixes(), APIKeys: &r.APIKeys,
+			Changed: r.saveState}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	if err := r.startDiscovery(log); err != nil {

@@ -66,6 +66,9 @@ type Options struct {
 	// Probe starts a health probe round (a registered worker is routable
 	// once one passes); may be nil.
 	Probe func()
+	// Changed is called after each write that changed the workers: one
+	// added, one drained, adapters declared; may be nil.
+	Changed func()
 	// Drain drains a worker (DELETE /workers/{id}); nil: Registry.Drain.
 	// An error for a registered worker answers 503.
 	Drain func(id uint64) error
@@ -186,6 +189,7 @@ func routes(o Options) *http.ServeMux {
 		if o.Probe != nil {
 			o.Probe()
 		}
+		o.changed()
 		writeJSON(w, http.StatusCreated, wk.Spec())
 	})
 	mux.HandleFunc("PUT /workers/{id}/loras", func(w http.ResponseWriter, r *http.Request) {
@@ -212,6 +216,7 @@ func routes(o Options) *http.ServeMux {
 			writeError(w, status, err.Error())
 			return
 		}
+		o.changed()
 		writeJSON(w, http.StatusOK, map[string]any{"id": id, "loras": body.LoRAs})
 	})
 	mux.HandleFunc("GET /config", func(w http.ResponseWriter, _ *http.Request) {
@@ -276,9 +281,17 @@ func routes(o Options) *http.ServeMux {
 			writeError(w, status, err.Error())
 			return
 		}
+		o.changed()
 		writeJSON(w, http.StatusAccepted, map[string]any{"id": id, "draining": true})
 	})
 	return mux
+}
+
+// changed tells of a write that changed the workers (Options.Changed).
+func (o Options) changed() {
+	if o.Changed != nil {
+		o.Changed()
+	}
 }
 
 // maxWriteBody bounds the body of an admin write.

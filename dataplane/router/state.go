@@ -1,0 +1,148 @@
+package router
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/fastroute/fastroute/dataplane"
+)
+
+// adminState is what the admin API changed in a running router and
+// state_file keeps, so that a restart or an upgrade's new process starts
+// with it, as a reload keeps it: the workers POST /workers added, each
+// with the adapters declared for it (its own, or those PUT
+// /workers/{id}/loras set since). Workers of the config, and those found
+// on etcd or by DNS, have their own source and are not in it; nor is a
+// worker being drained (DELETE /workers/{id}), which is on its way out.
+type adminState struct {
+	Workers []dataplane.WorkerSpec `json:"workers"`
+}
+
+// readState reads a state file; one that does not exist yet is an empty
+// state.
+func readState(path string) (adminState, error) {
+	var st adminState
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return st, nil
+	}
+	if err != nil {
+		return st, fmt.Errorf("key state_file: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&st); err != nil {
+		return st, fmt.Errorf("key state_file: %s is not a state the router wrote: %v (remove it to start without the workers the admin API added)", path, err)
+	}
+	seen := map[uint64]bool{}
+	for i := range st.Workers {
+		id := st.Workers[i].ID
+		if err := st.Workers[i].Normalize(); err != nil {
+			return st, fmt.Errorf("key state_file: %s: worker %d: %v", path, id, err)
+		}
+		if seen[id] {
+			return st, fmt.Errorf("key state_file: %s: worker %d appears twice", path, id)
+		}
+		seen[id] = true
+	}
+	return st, nil
+}
+
+// restoreState adds the workers of the state file the config does not
+// name (the config's spec of a worker it names now serves, as a reload
+// would have it), unprobed: each is routable once a health probe passes,
+// as after POST /workers. It then writes the file again, which a router
+// that cannot write it refuses to start on.
+func (r *Router) restoreState() error {
+	path := r.Config.StateFile
+	if path == "" {
+		return nil
+	}
+	st, err := readState(path)
+	if err != nil {
+		return err
+	}
+	for _, spec := range st.Workers {
+		if slices.ContainsFunc(r.Config.Workers, func(s dataplane.WorkerSpec) bool { return s.ID == spec.ID }) {
+			r.log.Info("state_file: the config names this worker now; its spec serves", "worker", spec.ID)
+			continue
+		}
+		if _, err := r.Registry.AddUnprobed(spec); err != nil {
+			return fmt.Errorf("key state_file: %s: worker %d: %w", path, spec.ID, err)
+		}
+	}
+	if len(st.Workers) > 0 {
+		r.log.Info("workers the admin API added restored from state_file", "file", path, "workers", len(st.Workers))
+	}
+	return r.writeState()
+}
+
+// saveState writes state_file after the admin API changed the workers; a
+// failure is logged (the change stands, but would not outlast a restart).
+// It waits for a reload under way, which writes it too.
+func (r *Router) saveState() {
+	r.reloadMu.Lock()
+	defer r.reloadMu.Unlock()
+	r.saveStateLocked()
+}
+
+// saveStateLocked is saveState for a caller that holds reloadMu.
+func (r *Router) saveStateLocked() {
+	if r.Config.StateFile == "" {
+		return
+	}
+	if err := r.writeState(); err != nil {
+		r.log.Error("state_file not written: the admin API's latest changes would not outlast a restart", "err", err)
+	}
+}
+
+// writeState writes the admin state of the registry now to state_file,
+// whole or not at all: to a file beside it, synced, then renamed over it.
+// The caller holds reloadMu, or runs before the router serves.
+func (r *Router) writeState() error {
+	st := adminState{Workers: []dataplane.WorkerSpec{}}
+	config := map[uint64]bool{}
+	for _, s := range r.Config.Workers {
+		config[s.ID] = true
+	}
+	for _, w := range r.Registry.All() {
+		if config[w.ID()] || w.Draining() || r.knownDiscovered(w.ID()) {
+			continue
+		}
+		spec := *w.Spec()
+		spec.LoRAs = w.DeclaredAdapters()
+		st.Workers = append(st.Workers, spec)
+	}
+	slices.SortFunc(st.Workers, func(a, b dataplane.WorkerSpec) int { return cmp.Compare(a.ID, b.ID) })
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := r.Config.StateFile
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("key state_file: %w", err)
+	}
+	_, err = tmp.Write(append(b, '\n'))
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("key state_file: %w", err)
+	}
+	return nil
+}
