@@ -478,10 +478,8 @@ func (r *Registry) SetAdapters(id uint64, adapters []string) error {
 	if !ok {
 		return Errorf(NotFound, "unknown worker id %d", id)
 	}
-	for i, a := range adapters {
-		if a == "" {
-			return Errorf(InvalidArgument, "loras[%d]: empty adapter name", i)
-		}
+	if err := checkNames("loras", "adapter", adapters); err != nil {
+		return Errorf(InvalidArgument, "%v", err)
 	}
 	declared := slices.Clone(adapters)
 	w.declared.Store(&declared)

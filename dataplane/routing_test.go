@@ -38,7 +38,8 @@ func TestSetAdaptersReplacesTheDeclaredOnes(t *testing.T) {
 		assert.Equal(t, want, snap.Group([]byte(name)).Len(), name) // worker 3 left lora-2 and lora-3
 	}
 	assert.ErrorIs(t, reg.SetAdapters(99, []string{"x"}), ErrNotFound)
-	assert.ErrorContains(t, reg.SetAdapters(3, []string{""}), "loras[0]: empty adapter name")
+	assert.ErrorContains(t, reg.SetAdapters(3, []string{""}), "loras[0]: an empty adapter name")
+	assert.ErrorContains(t, reg.SetAdapters(3, []string{"ok", "a\nb"}), `loras[1]: adapter name "a\nb" holds a control character`)
 	_, err := reg.Replace(WorkerSpec{ID: 3, URL: "http://127.0.0.1:9999", LoRAs: []string{"cfg"}})
 	require.NoError(t, err)
 	w3, _ = reg.Get(3)

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/telemetry/engine"
@@ -100,10 +102,14 @@ func (s *WorkerSpec) Normalize() error {
 		if !path.IsAbs(sock) || path.Clean(sock) != sock {
 			return fieldErr("url", "%q is not unix:/absolute/path of a socket", s.URL)
 		}
-	} else if u, err := url.Parse(s.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fieldErr("url", "%q is not an http://host:port, https://host:port or unix:/path address", s.URL)
-	} else if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return fieldErr("url", "%q has more than %s://host:port; requests keep their own path (/v1/...), so a base path would be dropped", s.URL, u.Scheme)
+	} else if u, err := url.Parse(s.URL); err != nil {
+		return fieldErr("url", "is not an http://host:port, https://host:port or unix:/path address: %v", errors.Unwrap(err))
+	} else if shown := u.Redacted(); u.User != nil {
+		return fieldErr("url", "%q holds credentials, which the router would not send (an engine's --api-key goes as worker_api_key)", shown)
+	} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fieldErr("url", "%q is not an http://host:port, https://host:port or unix:/path address", shown)
+	} else if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+		return fieldErr("url", "%q has more than %s://host:port; requests keep their own path (/v1/...), so a base path would be dropped", shown, u.Scheme)
 	}
 	switch s.Device {
 	case "":
@@ -149,8 +155,24 @@ func (s *WorkerSpec) Normalize() error {
 	if s.BootstrapPort < 0 || s.BootstrapPort > 65535 {
 		return fieldErr("bootstrap_port", "%d is outside 1..65535", s.BootstrapPort)
 	}
-	if slices.Contains(s.Models, "") {
-		return fieldErr("models", "an empty model name")
+	if err := checkNames("models", "model", s.Models); err != nil {
+		return err
+	}
+	return checkNames("loras", "adapter", s.LoRAs)
+}
+
+// checkNames checks the model or adapter names of a spec's field (or
+// those the admin API declares): none empty, none with a control
+// character, which the metrics page (a label value) and the logs would
+// carry as it is.
+func checkNames(field, what string, names []string) error {
+	for i, n := range names {
+		if n == "" {
+			return fieldErr(fmt.Sprintf("%s[%d]", field, i), "an empty %s name", what)
+		}
+		if strings.ContainsFunc(n, unicode.IsControl) {
+			return fieldErr(fmt.Sprintf("%s[%d]", field, i), "%s name %q holds a control character", what, n)
+		}
 	}
 	return nil
 }

@@ -88,7 +88,9 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"workers: [{id: 1, url: 'http://a:1'}, {id: 1, url: 'http://b:1'}]", "key workers[1].id: duplicate id 1"},
 		{"workers: [{id: 1, url: 'a:1'}]", "key workers[0].url"},
 		{"workers: [{id: 1, url: 'http://a:1', device: tpu}]", `key workers[0].device: "tpu" is not gpu or cpu`},
-		{"workers: [{id: 1, url: 'http://a:1', models: [llama, '']}]", "key workers[0].models: an empty model name"},
+		{"workers: [{id: 1, url: 'http://a:1', models: [llama, '']}]", "key workers[0].models[1]: an empty model name"},
+		{"workers: [{id: 1, url: 'http://a:1', loras: [\"sql\\u0000\"]}]", `key workers[0].loras[0]: adapter name "sql\x00" holds a control character`},
+		{"workers: [{id: 1, url: 'http://engine:s3cret@10.0.0.1:8000'}]", `url: "http://engine:xxxxx@10.0.0.1:8000" holds credentials, which the router would not send`},
 		{"cors_allowed_origins: ['https://app.example/']", `key cors_allowed_origins[0]: "https://app.example/" is not an origin`},
 		{"cors_allowed_origins: ['*', 'app.example']", `key cors_allowed_origins[1]: "app.example" is not an origin`},
 		{"cors_allowed_origins: ['ftp://a']", `key cors_allowed_origins[0]: "ftp://a" is not an origin`},
@@ -115,7 +117,9 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		require.Error(t, err, c.yaml)
 		assert.Contains(t, err.Error(), c.want, c.yaml)
 	}
-	_, err := Load(filepath.Join(t.TempDir(), "missing.yaml"))
+	_, err := Parse("f.yaml", []byte("workers: [{id: 1, url: 'http://engine:s3cret@10.0.0.1:8000'}]"))
+	assert.NotContains(t, err.Error(), "s3cret", "a password in a worker URL is never echoed")
+	_, err = Load(filepath.Join(t.TempDir(), "missing.yaml"))
 	assert.ErrorContains(t, err, "missing.yaml")
 	cfg, err := Parse("f.yaml", []byte("cors_allowed_origins: ['https://app.example', 'http://localhost:3000', '*']"))
 	require.NoError(t, err)
