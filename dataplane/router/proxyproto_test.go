@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/tracing"
+	"github.com/fastroute/fastroute/internal/otlpsink"
 	"github.com/pires/go-proxyproto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -80,10 +82,14 @@ func accessClients(logs *syncBuffer) []string {
 // or reserved.
 func TestProxyProtocolNamesTheClientBehindABalancer(t *testing.T) {
 	var logs syncBuffer
+	sink, err := otlpsink.Start()
+	require.NoError(t, err)
+	defer sink.Close()
 	f := startFleetLog(t, mocks(1, 3, 0), func(c *config.Config) {
 		c.ProxyProtocol.Enabled = true
 		c.Log.Access = "all"
-		c.Limits.ReadTimeout = 300 * time.Millisecond
+		c.Limits.ReadTimeout = time.Second // the split headers pause 50 ms: far below, even on a loaded machine
+		c.Tracing = tracing.Config{OTLPEndpoint: sink.URL(), SampleRatio: 1, ServiceName: "router-test"}
 	}, &logs)
 	local, err := (&proxyproto.Header{Version: 2, Command: proxyproto.LOCAL, TransportProtocol: proxyproto.UNSPEC}).Format()
 	require.NoError(t, err)
@@ -107,6 +113,9 @@ func TestProxyProtocolNamesTheClientBehindABalancer(t *testing.T) {
 	}
 	served := f.mocks[0].Served()
 	assert.EqualValues(t, 5, served)
+	require.Eventually(t, func() bool { return len(sink.Spans()) == 5 }, 5*time.Second, 5*time.Millisecond)
+	assert.Equal(t, "203.0.113.7", sink.Spans()[0].Attr("client.address"), "the span's client too")
+	assert.Equal(t, int64(51234), sink.Spans()[0].Attr("client.port"))
 
 	for _, head := range [][]byte{
 		nil, // the request alone

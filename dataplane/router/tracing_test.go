@@ -87,10 +87,11 @@ func TestTracedRequestsReachTheCollector(t *testing.T) {
 	for key, want := range map[string]any{
 		"http.request.method": "POST", "http.route": "/v1/chat/completions", "http.response.status_code": int64(200),
 		"gen_ai.request.model": "mock-model", "fastroute.outcome": "ok", "fastroute.worker.id": int64(1),
-		"fastroute.attempts": int64(1), "fastroute.stream": false,
+		"fastroute.attempts": int64(1), "fastroute.stream": false, "client.address": "127.0.0.1",
 	} {
 		assert.Equal(t, want, s.Attr(key), key)
 	}
+	assert.Greater(t, s.Attr("client.port"), int64(0))
 	var events []string
 	for _, e := range s.Events {
 		events = append(events, e.Name)

@@ -133,6 +133,11 @@ func (s *Span) appendProto(b []byte) []byte {
 		b = appendIntAttr(b, "gen_ai.usage.input_tokens", int64(s.InputTokens))
 		b = appendIntAttr(b, "gen_ai.usage.output_tokens", int64(s.OutputTokens))
 	}
+	if s.Client.IsValid() {
+		var room [len("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255%zone")]byte
+		b = appendStringAttr(b, spanAttributes, "client.address", s.Client.Addr().AppendTo(room[:0]))
+		b = appendIntAttr(b, "client.port", int64(s.Client.Port()))
+	}
 	b = appendStringAttr(b, spanAttributes, "fastroute.outcome", s.Outcome)
 	if s.Worker != 0 {
 		b = appendIntAttr(b, "fastroute.worker.id", int64(s.Worker))

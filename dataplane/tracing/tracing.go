@@ -13,6 +13,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -123,18 +124,21 @@ const maxModel = 128
 // moment its request was read to the end of its answer (a stream's last
 // event). The front end fills it in place.
 type Span struct {
-	Context          // its trace and its own id
-	Parent    SpanID // the client's span; zero: the trace starts here
-	Name      string // "METHOD /route", or the method alone for a path of no named route
-	Method    string
-	Route     string // "" for a path of no named route
-	Start     time.Time
-	Duration  time.Duration
-	Status    int           // the HTTP status of the answer to the client
-	Outcome   string        // how the request ended (fastroute_requests_total's outcome); a 5xx Status is an error
-	Worker    uint64        // the worker that answered, the last one tried; 0: none was picked
-	Attempts  int           // workers tried
-	Stream    bool          // the request asked for a stream
+	Context         // its trace and its own id
+	Parent   SpanID // the client's span; zero: the trace starts here
+	Name     string // "METHOD /route", or the method alone for a path of no named route
+	Method   string
+	Route    string // "" for a path of no named route
+	Start    time.Time
+	Duration time.Duration
+	Status   int    // the HTTP status of the answer to the client
+	Outcome  string // how the request ended (fastroute_requests_total's outcome); a 5xx Status is an error
+	Worker   uint64 // the worker that answered, the last one tried; 0: none was picked
+	Attempts int    // workers tried
+	Stream   bool   // the request asked for a stream
+	// Client is the client's address and port (a PROXY protocol header's,
+	// behind a balancer); invalid: unknown.
+	Client    netip.AddrPort
 	Picked    time.Duration // since Start: when its worker was reserved, after any wait in the queue; 0: never
 	Sent      time.Duration // since Start: when the request left for its worker (its last try); 0: never
 	FirstByte time.Duration // since Sent: the worker's first byte; 0: none

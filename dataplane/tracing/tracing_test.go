@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -320,7 +321,8 @@ func TestTheEncodingIsOTLPs(t *testing.T) {
 		Name: "POST /v1/chat/completions", Method: "POST", Route: "/v1/chat/completions", Start: start,
 		Duration: 40 * time.Millisecond, Status: 503, Outcome: "upstream_error", Worker: 300, Attempts: 3,
 		Stream: true, Picked: time.Microsecond, Sent: time.Millisecond, FirstByte: 2 * time.Millisecond, FirstToken: 5 * time.Millisecond,
-		InputTokens: 1 << 20, OutputTokens: 7, PrefillWorker: 9, Prefilled: 800 * time.Microsecond}
+		InputTokens: 1 << 20, OutputTokens: 7, PrefillWorker: 9, Prefilled: 800 * time.Microsecond,
+		Client: netip.MustParseAddrPort("[2001:db8::5]:4444")}
 	full.SetModel([]byte(strings.Repeat("m", 200)))
 	full.AddMove(Move{At: 300 * time.Microsecond, Worker: 7, Reason: "connect"})
 	full.AddMove(Move{At: 700 * time.Microsecond, Worker: 8, Reason: "status", Status: 503})
@@ -349,6 +351,7 @@ func TestTheEncodingIsOTLPs(t *testing.T) {
 				Attributes: []*commonpb.KeyValue{str("http.request.method", "POST"), num("http.response.status_code", 503),
 					str("http.route", "/v1/chat/completions"), str("gen_ai.request.model", strings.Repeat("m", maxModel)),
 					num("gen_ai.usage.input_tokens", 1<<20), num("gen_ai.usage.output_tokens", 7),
+					str("client.address", "2001:db8::5"), num("client.port", 4444),
 					str("fastroute.outcome", "upstream_error"), num("fastroute.worker.id", 300), num("fastroute.prefill.worker.id", 9),
 					num("fastroute.attempts", 3),
 					flag("fastroute.stream", true)},

@@ -1,7 +1,9 @@
 package frontend
 
 import (
+	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
@@ -48,6 +50,10 @@ func (ex *exchange) traceRequest(ctx *fasthttp.RequestCtx, start time.Time) {
 		return
 	}
 	sp := &rec.Span
+	if a, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
+		ap := a.AddrPort()
+		sp.Client = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
 	sp.Method = methodName(ctx.Method())
 	sp.Name = sp.Method
 	if ctx.IsPost() {
