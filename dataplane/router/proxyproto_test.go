@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -121,10 +122,23 @@ func TestProxyProtocolNamesTheClientBehindABalancer(t *testing.T) {
 		nil, // the request alone
 		[]byte("PROXY TCP4 bogus\r\n"),
 		[]byte("PROXY TCP4 " + strings.Repeat("1", 120) + "\r\n"),
-		[]byte("PROXY TCP4 203.0.113.7 10.0.0.1 51234"), // never ends: read_timeout
 	} {
 		assert.Empty(t, f.throughBalancer(head, false, nil), "%q", head)
 	}
+	// A header that never ends is closed after read_timeout.
+	c, err := net.Dial("tcp", f.r.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	began := time.Now()
+	_, err = io.WriteString(c, "PROXY TCP4 203.0.113.7 10.0.0.1 51234")
+	require.NoError(t, err)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	got, err := io.ReadAll(c)
+	if err != nil { // what it sent is unread: the close is a reset
+		assert.ErrorIs(t, err, syscall.ECONNRESET, "closed by the router")
+	}
+	assert.Empty(t, got)
+	assert.GreaterOrEqual(t, time.Since(began), 900*time.Millisecond, "after read_timeout")
 	assert.Equal(t, served, f.mocks[0].Served(), "no worker saw a refused connection")
 	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
 	assert.Contains(t, metrics, "fastroute_proxy_protocol_refusals_total 4\n")
