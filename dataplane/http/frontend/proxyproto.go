@@ -95,17 +95,16 @@ func startsWith(b, sig []byte) bool {
 // connection (a version 2 LOCAL, its health check) or a version 1
 // UNKNOWN, which keep the connection's address.
 func readProxyHeader(sock syscall.RawConn) (net.Addr, error) {
-	bp := lentBufs.Get().(*[]byte)
-	defer lentBufs.Put(bp)
-	buf := *bp
-	size, err := peekProxyHeader(sock, buf)
+	bp, size, err := peekProxyHeader(sock)
 	if err != nil {
 		return nil, err
 	}
+	defer lentBufs.Put(bp)
+	buf := (*bp)[:size]
 	var n int
 	var errno syscall.Errno
 	if err := sock.Read(func(fd uintptr) bool {
-		n, errno = recvSome(fd, buf[:size]) // peeked: they are there
+		n, errno = recvSome(fd, buf) // peeked: they are there
 		return true
 	}); err != nil {
 		return nil, err
@@ -113,7 +112,7 @@ func readProxyHeader(sock syscall.RawConn) (net.Addr, error) {
 	if errno != 0 || n != size {
 		return nil, fmt.Errorf("reading the PROXY protocol header: %d of %d bytes (%v)", n, size, errno)
 	}
-	h, err := proxyproto.Read(bufio.NewReaderSize(bytes.NewReader(buf[:size]), size))
+	h, err := proxyproto.Read(bufio.NewReaderSize(bytes.NewReader(buf), size))
 	if err != nil {
 		return nil, fmt.Errorf("malformed PROXY protocol header: %w", err)
 	}
@@ -124,40 +123,50 @@ func readProxyHeader(sock syscall.RawConn) (net.Addr, error) {
 }
 
 // peekProxyHeader waits until the socket holds a whole PROXY protocol
-// header, peeked into buf, and returns its length.
-func peekProxyHeader(sock syscall.RawConn, buf []byte) (size int, err error) {
+// header and returns its length, and a lent buffer it was peeked into. A
+// connection holds none while it waits.
+func peekProxyHeader(sock syscall.RawConn) (bp *[]byte, size int, err error) {
 	var herr error
 	var errno syscall.Errno
 	if err := sock.Read(func(fd uintptr) bool {
+		bp = lentBufs.Get().(*[]byte)
+		buf := *bp
 		var n int
 		n, errno = peekSome(fd, buf)
 		switch {
 		case errno == syscall.EAGAIN:
-			return false
 		case errno != 0:
 			return true
 		case n == 0:
 			herr = io.ErrUnexpectedEOF
 			return true
+		default:
+			size, herr = proxyHeaderSize(buf[:n])
+			switch {
+			case herr == nil && size > len(buf), herr == errProxyHeaderPart && n == len(buf):
+				herr = errProxyHeaderSize
+				return true
+			case herr == nil && size <= n, herr == errNoProxyHeader:
+				return true
+			}
 		}
-		size, herr = proxyHeaderSize(buf[:n])
-		switch {
-		case herr == nil && size > len(buf), herr == errProxyHeaderPart && n == len(buf):
-			herr = errProxyHeaderSize
-		case herr == nil && size > n, herr == errProxyHeaderPart:
-			return false // the rest is to come: a wake-up says it came
-		}
-		return true
+		lentBufs.Put(bp) // the rest is to come: a wake-up says it came
+		bp = nil
+		return false
 	}); err != nil {
-		return 0, err
+		herr = err
+	} else if errno != 0 {
+		herr = fmt.Errorf("reading the PROXY protocol header: %w", errno)
+	} else if herr == io.ErrUnexpectedEOF {
+		herr = fmt.Errorf("the connection closed before its PROXY protocol header: %w", herr)
 	}
-	if errno != 0 {
-		return 0, fmt.Errorf("reading the PROXY protocol header: %w", errno)
+	if herr != nil {
+		if bp != nil {
+			lentBufs.Put(bp)
+		}
+		return nil, 0, herr
 	}
-	if herr == io.ErrUnexpectedEOF {
-		return 0, fmt.Errorf("the connection closed before its PROXY protocol header: %w", herr)
-	}
-	return size, herr
+	return bp, size, nil
 }
 
 // peekSome reads what the socket fd holds into p, up to its length,
