@@ -112,7 +112,13 @@ func readProxyHeader(sock syscall.RawConn) (net.Addr, error) {
 	if errno != 0 || n != size {
 		return nil, fmt.Errorf("reading the PROXY protocol header: %d of %d bytes (%v)", n, size, errno)
 	}
-	h, err := proxyproto.Read(bufio.NewReaderSize(bytes.NewReader(buf), size))
+	return clientOf(buf)
+}
+
+// clientOf parses a whole PROXY protocol header and returns the client
+// address it names, nil for none (LOCAL, UNKNOWN).
+func clientOf(header []byte) (net.Addr, error) {
+	h, err := proxyproto.Read(bufio.NewReaderSize(bytes.NewReader(header), len(header)))
 	if err != nil {
 		return nil, fmt.Errorf("malformed PROXY protocol header: %w", err)
 	}
