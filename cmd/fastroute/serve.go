@@ -353,8 +353,12 @@ func runCheck(args []string, out io.Writer) error {
 		}
 		_, _ = out.Write(text)
 	}
-	_, err = fmt.Fprintf(out, "config ok: listen %s, admin_listen %s, mode %s, %d workers\n",
-		cfg.Listen, cfg.AdminListen, cfg.Router.Mode, len(cfg.Workers))
+	restored := ""
+	if n, _ := router.StateWorkers(cfg); n > 0 { // Check read it
+		restored = fmt.Sprintf(" and %d from state_file", n)
+	}
+	_, err = fmt.Fprintf(out, "config ok: listen %s, admin_listen %s, mode %s, %d workers%s\n",
+		cfg.Listen, cfg.AdminListen, cfg.Router.Mode, len(cfg.Workers), restored)
 	return err
 }
 

@@ -148,6 +148,10 @@ func TestCheckReadsTheConfigAsServeWould(t *testing.T) {
 	out.Reset()
 	require.NoError(t, runCheck([]string{"--config", conf}, &out))
 	assert.NotContains(t, out.String(), "admin_token", "the config only with --print")
+	state := file("state.json", `{"workers":[{"id":1,"url":"http://10.0.0.1:8000"},{"id":2,"url":"http://10.0.0.2:8000"}]}`)
+	out.Reset()
+	require.NoError(t, runCheck([]string{"--config", conf, "--state-file", state}, &out))
+	assert.Contains(t, out.String(), ", 1 workers and 1 from state_file\n", "worker 1 is the config's")
 
 	notPEM := file("not.pem", "hello\n")
 	for name, tc := range map[string]struct{ yaml, err string }{
@@ -156,6 +160,7 @@ func TestCheckReadsTheConfigAsServeWould(t *testing.T) {
 		"workers' CA file": {"worker_tls: {ca_file: " + notPEM + "}", "key worker_tls.ca_file"},
 		"etcd's CA file":   {"discovery: {etcd: {endpoints: ['127.0.0.1:2379'], ca_file: " + filepath.Join(dir, "none") + "}}", "discovery.etcd.ca_file"},
 		"a bad key":        {"router: {mode: fastest}", "key router.mode"},
+		"state file":       {"state_file: " + file("bad-state.json", "{not json"), "key state_file"},
 	} {
 		err := runCheck([]string{"--config", file(strings.ReplaceAll(name, " ", "-")+".yaml", tc.yaml)}, &out)
 		require.Error(t, err, name)

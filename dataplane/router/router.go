@@ -121,10 +121,8 @@ func Check(cfg config.Config) (config.Config, error) {
 	if _, err := discovery.TLSConfig(etcdOptions(cfg.Discovery.Etcd, nil)); err != nil {
 		return cfg, err
 	}
-	if cfg.StateFile != "" {
-		if _, err := readState(cfg.StateFile); err != nil {
-			return cfg, err
-		}
+	if _, err := StateWorkers(cfg); err != nil {
+		return cfg, err
 	}
 	return cfg, nil
 }

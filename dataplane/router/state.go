@@ -12,6 +12,7 @@ import (
 	"slices"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
 )
 
 // adminState is what the admin API changed in a running router and
@@ -55,6 +56,27 @@ func readState(path string) (adminState, error) {
 	return st, nil
 }
 
+// StateWorkers returns how many workers cfg's state file would add at
+// start: those it holds that the config does not name (0 without one).
+func StateWorkers(cfg config.Config) (int, error) {
+	if cfg.StateFile == "" {
+		return 0, nil
+	}
+	st, err := readState(cfg.StateFile)
+	n := 0
+	for _, spec := range st.Workers {
+		if !names(cfg.Workers, spec.ID) {
+			n++
+		}
+	}
+	return n, err
+}
+
+// names says whether workers holds the worker id.
+func names(workers []dataplane.WorkerSpec, id uint64) bool {
+	return slices.ContainsFunc(workers, func(s dataplane.WorkerSpec) bool { return s.ID == id })
+}
+
 // restoreState adds the workers of the state file the config does not
 // name (the config's spec of a worker it names now serves, as a reload
 // would have it), unprobed: each is routable once a health probe passes,
@@ -70,7 +92,7 @@ func (r *Router) restoreState() error {
 		return err
 	}
 	for _, spec := range st.Workers {
-		if slices.ContainsFunc(r.Config.Workers, func(s dataplane.WorkerSpec) bool { return s.ID == spec.ID }) {
+		if names(r.Config.Workers, spec.ID) {
 			r.log.Info("state_file: the config names this worker now; its spec serves", "worker", spec.ID)
 			continue
 		}
