@@ -147,7 +147,7 @@ type Server struct {
 	srv        *fasthttp.Server
 	gate       atomic.Pointer[gate] // the listener's, once Serve began
 	fullSaid   atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
-	proxySaid  atomic.Int64         // when a connection refused for its PROXY protocol header was (Unix ns)
+	proxySaid  atomic.Int64         // when a connection refused for its PROXY protocol header was last logged (Unix ns)
 	log        *slog.Logger
 	dial       func(addr string, timeout time.Duration) (net.Conn, error) // fasthttp.DialTimeout; tests count dials
 }
