@@ -1382,19 +1382,9 @@ func TestAnAnswerEndsWhereItsConnectionDid(t *testing.T) {
 // request went on, made whole with stale bytes, unless the hang-up watch
 // noticed the close first).
 func TestARequestCutShortReachesNoWorker(t *testing.T) {
-	var got atomic.Int32
-	addr := rawServer(t, func(c net.Conn, _ *http.Request) bool {
-		got.Add(1)
-		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-		return true
-	})
-	reg, _, url := serveOne(t, addr, Options{}, nil)
-	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
-	c, err := net.Dial("tcp", front)
-	require.NoError(t, err)
-	defer c.Close()
+	reg, got, c := dialRecordingWorker(t)
 	// A body that is not JSON, forwarded as it is (as audio is).
-	_, err = io.WriteString(c, "POST /v1/audio/x HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\nRIFF")
+	_, err := io.WriteString(c, "POST /v1/audio/x HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\nRIFF")
 	require.NoError(t, err)
 	time.Sleep(50 * time.Millisecond) // read ahead before the close comes
 	require.NoError(t, c.(*net.TCPConn).CloseWrite())
@@ -1402,38 +1392,45 @@ func TestARequestCutShortReachesNoWorker(t *testing.T) {
 	ans, _ := io.ReadAll(c)
 	assert.True(t, strings.HasPrefix(string(ans), "HTTP/1.1 400 "), "a request the router could not read whole: %q", ans)
 	time.Sleep(50 * time.Millisecond)
-	assert.Zero(t, got.Load(), "the worker got no request")
+	assert.Empty(t, got, "the worker got no request")
 	w, _ := reg.Get(1)
 	assert.Zero(t, w.Occupancy())
+}
+
+// dialRecordingWorker serves a front end of one worker that answers every
+// request {} and sends it on got (the requests it had so far: len(got)),
+// and returns the registry, got and a connection to the front end.
+func dialRecordingWorker(t *testing.T) (*dataplane.Registry, chan *http.Request, net.Conn) {
+	got := make(chan *http.Request, 16)
+	addr := rawServer(t, func(c net.Conn, req *http.Request) bool {
+		got <- req
+		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+		return err == nil
+	})
+	reg, _, url := serveOne(t, addr, Options{}, nil)
+	c, err := net.Dial("tcp", strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions"))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return reg, got, c
 }
 
 // A request with a space in a field name ("X Id: 1", which fasthttp takes)
 // is answered 400 naming it and reaches no worker; the same request with
 // a token for a name passes, on the same connection.
 func TestAFieldNameWithASpaceIsRefused(t *testing.T) {
-	var got atomic.Int32
-	addr := rawServer(t, func(c net.Conn, _ *http.Request) bool {
-		got.Add(1)
-		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-		return err == nil
-	})
-	reg, _, url := serveOne(t, addr, Options{}, nil)
-	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
-	c, err := net.Dial("tcp", front)
-	require.NoError(t, err)
-	defer c.Close()
+	reg, got, c := dialRecordingWorker(t)
 	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
 	br := bufio.NewReader(c)
 	body := `{"model":"m","messages":[]}`
 	for _, tc := range []struct {
 		name   string
 		status int
-		served int32
+		served int
 	}{
 		{"X Id", http.StatusBadRequest, 0},
 		{"X-Id", http.StatusOK, 1},
 	} {
-		_, err = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%s: 1\r\nContent-Length: %d\r\n\r\n%s", tc.name, len(body), body)
+		_, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%s: 1\r\nContent-Length: %d\r\n\r\n%s", tc.name, len(body), body)
 		require.NoError(t, err)
 		resp, err := http.ReadResponse(br, nil)
 		require.NoError(t, err, tc.name)
@@ -1442,7 +1439,7 @@ func TestAFieldNameWithASpaceIsRefused(t *testing.T) {
 		if tc.status == http.StatusBadRequest {
 			assert.Contains(t, string(answer), `header field name \"X Id\" holds a space`)
 		}
-		assert.Equal(t, tc.served, got.Load(), tc.name)
+		assert.Equal(t, tc.served, len(got), tc.name)
 	}
 	w, _ := reg.Get(1)
 	assert.Zero(t, w.Occupancy())
@@ -1454,19 +1451,9 @@ func TestAFieldNameWithASpaceIsRefused(t *testing.T) {
 // as RFC 9112 section 6.1 asks: what followed it on the connection is
 // never read as a request.
 func TestARequestWithLengthAndChunksClosesItsConnection(t *testing.T) {
-	got := make(chan *http.Request, 2)
-	addr := rawServer(t, func(c net.Conn, req *http.Request) bool {
-		got <- req
-		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-		return err == nil
-	})
-	reg, _, url := serveOne(t, addr, Options{}, nil)
-	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
-	c, err := net.Dial("tcp", front)
-	require.NoError(t, err)
-	defer c.Close()
+	reg, got, c := dialRecordingWorker(t)
 	body := `{"model":"m","messages":[]}`
-	_, err = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"+
+	_, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"+
 		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", len(body), body)
 	require.NoError(t, err)
 	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
