@@ -31,6 +31,9 @@ type E2EOptions struct {
 	// run's ratios move with the minute it ran in; rounds interleaved in
 	// one run bear the same minutes.
 	Rounds int
+	// Fronts names the front ends to run (Fronts lists them); none: all.
+	// A ratio to a reference left out (nginx-1w, nginx) is not shown.
+	Fronts []string
 }
 
 // Workload is one request mix of the comparison.
@@ -97,13 +100,47 @@ var fronts = []front{
 	{"nginx", nginxFront("least_conn;", "auto")},
 	{"nginx-1w", nginxFront("least_conn;", "1")},
 	{"haproxy", startHAProxy},
+	{"floor-goroutines", floorFront("goroutines")},
+	{"floor-epoll", floorFront("epoll")},
+}
+
+// Fronts are the names of bench-e2e's front ends, in the order it runs
+// them.
+func Fronts() []string {
+	names := make([]string, len(fronts))
+	for i, f := range fronts {
+		names[i] = f.name
+	}
+	return names
+}
+
+// chosenFronts are the front ends names names (all of them for none), in
+// fronts' order.
+func chosenFronts(names []string) ([]front, error) {
+	if len(names) == 0 {
+		return fronts, nil
+	}
+	for _, n := range names {
+		if !slices.ContainsFunc(fronts, func(f front) bool { return f.name == n }) {
+			return nil, fmt.Errorf("no front end %q (%s)", n, strings.Join(Fronts(), ", "))
+		}
+	}
+	return slices.DeleteFunc(slices.Clone(fronts), func(f front) bool { return !slices.Contains(names, f.name) }), nil
 }
 
 // RunE2E runs every workload against every front end, one after the other
 // on this machine, with the same load generator, and writes the table and
 // the latency plot to OutDir.
 func RunE2E(o E2EOptions) ([]Row, error) {
-	for _, tool := range []string{"nginx", "haproxy"} {
+	fronts, err := chosenFronts(o.Fronts)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range fronts {
+		tool, _, _ := strings.Cut(f.name, "-")
+		if tool != "nginx" && tool != "haproxy" {
+			continue
+		}
 		if _, err := exec.LookPath(tool); err != nil {
 			return nil, fmt.Errorf("%s not found (make bench-e2e installs it from Debian packages)", tool)
 		}
@@ -136,7 +173,7 @@ func RunE2E(o E2EOptions) ([]Row, error) {
 			}
 		}
 		stopWorkers()
-		rows = append(rows, workloadRows(wl.Name, rounds)...)
+		rows = append(rows, workloadRows(wl.Name, fronts, rounds)...)
 	}
 	table := Table(rows, o)
 	if err := os.WriteFile(filepath.Join(o.OutDir, "results.md"), []byte(table), 0o644); err != nil {
@@ -151,8 +188,9 @@ func RunE2E(o E2EOptions) ([]Row, error) {
 
 // workloadRows are a workload's rows, one per front end, from rounds
 // (rounds[i]: fronts[i]'s, in the order they ran): its median round
-// (medianRow) and its ratios to the references of each round (Row).
-func workloadRows(workload string, rounds [][]Result) []Row {
+// (medianRow) and its ratios to the references of each round (Row), none
+// to a reference that did not run.
+func workloadRows(workload string, fronts []front, rounds [][]Result) []Row {
 	cpuRef := slices.IndexFunc(fronts, func(f front) bool { return f.name == "nginx-1w" })
 	p99Ref := slices.IndexFunc(fronts, func(f front) bool { return f.name == "nginx" })
 	cpu := func(r Result) float64 { return float64(r.CPUPerRequest) }
@@ -161,9 +199,13 @@ func workloadRows(workload string, rounds [][]Result) []Row {
 	rows := make([]Row, 0, len(fronts))
 	for i, f := range fronts {
 		row := medianRow(workload, f.name, rounds[i])
-		row.CPURatio, row.CPURatioLeast, row.CPURatioMost = perRound(rounds[i], rounds[cpuRef], cpu)
-		row.UserRatio, _, _ = perRound(rounds[i], rounds[cpuRef], user)
-		row.P99Ratio, _, _ = perRound(rounds[i], rounds[p99Ref], p99)
+		if cpuRef >= 0 {
+			row.CPURatio, row.CPURatioLeast, row.CPURatioMost = perRound(rounds[i], rounds[cpuRef], cpu)
+			row.UserRatio, _, _ = perRound(rounds[i], rounds[cpuRef], user)
+		}
+		if p99Ref >= 0 {
+			row.P99Ratio, _, _ = perRound(rounds[i], rounds[p99Ref], p99)
+		}
 		rows = append(rows, row)
 	}
 	return rows
@@ -303,6 +345,22 @@ func startServeAdmin(bin, admin string, workers []string, flags ...string) (stri
 		return "", nil, err
 	}
 	return addr, p, nil
+}
+
+// floorFront returns the start function of `fastroute floor` (the
+// reference proxy of package floor) serving in model.
+func floorFront(model string) startFunc {
+	return func(bin, _ string, workers []string) (string, *exec.Cmd, error) {
+		addr, err := loopback.FreeAddr()
+		if err != nil {
+			return "", nil, err
+		}
+		p, err := spawn(bin, append([]string{"floor", "--model", model, "--listen", addr}, workers...)...)
+		if err != nil {
+			return "", nil, err
+		}
+		return addr, p, nil
+	}
 }
 
 // nginxFront returns the start function of nginx with the upstream

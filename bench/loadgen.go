@@ -38,8 +38,14 @@ func (r Result) Percentile(q float64) time.Duration {
 	return r.sorted[min(int(q*float64(len(r.sorted))), len(r.sorted)-1)]
 }
 
-// RPS returns successful requests per second.
-func (r Result) RPS() float64 { return float64(r.Requests) / r.Elapsed.Seconds() }
+// RPS returns successful requests per second (0 for a run that did not
+// run).
+func (r Result) RPS() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Requests) / r.Elapsed.Seconds()
+}
 
 // Load drives addr with conns keep-alive connections, each sending the POST
 // body to path back to back for dur, and measures every request's latency.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 )
@@ -123,7 +124,8 @@ func logPanel(b *strings.Builder, x0, top, pw, ph, lo, hi float64, title string)
 }
 
 // frontColors gives each front end one color in every panel.
-var frontColors = map[string]string{"direct": "#7f7f7f", "fastroute": "#d62728", "nginx": "#2ca02c", "nginx-1w": "#98df8a", "haproxy": "#1f77b4"}
+var frontColors = map[string]string{"direct": "#7f7f7f", "fastroute": "#d62728", "nginx": "#2ca02c", "nginx-1w": "#98df8a", "haproxy": "#1f77b4",
+	"floor-goroutines": "#9467bd", "floor-epoll": "#c5b0d5"}
 
 // Plot draws latency against percentile, one panel per workload, one line
 // per front end, on a log scale, as a standalone SVG.
@@ -180,9 +182,12 @@ func Plot(rows []Row) string {
 	}
 	lx := left
 	for _, f := range fronts {
+		if !slices.ContainsFunc(rows, func(r Row) bool { return r.Front == f.name }) {
+			continue
+		}
 		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="14" height="4" fill="%s"/><text x="%.0f" y="%.0f">%s</text>`+"\n",
 			lx, height-20, frontColors[f.name], lx+18, height-15, f.name)
-		lx += 110
+		lx += 130
 	}
 	b.WriteString("</svg>\n")
 	return b.String()

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -40,7 +41,11 @@ func TestTableRatiosAndPlot(t *testing.T) {
 	require.NoError(t, xml.Unmarshal([]byte(svg), &doc))
 	assert.Len(t, doc.Polylines, 4, "one line per front end")
 	for _, f := range fronts {
-		assert.Contains(t, svg, ">"+f.name+"</text>", "legend")
+		if slices.ContainsFunc(rows, func(r Row) bool { return r.Front == f.name }) {
+			assert.Contains(t, svg, ">"+f.name+"</text>", "legend")
+		} else {
+			assert.NotContains(t, svg, ">"+f.name+"</text>", "no legend for a front end that did not run")
+		}
 	}
 }
 
@@ -101,7 +106,7 @@ func TestRatiosAreTakenRoundByRound(t *testing.T) {
 			rounds[i] = []Result{at(50, ms), at(50, ms), at(50, ms)}
 		}
 	}
-	rows := workloadRows("non-streaming", rounds)
+	rows := workloadRows("non-streaming", fronts, rounds)
 	require.Len(t, rows, len(fronts))
 	byFront := map[string]Row{}
 	for _, r := range rows {
@@ -119,6 +124,31 @@ func TestRatiosAreTakenRoundByRound(t *testing.T) {
 	assert.Contains(t, table, "| non-streaming | fastroute |")
 	assert.Contains(t, table, "| 1.00× | 30.0 (20.0–40.0) | 1.00× (1.00–1.03) | 14.5 (2.00×) |",
 		"the median round's user-space CPU (twice nginx-1w's 7.25) and the median of the rounds' ratios")
+}
+
+// A run of some front ends (--fronts) keeps fronts' order, refuses a name
+// it does not know, and shows no ratio to a reference that did not run.
+func TestAChoiceOfFrontEnds(t *testing.T) {
+	chosen, err := chosenFronts([]string{"floor-epoll", "fastroute"})
+	require.NoError(t, err)
+	require.Len(t, chosen, 2)
+	assert.Equal(t, []string{"fastroute", "floor-epoll"}, []string{chosen[0].name, chosen[1].name})
+	_, err = chosenFronts([]string{"envoy"})
+	require.ErrorContains(t, err, `no front end "envoy"`)
+	assert.ErrorContains(t, err, "floor-goroutines")
+	all, err := chosenFronts(nil)
+	require.NoError(t, err)
+	assert.Len(t, all, len(fronts))
+
+	r := synthetic("x", 1000, time.Millisecond)
+	r.CPUPerRequest, r.UserCPUPerRequest = 30*time.Microsecond, 10*time.Microsecond
+	rows := workloadRows("non-streaming", chosen, [][]Result{{r}, {r}})
+	require.Len(t, rows, 2)
+	assert.Zero(t, rows[0].CPURatio, "nginx-1w did not run: no ratio to it")
+	assert.Zero(t, rows[0].P99Ratio, "nginx did not run: no ratio to it")
+	table := Table(rows, E2EOptions{Connections: 8, Duration: time.Second, Workers: 3})
+	assert.NotContains(t, table, "NaN")
+	assert.Contains(t, table, "| non-streaming | floor-epoll | 1000 | 1.50 ms | 1.90 ms | 1.99 ms | 2.00 ms | - | - | - | 30.0 | - | 10.0 (-) |")
 }
 
 // TestE2ESmoke runs the whole comparison briefly where nginx and HAProxy are

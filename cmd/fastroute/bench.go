@@ -43,8 +43,12 @@ func runBenchE2E(args []string) error {
 	fs.IntVar(&o.Workers, "workers", 3, "mock worker processes")
 	fs.IntVar(&o.Rounds, "rounds", 1, "rounds of every front end per workload, interleaved; the table shows each one's median round and the median of each round's ratios to nginx")
 	fs.StringVar(&o.OutDir, "out", "bench/out", "directory for results.md and results.svg")
+	frontList := fs.String("fronts", "", "comma-separated front ends to run (default: all): "+strings.Join(bench.Fronts(), ", "))
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *frontList != "" {
+		o.Fronts = strings.Split(*frontList, ",")
 	}
 	self, err := os.Executable()
 	if err != nil {

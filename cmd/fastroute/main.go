@@ -26,6 +26,7 @@ commands:
   bench-e2e   fastroute, nginx, HAProxy and direct side by side (mock worker processes)
   bench-routing  routing quality on simulated engines: every mode beside nginx
   bench-streams  thousands of concurrent SSE streams through fastroute and nginx
+  floor       bench-e2e's reference proxy: the least a Go proxy does (--model goroutines|epoll)
   version     print the module version and commit
 `
 
@@ -56,6 +57,8 @@ func main() {
 		err = runBenchRouting(args)
 	case "bench-streams":
 		err = runBenchStreams(args)
+	case "floor":
+		err = runFloor(args)
 	case "version", "--version", "-version":
 		fmt.Println(version())
 	case "-h", "--help", "help":

@@ -529,7 +529,7 @@ func TestClientWritesWaitForRoomAndFailAsTheNetPackagesWould(t *testing.T) {
 // Data handed from one goroutine to another through a socket is in order
 // for the race detector, whichever end makes raw calls: under -race this
 // test fails with a data race if the router's reads and writes stop telling
-// the detector what the kernel does (syscalls_race.go).
+// the detector what the kernel does (internal/rawsock/rawsock_race.go).
 func TestGoroutinesThatTalkThroughASocketAreInOrderForTheRaceDetector(t *testing.T) {
 	peer, cc := clientPair(t)
 	var toPeer, toRouter int // each written by one goroutine, read by the other after the bytes came

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/fastroute/fastroute/internal/rawsock"
 )
 
 // sockIO reads a socket's next bytes once they come, into a buffer lent
@@ -16,7 +18,7 @@ import (
 // finds nothing yet, then the one after the poller's wake-up), or only the
 // second when it sends a held write first (hold), and the bytes are then
 // taken without another. It also writes to the socket (write). Both make
-// raw system calls (sysRead, sysWrite), and may keep deadlines off the
+// raw system calls (rawsock.Read, rawsock.Write), and may keep deadlines off the
 // socket until a call has to wait (deferDeadlines).
 type sockIO struct {
 	conn   net.Conn              // for the addresses of an error; written to as is when raw is nil
@@ -192,7 +194,7 @@ func (r *sockIO) sendHeld(fd uintptr) bool {
 // (EAGAIN) or the send fails, and returns what is left.
 func sendAll(fd uintptr, p []byte) ([]byte, syscall.Errno) {
 	for len(p) > 0 {
-		n, errno := sysWrite(fd, p)
+		n, errno := rawsock.Write(fd, p)
 		switch errno {
 		case 0:
 			p = p[n:]
@@ -210,9 +212,9 @@ func always() bool { return true }
 // recvSome reads what the socket fd holds into p, up to its length, again
 // when a signal cut the call short.
 func recvSome(fd uintptr, p []byte) (int, syscall.Errno) {
-	n, errno := sysRead(fd, p)
+	n, errno := rawsock.Read(fd, p)
 	for errno == syscall.EINTR {
-		n, errno = sysRead(fd, p)
+		n, errno = rawsock.Read(fd, p)
 	}
 	return n, errno
 }

@@ -1,0 +1,12 @@
+//go:build !linux
+
+package floor
+
+import (
+	"errors"
+	"net"
+)
+
+func startEpoll(*net.TCPListener, []string) (func(), error) {
+	return nil, errors.New("floor: the epoll model runs on Linux only")
+}
