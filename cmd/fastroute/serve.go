@@ -127,6 +127,11 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 		cfg.ProxyProtocol.From = append(cfg.ProxyProtocol.From, v)
 		return nil
 	})
+	fs.StringVar(&cfg.RealIP.Header, "real-ip-header", cfg.RealIP.Header, "take a request's client address from this header (X-Forwarded-For, X-Real-IP) when it comes from a proxy of --real-ip-from, for the access log and the span")
+	fs.Func("real-ip-from", "an IP or CIDR prefix of an HTTP load balancer trusted to set --real-ip-header (repeatable)", func(v string) error {
+		cfg.RealIP.From = append(cfg.RealIP.From, v)
+		return nil
+	})
 	dn := &cfg.Discovery.DNS
 	fs.Func("dns-name", "find workers by DNS name: host:port (each address the host resolves to is a worker on that port) or an SRV name, _service._proto.name (each address of each target, on the target's port) (repeatable)", func(v string) error {
 		dn.Names = append(dn.Names, v)

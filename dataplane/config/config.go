@@ -27,6 +27,7 @@ import (
 	"github.com/fastroute/fastroute/discovery/dns"
 	"github.com/fastroute/fastroute/internal/fielderr"
 	"github.com/fastroute/fastroute/pickers"
+	"golang.org/x/net/http/httpguts"
 	"gopkg.in/yaml.v3"
 )
 
@@ -112,6 +113,9 @@ type Config struct {
 	// ProxyProtocol has the connections of a load balancer in front of
 	// the router begin with a PROXY protocol header naming the client.
 	ProxyProtocol ProxyProtocol `yaml:"proxy_protocol"`
+	// RealIP takes a request's client address from a header that an HTTP
+	// load balancer in front of the router sets.
+	RealIP RealIP `yaml:"real_ip"`
 	// WorkerTLS is how the router speaks TLS to workers whose url is
 	// https://.
 	WorkerTLS WorkerTLS `yaml:"worker_tls"`
@@ -146,9 +150,31 @@ type ProxyProtocol struct {
 
 // Prefixes returns From as prefixes, a lone IP as the prefix of it
 // alone.
-func (p ProxyProtocol) Prefixes() ([]netip.Prefix, error) {
+func (p ProxyProtocol) Prefixes() ([]netip.Prefix, error) { return prefixesOf(p.From) }
+
+// RealIP, when Header is set, takes a request's client address from that
+// header (X-Forwarded-For, or one naming a single address such as
+// X-Real-IP) when the request came from one of the proxies From (IPs or
+// CIDR prefixes), as nginx's realip module does (set_real_ip_from,
+// real_ip_header, real_ip_recursive on): behind an HTTP load balancer
+// (an AWS Application Load Balancer, nginx, Envoy), the access log and
+// the request's span show the client, not the balancer. Of
+// X-Forwarded-For's addresses the client is the last one that is not a
+// proxy of From: the one the nearest trusted proxy saw. A request from
+// elsewhere keeps its connection's address, whatever it sends.
+type RealIP struct {
+	Header string   `yaml:"header"`
+	From   []string `yaml:"from"`
+}
+
+// Prefixes returns From as prefixes, a lone IP as the prefix of it alone.
+func (r RealIP) Prefixes() ([]netip.Prefix, error) { return prefixesOf(r.From) }
+
+// prefixesOf returns addresses (IPs or CIDR prefixes) as prefixes, a lone
+// IP as the prefix of it alone.
+func prefixesOf(addresses []string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
-	for _, f := range p.From {
+	for _, f := range addresses {
 		pre, err := netip.ParsePrefix(f)
 		if err != nil {
 			ip, ipErr := netip.ParseAddr(f)
@@ -160,6 +186,24 @@ func (p ProxyProtocol) Prefixes() ([]netip.Prefix, error) {
 		out = append(out, pre.Masked())
 	}
 	return out, nil
+}
+
+// check says what is wrong with the real_ip key, naming the key.
+func (r RealIP) check() error {
+	if _, err := r.Prefixes(); err != nil {
+		return keyErr("real_ip.from", "%v", err)
+	}
+	switch {
+	case r.Header == "" && len(r.From) > 0:
+		return keyErr("real_ip.from", "set, but real_ip.header is empty")
+	case r.Header == "":
+		return nil
+	case len(r.From) == 0:
+		return keyErr("real_ip.from", "names no proxy: every client could then name its own address in %s", r.Header)
+	case !httpguts.ValidHeaderFieldName(r.Header):
+		return keyErr("real_ip.header", "%q is not a header name", r.Header)
+	}
+	return nil
 }
 
 // WorkerTLS is the TLS of the router's connections to workers whose url is
@@ -596,6 +640,9 @@ func (c *Config) Validate() error {
 		return keyErr("proxy_protocol.from", "%v", err)
 	} else if len(c.ProxyProtocol.From) > 0 && !c.ProxyProtocol.Enabled {
 		return keyErr("proxy_protocol.from", "set, but proxy_protocol.enabled is false")
+	}
+	if err := c.RealIP.check(); err != nil {
+		return err
 	}
 	if w := c.WorkerTLS; (w.CertFile == "") != (w.KeyFile == "") {
 		return keyErr("worker_tls", "set cert_file and key_file together")

@@ -221,6 +221,13 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		}
 		fo.ProxyProtocol = &frontend.ProxyProtocol{From: from}
 	}
+	if cfg.RealIP.Header != "" {
+		from, err := cfg.RealIP.Prefixes()
+		if err != nil {
+			return nil, err // Validate checked them: not reached
+		}
+		fo.RealIP = &frontend.RealIP{Header: cfg.RealIP.Header, From: from}
+	}
 	if cfg.TLS.On() {
 		if err := r.cert.load(cfg.TLS); err != nil {
 			return nil, err

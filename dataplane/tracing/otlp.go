@@ -136,7 +136,9 @@ func (s *Span) appendProto(b []byte) []byte {
 	if s.Client.IsValid() {
 		var room [len("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255%zone")]byte
 		b = appendStringAttr(b, spanAttributes, "client.address", s.Client.Addr().AppendTo(room[:0]))
-		b = appendIntAttr(b, "client.port", int64(s.Client.Port()))
+		if s.Client.Port() != 0 {
+			b = appendIntAttr(b, "client.port", int64(s.Client.Port()))
+		}
 	}
 	b = appendStringAttr(b, spanAttributes, "fastroute.outcome", s.Outcome)
 	if s.Worker != 0 {

@@ -137,7 +137,9 @@ type Span struct {
 	Attempts int    // workers tried
 	Stream   bool   // the request asked for a stream
 	// Client is the client's address and port (a PROXY protocol header's,
-	// behind a balancer); invalid: unknown.
+	// or a trusted balancer's forwarding header's, behind a balancer);
+	// port 0: unknown, as a forwarding header may name none; invalid:
+	// unknown.
 	Client    netip.AddrPort
 	Picked    time.Duration // since Start: when its worker was reserved, after any wait in the queue; 0: never
 	Sent      time.Duration // since Start: when the request left for its worker (its last try); 0: never

@@ -12,6 +12,7 @@ import (
 	"mime"
 	"mime/multipart"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -118,9 +119,10 @@ type exchange struct {
 	// For the access log.
 	path      []byte // copied only while the access log is on, as are the next three
 	method    []byte
-	peer      net.Addr // the client's address
-	requestID []byte   // the client's X-Request-Id
-	picked    bool     // res names this request's worker (it may name an earlier one's)
+	peer      net.Addr       // the connection's peer, where it has no IP address (clientAt is not valid)
+	clientAt  netip.AddrPort // the client's address (Server.clientOf)
+	requestID []byte         // the client's X-Request-Id
+	picked    bool           // res names this request's worker (it may name an earlier one's)
 	status    int
 	firstByte time.Duration
 	bytes     int64
@@ -145,7 +147,10 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 		ex.path = append(ex.path[:0], ctx.Path()...)
 		ex.method = append(ex.method[:0], ctx.Method()...)
 		ex.requestID = append(ex.requestID[:0], ctx.Request.Header.Peek(headerRequestID)...)
-		ex.peer = ctx.RemoteAddr()
+		var ok bool
+		if ex.clientAt, ok = ex.s.clientOf(ctx); !ok {
+			ex.peer = ctx.RemoteAddr()
+		}
 	}
 	ex.traceRequest(ctx, start)
 }
@@ -1016,6 +1021,15 @@ func (ex *exchange) tried(o outcome) (worker uint64, attempts int) {
 	return worker, attempts
 }
 
+// clientText is the client's address in the access log.
+func (ex *exchange) clientText() string {
+	if !ex.clientAt.IsValid() {
+		return ex.peer.String()
+	}
+	var room [64]byte
+	return string(appendClient(room[:0], ex.clientAt))
+}
+
 // logAccess writes the request's access line: with log.access all every
 // request, with errors those answered 400 or above or that did not end well.
 func (ex *exchange) logAccess(o outcome, total time.Duration) {
@@ -1033,7 +1047,7 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 		slog.String("outcome", outcomeNames[o]), slog.Uint64("worker", worker), slog.Int("attempts", attempts),
 		slog.Float64("first_byte_ms", float64(ex.firstByte.Microseconds())/1000),
 		slog.Float64("total_ms", float64(total.Microseconds())/1000), slog.Int64("bytes", ex.bytes),
-		slog.String("model", string(ex.req.Model)), slog.String("client", ex.peer.String()),
+		slog.String("model", string(ex.req.Model)), slog.String("client", ex.clientText()),
 		slog.String("request_id", string(id)), {}, {}, {}, {}, {}, {}, {}}
 	n := len(attrs) - 7
 	if len(ex.alias) > 0 { // the model the client named, whose target model is

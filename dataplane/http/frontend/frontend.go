@@ -106,6 +106,9 @@ type Options struct {
 	// begin with a PROXY protocol header naming the client's address;
 	// nil: none does.
 	ProxyProtocol *ProxyProtocol
+	// RealIP, when set, takes a request's client address from a header
+	// that the HTTP load balancers it trusts set; nil: the connection's.
+	RealIP *RealIP
 	// Tracer, when set, traces the requests it samples: each gets the
 	// router's span, whose id its worker sees as the traceparent's parent
 	// (traceRequest); nil: traceparent headers pass untouched.

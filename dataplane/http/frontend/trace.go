@@ -1,9 +1,7 @@
 package frontend
 
 import (
-	"net"
 	"net/http"
-	"net/netip"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
@@ -50,10 +48,7 @@ func (ex *exchange) traceRequest(ctx *fasthttp.RequestCtx, start time.Time) {
 		return
 	}
 	sp := &rec.Span
-	if a, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
-		ap := a.AddrPort()
-		sp.Client = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	}
+	sp.Client, _ = ex.s.clientOf(ctx)
 	sp.Method = methodName(ctx.Method())
 	sp.Name = sp.Method
 	if ctx.IsPost() {
