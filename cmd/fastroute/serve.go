@@ -404,6 +404,7 @@ func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exi
 					continue
 				}
 				upgrading = true
+				r.BeginUpgrade()
 				log.Info("upgrading: a new process of the executable takes the listeners over once ready", "executable", os.Args[0])
 				go func() { upgraded <- upg.Upgrade() }()
 				continue
@@ -424,6 +425,7 @@ func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exi
 		case err := <-upgraded:
 			upgrading = false
 			if err != nil {
+				r.EndUpgrade()
 				log.Error("upgrade failed: this process goes on serving", "err", err)
 				continue
 			}

@@ -196,8 +196,9 @@ func (u *fakeUpgrade) Upgrade() error {
 
 func (u *fakeUpgrade) Stop() { close(u.stopped) }
 
-// SIGUSR2 upgrades: a failed upgrade leaves the router serving, a second
-// SIGUSR2 while one is under way is ignored, and a ready new process has
+// SIGUSR2 upgrades: the admin API refuses changes while the new process
+// starts, a failed upgrade leaves the router serving and taking changes, a
+// second SIGUSR2 while one is under way is ignored, and a ready new process has
 // the router drain and handleSignals return. SIGTERM during an upgrade
 // stops it (its process not yet ready is killed) and drains.
 func TestSIGUSR2Upgrades(t *testing.T) {
@@ -212,10 +213,20 @@ func TestSIGUSR2Upgrades(t *testing.T) {
 		returned := make(chan error, 1)
 		go func() { returned <- handleSignals(r, sig, log, func(int) { t.Error("no exit expected") }, upg) }()
 
+		addWorker := func(id int) int {
+			resp, err := http.Post("http://"+r.AdminAddr()+"/workers", "application/json",
+				strings.NewReader(fmt.Sprintf(`{"id":%d,"url":"http://127.0.0.1:1"}`, id)))
+			require.NoError(t, err)
+			resp.Body.Close()
+			return resp.StatusCode
+		}
 		sig <- syscall.SIGUSR2
 		sig <- syscall.SIGUSR2 // ignored: one upgrade at a time (Upgrade would block the test otherwise)
+		require.Eventually(t, func() bool { return upg.calls.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
+		assert.Equal(t, http.StatusServiceUnavailable, addWorker(7), "%s: the new process would not have the worker", end)
 		upg.results <- errors.New("child exited: exit status 3")
 		time.Sleep(50 * time.Millisecond) // the failure is handled
+		assert.Equal(t, http.StatusCreated, addWorker(7), "%s: the upgrade failed: this process takes changes again", end)
 		sig <- syscall.SIGUSR2
 		time.Sleep(50 * time.Millisecond)
 		select {

@@ -71,6 +71,7 @@ type Router struct {
 
 	log           *slog.Logger
 	prefixLearned atomic.Uint64 // prefix records taken from peer replicas
+	upgrading     atomic.Bool   // an upgrade's new process starts: admin changes are refused (BeginUpgrade)
 	reloadMu      sync.Mutex    // one reload at a time; guards Config and source
 	source        func() (config.Config, error)
 	ln, adminLn   net.Listener
@@ -262,7 +263,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 			MetricsPublic: cfg.MetricsPublic, Logger: log, Reload: r.ReloadFromSource, Probe: r.probeSoon,
 			Config:   func() ([]byte, error) { return r.CurrentConfig().RedactedYAML() },
 			Describe: r.describe, Drain: r.drainWorker, LearnPrefixes: r.learnPrefixes(), APIKeys: &r.APIKeys,
-			Changed: r.saveState}),
+			WritesRefused: r.writesRefused,
+			Changed:       r.saveState}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	if err := r.startDiscovery(log); err != nil {
@@ -341,6 +343,26 @@ func (r *Router) Addr() string { return r.ln.Addr().String() }
 
 // AdminAddr returns the admin listener's address.
 func (r *Router) AdminAddr() string { return r.adminLn.Addr().String() }
+
+// BeginUpgrade has the admin API refuse changes (503, Retry-After: 1)
+// while an upgrade's new process starts: it reads the config and the
+// state file as it starts, so a worker added, drained or given adapters
+// here meanwhile, or a reload, would be lost when it takes over. Reads are
+// served. EndUpgrade takes the refusal back when the upgrade failed; once
+// it succeeded, HandOverAdmin leaves the admin API to the new process.
+func (r *Router) BeginUpgrade() { r.upgrading.Store(true) }
+
+// EndUpgrade has the admin API take changes again (BeginUpgrade).
+func (r *Router) EndUpgrade() { r.upgrading.Store(false) }
+
+// writesRefused is admin.Options.WritesRefused: why changes are refused
+// now, if they are.
+func (r *Router) writesRefused() string {
+	if r.upgrading.Load() {
+		return "an upgrade is under way: the new process takes the admin API over once it is ready (a change made here would be lost); retry then"
+	}
+	return ""
+}
 
 // HandOverAdmin stops accepting admin connections and closes the idle
 // ones, leaving open admin requests to finish: an upgrade's old process so

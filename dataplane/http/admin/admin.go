@@ -79,6 +79,12 @@ type Options struct {
 	// APIKeys are the clients' keys GET /api_keys describes (their names,
 	// options and counts, never a key); nil or off: an empty list.
 	APIKeys *apikeys.Keys
+	// WritesRefused, while it says why (not empty), has the routes that
+	// change the router (every method but GET and HEAD, a peer's POST
+	// /prefixes aside) answer 503 with Retry-After and that reason: an
+	// upgrade's old process, whose changes the new one would not have;
+	// may be nil.
+	WritesRefused func() string
 }
 
 // Handler returns the admin handler: the routes behind the token check and
@@ -87,7 +93,24 @@ func Handler(o Options) http.Handler {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	return o.logWrites(o.guard(jsonRefusals(routes(o))))
+	return o.logWrites(o.guard(o.refuseWrites(jsonRefusals(routes(o)))))
+}
+
+// refuseWrites answers a write 503 while WritesRefused says why.
+func (o Options) refuseWrites(h http.Handler) http.Handler {
+	if o.WritesRefused == nil {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead && r.URL.Path != prefixshare.Path {
+			if why := o.WritesRefused(); why != "" {
+				w.Header().Set("Retry-After", "1")
+				writeError(w, http.StatusServiceUnavailable, why)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // jsonRefusals answers the mux's own refusals (no route for the path: 404;

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/fastroute/fastroute/dataplane"
@@ -158,4 +159,54 @@ func TestWriteBodiesAreOneBoundedObject(t *testing.T) {
 	assert.Len(t, reg.All(), 2, "only the last, whole, request registered")
 	w, _ := reg.Get(1)
 	assert.Empty(t, w.Spec().LoRAs)
+}
+
+// While WritesRefused says why, every change (a worker added, its
+// adapters declared, a drain, a reload) is a 503 with Retry-After and the
+// reason, and changes nothing; reads are served, a peer's prefix records
+// are taken, and the token is checked first. Once it says nothing, changes
+// are taken again.
+func TestWritesRefusedWhileTheRouterSaysWhy(t *testing.T) {
+	reg := dataplane.NewRegistry()
+	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://127.0.0.1:1"})
+	require.NoError(t, err)
+	var why atomic.Value
+	why.Store("an upgrade is under way")
+	srv := httptest.NewServer(Handler(Options{Registry: reg, Metrics: &metrics.Set{}, Token: "s3cret",
+		Logger: slog.New(slog.DiscardHandler), WritesRefused: func() string { return why.Load().(string) },
+		Reload: func() ([]string, []string, error) { return nil, nil, nil }}))
+	defer srv.Close()
+	for _, w := range []struct{ method, path, body string }{
+		{"POST", "/workers", `{"id":2,"url":"http://127.0.0.1:2"}`},
+		{"PUT", "/workers/1/loras", `["a"]`},
+		{"DELETE", "/workers/1", ""},
+		{"POST", "/config/reload", ""},
+	} {
+		req, err := http.NewRequest(w.method, srv.URL+w.path, strings.NewReader(w.body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer s3cret")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s %s", w.method, w.path)
+		assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+		assert.Contains(t, string(body), `"an upgrade is under way"`)
+		status, _ := call(t, srv, w.method, w.path, w.body, "")
+		assert.Equal(t, http.StatusUnauthorized, status, "the token first")
+	}
+	assert.Len(t, reg.All(), 1, "no worker added")
+	wk, _ := reg.Get(1)
+	assert.False(t, wk.Draining(), "none drained")
+	assert.Empty(t, wk.DeclaredAdapters(), "no adapter declared")
+	status, body := call(t, srv, "GET", "/workers", "", "s3cret")
+	assert.Equal(t, http.StatusOK, status, "reads are served")
+	assert.Contains(t, body, `"id":1`)
+	status, _ = call(t, srv, "POST", "/prefixes", "", "s3cret")
+	assert.Equal(t, http.StatusConflict, status, "a peer's prefix records are no change to keep: prefix affinity off answers for itself")
+
+	why.Store("")
+	status, body = call(t, srv, "POST", "/workers", `{"id":2,"url":"http://127.0.0.1:2"}`, "s3cret")
+	assert.Equal(t, http.StatusCreated, status, body)
+	assert.Len(t, reg.All(), 2)
 }
