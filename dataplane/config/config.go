@@ -116,6 +116,12 @@ type Config struct {
 	// RealIP takes a request's client address from a header that an HTTP
 	// load balancer in front of the router sets.
 	RealIP RealIP `yaml:"real_ip"`
+	// GenerateRequestIDs gives each proxied request without an
+	// X-Request-Id one made up (32 hex digits), sent to its worker and
+	// written in the access log, and has each answer carry the request's
+	// id: a line of the router's log, of the engine's and a client's
+	// report name the same request.
+	GenerateRequestIDs bool `yaml:"generate_request_ids"`
 	// WorkerTLS is how the router speaks TLS to workers whose url is
 	// https://.
 	WorkerTLS WorkerTLS `yaml:"worker_tls"`

@@ -481,3 +481,27 @@ func TestHandOverAdminStopsAcceptingAdminConnections(t *testing.T) {
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the front end serves on")
 	assert.NoError(t, f.r.Close())
 }
+
+// With generate_request_ids, the access log names the id the answer
+// carries, made up for a request that came without one; a reload names a
+// change to the key as needing a restart.
+func TestGeneratedRequestIDsReachTheAccessLog(t *testing.T) {
+	var logs syncBuffer
+	f := startFleetLog(t, mocks(1, 3, 0), func(c *config.Config) {
+		c.GenerateRequestIDs = true
+		c.Log.Access = "all"
+	}, &logs)
+	resp := f.post("/v1/chat/completions", chatBody)
+	readAll(t, resp)
+	require.Equal(t, 200, resp.StatusCode)
+	id := resp.Header.Get("X-Request-Id")
+	require.Regexp(t, `^[0-9a-f]{32}$`, id)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "request_id="+id) }, 5*time.Second, 5*time.Millisecond,
+		"the access log names the request's id: %s", logs.String())
+	cfg := f.r.Config
+	cfg.GenerateRequestIDs = false
+	_, needRestart, err := f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"generate_request_ids"}, needRestart)
+	f.assertIdle()
+}

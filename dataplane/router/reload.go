@@ -76,6 +76,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"tls":                         old.TLS.On() == cfg.TLS.On(),
 		"proxy_protocol":              reflect.DeepEqual(old.ProxyProtocol, cfg.ProxyProtocol),
 		"real_ip":                     reflect.DeepEqual(old.RealIP, cfg.RealIP),
+		"generate_request_ids":        old.GenerateRequestIDs == cfg.GenerateRequestIDs,
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"pid_file":                    old.PIDFile == cfg.PIDFile,
 		"state_file":                  old.StateFile == cfg.StateFile,

@@ -121,7 +121,7 @@ type exchange struct {
 	method    []byte
 	peer      net.Addr       // the connection's peer, where it has no IP address (clientAt is not valid)
 	clientAt  netip.AddrPort // the client's address (Server.clientOf)
-	requestID []byte         // the client's X-Request-Id
+	requestID []byte         // the request's X-Request-Id: the client's, or one made up (GenerateRequestIDs)
 	picked    bool           // res names this request's worker (it may name an earlier one's)
 	status    int
 	firstByte time.Duration
@@ -143,6 +143,9 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 		pre.done, pre.err = nil, nil
 	}
 	ex.picked, ex.status, ex.firstByte, ex.bytes = false, 0, 0, 0
+	if ex.s.opts.GenerateRequestIDs {
+		stampRequestID(ctx)
+	}
 	if ex.s.access != nil {
 		ex.path = append(ex.path[:0], ctx.Path()...)
 		ex.method = append(ex.method[:0], ctx.Method()...)
@@ -749,6 +752,9 @@ func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 		dropAccessControl(&ctx.Response.Header)
 	}
 	ctx.Response.Header.SetCanonical(servedByKey, u.idHeader)
+	if ex.s.opts.GenerateRequestIDs {
+		answerRequestID(ctx)
+	}
 }
 
 // readAnswer passes the worker's streamed answer through. When an event

@@ -106,6 +106,10 @@ type Options struct {
 	// begin with a PROXY protocol header naming the client's address;
 	// nil: none does.
 	ProxyProtocol *ProxyProtocol
+	// GenerateRequestIDs gives each proxied request that came without an
+	// X-Request-Id one made up, sent to its worker, and has every answer to
+	// a proxied request carry the request's id (stampRequestID).
+	GenerateRequestIDs bool
 	// RealIP, when set, takes a request's client address from a header
 	// that the HTTP load balancers it trusts set; nil: the connection's.
 	RealIP *RealIP
