@@ -39,9 +39,13 @@ func (p *ProxyProtocol) expects(addr net.Addr) bool {
 	if !ok {
 		return false
 	}
-	ip := tcp.AddrPort().Addr().Unmap()
-	for _, from := range p.From {
-		if from.Contains(ip) {
+	return within(p.From, tcp.AddrPort().Addr().Unmap())
+}
+
+// within says whether a is in one of prefixes.
+func within(prefixes []netip.Prefix, a netip.Addr) bool {
+	for _, p := range prefixes {
+		if p.Contains(a) {
 			return true
 		}
 	}

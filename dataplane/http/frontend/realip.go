@@ -22,14 +22,7 @@ type RealIP struct {
 }
 
 // trusts says whether a is one of the proxies.
-func (r *RealIP) trusts(a netip.Addr) bool {
-	for _, p := range r.From {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
+func (r *RealIP) trusts(a netip.Addr) bool { return within(r.From, a) }
 
 // client returns the client address of a request whose connection's peer
 // is peer and whose header is h: the last address of the header's (of all

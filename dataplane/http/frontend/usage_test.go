@@ -97,7 +97,10 @@ func TestAStreamWithoutUsageIsChargedItsEvents(t *testing.T) {
 // before and after the usage object and as a name, compact or indented,
 // whole or as a stream's event: the scan reads exactly the usage put in.
 // (A usage object nested after the answer's own would be read instead:
-// no engine's answer has one.)
+// no engine's answer has one. Nor has one a second "usage" member, which
+// the text "usage" as a name would make: the scan takes the last, as
+// JSON parsers take a repeated name's last value, and that input, which
+// make fuzz found, is skipped.)
 // On raw bytes it never fails and reads no negative count.
 func FuzzTheUsageOfAnAnswer(f *testing.F) {
 	f.Add("hi", uint32(9), uint32(3), false, []byte(`{"usage":{"prompt_tokens":1}}`))
@@ -112,7 +115,7 @@ func FuzzTheUsageOfAnAnswer(f *testing.F) {
 			t.Fatalf("negative counts %+v from %q", u, raw)
 		}
 		quoted, err := json.Marshal(text)
-		if err != nil {
+		if err != nil || text == "usage" {
 			t.Skip()
 		}
 		doc := []byte(fmt.Sprintf(`{%s:[%s],"choices":[{"message":{"content":%s}}],"usage":{"prompt_tokens":%d,"completion_tokens":%d},"note":%s,%s:{"tokens":0}}`,
