@@ -34,8 +34,10 @@ func TestBusierGPUGetsProportionallyFewerRequests(t *testing.T) {
 	w1, _ := reg.Get(1)
 	assert.InDelta(t, 0.8*0.75, w1.Weight(), 1e-9)
 	share := split(t, reg, 10000)
-	assert.InDelta(t, 2.0/3, share[1], 0.02, "%v", share)
-	assert.InDelta(t, 1.0/3, share[2], 0.02, "%v", share)
+	// 5 standard deviations of 10,000 draws at 2 to 1 (0.0047): 0.02 was
+	// 4.2 and would fail about one run in 45,000.
+	assert.InDelta(t, 2.0/3, share[1], 0.024, "%v", share)
+	assert.InDelta(t, 1.0/3, share[2], 0.024, "%v", share)
 
 	u0, u1 = 90, 10
 	l.Tick(time.Now())
