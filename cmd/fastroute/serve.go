@@ -395,6 +395,10 @@ func handleSignals(r *router.Router, sig <-chan os.Signal, log *slog.Logger, exi
 		case s := <-sig:
 			switch s {
 			case syscall.SIGHUP:
+				if upgrading { // as the admin API's reload is refused (Router.BeginUpgrade)
+					log.Warn("SIGHUP ignored: an upgrade is under way, and its new process reads the config as it starts; send SIGHUP to it once it serves")
+					continue
+				}
 				notifyReloading()
 				_, _, _ = r.ReloadFromSource() // the router logs what it applied or why it refused
 				notifyReady()

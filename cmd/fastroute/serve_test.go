@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -196,16 +198,17 @@ func (u *fakeUpgrade) Upgrade() error {
 
 func (u *fakeUpgrade) Stop() { close(u.stopped) }
 
-// SIGUSR2 upgrades: the admin API refuses changes while the new process
-// starts, a failed upgrade leaves the router serving and taking changes, a
+// SIGUSR2 upgrades: the admin API refuses changes and SIGHUP is ignored
+// while the new process starts, a failed upgrade leaves the router serving and taking changes, a
 // second SIGUSR2 while one is under way is ignored, and a ready new process has
 // the router drain and handleSignals return. SIGTERM during an upgrade
 // stops it (its process not yet ready is killed) and drains.
 func TestSIGUSR2Upgrades(t *testing.T) {
 	cfg := config.Default()
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	for _, end := range []string{"upgraded", "SIGTERM"} {
+	var logged lockedBuffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	for i, end := range []string{"upgraded", "SIGTERM"} {
 		r, err := router.Start(cfg, log)
 		require.NoError(t, err)
 		sig := make(chan os.Signal, 2)
@@ -224,6 +227,9 @@ func TestSIGUSR2Upgrades(t *testing.T) {
 		sig <- syscall.SIGUSR2 // ignored: one upgrade at a time (Upgrade would block the test otherwise)
 		require.Eventually(t, func() bool { return upg.calls.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
 		assert.Equal(t, http.StatusServiceUnavailable, addWorker(7), "%s: the new process would not have the worker", end)
+		sig <- syscall.SIGHUP
+		require.Eventually(t, func() bool { return strings.Count(logged.String(), "SIGHUP ignored: an upgrade is under way") == i+1 },
+			5*time.Second, 5*time.Millisecond, "%s: nor would it have a reload's config", end)
 		upg.results <- errors.New("child exited: exit status 3")
 		time.Sleep(50 * time.Millisecond) // the failure is handled
 		assert.Equal(t, http.StatusCreated, addWorker(7), "%s: the upgrade failed: this process takes changes again", end)
@@ -406,4 +412,22 @@ func TestModelAliasFlags(t *testing.T) {
 		}
 		assert.ErrorContains(t, err, want, flag)
 	}
+}
+
+// lockedBuffer is a bytes.Buffer a logger writes to while a test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
