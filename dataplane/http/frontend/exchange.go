@@ -120,7 +120,7 @@ type exchange struct {
 	path      []byte // copied only while the access log is on, as are the next three
 	method    []byte
 	peer      net.Addr       // the connection's peer, where it has no IP address (clientAt is not valid)
-	clientAt  netip.AddrPort // the client's address (Server.clientOf)
+	clientAt  netip.AddrPort // the client's address (Server.clientOf), for the span too
 	requestID []byte         // the request's X-Request-Id: the client's, or one made up (GenerateRequestIDs)
 	picked    bool           // res names this request's worker (it may name an earlier one's)
 	status    int

@@ -48,7 +48,11 @@ func (ex *exchange) traceRequest(ctx *fasthttp.RequestCtx, start time.Time) {
 		return
 	}
 	sp := &rec.Span
-	sp.Client, _ = ex.s.clientOf(ctx)
+	if ex.s.access != nil {
+		sp.Client = ex.clientAt // begin found it for the access log
+	} else {
+		sp.Client, _ = ex.s.clientOf(ctx)
+	}
 	sp.Method = methodName(ctx.Method())
 	sp.Name = sp.Method
 	if ctx.IsPost() {
