@@ -349,7 +349,8 @@ func runCheck(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if cfg, err = router.Check(cfg); err != nil {
+	cfg, restoring, err := router.Check(cfg)
+	if err != nil {
 		return err
 	}
 	if show {
@@ -360,8 +361,8 @@ func runCheck(args []string, out io.Writer) error {
 		_, _ = out.Write(text)
 	}
 	restored := ""
-	if n, _ := router.StateWorkers(cfg); n > 0 { // Check read it
-		restored = fmt.Sprintf(" and %d from state_file", n)
+	if restoring > 0 {
+		restored = fmt.Sprintf(" and %d from state_file", restoring)
 	}
 	_, err = fmt.Fprintf(out, "config ok: listen %s, admin_listen %s, mode %s, %d workers%s\n",
 		cfg.Listen, cfg.AdminListen, cfg.Router.Mode, len(cfg.Workers), restored)

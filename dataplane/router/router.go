@@ -97,35 +97,45 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 type Listen func(key, address string) (net.Listener, error)
 
 // Check reads cfg as Start would, and starts nothing: it validates it,
-// reads the files its secrets and clients' API keys are in, and loads its
-// TLS certificates and CA files (the front end's, the workers', etcd's).
-// It returns cfg with the secrets read.
-func Check(cfg config.Config) (config.Config, error) {
+// reads the files its secrets and clients' API keys are in, loads its
+// TLS certificates and CA files (the front end's, the workers', etcd's)
+// and reads its state file. It returns cfg with the secrets read, and how
+// many workers the state file would add at start: those it holds that the
+// config does not name.
+func Check(cfg config.Config) (checked config.Config, stateWorkers int, err error) {
+	cfg, st, err := check(cfg)
+	return cfg, st.added(cfg.Workers), err
+}
+
+// check is Check, returning the state file's state (empty without one).
+func check(cfg config.Config) (config.Config, adminState, error) {
+	var none adminState
 	if err := cfg.Validate(); err != nil {
-		return cfg, err
+		return cfg, none, err
 	}
 	if err := cfg.ResolveSecrets(os.Getenv); err != nil {
-		return cfg, err
+		return cfg, none, err
 	}
 	var c certificate
 	if cfg.TLS.On() {
 		if err := c.load(cfg.TLS); err != nil {
-			return cfg, err
+			return cfg, none, err
 		}
 	}
 	if _, err := readClientCertificate(cfg.WorkerTLS); err != nil {
-		return cfg, err
+		return cfg, none, err
 	}
 	if _, err := c.workerConfig(cfg.WorkerTLS); err != nil {
-		return cfg, err
+		return cfg, none, err
 	}
 	if _, err := discovery.TLSConfig(etcdOptions(cfg.Discovery.Etcd, nil)); err != nil {
-		return cfg, err
+		return cfg, none, err
 	}
-	if _, err := StateWorkers(cfg); err != nil {
-		return cfg, err
+	if cfg.StateFile == "" {
+		return cfg, none, nil
 	}
-	return cfg, nil
+	st, err := readState(cfg.StateFile)
+	return cfg, st, err
 }
 
 // StartWith is Start with the listeners opened by listen.
@@ -133,7 +143,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	if log == nil {
 		log = slog.Default()
 	}
-	cfg, err := Check(cfg)
+	cfg, state, err := check(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +256,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.Metrics.Register(r.Frontend.Metrics().Collector(func() string { return string(r.CurrentConfig().Router.Mode) }, reg))
 	r.Metrics.Register(r.stateCollector())
 	r.Metrics.Register(metrics.Process())
-	if err := r.restoreState(); err != nil {
+	if err := r.restoreState(state); err != nil {
 		return nil, err
 	}
 	r.startTelemetry(log)

@@ -12,7 +12,6 @@ import (
 	"slices"
 
 	"github.com/fastroute/fastroute/dataplane"
-	"github.com/fastroute/fastroute/dataplane/config"
 )
 
 // adminState is what the admin API changed in a running router and
@@ -56,20 +55,16 @@ func readState(path string) (adminState, error) {
 	return st, nil
 }
 
-// StateWorkers returns how many workers cfg's state file would add at
-// start: those it holds that the config does not name (0 without one).
-func StateWorkers(cfg config.Config) (int, error) {
-	if cfg.StateFile == "" {
-		return 0, nil
-	}
-	st, err := readState(cfg.StateFile)
+// added returns how many of the state's workers a start adds to the
+// config's workers: those the config does not name.
+func (st adminState) added(workers []dataplane.WorkerSpec) int {
 	n := 0
 	for _, spec := range st.Workers {
-		if !names(cfg.Workers, spec.ID) {
+		if !names(workers, spec.ID) {
 			n++
 		}
 	}
-	return n, err
+	return n
 }
 
 // names says whether workers holds the worker id.
@@ -77,19 +72,15 @@ func names(workers []dataplane.WorkerSpec, id uint64) bool {
 	return slices.ContainsFunc(workers, func(s dataplane.WorkerSpec) bool { return s.ID == id })
 }
 
-// restoreState adds the workers of the state file the config does not
-// name (the config's spec of a worker it names now serves, as a reload
-// would have it), unprobed: each is routable once a health probe passes,
-// as after POST /workers. It then writes the file again, which a router
-// that cannot write it refuses to start on.
-func (r *Router) restoreState() error {
+// restoreState adds the workers of the state file (st, as check read it)
+// the config does not name (the config's spec of a worker it names now
+// serves, as a reload would have it), unprobed: each is routable once a
+// health probe passes, as after POST /workers. It then writes the file
+// again, which a router that cannot write it refuses to start on.
+func (r *Router) restoreState(st adminState) error {
 	path := r.Config.StateFile
 	if path == "" {
 		return nil
-	}
-	st, err := readState(path)
-	if err != nil {
-		return err
 	}
 	for _, spec := range st.Workers {
 		if names(r.Config.Workers, spec.ID) {

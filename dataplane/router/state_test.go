@@ -119,7 +119,7 @@ func TestAStateFileThatDoesNotLoadStopsTheStart(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.err)
 		}
 	}
-	_, err := Check(cfg)
+	_, _, err := Check(cfg)
 	assert.ErrorContains(t, err, "key state_file")
 
 	cfg.StateFile = filepath.Join(dir, "missing", "state.json")
