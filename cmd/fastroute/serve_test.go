@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -23,6 +21,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/router"
 	"github.com/fastroute/fastroute/dataplane/tracing"
+	"github.com/fastroute/fastroute/internal/syncbuf"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -206,7 +205,7 @@ func (u *fakeUpgrade) Stop() { close(u.stopped) }
 func TestSIGUSR2Upgrades(t *testing.T) {
 	cfg := config.Default()
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
-	var logged lockedBuffer
+	var logged syncbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logged, nil))
 	for i, end := range []string{"upgraded", "SIGTERM"} {
 		r, err := router.Start(cfg, log)
@@ -412,22 +411,4 @@ func TestModelAliasFlags(t *testing.T) {
 		}
 		assert.ErrorContains(t, err, want, flag)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer a logger writes to while a test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/http/frontend"
+	"github.com/fastroute/fastroute/internal/syncbuf"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,22 +45,7 @@ func startFleet(t *testing.T, opts []mockworker.Options, tweak func(*config.Conf
 }
 
 // syncBuffer is a log destination tests read while the router writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = syncbuf.Buffer
 
 // startFleetLog is startFleet with the router's log written to logs.
 func startFleetLog(t *testing.T, opts []mockworker.Options, tweak func(*config.Config), logs io.Writer) *fleet {
