@@ -297,11 +297,9 @@ func startMocks(bin string, n int, flags []string) ([]string, func(), error) {
 
 // startMock starts one mockworker process and waits until it answers.
 func startMock(bin string, id int, flags []string) (string, func(), error) {
-	addr, err := loopback.FreeAddr()
-	if err != nil {
-		return "", nil, err
-	}
-	p, err := spawn(bin, append([]string{"mockworker", "--listen", addr, "--id", strconv.Itoa(id)}, flags...)...)
+	addr, p, err := spawnListening(bin, func(addr string) ([]string, error) {
+		return append([]string{"mockworker", "--listen", addr, "--id", strconv.Itoa(id)}, flags...), nil
+	})
 	if err != nil {
 		return "", nil, err
 	}
@@ -332,34 +330,22 @@ func startServe(bin string, workers []string, flags ...string) (string, *exec.Cm
 
 // startServeAdmin is startServe with its admin listener on admin.
 func startServeAdmin(bin, admin string, workers []string, flags ...string) (string, *exec.Cmd, error) {
-	addr, err := loopback.FreeAddr()
-	if err != nil {
-		return "", nil, err
-	}
-	args := append([]string{"serve", "--listen", addr, "--admin-listen", admin}, flags...)
-	for i, w := range workers {
-		args = append(args, "--worker", fmt.Sprintf("id=%d,url=http://%s", i+1, w))
-	}
-	p, err := spawn(bin, args...)
-	if err != nil {
-		return "", nil, err
-	}
-	return addr, p, nil
+	return spawnListening(bin, func(addr string) ([]string, error) {
+		args := append([]string{"serve", "--listen", addr, "--admin-listen", admin}, flags...)
+		for i, w := range workers {
+			args = append(args, "--worker", fmt.Sprintf("id=%d,url=http://%s", i+1, w))
+		}
+		return args, nil
+	})
 }
 
 // floorFront returns the start function of `fastroute floor` (the
 // reference proxy of package floor) serving in model.
 func floorFront(model string) startFunc {
 	return func(bin, _ string, workers []string) (string, *exec.Cmd, error) {
-		addr, err := loopback.FreeAddr()
-		if err != nil {
-			return "", nil, err
-		}
-		p, err := spawn(bin, append([]string{"floor", "--model", model, "--listen", addr}, workers...)...)
-		if err != nil {
-			return "", nil, err
-		}
-		return addr, p, nil
+		return spawnListening(bin, func(addr string) ([]string, error) {
+			return append([]string{"floor", "--model", model, "--listen", addr}, workers...), nil
+		})
 	}
 }
 
@@ -443,15 +429,27 @@ backend workers
 // startProxy picks a free address, writes conf(addr) to dir/file and starts
 // bin with args(path of that file).
 func startProxy(dir, file string, conf func(addr string) string, bin string, args func(path string) []string) (string, *exec.Cmd, error) {
+	return spawnListening(bin, func(addr string) ([]string, error) {
+		path := filepath.Join(dir, file)
+		if err := os.WriteFile(path, []byte(conf(addr)), 0o644); err != nil {
+			return nil, err
+		}
+		return args(path), nil
+	})
+}
+
+// spawnListening picks a free address and starts bin with the arguments
+// argsFor makes for it (spawn), returning the address and the process.
+func spawnListening(bin string, argsFor func(addr string) ([]string, error)) (string, *exec.Cmd, error) {
 	addr, err := loopback.FreeAddr()
 	if err != nil {
 		return "", nil, err
 	}
-	path := filepath.Join(dir, file)
-	if err := os.WriteFile(path, []byte(conf(addr)), 0o644); err != nil {
+	args, err := argsFor(addr)
+	if err != nil {
 		return "", nil, err
 	}
-	p, err := spawn(bin, args(path)...)
+	p, err := spawn(bin, args...)
 	if err != nil {
 		return "", nil, err
 	}

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 )
 
 // Models are the names Start takes.
@@ -42,7 +43,7 @@ func Start(model string, ln *net.TCPListener, workers []string) (stop func(), er
 	case "epoll":
 		return startEpoll(ln, workers)
 	}
-	return nil, errors.New("floor: unknown model " + strconv.Quote(model) + " (goroutines or epoll)")
+	return nil, errors.New("floor: unknown model " + strconv.Quote(model) + " (" + strings.Join(Models, " or ") + ")")
 }
 
 // errFraming is a message whose framing the floor does not read.
