@@ -102,6 +102,7 @@ var fronts = []front{
 	{"haproxy", startHAProxy},
 	{"floor-goroutines", floorFront("goroutines")},
 	{"floor-epoll", floorFront("epoll")},
+	{"floor-coroutines", floorFront("coroutines")},
 }
 
 // Fronts are the names of bench-e2e's front ends, in the order it runs

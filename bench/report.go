@@ -125,7 +125,7 @@ func logPanel(b *strings.Builder, x0, top, pw, ph, lo, hi float64, title string)
 
 // frontColors gives each front end one color in every panel.
 var frontColors = map[string]string{"direct": "#7f7f7f", "fastroute": "#d62728", "nginx": "#2ca02c", "nginx-1w": "#98df8a", "haproxy": "#1f77b4",
-	"floor-goroutines": "#9467bd", "floor-epoll": "#c5b0d5"}
+	"floor-goroutines": "#9467bd", "floor-epoll": "#c5b0d5", "floor-coroutines": "#8c564b"}
 
 // Plot draws latency against percentile, one panel per workload, one line
 // per front end, on a log scale, as a standalone SVG.

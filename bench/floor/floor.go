@@ -1,6 +1,6 @@
 // Package floor holds the two reference proxies of `fastroute bench-e2e`:
 // the least a reverse proxy written in Go does per request, in each of the
-// two ways a Go program can serve connections. Both read a request's head
+// ways a Go program can serve connections. Both read a request's head
 // and body, pass them whole to a kept-alive worker connection (round
 // robin), and pass the worker's answer back, a stream's chunks as they
 // come; they parse no field but the framing, route nothing, count nothing
@@ -13,6 +13,11 @@
 //   - Epoll: one goroutine on one thread running an edge-triggered epoll
 //     loop over non-blocking sockets with raw system calls, nginx's model
 //     (Linux only).
+//   - Coroutines: the goroutine model's own code, each client connection's
+//     run as a coroutine of one epoll loop (package coloop), its reads and
+//     writes waiting through the loop instead of Go's poller (Linux only).
+//     Beside the goroutine model, it measures what the way Go waits costs
+//     the same code.
 //
 // They are benchmark references, not proxies to run: no timeouts, no
 // limits, no header checks, and a worker that fails ends the request's
@@ -28,9 +33,9 @@ import (
 )
 
 // Models are the names Start takes.
-var Models = []string{"goroutines", "epoll"}
+var Models = []string{"goroutines", "epoll", "coroutines"}
 
-// Start serves ln with the proxy of model ("goroutines" or "epoll"),
+// Start serves ln with the proxy of model (one of Models),
 // spreading requests round-robin over workers (host:port). stop ends it
 // and closes ln.
 func Start(model string, ln *net.TCPListener, workers []string) (stop func(), err error) {
@@ -42,6 +47,8 @@ func Start(model string, ln *net.TCPListener, workers []string) (stop func(), er
 		return startGoroutines(ln, workers), nil
 	case "epoll":
 		return startEpoll(ln, workers)
+	case "coroutines":
+		return startCoroutines(ln, workers)
 	}
 	return nil, errors.New("floor: unknown model " + strconv.Quote(model) + " (" + strings.Join(Models, " or ") + ")")
 }

@@ -26,7 +26,7 @@ func startGoroutines(ln *net.TCPListener, workers []string) (stop func()) {
 			go func() {
 				defer conns.Delete(c)
 				defer c.Close()
-				serveConn(c, func() *pool { return pools[next.Add(1)%uint32(len(pools))] })
+				serveConn(c, func() *pool { return pools[next.Add(1)%uint32(len(pools))] }, dialTCP)
 			}()
 		}
 	}()
@@ -48,7 +48,11 @@ type pool struct {
 	closed bool // stop closed it: a connection given back is closed
 }
 
-func (p *pool) get() (*reader, error) {
+// dialTCP connects to a worker.
+func dialTCP(addr string) (net.Conn, error) { return net.Dial("tcp", addr) }
+
+// get lends an idle connection, or one dial makes.
+func (p *pool) get(dial func(addr string) (net.Conn, error)) (*reader, error) {
 	p.mu.Lock()
 	if n := len(p.idle); n > 0 {
 		u := p.idle[n-1]
@@ -57,7 +61,7 @@ func (p *pool) get() (*reader, error) {
 		return u, nil
 	}
 	p.mu.Unlock()
-	c, err := net.Dial("tcp", p.addr)
+	c, err := dial(p.addr)
 	if err != nil {
 		return nil, err
 	}
@@ -122,8 +126,9 @@ func (r *reader) readHead() (head, error) {
 	}
 }
 
-// serveConn serves a client connection's requests one after the other.
-func serveConn(c net.Conn, pick func() *pool) {
+// serveConn serves a client connection's requests one after the other,
+// on worker connections dial makes.
+func serveConn(c net.Conn, pick func() *pool, dial func(addr string) (net.Conn, error)) {
 	cr := newReader(c)
 	for {
 		h, err := cr.readHead()
@@ -137,7 +142,7 @@ func serveConn(c net.Conn, pick func() *pool) {
 		}
 		cr.used = h.size + h.length
 		p := pick()
-		u, err := p.get()
+		u, err := p.get(dial)
 		if err != nil {
 			return
 		}

@@ -12,13 +12,14 @@ import (
 )
 
 // runFloor runs one of package floor's reference proxies (bench-e2e's
-// floor-goroutines and floor-epoll) until SIGTERM or SIGINT.
+// floor-goroutines, floor-epoll and floor-coroutines) until SIGTERM or
+// SIGINT.
 func runFloor(args []string) error {
 	fs := flag.NewFlagSet("floor", flag.ContinueOnError)
-	model := fs.String("model", "goroutines", "how connections are served: goroutines (one per client connection, Go's poller) or epoll (one event loop)")
+	model := fs.String("model", "goroutines", "how connections are served: goroutines (one per client connection, Go's poller), epoll (one event loop) or coroutines (the goroutines model's code as coroutines of one event loop)")
 	listen := fs.String("listen", "127.0.0.1:9100", "listen address")
 	fs.Usage = func() {
-		fs.Output().Write([]byte("usage: fastroute floor [--model goroutines|epoll] [--listen ADDR] WORKER_HOST:PORT...\n"))
+		fs.Output().Write([]byte("usage: fastroute floor [--model goroutines|epoll|coroutines] [--listen ADDR] WORKER_HOST:PORT...\n"))
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

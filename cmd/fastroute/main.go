@@ -26,7 +26,7 @@ commands:
   bench-e2e   fastroute, nginx, HAProxy and direct side by side (mock worker processes)
   bench-routing  routing quality on simulated engines: every mode beside nginx
   bench-streams  thousands of concurrent SSE streams through fastroute and nginx
-  floor       bench-e2e's reference proxy: the least a Go proxy does (--model goroutines|epoll)
+  floor       bench-e2e's reference proxy: the least a Go proxy does (--model goroutines|epoll|coroutines)
   version     print the module version and commit
 `
 

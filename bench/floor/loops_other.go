@@ -10,3 +10,7 @@ import (
 func startEpoll(*net.TCPListener, []string) (func(), error) {
 	return nil, errors.New("floor: the epoll model runs on Linux only")
 }
+
+func startCoroutines(*net.TCPListener, []string) (func(), error) {
+	return nil, errors.New("floor: the coroutines model runs on Linux only")
+}
