@@ -29,7 +29,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/engine ./dataplane/loops/weights ./dataplane/apikeys ./dataplane/aliases ./dataplane/mirrors ./dataplane/tracing
 
 ## bench-e2e: fastroute, nginx (least_conn), HAProxy (leastconn), direct and
-## the two floor proxies (the least a Go proxy costs: bench/floor),
+## the three floor proxies (the least a Go proxy costs: bench/floor),
 ## one after the other, same mock workers and load, five rounds interleaved
 ## (each row the median round, its ratios the medians of each round's);
 ## table and plot in bench/out.
