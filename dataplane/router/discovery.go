@@ -18,19 +18,28 @@ import (
 	"github.com/fastroute/fastroute/discovery/dns"
 )
 
-// startDiscovery watches etcd for workers when discovery.etcd names
-// endpoints, and makes the DNS watcher when discovery.dns names hosts
-// (startDNS starts it); the static workers of the config stay beside
-// them.
-func (r *Router) startDiscovery(log *slog.Logger) error {
-	if d := r.Config.Discovery.DNS; d.On() {
-		w, err := dns.New(d.Options(log), discoveryTarget{r, "in DNS"})
-		if err != nil {
-			return fmt.Errorf("discovery.dns: %w", err) // Validate checked it: not reached
-		}
-		r.DNS = w
-		r.Metrics.Register(w.Collector())
+// newDNS makes the DNS watcher when discovery.dns names hosts (startDNS
+// starts it), before the state file's hand drains are restored into it.
+func (r *Router) newDNS(log *slog.Logger) error {
+	d := r.Config.Discovery.DNS
+	if !d.On() {
+		return nil
 	}
+	o := d.Options(log)
+	o.HoldsChanged = r.saveState
+	w, err := dns.New(o, discoveryTarget{r, "in DNS"})
+	if err != nil {
+		return fmt.Errorf("discovery.dns: %w", err) // Validate checked it: not reached
+	}
+	r.DNS = w
+	r.Metrics.Register(w.Collector())
+	return nil
+}
+
+// startDiscovery watches etcd for workers when discovery.etcd names
+// endpoints; the static workers of the config, and those found by DNS,
+// stay beside them.
+func (r *Router) startDiscovery(log *slog.Logger) error {
 	e := r.Config.Discovery.Etcd
 	if len(e.Endpoints) == 0 {
 		return nil
@@ -183,7 +192,8 @@ func (t discoveryTarget) Drain(id uint64) { _ = t.r.Registry.Drain(id) }
 // drain made after the mark would find it.
 //
 // One found in DNS stays drained while its address stays in DNS (on this
-// router: DNS has no mark the others would read).
+// router: DNS has no mark the others would read), across a restart too
+// with state_file (Watcher.Held is in it).
 func (r *Router) drainWorker(id uint64) error {
 	if err := r.Registry.Drain(id); err != nil {
 		return err

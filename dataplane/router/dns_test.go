@@ -3,6 +3,7 @@ package router
 import (
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -108,4 +109,51 @@ func TestWorkersFoundByDNSName(t *testing.T) {
 	_, _, err = f.r.Reload(cfg)
 	assert.ErrorContains(t, err, "is a worker found on etcd or in DNS")
 	f.assertIdle()
+}
+
+// With state_file, a hand drain of a worker found by DNS outlasts a
+// restart: the file names its address, the new router does not add it
+// while DNS names it, and the file lets it go once the address left DNS.
+func TestStateFileKeepsHandDrainsOfDNSWorkers(t *testing.T) {
+	srv, err := fakedns.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.Close() })
+	port := mocksOnOnePort(t, "127.0.0.1", "127.0.0.2")
+	srv.Set("vllm.fastroute.test", "127.0.0.1", "127.0.0.2")
+	state := filepath.Join(t.TempDir(), "state.json")
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.StateFile = state
+		c.Discovery.DNS = config.DNS{Names: []string{"vllm.fastroute.test.:" + strconv.Itoa(port)}, Interval: 50 * time.Millisecond,
+			Server: srv.Addr(), Scheme: "http"}
+	})
+	oneAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	one, two := dns.ID(oneAddr), dns.ID(net.JoinHostPort("127.0.0.2", strconv.Itoa(port)))
+	code, text := adminDo(t, f, http.MethodDelete, "/workers/"+strconv.FormatUint(one, 10), "", "")
+	require.Equal(t, http.StatusAccepted, code, text)
+	st, err := readState(state)
+	require.NoError(t, err)
+	assert.Equal(t, []string{oneAddr}, st.DNSDrained)
+	assert.Empty(t, st.Workers, "workers found by DNS are not the admin API's")
+
+	cfg := f.r.CurrentConfig()
+	require.NoError(t, f.r.Close())
+	g := f.restarted(cfg)
+	_, ok := g.r.Registry.Get(one)
+	assert.False(t, ok, "held across the restart: not added while DNS names it")
+	_, ok = g.r.Registry.Get(two)
+	assert.True(t, ok)
+	assert.True(t, g.r.DNS.Known(one), "its id stays taken")
+	time.Sleep(200 * time.Millisecond) // four lookups
+	_, ok = g.r.Registry.Get(one)
+	assert.False(t, ok)
+
+	srv.Set("vllm.fastroute.test", "127.0.0.2")
+	require.Eventually(t, func() bool {
+		st, err := readState(state)
+		return err == nil && len(st.DNSDrained) == 0
+	}, 5*time.Second, 10*time.Millisecond, "the address left DNS: the file forgets the drain")
+	srv.Set("vllm.fastroute.test", "127.0.0.1", "127.0.0.2")
+	require.Eventually(t, func() bool { _, ok := g.r.Registry.Get(one); return ok }, 5*time.Second, 10*time.Millisecond,
+		"back in DNS, it is a worker again")
+	g.assertIdle()
 }

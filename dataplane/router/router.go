@@ -256,6 +256,9 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.Metrics.Register(r.Frontend.Metrics().Collector(func() string { return string(r.CurrentConfig().Router.Mode) }, reg))
 	r.Metrics.Register(r.stateCollector())
 	r.Metrics.Register(metrics.Process())
+	if err := r.newDNS(log); err != nil {
+		return nil, err
+	}
 	if err := r.restoreState(state); err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,11 +19,15 @@ import (
 // state_file keeps, so that a restart or an upgrade's new process starts
 // with it, as a reload keeps it: the workers POST /workers added, each
 // with the adapters declared for it (its own, or those PUT
-// /workers/{id}/loras set since). Workers of the config, and those found
-// on etcd or by DNS, have their own source and are not in it; nor is a
-// worker being drained (DELETE /workers/{id}), which is on its way out.
+// /workers/{id}/loras set since), and the addresses of the workers found
+// by DNS that DELETE /workers/{id} drained while DNS still names them.
+// Workers of the config, and those found on etcd or by DNS, have their own
+// source and are not in it; nor is a worker being drained, which is on its
+// way out.
 type adminState struct {
 	Workers []dataplane.WorkerSpec `json:"workers"`
+	// DNSDrained are ip:port addresses (dns.Watcher.Held).
+	DNSDrained []string `json:"dns_drained,omitempty"`
 }
 
 // readState reads a state file; one that does not exist yet is an empty
@@ -51,6 +56,13 @@ func readState(path string) (adminState, error) {
 			return st, fmt.Errorf("key state_file: %s: worker %d appears twice", path, id)
 		}
 		seen[id] = true
+	}
+	addrs := map[string]bool{}
+	for _, a := range st.DNSDrained {
+		if _, err := netip.ParseAddrPort(a); err != nil || addrs[a] {
+			return st, fmt.Errorf("key state_file: %s: dns_drained: %q is not an address ip:port, or appears twice", path, a)
+		}
+		addrs[a] = true
 	}
 	return st, nil
 }
@@ -94,6 +106,16 @@ func (r *Router) restoreState(st adminState) error {
 	if len(st.Workers) > 0 {
 		r.log.Info("workers the admin API added restored from state_file", "file", path, "workers", len(st.Workers))
 	}
+	switch {
+	case len(st.DNSDrained) == 0:
+	case r.DNS == nil:
+		r.log.Warn("state_file: hand drains of workers found by DNS dropped: discovery.dns is off", "file", path, "addresses", st.DNSDrained)
+	default:
+		if err := r.DNS.Restore(st.DNSDrained); err != nil {
+			return fmt.Errorf("key state_file: %s: dns_drained: %w", path, err) // readState checked them: not reached
+		}
+		r.log.Info("hand drains of workers found by DNS restored from state_file", "file", path, "addresses", st.DNSDrained)
+	}
 	return r.writeState()
 }
 
@@ -134,6 +156,9 @@ func (r *Router) writeState() error {
 		st.Workers = append(st.Workers, spec)
 	}
 	slices.SortFunc(st.Workers, func(a, b dataplane.WorkerSpec) int { return cmp.Compare(a.ID, b.ID) })
+	if r.DNS != nil {
+		st.DNSDrained = r.DNS.Held()
+	}
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err

@@ -107,6 +107,8 @@ func TestAStateFileThatDoesNotLoadStopsTheStart(t *testing.T) {
 		{`{"workers":[{"id":2,"url":"http://127.0.0.1:9"}],"extra":1}`, `unknown field "extra"`},
 		{`{"workers":[{"id":2,"url":"ftp://x"}]}`, "worker 2"},
 		{`{"workers":[{"id":1,"url":"http://127.0.0.1:9"},{"id":2,"url":"http://127.0.0.1:9"},{"id":2,"url":"http://127.0.0.1:9"}]}`, "worker 2"},
+		{`{"workers":[],"dns_drained":["10.0.0.1"]}`, `dns_drained: "10.0.0.1" is not an address ip:port`},
+		{`{"workers":[],"dns_drained":["10.0.0.1:80","10.0.0.1:80"]}`, "appears twice"},
 	} {
 		cfg.StateFile = filepath.Join(dir, "state.json")
 		require.NoError(t, os.WriteFile(cfg.StateFile, []byte(tc.content), 0o600))
@@ -128,4 +130,22 @@ func TestAStateFileThatDoesNotLoadStopsTheStart(t *testing.T) {
 		r.Close()
 	}
 	assert.ErrorContains(t, err, "key state_file", "a file it cannot write")
+}
+
+// Hand drains of DNS workers in a state file are dropped, with a warning,
+// by a router whose config has discovery.dns off: nothing would hold them.
+func TestDNSHandDrainsWithoutDNSAreDropped(t *testing.T) {
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:9"}}
+	cfg.StateFile = filepath.Join(t.TempDir(), "state.json")
+	require.NoError(t, os.WriteFile(cfg.StateFile, []byte(`{"workers":[],"dns_drained":["10.0.0.1:80"]}`), 0o600))
+	var logs syncBuffer
+	r, err := Start(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Close() })
+	assert.Contains(t, logs.String(), "hand drains of workers found by DNS dropped: discovery.dns is off")
+	st, err := readState(cfg.StateFile)
+	require.NoError(t, err)
+	assert.Empty(t, st.DNSDrained)
 }

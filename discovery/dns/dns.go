@@ -46,6 +46,10 @@ type Options struct {
 	// role...); its id and url are each address's.
 	Worker dataplane.WorkerSpec
 	Logger *slog.Logger
+	// HoldsChanged, when set, is called after a lookup round forgot the
+	// hand drains of addresses that left DNS (Held changed), so that a
+	// caller keeping them (state_file) writes them again.
+	HoldsChanged func()
 }
 
 // Watcher keeps a Target in step with the addresses of Options.Names.
@@ -55,8 +59,8 @@ type Watcher struct {
 	resolver *net.Resolver
 	mu       sync.Mutex
 	names    map[string][]uint64 // each name's workers at its last good lookup
-	put      map[uint64]bool     // the workers put and not drained since
-	held     map[uint64]bool     // drained by hand (Hold): not put again while their address stays
+	put      map[uint64]string   // the workers put and not drained since: their addresses
+	held     map[uint64]string   // drained by hand (Hold, Restore): not put again while their address stays
 	refused  map[uint64]bool     // the target refused them (logged once, while their address stays)
 	failing  map[string]bool     // names whose last lookup failed
 }
@@ -69,7 +73,7 @@ func New(o Options, t discovery.Target) (*Watcher, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	w := &Watcher{o: o, target: t, names: map[string][]uint64{}, put: map[uint64]bool{}, held: map[uint64]bool{}, refused: map[uint64]bool{}, failing: map[string]bool{}}
+	w := &Watcher{o: o, target: t, names: map[string][]uint64{}, put: map[uint64]string{}, held: map[uint64]string{}, refused: map[uint64]bool{}, failing: map[string]bool{}}
 	w.resolver = net.DefaultResolver
 	if o.Server != "" {
 		var d net.Dialer
@@ -210,7 +214,7 @@ func (w *Watcher) putAddr(a netip.AddrPort) uint64 {
 	addr := netip.AddrPortFrom(a.Addr().Unmap(), a.Port()).String()
 	id := ID(addr)
 	w.mu.Lock()
-	held := w.held[id]
+	_, held := w.held[id]
 	w.mu.Unlock()
 	if held {
 		return id
@@ -224,7 +228,7 @@ func (w *Watcher) putAddr(a netip.AddrPort) uint64 {
 	if err != nil {
 		w.refused[id] = true
 	} else {
-		w.put[id] = true
+		w.put[id] = addr
 		delete(w.refused, id)
 	}
 	w.mu.Unlock()
@@ -235,7 +239,9 @@ func (w *Watcher) putAddr(a netip.AddrPort) uint64 {
 }
 
 // drainGone drains the workers no name's last good lookup holds, and
-// forgets the holds of addresses gone.
+// forgets the holds of addresses gone; while a name's lookups fail, its
+// holds may be among them, and are all kept (as a restored hold is until
+// every name answered once).
 func (w *Watcher) drainGone() {
 	w.mu.Lock()
 	live := map[uint64]bool{}
@@ -251,9 +257,13 @@ func (w *Watcher) drainGone() {
 			delete(w.put, id)
 		}
 	}
-	for id := range w.held {
-		if !live[id] {
-			delete(w.held, id)
+	forgot := false
+	if w.answered() {
+		for id := range w.held {
+			if !live[id] {
+				delete(w.held, id)
+				forgot = true
+			}
 		}
 	}
 	for id := range w.refused {
@@ -265,6 +275,19 @@ func (w *Watcher) drainGone() {
 	for _, id := range gone {
 		w.target.Drain(id)
 	}
+	if forgot && w.o.HoldsChanged != nil {
+		w.o.HoldsChanged()
+	}
+}
+
+// answered says every name's last lookup answered. The caller holds mu.
+func (w *Watcher) answered() bool {
+	for _, n := range w.o.Names {
+		if _, looked := w.names[n]; !looked || w.failing[n] {
+			return false
+		}
+	}
+	return true
 }
 
 // setFailing records a name's lookup failure (nil: it answered), logged
@@ -286,7 +309,9 @@ func (w *Watcher) setFailing(name string, err error) {
 func (w *Watcher) Known(id uint64) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.put[id] || w.held[id]
+	_, put := w.put[id]
+	_, held := w.held[id]
+	return put || held
 }
 
 // Hold keeps a worker drained by hand (DELETE /workers/{id}) from being
@@ -295,12 +320,44 @@ func (w *Watcher) Known(id uint64) bool {
 func (w *Watcher) Hold(id uint64) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.put[id] {
+	addr, ok := w.put[id]
+	if !ok {
 		return false
 	}
 	delete(w.put, id)
-	w.held[id] = true
+	w.held[id] = addr
 	return true
+}
+
+// Held returns the addresses (ip:port) of the workers drained by hand and
+// held, sorted.
+func (w *Watcher) Held() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	addrs := make([]string, 0, len(w.held))
+	for _, a := range w.held {
+		addrs = append(addrs, a)
+	}
+	slices.Sort(addrs)
+	return addrs
+}
+
+// Restore holds the workers of addrs (ip:port, as Held gives them), as a
+// hand drain would have, before the first lookup: they are not put while
+// DNS names them. Each is forgotten once its address left every name's
+// answer, as a hold is.
+func (w *Watcher) Restore(addrs []string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, a := range addrs {
+		ap, err := netip.ParseAddrPort(a)
+		if err != nil {
+			return fmt.Errorf("%q is not an address ip:port", a)
+		}
+		a = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
+		w.held[ID(a)] = a
+	}
+	return nil
 }
 
 // Collector writes fastroute_dns_discovery_up{name}: 0 while a name's

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,6 +185,46 @@ func TestAWorkerDrainedByHandStaysDrained(t *testing.T) {
 	srv.Set("w.fastroute.test", "10.0.0.1", "10.0.0.2")
 	w.Sync(ctx)
 	assert.Equal(t, []string{"http://10.0.0.1:80", "http://10.0.0.2:80"}, rec.urls(), "back in DNS: put again")
+}
+
+// Hand drains outlast a restart: Held lists the held addresses, and
+// Restore, before the first lookup, holds the ones a state file kept, so
+// they are not put while DNS names them. While a name's lookups fail, no
+// hold is forgotten (the address may be among its answer); once every name
+// answered without an address, its hold is, and HoldsChanged says so.
+func TestRestoredHandDrainsOutlastARestart(t *testing.T) {
+	srv := startDNS(t)
+	srv.Set("w.fastroute.test", "10.0.0.1", "10.0.0.2")
+	srv.Set("v.fastroute.test", "10.0.0.3")
+	rec := &recorder{live: map[uint64]dataplane.WorkerSpec{}}
+	var changed atomic.Int32
+	w, err := New(Options{Names: []string{"w.fastroute.test.:80", "v.fastroute.test.:80"}, Interval: time.Second, Server: srv.Addr(),
+		Scheme: "http", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), HoldsChanged: func() { changed.Add(1) }}, rec)
+	require.NoError(t, err)
+	assert.ErrorContains(t, w.Restore([]string{"10.0.0.1"}), `"10.0.0.1" is not an address ip:port`)
+	require.NoError(t, w.Restore([]string{"10.0.0.1:80", "[::ffff:10.0.0.3]:80"}))
+	assert.Equal(t, []string{"10.0.0.1:80", "10.0.0.3:80"}, w.Held(), "an IPv4-mapped address is held as its IPv4 one")
+	ctx := context.Background()
+	w.Sync(ctx)
+	assert.Equal(t, []string{"http://10.0.0.2:80"}, rec.urls(), "restored holds are not put")
+	assert.True(t, w.Known(ID("10.0.0.1:80")))
+
+	srv.Fail("w.fastroute.test")
+	srv.Set("v.fastroute.test")
+	w.Sync(ctx)
+	assert.Equal(t, []string{"10.0.0.1:80", "10.0.0.3:80"}, w.Held(), "a name's lookups fail: every hold is kept")
+	assert.Zero(t, changed.Load())
+
+	srv.Set("w.fastroute.test", "10.0.0.1", "10.0.0.2")
+	w.Sync(ctx)
+	assert.Equal(t, []string{"10.0.0.1:80"}, w.Held(), "every name answered: the hold of the address gone is forgotten")
+	assert.EqualValues(t, 1, changed.Load())
+	assert.Equal(t, []string{"http://10.0.0.2:80"}, rec.urls())
+	w.Sync(ctx)
+	assert.EqualValues(t, 1, changed.Load(), "nothing forgotten: no call")
+
+	require.True(t, w.Hold(ID("10.0.0.2:80")))
+	assert.Equal(t, []string{"10.0.0.1:80", "10.0.0.2:80"}, w.Held(), "a hand drain is held by its address")
 }
 
 // A worker the target refuses is logged once, not at every lookup, and
