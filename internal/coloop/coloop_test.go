@@ -131,6 +131,7 @@ func TestAWriteWaitsForRoomWhileOthersRun(t *testing.T) {
 			return
 		}
 		if cmd[0] == 'B' {
+			_ = c.Conn.(*net.TCPConn).SetWriteBuffer(64 << 10) // far less than big, whatever the system's autotuning
 			_, err := c.Write(big)
 			wrote <- err
 			return
@@ -142,6 +143,7 @@ func TestAWriteWaitsForRoomWhileOthersRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bigC.Close()
+	_ = bigC.(*net.TCPConn).SetReadBuffer(64 << 10)
 	if _, err := bigC.Write([]byte("B")); err != nil {
 		t.Fatal(err)
 	}
