@@ -1,7 +1,6 @@
 package floor
 
 import (
-	"encoding/binary"
 	"net"
 	"runtime"
 	"syscall"
@@ -64,9 +63,7 @@ func startEpoll(ln *net.TCPListener, workers []string) (stop func(), err error) 
 		l.closeAll()
 	}()
 	return func() {
-		var one [8]byte
-		binary.NativeEndian.PutUint64(one[:], 1)
-		_, _ = syscall.Write(l.wake, one[:])
+		_ = rawsock.Wake(l.wake)
 		<-done
 		_ = ln.Close()
 	}, nil
@@ -88,21 +85,11 @@ func (l *loop) open(ln *net.TCPListener) error {
 	if err := syscall.SetNonblock(l.lfd, true); err != nil {
 		return err
 	}
-	if l.epfd, err = syscall.EpollCreate1(syscall.EPOLL_CLOEXEC); err != nil {
+	if l.epfd, l.wake, err = rawsock.EpollWithWake(syscall.EPOLLIN); err != nil {
 		return err
 	}
-	wake, _, errno := syscall.Syscall(syscall.SYS_EVENTFD2, 0, syscall.O_CLOEXEC|syscall.O_NONBLOCK, 0)
-	if errno != 0 {
-		return errno
-	}
-	l.wake = int(wake)
-	for _, fd := range []int{l.lfd, l.wake} {
-		ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(fd)}
-		if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
-			return err
-		}
-	}
-	return nil
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(l.lfd)}
+	return syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, l.lfd, &ev)
 }
 
 func (l *loop) closeAll() {
@@ -130,7 +117,7 @@ func (l *loop) run() {
 		}
 		for _, ev := range events[:n] {
 			switch fd := int(ev.Fd); fd {
-			case l.wake:
+			case -1: // the wake eventfd
 				return
 			case l.lfd:
 				l.accept()

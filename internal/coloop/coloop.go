@@ -29,7 +29,6 @@ package coloop
 
 import (
 	"container/heap"
-	"encoding/binary"
 	"errors"
 	"io"
 	"iter"
@@ -91,22 +90,11 @@ type Task struct {
 
 // New makes a loop; Start runs it.
 func New() (*Loop, error) {
-	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	epfd, wake, err := rawsock.EpollWithWake(syscall.EPOLLIN | epollET)
 	if err != nil {
 		return nil, err
 	}
-	wake, _, errno := syscall.Syscall(syscall.SYS_EVENTFD2, 0, syscall.O_CLOEXEC|syscall.O_NONBLOCK, 0)
-	if errno != 0 {
-		_ = syscall.Close(epfd)
-		return nil, errno
-	}
-	l := &Loop{wake: int(wake), tasks: map[*Task]struct{}{}, done: make(chan struct{})}
-	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | epollET, Fd: -1}
-	if err := syscall.EpollCtl(epfd, syscall.EPOLL_CTL_ADD, l.wake, &ev); err != nil {
-		_ = syscall.Close(epfd)
-		_ = syscall.Close(l.wake)
-		return nil, err
-	}
+	l := &Loop{wake: wake, tasks: map[*Task]struct{}{}, done: make(chan struct{})}
 	// Non-blocking, the epoll set is a file the poller waits on: readable
 	// while it holds ready events.
 	if err := syscall.SetNonblock(epfd, true); err != nil {
@@ -146,9 +134,7 @@ func (l *Loop) post(m message) {
 		return
 	}
 	l.mail = append(l.mail, m)
-	var one [8]byte
-	binary.NativeEndian.PutUint64(one[:], 1)
-	_, _ = syscall.Write(l.wake, one[:])
+	_ = rawsock.Wake(l.wake)
 }
 
 func (l *Loop) run() {

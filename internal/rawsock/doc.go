@@ -1,6 +1,9 @@
 // Package rawsock reads and writes non-blocking sockets with raw system
-// calls: the router's connections (package frontend), and the event loop
-// of bench-e2e's epoll floor proxy (package bench/floor).
+// calls: the router's connections (package frontend), package coloop's,
+// and the event loop of bench-e2e's epoll floor proxy (package
+// bench/floor). On Linux it also makes the epoll set with a wake-up
+// eventfd that those event loops and the hang-up watcher share
+// (EpollWithWake, Wake).
 //
 // A read or a write of a non-blocking socket returns at once, with bytes
 // or EAGAIN, and the caller waits through the poller (syscall.RawConn) or

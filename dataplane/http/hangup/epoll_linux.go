@@ -4,6 +4,8 @@ import (
 	"errors"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/fastroute/fastroute/internal/rawsock"
 )
 
 // maxSlots bounds the table of watched descriptors; a descriptor beyond it,
@@ -38,22 +40,11 @@ func New[T any](onHangup func(t *T, gen uint32)) (*Watcher[T], error) {
 		return nil, err
 	}
 	n := min(lim.Cur, maxSlots)
-	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	epfd, wake, err := rawsock.EpollWithWake(syscall.EPOLLIN)
 	if err != nil {
 		return nil, err
 	}
-	wake, _, errno := syscall.Syscall(syscall.SYS_EVENTFD2, 0, syscall.O_CLOEXEC|syscall.O_NONBLOCK, 0)
-	if errno != 0 {
-		_ = syscall.Close(epfd)
-		return nil, errno
-	}
-	ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: -1}
-	if err := syscall.EpollCtl(epfd, syscall.EPOLL_CTL_ADD, int(wake), &ev); err != nil {
-		_ = syscall.Close(epfd)
-		_ = syscall.Close(int(wake))
-		return nil, err
-	}
-	w := &Watcher[T]{epfd: epfd, wake: int(wake), slots: make([]slot[T], n), onHangup: onHangup, done: make(chan struct{})}
+	w := &Watcher[T]{epfd: epfd, wake: wake, slots: make([]slot[T], n), onHangup: onHangup, done: make(chan struct{})}
 	go w.loop()
 	return w, nil
 }
@@ -136,8 +127,7 @@ func (w *Watcher[T]) Close() error {
 	if w.closed.Swap(true) {
 		return nil
 	}
-	one := [8]byte{1}
-	_, err := syscall.Write(w.wake, one[:])
+	err := rawsock.Wake(w.wake)
 	<-w.done
 	_ = syscall.Close(w.wake)
 	return errors.Join(err, syscall.Close(w.epfd))
