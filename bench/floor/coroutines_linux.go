@@ -2,8 +2,6 @@ package floor
 
 import (
 	"net"
-	"sync"
-	"sync/atomic"
 
 	"github.com/fastroute/fastroute/internal/coloop"
 )
@@ -18,43 +16,19 @@ func startCoroutines(ln *net.TCPListener, workers []string) (stop func(), err er
 		return nil, err
 	}
 	l.Start()
-	pools := make([]*pool, len(workers))
-	for i, w := range workers {
-		pools[i] = &pool{addr: w}
-	}
-	var next atomic.Uint32
-	pick := func() *pool { return pools[next.Add(1)%uint32(len(pools))] }
-	var conns sync.Map // client connections accepted, closed by stop (a task's may never have started)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			nc, err := ln.Accept()
+	s := newServer(workers)
+	s.accept(ln, func(nc net.Conn, end func()) {
+		l.Go(func(t *coloop.Task) { // after Stop it does not run, and stop closes nc
+			defer end()
+			c, err := l.Conn(nc)
 			if err != nil {
 				return
 			}
-			conns.Store(nc, nil)
-			l.Go(func(t *coloop.Task) {
-				defer conns.Delete(nc)
-				defer nc.Close()
-				c, err := l.Conn(nc)
-				if err != nil {
-					return
-				}
-				defer c.Close()
-				serveConn(c, pick, func(addr string) (net.Conn, error) { return dialInLoop(l, t, addr) })
-			})
-		}
-	}()
-	return func() {
-		_ = ln.Close()
-		<-done
-		l.Stop()
-		conns.Range(func(c, _ any) bool { _ = c.(net.Conn).Close(); return true })
-		for _, p := range pools {
-			p.close()
-		}
-	}, nil
+			defer c.Close()
+			serveConn(c, s.pick, func(addr string) (net.Conn, error) { return dialInLoop(l, t, addr) })
+		})
+	})
+	return func() { s.stop(ln, l.Stop) }, nil
 }
 
 // dialInLoop connects to a worker off the loop (Block), and adds the

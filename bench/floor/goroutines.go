@@ -8,35 +8,66 @@ import (
 
 // startGoroutines serves ln with a goroutine per client connection.
 func startGoroutines(ln *net.TCPListener, workers []string) (stop func()) {
-	pools := make([]*pool, len(workers))
+	s := newServer(workers)
+	s.accept(ln, func(c net.Conn, end func()) {
+		go func() {
+			defer end()
+			serveConn(c, s.pick, dialTCP)
+		}()
+	})
+	return func() { s.stop(ln, nil) }
+}
+
+// server is what the goroutine and coroutine models share: the workers'
+// pools, the round robin over them, and the client connections open.
+type server struct {
+	pools []*pool
+	next  atomic.Uint32
+	conns sync.Map // open client connections, closed by stop
+	done  chan struct{}
+}
+
+func newServer(workers []string) *server {
+	s := &server{pools: make([]*pool, len(workers)), done: make(chan struct{})}
 	for i, w := range workers {
-		pools[i] = &pool{addr: w}
+		s.pools[i] = &pool{addr: w}
 	}
-	var next atomic.Uint32
-	var conns sync.Map // open client connections, closed by stop
-	done := make(chan struct{})
+	return s
+}
+
+// pick is the round robin's next pool.
+func (s *server) pick() *pool { return s.pools[s.next.Add(1)%uint32(len(s.pools))] }
+
+// accept takes ln's connections until ln closes, each to start, which
+// starts its serving and has end called once that ended (end closes it).
+func (s *server) accept(ln net.Listener, start func(c net.Conn, end func())) {
 	go func() {
-		defer close(done)
+		defer close(s.done)
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			conns.Store(c, nil)
-			go func() {
-				defer conns.Delete(c)
-				defer c.Close()
-				serveConn(c, func() *pool { return pools[next.Add(1)%uint32(len(pools))] }, dialTCP)
-			}()
+			s.conns.Store(c, nil)
+			start(c, func() {
+				s.conns.Delete(c)
+				_ = c.Close()
+			})
 		}
 	}()
-	return func() {
-		_ = ln.Close()
-		<-done
-		conns.Range(func(c, _ any) bool { _ = c.(net.Conn).Close(); return true })
-		for _, p := range pools {
-			p.close()
-		}
+}
+
+// stop closes ln, waits for accept to end, calls then (nil: none), and
+// closes the client connections still open and the workers' pools.
+func (s *server) stop(ln net.Listener, then func()) {
+	_ = ln.Close()
+	<-s.done
+	if then != nil {
+		then()
+	}
+	s.conns.Range(func(c, _ any) bool { _ = c.(net.Conn).Close(); return true })
+	for _, p := range s.pools {
+		p.close()
 	}
 }
 
