@@ -361,8 +361,15 @@ func runCheck(args []string, out io.Writer) error {
 		_, _ = out.Write(text)
 	}
 	restored := ""
-	if restoring > 0 {
-		restored = fmt.Sprintf(" and %d from state_file", restoring)
+	if restoring.Workers > 0 {
+		restored = fmt.Sprintf(" and %d from state_file", restoring.Workers)
+	}
+	switch {
+	case restoring.DNSDrained == 0:
+	case restoring.DNSOff:
+		restored += fmt.Sprintf("; state_file's %d drained DNS addresses dropped (discovery.dns is off)", restoring.DNSDrained)
+	default:
+		restored += fmt.Sprintf("; %d drained DNS addresses held from state_file", restoring.DNSDrained)
 	}
 	_, err = fmt.Fprintf(out, "config ok: listen %s, admin_listen %s, mode %s, %d workers%s\n",
 		cfg.Listen, cfg.AdminListen, cfg.Router.Mode, len(cfg.Workers), restored)

@@ -153,6 +153,13 @@ func TestCheckReadsTheConfigAsServeWould(t *testing.T) {
 	out.Reset()
 	require.NoError(t, runCheck([]string{"--config", conf, "--state-file", state}, &out))
 	assert.Contains(t, out.String(), ", 1 workers and 1 from state_file\n", "worker 1 is the config's")
+	drains := file("drains.json", `{"workers":[],"dns_drained":["10.0.0.7:8000","10.0.0.8:8000"]}`)
+	out.Reset()
+	require.NoError(t, runCheck([]string{"--config", conf, "--state-file", drains}, &out))
+	assert.Contains(t, out.String(), ", 1 workers; state_file's 2 drained DNS addresses dropped (discovery.dns is off)\n")
+	out.Reset()
+	require.NoError(t, runCheck([]string{"--config", conf, "--state-file", drains, "--dns-name", "vllm.internal:8000"}, &out))
+	assert.Contains(t, out.String(), ", 1 workers; 2 drained DNS addresses held from state_file\n")
 
 	notPEM := file("not.pem", "hello\n")
 	for name, tc := range map[string]struct{ yaml, err string }{

@@ -96,15 +96,24 @@ func Start(cfg config.Config, log *slog.Logger) (*Router, error) {
 // queued on it.
 type Listen func(key, address string) (net.Listener, error)
 
+// Restored is what a start would take from the state file.
+type Restored struct {
+	// Workers the admin API added that the config does not name.
+	Workers int
+	// DNSDrained counts the hand drains of workers found by DNS, held at
+	// start while discovery.dns is on and dropped otherwise (DNSOff).
+	DNSDrained int
+	DNSOff     bool
+}
+
 // Check reads cfg as Start would, and starts nothing: it validates it,
 // reads the files its secrets and clients' API keys are in, loads its
 // TLS certificates and CA files (the front end's, the workers', etcd's)
-// and reads its state file. It returns cfg with the secrets read, and how
-// many workers the state file would add at start: those it holds that the
-// config does not name.
-func Check(cfg config.Config) (checked config.Config, stateWorkers int, err error) {
+// and reads its state file. It returns cfg with the secrets read, and what
+// the state file would restore at start.
+func Check(cfg config.Config) (checked config.Config, restored Restored, err error) {
 	cfg, st, err := check(cfg)
-	return cfg, st.added(cfg.Workers), err
+	return cfg, Restored{Workers: st.added(cfg.Workers), DNSDrained: len(st.DNSDrained), DNSOff: !cfg.Discovery.DNS.On()}, err
 }
 
 // check is Check, returning the state file's state (empty without one).
