@@ -11,9 +11,10 @@
 // ready, once per batch of events.
 //
 // Issue 18's floor proxies measured the difference on the same proxy code:
-// served by a goroutine per connection it costs about 1.2× the CPU per
-// request of nginx with one worker process; as coroutines of one loop,
-// about 0.85× (package bench/floor, model "coroutines").
+// served by a goroutine per connection it cost 1.09–1.13× the CPU per
+// short request of nginx with one worker process; as coroutines of one
+// loop, 0.93–0.98× (package bench/floor, model "coroutines"; the README's
+// "What Go itself costs").
 //
 // The rules a task keeps:
 //   - It blocks only in its connections' reads and writes, and in Block.
