@@ -30,10 +30,6 @@ type loop struct {
 	next            int
 }
 
-// edge is EPOLLET as an epoll event's uint32 (syscall has it as a negative
-// int).
-const edge = 1 << 31
-
 func startEpoll(ln *net.TCPListener, workers []string) (stop func(), err error) {
 	l := &loop{idle: make([][]*conn, len(workers)), epfd: -1, lfd: -1, wake: -1}
 	for _, w := range workers {
@@ -143,7 +139,7 @@ func (l *loop) accept() {
 
 // add watches c for reads and room, edge-triggered.
 func (l *loop) add(c *conn) bool {
-	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLOUT | syscall.EPOLLRDHUP | edge, Fd: int32(c.fd)}
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLOUT | syscall.EPOLLRDHUP | rawsock.EpollET, Fd: int32(c.fd)}
 	if syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, c.fd, &ev) != nil {
 		return false
 	}

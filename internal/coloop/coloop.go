@@ -48,10 +48,6 @@ import (
 // return.
 var ErrStopped = errors.New("coloop: the loop stopped")
 
-// epollET is EPOLLET as an epoll event's uint32 (syscall has it as a
-// negative int).
-const epollET = 1 << 31
-
 // Loop is one epoll set and the tasks it runs.
 type Loop struct {
 	epfd    *os.File        // the epoll set, parked on through the poller
@@ -91,7 +87,7 @@ type Task struct {
 
 // New makes a loop; Start runs it.
 func New() (*Loop, error) {
-	epfd, wake, err := rawsock.EpollWithWake(syscall.EPOLLIN | epollET)
+	epfd, wake, err := rawsock.EpollWithWake(syscall.EPOLLIN | rawsock.EpollET)
 	if err != nil {
 		return nil, err
 	}
@@ -316,7 +312,7 @@ func (l *Loop) Conn(c net.Conn) (*Conn, error) {
 	}
 	var cerr error
 	err = raw.Control(func(fd uintptr) {
-		ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLOUT | syscall.EPOLLRDHUP | epollET, Fd: cc.slot}
+		ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLOUT | syscall.EPOLLRDHUP | rawsock.EpollET, Fd: cc.slot}
 		cerr = syscall.EpollCtl(int(l.epfd.Fd()), syscall.EPOLL_CTL_ADD, int(fd), &ev)
 	})
 	if err == nil {

@@ -5,6 +5,10 @@ import (
 	"syscall"
 )
 
+// EpollET is EPOLLET (edge-triggered) as an epoll event's uint32, which
+// syscall has as a negative int.
+const EpollET = 1 << 31
+
 // EpollWithWake makes an epoll set (close-on-exec) holding an eventfd
 // (non-blocking, close-on-exec) watched for events, with the event data
 // -1: how the set's waiter learns that another goroutine has news for it
