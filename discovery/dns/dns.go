@@ -211,7 +211,7 @@ func absent(err error) error {
 
 // putAddr puts the worker of address a, unless held, and returns its id.
 func (w *Watcher) putAddr(a netip.AddrPort) uint64 {
-	addr := netip.AddrPortFrom(a.Addr().Unmap(), a.Port()).String()
+	addr := addrText(a)
 	id := ID(addr)
 	w.mu.Lock()
 	_, held := w.held[id]
@@ -236,6 +236,12 @@ func (w *Watcher) putAddr(a netip.AddrPort) uint64 {
 		w.o.Logger.Warn("worker found in DNS not added", "url", spec.URL, "worker", id, "err", err)
 	}
 	return id
+}
+
+// addrText is a worker's address as its id and url take it: ip:port, an
+// IPv4-mapped IPv6 address as its IPv4 one.
+func addrText(a netip.AddrPort) string {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()).String()
 }
 
 // drainGone drains the workers no name's last good lookup holds, and
@@ -354,7 +360,7 @@ func (w *Watcher) Restore(addrs []string) error {
 		if err != nil {
 			return fmt.Errorf("%q is not an address ip:port", a)
 		}
-		a = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
+		a = addrText(ap)
 		w.held[ID(a)] = a
 	}
 	return nil
