@@ -35,12 +35,6 @@ func NewFamily[T any](limit int, newRec func() *T) *Family[T] {
 	return &Family[T]{newRec: newRec, limit: limit}
 }
 
-// NewHistogramFamily returns a family of histograms over bounds (as
-// NewHistogram).
-func NewHistogramFamily(bounds []float64, limit int) *Family[Histogram] {
-	return NewFamily(limit, func() *Histogram { return NewHistogram(bounds) })
-}
-
 // Of returns the record of the label's value.
 func (f *Family[T]) Of(value []byte) *T {
 	if r := f.find(value); r != nil {
@@ -97,10 +91,4 @@ func (f *Family[T]) Each(fn func(value string, rec *T)) {
 	for _, m := range *p {
 		fn(m.value, m.rec)
 	}
-}
-
-// Family writes the histogram of each of f's values under name, labelled
-// label="value", in the order the values came.
-func (w *Writer) Family(name, label string, f *Family[Histogram]) {
-	f.Each(func(value string, h *Histogram) { w.Histogram(name, h, label, value) })
 }

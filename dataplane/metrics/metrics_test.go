@@ -84,7 +84,7 @@ x_seconds_count{worker="7"} 1
 // again without allocating, files values past its limit under Overflow,
 // and stays exact while many goroutines observe new and known values.
 func TestAFamilyHasAHistogramPerValueUpToItsLimit(t *testing.T) {
-	f := NewHistogramFamily([]float64{0.01}, 3)
+	f := NewFamily(3, func() *Histogram { return NewHistogram([]float64{0.01}) })
 	f.Of([]byte("llama")).Observe(time.Millisecond)
 	f.Of([]byte("qwen")).Observe(time.Second)
 	f.Of([]byte("llama")).Observe(20 * time.Millisecond)
@@ -104,7 +104,9 @@ func TestAFamilyHasAHistogramPerValueUpToItsLimit(t *testing.T) {
 
 	var buf bytes.Buffer
 	set := Set{}
-	set.Register(func(w *Writer) { w.Family("ttft_seconds", "model", f) })
+	set.Register(func(w *Writer) {
+		f.Each(func(model string, h *Histogram) { w.Histogram("ttft_seconds", h, "model", model) })
+	})
 	_, err := set.WriteTo(&buf)
 	require.NoError(t, err)
 	out := buf.String()
@@ -116,7 +118,7 @@ func TestAFamilyHasAHistogramPerValueUpToItsLimit(t *testing.T) {
 	assert.NotContains(t, out, "mistral")
 	assert.Equal(t, 4, strings.Count(out, "_count{"), "three values and Overflow")
 
-	g := NewHistogramFamily(DefaultBuckets, 8)
+	g := NewFamily(8, func() *Histogram { return NewHistogram(DefaultBuckets) })
 	var wg sync.WaitGroup
 	for k := range 16 {
 		wg.Go(func() {

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"golang.org/x/net/dns/dnsmessage"
 )
@@ -23,7 +22,6 @@ type Server struct {
 	fail    map[string]dnsmessage.RCode // name → the code it fails with
 	srv     map[string][]srvTarget      // SRV name → its targets
 	stalled map[string]bool             // names whose questions go unanswered
-	queries atomic.Int64
 	done    chan struct{}
 }
 
@@ -46,9 +44,6 @@ func Start() (*Server, error) {
 
 // Addr is the server's host:port.
 func (s *Server) Addr() string { return s.conn.LocalAddr().String() }
-
-// Queries counts the questions answered.
-func (s *Server) Queries() int64 { return s.queries.Load() }
 
 // Set makes name resolve to addrs (none: a name with no address), and
 // stop failing.
@@ -125,7 +120,6 @@ func (s *Server) serve() {
 			return
 		}
 		if answer, ok := s.answer(buf[:n]); ok {
-			s.queries.Add(1)
 			_, _ = s.conn.WriteTo(answer, from)
 		}
 	}
