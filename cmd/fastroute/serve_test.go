@@ -419,3 +419,19 @@ func TestModelAliasFlags(t *testing.T) {
 		assert.ErrorContains(t, err, want, flag)
 	}
 }
+
+// add_x_forwarded_for is off by default, and on from the config file or
+// the flag.
+func TestAddXForwardedForFlag(t *testing.T) {
+	cfg, err := loadServeConfig(nil)
+	require.NoError(t, err)
+	assert.False(t, cfg.AddXForwardedFor, "off by default")
+	cfg, err = loadServeConfig([]string{"--add-x-forwarded-for"})
+	require.NoError(t, err)
+	assert.True(t, cfg.AddXForwardedFor)
+	conf := filepath.Join(t.TempDir(), "fastroute.yaml")
+	require.NoError(t, os.WriteFile(conf, []byte("add_x_forwarded_for: true\n"), 0o600))
+	cfg, err = loadServeConfig([]string{"--config", conf})
+	require.NoError(t, err)
+	assert.True(t, cfg.AddXForwardedFor)
+}

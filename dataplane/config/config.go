@@ -122,6 +122,12 @@ type Config struct {
 	// id: a line of the router's log, of the engine's and a client's
 	// report name the same request.
 	GenerateRequestIDs bool `yaml:"generate_request_ids"`
+	// AddXForwardedFor appends each proxied request's peer address (its
+	// connection's, or the one a PROXY protocol header named) to the
+	// X-Forwarded-For its worker gets, as nginx's
+	// $proxy_add_x_forwarded_for does, so an engine's log names the client
+	// rather than the router.
+	AddXForwardedFor bool `yaml:"add_x_forwarded_for"`
 	// WorkerTLS is how the router speaks TLS to workers whose url is
 	// https://.
 	WorkerTLS WorkerTLS `yaml:"worker_tls"`

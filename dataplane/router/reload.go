@@ -77,6 +77,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"proxy_protocol":              reflect.DeepEqual(old.ProxyProtocol, cfg.ProxyProtocol),
 		"real_ip":                     reflect.DeepEqual(old.RealIP, cfg.RealIP),
 		"generate_request_ids":        old.GenerateRequestIDs == cfg.GenerateRequestIDs,
+		"add_x_forwarded_for":         old.AddXForwardedFor == cfg.AddXForwardedFor,
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"pid_file":                    old.PIDFile == cfg.PIDFile,
 		"state_file":                  old.StateFile == cfg.StateFile,

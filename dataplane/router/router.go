@@ -242,6 +242,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		fo.ProxyProtocol = &frontend.ProxyProtocol{From: from}
 	}
 	fo.GenerateRequestIDs = cfg.GenerateRequestIDs
+	fo.AddXForwardedFor = cfg.AddXForwardedFor
 	if cfg.RealIP.Header != "" {
 		from, err := cfg.RealIP.Prefixes()
 		if err != nil {

@@ -154,7 +154,10 @@ func TestProxiesAndNamesTheWorker(t *testing.T) {
 	f.assertIdle()
 }
 
-func TestBodyAndHeadersForwardedUnchanged(t *testing.T) {
+// The body and headers reach the worker as the client sent them; with
+// add_x_forwarded_for the router's peer is appended to X-Forwarded-For, a
+// key a reload names as needing a restart.
+func TestBodyAndHeadersReachTheWorker(t *testing.T) {
 	got := make(chan []byte, 1)
 	gotHeader := make(chan string, 1)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -164,21 +167,37 @@ func TestBodyAndHeadersForwardedUnchanged(t *testing.T) {
 			return // health probes and model listings
 		}
 		got <- append([]byte(nil), ctx.PostBody()...)
-		gotHeader <- string(ctx.Request.Header.Peek("x-custom"))
+		gotHeader <- string(ctx.Request.Header.Peek("x-custom")) + " | " + string(ctx.Request.Header.Peek("X-Forwarded-For"))
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"ok":true}`)
 	}}
 	go echo.Serve(ln)
 	t.Cleanup(func() { echo.Shutdown() })
-	f := startFleet(t, nil, func(c *config.Config) {
+	worker := func(c *config.Config) {
 		c.Workers = []dataplane.WorkerSpec{{ID: 7, URL: "http://" + ln.Addr().String()}}
-	})
+	}
+	f := startFleet(t, nil, worker)
 	body := `{"model":"m",  "messages":[{"role":"user","content":"ünïcode \u00e9 and spaces   kept"}],"extra":{"n":[1,2,3]}}`
-	resp := f.post("/v1/chat/completions", body, "x-custom", "kept")
+	resp := f.post("/v1/chat/completions", body, "x-custom", "kept", "X-Forwarded-For", "203.0.113.7")
 	assert.Equal(t, `{"ok":true}`, readAll(t, resp))
 	assert.Equal(t, body, string(<-got), "body bytes reach the worker unchanged")
-	assert.Equal(t, "kept", <-gotHeader)
+	assert.Equal(t, "kept | 203.0.113.7", <-gotHeader)
 	assert.Equal(t, "7", resp.Header.Get("x-fastroute-worker"))
+
+	g := startFleet(t, nil, func(c *config.Config) {
+		worker(c)
+		c.AddXForwardedFor = true
+	})
+	resp = g.post("/v1/chat/completions", body, "x-custom", "kept", "X-Forwarded-For", "203.0.113.7")
+	assert.Equal(t, `{"ok":true}`, readAll(t, resp))
+	assert.Equal(t, body, string(<-got))
+	assert.Equal(t, "kept | 203.0.113.7, 127.0.0.1", <-gotHeader, "the router's peer appended")
+	cfg := g.r.Config
+	cfg.AddXForwardedFor = false
+	_, needRestart, err := g.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"add_x_forwarded_for"}, needRestart)
+	g.assertIdle()
 }
 
 func TestSSEFlushedChunkByChunk(t *testing.T) {

@@ -126,6 +126,8 @@ type exchange struct {
 	status    int
 	firstByte time.Duration
 	bytes     int64
+
+	forwardedFor []byte // the X-Forwarded-For sent on (AddXForwardedFor): addForwardedFor's scratch
 }
 
 func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
@@ -156,6 +158,9 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 		}
 	}
 	ex.traceRequest(ctx, start)
+	if ex.s.opts.AddXForwardedFor {
+		ex.forwardedFor = addForwardedFor(&ctx.Request.Header, ctx.RemoteAddr(), ex.forwardedFor)
+	}
 }
 
 // pick selects and reserves the request's worker, both of a split

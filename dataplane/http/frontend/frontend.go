@@ -110,6 +110,9 @@ type Options struct {
 	// X-Request-Id one made up, sent to its worker, and has every answer to
 	// a proxied request carry the request's id (stampRequestID).
 	GenerateRequestIDs bool
+	// AddXForwardedFor appends each proxied request's peer address to the
+	// X-Forwarded-For its worker gets (addForwardedFor).
+	AddXForwardedFor bool
 	// RealIP, when set, takes a request's client address from a header
 	// that the HTTP load balancers it trusts set; nil: the connection's.
 	RealIP *RealIP
