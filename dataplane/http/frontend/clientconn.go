@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"net/netip"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -57,6 +58,17 @@ type clientConn struct {
 	// The requests it carried, this one included (Server.serve counts
 	// them; a connection serves one request at a time).
 	requests int
+}
+
+// peerOf returns a connection's peer address as the router names it, an
+// IPv4-mapped address as IPv4; false for a peer without an IP address.
+func peerOf(a net.Addr) (netip.AddrPort, bool) {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	ap := tcp.AddrPort()
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
 }
 
 // RemoteAddr is the client's address: the one its load balancer's PROXY

@@ -29,8 +29,8 @@ func addForwardedFor(h *fasthttp.RequestHeader, peer net.Addr, buf []byte) []byt
 			b = append(append(b, v...), ", "...)
 		}
 	}
-	if tcp, ok := peer.(*net.TCPAddr); ok {
-		b = tcp.AddrPort().Addr().Unmap().AppendTo(b)
+	if ap, ok := peerOf(peer); ok {
+		b = ap.Addr().AppendTo(b)
 	} else {
 		b = append(b, "unknown"...)
 	}

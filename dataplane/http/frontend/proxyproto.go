@@ -35,11 +35,8 @@ func (p *ProxyProtocol) expects(addr net.Addr) bool {
 	if len(p.From) == 0 {
 		return true
 	}
-	tcp, ok := addr.(*net.TCPAddr)
-	if !ok {
-		return false
-	}
-	return within(p.From, tcp.AddrPort().Addr().Unmap())
+	peer, ok := peerOf(addr)
+	return ok && within(p.From, peer.Addr())
 }
 
 // within says whether a is in one of prefixes.

@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"bytes"
-	"net"
 	"net/netip"
 
 	"github.com/valyala/fasthttp"
@@ -82,12 +81,10 @@ func parseHop(b []byte) (netip.AddrPort, bool) {
 // balancer's header names (RealIP). False: the connection has no IP
 // address.
 func (s *Server) clientOf(ctx *fasthttp.RequestCtx) (netip.AddrPort, bool) {
-	tcp, ok := ctx.RemoteAddr().(*net.TCPAddr)
+	peer, ok := peerOf(ctx.RemoteAddr())
 	if !ok {
 		return netip.AddrPort{}, false
 	}
-	ap := tcp.AddrPort()
-	peer := netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	if s.opts.RealIP == nil {
 		return peer, true
 	}
