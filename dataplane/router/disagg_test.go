@@ -27,7 +27,8 @@ type seen struct {
 	path      string
 	keys      string // the Authorization and x-api-key headers, "|" between
 	// traceparent is the header as it came, "" when none did.
-	traceparent string
+	traceparent  string
+	forwardedFor string // its X-Forwarded-For lines, joined with " | "
 }
 
 // standIn is a stand-in for one engine over loopback: it records what it
@@ -56,7 +57,8 @@ func startEngine(t *testing.T, answer func(w http.ResponseWriter, r *http.Reques
 		_ = json.Unmarshal(b, &body)
 		e.mu.Lock()
 		e.got = append(e.got, seen{body: body, requestID: r.Header.Get("X-Request-Id"), path: r.URL.Path,
-			keys: r.Header.Get("Authorization") + "|" + r.Header.Get("X-Api-Key"), traceparent: r.Header.Get("traceparent")})
+			keys: r.Header.Get("Authorization") + "|" + r.Header.Get("X-Api-Key"), traceparent: r.Header.Get("traceparent"),
+			forwardedFor: strings.Join(r.Header.Values("X-Forwarded-For"), " | ")})
 		e.mu.Unlock()
 		e.answer(w, r, body)
 	}))
@@ -119,11 +121,16 @@ type pdWorker struct {
 
 const pdBody = `{"model":"m","messages":[{"role":"user","content":"a long prompt"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":50,"max_completion_tokens":60,"min_tokens":2,"temperature":0.5}`
 
+// A split request's prefill leg gets the body vLLM's prefill wants, its
+// decode leg the client's with the prefill's transfer parameters; both
+// carry the request's id and the one X-Forwarded-For line
+// (add_x_forwarded_for).
 func TestVLLMDisaggregationBodiesAndAnswer(t *testing.T) {
 	prefill, decode := startEngine(t, vllmPrefill), startEngine(t, sseDecode)
-	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}}, nil)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}},
+		func(c *config.Config) { c.AddXForwardedFor = true })
 
-	resp := f.post("/v1/chat/completions", pdBody, "X-Request-Id", "req-42")
+	resp := f.post("/v1/chat/completions", pdBody, "X-Request-Id", "req-42", "X-Forwarded-For", "203.0.113.7")
 	require.Equal(t, 200, resp.StatusCode)
 	assert.Equal(t, "2", resp.Header.Get("x-fastroute-worker"))
 	out := readAll(t, resp)
@@ -152,6 +159,8 @@ func TestVLLMDisaggregationBodiesAndAnswer(t *testing.T) {
 	assert.Equal(t, client, d[0].body, "the decode worker gets the client's body and the prefill's transfer parameters")
 	assert.Equal(t, "req-42", p[0].requestID)
 	assert.Equal(t, "req-42", d[0].requestID)
+	assert.Equal(t, "203.0.113.7, 127.0.0.1", p[0].forwardedFor)
+	assert.Equal(t, "203.0.113.7, 127.0.0.1", d[0].forwardedFor)
 
 	// Without a client id both legs share a made-up one.
 	readAll(t, f.post("/v1/chat/completions", pdBody))

@@ -39,7 +39,8 @@ func shadowEngine(cut chan<- struct{}) func(http.ResponseWriter, *http.Request, 
 // shadow model, with the body's model rewritten, while the client gets
 // the production worker's answer; the copies are counted by outcome, hold
 // occupancy while they run, max_inflight bounds them, and a reload moves
-// them. A copy goes only to a worker that names the shadow model.
+// them. A copy goes only to a worker that names the shadow model, and
+// carries the request's X-Forwarded-For line (add_x_forwarded_for).
 // Shutdown cuts a copy still running.
 func TestAMirrorCopiesRequestsToTheShadowModel(t *testing.T) {
 	cut := make(chan struct{}, 1)
@@ -49,6 +50,7 @@ func TestAMirrorCopiesRequestsToTheShadowModel(t *testing.T) {
 	f := startFleet(t, opts, func(c *config.Config) {
 		c.Workers = append(c.Workers, dataplane.WorkerSpec{ID: 3, URL: shadow.URL, Models: []string{"llama-next"}})
 		c.ModelMirrors = []mirrors.Mirror{{Model: "llama", To: "llama-next", Percent: 100}}
+		c.AddXForwardedFor = true
 	})
 	require.Eventually(t, func() bool {
 		g := f.r.Registry.Snapshot().ModelGroup([]byte("llama"))
@@ -73,6 +75,7 @@ func TestAMirrorCopiesRequestsToTheShadowModel(t *testing.T) {
 	prompts, streams := map[string]bool{}, 0
 	for _, s := range got { // in the order they came: the copies run apart
 		assert.Equal(t, "llama-next", s.body["model"], "the copy names the shadow model")
+		assert.Equal(t, "127.0.0.1", s.forwardedFor, "the copy carries the request's X-Forwarded-For line")
 		assert.Equal(t, "/v1/chat/completions", s.path)
 		prompts[fmt.Sprint(s.body["messages"])] = true
 		if s.body["stream"] == true {

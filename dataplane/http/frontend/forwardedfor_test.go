@@ -79,7 +79,7 @@ func TestXForwardedForEndsWithThePeer(t *testing.T) {
 			}
 		}
 	}
-	for range 2 { // round robin: each request once first to the broken worker
+	for range 2 { // round robin sends about half the requests to the broken worker first
 		for _, tc := range []struct {
 			lines []string
 			want  string
