@@ -136,6 +136,7 @@ func TestAProxiedRequestAllocatesOnlyFasthttpsFirstByte(t *testing.T) {
 	traced := strings.Replace(roundTripRequest, "Host: router\r\n",
 		"Host: router\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n", 1)
 	tracers := []*tracing.Tracer{tracer(), tracer()}
+	forwarded := strings.Replace(roundTripRequest, "Host: router\r\n", "Host: router\r\nX-Forwarded-For: 203.0.113.7\r\n", 1)
 	for _, tc := range []struct {
 		name    string
 		opts    Options
@@ -157,6 +158,8 @@ func TestAProxiedRequestAllocatesOnlyFasthttpsFirstByte(t *testing.T) {
 		{"traced in the client's trace", Options{Tracer: tracers[0]}, traced, nil, nil},
 		// Traced in a trace of its own (sample ratio 1).
 		{"traced in a new trace", Options{Tracer: tracers[1]}, roundTripRequest, nil, nil},
+		// The peer appended to the client's X-Forwarded-For.
+		{"adding X-Forwarded-For", Options{AddXForwardedFor: true}, forwarded, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := newRoundTripper(t, tc.opts)
