@@ -87,6 +87,12 @@ func register(parent context.Context, o Options, keyOf func(prefix string) strin
 			}
 			r.cancel()
 		}
+		// The put may have been applied though its answer never came (ctx
+		// ended as etcd wrote it): revoking the lease deletes the key
+		// rather than leaving it to its peers for ttl.
+		rctx, rcancel := context.WithTimeout(context.Background(), o.DialTimeout)
+		_, _ = cli.Revoke(rctx, lease.ID)
+		rcancel()
 	}
 	_ = cli.Close()
 	return nil, err
