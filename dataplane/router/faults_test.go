@@ -280,9 +280,15 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 	// naming it), none was answered again by another worker; every one the
 	// worker of unreadable heads saw, a 502 naming it. Likewise every
 	// request the stalling worker saw ended in a 504 naming it.
+	// A request whose connect to a worker timed out (its SYN unanswered on
+	// a loaded machine, and no retry left) never reached it.
 	fromCut, fromUnreadable, timeouts := 0, 0, 0
+	cutErrors := map[string]int{}
 	for _, o := range outcomes {
-		if o.worker == "6" && o.broken || strings.Contains(o.errMsg, "worker 6 failed") {
+		if strings.Contains(o.errMsg, "worker 6 ") {
+			cutErrors[o.errMsg]++
+		}
+		if o.worker == "6" && o.broken || strings.Contains(o.errMsg, "worker 6 failed") && !strings.Contains(o.errMsg, "connect timed out") {
 			fromCut++
 		}
 		if o.status == http.StatusBadGateway && strings.Contains(o.errMsg, "worker 8 broke its answer: answer headers not valid HTTP") {
@@ -292,9 +298,25 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 			timeouts++
 		}
 	}
-	assert.EqualValues(t, cut.hits.Load(), fromCut, "requests cut after the first byte were not retried")
-	assert.EqualValues(t, unreadable.hits.Load(), fromUnreadable, "requests answered with an unreadable head were not retried")
-	assert.EqualValues(t, stalled.hits.Load(), timeouts, "timed-out requests were not retried")
+	// A fault server counts a request when it has read it, which on a
+	// loaded machine can be after the router gave up waiting for its first
+	// byte (a 504 naming the worker), and after the last client had its
+	// answer. Counts only grow: each may still rise to its outcomes'
+	// count, and one above it is a request another worker answered again.
+	for _, c := range []struct {
+		hits     *atomic.Int64
+		outcomes int
+		what     string
+	}{
+		{&cut.hits, fromCut, "requests cut after the first byte were not retried"},
+		{&unreadable.hits, fromUnreadable, "requests answered with an unreadable head were not retried"},
+		{&stalled.hits, timeouts, "timed-out requests were not retried"},
+	} {
+		settled := func() bool { return c.hits.Load() >= int64(c.outcomes) }
+		assert.Eventually(t, settled, 5*time.Second, 10*time.Millisecond, c.what)
+		assert.EqualValues(t, c.hits.Load(), c.outcomes, c.what)
+	}
+	t.Logf("errors naming the resetting worker: %v", cutErrors)
 	assert.Positive(t, fromCut)
 	assert.Positive(t, fromUnreadable)
 	assert.Positive(t, timeouts)
