@@ -28,6 +28,8 @@ type adminState struct {
 	Workers []dataplane.WorkerSpec `json:"workers"`
 	// DNSDrained are ip:port addresses (dns.Watcher.Held).
 	DNSDrained []string `json:"dns_drained,omitempty"`
+	// drained are DNSDrained's addresses as readState parsed them.
+	drained []netip.AddrPort
 }
 
 // readState reads a state file; one that does not exist yet is an empty
@@ -57,12 +59,12 @@ func readState(path string) (adminState, error) {
 		}
 		seen[id] = true
 	}
-	addrs := map[string]bool{}
 	for _, a := range st.DNSDrained {
-		if _, err := netip.ParseAddrPort(a); err != nil || addrs[a] {
+		ap, err := netip.ParseAddrPort(a)
+		if err != nil || slices.Contains(st.drained, ap) {
 			return st, fmt.Errorf("key state_file: %s: dns_drained: %q is not an address ip:port, or appears twice", path, a)
 		}
-		addrs[a] = true
+		st.drained = append(st.drained, ap)
 	}
 	return st, nil
 }
@@ -111,9 +113,7 @@ func (r *Router) restoreState(st adminState) error {
 	case r.DNS == nil:
 		r.log.Warn("state_file: hand drains of workers found by DNS dropped: discovery.dns is off", "file", path, "addresses", st.DNSDrained)
 	default:
-		if err := r.DNS.Restore(st.DNSDrained); err != nil {
-			return fmt.Errorf("key state_file: %s: dns_drained: %w", path, err) // readState checked them: not reached
-		}
+		r.DNS.Restore(st.drained)
 		r.log.Info("hand drains of workers found by DNS restored from state_file", "file", path, "addresses", st.DNSDrained)
 	}
 	return r.writeState()

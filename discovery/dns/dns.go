@@ -348,22 +348,17 @@ func (w *Watcher) Held() []string {
 	return addrs
 }
 
-// Restore holds the workers of addrs (ip:port, as Held gives them), as a
+// Restore holds the workers of addrs (as Held gives them, parsed), as a
 // hand drain would have, before the first lookup: they are not put while
 // DNS names them. Each is forgotten once its address left every name's
 // answer, as a hold is.
-func (w *Watcher) Restore(addrs []string) error {
+func (w *Watcher) Restore(addrs []netip.AddrPort) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, a := range addrs {
-		ap, err := netip.ParseAddrPort(a)
-		if err != nil {
-			return fmt.Errorf("%q is not an address ip:port", a)
-		}
-		a = addrText(ap)
+	for _, ap := range addrs {
+		a := addrText(ap)
 		w.held[ID(a)] = a
 	}
-	return nil
 }
 
 // Collector writes fastroute_dns_discovery_up{name}: 0 while a name's

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -201,8 +202,7 @@ func TestRestoredHandDrainsOutlastARestart(t *testing.T) {
 	w, err := New(Options{Names: []string{"w.fastroute.test.:80", "v.fastroute.test.:80"}, Interval: time.Second, Server: srv.Addr(),
 		Scheme: "http", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), HoldsChanged: func() { changed.Add(1) }}, rec)
 	require.NoError(t, err)
-	assert.ErrorContains(t, w.Restore([]string{"10.0.0.1"}), `"10.0.0.1" is not an address ip:port`)
-	require.NoError(t, w.Restore([]string{"10.0.0.1:80", "[::ffff:10.0.0.3]:80"}))
+	w.Restore([]netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:80"), netip.MustParseAddrPort("[::ffff:10.0.0.3]:80")})
 	assert.Equal(t, []string{"10.0.0.1:80", "10.0.0.3:80"}, w.Held(), "an IPv4-mapped address is held as its IPv4 one")
 	ctx := context.Background()
 	w.Sync(ctx)
