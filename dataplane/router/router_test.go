@@ -436,9 +436,18 @@ func TestFirstByteTimeout(t *testing.T) {
 }
 
 func TestHealthRemovesAndRestoresWorkers(t *testing.T) {
-	f := startFleet(t, mocks(2, 1, 0), func(c *config.Config) { c.Health.UnhealthyAfter = 2 })
-	addr := f.mocks[1].Addr()
-	require.NoError(t, f.mocks[1].Close())
+	// Worker 2 stops and starts again on the same address: on 127.0.0.4,
+	// so that no other test's listener or outgoing connection on
+	// 127.0.0.1 takes its port meanwhile.
+	second, err := mockworker.Start("127.0.0.4:0", mockworker.Options{ID: 2, Tokens: 1})
+	require.NoError(t, err)
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) {
+		c.Health.UnhealthyAfter = 2
+		c.Workers = append(c.Workers, dataplane.WorkerSpec{ID: 2, URL: second.URL()})
+	})
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Len() == 2 }, 5*time.Second, 20*time.Millisecond)
+	addr := second.Addr()
+	require.NoError(t, second.Close())
 	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Len() == 1 }, 5*time.Second, 20*time.Millisecond)
 	for i := 0; i < 4; i++ {
 		resp := f.post("/v1/chat/completions", chatBody)
