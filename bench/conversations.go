@@ -90,7 +90,7 @@ func replicas(share bool) func(bin string, engines []string) ([]string, func(), 
 			addrs, ps = append(addrs, addr), append(ps, p)
 			if err := waitHealth(addr); err != nil {
 				stop()
-				return nil, nil, err
+				return nil, nil, notUp(err, p)
 			}
 		}
 		return addrs, stop, nil

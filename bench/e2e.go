@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -250,16 +251,18 @@ func medianRow(workload, front string, rs []Result) Row {
 func runFront(f front, dir string, workers []string, wl Workload, o E2EOptions) (Result, error) {
 	targets := workers
 	pid := 0
+	var p *exec.Cmd
 	if f.start != nil {
-		addr, p, err := f.start(o.Binary, dir, workers)
+		addr, started, err := f.start(o.Binary, dir, workers)
 		if err != nil {
 			return Result{}, err
 		}
+		p = started
 		defer terminate(p)
 		targets, pid = []string{addr}, p.Process.Pid
 	}
 	if err := waitAnswer(targets[0], wl.Path, wl.Body); err != nil {
-		return Result{}, err
+		return Result{}, notUp(err, p)
 	}
 	LoadSpread("warmup", targets, wl.Path, wl.Body, o.Connections, o.Duration/5)
 	cpu0 := treeCPU(pid)
@@ -306,7 +309,7 @@ func startMock(bin string, id int, flags []string) (string, func(), error) {
 	}
 	if err := waitHealth(addr); err != nil {
 		terminate(p)
-		return "", nil, err
+		return "", nil, notUp(err, p)
 	}
 	return addr, func() { terminate(p) }, nil
 }
@@ -457,15 +460,55 @@ func spawnListening(bin string, argsFor func(addr string) ([]string, error)) (st
 	return addr, p, nil
 }
 
-// spawn starts a child process whose output is kept only while it runs:
-// a front end that fails shows it through waitAnswer's error instead.
+// spawn starts a child process, keeping the end of what it writes for
+// the error of a wait for it to answer (notUp).
 func spawn(bin string, args ...string) (*exec.Cmd, error) {
 	p := exec.Command(bin, args...)
-	p.Stdout, p.Stderr = io.Discard, io.Discard
+	out := &outputTail{}
+	p.Stdout, p.Stderr = out, out
 	if err := p.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
 	return p, nil
+}
+
+// outputTailMax is how much of a child's output outputTail keeps.
+const outputTailMax = 4 << 10
+
+// outputTail keeps the last outputTailMax bytes a child process wrote.
+type outputTail struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (o *outputTail) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.b = append(o.b, p...)
+	if over := len(o.b) - outputTailMax; over > 0 {
+		o.b = append(o.b[:0], o.b[over:]...)
+	}
+	return len(p), nil
+}
+
+func (o *outputTail) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return string(o.b)
+}
+
+// notUp adds to err, the failure of a wait for the child p to answer, the
+// end of what p wrote: why a front end or worker did not come up (a port
+// taken, a flag refused). p may be nil (no child: the workers direct).
+func notUp(err error, p *exec.Cmd) error {
+	if p == nil {
+		return err
+	}
+	out, ok := p.Stderr.(*outputTail)
+	if !ok || out.String() == "" {
+		return fmt.Errorf("%w (%s wrote nothing)", err, filepath.Base(p.Path))
+	}
+	return fmt.Errorf("%w; %s wrote:\n%s", err, filepath.Base(p.Path), strings.TrimSpace(out.String()))
 }
 
 func terminate(p *exec.Cmd) {

@@ -1,9 +1,13 @@
 package bench
 
 import (
+	"errors"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,4 +25,37 @@ func TestProcTreeCPUAndRSS(t *testing.T) {
 		"the child's busy loop shows as user CPU time")
 	assert.Greater(t, treePeakRSS(self), int64(1<<20), "this test process holds more than 1 MiB")
 	assert.Zero(t, treeCPU(0).total(), "no process, no CPU (direct runs)")
+}
+
+// A child that does not come up says why: the wait's error ends with what
+// it wrote, here the router's refusal of a listen address already taken,
+// the failure that otherwise reads as "connection refused" for ten
+// seconds.
+func TestAChildThatDoesNotComeUpSaysWhy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	p, err := spawn(buildBinary(t), "serve", "--listen", taken.Addr().String(), "--admin-listen", "127.0.0.1:0",
+		"--worker", "id=1,url=http://127.0.0.1:9")
+	require.NoError(t, err)
+	require.Error(t, p.Wait(), "the router exits")
+	err = notUp(errors.New("not ready in time"), p)
+	assert.ErrorContains(t, err, "not ready in time")
+	assert.ErrorContains(t, err, "fastroute wrote:")
+	assert.ErrorContains(t, err, "address already in use")
+	assert.Equal(t, errors.New("not ready in time"), notUp(errors.New("not ready in time"), nil), "no child: the error as it was")
+}
+
+// outputTail keeps the end of a long output, at most outputTailMax bytes.
+func TestOutputTailKeepsTheEnd(t *testing.T) {
+	var out outputTail
+	for i := range 1000 {
+		_, _ = fmt.Fprintf(&out, "line %d\n", i)
+	}
+	text := out.String()
+	assert.Len(t, text, outputTailMax)
+	assert.True(t, strings.HasSuffix(text, "line 998\nline 999\n"), text[len(text)-40:])
 }

@@ -319,7 +319,7 @@ func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingR
 	}
 	stops = append(stops, func() { terminate(p) }) // the engines stop first: they end what they hold, so the router has no stream left to wait for
 	if err := waitAnswer(front, "/v1/chat/completions", []byte(`{"model":"mock-model","max_tokens":1,"messages":[]}`)); err != nil {
-		return RoutingRow{}, err
+		return RoutingRow{}, notUp(err, p)
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, DisableCompression: true, IdleConnTimeout: time.Minute}}
 	defer client.CloseIdleConnections()

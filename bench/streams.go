@@ -104,7 +104,7 @@ func runStreamsOnce(o StreamsOptions, dir, name string, start startFunc, workers
 		}
 		defer terminate(p)
 		if err := waitAnswer(addr, "/v1/chat/completions", []byte(`{"model":"mock-model","messages":[]}`)); err != nil {
-			return row, err
+			return row, notUp(err, p)
 		}
 		targets, pid = []string{addr}, p.Process.Pid
 		if i := slices.Index(p.Args, "--admin-listen"); i >= 0 {
