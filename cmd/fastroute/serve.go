@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -312,17 +313,7 @@ func runServe(args []string) error {
 			ln.Close()
 		}
 	}()
-	// A listener is the old process's when its key and address are the
-	// same (so two keys on port 0 stay apart).
-	r, err := router.StartWith(cfg, log, func(key, address string) (net.Listener, error) {
-		return upg.ListenWithCallback("tcp", key+"="+address, func(network, _ string) (net.Listener, error) {
-			if ln := sockets[key]; ln != nil {
-				delete(sockets, key)
-				return ln, nil
-			}
-			return net.Listen(network, address)
-		})
-	})
+	r, err := router.StartWith(cfg, log, listenVia(upg, sockets))
 	if err != nil {
 		return err
 	}
@@ -375,6 +366,33 @@ func runCheck(args []string, out io.Writer) error {
 	_, err = fmt.Fprintf(out, "config ok: listen %s, admin_listen %s, mode %s, %d workers%s\n",
 		cfg.Listen, cfg.AdminListen, cfg.Router.Mode, len(cfg.Workers), restored)
 	return err
+}
+
+// listenVia returns the router's Listen: a listener of the process this
+// one upgrades (upg), when its key and address are the same (so two keys
+// on port 0 stay apart), else a socket systemd passed for its key (taken
+// from sockets), else a new one. A new one's failure is the system call's
+// ("bind: address already in use"): the router names the key and the
+// address, which tableflip's and net's wrappings would say twice more.
+func listenVia(upg *tableflip.Upgrader, sockets map[string]net.Listener) router.Listen {
+	return func(key, address string) (net.Listener, error) {
+		var failed error
+		ln, err := upg.ListenWithCallback("tcp", key+"="+address, func(network, _ string) (net.Listener, error) {
+			if ln := sockets[key]; ln != nil {
+				delete(sockets, key)
+				return ln, nil
+			}
+			ln, err := net.Listen(network, address)
+			if op, ok := errors.AsType[*net.OpError](err); ok {
+				failed = op.Err
+			}
+			return ln, err
+		})
+		if failed != nil {
+			return nil, failed
+		}
+		return ln, err
+	}
 }
 
 // upgrader starts a new process of the router's executable on the

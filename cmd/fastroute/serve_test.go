@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cloudflare/tableflip"
 	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
@@ -434,4 +436,32 @@ func TestAddXForwardedForFlag(t *testing.T) {
 	cfg, err = loadServeConfig([]string{"--config", conf})
 	require.NoError(t, err)
 	assert.True(t, cfg.AddXForwardedFor)
+}
+
+// The router's listeners: one that cannot be made fails with the system
+// call's error alone (the router adds the key and the address: "listen
+// 127.0.0.1:8000: bind: address already in use", where tableflip's and
+// net's wrappings repeated the address twice more); a socket systemd
+// passed serves its key once.
+func TestListenViaSaysAFailureOnce(t *testing.T) {
+	upg, err := tableflip.New(tableflip.Options{}) // one per process: no other test makes one
+	require.NoError(t, err)
+	defer upg.Stop()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	passed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	listen := listenVia(upg, map[string]net.Listener{"admin_listen": passed})
+
+	_, err = listen("listen", taken.Addr().String())
+	assert.EqualError(t, err, "bind: address already in use")
+	got, err := listen("admin_listen", "127.0.0.1:0")
+	require.NoError(t, err)
+	assert.Equal(t, passed.Addr(), got.Addr(), "systemd's socket serves its key")
+	again, err := listen("admin_listen", "127.0.0.1:0")
+	require.NoError(t, err, "a new listener once the passed socket is taken")
+	assert.NotEqual(t, passed.Addr(), again.Addr())
+	require.NoError(t, got.Close())
+	require.NoError(t, again.Close())
 }
