@@ -187,15 +187,22 @@ func TestAWatcherFollowsTheRouterReplicas(t *testing.T) {
 // moment a watch sees its key, which is when that answer is in flight.
 func TestAReplicaStoppedAsItRegistersLeavesNoKey(t *testing.T) {
 	_, o, cli := testClient(t, "/stopping")
+	o.DialTimeout = 4 * time.Second // the stop's deletion waits this long for etcd: ample under load
 	const admin = "http://10.0.0.1:8001"
 	key := RoutersKey(o.Prefix) + url.PathEscape(admin)
 	for round := range 20 {
-		events := cli.Watch(context.Background(), key)
+		before, err := cli.Get(context.Background(), key)
+		require.NoError(t, err)
+		watching, stopWatching := context.WithCancel(context.Background())
+		events := cli.Watch(watching, key, clientv3.WithRev(before.Header.Revision+1)) // misses no put made meanwhile
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { KeepRouterRegistered(ctx, o, admin, 30*time.Second); close(done) }()
 		for put := false; !put; {
-			for _, ev := range (<-events).Events {
+			resp, open := <-events
+			require.True(t, open, "round %d: the watch ended", round)
+			require.NoError(t, resp.Err())
+			for _, ev := range resp.Events {
 				put = put || ev.Type == clientv3.EventTypePut
 			}
 		}
@@ -204,6 +211,7 @@ func TestAReplicaStoppedAsItRegistersLeavesNoKey(t *testing.T) {
 		got, err := cli.Get(context.Background(), key)
 		require.NoError(t, err)
 		require.Empty(t, got.Kvs, "round %d: the key of a replica that stopped is still there", round)
+		stopWatching()
 	}
 }
 
