@@ -279,47 +279,47 @@ func TestFaultInjectionUnderLoad(t *testing.T) {
 	// came back to its client from that worker (a broken stream or a 502
 	// naming it), none was answered again by another worker; every one the
 	// worker of unreadable heads saw, a 502 naming it. Likewise every
-	// request the stalling worker saw ended in a 504 naming it.
-	// A request whose connect to a worker timed out (its SYN unanswered on
-	// a loaded machine, and no retry left) never reached it.
-	fromCut, fromUnreadable, timeouts := 0, 0, 0
-	cutErrors := map[string]int{}
+	// request the stalling worker saw ended in a 504 naming it. So a fault
+	// server's count of requests is at most the outcomes naming it, and at
+	// least those it must have seen (sure). The difference is the 504s of
+	// first_byte_timeout naming it, which on a loaded machine may come
+	// before the request reached it (the server had not read it, or the
+	// router had not sent it yet). A request whose connect timed out (its
+	// SYN unanswered, no retry left) never reached it and is not counted.
+	type tally struct{ sure, maybe int }
+	byWorker := map[string]*tally{"6": {}, "7": {}, "8": {}}
+	namedErrors := map[string]int{}
 	for _, o := range outcomes {
-		if strings.Contains(o.errMsg, "worker 6 ") {
-			cutErrors[o.errMsg]++
-		}
-		if o.worker == "6" && o.broken || strings.Contains(o.errMsg, "worker 6 failed") && !strings.Contains(o.errMsg, "connect timed out") {
-			fromCut++
-		}
-		if o.status == http.StatusBadGateway && strings.Contains(o.errMsg, "worker 8 broke its answer: answer headers not valid HTTP") {
-			fromUnreadable++
-		}
-		if o.status == http.StatusGatewayTimeout && strings.Contains(o.errMsg, "worker 7 failed") {
-			timeouts++
+		for id, n := range byWorker {
+			named := strings.Contains(o.errMsg, "worker "+id+" ")
+			switch {
+			case named && strings.Contains(o.errMsg, "connect timed out"):
+				namedErrors[o.errMsg]++
+			case named && strings.Contains(o.errMsg, "no answer within limits.first_byte_timeout"):
+				n.maybe++
+			case named, o.worker == id && o.broken:
+				n.sure++
+			}
 		}
 	}
 	// A fault server counts a request when it has read it, which on a
-	// loaded machine can be after the router gave up waiting for its first
-	// byte (a 504 naming the worker), and after the last client had its
-	// answer. Counts only grow: each may still rise to its outcomes'
-	// count, and one above it is a request another worker answered again.
+	// loaded machine can be after the last client had its answer: counts
+	// only grow, so each may still rise to its sure count.
 	for _, c := range []struct {
-		hits     *atomic.Int64
-		outcomes int
-		what     string
+		id   string
+		hits *atomic.Int64
+		what string
 	}{
-		{&cut.hits, fromCut, "requests cut after the first byte were not retried"},
-		{&unreadable.hits, fromUnreadable, "requests answered with an unreadable head were not retried"},
-		{&stalled.hits, timeouts, "timed-out requests were not retried"},
+		{"6", &cut.hits, "requests cut after the first byte were not retried"},
+		{"8", &unreadable.hits, "requests answered with an unreadable head were not retried"},
+		{"7", &stalled.hits, "timed-out requests were not retried"},
 	} {
-		settled := func() bool { return c.hits.Load() >= int64(c.outcomes) }
-		assert.Eventually(t, settled, 5*time.Second, 10*time.Millisecond, c.what)
-		assert.EqualValues(t, c.hits.Load(), c.outcomes, c.what)
+		n := byWorker[c.id]
+		assert.Eventually(t, func() bool { return c.hits.Load() >= int64(n.sure) }, 5*time.Second, 10*time.Millisecond, "%s: sure %d", c.what, n.sure)
+		assert.LessOrEqual(t, c.hits.Load(), int64(n.sure+n.maybe), "%s: sure %d, maybe %d", c.what, n.sure, n.maybe)
+		assert.Positive(t, c.hits.Load(), c.what)
 	}
-	t.Logf("errors naming the resetting worker: %v", cutErrors)
-	assert.Positive(t, fromCut)
-	assert.Positive(t, fromUnreadable)
-	assert.Positive(t, timeouts)
+	t.Logf("outcomes naming the fault servers %s; errors of connects that timed out: %v", fmt.Sprint(*byWorker["6"], *byWorker["7"], *byWorker["8"]), namedErrors)
 
 	f.assertIdle()
 	var accounted uint64
