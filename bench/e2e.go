@@ -12,11 +12,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/fastroute/fastroute/internal/loopback"
+	"github.com/fastroute/fastroute/internal/syncbuf"
 )
 
 // E2EOptions configures RunE2E.
@@ -464,7 +464,7 @@ func spawnListening(bin string, argsFor func(addr string) ([]string, error)) (st
 // the error of a wait for it to answer (notUp).
 func spawn(bin string, args ...string) (*exec.Cmd, error) {
 	p := exec.Command(bin, args...)
-	out := &outputTail{}
+	out := &syncbuf.Buffer{Last: outputTailMax}
 	p.Stdout, p.Stderr = out, out
 	if err := p.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)
@@ -472,30 +472,8 @@ func spawn(bin string, args ...string) (*exec.Cmd, error) {
 	return p, nil
 }
 
-// outputTailMax is how much of a child's output outputTail keeps.
+// outputTailMax is how much of a child's output spawn keeps.
 const outputTailMax = 4 << 10
-
-// outputTail keeps the last outputTailMax bytes a child process wrote.
-type outputTail struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (o *outputTail) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.b = append(o.b, p...)
-	if over := len(o.b) - outputTailMax; over > 0 {
-		o.b = append(o.b[:0], o.b[over:]...)
-	}
-	return len(p), nil
-}
-
-func (o *outputTail) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return string(o.b)
-}
 
 // notUp adds to err, the failure of a wait for the child p to answer, the
 // end of what p wrote: why a front end or worker did not come up (a port
@@ -504,7 +482,7 @@ func notUp(err error, p *exec.Cmd) error {
 	if p == nil {
 		return err
 	}
-	out, ok := p.Stderr.(*outputTail)
+	out, ok := p.Stderr.(*syncbuf.Buffer)
 	if !ok || out.String() == "" {
 		return fmt.Errorf("%w (%s wrote nothing)", err, filepath.Base(p.Path))
 	}

@@ -2,12 +2,10 @@ package bench
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -47,15 +45,4 @@ func TestAChildThatDoesNotComeUpSaysWhy(t *testing.T) {
 	assert.ErrorContains(t, err, "fastroute wrote:")
 	assert.ErrorContains(t, err, "address already in use")
 	assert.Equal(t, errors.New("not ready in time"), notUp(errors.New("not ready in time"), nil), "no child: the error as it was")
-}
-
-// outputTail keeps the end of a long output, at most outputTailMax bytes.
-func TestOutputTailKeepsTheEnd(t *testing.T) {
-	var out outputTail
-	for i := range 1000 {
-		_, _ = fmt.Fprintf(&out, "line %d\n", i)
-	}
-	text := out.String()
-	assert.Len(t, text, outputTailMax)
-	assert.True(t, strings.HasSuffix(text, "line 998\nline 999\n"), text[len(text)-40:])
 }
