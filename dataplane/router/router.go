@@ -272,8 +272,6 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	if err := r.restoreState(state); err != nil {
 		return nil, err
 	}
-	r.startTelemetry(log)
-	r.startEngines(log)
 
 	if r.ln, err = listen("listen", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
@@ -296,6 +294,10 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		r.adminLn.Close()
 		return nil, err
 	}
+	// Nothing can fail from here on: the GPU library, initialised now, is
+	// shut down only by Close.
+	r.startTelemetry(log)
+	r.startEngines(log)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() {
@@ -425,6 +427,10 @@ func (r *Router) Close() error {
 	return err
 }
 
+// newGPU returns the collector of this machine's GPUs; a test puts a mock
+// library behind it.
+var newGPU = nvml.NewSystem
+
 // startTelemetry builds the weight loop over the collectors the config turns
 // on. A GPU library that cannot start is logged once; GPU workers then keep
 // their static capacity and say why in GET /workers.
@@ -435,7 +441,7 @@ func (r *Router) startTelemetry(log *slog.Logger) {
 	}
 	o := weights.Options{Registry: r.Registry, Interval: t.Interval, Logger: log}
 	if t.NVML {
-		gpu := nvml.NewSystem()
+		gpu := newGPU()
 		if err := gpu.Start(); err != nil {
 			log.Warn("gpu telemetry unavailable; gpu workers keep their static capacity", "err", err)
 			o.Sources = append(o.Sources, weights.GPUDown(err.Error()))
