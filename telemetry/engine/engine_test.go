@@ -136,6 +136,45 @@ func TestParseRefusesPagesWithoutLoad(t *testing.T) {
 		"read no further than the bound")
 }
 
+// A value no engine reports fails the reading, named: the worker is then
+// routed on the router's own signals (and says why in GET /workers)
+// instead of keeping a batch size of NaN or 1e300 in what it learned.
+func TestParseRefusesValuesNoEngineReports(t *testing.T) {
+	vllmRunning := `vllm:num_requests_running{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0`
+	vllmTokens := `vllm:generation_tokens_total{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 234.0`
+	vllmKV := `vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.91`
+	vllmHits := `vllm:prefix_cache_hits_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3000.0`
+	sgWaiting := `sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0`
+	sgMax := `sglang:max_running_requests{model_name="meta-llama/Llama-3.1-8B-Instruct"} 48.0`
+	sgRate := `sglang:cache_hit_rate{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.42`
+	for _, c := range []struct{ page, line, value, want string }{
+		{vllmPage, vllmRunning, "NaN", "vllm:num_requests_running is NaN; want a count of requests, 0 to 1048576"},
+		{vllmPage, vllmRunning, "+Inf", "vllm:num_requests_running is +Inf; want a count of requests"},
+		{vllmPage, vllmRunning, "-1", "vllm:num_requests_running is -1; want a count of requests"},
+		{vllmPage, vllmRunning, "1e300", "vllm:num_requests_running is 1e+300; want a count of requests"},
+		{vllmPage, vllmTokens, "-Inf", "vllm:generation_tokens_total is -Inf; want a counter's value, 0 or more"},
+		{vllmPage, vllmTokens, "-5", "vllm:generation_tokens_total is -5; want a counter's value"},
+		{vllmPage, vllmKV, "NaN", "vllm:kv_cache_usage_perc is NaN; want a number"},
+		{vllmPage, vllmHits, "NaN", "vllm:prefix_cache_hits_total is NaN; want a counter's value"},
+		{sglangPage, sgWaiting, "Inf", "sglang:num_queue_reqs is +Inf; want a count of requests"},
+		{sglangPage, sgMax, "5e18", "sglang:max_running_requests is 5e+18; want a count of requests"},
+		{sglangPage, sgRate, "NaN", "sglang:cache_hit_rate is NaN; want a number"},
+	} {
+		require.Contains(t, c.page, c.line)
+		name, _, _ := strings.Cut(c.line, " ")
+		page := strings.Replace(c.page, c.line, name+" "+c.value, 1)
+		_, err := Parse(strings.NewReader(page), time.Now())
+		require.Error(t, err, "%s %s", name, c.value)
+		assert.Contains(t, err.Error(), c.want)
+	}
+	// The bounds themselves are values engines report.
+	page := strings.Replace(sglangPage, sgMax, "sglang:max_running_requests 1048576", 1)
+	page = strings.Replace(page, sgWaiting, "sglang:num_queue_reqs 0", 1)
+	r, err := Parse(strings.NewReader(page), time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, 1048576.0, r.MaxRunning)
+}
+
 // bigVLLMPage is vllmPage amid what else a vLLM server of two data-parallel
 // engines exports: a dozen more histograms of 20 buckets, process and
 // Python metrics, a plain comment and blank lines.

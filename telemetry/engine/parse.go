@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -120,6 +121,9 @@ func Parse(in io.Reader, at time.Time) (Reading, error) {
 		if !okR || !okW {
 			continue
 		}
+		if err := d.check(fams); err != nil {
+			return Reading{}, err
+		}
 		r := Reading{At: at, Dialect: d.dialect, Running: running, Waiting: waiting, Tokens: -1,
 			PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1}
 		if t, ok := sum(fams[d.tokens]); ok {
@@ -153,6 +157,40 @@ func Parse(in io.Reader, at time.Time) (Reading, error) {
 		return r, nil
 	}
 	return Reading{}, ErrNoLoadSeries
+}
+
+// maxRequests bounds the requests an engine reports running, waiting or
+// as its batch size: more is not an engine's count (vLLM's and SGLang's
+// batches are hundreds to a few thousand).
+const maxRequests = 1 << 20
+
+// check refuses the values of d's series that no engine reports: a
+// value that is not a number or is infinite (the text format allows
+// both), a negative or absurd request count (maxRequests), a negative
+// counter. Taken as they are, one such reading would stay in what the
+// router learns of the engine: its batch size is the most requests it was
+// seen running, so a count of 1e300 once would make it the cheapest
+// worker for good, and NaN would leave it without a cost for good.
+func (d series) check(fams map[string]*dto.MetricFamily) error {
+	bounds := []struct {
+		names  []string
+		lo, hi float64
+		want   string
+	}{
+		{[]string{d.running, d.waiting, d.maxRunning}, 0, maxRequests, fmt.Sprintf("a count of requests, 0 to %d", maxRequests)},
+		{[]string{d.tokens, d.prefixQueries, d.prefixHits}, 0, math.MaxFloat64, "a counter's value, 0 or more"},
+		{append([]string{d.prefixRate, d.loraInfo}, d.kvUsage...), -math.MaxFloat64, math.MaxFloat64, "a number"},
+	}
+	for _, b := range bounds {
+		for _, name := range b.names {
+			for _, m := range fams[name].GetMetric() {
+				if v := value(m); !(v >= b.lo && v <= b.hi) { // NaN fails both
+					return fmt.Errorf("%s is %v; want %s", name, v, b.want)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // read holds the names of the series Parse reads, in every dialect.

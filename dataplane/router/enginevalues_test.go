@@ -1,0 +1,85 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// An engine whose metrics page says NaN requests are running (the text
+// format allows it) is routed on the router's own signals and GET
+// /workers says why; once its page is sound again its reading is taken.
+// Before, the NaN reached GET /workers, whose JSON cannot hold it: the
+// handler panicked and no worker was listed.
+func TestAnEngineReportingNaNIsRoutedOnTheRoutersOwnSignals(t *testing.T) {
+	var running atomic.Value
+	running.Store("NaN")
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running %s\n"+
+			"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n", running.Load())
+	})
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	engine := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = engine.Serve(ln) }()
+	t.Cleanup(func() { engine.Close() })
+
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://" + ln.Addr().String()}}
+		c.Telemetry.Engine.Interval = 50 * time.Millisecond
+	})
+	// The worker's object in GET /workers; nil unless that answers 200
+	// with a list of one (it is called from Eventually's goroutine).
+	workers := func() map[string]any {
+		resp, err := f.client.Get("http://" + f.r.AdminAddr() + "/workers")
+		if err != nil {
+			return nil
+		}
+		defer resp.Body.Close()
+		var all []map[string]any
+		if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&all) != nil || len(all) != 1 {
+			return nil
+		}
+		return all[0]
+	}
+	require.Eventually(t, func() bool {
+		reason, _ := workers()["engine_reason"].(string)
+		return strings.Contains(reason, "vllm:num_requests_running is NaN; want a count of requests")
+	}, 5*time.Second, 10*time.Millisecond, "GET /workers says why the engine's reading is refused")
+	assert.Equal(t, "none", workers()["engine_source"])
+	resp, body := f.send("POST", "/v1/chat/completions", chatBody)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Equal(t, "1", resp.Header.Get("x-fastroute-worker"))
+	f.assertIdle()
+
+	running.Store("2")
+	require.Eventually(t, func() bool {
+		w := workers()
+		return w["engine_source"] == "vllm" && w["engine_running"] == 2.0
+	}, 5*time.Second, 10*time.Millisecond, "a sound page's reading is taken")
+	// Counted as a fallback: once here, more where a loaded machine let a
+	// reading go stale (3 intervals without a scrape).
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
+	_, count, found := strings.Cut(metrics, "\nfastroute_engine_fallbacks_total ")
+	require.True(t, found, metrics)
+	n, err := strconv.Atoi(count[:strings.IndexByte(count, '\n')])
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, n, 1)
+}
