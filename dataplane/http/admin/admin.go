@@ -422,10 +422,18 @@ func (o Options) workerJSON(wk *dataplane.Worker) []byte {
 	}
 	extra := map[string]any{}
 	o.Describe(wk, extra)
+	e, err := json.Marshal(extra)
+	if err != nil { // a value JSON cannot hold (NaN, say): left out, the others kept
+		for k, v := range extra {
+			if _, err := json.Marshal(v); err != nil {
+				delete(extra, k)
+			}
+		}
+		e, _ = json.Marshal(extra)
+	}
 	if len(extra) == 0 {
 		return b
 	}
-	e, _ := json.Marshal(extra)
 	return append(append(b[:len(b)-1], ','), e[1:]...)
 }
 

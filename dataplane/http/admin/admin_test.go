@@ -3,8 +3,10 @@ package admin
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -209,4 +211,44 @@ func TestWritesRefusedWhileTheRouterSaysWhy(t *testing.T) {
 	status, body = call(t, srv, "POST", "/workers", `{"id":2,"url":"http://127.0.0.1:2"}`, "s3cret")
 	assert.Equal(t, http.StatusCreated, status, body)
 	assert.Len(t, reg.All(), 2)
+}
+
+// A value a Describe adds that JSON cannot hold (NaN, infinity) is left
+// out of GET /workers, the worker and its other fields still listed: it
+// once emptied the object and panicked the handler, for every worker.
+func TestAWorkerDescribedWithNaNIsStillListed(t *testing.T) {
+	reg := dataplane.NewRegistry()
+	for id := uint64(1); id <= 2; id++ {
+		_, err := reg.Add(dataplane.WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", id)})
+		require.NoError(t, err)
+	}
+	srv := httptest.NewServer(Handler(Options{Registry: reg, Metrics: &metrics.Set{}, Logger: slog.New(slog.DiscardHandler),
+		Describe: func(w *dataplane.Worker, info map[string]any) {
+			info["engine_source"] = "vllm"
+			if w.ID() == 2 {
+				info["engine_running"], info["engine_slots"] = math.NaN(), math.Inf(1)
+				return
+			}
+			info["engine_running"] = 3.0
+		}}))
+	defer srv.Close()
+	status, body := call(t, srv, "GET", "/workers", "", "")
+	require.Equal(t, http.StatusOK, status, body)
+	var all []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(body), &all), body)
+	require.Len(t, all, 2)
+	assert.Equal(t, 3.0, all[0]["engine_running"])
+	assert.Equal(t, "vllm", all[1]["engine_source"], "the fields JSON holds are kept")
+	assert.NotContains(t, all[1], "engine_running")
+	assert.NotContains(t, all[1], "engine_slots")
+	status, body = call(t, srv, "GET", "/workers/2", "", "")
+	require.Equal(t, http.StatusOK, status, body)
+	assert.JSONEq(t, body, mustJSON(t, all[1]))
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return string(b)
 }
