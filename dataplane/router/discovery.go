@@ -195,10 +195,15 @@ func (t discoveryTarget) Drain(id uint64) { _ = t.r.Registry.Drain(id) }
 // router: DNS has no mark the others would read), across a restart too
 // with state_file (Watcher.Held is in it).
 func (r *Router) drainWorker(id uint64) error {
+	if r.DNS != nil && r.DNS.Hold(id) {
+		// Held first: a lookup's put of it under way has ended, and none
+		// after puts it, so nothing takes this drain back.
+		return r.Registry.Drain(id)
+	}
 	if err := r.Registry.Drain(id); err != nil {
 		return err
 	}
-	if (r.DNS != nil && r.DNS.Hold(id)) || r.Discovery == nil || !r.Discovery.Known(id) {
+	if r.Discovery == nil || !r.Discovery.Known(id) {
 		return nil
 	}
 	if err := r.Discovery.MarkDrain(id); err != nil {

@@ -57,12 +57,18 @@ type Watcher struct {
 	o        Options
 	target   discovery.Target
 	resolver *net.Resolver
-	mu       sync.Mutex
-	names    map[string][]uint64 // each name's workers at its last good lookup
-	put      map[uint64]string   // the workers put and not drained since: their addresses
-	held     map[uint64]string   // drained by hand (Hold, Restore): not put again while their address stays
-	refused  map[uint64]bool     // the target refused them (logged once, while their address stays)
-	failing  map[string]bool     // names whose last lookup failed
+	// putting makes a worker's put (putAddr: its hold checked, the put,
+	// its record) and a Hold one after the other: a put that checked
+	// before a Hold would otherwise land after it, and so after the
+	// caller's drain. Not mu: the target's Put takes the caller's locks,
+	// which may be held while mu is taken.
+	putting sync.Mutex
+	mu      sync.Mutex
+	names   map[string][]uint64 // each name's workers at its last good lookup
+	put     map[uint64]string   // the workers put and not drained since: their addresses
+	held    map[uint64]string   // drained by hand (Hold, Restore): not put again while their address stays
+	refused map[uint64]bool     // the target refused them (logged once, while their address stays)
+	failing map[string]bool     // names whose last lookup failed
 }
 
 // New checks o and returns a Watcher over t; Run starts it.
@@ -213,6 +219,8 @@ func absent(err error) error {
 func (w *Watcher) putAddr(a netip.AddrPort) uint64 {
 	addr := addrText(a)
 	id := ID(addr)
+	w.putting.Lock()
+	defer w.putting.Unlock()
 	w.mu.Lock()
 	_, held := w.held[id]
 	w.mu.Unlock()
@@ -322,8 +330,10 @@ func (w *Watcher) Known(id uint64) bool {
 
 // Hold keeps a worker drained by hand (DELETE /workers/{id}) from being
 // put again while its address stays in DNS; false: not a worker found
-// here.
+// here. A put under way ends first, so a drain made after Hold stays.
 func (w *Watcher) Hold(id uint64) bool {
+	w.putting.Lock()
+	defer w.putting.Unlock()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	addr, ok := w.put[id]

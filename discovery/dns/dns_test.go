@@ -188,6 +188,64 @@ func TestAWorkerDrainedByHandStaysDrained(t *testing.T) {
 	assert.Equal(t, []string{"http://10.0.0.1:80", "http://10.0.0.2:80"}, rec.urls(), "back in DNS: put again")
 }
 
+// gatedTarget is a recorder whose Put of one id, once armed, says it
+// began and waits to be let go: a lookup's put under way.
+type gatedTarget struct {
+	*recorder
+	id            uint64
+	armed         atomic.Bool
+	began, letGo  chan struct{}
+	putsAfterHold atomic.Int32
+	holdDone      atomic.Bool
+}
+
+func (g *gatedTarget) Put(spec dataplane.WorkerSpec) error {
+	if spec.ID == g.id && g.armed.CompareAndSwap(true, false) {
+		g.began <- struct{}{}
+		<-g.letGo
+	}
+	if spec.ID == g.id && g.holdDone.Load() {
+		g.putsAfterHold.Add(1)
+	}
+	return g.recorder.Put(spec)
+}
+
+// A hand drain racing a lookup: Hold waits for a put of the worker under
+// way, so the router's drain, made after Hold, is never followed by a put
+// that would take it back (a put of a draining worker replaces it, fresh).
+// It was: under load the router's test saw a worker drained by hand
+// serving again.
+func TestAHoldWaitsForAPutUnderWay(t *testing.T) {
+	srv := startDNS(t)
+	srv.Set("w.fastroute.test", "10.0.0.1")
+	one := ID("10.0.0.1:80")
+	g := &gatedTarget{recorder: &recorder{live: map[uint64]dataplane.WorkerSpec{}}, id: one,
+		began: make(chan struct{}), letGo: make(chan struct{})}
+	w, err := New(Options{Names: []string{"w.fastroute.test.:80"}, Interval: time.Second, Server: srv.Addr(), Scheme: "http"}, g)
+	require.NoError(t, err)
+	ctx := context.Background()
+	w.Sync(ctx)
+	require.True(t, w.Known(one))
+
+	g.armed.Store(true)
+	synced := make(chan struct{})
+	go func() { w.Sync(ctx); close(synced) }()
+	<-g.began // the second round's put of the worker is under way
+	held := make(chan bool)
+	go func() { ok := w.Hold(one); g.holdDone.Store(true); held <- ok }()
+	select {
+	case <-held:
+		t.Fatal("Hold returned while a put of its worker was under way")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(g.letGo)
+	require.True(t, <-held)
+	<-synced
+	w.Sync(ctx)
+	assert.Zero(t, g.putsAfterHold.Load(), "no put of the worker after Hold")
+	assert.Equal(t, []string{"10.0.0.1:80"}, w.Held())
+}
+
 // Hand drains outlast a restart: Held lists the held addresses, and
 // Restore, before the first lookup, holds the ones a state file kept, so
 // they are not put while DNS names them. While a name's lookups fail, no
