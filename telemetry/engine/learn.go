@@ -1,6 +1,9 @@
 package engine
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Stats is what the router knows of one engine at one moment: the last
 // reading, what it learned from the readings so far, and its own in-flight
@@ -109,11 +112,14 @@ func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 		l.winTokens += r.Tokens - l.prev.Tokens
 		l.winRunning += (r.Running + l.prev.Running) / 2 * dt
 		if r.At.Sub(l.winStart) >= learnWindow && l.winRunning > 0 && l.winTokens > 0 {
-			sample := l.winTokens / l.winRunning
-			if l.rate == 0 {
-				l.rate = sample
-			} else {
-				l.rate += learnWeight * (sample - l.rate)
+			// Not a window in which next to nothing ran (a count of 1e-300,
+			// say): its tokens over it are no speed, and infinite.
+			if sample := l.winTokens / l.winRunning; sample <= math.MaxFloat64 {
+				if l.rate == 0 {
+					l.rate = sample
+				} else {
+					l.rate += learnWeight * (sample - l.rate)
+				}
 			}
 			l.winStart, l.winTokens, l.winRunning = r.At, 0, 0
 		}

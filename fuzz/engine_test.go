@@ -1,0 +1,59 @@
+package fuzz
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/telemetry/engine"
+)
+
+// FuzzEngineMetricsPage: any page a worker serves at its metrics_path
+// either fails to parse or gives a reading of counts within bounds, and
+// what the router learns from it, read again and again, stays finite: a
+// batch size of 1 or more, a speed of 0 or more, an admit limit of 0 or
+// more, and a cost, when there is one, of 0 or more (what GET /workers
+// shows, and what the load-aware pickers compare).
+func FuzzEngineMetricsPage(f *testing.F) {
+	f.Add("vllm:num_requests_running 3\nvllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.9\nvllm:generation_tokens_total 1000\n"+
+		"vllm:prefix_cache_queries_total 100\nvllm:prefix_cache_hits_total 40\n", 7.0, int64(2))
+	f.Add("sglang:num_running_reqs{model_name=\"m\"} 12\nsglang:num_queue_reqs 2\nsglang:max_running_requests 48\nsglang:token_usage 0.28\n"+
+		"sglang:generation_tokens_total 7.5e6\nsglang:cache_hit_rate 0.42\n", 1e6, int64(0))
+	f.Add("vllm:num_requests_running 1e-300\nvllm:num_requests_waiting 0\nvllm:generation_tokens_total 1e300\n", 1e300, int64(-5))
+	f.Add("vllm:num_requests_running NaN\nvllm:num_requests_waiting +Inf\n", 0.0, int64(0))
+	f.Add("# TYPE vllm:lora_requests_info gauge\nvllm:lora_requests_info{running_lora_adapters=\"a,b\",waiting_lora_adapters=\"\"} 1.7e9\n"+
+		"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n", 5.0, int64(1))
+	f.Fuzz(func(t *testing.T, page string, tokensStep float64, occupancy int64) {
+		r, err := engine.Parse(strings.NewReader(page), time.Unix(1000, 0))
+		if err != nil {
+			return
+		}
+		for name, v := range map[string]float64{"running": r.Running, "waiting": r.Waiting, "max running": r.MaxRunning} {
+			if !(v >= 0 && v <= 1<<20) {
+				t.Fatalf("%s %v taken", name, v)
+			}
+		}
+		if !(r.KVUsage >= 0 && r.KVUsage <= 1) || !(r.Tokens == -1 || r.Tokens >= 0 && r.Tokens <= math.MaxFloat64) {
+			t.Fatalf("reading %+v", r)
+		}
+		if !(tokensStep >= 0 && tokensStep <= math.MaxFloat64) {
+			tokensStep = 0 // a counter moves forward
+		}
+		var l engine.Learner
+		for i := range 5 { // the same page five times, 1.5 s apart, its counter moved by tokensStep each time
+			if r.Tokens >= 0 {
+				r.Tokens = min(r.Tokens+tokensStep, math.MaxFloat64)
+			}
+			r.At = time.Unix(1000, 0).Add(time.Duration(i) * 1500 * time.Millisecond)
+			st := l.Observe(r, 0)
+			st.Prepare(occupancy)
+			if !(st.Slots >= 1 && st.Slots <= math.MaxFloat64) || !(st.TokenRate >= 0 && st.TokenRate <= math.MaxFloat64) || st.Admit < 0 {
+				t.Fatalf("learned slots %v, speed %v, admit %d from %+v", st.Slots, st.TokenRate, st.Admit, r)
+			}
+			if c, ok := st.Cost(occupancy); ok && !(c >= 0 && c <= math.MaxFloat64) {
+				t.Fatalf("cost %v from %+v (slots %v, speed %v)", c, r, st.Slots, st.TokenRate)
+			}
+		}
+	})
+}
