@@ -233,6 +233,9 @@ func TestPassiveHealthEjectsAWorkerThatFailsAndReadmitsIt(t *testing.T) {
 	f := startFleet(t, opts, func(c *config.Config) {
 		c.Health.EjectAfter, c.Health.EjectTime, c.Health.EjectMax = 3, 300*time.Millisecond, time.Second
 		c.Router.Retries = 0
+		// Probes that time out on a loaded machine (each has one interval,
+		// 100 ms) must not mark worker 1 down: coming back up unejects it.
+		c.Health.UnhealthyAfter = 1000
 	})
 	served := func(n int) map[string]int {
 		out := map[string]int{}
@@ -259,8 +262,17 @@ func TestPassiveHealthEjectsAWorkerThatFailsAndReadmitsIt(t *testing.T) {
 
 	// Back after its time (the health loop readmits), it fails again: the
 	// second ejection lasts twice as long.
+	// Its requests resume once the health loop republished the snapshot,
+	// which may be a few requests after its ejection time was cleared (a
+	// loaded machine): so until its third 500, at most 20 requests.
 	require.Eventually(t, func() bool { u, _ := w1.Ejected(); return u.IsZero() }, 3*time.Second, 20*time.Millisecond)
-	served(6)
+	failed := 0
+	for range 20 {
+		if failed += served(1)["1:500"]; failed == 3 {
+			break
+		}
+	}
+	require.Equal(t, 3, failed, "worker 1 back in rotation")
 	until, n = w1.Ejected()
 	require.False(t, until.IsZero())
 	assert.Equal(t, 2, n)
