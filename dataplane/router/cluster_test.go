@@ -37,10 +37,10 @@ func register(t *testing.T, e *etcdtest.Server, prefix string, m *mockworker.Wor
 func startMocks(t *testing.T, n int) []*mockworker.Worker {
 	t.Helper()
 	var out []*mockworker.Worker
+	t.Cleanup(func() { closeTogether(out) })
 	for i := 0; i < n; i++ {
 		m, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: uint64(i + 1), Tokens: 1})
 		require.NoError(t, err)
-		t.Cleanup(func() { m.Close() })
 		out = append(out, m)
 	}
 	return out

@@ -55,11 +55,13 @@ func startFleetLog(t *testing.T, opts []mockworker.Options, tweak func(*config.C
 	cfg.Router.Mode = pickers.ModeRoundRobin
 	cfg.Health.Interval = 100 * time.Millisecond
 	f := &fleet{t: t, client: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 200}}}
+	var started []*mockworker.Worker // f.mocks, which a test may point elsewhere
+	t.Cleanup(func() { closeTogether(started) })
 	for _, o := range opts {
 		m, err := mockworker.Start("127.0.0.1:0", o)
 		require.NoError(t, err)
-		t.Cleanup(func() { m.Close() })
-		f.mocks = append(f.mocks, m)
+		started = append(started, m)
+		f.mocks = started
 		cfg.Workers = append(cfg.Workers, dataplane.WorkerSpec{ID: o.ID, URL: m.URL(), LoRAs: o.LoRAs})
 	}
 	if tweak != nil {
@@ -67,9 +69,24 @@ func startFleetLog(t *testing.T, opts []mockworker.Options, tweak func(*config.C
 	}
 	r, err := Start(cfg, slog.New(slog.NewTextHandler(logs, nil)))
 	require.NoError(t, err)
-	t.Cleanup(func() { r.Close() })
+	t.Cleanup(func() {
+		// The client's kept-alive connections first: the router's drain
+		// then has none to leave time for a next request (drainLinger).
+		f.client.CloseIdleConnections()
+		r.Close()
+	})
 	f.r = r
 	return f
+}
+
+// closeTogether closes mock workers at once: each Close waits at least
+// one round of fasthttp's shutdown poll (100 ms) for its connections.
+func closeTogether(ms []*mockworker.Worker) {
+	var wg sync.WaitGroup
+	for _, m := range ms {
+		wg.Go(func() { m.Close() })
+	}
+	wg.Wait()
 }
 
 func mocks(n int, tokens int, interval time.Duration) []mockworker.Options {
