@@ -54,9 +54,10 @@ type series struct {
 	kvUsage                         []string // current name first
 	loraInfo                        string
 	runningAdapters, waitingAdapter string
+	bounds                          []bound // built once from the names (withBounds)
 }
 
-var dialects = []series{
+var dialects = withBounds([]series{
 	{dialect: "vllm", running: "vllm:num_requests_running", waiting: "vllm:num_requests_waiting",
 		tokens:   "vllm:generation_tokens_total",
 		kvUsage:  []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
@@ -65,7 +66,7 @@ var dialects = []series{
 	{dialect: "sglang", running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs",
 		tokens: "sglang:generation_tokens_total", kvUsage: []string{"sglang:token_usage"},
 		maxRunning: "sglang:max_running_requests", prefixRate: "sglang:cache_hit_rate"},
-}
+})
 
 // ErrNoLoadSeries says a metrics page holds neither vLLM's nor SGLang's
 // running and waiting series.
@@ -164,6 +165,32 @@ func Parse(in io.Reader, at time.Time) (Reading, error) {
 // batches are hundreds to a few thousand).
 const maxRequests = 1 << 20
 
+// bound is what check wants of one series' values: lo to hi.
+type bound struct {
+	name   string
+	lo, hi float64
+	want   string
+}
+
+// withBounds gives each dialect the bounds check holds its series to.
+func withBounds(ds []series) []series {
+	count := fmt.Sprintf("a count of requests, 0 to %d", maxRequests)
+	for i := range ds {
+		d := &ds[i]
+		add := func(lo, hi float64, want string, names ...string) {
+			for _, n := range names {
+				if n != "" {
+					d.bounds = append(d.bounds, bound{name: n, lo: lo, hi: hi, want: want})
+				}
+			}
+		}
+		add(0, maxRequests, count, d.running, d.waiting, d.maxRunning)
+		add(0, math.MaxFloat64, "a counter's value, 0 or more", d.tokens, d.prefixQueries, d.prefixHits)
+		add(-math.MaxFloat64, math.MaxFloat64, "a number", append([]string{d.prefixRate, d.loraInfo}, d.kvUsage...)...)
+	}
+	return ds
+}
+
 // check refuses the values of d's series that no engine reports: a
 // value that is not a number or is infinite (the text format allows
 // both), a negative or absurd request count (maxRequests), a negative
@@ -172,21 +199,10 @@ const maxRequests = 1 << 20
 // seen running, so a count of 1e300 once would make it the cheapest
 // worker for good, and NaN would leave it without a cost for good.
 func (d series) check(fams map[string]*dto.MetricFamily) error {
-	bounds := []struct {
-		names  []string
-		lo, hi float64
-		want   string
-	}{
-		{[]string{d.running, d.waiting, d.maxRunning}, 0, maxRequests, fmt.Sprintf("a count of requests, 0 to %d", maxRequests)},
-		{[]string{d.tokens, d.prefixQueries, d.prefixHits}, 0, math.MaxFloat64, "a counter's value, 0 or more"},
-		{append([]string{d.prefixRate, d.loraInfo}, d.kvUsage...), -math.MaxFloat64, math.MaxFloat64, "a number"},
-	}
-	for _, b := range bounds {
-		for _, name := range b.names {
-			for _, m := range fams[name].GetMetric() {
-				if v := value(m); !(v >= b.lo && v <= b.hi) { // NaN fails both
-					return fmt.Errorf("%s is %v; want %s", name, v, b.want)
-				}
+	for _, b := range d.bounds {
+		for _, m := range fams[b.name].GetMetric() {
+			if v := value(m); !(v >= b.lo && v <= b.hi) { // NaN fails both
+				return fmt.Errorf("%s is %v; want %s", b.name, v, b.want)
 			}
 		}
 	}
