@@ -172,7 +172,8 @@ type bound struct {
 	want   string
 }
 
-// withBounds gives each dialect the bounds check holds its series to.
+// withBounds gives each dialect the bounds check holds its series to:
+// every series Parse reads has one.
 func withBounds(ds []series) []series {
 	count := fmt.Sprintf("a count of requests, 0 to %d", maxRequests)
 	for i := range ds {
@@ -209,14 +210,13 @@ func (d series) check(fams map[string]*dto.MetricFamily) error {
 	return nil
 }
 
-// read holds the names of the series Parse reads, in every dialect.
+// read holds the names of the series Parse reads, in every dialect: those
+// check bounds, which are all of them.
 var read = func() map[string]bool {
 	names := map[string]bool{}
 	for _, d := range dialects {
-		for _, n := range append([]string{d.running, d.waiting, d.tokens, d.maxRunning, d.loraInfo, d.prefixQueries, d.prefixHits, d.prefixRate}, d.kvUsage...) {
-			if n != "" {
-				names[n] = true
-			}
+		for _, b := range d.bounds {
+			names[b.name] = true
 		}
 	}
 	return names
