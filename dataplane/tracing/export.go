@@ -76,7 +76,8 @@ func newExporter(url, service string, headers map[string]string, opts Options) *
 	}
 	return &exporter{
 		url: url, opts: opts, queue: xsync.NewMPMCQueueOf[Span](opts.QueueSize),
-		client: &http.Client{Timeout: opts.Timeout}, header: h,
+		// A transport of its own, whose kept connection Close closes.
+		client: &http.Client{Timeout: opts.Timeout, Transport: http.DefaultTransport.(*http.Transport).Clone()}, header: h,
 		batch: make([]Span, 0, opts.BatchSize), enc: newEncoder(service),
 		exported: metrics.NewCounter(), dropped: metrics.NewCounter(), failed: metrics.NewCounter(),
 		stop: make(chan struct{}), done: make(chan struct{}),
@@ -115,8 +116,10 @@ func (e *exporter) Start() {
 }
 
 // Close stops the export goroutine, if Start started it, and sends what
-// is queued, within ctx.
+// is queued, within ctx; then it closes the connection kept to the
+// collector.
 func (e *exporter) Close(ctx context.Context) {
+	defer e.client.CloseIdleConnections()
 	e.once.Do(func() { close(e.stop) })
 	if e.started {
 		select {

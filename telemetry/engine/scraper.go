@@ -44,19 +44,19 @@ type Options struct {
 	// went stale. It is called from the scraping goroutines, one call per
 	// worker at a time.
 	Publish func(id uint64, st *Stats)
-	Client  *http.Client // default: keep-alive client with Timeout
 	// APIKey, when set, goes as "Authorization: Bearer <key>" on every
 	// scrape.
 	APIKey string
-	// TLS is the configuration of scrapes of https:// workers with the
-	// default Client (nil: the system's roots).
+	// TLS is the configuration of scrapes of https:// workers (nil: the
+	// system's roots).
 	TLS *tls.Config
 }
 
 // Scraper polls every target's metrics concurrently each interval.
 type Scraper struct {
 	o         Options
-	mu        sync.Mutex // guards state; never taken on the request path
+	client    *http.Client // keeps its connections alive; a socket's target has its own
+	mu        sync.Mutex   // guards state; never taken on the request path
 	state     map[uint64]*target
 	fallbacks atomic.Uint64
 }
@@ -68,7 +68,7 @@ type target struct {
 	last    *Stats       // last published, nil when stale; guarded by Scraper.mu
 	lastAt  time.Time    // time of the last good reading
 	reason  string       // why there is no fresh reading ("" when there is)
-	client  *http.Client // Socket's; nil: Options.Client
+	client  *http.Client // Socket's; nil: the Scraper's
 }
 
 // New returns a Scraper; Run starts it.
@@ -82,15 +82,14 @@ func New(o Options) *Scraper {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.Client == nil {
-		o.Client = newClient(o.Timeout, o.TLS, nil)
-	}
-	return &Scraper{o: o, state: map[uint64]*target{}}
+	return &Scraper{o: o, client: newClient(o.Timeout, o.TLS, nil), state: map[uint64]*target{}}
 }
 
-// Run polls every Interval until ctx ends, then waits for scrapes under way.
+// Run polls every Interval until ctx ends, then waits for scrapes under way
+// and closes the connections they kept alive.
 func (s *Scraper) Run(ctx context.Context) {
 	var wg sync.WaitGroup
+	defer s.closeIdle()
 	defer wg.Wait()
 	t := time.NewTicker(s.o.Interval)
 	defer t.Stop()
@@ -126,8 +125,27 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 			wg.Go(func() { s.scrape(ctx, st) })
 		}
 	}
+	for id, st := range s.state {
+		if st.client != nil && keep[id] != st { // its worker left, or moved
+			st.client.CloseIdleConnections()
+		}
+	}
 	s.state = keep
 	s.mu.Unlock()
+}
+
+// closeIdle closes the connections the scrapes kept alive: once the
+// scraper stopped, each would stay open, with two goroutines of Go's
+// transport, until its worker or the idle timeout closed it.
+func (s *Scraper) closeIdle() {
+	s.client.CloseIdleConnections()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.state {
+		if st.client != nil {
+			st.client.CloseIdleConnections()
+		}
+	}
 }
 
 // socketClient is a client whose connections go to the unix socket sock,
@@ -150,7 +168,7 @@ func newClient(timeout time.Duration, tlsConf *tls.Config, dial func(ctx context
 
 func (s *Scraper) scrape(ctx context.Context, st *target) {
 	defer st.busy.Store(false)
-	client := s.o.Client
+	client := s.client
 	if st.client != nil {
 		client = st.client
 	}

@@ -78,11 +78,12 @@ func (c *Checker) workerChanged(w *dataplane.Worker, change dataplane.Change) {
 	c.opts.Logger.Info("drained worker removed", "worker", w.ID())
 }
 
-// Run probes every Interval until ctx ends.
+// Run probes every Interval until ctx ends, then closes the connections
+// the probes kept alive.
 func (c *Checker) Run(ctx context.Context) {
 	t := time.NewTicker(c.opts.Interval)
 	defer t.Stop()
-	defer c.client.CloseIdleConnections()
+	defer c.closeIdle()
 	for {
 		c.CheckOnce()
 		select {
@@ -90,6 +91,17 @@ func (c *Checker) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// closeIdle closes the probes' idle connections, over TCP and to the
+// workers on unix sockets.
+func (c *Checker) closeIdle() {
+	c.client.CloseIdleConnections()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, hc := range c.sockets {
+		hc.CloseIdleConnections()
 	}
 }
 

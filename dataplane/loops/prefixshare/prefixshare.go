@@ -82,7 +82,8 @@ func New(o Options) *Loop {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	l := &Loop{opts: o, client: &http.Client{Timeout: o.Timeout}}
+	// A transport of its own, whose kept connections close when Run ends.
+	l := &Loop{opts: o, client: &http.Client{Timeout: o.Timeout, Transport: http.DefaultTransport.(*http.Transport).Clone()}}
 	l.SetStatic(o.Peers)
 	return l
 }
@@ -171,6 +172,7 @@ func (l *Loop) Run(ctx context.Context) {
 			}
 			l.mu.Unlock()
 			l.senders.Wait()
+			l.client.CloseIdleConnections()
 			return
 		case <-t.C:
 		}
