@@ -73,9 +73,11 @@ func TestCloseLeavesNoConnectionOpen(t *testing.T) {
 	sock, err := net.Listen("unix", filepath.Join(t.TempDir(), "w.sock"))
 	require.NoError(t, err)
 	var workers []dataplane.WorkerSpec
+	var mocks []*mockworker.Worker
+	t.Cleanup(func() { closeTogether(mocks) })
 	for i, ln := range []net.Listener{tcp, sock} {
 		m := mockworker.Serve(countingListener{Listener: ln, open: &open}, mockworker.Options{ID: uint64(i + 1), Tokens: 3})
-		t.Cleanup(func() { m.Close() })
+		mocks = append(mocks, m)
 		workers = append(workers, dataplane.WorkerSpec{ID: uint64(i + 1), URL: m.URL()})
 	}
 	f := startFleet(t, nil, func(c *config.Config) {

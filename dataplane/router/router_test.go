@@ -61,9 +61,9 @@ func startFleetLog(t *testing.T, opts []mockworker.Options, tweak func(*config.C
 		m, err := mockworker.Start("127.0.0.1:0", o)
 		require.NoError(t, err)
 		started = append(started, m)
-		f.mocks = started
 		cfg.Workers = append(cfg.Workers, dataplane.WorkerSpec{ID: o.ID, URL: m.URL(), LoRAs: o.LoRAs})
 	}
+	f.mocks = started
 	if tweak != nil {
 		tweak(&cfg)
 	}
