@@ -159,7 +159,7 @@ type Server struct {
 	fullSaid   atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
 	proxySaid  atomic.Int64         // when a connection refused for its PROXY protocol header was last logged (Unix ns)
 	log        *slog.Logger
-	dial       func(addr string, timeout time.Duration) (net.Conn, error) // fasthttp.DialTimeout; tests count dials
+	dial       func(addr string, timeout time.Duration) (net.Conn, error) // fasthttp.DialDualStackTimeout; tests count dials
 }
 
 // New returns a Server; call Serve to start it.
@@ -185,7 +185,7 @@ func New(opts Options) *Server {
 		queue:     newWaitQueue(opts.QueueSize, opts.QueueTimeout),
 		log:       opts.Logger,
 		access:    opts.AccessLog,
-		dial:      fasthttp.DialTimeout,
+		dial:      fasthttp.DialDualStackTimeout,
 		cors:      newCORS(opts.CORSOrigins),
 		keys:      opts.APIKeys,
 	}

@@ -56,7 +56,8 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 	c := &Checker{
 		reg: reg, opts: opts, failures: map[uint64]int{}, sockets: map[string]*fasthttp.HostClient{},
 		client: &fasthttp.Client{Name: "fastroute-health", ReadTimeout: opts.Interval, WriteTimeout: opts.Interval,
-			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes, TLSConfig: opts.TLS},
+			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes, TLSConfig: opts.TLS,
+			DialDualStack: true}, // a worker on an IPv6 address, or a name with only AAAA records, is reachable
 	}
 	reg.Subscribe(c.workerChanged)
 	return c
