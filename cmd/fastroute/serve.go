@@ -143,6 +143,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.DurationVar(&dn.Interval, "dns-interval", dn.Interval, "look the --dns-name hosts up this often")
 	fs.StringVar(&dn.Server, "dns-server", dn.Server, "DNS server (host:port) that --dns-name lookups ask (default: the system's resolver)")
 	fs.StringVar(&dn.Scheme, "dns-scheme", dn.Scheme, "http or https: how workers found by --dns-name are spoken to")
+	fs.StringVar(&dn.Family, "dns-family", dn.Family, "which of a --dns-name host's addresses are workers: prefer_ipv4 (its IPv6 ones only when it has no IPv4 one), prefer_ipv6, or both (a dual-stack engine is then two workers)")
 	fs.Func("dns-worker", "fields every worker found by --dns-name gets: device=gpu|cpu,capacity=C,dp_size=D,max_inflight=M,role=prefill|decode|both,models=a;b,... (as --worker, without id and url)", func(v string) error {
 		spec, err := parseSpec(v)
 		dn.Worker = spec

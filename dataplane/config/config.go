@@ -248,7 +248,8 @@ type Discovery struct {
 }
 
 // DNS finds workers by DNS name (off without names): every address each
-// host:port of Names resolves to is a worker on its port, spoken to over
+// host:port of Names resolves to, of the family Family takes (dns.PreferIPv4,
+// dns.PreferIPv6, dns.BothFamilies), is a worker on its port, spoken to over
 // Scheme, with Worker's fields (device, capacity, role...), looked up
 // again every Interval, from Server when set (else the system's
 // resolver).
@@ -257,6 +258,7 @@ type DNS struct {
 	Interval time.Duration        `yaml:"interval"`
 	Server   string               `yaml:"server"`
 	Scheme   string               `yaml:"scheme"`
+	Family   string               `yaml:"family"`
 	Worker   dataplane.WorkerSpec `yaml:"worker"`
 }
 
@@ -265,7 +267,7 @@ func (d DNS) On() bool { return len(d.Names) > 0 }
 
 // Options are the DNS watcher's options.
 func (d DNS) Options(log *slog.Logger) dns.Options {
-	return dns.Options{Names: d.Names, Interval: d.Interval, Server: d.Server, Scheme: d.Scheme, Worker: d.Worker, Logger: log}
+	return dns.Options{Names: d.Names, Interval: d.Interval, Server: d.Server, Scheme: d.Scheme, Family: d.Family, Worker: d.Worker, Logger: log}
 }
 
 // Etcd locates the etcd cluster workers register on (no endpoints: off).
@@ -503,7 +505,7 @@ func Default() Config {
 			Engine: Engine{Enabled: true, Interval: 50 * time.Millisecond, Timeout: time.Second}},
 		Health: Health{Interval: 2 * time.Second, Path: "/health", UnhealthyAfter: 3,
 			EjectAfter: 5, EjectTime: 5 * time.Second, EjectMax: 5 * time.Minute},
-		Discovery: Discovery{Etcd: Etcd{Prefix: "/fastroute", DialTimeout: 2 * time.Second}, DNS: DNS{Interval: 5 * time.Second, Scheme: "http"}},
+		Discovery: Discovery{Etcd: Etcd{Prefix: "/fastroute", DialTimeout: 2 * time.Second}, DNS: DNS{Interval: 5 * time.Second, Scheme: "http", Family: dns.PreferIPv4}},
 		Tracing:   tracing.Config{SampleRatio: 1, ServiceName: "fastroute"},
 		Limits: Limits{
 			MaxBodyBytes: 16 << 20, MaxHeaderBytes: 64 << 10, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,

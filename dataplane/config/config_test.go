@@ -72,6 +72,7 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"worker_tls: {key_file: k.pem}", "key worker_tls: set cert_file and key_file together"},
 		{"discovery: {dns: {names: [vllm-headless]}}", `key discovery.dns: names[0]: "vllm-headless" is not host:port`},
 		{"discovery: {dns: {names: ['vllm:8000'], scheme: grpc}}", `key discovery.dns: scheme: "grpc" is not http or https`},
+		{"discovery: {dns: {names: ['vllm:8000'], family: ipv6_only}}", `key discovery.dns: family: "ipv6_only" is not prefer_ipv4, prefer_ipv6 or both`},
 		{"discovery: {dns: {names: ['vllm:8000'], worker: {url: 'http://x:1'}}}", "key discovery.dns: worker: id and url are each address's"},
 		{"discovery: {dns: {names: ['vllm:8000'], worker: {role: router}}}", `key discovery.dns: worker.role: "router"`},
 		{"worker_tls: {insecure_skip_verify: true, ca_file: ca.pem}", "key worker_tls.insecure_skip_verify: checks no certificate, so ca_file and server_name would do nothing"},

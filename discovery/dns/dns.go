@@ -42,6 +42,9 @@ type Options struct {
 	Server string
 	// Scheme is how workers are spoken to: http or https.
 	Scheme string
+	// Family is which of a host's addresses are workers: PreferIPv4 (""
+	// too), PreferIPv6 or BothFamilies.
+	Family string
 	// Worker holds the fields every worker found gets (device, capacity,
 	// role...); its id and url are each address's.
 	Worker dataplane.WorkerSpec
@@ -51,6 +54,23 @@ type Options struct {
 	// caller keeping them (state_file) writes them again.
 	HoldsChanged func()
 }
+
+// The address families a host's workers are taken from (Options.Family).
+// A dual-stack engine has an address of each: taking both would make it
+// two workers, each given the engine's whole capacity and half its load,
+// as HAProxy's server-template (resolve-prefer) and Envoy's strict DNS
+// (dns_lookup_family) avoid by taking one family.
+const (
+	// PreferIPv4 takes a host's IPv4 addresses, its IPv6 ones when it has
+	// none.
+	PreferIPv4 = "prefer_ipv4"
+	// PreferIPv6 takes a host's IPv6 addresses, its IPv4 ones when it has
+	// none.
+	PreferIPv6 = "prefer_ipv6"
+	// BothFamilies takes every address: for hosts whose IPv4 and IPv6
+	// addresses are different engines.
+	BothFamilies = "both"
+)
 
 // Watcher keeps a Target in step with the addresses of Options.Names.
 type Watcher struct {
@@ -110,6 +130,11 @@ func (o Options) Check() error {
 	if o.Scheme != "http" && o.Scheme != "https" {
 		return fmt.Errorf("scheme: %q is not http or https", o.Scheme)
 	}
+	switch o.Family {
+	case "", PreferIPv4, PreferIPv6, BothFamilies:
+	default:
+		return fmt.Errorf("family: %q is not %s, %s or %s", o.Family, PreferIPv4, PreferIPv6, BothFamilies)
+	}
 	if o.Worker.ID != 0 || o.Worker.URL != "" {
 		return errors.New("worker: id and url are each address's, not set here")
 	}
@@ -164,8 +189,8 @@ func (w *Watcher) Sync(ctx context.Context) {
 
 // lookup returns the addresses (ip:port) of name: a host:port's host's
 // addresses on its port, or an SRV name's targets' addresses on their
-// ports. A name that does not exist has none; an error is a lookup that
-// failed.
+// ports, each host's of the family Options.Family takes. A name that does
+// not exist has none; an error is a lookup that failed.
 func (w *Watcher) lookup(ctx context.Context, name string) ([]netip.AddrPort, error) {
 	ctx, cancel := context.WithTimeout(ctx, min(w.o.Interval, 5*time.Second))
 	defer cancel()
@@ -181,7 +206,7 @@ func (w *Watcher) lookup(ctx context.Context, name string) ([]netip.AddrPort, er
 			if err != nil {
 				return nil, absent(err)
 			}
-			for _, a := range addrs {
+			for _, a := range w.ofFamily(addrs) {
 				out = append(out, netip.AddrPortFrom(a, srv.Port))
 			}
 		}
@@ -191,12 +216,27 @@ func (w *Watcher) lookup(ctx context.Context, name string) ([]netip.AddrPort, er
 	if err != nil {
 		return nil, absent(err)
 	}
+	addrs = w.ofFamily(addrs)
 	p, _ := strconv.ParseUint(port, 10, 16) // Check checked it
 	out := make([]netip.AddrPort, len(addrs))
 	for i, a := range addrs {
 		out[i] = netip.AddrPortFrom(a, uint16(p))
 	}
 	return out, nil
+}
+
+// ofFamily is the addresses of one host that Options.Family takes, in
+// their order (an IPv4-mapped IPv6 address is IPv4).
+func (w *Watcher) ofFamily(addrs []netip.Addr) []netip.Addr {
+	if w.o.Family == BothFamilies {
+		return addrs
+	}
+	want4 := w.o.Family != PreferIPv6
+	kept := slices.DeleteFunc(slices.Clone(addrs), func(a netip.Addr) bool { return a.Unmap().Is4() != want4 })
+	if len(kept) == 0 {
+		return addrs
+	}
+	return kept
 }
 
 // notFound reports a name that does not exist (NXDOMAIN, or no record of

@@ -127,11 +127,11 @@ func TestAnSRVNameGivesItsTargetsOnTheirPorts(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	w.Sync(ctx)
-	assert.Equal(t, []string{"http://10.0.0.1:8000", "http://10.0.0.2:8001", "http://[fd00::2]:8001"}, rec.urls())
+	assert.Equal(t, []string{"http://10.0.0.1:8000", "http://10.0.0.2:8001"}, rec.urls(), "a dual-stack target is one worker, on IPv4")
 
 	srv.Fail("pod-b.fastroute.test")
 	w.Sync(ctx)
-	assert.Len(t, rec.urls(), 3, "a target's failed lookup keeps the name's workers")
+	assert.Len(t, rec.urls(), 2, "a target's failed lookup keeps the name's workers")
 	assert.Contains(t, metrics.Text(w.Collector()), `fastroute_dns_discovery_up{name="`+name+`"} 0`)
 
 	srv.Set("pod-b.fastroute.test", "10.0.0.2")
@@ -141,6 +141,46 @@ func TestAnSRVNameGivesItsTargetsOnTheirPorts(t *testing.T) {
 	srv.Remove("_http._tcp.vllm.fastroute.test")
 	w.Sync(ctx)
 	assert.Empty(t, rec.urls(), "a name gone has no workers")
+}
+
+// A dual-stack host is one worker, not one per address: Family takes a
+// host's addresses of one family, the other's only when it has none, or
+// (both) every address. A host that loses its addresses of the family
+// taken moves to the other's, its old workers drained.
+func TestOneAddressFamilyPerHost(t *testing.T) {
+	srv := startDNS(t)
+	srv.Set("pod-a.fastroute.test", "10.0.0.1", "fd00::1")
+	srv.Set("pod-b.fastroute.test", "::ffff:10.0.0.2", "fd00::2") // IPv4-mapped: IPv4
+	srv.Set("v6only.fastroute.test", "fd00::3")
+	srv.SetSRV("_http._tcp.pods.fastroute.test", "pod-a.fastroute.test:8000", "pod-b.fastroute.test:8000")
+	names := []string{"_http._tcp.pods.fastroute.test.", "v6only.fastroute.test.:9000"}
+	for _, c := range []struct {
+		family string
+		want   []string
+	}{
+		{"", []string{"http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://[fd00::3]:9000"}},
+		{PreferIPv4, []string{"http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://[fd00::3]:9000"}},
+		{PreferIPv6, []string{"http://[fd00::1]:8000", "http://[fd00::2]:8000", "http://[fd00::3]:9000"}},
+		{BothFamilies, []string{"http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://[fd00::1]:8000", "http://[fd00::2]:8000", "http://[fd00::3]:9000"}},
+	} {
+		rec := &recorder{live: map[uint64]dataplane.WorkerSpec{}}
+		w, err := New(Options{Names: names, Interval: time.Second, Server: srv.Addr(), Scheme: "http", Family: c.family,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, rec)
+		require.NoError(t, err)
+		w.Sync(context.Background())
+		assert.Equal(t, c.want, rec.urls(), "family %q", c.family)
+	}
+
+	rec := &recorder{live: map[uint64]dataplane.WorkerSpec{}}
+	w, err := New(Options{Names: []string{"pod-a.fastroute.test.:8000"}, Interval: time.Second, Server: srv.Addr(), Scheme: "http",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, rec)
+	require.NoError(t, err)
+	w.Sync(context.Background())
+	assert.Equal(t, []string{"http://10.0.0.1:8000"}, rec.urls())
+	srv.Set("pod-a.fastroute.test", "fd00::1")
+	w.Sync(context.Background())
+	assert.Equal(t, []string{"http://[fd00::1]:8000"}, rec.urls())
+	assert.Equal(t, []uint64{ID("10.0.0.1:8000")}, rec.drained)
 }
 
 // Each name has its own time: one whose server does not answer fails
@@ -345,6 +385,7 @@ func TestOptionsAreChecked(t *testing.T) {
 		{func(o *Options) { o.Worker.ID = 3 }, "worker: id and url are each address's"},
 		{func(o *Options) { o.Worker.Device = "tpu" }, `worker.device: "tpu" is not gpu or cpu`},
 		{func(o *Options) { o.Server = "10.96.0.10" }, `server: "10.96.0.10" is not host:port`},
+		{func(o *Options) { o.Family = "ipv6" }, `family: "ipv6" is not prefer_ipv4, prefer_ipv6 or both`},
 	} {
 		o := ok
 		c.edit(&o)
