@@ -2,6 +2,8 @@ package router
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -331,11 +333,23 @@ func TestBadRequests(t *testing.T) {
 		assert.Contains(t, body, c.msg)
 		assert.Contains(t, body, `{"error":{"message":`)
 	}
+	// A compressed body, which neither the router nor the engines decode:
+	// 415, saying which coding it accepts (none).
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write([]byte(chatBody))
+	require.NoError(t, zw.Close())
+	resp, body := f.send(http.MethodPost, "/v1/chat/completions", gz.String(), "Content-Encoding", "gzip", "Content-Type", "application/json")
+	assert.Equal(t, http.StatusUnsupportedMediaType, resp.StatusCode, body)
+	assert.Equal(t, "identity", resp.Header.Get("Accept-Encoding"))
+	assert.Contains(t, body, `request body has Content-Encoding \"gzip\": the router reads this route's JSON body and decodes no content coding`)
 	resp, err := f.client.Get("http://" + f.r.Addr() + "/v1/chat/completions")
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
 	resp.Body.Close()
 	assert.Zero(t, f.mocks[0].Served())
+	resp, body = f.send(http.MethodPost, "/v1/chat/completions", chatBody, "Content-Encoding", "identity")
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
 	f.assertIdle()
 }
 

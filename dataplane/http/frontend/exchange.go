@@ -222,6 +222,8 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 		return query, nil
 	case !strict && isForm(h.ContentType()):
 		return query, ex.readForm(h.ContentType(), body)
+	case strict && coded(h.ContentEncoding()):
+		return false, fmt.Errorf("request body has Content-Encoding %q: %w", h.ContentEncoding(), errCodedBody)
 	}
 	p := ex.s.parsers.Get()
 	defer ex.s.parsers.Put(p)
@@ -240,6 +242,17 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 	}
 	ex.stream = v.GetBool("stream")
 	return query, ex.readRouting(v)
+}
+
+// errCodedBody refuses a body sent compressed (Content-Encoding: gzip...)
+// on a route whose JSON the router reads to route it: it decodes none, and
+// nor do vLLM and SGLang. Answered 415 with Accept-Encoding: identity, as
+// RFC 9110 (section 15.5.16) has it for a content coding not accepted.
+var errCodedBody = errors.New("the router reads this route's JSON body and decodes no content coding; send it uncompressed")
+
+// coded reports a Content-Encoding other than none or identity.
+func coded(coding []byte) bool {
+	return len(coding) > 0 && !bytes.EqualFold(coding, []byte("identity"))
 }
 
 // isForm reports a multipart/form-data body, as OpenAI's audio routes take

@@ -661,8 +661,13 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 	ex.generate = rt == routeOther && string(ctx.Path()) == "/generate"
 	query, err := ex.parse(ctx)
 	if err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error())
-		ex.end(outcomeInvalid, fasthttp.StatusBadRequest)
+		status := fasthttp.StatusBadRequest
+		if errors.Is(err, errCodedBody) {
+			status = fasthttp.StatusUnsupportedMediaType
+			ctx.Response.Header.Set(fasthttp.HeaderAcceptEncoding, "identity")
+		}
+		writeError(ctx, status, "invalid_request_error", err.Error())
+		ex.end(outcomeInvalid, status)
 		return
 	}
 	if !ex.modelAllowed(ctx, response != nil) {
