@@ -163,8 +163,13 @@ func (w *Worker) Close() error {
 
 func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 	ctx.Response.Header.Set("x-mock-worker", strconv.FormatUint(w.opts.ID, 10))
-	if r := ctx.Request.Header.Peek("x-dp-rank"); r != nil {
+	// The data-parallel rank as vLLM and SGLang read it, and as NVIDIA
+	// Dynamo's workers do.
+	if r := ctx.Request.Header.Peek("X-Data-Parallel-Rank"); r != nil {
 		ctx.Response.Header.SetBytesV("x-mock-dp-rank", r)
+	}
+	if r := ctx.Request.Header.Peek("x-dp-rank"); r != nil {
+		ctx.Response.Header.SetBytesV("x-mock-x-dp-rank", r)
 	}
 	if len(ctx.Request.Header.Peek("Origin")) > 0 { // vLLM lets every origin by default (--allowed-origins)
 		ctx.Response.Header.DisableNormalizing() // as uvicorn writes it

@@ -315,10 +315,11 @@ func TestDPRankQueryOnlyAndLoRABusyAnswers(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	assert.Contains(t, body, "x-dp-rank names a rank of the worker that x-worker-id names")
 
-	resp = f.post("/v1/chat/completions", chatBody, "x-worker-id", "2", "x-dp-rank", "0")
+	resp = f.post("/v1/chat/completions", chatBody, "x-worker-id", "2", "x-dp-rank", "0", "X-Data-Parallel-Rank", "1")
 	readAll(t, resp)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Empty(t, resp.Header.Get("x-mock-dp-rank"), "a worker without ranks never sees the header")
+	assert.Empty(t, resp.Header.Get("x-mock-dp-rank"), "a worker without ranks never sees a rank, not even the client's")
+	assert.Empty(t, resp.Header.Get("x-mock-x-dp-rank"), "a worker without ranks never sees a rank")
 
 	w2, _ := f.r.Registry.Get(2)
 	before := w2.Served()

@@ -168,10 +168,13 @@ func TestEmbeddingCachePrefersTheWorkerThatServedTheInputs(t *testing.T) {
 
 func TestDPRankRotatesPinsAndForwards(t *testing.T) {
 	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.Workers[0].DPSize = 4 })
+	// The rank reaches the worker as vLLM and SGLang read it
+	// (X-Data-Parallel-Rank) and in the router's own x-dp-rank, the same.
 	rank := func(headers ...string) string {
 		resp := f.post("/v1/chat/completions", chatBody, headers...)
 		readAll(t, resp)
 		require.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, resp.Header.Get("x-mock-dp-rank"), resp.Header.Get("x-mock-x-dp-rank"))
 		return resp.Header.Get("x-mock-dp-rank")
 	}
 	var got []string
@@ -180,6 +183,8 @@ func TestDPRankRotatesPinsAndForwards(t *testing.T) {
 	}
 	assert.Equal(t, []string{"0", "1", "2", "3", "0", "1", "2", "3"}, got)
 	assert.Equal(t, "2", rank("x-worker-id", "1", "x-dp-rank", "2"))
+	assert.Equal(t, "2", rank("x-worker-id", "1", "x-dp-rank", "2", "X-Data-Parallel-Rank", "3"), "the rank is the router's to set")
+	assert.Equal(t, "0", rank("X-Data-Parallel-Rank", "3"), "the rank is the router's to set: the next in turn")
 	pinned := rank("x-session-id", "dp")
 	for i := 0; i < 5; i++ {
 		assert.Equal(t, pinned, rank("x-session-id", "dp"), "a session keeps its rank")

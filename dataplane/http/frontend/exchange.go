@@ -32,7 +32,11 @@ const (
 	headerWorkerID = "x-worker-id"
 	headerDPRank   = "x-dp-rank"
 	headerQuery    = "x-query-instance-id"
-	headerServedBy = "X-Fastroute-Worker" // as fasthttp normalizes it: set as it is (servedByKey)
+	// headerEngineRank is the data-parallel rank as vLLM
+	// (_get_data_parallel_rank) and SGLang read it: the worker gets the
+	// rank the router chose in it, and in headerDPRank.
+	headerEngineRank = "X-Data-Parallel-Rank"
+	headerServedBy   = "X-Fastroute-Worker" // as fasthttp normalizes it: set as it is (servedByKey)
 )
 
 var eventStream = []byte("text/event-stream")
@@ -513,7 +517,9 @@ func originForm(uri []byte) []byte {
 // client's raw one, uri, in origin form: not the one fasthttp parsed,
 // normalized), host, body (nil: the one it has), the request id both legs
 // of a split request share (nil: none added) and the data-parallel rank of
-// a worker with ranks (a worker without ranks never sees the client's).
+// a worker with ranks, in the engines' header and the router's own (a
+// worker without ranks gets neither, not even the client's: the rank is
+// the router's to choose, x-dp-rank the client's way to ask).
 func (c *upCall) prepare(u *upstream, w *dataplane.Worker, uri, body, reqID []byte, rank int, rankBuf *[]byte) {
 	c.up.SetRequestURIBytes(originForm(uri))
 	dropRequestHops(&c.up.Header)
@@ -527,8 +533,10 @@ func (c *upCall) prepare(u *upstream, w *dataplane.Worker, uri, body, reqID []by
 	}
 	if w.Spec().DPSize > 1 {
 		*rankBuf = strconv.AppendInt((*rankBuf)[:0], int64(rank), 10)
+		c.up.Header.SetBytesV(headerEngineRank, *rankBuf)
 		c.up.Header.SetBytesV(headerDPRank, *rankBuf)
 	} else {
+		c.up.Header.Del(headerEngineRank)
 		c.up.Header.Del(headerDPRank)
 	}
 	c.resp.Reset()
