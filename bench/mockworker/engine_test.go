@@ -35,7 +35,7 @@ func scrape(t *testing.T, w *Worker, name string) float64 {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `\{[^}]*\} (\S+)$`).FindSubmatch(b)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `(?:\{[^}]*\})? (\S+)$`).FindSubmatch(b)
 	require.NotNil(t, m, "series %s in\n%s", name, b)
 	v, err := strconv.ParseFloat(string(m[1]), 64)
 	require.NoError(t, err)
@@ -255,6 +255,24 @@ func TestMetricsDialectsAndLoRAInfo(t *testing.T) {
 	assert.Zero(t, scrape(t, sg, "sglang:num_running_reqs"))
 	assert.Zero(t, scrape(t, sg, "sglang:num_queue_reqs"))
 	assert.Zero(t, scrape(t, sg, "sglang:token_usage"))
+
+	// llama-server's names, without labels: a request in its one slot
+	// processing, the next deferred.
+	ll := startEngine(t, Options{ID: 3, MetricsDialect: "llamacpp", Engine: EngineOptions{MaxNumSeqs: 1, InterTokenLatency: 5 * time.Millisecond}})
+	for range 2 {
+		go func() {
+			if resp, err := post(ctx, ll.URL(), "/v1/completions", `{"prompt":"x","max_tokens":10000}`); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	require.Eventually(t, func() bool { return scrape(t, ll, "llamacpp:requests_deferred") == 1 }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, 1.0, scrape(t, ll, "llamacpp:requests_processing"))
+	resp, err = http.Get(ll.URL() + "/metrics")
+	require.NoError(t, err)
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(b), "\nllamacpp:requests_processing 1\n")
 }
 
 // With a prefix cache, a prompt that repeats an earlier one's beginning

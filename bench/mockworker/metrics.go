@@ -28,8 +28,9 @@ func (w *Worker) Queue() (running, waiting int) {
 func (w *Worker) PrefixCacheHits() float64 { return float64(w.stats().cacheHits) }
 
 // metrics answers /metrics in the Prometheus text format, with the series
-// names and labels of vLLM (default) or SGLang. Without the engine
-// simulator the requests being answered count as running and none waits.
+// names and labels of vLLM (default), SGLang or llama.cpp's llama-server.
+// Without the engine simulator the requests being answered count as
+// running and none waits.
 func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
 	st := w.stats()
 	maxLoRA := DefaultMaxLoRA
@@ -41,7 +42,14 @@ func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
 	metric := func(name, typ, help string, v any) {
 		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n%s%s %v\n", name, help, name, typ, name, model, v)
 	}
-	if w.opts.MetricsDialect == "sglang" {
+	switch w.opts.MetricsDialect {
+	case "llamacpp": // as llama-server writes them: no labels, and (since mid-2025) no KV cache series
+		model = ""
+		metric("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", st.promptTokens)
+		metric("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.", st.genTokens)
+		metric("llamacpp:requests_processing", "gauge", "Number of requests processing.", st.running)
+		metric("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", st.waiting)
+	case "sglang":
 		metric("sglang:num_running_reqs", "gauge", "The number of running requests.", st.running)
 		metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", st.waiting)
 		if w.engine != nil {
@@ -50,7 +58,7 @@ func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
 		metric("sglang:token_usage", "gauge", "The token usage.", st.kvUsage)
 		metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", st.promptTokens)
 		metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", st.genTokens)
-	} else {
+	default:
 		metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", st.running)
 		metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", st.waiting)
 		metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", st.kvUsage)

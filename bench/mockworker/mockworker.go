@@ -1,7 +1,7 @@
 // Package mockworker is an OpenAI-compatible fake inference server: it
 // streams SSE tokens for chat/completions, answers the Responses API (with
 // vLLM's store), embeddings, models, health and Prometheus metrics in
-// vLLM's or SGLang's names, answers a browser's Origin as vLLM does, and
+// vLLM's, SGLang's or llama.cpp's names, answers a browser's Origin as vLLM does, and
 // can fail a share of requests. By default every answer takes the same
 // time; with Engine.MaxNumSeqs set it simulates an engine's continuous
 // batching, so its answers slow down and queue under load as a real
@@ -35,7 +35,8 @@ type Options struct {
 	// Tokens is then the answer length of requests without max_tokens, and
 	// TokenInterval is unused.
 	Engine EngineOptions
-	// MetricsDialect names the /metrics series: "vllm" (default) or "sglang".
+	// MetricsDialect names the /metrics series: "vllm" (default), "sglang"
+	// or "llamacpp".
 	MetricsDialect string
 	// APIKey, as vLLM's --api-key, makes every /v1/ route answer 401
 	// without "Authorization: Bearer <key>"; /health and /metrics stay open.

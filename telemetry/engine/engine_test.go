@@ -92,6 +92,46 @@ sglang:cache_hit_rate{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.42
 sglang:max_running_requests{model_name="meta-llama/Llama-3.1-8B-Instruct"} 48.0
 `
 
+// llamacppPage is llama.cpp's llama-server /metrics with --metrics, of a
+// build that still reported its KV cache (before mid-2025): no labels.
+const llamacppPage = `# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 5120
+# HELP llamacpp:prompt_seconds_total Prompt process time
+# TYPE llamacpp:prompt_seconds_total counter
+llamacpp:prompt_seconds_total 3.2
+# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 2048
+# HELP llamacpp:tokens_predicted_seconds_total Predict process time
+# TYPE llamacpp:tokens_predicted_seconds_total counter
+llamacpp:tokens_predicted_seconds_total 81.9
+# HELP llamacpp:n_decode_total Total number of llama_decode() calls
+# TYPE llamacpp:n_decode_total counter
+llamacpp:n_decode_total 1910
+# HELP llamacpp:n_busy_slots_per_decode Average number of busy slots per llama_decode() call
+# TYPE llamacpp:n_busy_slots_per_decode counter
+llamacpp:n_busy_slots_per_decode 1.7
+# HELP llamacpp:prompt_tokens_seconds Average prompt throughput in tokens/s.
+# TYPE llamacpp:prompt_tokens_seconds gauge
+llamacpp:prompt_tokens_seconds 1600
+# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s.
+# TYPE llamacpp:predicted_tokens_seconds gauge
+llamacpp:predicted_tokens_seconds 25
+# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.
+# TYPE llamacpp:kv_cache_usage_ratio gauge
+llamacpp:kv_cache_usage_ratio 0.35
+# HELP llamacpp:kv_cache_tokens KV-cache tokens.
+# TYPE llamacpp:kv_cache_tokens gauge
+llamacpp:kv_cache_tokens 1434
+# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 2
+# HELP llamacpp:requests_deferred Number of requests deferred.
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 3
+`
+
 func TestParseVLLM(t *testing.T) {
 	at := time.Unix(100, 0)
 	r, err := Parse(strings.NewReader(vllmPage), at)
@@ -121,6 +161,22 @@ func TestParseSGLang(t *testing.T) {
 	assert.Equal(t, 0.42, l.Observe(r, 0).PrefixHitRatio, "the rate SGLang reports")
 	assert.Equal(t, 48.0, l.Observe(r, 0).Slots, "the batch size SGLang reports")
 	assert.Equal(t, 8.0, l.Observe(r, 8).Slots, "max_inflight wins")
+}
+
+func TestParseLlamaCpp(t *testing.T) {
+	at := time.Unix(7, 0)
+	r, err := Parse(strings.NewReader(llamacppPage), at)
+	require.NoError(t, err)
+	assert.Equal(t, Reading{At: at, Dialect: "llamacpp", Running: 2, Waiting: 3, KVUsage: 0.35, Tokens: 2048,
+		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1}, r)
+	// Recent builds report no KV cache series.
+	recent := strings.Replace(llamacppPage, "llamacpp:kv_cache_usage_ratio 0.35", "", 1)
+	r, err = Parse(strings.NewReader(recent), at)
+	require.NoError(t, err)
+	assert.Zero(t, r.KVUsage)
+	assert.Equal(t, 2.0, r.Running)
+	_, err = Parse(strings.NewReader(strings.Replace(llamacppPage, "llamacpp:requests_deferred 3", "llamacpp:requests_deferred -3", 1)), at)
+	assert.ErrorContains(t, err, "llamacpp:requests_deferred is -3; want a count of requests")
 }
 
 func TestParseRefusesPagesWithoutLoad(t *testing.T) {
@@ -357,6 +413,9 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 	plain, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 3})
 	require.NoError(t, err)
 	defer plain.Close()
+	llama, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 4, MetricsDialect: "llamacpp"})
+	require.NoError(t, err)
+	defer llama.Close()
 
 	// Three long requests: two run, one waits.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -372,7 +431,8 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
 	sc := New(Options{Interval: 20 * time.Millisecond, Timeout: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Targets: func() []Target {
-			return []Target{{ID: 1, URL: busy.URL() + "/metrics"}, {ID: 2, URL: sg.URL() + "/metrics"}, {ID: 3, URL: plain.URL() + "/nope"}}
+			return []Target{{ID: 1, URL: busy.URL() + "/metrics"}, {ID: 2, URL: sg.URL() + "/metrics"}, {ID: 3, URL: plain.URL() + "/nope"},
+				{ID: 4, URL: llama.URL() + "/metrics"}}
 		},
 		Publish: s.publish})
 	runCtx, stop := context.WithCancel(context.Background())
@@ -396,6 +456,12 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 	require.NotNil(t, st2)
 	assert.Equal(t, "sglang", st2.Dialect)
 	assert.Equal(t, 2.0, st2.Slots, "from sglang:max_running_requests")
+	require.Eventually(t, func() bool { st, _ := s.get(4); return st != nil }, 5*time.Second, 10*time.Millisecond)
+	st4, _ := s.get(4)
+	assert.Equal(t, "llamacpp", st4.Dialect)
+	info4 := map[string]any{}
+	sc.Describe(4, info4)
+	assert.Equal(t, "llamacpp", info4["engine_source"])
 
 	info := map[string]any{}
 	sc.Describe(3, info)

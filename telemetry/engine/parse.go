@@ -1,6 +1,7 @@
 // Package engine reads what inference engines say of their own load: the
-// Prometheus metrics of vLLM and SGLang (requests running and waiting, KV
-// cache usage, tokens generated, LoRA adapters in use). It parses a scrape,
+// Prometheus metrics of vLLM, SGLang and llama.cpp's llama-server
+// (requests running and waiting, KV cache usage, tokens generated, LoRA
+// adapters in use). It parses a scrape,
 // learns each engine's speed from successive scrapes, estimates the cost of
 // sending it one more request, and polls a set of engines on a tick.
 package engine
@@ -26,7 +27,7 @@ import (
 // fullest one's.
 type Reading struct {
 	At      time.Time
-	Dialect string  // "vllm" or "sglang"
+	Dialect string  // "vllm", "sglang" or "llamacpp"
 	Running float64 // requests in the running batch
 	Waiting float64 // requests queued behind it
 	KVUsage float64 // share of the KV cache in use, 0..1
@@ -66,11 +67,17 @@ var dialects = withBounds([]series{
 	{dialect: "sglang", running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs",
 		tokens: "sglang:generation_tokens_total", kvUsage: []string{"sglang:token_usage"},
 		maxRunning: "sglang:max_running_requests", prefixRate: "sglang:cache_hit_rate"},
+	// llama.cpp's llama-server (--metrics), the CPU engine of choice: the
+	// requests its slots are processing and those deferred until one is
+	// free; builds before mid-2025 also report their KV cache's use. Its
+	// slots (--parallel) are not among its metrics: learned.
+	{dialect: "llamacpp", running: "llamacpp:requests_processing", waiting: "llamacpp:requests_deferred",
+		tokens: "llamacpp:tokens_predicted_total", kvUsage: []string{"llamacpp:kv_cache_usage_ratio"}},
 })
 
-// ErrNoLoadSeries says a metrics page holds neither vLLM's nor SGLang's
-// running and waiting series.
-var ErrNoLoadSeries = errors.New("no vLLM or SGLang running/waiting series in the metrics")
+// ErrNoLoadSeries says a metrics page holds none of vLLM's, SGLang's or
+// llama.cpp's running and waiting series.
+var ErrNoLoadSeries = errors.New("no vLLM, SGLang or llama.cpp running/waiting series in the metrics")
 
 // MaxPageBytes bounds a metrics page. vLLM's and SGLang's are tens to a
 // few hundred KiB; a larger one (a metrics_path that names something
@@ -93,7 +100,7 @@ var parsers = sync.Pool{New: func() any {
 	return &p
 }}
 
-// Parse reads a Prometheus text page of vLLM or SGLang taken at at. Only
+// Parse reads a Prometheus text page of vLLM, SGLang or llama.cpp taken at at. Only
 // the lines of the series it reads reach the text parser (keepRead).
 func Parse(in io.Reader, at time.Time) (Reading, error) {
 	page := pages.Get().(*bytes.Buffer)
