@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -29,6 +30,8 @@ type seen struct {
 	// traceparent is the header as it came, "" when none did.
 	traceparent  string
 	forwardedFor string // its X-Forwarded-For lines, joined with " | "
+	rank         string // its X-Data-Parallel-Rank header
+	raw          []byte // the body as it came (body's numbers are float64s)
 }
 
 // standIn is a stand-in for one engine over loopback: it records what it
@@ -58,7 +61,7 @@ func startEngine(t *testing.T, answer func(w http.ResponseWriter, r *http.Reques
 		e.mu.Lock()
 		e.got = append(e.got, seen{body: body, requestID: r.Header.Get("X-Request-Id"), path: r.URL.Path,
 			keys: r.Header.Get("Authorization") + "|" + r.Header.Get("X-Api-Key"), traceparent: r.Header.Get("traceparent"),
-			forwardedFor: strings.Join(r.Header.Values("X-Forwarded-For"), " | ")})
+			forwardedFor: strings.Join(r.Header.Values("X-Forwarded-For"), " | "), rank: r.Header.Get("X-Data-Parallel-Rank"), raw: b})
 		e.mu.Unlock()
 		e.answer(w, r, body)
 	}))
@@ -438,6 +441,51 @@ func TestSGLangBootstrap(t *testing.T) {
 		assert.Equal(t, "0", metric(t, f, `fastroute_worker_failures_total{worker="2",reason="`+reason+`"}`),
 			"the decode leg the router cut is no failure of its worker")
 	}
+}
+
+// With data-parallel ranks on SGLang's bootstrap protocol, each leg goes
+// to the rank the router chose for it (X-Data-Parallel-Rank), and the room
+// names the prefill's: SGLang's decode engine looks for the KV cache on
+// prefill rank room % dp_size.
+func TestSGLangRoomFollowsThePrefillRank(t *testing.T) {
+	arrived := make(chan struct{}, 16)
+	prefill := startEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		arrived <- struct{}{}
+		_, _ = io.WriteString(w, `{"choices":[]}`)
+	})
+	decode := startEngine(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+		<-arrived
+		sseDecode(w, r, body)
+	})
+	f := startPD(t, config.DisaggSGLang, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}},
+		func(c *config.Config) { c.Workers[0].DPSize, c.Workers[1].DPSize = 3, 2 })
+	for range 6 {
+		resp := f.post("/v1/chat/completions", pdBody)
+		require.Equal(t, 200, resp.StatusCode)
+		assert.Contains(t, readAll(t, resp), "data: [DONE]")
+	}
+	p, d := prefill.received(), decode.received()
+	require.Len(t, p, 6)
+	require.Len(t, d, 6)
+	room := func(s seen) uint64 {
+		var b struct {
+			Room uint64 `json:"bootstrap_room"`
+		}
+		require.NoError(t, json.Unmarshal(s.raw, &b))
+		return b.Room
+	}
+	prefillRanks, decodeRanks := map[string]int{}, map[string]int{}
+	for i := range p {
+		r := room(p[i])
+		assert.Equal(t, r, room(d[i]), "one room for both legs")
+		assert.LessOrEqual(t, r, uint64(math.MaxInt64))
+		assert.Equal(t, p[i].rank, strconv.FormatUint(r%3, 10), "the room names the prefill's rank")
+		prefillRanks[p[i].rank]++
+		decodeRanks[d[i].rank]++
+	}
+	assert.Equal(t, map[string]int{"0": 2, "1": 2, "2": 2}, prefillRanks, "the prefill's ranks in turn")
+	assert.Equal(t, map[string]int{"0": 3, "1": 3}, decodeRanks, "the decode's ranks in turn")
+	f.assertIdle()
 }
 
 // A session keeps its prefill worker and its decode worker, each pinned

@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 )
 
@@ -84,6 +85,26 @@ func DecodeBody(body []byte, params json.RawMessage) ([]byte, error) {
 	}
 	m["kv_transfer_params"] = params
 	return json.Marshal(m)
+}
+
+// Room is a bootstrap room for a prefill worker's data-parallel rank rank
+// of dpSize (1: none), from 64 random bits: 63 of them, so that it is a
+// non-negative int64, with the residue of room % dpSize set to rank.
+// SGLang's decode engine looks for a request's KV cache on the prefill
+// rank room % dp_size unless told another, and its prefill engine left to
+// choose takes that rank too (follow_bootstrap_room); a room of another
+// residue than the rank the router sent the prefill to would have the
+// decode wait on the wrong rank.
+func Room(random uint64, rank, dpSize int) uint64 {
+	room := random >> 1
+	if dpSize > 1 {
+		n := uint64(dpSize)
+		room += uint64(rank) - room%n
+		if room > math.MaxInt64 {
+			room -= n
+		}
+	}
+	return room
 }
 
 // BootstrapBody is the client's body with SGLang's bootstrap fields: the

@@ -2,6 +2,7 @@ package disagg
 
 import (
 	"encoding/json"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -63,4 +64,20 @@ func TestBootstrapBody(t *testing.T) {
 	out, err := BootstrapBody([]byte(`{"model":"m","stream":true}`), "10.0.0.7", 8998, 1<<62+5)
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"model":"m","stream":true,"bootstrap_host":"10.0.0.7","bootstrap_port":8998,"bootstrap_room":4611686018427387909}`, string(out))
+}
+
+// A room's residue is the prefill's rank, whatever the random bits, and
+// the room stays a non-negative int64.
+func TestRoomNamesThePrefillRank(t *testing.T) {
+	for _, random := range []uint64{0, 1, 12345678901234567, math.MaxUint64, math.MaxUint64 - 1, 1 << 63, 1<<63 - 1} {
+		assert.Equal(t, random>>1, Room(random, 0, 1), "no ranks: 63 random bits")
+		for _, dp := range []int{2, 3, 7, 8} {
+			for rank := range dp {
+				room := Room(random, rank, dp)
+				assert.Equal(t, uint64(rank), room%uint64(dp), "random %d, rank %d of %d", random, rank, dp)
+				assert.LessOrEqual(t, room, uint64(math.MaxInt64))
+				assert.InDelta(t, float64(random>>1), float64(room), float64(dp), "the random bits kept but the residue")
+			}
+		}
+	}
 }

@@ -210,10 +210,11 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 func (ex *exchange) startBootstrap(ctx *fasthttp.RequestCtx) bool {
 	pre := ex.prefillLeg()
 	w := pre.res.Worker()
-	var room [8]byte
-	_, _ = rand.Read(room[:])
+	var random [8]byte
+	_, _ = rand.Read(random[:])
+	room := disagg.Room(binary.LittleEndian.Uint64(random[:]), pre.res.Rank(), w.Spec().DPSize)
 	var err error
-	ex.body, err = disagg.BootstrapBody(ctx.PostBody(), w.Spec().Hostname(), w.Spec().BootstrapPort, binary.LittleEndian.Uint64(room[:])>>1)
+	ex.body, err = disagg.BootstrapBody(ctx.PostBody(), w.Spec().Hostname(), w.Spec().BootstrapPort, room)
 	if err != nil {
 		return ex.answerPrefill(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error(), outcomeInvalid)
 	}
