@@ -388,14 +388,18 @@ func TestClientLeavingDuringPrefillOrDecodeCutsBoth(t *testing.T) {
 	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Phase("decode", "cancelled"))
 }
 
-func TestSGLangBootstrap(t *testing.T) {
-	arrived := make(chan struct{}, 4)
-	prefill := startEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+// bootstrapEngines starts stand-ins of a prefill and a decode engine of
+// SGLang's bootstrap protocol: the decode streams its answer once a
+// prefill request came beside it (both are in flight at once), and fails
+// after 5 s without one.
+func bootstrapEngines(t *testing.T) (prefill, decode *standIn) {
+	arrived := make(chan struct{}, 16)
+	prefill = startEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
 		arrived <- struct{}{}
 		_, _ = io.WriteString(w, `{"choices":[]}`)
 	})
-	decode := startEngine(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
-		select { // both requests are in flight at once
+	decode = startEngine(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+		select {
 		case <-arrived:
 		case <-time.After(5 * time.Second):
 			http.Error(w, "no prefill request beside this one", 500)
@@ -403,6 +407,11 @@ func TestSGLangBootstrap(t *testing.T) {
 		}
 		sseDecode(w, r, body)
 	})
+	return prefill, decode
+}
+
+func TestSGLangBootstrap(t *testing.T) {
+	prefill, decode := bootstrapEngines(t)
 	f := startPD(t, config.DisaggSGLang, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}}, nil)
 	resp := f.post("/v1/chat/completions", pdBody)
 	require.Equal(t, 200, resp.StatusCode)
@@ -448,15 +457,7 @@ func TestSGLangBootstrap(t *testing.T) {
 // names the prefill's: SGLang's decode engine looks for the KV cache on
 // prefill rank room % dp_size.
 func TestSGLangRoomFollowsThePrefillRank(t *testing.T) {
-	arrived := make(chan struct{}, 16)
-	prefill := startEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
-		arrived <- struct{}{}
-		_, _ = io.WriteString(w, `{"choices":[]}`)
-	})
-	decode := startEngine(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
-		<-arrived
-		sseDecode(w, r, body)
-	})
+	prefill, decode := bootstrapEngines(t)
 	f := startPD(t, config.DisaggSGLang, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}},
 		func(c *config.Config) { c.Workers[0].DPSize, c.Workers[1].DPSize = 3, 2 })
 	for range 6 {
