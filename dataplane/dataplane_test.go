@@ -30,6 +30,23 @@ func newFleet(t testing.TB, n int) *Registry {
 	return reg
 }
 
+// ranked is spec(id) with 1 to 4 data-parallel ranks.
+func ranked(id uint64) WorkerSpec {
+	s := spec(id)
+	s.DPSize = 1 + int(id%4)
+	return s
+}
+
+// newRankedFleet is newFleet of ranked workers.
+func newRankedFleet(t testing.TB, n int) *Registry {
+	reg := NewRegistry()
+	for id := uint64(1); id <= uint64(n); id++ {
+		_, err := reg.Add(ranked(id))
+		require.NoError(t, err)
+	}
+	return reg
+}
+
 func newSelector(t testing.TB, reg *Registry, mode pickers.Mode, busy int) *Selector {
 	s, err := NewSelector(reg, mode, busy)
 	require.NoError(t, err)
@@ -48,6 +65,9 @@ func assertIdle(t *testing.T, reg *Registry) {
 	t.Helper()
 	for _, w := range reg.All() {
 		assert.Zero(t, w.Occupancy(), "worker %d occupancy", w.ID())
+		for r, n := range w.RankOccupancy() {
+			assert.Zero(t, n, "worker %d rank %d occupancy", w.ID(), r)
+		}
 	}
 }
 
@@ -239,12 +259,42 @@ func TestDPRank(t *testing.T) {
 	}
 	assert.Equal(t, []int{0, 1, 2, 0, 1, 2}, ranks, "ranks rotate within the worker")
 
+	// Requests in flight: each goes to the rank with the fewest, ties in
+	// turn.
+	held := make([]Reservation, 7)
+	for i := range 3 {
+		require.NoError(t, sel.Select(&Request{}, &held[i]))
+	}
+	assert.Equal(t, []int64{1, 1, 1}, w1(t, reg).RankOccupancy())
+	held[1].Release() // one rank has the fewest: the next goes there, whatever the turn
+	require.NoError(t, sel.Select(&Request{}, &held[3]))
+	assert.Equal(t, held[1].Rank(), held[3].Rank())
+	held[0].Release()
+	held[2].Release()
+	require.NoError(t, sel.Select(&Request{}, &held[4]))
+	require.NoError(t, sel.Select(&Request{}, &held[5]))
+	assert.Equal(t, []int64{1, 1, 1}, w1(t, reg).RankOccupancy(), "the two went to the two ranks with none")
+	require.NoError(t, sel.Select(&Request{WorkerID: 1, DPRank: 0, HasDPRank: true}, &held[6]))
+	assert.Equal(t, []int64{2, 1, 1}, w1(t, reg).RankOccupancy(), "a pinned rank counts too")
+	for i := range held {
+		held[i].Release()
+	}
+	assertIdle(t, reg)
+
 	require.NoError(t, sel.Select(&Request{WorkerID: 1, DPRank: 2, HasDPRank: true}, &res))
 	assert.Equal(t, 2, res.Rank())
 	res.Release()
 	err = sel.Select(&Request{WorkerID: 1, DPRank: 3, HasDPRank: true}, &res)
 	assert.ErrorContains(t, err, "dp rank 3 is outside 0..2")
 	assertIdle(t, reg)
+}
+
+// w1 is worker 1 of reg.
+func w1(t *testing.T, reg *Registry) *Worker {
+	t.Helper()
+	w, ok := reg.Get(1)
+	require.True(t, ok)
+	return w
 }
 
 func TestRetryNeverRepeatsAWorker(t *testing.T) {
@@ -350,7 +400,7 @@ func setEngines(reg *Registry) {
 func TestSelectReserveReleaseAllocatesNothing(t *testing.T) {
 	for _, pm := range pickingModes() {
 		mode := pm.mode
-		reg := newFleet(t, 64)
+		reg := newRankedFleet(t, 64)
 		if pm.engine {
 			setEngines(reg)
 			mode += "+engine"
@@ -394,12 +444,13 @@ func TestSelectReserveReleaseAllocatesNothing(t *testing.T) {
 
 // TestConcurrentSelectWithChurn runs 64 goroutines selecting, retrying and
 // releasing while workers are drained, re-added and flap health. Every
-// occupancy must end at exactly zero and never exceed the busy threshold.
+// occupancy (each data-parallel rank's too) must end at exactly zero and
+// never exceed the busy threshold, nor a rank's its worker's.
 func TestConcurrentSelectWithChurn(t *testing.T) {
 	for _, mode := range []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeRandom, pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted} {
 		t.Run(string(mode), func(t *testing.T) {
 			const busy = 4
-			reg := newFleet(t, 16)
+			reg := newRankedFleet(t, 16)
 			sel := newSelector(t, reg, mode, busy)
 			stop := make(chan struct{})
 			var churn sync.WaitGroup
@@ -417,7 +468,7 @@ func TestConcurrentSelectWithChurn(t *testing.T) {
 					if k%7 == 0 {
 						_ = reg.Drain(id)
 						reg.SweepDrained()
-						_, _ = reg.Add(spec(id))
+						_, _ = reg.Add(ranked(id))
 					}
 				}
 			}()
@@ -434,7 +485,7 @@ func TestConcurrentSelectWithChurn(t *testing.T) {
 						if sel.Select(&req, &res) != nil {
 							continue
 						}
-						if res.Worker().Occupancy() > busy {
+						if w := res.Worker(); w.Occupancy() > busy || (len(w.ranks) > 0 && w.ranks[res.Rank()].Load() > w.Occupancy()) {
 							over[g] = true
 						}
 						if k%5 == 0 {

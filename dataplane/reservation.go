@@ -33,6 +33,9 @@ func (r *Reservation) Release() bool {
 	if !r.held.CompareAndSwap(true, false) {
 		return false
 	}
+	if ranks := r.worker.ranks; len(ranks) > 0 { // before the worker's count, which is never below a rank's
+		ranks[r.rank].Add(-1)
+	}
 	r.worker.occ.n.Add(-1)
 	if r.group != nil {
 		r.group.load.n.Add(-1)
@@ -47,6 +50,9 @@ func (r *Reservation) hold(w *Worker, g *Group, rank int) {
 		g = nil
 	}
 	r.worker, r.group, r.rank = w, g, rank
+	if len(w.ranks) > 0 {
+		w.ranks[rank].Add(1)
+	}
 	if g != nil {
 		g.load.n.Add(1)
 	}

@@ -265,6 +265,7 @@ type Worker struct {
 	draining atomic.Bool
 	weight   atomic.Uint64 // float64 bits of the telemetry weight
 	dpNext   atomic.Uint64
+	ranks    []atomic.Int64             // the requests in flight on each data-parallel rank (dp_size > 1; nil: none)
 	adv      atomic.Pointer[Advertised] // what its /v1/models lists
 	declared atomic.Pointer[[]string]   // adapters set through the admin API; nil: the spec's
 	engine   atomic.Pointer[engine.Stats]
@@ -287,6 +288,9 @@ type Advertised struct {
 
 func newWorker(spec WorkerSpec) *Worker {
 	w := &Worker{spec: spec}
+	if spec.DPSize > 1 {
+		w.ranks = make([]atomic.Int64, spec.DPSize)
+	}
 	w.spec.LoRAs = slices.Clone(spec.LoRAs)
 	w.healthy.Store(true)
 	w.SetWeight(spec.Capacity)
@@ -408,12 +412,39 @@ func (w *Worker) Models() []string {
 	return lora.Held(w.spec.Models, w.Advertised().Models, nil)
 }
 
-// nextRank returns the data-parallel rank for a request that names none.
+// nextRank returns the data-parallel rank for a request that names none:
+// the one with the fewest of the router's requests in flight, the search
+// starting one rank further each time, so that ties take turns (and
+// requests that end before the next comes go round the ranks). The
+// engine gets it in its rank header, which overrides the balancing of its
+// own front end (vLLM's, SGLang's), so it had better weigh the ranks' load.
 func (w *Worker) nextRank() int {
-	if w.spec.DPSize <= 1 {
+	n := len(w.ranks)
+	if n == 0 {
 		return 0
 	}
-	return int((w.dpNext.Add(1) - 1) % uint64(w.spec.DPSize))
+	best := int((w.dpNext.Add(1) - 1) % uint64(n))
+	least := w.ranks[best].Load()
+	for i := 1; i < n && least > 0; i++ {
+		r := (best + i) % n
+		if v := w.ranks[r].Load(); v < least {
+			best, least = r, v
+		}
+	}
+	return best
+}
+
+// RankOccupancy returns the requests in flight on each data-parallel
+// rank of w (nil without ranks).
+func (w *Worker) RankOccupancy() []int64 {
+	if len(w.ranks) == 0 {
+		return nil
+	}
+	out := make([]int64, len(w.ranks))
+	for i := range w.ranks {
+		out[i] = w.ranks[i].Load()
+	}
+	return out
 }
 
 // tryAcquire takes one in-flight slot unless that would pass limit (0 = none).

@@ -190,6 +190,9 @@ func TestDPRankRotatesPinsAndForwards(t *testing.T) {
 		assert.Equal(t, pinned, rank("x-session-id", "dp"), "a session keeps its rank")
 	}
 	f.assertIdle()
+	code, body := adminDo(t, f, "GET", "/workers/1", "", "")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `"rank_occupancy":[0,0,0,0]`)
 }
 
 // A hard session whose worker fails at the transport gets the documented

@@ -25,11 +25,14 @@ import (
 // WorkerInfo is how GET /workers shows one worker.
 type WorkerInfo struct {
 	dataplane.WorkerSpec
-	Healthy   bool    `json:"healthy"`
-	Draining  bool    `json:"draining"`
-	Occupancy int64   `json:"occupancy"`
-	Served    uint64  `json:"served"`
-	Weight    float64 `json:"weight"`
+	Healthy   bool  `json:"healthy"`
+	Draining  bool  `json:"draining"`
+	Occupancy int64 `json:"occupancy"`
+	// RankOccupancy is the requests in flight on each data-parallel rank
+	// (dp_size > 1).
+	RankOccupancy []int64 `json:"rank_occupancy,omitempty"`
+	Served        uint64  `json:"served"`
+	Weight        float64 `json:"weight"`
 	// Ejected is set while the passive health check keeps the worker out
 	// of rotation, for EjectedForSeconds more; Ejections counts its
 	// ejections since its last good answer.
@@ -413,7 +416,7 @@ func (o Options) workerJSON(wk *dataplane.Worker) []byte {
 	until, ejections := wk.Ejected()
 	b, _ := json.Marshal(WorkerInfo{
 		WorkerSpec: *wk.Spec(), Healthy: wk.Healthy(), Draining: wk.Draining(),
-		Occupancy: wk.Occupancy(), Served: wk.Served(), Weight: wk.Weight(),
+		Occupancy: wk.Occupancy(), RankOccupancy: wk.RankOccupancy(), Served: wk.Served(), Weight: wk.Weight(),
 		Ejected: !until.IsZero(), EjectedForSeconds: max(time.Until(until).Seconds(), 0), Ejections: ejections,
 		Listed: wk.Advertised(), ServedModels: wk.Models(), ResidentLoRAs: wk.Adapters(),
 	})
