@@ -184,6 +184,16 @@ func FuzzSelectSequence(f *testing.F) {
 				if w.Occupancy() < 0 {
 					t.Fatalf("worker %d occupancy %d", w.ID(), w.Occupancy())
 				}
+				var onRanks int64
+				for r, n := range w.RankOccupancy() {
+					if n < 0 {
+						t.Fatalf("worker %d rank %d occupancy %d", w.ID(), r, n)
+					}
+					onRanks += n
+				}
+				if onRanks > w.Occupancy() {
+					t.Fatalf("worker %d: %d in flight on its ranks, %d on it", w.ID(), onRanks, w.Occupancy())
+				}
 			}
 			records, _ = prefixes.Changed(records[:0])
 			if _, err := peer.Learn(records); err != nil {
@@ -205,6 +215,11 @@ func FuzzSelectSequence(f *testing.F) {
 		for _, w := range reg.All() {
 			if w.Occupancy() != 0 {
 				t.Fatalf("worker %d left at %d", w.ID(), w.Occupancy())
+			}
+			for r, n := range w.RankOccupancy() {
+				if n != 0 {
+					t.Fatalf("worker %d rank %d left at %d", w.ID(), r, n)
+				}
 			}
 		}
 	})
