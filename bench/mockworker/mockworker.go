@@ -164,8 +164,8 @@ func (w *Worker) Close() error {
 
 func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 	ctx.Response.Header.Set("x-mock-worker", strconv.FormatUint(w.opts.ID, 10))
-	// The data-parallel rank as vLLM and SGLang read it, and as NVIDIA
-	// Dynamo's workers do.
+	// The data-parallel rank, echoed: as vLLM and SGLang read it
+	// (X-Data-Parallel-Rank), and as NVIDIA Dynamo names it (x-dp-rank).
 	if r := ctx.Request.Header.Peek("X-Data-Parallel-Rank"); r != nil {
 		ctx.Response.Header.SetBytesV("x-mock-dp-rank", r)
 	}

@@ -1,9 +1,9 @@
 // Package engine reads what inference engines say of their own load: the
 // Prometheus metrics of vLLM, SGLang and llama.cpp's llama-server
 // (requests running and waiting, KV cache usage, tokens generated, LoRA
-// adapters in use). It parses a scrape,
-// learns each engine's speed from successive scrapes, estimates the cost of
-// sending it one more request, and polls a set of engines on a tick.
+// adapters in use). It parses a scrape, learns each engine's speed from
+// successive scrapes, estimates the cost of sending it one more request,
+// and polls a set of engines on a tick.
 package engine
 
 import (
@@ -100,8 +100,9 @@ var parsers = sync.Pool{New: func() any {
 	return &p
 }}
 
-// Parse reads a Prometheus text page of vLLM, SGLang or llama.cpp taken at at. Only
-// the lines of the series it reads reach the text parser (keepRead).
+// Parse reads a Prometheus text page of vLLM, SGLang or llama.cpp taken at
+// at. Only the lines of the series it reads reach the text parser
+// (keepRead).
 func Parse(in io.Reader, at time.Time) (Reading, error) {
 	page := pages.Get().(*bytes.Buffer)
 	defer func() {

@@ -87,9 +87,9 @@ func DecodeBody(body []byte, params json.RawMessage) ([]byte, error) {
 	return json.Marshal(m)
 }
 
-// Room is a bootstrap room for a prefill worker's data-parallel rank rank
-// of dpSize (1: none), from 64 random bits: 63 of them, so that it is a
-// non-negative int64, with the residue of room % dpSize set to rank.
+// Room is a bootstrap room for the prefill worker's data-parallel rank
+// (one of dpSize; 1: no ranks), from 64 random bits: 63 of them, so that
+// it is a non-negative int64, with the residue room % dpSize set to rank.
 // SGLang's decode engine looks for a request's KV cache on the prefill
 // rank room % dp_size unless told another, and its prefill engine left to
 // choose takes that rank too (follow_bootstrap_room); a room of another
