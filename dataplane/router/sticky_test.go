@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -193,6 +194,33 @@ func TestDPRankRotatesPinsAndForwards(t *testing.T) {
 	code, body := adminDo(t, f, "GET", "/workers/1", "", "")
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Contains(t, body, `"rank_occupancy":[0,0,0,0]`)
+}
+
+// A request without a pinned rank goes to a rank with none of the router's
+// requests in flight: a long stream holds its rank until it ends, and
+// short requests meanwhile go to the other two, in turn.
+func TestDPRankAvoidsTheBusyRank(t *testing.T) {
+	eng := mockworker.Options{ID: 1, Engine: mockworker.EngineOptions{MaxNumSeqs: 8, InterTokenLatency: 10 * time.Millisecond}}
+	f := startFleet(t, []mockworker.Options{eng}, func(c *config.Config) { c.Workers[0].DPSize = 3 })
+	long := f.post("/v1/chat/completions", `{"model":"mock-model","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`)
+	require.Equal(t, http.StatusOK, long.StatusCode)
+	busy := long.Header.Get("x-mock-dp-rank")
+	require.NotEmpty(t, busy)
+	ranks := map[string]int{}
+	for range 6 {
+		resp, body := f.send(http.MethodPost, "/v1/chat/completions", `{"model":"mock-model","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		ranks[resp.Header.Get("x-mock-dp-rank")]++
+	}
+	assert.Zero(t, ranks[busy], "no short request went to the rank the stream holds: %v", ranks)
+	assert.Len(t, ranks, 2, "the two other ranks took them: %v", ranks)
+	code, body := adminDo(t, f, "GET", "/workers/1", "", "")
+	require.Equal(t, http.StatusOK, code, body)
+	want := []string{"0", "0", "0"}
+	want[busy[0]-'0'] = "1"
+	assert.Contains(t, body, `"rank_occupancy":[`+strings.Join(want, ",")+`]`, "the stream's rank holds it")
+	readAll(t, long)
+	f.assertIdle()
 }
 
 // A hard session whose worker fails at the transport gets the documented
