@@ -202,41 +202,38 @@ func (w *Watcher) lookup(ctx context.Context, name string) ([]netip.AddrPort, er
 		}
 		var out []netip.AddrPort
 		for _, srv := range srvs {
-			addrs, err := w.resolver.LookupNetIP(ctx, "ip", srv.Target)
+			addrs, err := w.hostAddrs(ctx, srv.Target, srv.Port)
 			if err != nil {
 				return nil, absent(err)
 			}
-			for _, a := range w.ofFamily(addrs) {
-				out = append(out, netip.AddrPortFrom(a, srv.Port))
-			}
+			out = append(out, addrs...)
 		}
 		return out, nil
 	}
-	addrs, err := w.resolver.LookupNetIP(ctx, "ip", host)
-	if err != nil {
-		return nil, absent(err)
-	}
-	addrs = w.ofFamily(addrs)
 	p, _ := strconv.ParseUint(port, 10, 16) // Check checked it
-	out := make([]netip.AddrPort, len(addrs))
-	for i, a := range addrs {
-		out[i] = netip.AddrPortFrom(a, uint16(p))
-	}
-	return out, nil
+	addrs, err := w.hostAddrs(ctx, host, uint16(p))
+	return addrs, absent(err)
 }
 
-// ofFamily is the addresses of one host that Options.Family takes, in
-// their order (an IPv4-mapped IPv6 address is IPv4).
-func (w *Watcher) ofFamily(addrs []netip.Addr) []netip.Addr {
-	if w.o.Family == BothFamilies {
-		return addrs
+// hostAddrs returns the addresses of one host on port, those of the family
+// Options.Family takes, in their order (an IPv4-mapped IPv6 address is
+// IPv4).
+func (w *Watcher) hostAddrs(ctx context.Context, host string, port uint16) ([]netip.AddrPort, error) {
+	addrs, err := w.resolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return nil, err
 	}
-	want4 := w.o.Family != PreferIPv6
-	kept := slices.DeleteFunc(slices.Clone(addrs), func(a netip.Addr) bool { return a.Unmap().Is4() != want4 })
-	if len(kept) == 0 {
-		return addrs
+	if w.o.Family != BothFamilies {
+		want4 := w.o.Family != PreferIPv6
+		if kept := slices.DeleteFunc(slices.Clone(addrs), func(a netip.Addr) bool { return a.Unmap().Is4() != want4 }); len(kept) > 0 {
+			addrs = kept
+		}
 	}
-	return kept
+	out := make([]netip.AddrPort, len(addrs))
+	for i, a := range addrs {
+		out[i] = netip.AddrPortFrom(a, port)
+	}
+	return out, nil
 }
 
 // notFound reports a name that does not exist (NXDOMAIN, or no record of
