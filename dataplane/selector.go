@@ -436,14 +436,14 @@ func (s *Selector) admits(req *Request, w *Worker) bool {
 }
 
 // hold records the reservation with its data-parallel rank: the pinned one
-// where it fits the worker, else the worker's next in rotation.
+// where it fits the worker, else the worker's least loaded.
 func (s *Selector) hold(req *Request, w *Worker, res *Reservation) error {
 	return s.holdRank(req, w, res, req.DPRank, req.HasDPRank)
 }
 
 func (s *Selector) holdRank(req *Request, w *Worker, res *Reservation, rank int, pinned bool) error {
 	if !pinned || rank < 0 || rank >= w.spec.DPSize {
-		rank = w.nextRank()
+		rank = w.leastLoadedRank()
 	}
 	res.hold(w, req.group, rank)
 	return nil

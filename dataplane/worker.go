@@ -263,8 +263,8 @@ type Worker struct {
 	spec     WorkerSpec
 	healthy  atomic.Bool
 	draining atomic.Bool
-	weight   atomic.Uint64 // float64 bits of the telemetry weight
-	dpNext   atomic.Uint64
+	weight   atomic.Uint64              // float64 bits of the telemetry weight
+	dpNext   atomic.Uint64              // where the next search for a rank starts (leastLoadedRank)
 	ranks    []atomic.Int64             // the requests in flight on each data-parallel rank (dp_size > 1; nil: none)
 	adv      atomic.Pointer[Advertised] // what its /v1/models lists
 	declared atomic.Pointer[[]string]   // adapters set through the admin API; nil: the spec's
@@ -412,13 +412,13 @@ func (w *Worker) Models() []string {
 	return lora.Held(w.spec.Models, w.Advertised().Models, nil)
 }
 
-// nextRank returns the data-parallel rank for a request that names none:
-// the one with the fewest of the router's requests in flight, the search
-// starting one rank further each time, so that ties take turns (and
-// requests that end before the next comes go round the ranks). The
+// leastLoadedRank returns the data-parallel rank for a request that names
+// none: the one with the fewest of the router's requests in flight, the
+// search starting one rank further each time, so that ties take turns
+// (and requests that end before the next comes go round the ranks). The
 // engine gets it in its rank header, which overrides the balancing of its
 // own front end (vLLM's, SGLang's), so it had better weigh the ranks' load.
-func (w *Worker) nextRank() int {
+func (w *Worker) leastLoadedRank() int {
 	n := len(w.ranks)
 	if n == 0 {
 		return 0
