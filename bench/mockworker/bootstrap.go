@@ -2,7 +2,6 @@ package mockworker
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -30,7 +29,9 @@ func (w *Worker) bootstrapRole(v *fastjson.Value) (room uint64, peer string, pre
 		return 0, "", false, false
 	}
 	room, _ = r.Uint64()
-	peer = net.JoinHostPort(string(v.GetStringBytes("bootstrap_host")), strconv.Itoa(v.GetInt("bootstrap_port")))
+	// Joined as SGLang before its NetworkAddress joined them: an IPv6 host
+	// has to come in brackets.
+	peer = string(v.GetStringBytes("bootstrap_host")) + ":" + strconv.Itoa(v.GetInt("bootstrap_port"))
 	if peer == w.Addr() {
 		return room, peer, true, false
 	}

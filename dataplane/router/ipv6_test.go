@@ -3,6 +3,7 @@ package router
 import (
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -69,5 +70,30 @@ func TestWorkersOnIPv6Addresses(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	assert.Equal(t, 3, strings.Count(body, `"delta":{"content":"tok`), body)
 	assert.True(t, strings.HasSuffix(body, "data: [DONE]\n\n"), body)
+	f.assertIdle()
+}
+
+// SGLang's decode engine finds a prefill engine on an IPv6 address: the
+// bootstrap host goes in brackets, which the mock worker needs as SGLang
+// before its NetworkAddress did (it joins host and port as they are).
+func TestSGLangPrefillOnIPv6(t *testing.T) {
+	prefill, decode := startIPv6Mock(t, 1), startIPv6Mock(t, 2)
+	_, port, err := net.SplitHostPort(prefill.Addr())
+	require.NoError(t, err)
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Router.Disaggregation.Protocol = config.DisaggSGLang
+		bootstrap, _ := strconv.Atoi(port) // a mock's bootstrap port is its HTTP port
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: prefill.URL(), Role: dataplane.RolePrefill, BootstrapPort: bootstrap},
+			{ID: 2, URL: decode.URL(), Role: dataplane.RoleDecode}}
+	})
+	for range 2 {
+		resp, body := f.send(http.MethodPost, "/v1/chat/completions", streamBody)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		assert.Equal(t, "2", resp.Header.Get("x-fastroute-worker"))
+		assert.Equal(t, 3, strings.Count(body, `"delta":{"content":"tok`), body)
+		assert.True(t, strings.HasSuffix(body, "data: [DONE]\n\n"), body)
+	}
+	assert.EqualValues(t, 2, prefill.Served(), "each room prefilled on the prefill engine")
+	assert.EqualValues(t, 2, f.r.Frontend.Metrics().Phase("prefill", "ok"))
 	f.assertIdle()
 }

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 )
 
 // prefillParams are the kv_transfer_params of a vLLM prefill request.
@@ -109,11 +110,17 @@ func Room(random uint64, rank, dpSize int) uint64 {
 
 // BootstrapBody is the client's body with SGLang's bootstrap fields: the
 // prefill worker's host and bootstrap port, and the room both workers meet
-// in.
+// in. An IPv6 host goes in brackets, as SGLang's own gateway sends it (a
+// URL's host): SGLang joins host and port as host:port, which versions
+// before its NetworkAddress did as they were (an unbracketed IPv6 address
+// made a URL no client could read) and later ones take either way.
 func BootstrapBody(body []byte, host string, port int, room uint64) ([]byte, error) {
 	m, err := object(body)
 	if err != nil {
 		return nil, err
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
 	}
 	h, _ := json.Marshal(host)
 	m["bootstrap_host"] = h

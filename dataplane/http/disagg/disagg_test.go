@@ -64,6 +64,11 @@ func TestBootstrapBody(t *testing.T) {
 	out, err := BootstrapBody([]byte(`{"model":"m","stream":true}`), "10.0.0.7", 8998, 1<<62+5)
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"model":"m","stream":true,"bootstrap_host":"10.0.0.7","bootstrap_port":8998,"bootstrap_room":4611686018427387909}`, string(out))
+	for host, sent := range map[string]string{"fd00::7": "[fd00::7]", "::1": "[::1]", "prefill-0.sglang": "prefill-0.sglang"} {
+		out, err = BootstrapBody([]byte(`{}`), host, 8998, 3)
+		require.NoError(t, err)
+		assert.JSONEq(t, `{"bootstrap_host":"`+sent+`","bootstrap_port":8998,"bootstrap_room":3}`, string(out), "an IPv6 address in brackets")
+	}
 }
 
 // A room's residue is the prefill's rank, whatever the random bits, and
