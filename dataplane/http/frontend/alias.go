@@ -41,8 +41,9 @@ func (s *Server) Aliases() *aliases.Table { return s.aliases.Load() }
 // targets (aliases.Table.Resolve): the model routing reads becomes the
 // target's, and so does the body's model field, rewritten into the
 // exchange's buffer (the body the worker gets, both legs of a split
-// request included). False: the request was answered, a form that names
-// an alias (its fields are not rewritten).
+// request included); a WebSocket session's, named in the query, in the
+// query. False: the request was answered, a form that names an alias (its
+// fields are not rewritten).
 func (ex *exchange) applyAlias(ctx *fasthttp.RequestCtx) bool {
 	t := ex.s.aliases.Load()
 	if t == nil || len(ex.req.Model) == 0 {
@@ -52,13 +53,18 @@ func (ex *exchange) applyAlias(ctx *fasthttp.RequestCtx) bool {
 	if !ok {
 		return true
 	}
-	var found bool
-	if ex.aliased, found = withModel(ex.aliased, ctx.PostBody(), quoted); !found {
-		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error",
-			"model "+strconv.Quote(string(ex.req.Model))+" is an alias, which only a JSON body may name")
-		return false
+	if ex.rt == routeWebSocket {
+		ctx.QueryArgs().SetBytesV("model", to)
+		ctx.Request.SetRequestURIBytes(ctx.URI().RequestURI())
+	} else {
+		var found bool
+		if ex.aliased, found = withModel(ex.aliased, ctx.PostBody(), quoted); !found {
+			writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error",
+				"model "+strconv.Quote(string(ex.req.Model))+" is an alias, which only a JSON body may name")
+			return false
+		}
+		ctx.Request.SetBodyRaw(ex.aliased)
 	}
-	ctx.Request.SetBodyRaw(ex.aliased)
 	if ex.s.access != nil {
 		ex.alias = append(ex.alias[:0], ex.req.Model...)
 	}

@@ -109,6 +109,7 @@ type exchange struct {
 	head          []byte               // a streamed answer's response head, sent with its first chunk
 	beginStreamFn fasthttp.HijackHandler
 	runTakenFn    fasthttp.HijackHandler
+	runTunnelFn   fasthttp.HijackHandler
 	queueTimer    *time.Timer // awaitSlot's, made at its first wait
 	priority      int64       // the body's priority (vLLM's: lower is sooner), or its API key's, which orders the wait queue
 	keyPriority   bool        // priority is the API key's: the body's is not read
@@ -455,27 +456,40 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 			ex.noteStored()
 			return ex.respond(ctx, u, w)
 		}
-		if ex.endStopped(ctx) {
+		if !ex.moveAfter(ctx, u, w, err) {
 			return false
 		}
-		failed := failureOf(err)
-		u.stats.failed(failed)
-		s.reportAnswer(w, false)
-		if !retryable(err) || int64(ex.req.Attempts()) >= s.retries.Load() {
-			ex.fail(ctx, w.ID(), err, nil)
-			return false
-		}
-		if !ex.mayRetry() {
-			ex.fail(ctx, w.ID(), err, errRetryBudget)
-			return false
-		}
-		s.metrics.retries.Inc()
-		if rerr := s.sel.Retry(&ex.req, &ex.res); rerr != nil {
-			ex.fail(ctx, w.ID(), err, rerr)
-			return false
-		}
-		ex.traceMove(w, failureNames[failed], 0)
 	}
+}
+
+// moveAfter moves the request to another worker after the call to worker
+// w (of upstream u) failed with err before any answer, counted against
+// the worker; false: it does not move (its client left, err is no
+// transport failure before an answer, no try or retry budget is left, or
+// no other worker takes it), and the client has its answer.
+func (ex *exchange) moveAfter(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker, err error) bool {
+	s := ex.s
+	if ex.endStopped(ctx) {
+		return false
+	}
+	failed := failureOf(err)
+	u.stats.failed(failed)
+	s.reportAnswer(w, false)
+	if !retryable(err) || int64(ex.req.Attempts()) >= s.retries.Load() {
+		ex.fail(ctx, w.ID(), err, nil)
+		return false
+	}
+	if !ex.mayRetry() {
+		ex.fail(ctx, w.ID(), err, errRetryBudget)
+		return false
+	}
+	s.metrics.retries.Inc()
+	if rerr := s.sel.Retry(&ex.req, &ex.res); rerr != nil {
+		ex.fail(ctx, w.ID(), err, rerr)
+		return false
+	}
+	ex.traceMove(w, failureNames[failed], 0)
+	return true
 }
 
 // prepare makes the client's request the worker's: it is sent as it is,

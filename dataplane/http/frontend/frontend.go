@@ -152,6 +152,7 @@ type Server struct {
 	hangups    *hangup.Watcher[exchange]           // nil: client hang-ups are noticed only on write
 	upCloses   *hangup.Watcher[trackedConn]        // workers' closes of their connections (trackedConn.watchCloses); nil: none watched
 	takeovers  atomic.Int64                        // client connections taken over from fasthttp (takeOver), until closed or served by it again
+	tunnels    atomic.Int64                        // WebSocket sessions open (relayTunnel)
 	closing    atomic.Bool                         // Shutdown began: a taken-over connection's answer is its last (keepAfter)
 	withdrawn  atomic.Bool                         // GET /health answers 503 (Withdraw)
 	srv        *fasthttp.Server
@@ -194,7 +195,7 @@ func New(opts Options) *Server {
 	}
 	s.exchanges.New = func() any {
 		ex := &exchange{s: s}
-		ex.beginStreamFn, ex.runTakenFn = ex.beginStream, ex.runTaken
+		ex.beginStreamFn, ex.runTakenFn, ex.runTunnelFn = ex.beginStream, ex.runTaken, ex.runTunnel
 		ex.relay.stepFn = ex.relay.step
 		return ex
 	}
@@ -205,6 +206,7 @@ func New(opts Options) *Server {
 	s.metrics.aliases = &s.aliases
 	s.metrics.mirrors = &s.mirrors
 	s.metrics.retrying = &s.retrying
+	s.metrics.tunnels = &s.tunnels
 	s.copies.New = func() any { return new(mirrorCopy) }
 	s.serves = s.sel.Serves
 	s.reg.Subscribe(s.workerChanged)
@@ -560,7 +562,8 @@ var workerStatePaths = map[string]struct{}{"/v1/load_lora_adapter": {}, "/v1/unl
 // other answers every path beyond the named ones: a POST under /v1/ (but
 // for workerStatePaths, refused), to an engine route or to a path of the
 // routes key is proxied, as is a request about a stored response
-// (storedResponse); GET /v1/models/{id} is answered from the union of the
+// (storedResponse) and a WebSocket session's opening request to any of
+// those paths (runTunnel); GET /v1/models/{id} is answered from the union of the
 // workers' models; anything else is a 404 naming the path. client holds
 // the request's API key (nil: none).
 func (s *Server) other(ctx *fasthttp.RequestCtx, client *apikeys.Client) {
@@ -574,6 +577,8 @@ func (s *Server) other(ctx *fasthttp.RequestCtx, client *apikeys.Client) {
 			" PUT /workers/{id}/loras, or name the path in the routes key to proxy it")
 	case !extra && bytes.HasPrefix(path, responsesPrefix):
 		s.storedResponse(ctx, path[len(responsesPrefix):], client)
+	case isWebSocket(&ctx.Request.Header) && (extra || bytes.HasPrefix(path, v1Prefix)):
+		s.forward(ctx, routeWebSocket, nil, client)
 	case ctx.IsPost() && (extra || bytes.HasPrefix(path, v1Prefix)):
 		s.proxy(ctx, routeOther, client)
 	case (ctx.IsGet() || ctx.IsHead()) && bytes.HasPrefix(path, modelsPrefix):
@@ -655,11 +660,14 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 	}
 	// A stored response's retrieval (or the replay of its stream) shows
 	// the usage its creation was charged: not charged again.
-	ex.metered = client != nil && response == nil
+	ex.metered = client != nil && response == nil && rt != routeWebSocket // a session's answers are not read
 	ex.req.Response = append(ex.req.Response, response...)
 	ex.creates = rt == routeResponses && response == nil
 	ex.generate = rt == routeOther && string(ctx.Path()) == "/generate"
 	query, err := ex.parse(ctx)
+	if rt == routeWebSocket && len(ex.req.Model) == 0 { // OpenAI's realtime URL names it
+		ex.req.Model = append(ex.req.Model, ctx.QueryArgs().Peek("model")...)
+	}
 	if err != nil {
 		status := fasthttp.StatusBadRequest
 		if errors.Is(err, errCodedBody) {
@@ -704,7 +712,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 	if ex.traced {
 		ex.trace.Picked = time.Since(start)
 	}
-	if t := s.mirrors.Load(); t != nil && !query {
+	if t := s.mirrors.Load(); t != nil && !query && rt != routeWebSocket {
 		ex.mirror(ctx, t)
 	}
 	if query && ex.split {
@@ -730,7 +738,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 	if ex.client.Gen() == 0 { // not watched while it waited in the queue
 		ex.watchClient(ctx)
 	}
-	if ex.stream {
+	switch {
+	case rt == routeWebSocket:
+		ex.takeOver(ctx, ex.runTunnelFn)
+		return
+	case ex.stream:
 		// A stream request is sent, waits on its worker and streams in a
 		// goroutine of its own (takeOver).
 		ex.takeOver(ctx, ex.runTakenFn)

@@ -21,11 +21,12 @@ const (
 	routeEmbeddings
 	routeResponses
 	routeMessages
-	routeOther // every other proxied path: more of /v1/, the engines' own, the routes key
+	routeWebSocket // a WebSocket session's opening request, to any path other proxies (runTunnel)
+	routeOther     // every other proxied path: more of /v1/, the engines' own, the routes key
 	numRoutes
 )
 
-var routeNames = [numRoutes]string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages", "other"}
+var routeNames = [numRoutes]string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages", "websocket", "other"}
 
 // strict reports a route whose body must be a JSON object (the OpenAI
 // generation and embedding APIs); the others are forwarded whatever they
@@ -59,6 +60,7 @@ type Metrics struct {
 	// retry now (Server.retrying).
 	retriesRefused metrics.Counter
 	retrying       *atomic.Int64
+	tunnels        *atomic.Int64 // WebSocket sessions open (Server.tunnels)
 	// Workers a request for a stored response moved past because they
 	// answered 404 (movesOn).
 	searchMoves metrics.Counter
@@ -252,6 +254,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			{"fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on a decode worker for want of a routable prefill worker.", float64(m.disaggFallbacks.Value())},
 			{"fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte, or an answer of a status router.retry_statuses names.", float64(m.retries.Value())},
 			{"fastroute_retries_refused_total", "counter", "Requests not moved to another worker, though they could have been, because router.retry_budget's share of requests were on a retry already.", float64(m.retriesRefused.Value())},
+			{"fastroute_websocket_sessions", "gauge", "WebSocket sessions open, each holding its worker's reservation until it closes.", float64(m.tunnels.Load())},
 			{"fastroute_retrying_requests", "gauge", "Requests on a retry now (counted while router.retry_budget is set).", float64(m.retrying.Load())},
 			{"fastroute_response_search_moves_total", "counter", "Requests for a stored response (Responses API) no worker was known to hold, moved on from a worker that answered 404.", float64(m.searchMoves.Value())},
 			{"fastroute_proxy_protocol_refusals_total", "counter", "Client connections closed unserved for want of the PROXY protocol header they must begin with (none, malformed, or not whole within limits.read_timeout).", float64(m.proxyRefusals.Value())},

@@ -37,13 +37,18 @@ func (ex *exchange) takeOver(ctx *fasthttp.RequestCtx, run fasthttp.HijackHandle
 // connection back.
 func (ex *exchange) runTaken(c net.Conn) {
 	growStack4K()
-	s, ctx := ex.s, ex.ctx
+	ctx := ex.ctx
 	if ex.run(ctx) { // respond left it to be sent from here
 		ex.beginStream(c)
 		return
 	}
-	// The exchange ended (it is back in its pool) with its answer, an
-	// error maybe, in ctx.Response.
+	ex.s.sendTaken(ctx, c)
+}
+
+// sendTaken sends the answer of an exchange that ended (it is back in its
+// pool), an error maybe, in ctx.Response, on the client's connection c
+// taken over from fasthttp, and gives the connection back.
+func (s *Server) sendTaken(ctx *fasthttp.RequestCtx, c net.Conn) {
 	keep := s.keepAfter(ctx, c)
 	if !keep {
 		closeAfter(&ctx.Response.Header)

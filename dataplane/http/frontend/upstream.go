@@ -24,8 +24,12 @@ import (
 // knows the connection its request is on and can cut it when its client
 // hangs up.
 type upstream struct {
-	hc       *fasthttp.HostClient
-	conns    connPool
+	hc    *fasthttp.HostClient
+	conns connPool
+	// connect opens a connection of the worker's own, outside the pool
+	// (a WebSocket tunnel's), in its turn among the connects in flight to
+	// the worker (DialsPerWorker), as the pool's are.
+	connect  func() (net.Conn, error)
 	host     string
 	idHeader []byte // worker id as header text
 	stats    *workerStats
@@ -134,6 +138,17 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 			dial = tlsDialer(s.dial, workerTLS(s.opts.WorkerTLS, spec.Hostname()))
 		}
 		turns := make(chan struct{}, cmp.Or(s.opts.DialsPerWorker, DefaultDialsPerWorker))
+		connect := func() (net.Conn, error) {
+			if err := takeTurn(turns, queueTimeout); err != nil {
+				return nil, err
+			}
+			c, err := dialAside(dial, addr, dialTimeout)
+			<-turns
+			if err == nil {
+				stats.connects.Inc()
+			}
+			return c, err
+		}
 		hc := &fasthttp.HostClient{
 			Addr:                host,
 			MaxConns:            4096,
@@ -145,17 +160,12 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 			ConnPoolStrategy: fasthttp.LIFO,
 			WriteBufferSize:  requestWriteBuffer,
 			Dial: func(string) (net.Conn, error) {
-				if err := takeTurn(turns, queueTimeout); err != nil {
-					return nil, err
-				}
-				c, err := dialAside(dial, addr, dialTimeout)
-				<-turns
+				c, err := connect()
 				if err != nil {
 					return nil, err
 				}
 				tc := newTrackedConn(c, s.upConns, s.opts.StreamIdleTimeout)
 				tc.stats = stats
-				stats.connects.Inc()
 				stats.open.Add(1)
 				tc.watchCloses(s.upCloses)
 				s.upConns.Store(tc, struct{}{})
@@ -165,6 +175,7 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 		return &upstream{
 			hc:       hc,
 			conns:    newHostPool(hc.AcquireConn, hc.ReleaseConn, hc.CloseConn),
+			connect:  connect,
 			host:     host,
 			idHeader: strconv.AppendUint(nil, w.ID(), 10),
 			stats:    stats,

@@ -1,0 +1,251 @@
+package router
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/aliases"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/websocket"
+)
+
+// wsEngine is an engine whose /v1/realtime speaks WebSocket (x/net's
+// server, as vLLM's realtime API does through Starlette): it greets each
+// session with its name, answers each message with its name before it,
+// closes the session when asked ("close"), sends ticks when asked
+// ("tick"), and counts its sessions open.
+type wsEngine struct {
+	*httptest.Server
+	name   string
+	open   atomic.Int64
+	query  atomic.Value // the last opening request's query
+	header atomic.Value // and its headers
+}
+
+func startWSEngine(t *testing.T, name string) *wsEngine {
+	t.Helper()
+	e := &wsEngine{name: name}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	mux.Handle("/v1/realtime", websocket.Server{Handler: func(ws *websocket.Conn) {
+		e.open.Add(1)
+		defer e.open.Add(-1)
+		e.query.Store(ws.Request().URL.RawQuery)
+		e.header.Store(ws.Request().Header.Clone())
+		if websocket.Message.Send(ws, "created by "+name) != nil {
+			return
+		}
+		for {
+			var msg string
+			if websocket.Message.Receive(ws, &msg) != nil {
+				return
+			}
+			switch msg {
+			case "close":
+				return
+			case "tick":
+				for i := range 8 {
+					time.Sleep(100 * time.Millisecond)
+					if websocket.Message.Send(ws, "tick "+string(rune('0'+i))) != nil {
+						return
+					}
+				}
+			default:
+				if websocket.Message.Send(ws, name+": "+msg) != nil {
+					return
+				}
+			}
+		}
+	}})
+	e.Server = httptest.NewServer(mux)
+	t.Cleanup(e.Close)
+	return e
+}
+
+// dialSession opens a WebSocket session through the router at path, with
+// headers (name, value pairs), and reads its greeting.
+func dialSession(t *testing.T, f *fleet, path string, headers ...string) (*websocket.Conn, string) {
+	t.Helper()
+	conf, err := websocket.NewConfig("ws://"+f.r.Addr()+path, "http://localhost/")
+	require.NoError(t, err)
+	for i := 0; i+1 < len(headers); i += 2 {
+		conf.Header.Set(headers[i], headers[i+1])
+	}
+	ws, err := websocket.DialConfig(conf)
+	require.NoError(t, err)
+	t.Cleanup(func() { ws.Close() })
+	return ws, receive(t, ws)
+}
+
+// receive reads a session's next message, within 5 s.
+func receive(t *testing.T, ws *websocket.Conn) string {
+	t.Helper()
+	require.NoError(t, ws.SetReadDeadline(time.Now().Add(5*time.Second)))
+	var msg string
+	require.NoError(t, websocket.Message.Receive(ws, &msg))
+	return msg
+}
+
+// A WebSocket session (vLLM's realtime API) is routed like a request,
+// holds its worker's reservation while it is open, passes messages both
+// ways whole, large ones too, and releases the reservation however it
+// ends: closed by the client or by the engine.
+func TestWebSocketSessions(t *testing.T) {
+	engines := []*wsEngine{startWSEngine(t, "one"), startWSEngine(t, "two")}
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: engines[0].URL}, {ID: 2, URL: engines[1].URL}}
+	})
+	a, greetA := dialSession(t, f, "/v1/realtime")
+	b, greetB := dialSession(t, f, "/v1/realtime")
+	assert.ElementsMatch(t, []string{"created by one", "created by two"}, []string{greetA, greetB}, "one session on each engine")
+	nameA := strings.TrimPrefix(greetA, "created by ")
+	for _, w := range f.r.Registry.All() {
+		assert.EqualValues(t, 1, w.Occupancy(), "worker %d holds its session", w.ID())
+	}
+	assert.Equal(t, "2", metric(t, f, "fastroute_websocket_sessions"))
+
+	// Messages both ways, interleaved between the sessions; one larger
+	// than the relay's buffers and the engine's frames.
+	large := strings.Repeat("audio chunk ", 20000)
+	for i, msg := range []string{"hello", large, "again"} {
+		require.NoError(t, websocket.Message.Send(a, msg))
+		require.NoError(t, websocket.Message.Send(b, "b"+msg))
+		assert.Equal(t, nameA+": "+msg, receive(t, a), "message %d", i)
+		assert.True(t, strings.HasSuffix(receive(t, b), ": b"+msg), "message %d", i)
+	}
+
+	// The client closes one session, the engine the other: both released.
+	require.NoError(t, a.Close())
+	require.NoError(t, websocket.Message.Send(b, "close"))
+	require.NoError(t, b.SetReadDeadline(time.Now().Add(5*time.Second)))
+	var msg string
+	assert.ErrorIs(t, websocket.Message.Receive(b, &msg), io.EOF, "the engine's close reaches the client")
+	f.assertIdle()
+	require.Eventually(t, func() bool { return engines[0].open.Load()+engines[1].open.Load() == 0 }, 5*time.Second, 10*time.Millisecond,
+		"the client's close reaches the engine")
+	assert.Equal(t, "0", metric(t, f, "fastroute_websocket_sessions"))
+	assert.EqualValues(t, 2, f.r.Frontend.Metrics().Requests("websocket", "ok"))
+}
+
+// A session's opening request is routed by the query's model (OpenAI's
+// realtime URL names it so), aliases included, reaches its engine with the
+// router's headers (the rank, the workers' API key in place of the
+// client's), and moves to another worker when its first one cannot be
+// reached.
+func TestWebSocketRouting(t *testing.T) {
+	one, two := startWSEngine(t, "one"), startWSEngine(t, "two")
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	goneURL := "http://" + gone.Addr().String()
+	require.NoError(t, gone.Close()) // nothing listens there
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: one.URL, Models: []string{"voxtral"}, DPSize: 2},
+			{ID: 2, URL: two.URL, Models: []string{"whisper"}}, {ID: 3, URL: goneURL, Models: []string{"whisper"}}}
+		c.ModelAliases = []aliases.Alias{{Name: "asr", Targets: []aliases.Target{{Model: "voxtral"}}}}
+		c.APIKeysFile = keysFile(t, "team-a "+teamAKey)
+		c.WorkerAPIKey = "sk-engines"
+	})
+	for range 3 {
+		ws, greeting := dialSession(t, f, "/v1/realtime?model=whisper&intent=transcription", "Authorization", "Bearer "+teamAKey)
+		assert.Equal(t, "created by two", greeting, "worker 3 is unreachable: its sessions move to worker 2")
+		require.NoError(t, ws.Close())
+	}
+	ws, greeting := dialSession(t, f, "/v1/realtime?model=asr", "Authorization", "Bearer "+teamAKey)
+	assert.Equal(t, "created by one", greeting, "the alias's target serves it")
+	assert.Equal(t, "model=voxtral", one.query.Load(), "the engine is asked for the alias's target")
+	h := one.header.Load().(http.Header)
+	assert.Equal(t, "Bearer sk-engines", h.Get("Authorization"), "the workers' key, not the client's")
+	assert.Equal(t, "0", h.Get("X-Data-Parallel-Rank"))
+	require.NoError(t, ws.Close())
+	f.assertIdle()
+	assert.NotZero(t, f.r.Frontend.Metrics().Retries())
+
+	// No key: refused before any worker is asked.
+	conf, err := websocket.NewConfig("ws://"+f.r.Addr()+"/v1/realtime?model=whisper", "http://localhost/")
+	require.NoError(t, err)
+	_, err = websocket.DialConfig(conf)
+	assert.ErrorContains(t, err, "bad status")
+}
+
+// openRaw sends a WebSocket opening request for path over a raw
+// connection and returns the router's answer (its body read).
+func openRaw(t *testing.T, f *fleet, path string) (*http.Response, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", f.r.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: router\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	require.NoError(t, err)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	return resp, readAll(t, resp)
+}
+
+// An engine that does not switch protocols (no WebSocket on that path) is
+// answered as any answer is, and a session opening request to a path the
+// router does not proxy is a 404 as any request is.
+func TestWebSocketRefused(t *testing.T) {
+	one := startWSEngine(t, "one")
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: one.URL}}
+	})
+	resp, body := openRaw(t, f, "/v1/audio/stream")
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, body)
+	assert.Equal(t, "1", resp.Header.Get("X-Fastroute-Worker"), "the engine's own answer")
+	resp, body = openRaw(t, f, "/realtime")
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	assert.Contains(t, body, `no route \"/realtime\"`)
+	resp, body = openRaw(t, f, "/v1/realtime")
+	assert.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode, body)
+	assert.Equal(t, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=", resp.Header.Get("Sec-WebSocket-Accept"), "the engine's accept, as it sent it")
+	assert.True(t, strings.EqualFold(resp.Header.Get("Upgrade"), "websocket"))
+	f.assertIdle()
+}
+
+// A session where nothing passes either way for limits.stream_idle_timeout
+// is closed; one where only the engine sends is not. A drain that runs out
+// of time cuts the sessions still open.
+func TestWebSocketIdleAndDrain(t *testing.T) {
+	one := startWSEngine(t, "one")
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: one.URL}}
+		c.Limits.StreamIdleTimeout = 300 * time.Millisecond
+		c.ShutdownTimeout = 200 * time.Millisecond
+	})
+	idle, _ := dialSession(t, f, "/v1/realtime")
+	busy, _ := dialSession(t, f, "/v1/realtime")
+	require.NoError(t, websocket.Message.Send(busy, "tick"))
+	for i := range 8 { // 800 ms of ticks, the client silent
+		assert.Equal(t, "tick "+string(rune('0'+i)), receive(t, busy))
+	}
+	require.NoError(t, idle.SetReadDeadline(time.Now().Add(5*time.Second)))
+	var msg string
+	assert.ErrorIs(t, websocket.Message.Receive(idle, &msg), io.EOF, "the idle session was closed")
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("websocket", "timeout"))
+
+	require.NoError(t, websocket.Message.Send(busy, "still here"))
+	assert.Equal(t, "one: still here", receive(t, busy))
+	closed := make(chan error, 1)
+	go func() { closed <- f.r.Close() }()
+	require.NoError(t, busy.SetReadDeadline(time.Now().Add(5*time.Second)))
+	assert.Error(t, websocket.Message.Receive(busy, &msg), "the drain cut the session")
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the drain waited on the session")
+	}
+	f.assertIdle()
+	require.Eventually(t, func() bool { return one.open.Load() == 0 }, 5*time.Second, 10*time.Millisecond)
+}
