@@ -2,11 +2,14 @@ package router
 
 import (
 	"bufio"
+	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -113,6 +116,9 @@ func TestWebSocketSessions(t *testing.T) {
 		assert.EqualValues(t, 1, w.Occupancy(), "worker %d holds its session", w.ID())
 	}
 	assert.Equal(t, "2", metric(t, f, "fastroute_websocket_sessions"))
+	for _, id := range []string{"1", "2"} {
+		assert.Equal(t, "1", metric(t, f, `fastroute_worker_connections{worker="`+id+`"}`), "the session's own connection")
+	}
 
 	// Messages both ways, interleaved between the sessions; one larger
 	// than the relay's buffers and the engine's frames.
@@ -204,6 +210,9 @@ func TestWebSocketRefused(t *testing.T) {
 	resp, body := openRaw(t, f, "/v1/audio/stream")
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode, body)
 	assert.Equal(t, "1", resp.Header.Get("X-Fastroute-Worker"), "the engine's own answer")
+	resp, body = openRaw(t, f, "/v1/responses") // a named route: the engine's answer (it has no WebSocket mode)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, body)
+	assert.Equal(t, "1", resp.Header.Get("X-Fastroute-Worker"))
 	resp, body = openRaw(t, f, "/realtime")
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
 	assert.Contains(t, body, `no route \"/realtime\"`)
@@ -248,4 +257,77 @@ func TestWebSocketIdleAndDrain(t *testing.T) {
 	}
 	f.assertIdle()
 	require.Eventually(t, func() bool { return one.open.Load() == 0 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// Many sessions at once, closed by their clients or their engines, leave
+// every count at zero (run under the race detector by make test).
+func TestWebSocketSessionsAtOnce(t *testing.T) {
+	engines := []*wsEngine{startWSEngine(t, "one"), startWSEngine(t, "two")}
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: engines[0].URL}, {ID: 2, URL: engines[1].URL}}
+	})
+	const sessions = 24
+	var wg sync.WaitGroup
+	for i := range sessions {
+		wg.Go(func() {
+			conf, err := websocket.NewConfig("ws://"+f.r.Addr()+"/v1/realtime", "http://localhost/")
+			if !assert.NoError(t, err) {
+				return
+			}
+			ws, err := websocket.DialConfig(conf)
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer ws.Close()
+			_ = ws.SetDeadline(time.Now().Add(10 * time.Second))
+			var msg string
+			assert.NoError(t, websocket.Message.Receive(ws, &msg))
+			for j := range 5 {
+				text := fmt.Sprintf("session %d message %d", i, j)
+				assert.NoError(t, websocket.Message.Send(ws, text))
+				assert.NoError(t, websocket.Message.Receive(ws, &msg))
+				assert.True(t, strings.HasSuffix(msg, ": "+text), msg)
+			}
+			if i%2 == 0 {
+				assert.NoError(t, websocket.Message.Send(ws, "close"))
+				assert.ErrorIs(t, websocket.Message.Receive(ws, &msg), io.EOF)
+			}
+		})
+	}
+	wg.Wait()
+	f.assertIdle()
+	require.Eventually(t, func() bool { return engines[0].open.Load()+engines[1].open.Load() == 0 }, 5*time.Second, 10*time.Millisecond)
+	assert.EqualValues(t, sessions, f.r.Frontend.Metrics().Requests("websocket", "ok"))
+	assert.Equal(t, "0", metric(t, f, "fastroute_websocket_sessions"))
+	for _, id := range []string{"1", "2"} {
+		assert.Equal(t, "0", metric(t, f, `fastroute_worker_connections{worker="`+id+`"}`), "the sessions' connections closed")
+	}
+}
+
+// A session over a TLS front end (wss://) is relayed as a plain one is:
+// read and written through crypto/tls.
+func TestWebSocketOverTLS(t *testing.T) {
+	one := startWSEngine(t, "one")
+	files, pool := writeCert(t, t.TempDir(), 1)
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: one.URL}}
+		c.TLS = files
+	})
+	conf, err := websocket.NewConfig("wss://"+f.r.Addr()+"/v1/realtime", "https://localhost/")
+	require.NoError(t, err)
+	conf.TlsConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	ws, err := websocket.DialConfig(conf)
+	require.NoError(t, err)
+	defer ws.Close()
+	assert.Equal(t, "created by one", receive(t, ws))
+	large := strings.Repeat("pcm16 ", 30000)
+	for _, msg := range []string{"hello", large} {
+		require.NoError(t, websocket.Message.Send(ws, msg))
+		assert.Equal(t, "one: "+msg, receive(t, ws))
+	}
+	require.NoError(t, websocket.Message.Send(ws, "close"))
+	var msg string
+	assert.ErrorIs(t, websocket.Message.Receive(ws, &msg), io.EOF)
+	f.assertIdle()
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("websocket", "ok"))
 }

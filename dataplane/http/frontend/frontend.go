@@ -577,10 +577,10 @@ func (s *Server) other(ctx *fasthttp.RequestCtx, client *apikeys.Client) {
 			" PUT /workers/{id}/loras, or name the path in the routes key to proxy it")
 	case !extra && bytes.HasPrefix(path, responsesPrefix):
 		s.storedResponse(ctx, path[len(responsesPrefix):], client)
-	case isWebSocket(&ctx.Request.Header) && (extra || bytes.HasPrefix(path, v1Prefix)):
-		s.forward(ctx, routeWebSocket, nil, client)
 	case ctx.IsPost() && (extra || bytes.HasPrefix(path, v1Prefix)):
 		s.proxy(ctx, routeOther, client)
+	case isWebSocket(&ctx.Request.Header) && (extra || bytes.HasPrefix(path, v1Prefix)):
+		s.forward(ctx, routeWebSocket, nil, client)
 	case (ctx.IsGet() || ctx.IsHead()) && bytes.HasPrefix(path, modelsPrefix):
 		s.model(ctx, string(path[len(modelsPrefix):]), client)
 	case extra:
@@ -638,13 +638,17 @@ func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
 }
 
 // proxy forwards a POST to the route rt to the worker selection picks
-// (forward).
+// (forward), and opens a WebSocket session there too (OpenAI's Responses
+// API has a WebSocket mode).
 func (s *Server) proxy(ctx *fasthttp.RequestCtx, rt route, client *apikeys.Client) {
-	if !ctx.IsPost() {
+	switch {
+	case ctx.IsPost():
+		s.forward(ctx, rt, nil, client)
+	case isWebSocket(&ctx.Request.Header):
+		s.forward(ctx, routeWebSocket, nil, client)
+	default:
 		methodNotAllowed(ctx, "POST")
-		return
 	}
-	s.forward(ctx, rt, nil, client)
 }
 
 // forward forwards a request to the route rt, about the stored response

@@ -162,7 +162,9 @@ func (ex *exchange) relayTunnel(ctx *fasthttp.RequestCtx, c, up net.Conn, upIn *
 	if cc, ok := conn.(*clientConn); ok {
 		toClient = cc.Conn
 	}
+	st := s.statsOf(ex.res.Worker())
 	s.upConns.Store(up, struct{}{})
+	st.open.Add(1)
 	s.tunnels.Add(1)
 	t := tunnel{idle: s.opts.StreamIdleTimeout}
 	t.last.Store(time.Now().UnixNano())
@@ -197,12 +199,12 @@ func (ex *exchange) relayTunnel(ctx *fasthttp.RequestCtx, c, up net.Conn, upIn *
 		o = first.outcome()
 	}
 	s.upConns.Delete(up)
+	st.open.Add(-1)
 	s.tunnels.Add(-1)
 	_ = up.Close()
 	if o == outcomeUpstreamError {
-		w := ex.res.Worker()
-		s.statsOf(w).failed(failCut)
-		s.reportAnswer(w, false)
+		st.failed(failCut)
+		s.reportAnswer(ex.res.Worker(), false)
 	}
 	ex.finish(o)
 	s.giveBack(conn, c, false)
