@@ -291,3 +291,39 @@ func TestUnheldAdaptersArePlacedAlikeByReplicas(t *testing.T) {
 	assert.Equal(t, 404, resp.StatusCode)
 	readAll(t, resp)
 }
+
+// OpenAI's prompt_cache_key (chat completions, the Responses API) pins a
+// request without a session header as its session id would: the turns of
+// a conversation an agent names so go to the worker whose engine caches
+// its prefix. The header wins over it; one longer than a session id may
+// be, or with session affinity off, routes as if absent.
+func TestPromptCacheKeyIsASession(t *testing.T) {
+	keyed := func(key string) string {
+		return `{"model":"mock-model","prompt_cache_key":"` + key + `","messages":[{"role":"user","content":"hi"}]}`
+	}
+	f := startFleet(t, mocks(3, 1, 0), affinityMode("soft"))
+	first := f.servedBy("/v1/chat/completions", keyed("conversation-1"))
+	for range 5 { // round-robin would rotate; the pin holds
+		assert.Equal(t, first, f.servedBy("/v1/chat/completions", keyed("conversation-1")))
+		assert.Equal(t, first, f.servedBy("/v1/responses", `{"model":"mock-model","prompt_cache_key":"conversation-1","input":"hi"}`))
+	}
+	byHeader := f.servedBy("/v1/chat/completions", chatBody, "x-session-id", "s1")
+	for range 3 {
+		assert.Equal(t, byHeader, f.servedBy("/v1/chat/completions", keyed("conversation-1"), "x-session-id", "s1"), "the header's session")
+	}
+	long := map[string]bool{}
+	for range 3 {
+		long[f.servedBy("/v1/chat/completions", keyed(strings.Repeat("k", 257)))] = true
+	}
+	assert.Len(t, long, 3, "an over-long key pins nothing: round-robin")
+	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, metrics, "\nfastroute_affinity_sessions 2\n")
+	f.assertIdle()
+
+	off := startFleet(t, mocks(3, 1, 0), affinityMode("off"))
+	seen := map[string]bool{}
+	for range 3 {
+		seen[off.servedBy("/v1/chat/completions", keyed("conversation-1"))] = true
+	}
+	assert.Len(t, seen, 3, "affinity off: the key is not read")
+}

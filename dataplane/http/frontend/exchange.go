@@ -27,6 +27,10 @@ import (
 	"github.com/valyala/fastjson"
 )
 
+// promptCacheKey is the body field of OpenAI's chat completions and
+// Responses API that names a request's prompt cache (readRouting).
+const promptCacheKey = "prompt_cache_key"
+
 // Request headers the front end reads.
 const (
 	headerWorkerID = "x-worker-id"
@@ -309,10 +313,11 @@ func (ex *exchange) readForm(contentType, body []byte) error {
 }
 
 // readRouting copies what in a JSON body routes a request into its
-// selection request: the model (a LoRA adapter, maybe), a stored response
-// it continues, the prompt's prefix keys, the embedding inputs' cache keys
-// and the priority that orders the wait queue, each only when routing uses
-// it. It copies into the request's reused buffers, so it
+// selection request: the model (a LoRA adapter, maybe), the
+// prompt_cache_key of a request without a session header as its session,
+// a stored response it continues, the prompt's prefix keys, the embedding
+// inputs' cache keys and the priority that orders the wait queue, each
+// only when routing uses it. It copies into the request's reused buffers, so it
 // allocates nothing once they have grown.
 func (ex *exchange) readRouting(v *fastjson.Value) error {
 	rt := ex.s.sel.Routing()
@@ -326,6 +331,14 @@ func (ex *exchange) readRouting(v *fastjson.Value) error {
 			return errors.New(`field "model" must be a string`)
 		}
 		ex.req.Model = append(ex.req.Model[:0], b...)
+	}
+	if rt.WantsSession() && len(ex.req.Session) == 0 {
+		// OpenAI's hint for its prompt cache, which routes the requests
+		// that share one to one machine: a session id here (one longer
+		// than a session id may be is not read).
+		if k := v.GetStringBytes(promptCacheKey); len(k) <= dataplane.MaxSessionID {
+			ex.req.Session = append(ex.req.Session, k...)
+		}
 	}
 	if ex.creates {
 		if p := v.Get("previous_response_id"); p != nil && p.Type() != fastjson.TypeNull {
