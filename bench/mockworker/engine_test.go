@@ -256,6 +256,16 @@ func TestMetricsDialectsAndLoRAInfo(t *testing.T) {
 	assert.Zero(t, scrape(t, sg, "sglang:num_queue_reqs"))
 	assert.Zero(t, scrape(t, sg, "sglang:token_usage"))
 
+	// trtllm-serve's names and labels, its active-request limit the batch size.
+	tr := startEngine(t, Options{ID: 4, MetricsDialect: "trtllm", Engine: EngineOptions{MaxNumSeqs: 3}})
+	assert.Zero(t, scrape(t, tr, "trtllm_num_requests_running"))
+	assert.Equal(t, 3.0, scrape(t, tr, "trtllm_max_num_active_requests"))
+	resp, err = http.Get(tr.URL() + "/metrics")
+	require.NoError(t, err)
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(b), `trtllm_num_requests_waiting{engine_type="trtllm",model_name="mock-model"} 0`)
+
 	// llama-server's names, without labels: a request in its one slot
 	// processing, the next deferred.
 	ll := startEngine(t, Options{ID: 3, MetricsDialect: "llamacpp", Engine: EngineOptions{MaxNumSeqs: 1, InterTokenLatency: 5 * time.Millisecond}})

@@ -28,7 +28,8 @@ func (w *Worker) Queue() (running, waiting int) {
 func (w *Worker) PrefixCacheHits() float64 { return float64(w.stats().cacheHits) }
 
 // metrics answers /metrics in the Prometheus text format, with the series
-// names and labels of vLLM (default), SGLang or llama.cpp's llama-server.
+// names and labels of vLLM (default), SGLang, TensorRT-LLM's trtllm-serve
+// or llama.cpp's llama-server.
 // Without the engine simulator the requests being answered count as
 // running and none waits.
 func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
@@ -49,6 +50,18 @@ func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
 		metric("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.", st.genTokens)
 		metric("llamacpp:requests_processing", "gauge", "Number of requests processing.", st.running)
 		metric("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", st.waiting)
+	case "trtllm": // trtllm-serve's iteration stats (enable_iter_perf_stats), labelled as it labels them
+		model = fmt.Sprintf("{engine_type=\"trtllm\",model_name=%q}", w.opts.Model)
+		metric("trtllm_num_requests_running", "gauge", "Number of active requests", st.running)
+		metric("trtllm_num_requests_waiting", "gauge", "Number of queued requests", st.waiting)
+		metric("trtllm_kv_cache_utilization", "gauge", "KV cache utilization", st.kvUsage)
+		metric("trtllm_generation_tokens_total", "counter", "Cumulative number of generation (output) tokens produced.", st.genTokens)
+		if w.engine != nil {
+			metric("trtllm_max_num_active_requests", "gauge", "Maximum number of active requests", w.engine.o.MaxNumSeqs)
+		}
+		if st.cacheQueries > 0 {
+			metric("trtllm_kv_cache_hit_rate", "gauge", "KV cache hit rate", float64(st.cacheHits)/float64(st.cacheQueries))
+		}
 	case "sglang":
 		metric("sglang:num_running_reqs", "gauge", "The number of running requests.", st.running)
 		metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", st.waiting)

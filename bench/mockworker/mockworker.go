@@ -35,8 +35,8 @@ type Options struct {
 	// Tokens is then the answer length of requests without max_tokens, and
 	// TokenInterval is unused.
 	Engine EngineOptions
-	// MetricsDialect names the /metrics series: "vllm" (default), "sglang"
-	// or "llamacpp".
+	// MetricsDialect names the /metrics series: "vllm" (default), "sglang",
+	// "trtllm" or "llamacpp".
 	MetricsDialect string
 	// APIKey, as vLLM's --api-key, makes every /v1/ route answer 401
 	// without "Authorization: Bearer <key>"; /health and /metrics stay open.

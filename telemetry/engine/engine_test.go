@@ -92,6 +92,38 @@ sglang:cache_hit_rate{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.42
 sglang:max_running_requests{model_name="meta-llama/Llama-3.1-8B-Instruct"} 48.0
 `
 
+// trtllmPage is TensorRT-LLM's trtllm-serve /prometheus/metrics with
+// enable_iter_perf_stats (the labels its MetricsCollector is given), part
+// of it: two of its histograms and a counter it does not read.
+const trtllmPage = `# HELP trtllm_request_success_total Count of successfully processed requests.
+# TYPE trtllm_request_success_total counter
+trtllm_request_success_total{engine_type="trtllm",finished_reason="stop",model_name="nvidia/Llama-3.1-8B-Instruct-FP8"} 412.0
+# HELP trtllm_e2e_request_latency_seconds Histogram of end to end request latency in seconds.
+# TYPE trtllm_e2e_request_latency_seconds histogram
+trtllm_e2e_request_latency_seconds_bucket{engine_type="trtllm",le="0.3",model_name="nvidia/Llama-3.1-8B-Instruct-FP8"} 3.0
+trtllm_e2e_request_latency_seconds_bucket{engine_type="trtllm",le="+Inf",model_name="nvidia/Llama-3.1-8B-Instruct-FP8"} 412.0
+trtllm_e2e_request_latency_seconds_count{engine_type="trtllm",model_name="nvidia/Llama-3.1-8B-Instruct-FP8"} 412.0
+trtllm_e2e_request_latency_seconds_sum{engine_type="trtllm",model_name="nvidia/Llama-3.1-8B-Instruct-FP8"} 1877.2
+# HELP trtllm_generation_tokens_total Cumulative number of generation (output) tokens produced.
+# TYPE trtllm_generation_tokens_total counter
+trtllm_generation_tokens_total{engine_type="trtllm",model_name="nvidia/Llama-3.1-8B-Instruct-FP8"} 98304.0
+# HELP trtllm_kv_cache_hit_rate KV cache hit rate
+# TYPE trtllm_kv_cache_hit_rate gauge
+trtllm_kv_cache_hit_rate{engine_type="trtllm",model_name="nvidia/Llama-3.1-8B-Instruct-FP8"} 0.61
+# HELP trtllm_kv_cache_utilization KV cache utilization
+# TYPE trtllm_kv_cache_utilization gauge
+trtllm_kv_cache_utilization{engine_type="trtllm",model_name="nvidia/Llama-3.1-8B-Instruct-FP8"} 0.47
+# HELP trtllm_num_requests_running Number of active requests
+# TYPE trtllm_num_requests_running gauge
+trtllm_num_requests_running{engine_type="trtllm",model_name="nvidia/Llama-3.1-8B-Instruct-FP8"} 7.0
+# HELP trtllm_num_requests_waiting Number of queued requests
+# TYPE trtllm_num_requests_waiting gauge
+trtllm_num_requests_waiting{engine_type="trtllm",model_name="nvidia/Llama-3.1-8B-Instruct-FP8"} 3.0
+# HELP trtllm_max_num_active_requests Maximum number of active requests
+# TYPE trtllm_max_num_active_requests gauge
+trtllm_max_num_active_requests{engine_type="trtllm",model_name="nvidia/Llama-3.1-8B-Instruct-FP8"} 64.0
+`
+
 // llamacppPage is llama.cpp's llama-server /metrics with --metrics, of a
 // build that still reported its KV cache (before mid-2025): no labels.
 const llamacppPage = `# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
@@ -161,6 +193,30 @@ func TestParseSGLang(t *testing.T) {
 	assert.Equal(t, 0.42, l.Observe(r, 0).PrefixHitRatio, "the rate SGLang reports")
 	assert.Equal(t, 48.0, l.Observe(r, 0).Slots, "the batch size SGLang reports")
 	assert.Equal(t, 8.0, l.Observe(r, 8).Slots, "max_inflight wins")
+}
+
+func TestParseTRTLLM(t *testing.T) {
+	at := time.Unix(9, 0)
+	r, err := Parse(strings.NewReader(trtllmPage), at)
+	require.NoError(t, err)
+	assert.Equal(t, Reading{At: at, Dialect: "trtllm", Running: 7, Waiting: 3, KVUsage: 0.47, Tokens: 98304, MaxRunning: 64,
+		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: 0.61}, r)
+	var l Learner
+	st := l.Observe(r, 0)
+	assert.Equal(t, 64.0, st.Slots, "the most requests it keeps active")
+	assert.Equal(t, 0.61, st.PrefixHitRatio)
+	// Without iteration stats (enable_iter_perf_stats off) it reports no
+	// load: the worker is routed on the router's own signals.
+	var requestsOnly strings.Builder
+	for _, line := range strings.SplitAfter(trtllmPage, "\n") {
+		if strings.Contains(line, "trtllm_request_success_total") || strings.Contains(line, "trtllm_generation_tokens_total") {
+			requestsOnly.WriteString(line)
+		}
+	}
+	_, err = Parse(strings.NewReader(requestsOnly.String()), at)
+	assert.ErrorIs(t, err, ErrNoLoadSeries)
+	_, err = Parse(strings.NewReader(strings.Replace(trtllmPage, "} 64.0", "} 1e300", 1)), at)
+	assert.ErrorContains(t, err, "trtllm_max_num_active_requests is 1e+300; want a count of requests")
 }
 
 func TestParseLlamaCpp(t *testing.T) {
@@ -416,6 +472,9 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 	llama, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 4, MetricsDialect: "llamacpp"})
 	require.NoError(t, err)
 	defer llama.Close()
+	trt, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 5, MetricsDialect: "trtllm", Engine: mockworker.EngineOptions{MaxNumSeqs: 6}})
+	require.NoError(t, err)
+	defer trt.Close()
 
 	// Three long requests: two run, one waits.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -432,7 +491,7 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 	sc := New(Options{Interval: 20 * time.Millisecond, Timeout: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Targets: func() []Target {
 			return []Target{{ID: 1, URL: busy.URL() + "/metrics"}, {ID: 2, URL: sg.URL() + "/metrics"}, {ID: 3, URL: plain.URL() + "/nope"},
-				{ID: 4, URL: llama.URL() + "/metrics"}}
+				{ID: 4, URL: llama.URL() + "/metrics"}, {ID: 5, URL: trt.URL() + "/metrics"}}
 		},
 		Publish: s.publish})
 	runCtx, stop := context.WithCancel(context.Background())
@@ -462,6 +521,10 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 	info4 := map[string]any{}
 	sc.Describe(4, info4)
 	assert.Equal(t, "llamacpp", info4["engine_source"])
+	require.Eventually(t, func() bool { st, _ := s.get(5); return st != nil }, 5*time.Second, 10*time.Millisecond)
+	st5, _ := s.get(5)
+	assert.Equal(t, "trtllm", st5.Dialect)
+	assert.Equal(t, 6.0, st5.Slots, "from trtllm_max_num_active_requests")
 
 	info := map[string]any{}
 	sc.Describe(3, info)

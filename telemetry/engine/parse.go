@@ -1,6 +1,6 @@
 // Package engine reads what inference engines say of their own load: the
-// Prometheus metrics of vLLM, SGLang and llama.cpp's llama-server
-// (requests running and waiting, KV cache usage, tokens generated, LoRA
+// Prometheus metrics of vLLM, SGLang, TensorRT-LLM's trtllm-serve and
+// llama.cpp's llama-server (requests running and waiting, KV cache usage, tokens generated, LoRA
 // adapters in use). It parses a scrape, learns each engine's speed from
 // successive scrapes, estimates the cost of sending it one more request,
 // and polls a set of engines on a tick.
@@ -27,13 +27,14 @@ import (
 // fullest one's.
 type Reading struct {
 	At      time.Time
-	Dialect string  // "vllm", "sglang" or "llamacpp"
+	Dialect string  // "vllm", "sglang", "trtllm" or "llamacpp"
 	Running float64 // requests in the running batch
 	Waiting float64 // requests queued behind it
 	KVUsage float64 // share of the KV cache in use, 0..1
 	Tokens  float64 // generation tokens ever produced (a counter); -1 when not exported
 	// MaxRunning is the batch size the engine reports (SGLang's
-	// max_running_requests); 0 when it reports none and it is learned.
+	// max_running_requests, trtllm-serve's max_num_active_requests); 0
+	// when it reports none and it is learned.
 	MaxRunning float64
 	Adapters   []string
 	// PrefixQueries and PrefixHits are the prompt tokens the engine looked
@@ -41,7 +42,8 @@ type Reading struct {
 	// not exported.
 	PrefixQueries, PrefixHits float64
 	// PrefixHitRate is the prefix cache's hit rate as the engine reports
-	// it (SGLang's cache_hit_rate, 0..1); -1 when not exported.
+	// it (SGLang's cache_hit_rate, trtllm-serve's kv_cache_hit_rate, 0..1);
+	// -1 when not exported.
 	PrefixHitRate float64
 }
 
@@ -51,7 +53,7 @@ type series struct {
 	running, waiting, tokens        string
 	maxRunning                      string
 	prefixQueries, prefixHits       string   // counters of prompt tokens (vLLM)
-	prefixRate                      string   // a hit rate gauge (SGLang)
+	prefixRate                      string   // a hit rate gauge (SGLang, trtllm-serve)
 	kvUsage                         []string // current name first
 	loraInfo                        string
 	runningAdapters, waitingAdapter string
@@ -67,6 +69,13 @@ var dialects = withBounds([]series{
 	{dialect: "sglang", running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs",
 		tokens: "sglang:generation_tokens_total", kvUsage: []string{"sglang:token_usage"},
 		maxRunning: "sglang:max_running_requests", prefixRate: "sglang:cache_hit_rate"},
+	// TensorRT-LLM's trtllm-serve (the llm-d scheduler's third engine):
+	// its iteration stats, published with enable_iter_perf_stats, give the
+	// active and queued requests, the KV cache's blocks in use, its reuse
+	// rate and the most requests it keeps active.
+	{dialect: "trtllm", running: "trtllm_num_requests_running", waiting: "trtllm_num_requests_waiting",
+		tokens: "trtllm_generation_tokens_total", kvUsage: []string{"trtllm_kv_cache_utilization"},
+		maxRunning: "trtllm_max_num_active_requests", prefixRate: "trtllm_kv_cache_hit_rate"},
 	// llama.cpp's llama-server (--metrics), the CPU engine of choice: the
 	// requests its slots are processing and those deferred until one is
 	// free; builds before mid-2025 also report their KV cache's use. Its
@@ -75,9 +84,9 @@ var dialects = withBounds([]series{
 		tokens: "llamacpp:tokens_predicted_total", kvUsage: []string{"llamacpp:kv_cache_usage_ratio"}},
 })
 
-// ErrNoLoadSeries says a metrics page holds none of vLLM's, SGLang's or
-// llama.cpp's running and waiting series.
-var ErrNoLoadSeries = errors.New("no vLLM, SGLang or llama.cpp running/waiting series in the metrics")
+// ErrNoLoadSeries says a metrics page holds none of vLLM's, SGLang's,
+// trtllm-serve's or llama.cpp's running and waiting series.
+var ErrNoLoadSeries = errors.New("no vLLM, SGLang, trtllm-serve or llama.cpp running/waiting series in the metrics")
 
 // MaxPageBytes bounds a metrics page. vLLM's and SGLang's are tens to a
 // few hundred KiB; a larger one (a metrics_path that names something
@@ -100,7 +109,7 @@ var parsers = sync.Pool{New: func() any {
 	return &p
 }}
 
-// Parse reads a Prometheus text page of vLLM, SGLang or llama.cpp taken at
+// Parse reads a Prometheus text page of vLLM, SGLang, trtllm-serve or llama.cpp taken at
 // at. Only the lines of the series it reads reach the text parser
 // (keepRead).
 func Parse(in io.Reader, at time.Time) (Reading, error) {
