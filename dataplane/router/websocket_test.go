@@ -33,6 +33,7 @@ type wsEngine struct {
 	open   atomic.Int64
 	query  atomic.Value // the last opening request's query
 	header atomic.Value // and its headers
+	conns  sync.Map     // its sessions' connections
 }
 
 func startWSEngine(t *testing.T, name string) *wsEngine {
@@ -70,9 +71,27 @@ func startWSEngine(t *testing.T, name string) *wsEngine {
 			}
 		}
 	}})
-	e.Server = httptest.NewServer(mux)
+	e.Server = httptest.NewUnstartedServer(mux)
+	e.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		if st == http.StateHijacked { // a session's: x/net's server hijacks it
+			e.conns.Store(c, true)
+		}
+	}
+	e.Start()
 	t.Cleanup(e.Close)
 	return e
+}
+
+// reset resets the engine's session connections (a crash: RST, not FIN).
+func (e *wsEngine) reset() {
+	e.conns.Range(func(k, _ any) bool {
+		if tc, ok := k.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		_ = k.(net.Conn).Close()
+		e.conns.Delete(k)
+		return true
+	})
 }
 
 // dialSession opens a WebSocket session through the router at path, with
@@ -330,4 +349,43 @@ func TestWebSocketOverTLS(t *testing.T) {
 	assert.ErrorIs(t, websocket.Message.Receive(ws, &msg), io.EOF)
 	f.assertIdle()
 	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("websocket", "ok"))
+}
+
+// A session stays open while it is quiet for less than the idle bound,
+// however short the opening request's own deadlines (read_timeout,
+// write_timeout) were: they do not carry over to it.
+func TestWebSocketOutlivesTheRequestDeadlines(t *testing.T) {
+	one := startWSEngine(t, "one")
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: one.URL}}
+		c.Limits.StreamIdleTimeout = 5 * time.Second
+		c.Limits.ReadTimeout, c.Limits.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond
+	})
+	ws, _ := dialSession(t, f, "/v1/realtime")
+	time.Sleep(600 * time.Millisecond)
+	require.NoError(t, websocket.Message.Send(ws, "after a pause"))
+	assert.Equal(t, "one: after a pause", receive(t, ws))
+	require.NoError(t, ws.Close())
+	f.assertIdle()
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("websocket", "ok"))
+}
+
+// An engine that crashes mid-session (its connection reset) ends the
+// session as an upstream error, counted against the worker; the client's
+// connection is closed.
+func TestWebSocketEngineCrash(t *testing.T) {
+	one := startWSEngine(t, "one")
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: one.URL}}
+	})
+	ws, _ := dialSession(t, f, "/v1/realtime")
+	require.NoError(t, websocket.Message.Send(ws, "before"))
+	assert.Equal(t, "one: before", receive(t, ws))
+	one.reset()
+	require.NoError(t, ws.SetReadDeadline(time.Now().Add(5*time.Second)))
+	var msg string
+	assert.Error(t, websocket.Message.Receive(ws, &msg), "the client's connection is closed")
+	f.assertIdle()
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("websocket", "upstream_error"))
+	assert.Equal(t, "1", metric(t, f, `fastroute_worker_failures_total{worker="1",reason="cut"}`))
 }

@@ -162,6 +162,7 @@ func (ex *exchange) relayTunnel(ctx *fasthttp.RequestCtx, c, up net.Conn, upIn *
 	if cc, ok := conn.(*clientConn); ok {
 		toClient = cc.Conn
 	}
+	_ = c.SetReadDeadline(time.Time{}) // the request's (read_timeout): the session's reads set their own
 	st := s.statsOf(ex.res.Worker())
 	s.upConns.Store(up, struct{}{})
 	st.open.Add(1)
@@ -263,16 +264,20 @@ func (t *tunnel) armIdle(c net.Conn) {
 	}
 }
 
-// outcome is how the session ended, as this direction saw it: timed out
-// when nothing came either way for the idle bound, an upstream error when
-// the worker's connection failed (not closed: that ends a session), else
-// well.
+// outcome is how the session ended, as the direction that ended first
+// saw it: timed out when nothing came either way for the idle bound; an
+// upstream error when the worker's connection failed (not closed: that
+// ends a session); cancelled when the client's failed under a write (it
+// went away while the worker sent); else well.
 func (e tunnelEnd) outcome() outcome {
+	closed := func(err error) bool { return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) }
 	switch {
 	case isTimeout(e.read):
 		return outcomeTimeout
-	case e.fromWorker && e.read != nil && !errors.Is(e.read, io.EOF) && !errors.Is(e.read, net.ErrClosed):
+	case e.fromWorker && e.read != nil && !closed(e.read), !e.fromWorker && e.write != nil && !closed(e.write):
 		return outcomeUpstreamError
+	case e.fromWorker && e.write != nil:
+		return outcomeCancelled
 	}
 	return outcomeOK
 }
