@@ -118,6 +118,29 @@ func receive(t *testing.T, ws *websocket.Conn) string {
 	return msg
 }
 
+// closeFromEngine has the engine close the session, and checks that its
+// close reaches the client (asserts only: it runs in goroutines too).
+func closeFromEngine(t *testing.T, ws *websocket.Conn) {
+	t.Helper()
+	assert.NoError(t, websocket.Message.Send(ws, "close"))
+	_ = ws.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var msg string
+	assert.ErrorIs(t, websocket.Message.Receive(ws, &msg), io.EOF, "the engine's close reaches the client")
+}
+
+// wsFleet starts an engine named "one" and a router in front of it alone,
+// its config tweaked by tweak (nil: none).
+func wsFleet(t *testing.T, tweak func(*config.Config)) (*wsEngine, *fleet) {
+	t.Helper()
+	one := startWSEngine(t, "one")
+	return one, startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: one.URL}}
+		if tweak != nil {
+			tweak(c)
+		}
+	})
+}
+
 // A WebSocket session (vLLM's realtime API) is routed like a request,
 // holds its worker's reservation while it is open, passes messages both
 // ways whole, large ones too, and releases the reservation however it
@@ -151,10 +174,7 @@ func TestWebSocketSessions(t *testing.T) {
 
 	// The client closes one session, the engine the other: both released.
 	require.NoError(t, a.Close())
-	require.NoError(t, websocket.Message.Send(b, "close"))
-	require.NoError(t, b.SetReadDeadline(time.Now().Add(5*time.Second)))
-	var msg string
-	assert.ErrorIs(t, websocket.Message.Receive(b, &msg), io.EOF, "the engine's close reaches the client")
+	closeFromEngine(t, b)
 	f.assertIdle()
 	require.Eventually(t, func() bool { return engines[0].open.Load()+engines[1].open.Load() == 0 }, 5*time.Second, 10*time.Millisecond,
 		"the client's close reaches the engine")
@@ -222,10 +242,7 @@ func openRaw(t *testing.T, f *fleet, path string) (*http.Response, string) {
 // answered as any answer is, and a session opening request to a path the
 // router does not proxy is a 404 as any request is.
 func TestWebSocketRefused(t *testing.T) {
-	one := startWSEngine(t, "one")
-	f := startFleet(t, nil, func(c *config.Config) {
-		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: one.URL}}
-	})
+	_, f := wsFleet(t, nil)
 	resp, body := openRaw(t, f, "/v1/audio/stream")
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode, body)
 	assert.Equal(t, "1", resp.Header.Get("X-Fastroute-Worker"), "the engine's own answer")
@@ -246,9 +263,7 @@ func TestWebSocketRefused(t *testing.T) {
 // is closed; one where only the engine sends is not. A drain that runs out
 // of time cuts the sessions still open.
 func TestWebSocketIdleAndDrain(t *testing.T) {
-	one := startWSEngine(t, "one")
-	f := startFleet(t, nil, func(c *config.Config) {
-		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: one.URL}}
+	one, f := wsFleet(t, func(c *config.Config) {
 		c.Limits.StreamIdleTimeout = 300 * time.Millisecond
 		c.ShutdownTimeout = 200 * time.Millisecond
 	})
@@ -308,8 +323,7 @@ func TestWebSocketSessionsAtOnce(t *testing.T) {
 				assert.True(t, strings.HasSuffix(msg, ": "+text), msg)
 			}
 			if i%2 == 0 {
-				assert.NoError(t, websocket.Message.Send(ws, "close"))
-				assert.ErrorIs(t, websocket.Message.Receive(ws, &msg), io.EOF)
+				closeFromEngine(t, ws)
 			}
 		})
 	}
@@ -326,10 +340,8 @@ func TestWebSocketSessionsAtOnce(t *testing.T) {
 // A session over a TLS front end (wss://) is relayed as a plain one is:
 // read and written through crypto/tls.
 func TestWebSocketOverTLS(t *testing.T) {
-	one := startWSEngine(t, "one")
 	files, pool := writeCert(t, t.TempDir(), 1)
-	f := startFleet(t, nil, func(c *config.Config) {
-		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: one.URL}}
+	_, f := wsFleet(t, func(c *config.Config) {
 		c.TLS = files
 	})
 	conf, err := websocket.NewConfig("wss://"+f.r.Addr()+"/v1/realtime", "https://localhost/")
@@ -344,9 +356,7 @@ func TestWebSocketOverTLS(t *testing.T) {
 		require.NoError(t, websocket.Message.Send(ws, msg))
 		assert.Equal(t, "one: "+msg, receive(t, ws))
 	}
-	require.NoError(t, websocket.Message.Send(ws, "close"))
-	var msg string
-	assert.ErrorIs(t, websocket.Message.Receive(ws, &msg), io.EOF)
+	closeFromEngine(t, ws)
 	f.assertIdle()
 	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("websocket", "ok"))
 }
@@ -355,9 +365,7 @@ func TestWebSocketOverTLS(t *testing.T) {
 // however short the opening request's own deadlines (read_timeout,
 // write_timeout) were: they do not carry over to it.
 func TestWebSocketOutlivesTheRequestDeadlines(t *testing.T) {
-	one := startWSEngine(t, "one")
-	f := startFleet(t, nil, func(c *config.Config) {
-		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: one.URL}}
+	_, f := wsFleet(t, func(c *config.Config) {
 		c.Limits.StreamIdleTimeout = 5 * time.Second
 		c.Limits.ReadTimeout, c.Limits.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond
 	})
@@ -374,10 +382,7 @@ func TestWebSocketOutlivesTheRequestDeadlines(t *testing.T) {
 // session as an upstream error, counted against the worker; the client's
 // connection is closed.
 func TestWebSocketEngineCrash(t *testing.T) {
-	one := startWSEngine(t, "one")
-	f := startFleet(t, nil, func(c *config.Config) {
-		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: one.URL}}
-	})
+	one, f := wsFleet(t, nil)
 	ws, _ := dialSession(t, f, "/v1/realtime")
 	require.NoError(t, websocket.Message.Send(ws, "before"))
 	assert.Equal(t, "one: before", receive(t, ws))
