@@ -292,12 +292,13 @@ func TestUnheldAdaptersArePlacedAlikeByReplicas(t *testing.T) {
 	readAll(t, resp)
 }
 
-// OpenAI's prompt_cache_key (chat completions, the Responses API) pins a
-// request without a session header as its session id would: the turns of
+// OpenAI's prompt_cache_key (chat completions, the Responses API), or an
+// Anthropic request's metadata.user_id, pins a request without a session
+// header as its session id would: the turns of
 // a conversation an agent names so go to the worker whose engine caches
 // its prefix. The header wins over it; one longer than a session id may
 // be, or with session affinity off, routes as if absent.
-func TestPromptCacheKeyIsASession(t *testing.T) {
+func TestSessionKeysInTheBody(t *testing.T) {
 	keyed := func(key string) string {
 		return `{"model":"mock-model","prompt_cache_key":"` + key + `","messages":[{"role":"user","content":"hi"}]}`
 	}
@@ -311,13 +312,23 @@ func TestPromptCacheKeyIsASession(t *testing.T) {
 	for range 3 {
 		assert.Equal(t, byHeader, f.servedBy("/v1/chat/completions", keyed("conversation-1"), "x-session-id", "s1"), "the header's session")
 	}
+	// Claude Code's metadata.user_id names its session: an Anthropic
+	// request's user is its session id.
+	claude := func(session string) string {
+		return `{"model":"mock-model","max_tokens":8,"metadata":{"user_id":"user_5dd07c33da27e6d2968d94ea20bf47a7b090b6b158b82328d54da2909a108e84_account__session_` +
+			session + `"},"messages":[{"role":"user","content":"hi"}]}`
+	}
+	pinned := f.servedBy("/v1/messages", claude("d2e70091-3007-41a3-a916-cb8b0d3098de"))
+	for range 4 {
+		assert.Equal(t, pinned, f.servedBy("/v1/messages", claude("d2e70091-3007-41a3-a916-cb8b0d3098de")))
+	}
 	long := map[string]bool{}
 	for range 3 {
 		long[f.servedBy("/v1/chat/completions", keyed(strings.Repeat("k", 257)))] = true
 	}
 	assert.Len(t, long, 3, "an over-long key pins nothing: round-robin")
 	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
-	assert.Contains(t, metrics, "\nfastroute_affinity_sessions 2\n")
+	assert.Contains(t, metrics, "\nfastroute_affinity_sessions 3\n")
 	f.assertIdle()
 
 	off := startFleet(t, mocks(3, 1, 0), affinityMode("off"))

@@ -314,7 +314,8 @@ func (ex *exchange) readForm(contentType, body []byte) error {
 
 // readRouting copies what in a JSON body routes a request into its
 // selection request: the model (a LoRA adapter, maybe), the
-// prompt_cache_key of a request without a session header as its session,
+// prompt_cache_key (or an Anthropic request's metadata.user_id) of a
+// request without a session header as its session,
 // a stored response it continues, the prompt's prefix keys, the embedding
 // inputs' cache keys and the priority that orders the wait queue, each
 // only when routing uses it. It copies into the request's reused buffers, so it
@@ -334,9 +335,14 @@ func (ex *exchange) readRouting(v *fastjson.Value) error {
 	}
 	if rt.WantsSession() && len(ex.req.Session) == 0 {
 		// OpenAI's hint for its prompt cache, which routes the requests
-		// that share one to one machine: a session id here (one longer
+		// that share one to one machine, or an Anthropic request's user
+		// (Claude Code's names its session): a session id here (one longer
 		// than a session id may be is not read).
-		if k := v.GetStringBytes(promptCacheKey); len(k) <= dataplane.MaxSessionID {
+		k := v.GetStringBytes(promptCacheKey)
+		if k == nil && ex.rt == routeMessages {
+			k = v.GetStringBytes("metadata", "user_id")
+		}
+		if len(k) <= dataplane.MaxSessionID {
 			ex.req.Session = append(ex.req.Session, k...)
 		}
 	}
