@@ -22,6 +22,8 @@ func FuzzEngineMetricsPage(f *testing.F) {
 		"sglang:generation_tokens_total 7.5e6\nsglang:cache_hit_rate 0.42\n", 1e6, int64(0))
 	f.Add("trtllm_num_requests_running{engine_type=\"trtllm\"} 7\ntrtllm_num_requests_waiting 3\ntrtllm_max_num_active_requests 64\n"+
 		"trtllm_kv_cache_utilization 0.47\ntrtllm_generation_tokens_total 98304\ntrtllm_kv_cache_hit_rate 0.61\n", 2.0, int64(3))
+	f.Add("# TYPE tgi_request_generated_tokens histogram\ntgi_request_generated_tokens_sum 8123\ntgi_request_generated_tokens_count 44\n"+
+		"tgi_batch_current_size 4\ntgi_queue_size 2\n", 5.0, int64(2))
 	f.Add("llamacpp:requests_processing 2\nllamacpp:requests_deferred 3\nllamacpp:tokens_predicted_total 2048\nllamacpp:kv_cache_usage_ratio 0.35\n", 3.0, int64(1))
 	f.Add("vllm:num_requests_running 1e-300\nvllm:num_requests_waiting 0\nvllm:generation_tokens_total 1e300\n", 1e300, int64(-5))
 	f.Add("vllm:num_requests_running NaN\nvllm:num_requests_waiting +Inf\n", 0.0, int64(0))

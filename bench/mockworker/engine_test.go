@@ -266,6 +266,15 @@ func TestMetricsDialectsAndLoRAInfo(t *testing.T) {
 	resp.Body.Close()
 	assert.Contains(t, string(b), `trtllm_num_requests_waiting{engine_type="trtllm",model_name="mock-model"} 0`)
 
+	// TGI's, the tokens generated a histogram's sum.
+	tg := startEngine(t, Options{ID: 5, MetricsDialect: "tgi", Engine: EngineOptions{MaxNumSeqs: 2}})
+	if resp, err := post(ctx, tg.URL(), "/v1/completions", `{"prompt":"x","max_tokens":5}`); assert.NoError(t, err) {
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	assert.Equal(t, 5.0, scrape(t, tg, "tgi_request_generated_tokens_sum"))
+	assert.Zero(t, scrape(t, tg, "tgi_batch_current_size"))
+
 	// llama-server's names, without labels: a request in its one slot
 	// processing, the next deferred.
 	ll := startEngine(t, Options{ID: 3, MetricsDialect: "llamacpp", Engine: EngineOptions{MaxNumSeqs: 1, InterTokenLatency: 5 * time.Millisecond}})

@@ -28,8 +28,8 @@ func (w *Worker) Queue() (running, waiting int) {
 func (w *Worker) PrefixCacheHits() float64 { return float64(w.stats().cacheHits) }
 
 // metrics answers /metrics in the Prometheus text format, with the series
-// names and labels of vLLM (default), SGLang, TensorRT-LLM's trtllm-serve
-// or llama.cpp's llama-server.
+// names and labels of vLLM (default), SGLang, TensorRT-LLM's trtllm-serve,
+// text-generation-inference or llama.cpp's llama-server.
 // Without the engine simulator the requests being answered count as
 // running and none waits.
 func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
@@ -62,6 +62,11 @@ func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
 		if st.cacheQueries > 0 {
 			metric("trtllm_kv_cache_hit_rate", "gauge", "KV cache hit rate", float64(st.cacheHits)/float64(st.cacheQueries))
 		}
+	case "tgi": // as its exporter writes them: no labels, no HELP; the tokens generated a histogram's sum
+		b = fmt.Appendf(b, "# TYPE tgi_queue_size gauge\ntgi_queue_size %v\n# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size %v\n"+
+			"# TYPE tgi_request_generated_tokens histogram\ntgi_request_generated_tokens_bucket{le=\"+Inf\"} %v\n"+
+			"tgi_request_generated_tokens_sum %v\ntgi_request_generated_tokens_count %v\n",
+			st.waiting, st.running, st.finished, st.genTokens, st.finished)
 	case "sglang":
 		metric("sglang:num_running_reqs", "gauge", "The number of running requests.", st.running)
 		metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", st.waiting)

@@ -36,7 +36,7 @@ type Options struct {
 	// TokenInterval is unused.
 	Engine EngineOptions
 	// MetricsDialect names the /metrics series: "vllm" (default), "sglang",
-	// "trtllm" or "llamacpp".
+	// "trtllm", "tgi" or "llamacpp".
 	MetricsDialect string
 	// APIKey, as vLLM's --api-key, makes every /v1/ route answer 401
 	// without "Authorization: Bearer <key>"; /health and /metrics stay open.

@@ -41,7 +41,7 @@ func runMockWorker(args []string) error {
 	fs.IntVar(&e.KVBlocks, "kv-blocks", mockworker.DefaultKVBlocks, "engine: KV cache blocks")
 	fs.IntVar(&e.BlockSize, "block-size", mockworker.DefaultBlockSize, "engine: tokens per KV cache block")
 	fs.IntVar(&e.MaxLoRA, "max-lora", mockworker.DefaultMaxLoRA, "engine: adapters per batch (reported in vllm:lora_requests_info)")
-	fs.StringVar(&o.MetricsDialect, "metrics-dialect", "vllm", "names of the /metrics series: vllm, sglang, trtllm (TensorRT-LLM's trtllm-serve) or llamacpp (llama.cpp's llama-server)")
+	fs.StringVar(&o.MetricsDialect, "metrics-dialect", "vllm", "names of the /metrics series: vllm, sglang, trtllm (TensorRT-LLM's trtllm-serve), tgi (text-generation-inference) or llamacpp (llama.cpp's llama-server)")
 	certFile := fs.String("ssl-certfile", "", "PEM certificate chain: clients speak TLS to the worker (with --ssl-keyfile), as vLLM's --ssl-certfile")
 	keyFile := fs.String("ssl-keyfile", "", "PEM private key of --ssl-certfile")
 	caFile := fs.String("ssl-ca-certs", "", "PEM CA certificates: clients must show a certificate they signed (mutual TLS, as vLLM with --ssl-ca-certs and --ssl-cert-reqs 2)")
@@ -59,8 +59,8 @@ func runMockWorker(args []string) error {
 	if o.FailRate < 0 || o.FailRate > 1 {
 		return fmt.Errorf("--fail-rate %v is outside 0..1", o.FailRate)
 	}
-	if !slices.Contains([]string{"vllm", "sglang", "trtllm", "llamacpp"}, o.MetricsDialect) {
-		return fmt.Errorf("--metrics-dialect %q is not vllm, sglang, trtllm or llamacpp", o.MetricsDialect)
+	if !slices.Contains([]string{"vllm", "sglang", "trtllm", "tgi", "llamacpp"}, o.MetricsDialect) {
+		return fmt.Errorf("--metrics-dialect %q is not vllm, sglang, trtllm, tgi or llamacpp", o.MetricsDialect)
 	}
 	if !(e.Speed > 0) || e.LoadFactor < 0 || e.MaxNumSeqs < 0 {
 		return fmt.Errorf("--speed must be positive, --load-factor and --max-num-seqs not negative")

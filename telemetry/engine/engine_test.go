@@ -124,6 +124,30 @@ trtllm_num_requests_waiting{engine_type="trtllm",model_name="nvidia/Llama-3.1-8B
 trtllm_max_num_active_requests{engine_type="trtllm",model_name="nvidia/Llama-3.1-8B-Instruct-FP8"} 64.0
 `
 
+// tgiPage is text-generation-inference's /metrics (as its Prometheus
+// exporter writes it: no labels, no HELP lines), part of it.
+const tgiPage = `# TYPE tgi_request_count counter
+tgi_request_count 52
+# TYPE tgi_request_success counter
+tgi_request_success 44
+# TYPE tgi_queue_size gauge
+tgi_queue_size 2
+# TYPE tgi_batch_current_size gauge
+tgi_batch_current_size 4
+# TYPE tgi_batch_current_max_tokens gauge
+tgi_batch_current_max_tokens 2048
+# TYPE tgi_request_generated_tokens histogram
+tgi_request_generated_tokens_bucket{le="1"} 0
+tgi_request_generated_tokens_bucket{le="256"} 31
+tgi_request_generated_tokens_bucket{le="+Inf"} 44
+tgi_request_generated_tokens_sum 8123
+tgi_request_generated_tokens_count 44
+# TYPE tgi_request_input_length histogram
+tgi_request_input_length_bucket{le="+Inf"} 44
+tgi_request_input_length_sum 30211
+tgi_request_input_length_count 44
+`
+
 // llamacppPage is llama.cpp's llama-server /metrics with --metrics, of a
 // build that still reported its KV cache (before mid-2025): no labels.
 const llamacppPage = `# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
@@ -217,6 +241,16 @@ func TestParseTRTLLM(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNoLoadSeries)
 	_, err = Parse(strings.NewReader(strings.Replace(trtllmPage, "} 64.0", "} 1e300", 1)), at)
 	assert.ErrorContains(t, err, "trtllm_max_num_active_requests is 1e+300; want a count of requests")
+}
+
+func TestParseTGI(t *testing.T) {
+	at := time.Unix(11, 0)
+	r, err := Parse(strings.NewReader(tgiPage), at)
+	require.NoError(t, err)
+	assert.Equal(t, Reading{At: at, Dialect: "tgi", Running: 4, Waiting: 2, Tokens: 8123,
+		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1}, r)
+	_, err = Parse(strings.NewReader(strings.Replace(tgiPage, "_sum 8123", "_sum -1", 1)), at)
+	assert.ErrorContains(t, err, "tgi_request_generated_tokens_sum is -1; want a counter's value")
 }
 
 func TestParseLlamaCpp(t *testing.T) {
@@ -475,6 +509,9 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 	trt, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 5, MetricsDialect: "trtllm", Engine: mockworker.EngineOptions{MaxNumSeqs: 6}})
 	require.NoError(t, err)
 	defer trt.Close()
+	tgi, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 6, MetricsDialect: "tgi"})
+	require.NoError(t, err)
+	defer tgi.Close()
 
 	// Three long requests: two run, one waits.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -491,7 +528,8 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 	sc := New(Options{Interval: 20 * time.Millisecond, Timeout: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Targets: func() []Target {
 			return []Target{{ID: 1, URL: busy.URL() + "/metrics"}, {ID: 2, URL: sg.URL() + "/metrics"}, {ID: 3, URL: plain.URL() + "/nope"},
-				{ID: 4, URL: llama.URL() + "/metrics"}, {ID: 5, URL: trt.URL() + "/metrics"}}
+				{ID: 4, URL: llama.URL() + "/metrics"}, {ID: 5, URL: trt.URL() + "/metrics"},
+				{ID: 6, URL: tgi.URL() + "/metrics"}}
 		},
 		Publish: s.publish})
 	runCtx, stop := context.WithCancel(context.Background())
@@ -525,6 +563,9 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 	st5, _ := s.get(5)
 	assert.Equal(t, "trtllm", st5.Dialect)
 	assert.Equal(t, 6.0, st5.Slots, "from trtllm_max_num_active_requests")
+	require.Eventually(t, func() bool { st, _ := s.get(6); return st != nil }, 5*time.Second, 10*time.Millisecond)
+	st6, _ := s.get(6)
+	assert.Equal(t, "tgi", st6.Dialect)
 
 	info := map[string]any{}
 	sc.Describe(3, info)

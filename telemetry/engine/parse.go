@@ -1,6 +1,7 @@
 // Package engine reads what inference engines say of their own load: the
-// Prometheus metrics of vLLM, SGLang, TensorRT-LLM's trtllm-serve and
-// llama.cpp's llama-server (requests running and waiting, KV cache usage, tokens generated, LoRA
+// Prometheus metrics of vLLM, SGLang, TensorRT-LLM's trtllm-serve, Hugging
+// Face's text-generation-inference and llama.cpp's llama-server (requests
+// running and waiting, KV cache usage, tokens generated, LoRA
 // adapters in use). It parses a scrape, learns each engine's speed from
 // successive scrapes, estimates the cost of sending it one more request,
 // and polls a set of engines on a tick.
@@ -27,7 +28,7 @@ import (
 // fullest one's.
 type Reading struct {
 	At      time.Time
-	Dialect string  // "vllm", "sglang", "trtllm" or "llamacpp"
+	Dialect string  // "vllm", "sglang", "trtllm", "tgi" or "llamacpp"
 	Running float64 // requests in the running batch
 	Waiting float64 // requests queued behind it
 	KVUsage float64 // share of the KV cache in use, 0..1
@@ -76,6 +77,12 @@ var dialects = withBounds([]series{
 	{dialect: "trtllm", running: "trtllm_num_requests_running", waiting: "trtllm_num_requests_waiting",
 		tokens: "trtllm_generation_tokens_total", kvUsage: []string{"trtllm_kv_cache_utilization"},
 		maxRunning: "trtllm_max_num_active_requests", prefixRate: "trtllm_kv_cache_hit_rate"},
+	// Hugging Face's text-generation-inference: its batch and its queue;
+	// the tokens it generated are the sum of a histogram's observations
+	// (read as a series of its own: the histogram's other lines are not),
+	// and it reports no KV cache use nor its batch size: learned.
+	{dialect: "tgi", running: "tgi_batch_current_size", waiting: "tgi_queue_size",
+		tokens: "tgi_request_generated_tokens_sum"},
 	// llama.cpp's llama-server (--metrics), the CPU engine of choice: the
 	// requests its slots are processing and those deferred until one is
 	// free; builds before mid-2025 also report their KV cache's use. Its
@@ -84,9 +91,9 @@ var dialects = withBounds([]series{
 		tokens: "llamacpp:tokens_predicted_total", kvUsage: []string{"llamacpp:kv_cache_usage_ratio"}},
 })
 
-// ErrNoLoadSeries says a metrics page holds none of vLLM's, SGLang's,
-// trtllm-serve's or llama.cpp's running and waiting series.
-var ErrNoLoadSeries = errors.New("no vLLM, SGLang, trtllm-serve or llama.cpp running/waiting series in the metrics")
+// ErrNoLoadSeries says a metrics page holds none of the running and
+// waiting series of the engines Parse reads.
+var ErrNoLoadSeries = errors.New("no vLLM, SGLang, trtllm-serve, TGI or llama.cpp running/waiting series in the metrics")
 
 // MaxPageBytes bounds a metrics page. vLLM's and SGLang's are tens to a
 // few hundred KiB; a larger one (a metrics_path that names something
@@ -109,7 +116,7 @@ var parsers = sync.Pool{New: func() any {
 	return &p
 }}
 
-// Parse reads a Prometheus text page of vLLM, SGLang, trtllm-serve or llama.cpp taken at
+// Parse reads a Prometheus text page of vLLM, SGLang, trtllm-serve, TGI or llama.cpp taken at
 // at. Only the lines of the series it reads reach the text parser
 // (keepRead).
 func Parse(in io.Reader, at time.Time) (Reading, error) {
