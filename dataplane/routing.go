@@ -156,8 +156,9 @@ func (rt *Routing) resolve(snap *Snapshot, req *Request) error {
 }
 
 // routeSession applies the session's pin: hard (the pinned worker or an
-// error) or soft (preferred while free); a session pinned nowhere here
-// prefers the worker every router places it on. A prefill's pin is soft in
+// error) or soft (preferred while free; a SessionHint's while near the
+// least loaded, and never hard); a session pinned nowhere here prefers the
+// worker every router places it on. A prefill's pin is soft in
 // both modes: a prefill worker holds no state the decode needs, only a
 // prefix cache worth reusing.
 func (rt *Routing) routeSession(snap *Snapshot, req *Request) error {
@@ -167,7 +168,7 @@ func (rt *Routing) routeSession(snap *Snapshot, req *Request) error {
 	if req.WorkerID != 0 {
 		return nil
 	}
-	hard := rt.SessionMode == affinity.Hard && req.Phase != PhasePrefill
+	hard := rt.SessionMode == affinity.Hard && req.Phase != PhasePrefill && !req.SessionHint
 	pin, st := rt.Sessions.Get(req.Session)
 	switch {
 	case st == affinity.Pinned && hard:
@@ -185,6 +186,7 @@ func (rt *Routing) routeSession(snap *Snapshot, req *Request) error {
 			req.preferID = id
 		}
 	}
+	req.preferBounded = req.SessionHint && req.preferID != 0
 	return nil
 }
 
@@ -295,6 +297,7 @@ func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (
 	pre.group = dec.group
 	if len(dec.Session) > 0 {
 		pre.Session = append(append(pre.Session[:0], dec.Session...), prefillPin...)
+		pre.SessionHint = dec.SessionHint
 	}
 	if err = s.routeAndPick(rt, snap, pre, preRes); err == nil {
 		return true, nil

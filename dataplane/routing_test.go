@@ -340,6 +340,55 @@ func TestSoftSessionPinYieldsWhileBusy(t *testing.T) {
 	assertIdle(t, reg)
 }
 
+// A session hint (a key from the body, which many clients may share) is
+// preferred only while its worker is within the slack of the least
+// loaded, and is never a hard pin: beyond, the picker decides; the session
+// header's pin is preferred while its worker is free.
+func TestASessionHintYieldsBeyondTheSlack(t *testing.T) {
+	for _, mode := range []affinity.Mode{affinity.Soft, affinity.Hard} {
+		reg := newFleet(t, 4)
+		sel := newSelector(t, reg, pickers.ModeLeastLoaded, 64)
+		sel.SetRouting(Routing{Sessions: affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 100}),
+			SessionMode: mode, SessionHeader: "x-session-id", PrefixSlack: 2})
+		hinted := func() uint64 {
+			req := Request{Session: []byte("app-key"), SessionHint: true}
+			var res Reservation
+			require.NoError(t, sel.Select(&req, &res), "%s", mode)
+			sel.Answered(&req, &res)
+			res.Release()
+			return res.Worker().ID()
+		}
+		first := hinted()
+		assert.Equal(t, first, hinted(), "%s: preferred while near the least loaded", mode)
+		held := make([]Reservation, 3)
+		for i := range held {
+			require.NoError(t, sel.Select(&Request{WorkerID: first}, &held[i]))
+			if i == 1 {
+				assert.Equal(t, first, hinted(), "%s: 2 more than the least loaded is within a slack of 2", mode)
+			}
+		}
+		assert.NotEqual(t, first, hinted(), "%s: 3 more is not: the hint yields, and is no hard pin", mode)
+		for i := range held {
+			held[i].Release()
+		}
+	}
+	// The header's session stays on its free worker however busy it is.
+	reg := newFleet(t, 4)
+	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 64)
+	sel.SetRouting(Routing{Sessions: affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 100}),
+		SessionMode: affinity.Soft, SessionHeader: "x-session-id", PrefixSlack: 2})
+	first := selectAnswered(t, sel, "s")
+	held := make([]Reservation, 3)
+	for i := range held {
+		require.NoError(t, sel.Select(&Request{WorkerID: first}, &held[i]))
+	}
+	assert.Equal(t, first, selectAnswered(t, sel, "s"))
+	for i := range held {
+		held[i].Release()
+	}
+	assertIdle(t, reg)
+}
+
 func TestEmbeddingCacheSteersToTheHolderOfMostInputs(t *testing.T) {
 	reg := newFleet(t, 4)
 	sel := newSelector(t, reg, pickers.ModeRoundRobin, 0)
@@ -497,6 +546,17 @@ func TestRoutedSelectDoesNotAllocate(t *testing.T) {
 		res.Release()
 	})
 	assert.Zero(t, n, "a base model's group")
+
+	n = testing.AllocsPerRun(1000, func() {
+		req.Reset()
+		req.Session, req.SessionHint = append(req.Session, "app-key"...), true
+		if err := msel.Select(&req, &res); err != nil {
+			t.Fatal(err)
+		}
+		msel.Answered(&req, &res)
+		res.Release()
+	})
+	assert.Zero(t, n, "a session hint, held to the slack")
 }
 
 // BenchmarkLoRAPick holds the "LoRA filter + pick ≤ 100 ns at 64 workers and

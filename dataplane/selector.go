@@ -23,6 +23,13 @@ type Request struct {
 	// Session is the request's session id (ignored while session affinity
 	// is off): its pin, else the worker its id hashes to.
 	Session []byte
+	// SessionHint marks a Session that is a key the client's library set
+	// in the body (OpenAI's prompt_cache_key), not the session header: many
+	// clients may share one (an application's), so its worker is never a
+	// hard pin and is preferred only while it is within
+	// Routing.PrefixSlack requests of the least loaded candidate, as a
+	// prompt prefix's is.
+	SessionHint bool
 	// CacheKeys are the keys of an embedding request's inputs: the worker
 	// that served most of them is preferred.
 	CacheKeys []uint64
@@ -60,6 +67,7 @@ type Request struct {
 	preferID      uint64
 	preferRank    int
 	hasPreferRank bool
+	preferBounded bool // preferID is a SessionHint's: within Routing.PrefixSlack only
 	prefixID      uint64
 	group         *Group
 	hard          bool
@@ -79,6 +87,7 @@ type Request struct {
 // (nExclude bounds the first, selectFiltered resets the second).
 func (r *Request) Reset() {
 	r.Model, r.Session, r.CacheKeys, r.Response = r.Model[:0], r.Session[:0], r.CacheKeys[:0], r.Response[:0]
+	r.SessionHint, r.preferBounded = false, false
 	r.PrefixKeys, r.prefixID = r.PrefixKeys[:0], 0
 	r.WorkerID, r.DPRank, r.HasDPRank, r.Phase, r.Query = 0, 0, false, PhaseAny, false
 	r.preferID, r.preferRank, r.hasPreferRank = 0, 0, false
@@ -317,7 +326,7 @@ func (s *Selector) pick(snap *Snapshot, req *Request, res *Reservation) error {
 		if i := snap.index(req.preferID); i >= 0 {
 			w := snap.workers[i]
 			inGroup := req.group == nil || req.group.contains(w.spec.ID)
-			if inGroup && s.admits(req, w) && w.tryAcquire(p.limit(w)) {
+			if inGroup && s.admits(req, w) && (!req.preferBounded || s.nearLeast(req, base, w)) && w.tryAcquire(p.limit(w)) {
 				return s.holdRank(req, w, res, req.preferRank, req.hasPreferRank)
 			}
 		}
@@ -362,6 +371,14 @@ func (s *Selector) prefixHolder(p *policy, snap *Snapshot, base *candidates, req
 	}
 	s.prefixPassed.Add(1)
 	return nil
+}
+
+// nearLeast reports whether worker w, a candidate of c, is within
+// Routing.PrefixSlack requests of the least busy candidate req may go to
+// (withinSlack).
+func (s *Selector) nearLeast(req *Request, c *candidates, w *Worker) bool {
+	h := c.index(w.spec.ID)
+	return h >= 0 && s.withinSlack(req, c, h, s.routing.Load().PrefixSlack)
 }
 
 // withinSlack reports whether candidate h of c is no busier than the least

@@ -297,8 +297,8 @@ func storedOn(reg *dataplane.Registry, responses *affinity.Table, id []byte) (ui
 // hard session pins and stored responses — with random residency changes,
 // drains and releases: a LoRA pick always holds the adapter, a hard-pinned
 // request, and one naming a response stored on a registered worker, gets
-// that worker or an error (never another worker), and every occupancy and
-// adapter load returns to 0.
+// that worker or an error (never another worker), a session hint's pin is
+// no hard pin, and every occupancy and adapter load returns to 0.
 func FuzzStickySelection(f *testing.F) {
 	f.Add([]byte{0x01, 0x12, 0x23, 0x34, 0x45, 0x56, 0x67, 0x78})
 	f.Add([]byte{0xf0, 0xe1, 0xd2, 0xc3, 0xb4, 0xa5, 0x96, 0x87, 0x00, 0x11})
@@ -338,6 +338,9 @@ func FuzzStickySelection(f *testing.F) {
 					continue
 				}
 				req := dataplane.Request{Model: []byte(name), Session: fmt.Appendf(nil, "s%d", arg%5)}
+				if arg&4 != 0 { // a session hint (prompt_cache_key): never a hard pin
+					req.Session, req.SessionHint = fmt.Appendf(nil, "h%d", arg%5), true
+				}
 				if arg&8 != 0 {
 					req.Response = fmt.Appendf(nil, "r%d", arg%3)
 				}
@@ -354,7 +357,7 @@ func FuzzStickySelection(f *testing.F) {
 				switch {
 				case known && w.ID() != stored:
 					t.Fatalf("response %s stored on %d answered by %d", req.Response, stored, w.ID())
-				case !known && st == affinity.Pinned && w.ID() != pin.Worker:
+				case !known && st == affinity.Pinned && !req.SessionHint && w.ID() != pin.Worker:
 					t.Fatalf("hard pin to %d answered by %d", pin.Worker, w.ID())
 				}
 				sel.Answered(&req, r)

@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/pickers"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -337,4 +339,37 @@ func TestSessionKeysInTheBody(t *testing.T) {
 		seen[off.servedBy("/v1/chat/completions", keyed("conversation-1"))] = true
 	}
 	assert.Len(t, seen, 3, "affinity off: the key is not read")
+}
+
+// A key many clients share (one per application, as OpenAI's documentation
+// allows) does not pile their requests on one worker: its worker takes them
+// only while it is within router.prefix_affinity.slack (4) requests of the
+// least loaded, and least-loaded places the rest. Even in hard mode.
+func TestASharedPromptCacheKeyDoesNotPileUp(t *testing.T) {
+	f := startFleet(t, mocks(3, 40, 25*time.Millisecond), func(c *config.Config) {
+		c.Router.SessionAffinity.Mode = "hard"
+		c.Router.Mode = pickers.ModeLeastLoaded
+	})
+	body := `{"model":"mock-model","prompt_cache_key":"rag-app-v1","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	const n = 12
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			resp := f.post("/v1/chat/completions", body)
+			text := readAll(t, resp)
+			assert.Equal(t, http.StatusOK, resp.StatusCode, text)
+		})
+	}
+	occupancy := func() (total, most int64) {
+		for _, w := range f.r.Registry.All() {
+			total += w.Occupancy()
+			most = max(most, w.Occupancy())
+		}
+		return total, most
+	}
+	require.Eventually(t, func() bool { total, _ := occupancy(); return total == n }, 5*time.Second, time.Millisecond)
+	_, most := occupancy()
+	assert.LessOrEqual(t, most, int64(n/3+4), "no worker holds more than its share and the slack")
+	wg.Wait()
+	f.assertIdle()
 }

@@ -333,17 +333,19 @@ func (ex *exchange) readRouting(v *fastjson.Value) error {
 		}
 		ex.req.Model = append(ex.req.Model[:0], b...)
 	}
-	if rt.WantsSession() && len(ex.req.Session) == 0 {
+	if rt.WantsSession() && !rt.WantsPrefixKeys() && len(ex.req.Session) == 0 {
 		// OpenAI's hint for its prompt cache, which routes the requests
-		// that share one to one machine, or an Anthropic request's user
-		// (Claude Code's names its session): a session id here (one longer
-		// than a session id may be is not read).
+		// that share one to one machine while it keeps up, or an Anthropic
+		// request's user (Claude Code's names its session): a session
+		// hint here (one longer than a session id may be is not read).
+		// With prefix affinity on, the prompt's own prefixes route instead.
 		k := v.GetStringBytes(promptCacheKey)
 		if k == nil && ex.rt == routeMessages {
 			k = v.GetStringBytes("metadata", "user_id")
 		}
-		if len(k) <= dataplane.MaxSessionID {
+		if len(k) > 0 && len(k) <= dataplane.MaxSessionID {
 			ex.req.Session = append(ex.req.Session, k...)
+			ex.req.SessionHint = true
 		}
 	}
 	if ex.creates {
