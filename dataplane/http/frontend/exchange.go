@@ -315,11 +315,11 @@ func (ex *exchange) readForm(contentType, body []byte) error {
 // readRouting copies what in a JSON body routes a request into its
 // selection request: the model (a LoRA adapter, maybe), the
 // prompt_cache_key (or an Anthropic request's metadata.user_id) of a
-// request without a session header as its session,
-// a stored response it continues, the prompt's prefix keys, the embedding
-// inputs' cache keys and the priority that orders the wait queue, each
-// only when routing uses it. It copies into the request's reused buffers, so it
-// allocates nothing once they have grown.
+// request without a session header as its session hint, a stored response
+// it continues, the prompt's prefix keys, the embedding inputs' cache keys
+// and the priority that orders the wait queue, each only when routing uses
+// it. It copies into the request's reused buffers, so it allocates nothing
+// once they have grown.
 func (ex *exchange) readRouting(v *fastjson.Value) error {
 	rt := ex.s.sel.Routing()
 	m, err := onlyMember(v, "model")
