@@ -281,6 +281,21 @@ func TestDPRank(t *testing.T) {
 	}
 	assertIdle(t, reg)
 
+	// One rank busy: the two idle ones take turns, evenly.
+	for busy := range 3 {
+		require.NoError(t, sel.Select(&Request{WorkerID: 1, DPRank: busy, HasDPRank: true}, &held[0]))
+		taken := map[int]int{}
+		for range 12 {
+			require.NoError(t, sel.Select(&Request{}, &res))
+			taken[res.Rank()]++
+			res.Release()
+		}
+		held[0].Release()
+		want := map[int]int{(busy + 1) % 3: 6, (busy + 2) % 3: 6}
+		assert.Equal(t, want, taken, "rank %d busy", busy)
+	}
+	assertIdle(t, reg)
+
 	require.NoError(t, sel.Select(&Request{WorkerID: 1, DPRank: 2, HasDPRank: true}, &res))
 	assert.Equal(t, 2, res.Rank())
 	res.Release()

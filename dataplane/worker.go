@@ -264,7 +264,7 @@ type Worker struct {
 	healthy  atomic.Bool
 	draining atomic.Bool
 	weight   atomic.Uint64              // float64 bits of the telemetry weight
-	dpNext   atomic.Uint64              // where the next search for a rank starts (leastLoadedRank)
+	dpNext   atomic.Uint64              // where the next search for a rank starts: past the rank chosen last (leastLoadedRank)
 	ranks    []atomic.Int64             // the requests in flight on each data-parallel rank (dp_size > 1; nil: none)
 	adv      atomic.Pointer[Advertised] // what its /v1/models lists
 	declared atomic.Pointer[[]string]   // adapters set through the admin API; nil: the spec's
@@ -414,16 +414,19 @@ func (w *Worker) Models() []string {
 
 // leastLoadedRank returns the data-parallel rank for a request that names
 // none: the one with the fewest of the router's requests in flight, the
-// search starting one rank further each time, so that ties take turns
-// (and requests that end before the next comes go round the ranks). The
-// engine gets it in its rank header, which overrides the balancing of its
-// own front end (vLLM's, SGLang's), so it had better weigh the ranks' load.
+// search starting past the rank chosen last, so that ties take turns
+// (requests that end before the next comes go round the ranks, and the
+// idle ranks beside a busy one share its overflow evenly: a search that
+// started one rank further each time took the rank after the busy one
+// twice as often as the others). The engine gets it in its rank header,
+// which overrides the balancing of its own front end (vLLM's, SGLang's),
+// so it had better weigh the ranks' load.
 func (w *Worker) leastLoadedRank() int {
 	n := len(w.ranks)
 	if n == 0 {
 		return 0
 	}
-	best := int((w.dpNext.Add(1) - 1) % uint64(n))
+	best := int(w.dpNext.Load() % uint64(n))
 	least := w.ranks[best].Load()
 	for i := 1; i < n && least > 0; i++ {
 		r := (best + i) % n
@@ -431,6 +434,7 @@ func (w *Worker) leastLoadedRank() int {
 			best, least = r, v
 		}
 	}
+	w.dpNext.Store(uint64(best + 1))
 	return best
 }
 
