@@ -213,6 +213,14 @@ func (s *WorkerSpec) Address() string {
 	return net.JoinHostPort(u.Hostname(), "80")
 }
 
+// NameCacheTime is how long the addresses a worker URL's host name
+// resolved to are used before the name is looked up again, by the proxy's
+// connects and the health prober's: a worker that moved (a container or a
+// pod restarted elsewhere) is reached at its new address within it, and
+// its old one, which another engine may have taken, is left. fasthttp's
+// own cache holds a name for a minute; Envoy refreshes its DNS every 5 s.
+const NameCacheTime = 5 * time.Second
+
 // Hostname is Host without its port.
 func (s *WorkerSpec) Hostname() string {
 	if s.Socket() != "" {

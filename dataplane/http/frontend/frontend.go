@@ -6,6 +6,7 @@ package frontend
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -44,6 +45,9 @@ type Options struct {
 	WriteTimeout   time.Duration // client response write
 	IdleTimeout    time.Duration // keep-alive idle
 	ConnectTimeout time.Duration // dial to a worker
+	// NameCacheTime is how long a worker's host name's addresses are used
+	// before it is looked up again (0: dataplane.NameCacheTime).
+	NameCacheTime time.Duration
 	// DialsPerWorker bounds the connects in flight to one worker (0:
 	// DefaultDialsPerWorker); the others wait their turn (up to
 	// FirstByteTimeout) instead of all racing for its accept queue.
@@ -160,7 +164,8 @@ type Server struct {
 	fullSaid   atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
 	proxySaid  atomic.Int64         // when a connection refused for its PROXY protocol header was last logged (Unix ns)
 	log        *slog.Logger
-	dial       func(addr string, timeout time.Duration) (net.Conn, error) // fasthttp.DialDualStackTimeout; tests count dials
+	dial       func(addr string, timeout time.Duration) (net.Conn, error) // names.DialDualStackTimeout; tests count dials
+	names      *fasthttp.TCPDialer                                        // connects to workers, both address families, their names looked up every NameCacheTime
 }
 
 // New returns a Server; call Serve to start it.
@@ -186,10 +191,11 @@ func New(opts Options) *Server {
 		queue:     newWaitQueue(opts.QueueSize, opts.QueueTimeout),
 		log:       opts.Logger,
 		access:    opts.AccessLog,
-		dial:      fasthttp.DialDualStackTimeout,
+		names:     &fasthttp.TCPDialer{DNSCacheDuration: cmp.Or(opts.NameCacheTime, dataplane.NameCacheTime)},
 		cors:      newCORS(opts.CORSOrigins),
 		keys:      opts.APIKeys,
 	}
+	s.dial = s.names.DialDualStackTimeout
 	if opts.WorkerAPIKey != "" {
 		s.workerAuth = []byte("Bearer " + opts.WorkerAPIKey)
 	}

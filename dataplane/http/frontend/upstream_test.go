@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -259,4 +260,66 @@ func TestRequestsAndTheClosesOfIdleConnectionsRace(t *testing.T) {
 	assert.LessOrEqual(t, st.closedByWorker.Value(), st.connects.Value())
 	t.Logf("%d connections opened, %d closed by the worker before a request went on them, %d requests on connections it had closed",
 		st.connects.Value(), st.closedByWorker.Value(), late.Load())
+}
+
+// movedResolver resolves every name to the address it holds now.
+type movedResolver struct{ ip atomic.Value }
+
+func (r *movedResolver) LookupIPAddr(context.Context, string) ([]net.IPAddr, error) {
+	return []net.IPAddr{{IP: net.ParseIP(r.ip.Load().(string))}}, nil
+}
+
+// namedWorker listens at addr and answers each request with name, closing
+// the connection after it: every request is a new connect.
+func namedWorker(t *testing.T, addr, name string) {
+	ln, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if req, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+					_, _ = io.Copy(io.Discard, req.Body)
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(name), name)
+				}
+			}()
+		}
+	}()
+}
+
+// A worker named by a host name is looked up again once its addresses are
+// NameCacheTime old: when it moves to another address (its container
+// restarted), new connections go there, not to its old address for
+// fasthttp's minute.
+func TestAWorkerNameIsLookedUpAgain(t *testing.T) {
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := probe.Addr().(*net.TCPAddr).Port
+	probe.Close()
+	namedWorker(t, fmt.Sprintf("127.0.0.1:%d", port), "old")
+	namedWorker(t, fmt.Sprintf("127.0.0.2:%d", port), "new") // all of 127/8 is loopback on Linux
+	var names movedResolver
+	names.ip.Store("127.0.0.1")
+	_, _, url := serveOne(t, fmt.Sprintf("engine.fastroute.test:%d", port), Options{NameCacheTime: 500 * time.Millisecond}, nil,
+		func(s *Server, ln net.Listener) net.Listener {
+			s.names.Resolver = &names
+			return ln
+		})
+	answer := func() string {
+		resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","messages":[]}`))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	assert.Equal(t, "old", answer())
+	names.ip.Store("127.0.0.2") // the worker moved
+	assert.Equal(t, "old", answer(), "its old address, for NameCacheTime")
+	time.Sleep(600 * time.Millisecond)
+	assert.Equal(t, "new", answer(), "its new address, once looked up again")
 }
