@@ -394,3 +394,33 @@ func TestWebSocketEngineCrash(t *testing.T) {
 	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("websocket", "upstream_error"))
 	assert.Equal(t, "1", metric(t, f, `fastroute_worker_failures_total{worker="1",reason="cut"}`))
 }
+
+// A browser, which cannot set Authorization on a WebSocket, names its API
+// key among its subprotocols as OpenAI's realtime API takes it; the key
+// goes no further: the engine is offered the other subprotocols (x/net's
+// server refuses a handshake that offers it more than one) and gets the
+// workers' key.
+func TestWebSocketKeyAmongTheSubprotocols(t *testing.T) {
+	one, f := wsFleet(t, func(c *config.Config) {
+		c.APIKeysFile = keysFile(t, "team-a "+teamAKey)
+		c.WorkerAPIKey = "sk-engines"
+	})
+	conf, err := websocket.NewConfig("ws://"+f.r.Addr()+"/v1/realtime", "https://app.example/")
+	require.NoError(t, err)
+	conf.Protocol = []string{"realtime", "openai-insecure-api-key." + teamAKey}
+	ws, err := websocket.DialConfig(conf)
+	require.NoError(t, err)
+	defer ws.Close()
+	assert.Equal(t, "created by one", receive(t, ws))
+	h := one.header.Load().(http.Header)
+	assert.Equal(t, "realtime", h.Get("Sec-WebSocket-Protocol"), "the key is not offered on")
+	assert.Equal(t, "Bearer sk-engines", h.Get("Authorization"))
+	require.NoError(t, websocket.Message.Send(ws, "hi"))
+	assert.Equal(t, "one: hi", receive(t, ws))
+
+	conf.Protocol = []string{"realtime", "openai-insecure-api-key.sk-not-a-key"}
+	_, err = websocket.DialConfig(conf)
+	assert.ErrorContains(t, err, "bad status", "an unknown key is a 401")
+	require.NoError(t, ws.Close())
+	f.assertIdle()
+}

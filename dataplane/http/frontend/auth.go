@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"bytes"
 	"strconv"
 	"strings"
 	"time"
@@ -25,7 +26,12 @@ const (
 // client's.
 func (s *Server) authenticate(ctx *fasthttp.RequestCtx) *apikeys.Client {
 	h := &ctx.Request.Header
-	c := s.keys.Lookup(apikeys.FromHeaders(h.Peek(headerAuthorization), h.Peek(headerXAPIKey)))
+	key := apikeys.FromHeaders(h.Peek(headerAuthorization), h.Peek(headerXAPIKey))
+	var protocols []byte // a WebSocket request's subprotocols less the one that named its key
+	if key == nil && isWebSocket(h) {
+		key, protocols = subprotocolKey(h.Peek(headerWebSocketProtocol))
+	}
+	c := s.keys.Lookup(key)
 	if c == nil {
 		ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="fastroute"`)
 		writeError(ctx, fasthttp.StatusUnauthorized, "authentication_error",
@@ -40,6 +46,13 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) *apikeys.Client {
 	}
 	h.Del(headerAuthorization)
 	h.Del(headerXAPIKey)
+	switch {
+	case protocols == nil:
+	case len(protocols) == 0:
+		h.Del(headerWebSocketProtocol)
+	default:
+		h.SetBytesV(headerWebSocketProtocol, protocols)
+	}
 	if s.workerAuth != nil {
 		h.SetCanonical(authorizationKey, s.workerAuth)
 	}
@@ -47,6 +60,40 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) *apikeys.Client {
 }
 
 var authorizationKey = []byte(headerAuthorization)
+
+// headerWebSocketProtocol lists the subprotocols a WebSocket client offers.
+const headerWebSocketProtocol = "Sec-WebSocket-Protocol"
+
+// subprotocolKeyPrefix names an API key among a WebSocket request's
+// subprotocols, as OpenAI's realtime API takes one from a browser, which
+// cannot set Authorization on a WebSocket: "Sec-WebSocket-Protocol:
+// realtime, openai-insecure-api-key.<key>".
+const subprotocolKeyPrefix = "openai-insecure-api-key."
+
+// subprotocolKey returns the API key offered, a comma-separated list of
+// subprotocols, names (nil: none), and the list without that entry (empty,
+// not nil, when it was the only one), which is what the worker is offered:
+// the key goes no further, as a key in a header does not.
+func subprotocolKey(offered []byte) (key, rest []byte) {
+	rest = []byte{}
+	for entry := range bytes.SplitSeq(offered, []byte(",")) {
+		token := bytes.TrimSpace(entry)
+		if k, ok := bytes.CutPrefix(token, []byte(subprotocolKeyPrefix)); ok && key == nil {
+			key = k
+			continue
+		}
+		if len(token) > 0 {
+			if len(rest) > 0 {
+				rest = append(rest, ", "...)
+			}
+			rest = append(rest, token...)
+		}
+	}
+	if key == nil {
+		return nil, nil
+	}
+	return key, rest
+}
 
 // admit takes a slot of the request's client (nil: none) for the
 // exchange, which gives it back when it ends (releaseClient); false: the
