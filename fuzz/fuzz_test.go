@@ -227,11 +227,14 @@ func FuzzSelectSequence(f *testing.F) {
 
 // FuzzRequestParsing drives the real front-end handler with fuzzed bodies
 // (JSON, forms, prompts keyed for prefix routing), routing headers,
-// methods and paths (a stored response's among them): no panic, only the statuses of the contract, and no
+// methods and paths (a stored response's among them, and WebSocket
+// sessions' opening requests): no panic, only the statuses of the contract, and no
 // reservation left behind. Nothing is dispatched: a request that is not
 // query-only names a worker the registry does not hold.
 func FuzzRequestParsing(f *testing.F) {
-	const json, form = "application/json", "multipart/form-data; boundary=x"
+	// websocket as the content type stands for a WebSocket session's
+	// opening request (its Connection and Upgrade headers).
+	const json, form, websocket = "application/json", "multipart/form-data; boundary=x", "websocket"
 	f.Add([]byte(`{"model":"m","stream":true}`), "1", "0", "true", "POST", "/v1/chat/completions", json)
 	f.Add([]byte(`{not json`), "x", "-1", "maybe", "POST", "/v1/chat/completions", "")
 	f.Add([]byte(``), "", "", "", "GET", "/v1/responses/resp_1", "")
@@ -241,6 +244,8 @@ func FuzzRequestParsing(f *testing.F) {
 	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a prompt of a few blocks"},{"type":"image_url","image_url":{"url":"data:x"}}]}]}`), "", "", "true", "POST", "/v1/chat/completions", json)
 	f.Add([]byte(`{"model":"m","instructions":"be brief, be clear, be kind","input":[{"role":"user","content":"hi there, how are you"}]}`), "", "", "1", "POST", "/v1/responses", json)
 	f.Add([]byte("--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--x--\r\n"), "", "", "true", "POST", "/v1/audio/transcriptions", form)
+	f.Add([]byte(``), "1", "", "", "GET", "/v1/realtime?model=m&intent=transcription", websocket)
+	f.Add([]byte(``), "", "", "true", "GET", "/v1/responses", websocket)
 	reg := dataplane.NewRegistry()
 	if _, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://127.0.0.1:1", DPSize: 2}); err != nil {
 		f.Fatal(err)
@@ -262,6 +267,10 @@ func FuzzRequestParsing(f *testing.F) {
 		req.Header.Set("x-worker-id", workerID)
 		req.Header.Set("x-dp-rank", rank)
 		req.Header.Set("x-query-instance-id", query)
+		if contentType == websocket {
+			req.Header.Set("Connection", "Upgrade")
+			req.Header.Set("Upgrade", "websocket")
+		}
 		req.SetBody(body)
 		var ctx fasthttp.RequestCtx
 		ctx.Init(&req, nil, nil)
