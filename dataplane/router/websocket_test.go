@@ -128,6 +128,14 @@ func closeFromEngine(t *testing.T, ws *websocket.Conn) {
 	assert.ErrorIs(t, websocket.Message.Receive(ws, &msg), io.EOF, "the engine's close reaches the client")
 }
 
+// sessionsEnded checks that n sessions ended with outcome: counted once
+// the session's books closed, just after its reservation was released.
+func sessionsEnded(t *testing.T, f *fleet, outcome string, n int) {
+	t.Helper()
+	assert.Eventually(t, func() bool { return f.r.Frontend.Metrics().Requests("websocket", outcome) == uint64(n) },
+		5*time.Second, 5*time.Millisecond, "%d sessions ended %s", n, outcome)
+}
+
 // wsFleet starts an engine named "one" and a router in front of it alone,
 // its config tweaked by tweak (nil: none).
 func wsFleet(t *testing.T, tweak func(*config.Config)) (*wsEngine, *fleet) {
@@ -179,7 +187,7 @@ func TestWebSocketSessions(t *testing.T) {
 	require.Eventually(t, func() bool { return engines[0].open.Load()+engines[1].open.Load() == 0 }, 5*time.Second, 10*time.Millisecond,
 		"the client's close reaches the engine")
 	assert.Equal(t, "0", metric(t, f, "fastroute_websocket_sessions"))
-	assert.EqualValues(t, 2, f.r.Frontend.Metrics().Requests("websocket", "ok"))
+	sessionsEnded(t, f, "ok", 2)
 }
 
 // A session's opening request is routed by the query's model (OpenAI's
@@ -276,7 +284,7 @@ func TestWebSocketIdleAndDrain(t *testing.T) {
 	require.NoError(t, idle.SetReadDeadline(time.Now().Add(5*time.Second)))
 	var msg string
 	assert.ErrorIs(t, websocket.Message.Receive(idle, &msg), io.EOF, "the idle session was closed")
-	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("websocket", "timeout"))
+	sessionsEnded(t, f, "timeout", 1)
 
 	require.NoError(t, websocket.Message.Send(busy, "still here"))
 	assert.Equal(t, "one: still here", receive(t, busy))
@@ -330,7 +338,7 @@ func TestWebSocketSessionsAtOnce(t *testing.T) {
 	wg.Wait()
 	f.assertIdle()
 	require.Eventually(t, func() bool { return engines[0].open.Load()+engines[1].open.Load() == 0 }, 5*time.Second, 10*time.Millisecond)
-	assert.EqualValues(t, sessions, f.r.Frontend.Metrics().Requests("websocket", "ok"))
+	sessionsEnded(t, f, "ok", sessions)
 	assert.Equal(t, "0", metric(t, f, "fastroute_websocket_sessions"))
 	for _, id := range []string{"1", "2"} {
 		assert.Equal(t, "0", metric(t, f, `fastroute_worker_connections{worker="`+id+`"}`), "the sessions' connections closed")
@@ -358,7 +366,7 @@ func TestWebSocketOverTLS(t *testing.T) {
 	}
 	closeFromEngine(t, ws)
 	f.assertIdle()
-	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("websocket", "ok"))
+	sessionsEnded(t, f, "ok", 1)
 }
 
 // A session stays open while it is quiet for less than the idle bound,
@@ -375,7 +383,7 @@ func TestWebSocketOutlivesTheRequestDeadlines(t *testing.T) {
 	assert.Equal(t, "one: after a pause", receive(t, ws))
 	require.NoError(t, ws.Close())
 	f.assertIdle()
-	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("websocket", "ok"))
+	sessionsEnded(t, f, "ok", 1)
 }
 
 // An engine that crashes mid-session (its connection reset) ends the
@@ -391,7 +399,7 @@ func TestWebSocketEngineCrash(t *testing.T) {
 	var msg string
 	assert.Error(t, websocket.Message.Receive(ws, &msg), "the client's connection is closed")
 	f.assertIdle()
-	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Requests("websocket", "upstream_error"))
+	sessionsEnded(t, f, "upstream_error", 1)
 	assert.Equal(t, "1", metric(t, f, `fastroute_worker_failures_total{worker="1",reason="cut"}`))
 }
 
