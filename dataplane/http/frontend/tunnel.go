@@ -197,7 +197,7 @@ func (ex *exchange) relayTunnel(ctx *fasthttp.RequestCtx, c, up net.Conn, upIn *
 		end(fromWorker)
 		<-done
 		ex.bytes = int64(len(opening)) + fromWorker.n
-		o = first.outcome()
+		o = sessionOutcome(first, fromWorker)
 	}
 	s.upConns.Delete(up)
 	st.open.Add(-1)
@@ -264,19 +264,22 @@ func (t *tunnel) armIdle(c net.Conn) {
 	}
 }
 
-// outcome is how the session ended, as the direction that ended first
-// saw it: timed out when nothing came either way for the idle bound; an
-// upstream error when the worker's connection failed (not closed: that
-// ends a session); cancelled when the client's failed under a write (it
-// went away while the worker sent); else well.
-func (e tunnelEnd) outcome() outcome {
-	closed := func(err error) bool { return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) }
+// sessionOutcome is how a session ended: timed out when the direction
+// that ended first (first) waited the idle bound for bytes from either
+// way; an upstream error when the worker's connection failed under the
+// relay's reads (fromWorker's: not closed, which ends a session, nor
+// closed by the relay once the other way ended); cancelled when the client
+// went away under a write of the worker's bytes; else well. A write to the
+// worker that fails is none of these: a client's answer to the worker's
+// close (WebSocket's closing handshake) may find the worker gone, as it
+// should.
+func sessionOutcome(first, fromWorker tunnelEnd) outcome {
 	switch {
-	case isTimeout(e.read):
+	case isTimeout(first.read):
 		return outcomeTimeout
-	case e.fromWorker && e.read != nil && !closed(e.read), !e.fromWorker && e.write != nil && !closed(e.write):
+	case fromWorker.read != nil && !errors.Is(fromWorker.read, io.EOF) && !errors.Is(fromWorker.read, net.ErrClosed):
 		return outcomeUpstreamError
-	case e.fromWorker && e.write != nil:
+	case first.fromWorker && first.write != nil:
 		return outcomeCancelled
 	}
 	return outcomeOK
