@@ -135,6 +135,13 @@ func rawServer(t testing.TB, answer func(c net.Conn, req *http.Request) bool) st
 func serveConns(t testing.TB, serve func(c net.Conn)) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	serveOn(t, ln, serve)
+	return ln.Addr().String()
+}
+
+// serveOn serves each connection ln accepts until the test ends with serve,
+// in a goroutine of its own, closing it once serve returns.
+func serveOn(t testing.TB, ln net.Listener, serve func(c net.Conn)) {
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -148,7 +155,6 @@ func serveConns(t testing.TB, serve func(c net.Conn)) string {
 			}()
 		}
 	}()
-	return ln.Addr().String()
 }
 
 // serveOne starts a front end over one worker at addr (opts completed with
