@@ -346,10 +346,11 @@ func TestSessionKeysInTheBody(t *testing.T) {
 // only while it is within router.prefix_affinity.slack (4) requests of the
 // least loaded, and least-loaded places the rest. Even in hard mode.
 func TestASharedPromptCacheKeyDoesNotPileUp(t *testing.T) {
-	f := startFleet(t, mocks(3, 40, 25*time.Millisecond), func(c *config.Config) {
+	f := startFleet(t, mocks(3, 100, 25*time.Millisecond), func(c *config.Config) {
 		c.Router.SessionAffinity.Mode = "hard"
 		c.Router.Mode = pickers.ModeLeastLoaded
 	})
+	// Streams of 2.5 s: all twelve are open at once however slowly they start.
 	body := `{"model":"mock-model","prompt_cache_key":"rag-app-v1","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 	const n = 12
 	var wg sync.WaitGroup
