@@ -272,7 +272,7 @@ func TestWebSocketRefused(t *testing.T) {
 // of time cuts the sessions still open.
 func TestWebSocketIdleAndDrain(t *testing.T) {
 	one, f := wsFleet(t, func(c *config.Config) {
-		c.Limits.StreamIdleTimeout = 300 * time.Millisecond
+		c.Limits.StreamIdleTimeout = 600 * time.Millisecond
 		c.ShutdownTimeout = 200 * time.Millisecond
 	})
 	idle, _ := dialSession(t, f, "/v1/realtime")
