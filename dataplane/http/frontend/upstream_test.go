@@ -298,7 +298,7 @@ func TestAWorkerNameIsLookedUpAgain(t *testing.T) {
 	namedWorker(t, fmt.Sprintf("127.0.0.2:%d", port), "new") // all of 127/8 is loopback on Linux
 	var names movedResolver
 	names.ip.Store("127.0.0.1")
-	_, _, url := serveOne(t, fmt.Sprintf("engine.fastroute.test:%d", port), Options{NameCacheTime: 500 * time.Millisecond}, nil,
+	_, _, url := serveOne(t, fmt.Sprintf("engine.fastroute.test:%d", port), Options{NameCacheTime: time.Second}, nil,
 		func(s *Server, ln net.Listener) net.Listener {
 			s.names.Resolver = &names
 			return ln
@@ -313,6 +313,6 @@ func TestAWorkerNameIsLookedUpAgain(t *testing.T) {
 	assert.Equal(t, "old", answer())
 	names.ip.Store("127.0.0.2") // the worker moved
 	assert.Equal(t, "old", answer(), "its old address, for NameCacheTime")
-	time.Sleep(600 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond)
 	assert.Equal(t, "new", answer(), "its new address, once looked up again")
 }
