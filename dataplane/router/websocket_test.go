@@ -432,3 +432,33 @@ func TestWebSocketKeyAmongTheSubprotocols(t *testing.T) {
 	require.NoError(t, ws.Close())
 	f.assertIdle()
 }
+
+// A session whose worker answers a status of router.retry_statuses moves
+// to another worker, as any request does; with no other, the client gets
+// that answer.
+func TestWebSocketRefusalMovesOn(t *testing.T) {
+	overloaded := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			_, _ = io.WriteString(w, "ok")
+			return
+		}
+		http.Error(w, `{"error":"overloaded"}`, http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(overloaded.Close)
+	two := startWSEngine(t, "two")
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: overloaded.URL}, {ID: 2, URL: two.URL}}
+		c.Router.RetryStatuses = []int{503}
+	})
+	for range 4 {
+		ws, greeting := dialSession(t, f, "/v1/realtime")
+		assert.Equal(t, "created by two", greeting)
+		require.NoError(t, ws.Close())
+	}
+	assert.NotZero(t, f.r.Frontend.Metrics().Retries(), "sessions moved off the overloaded worker")
+	require.NoError(t, f.r.Registry.Drain(2))
+	resp, body := openRaw(t, f, "/v1/realtime")
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "no other worker: its answer")
+	assert.Contains(t, body, "overloaded")
+	f.assertIdle()
+}

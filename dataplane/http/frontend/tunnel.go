@@ -86,10 +86,15 @@ func (ex *exchange) openTunnel(ctx *fasthttp.RequestCtx) (net.Conn, *bufio.Reade
 		status := ex.resp.StatusCode()
 		u.stats.answered(status, ex.firstByte)
 		s.reportAnswer(w, status < fasthttp.StatusInternalServerError)
+		if status != fasthttp.StatusSwitchingProtocols {
+			_ = up.Close()
+		}
+		if ex.refusalMoves(w, status) {
+			continue
+		}
 		s.sel.Answered(&ex.req, &ex.res)
 		ex.copyHeaders(ctx, u)
 		if status != fasthttp.StatusSwitchingProtocols {
-			_ = up.Close()
 			ctx.Response.SetBody(ex.resp.Body())
 			ex.bytes = int64(len(ctx.Response.Body()))
 			ex.finish(outcomeOK)
@@ -101,6 +106,22 @@ func (ex *exchange) openTunnel(ctx *fasthttp.RequestCtx) (net.Conn, *bufio.Reade
 		h.SetBytesV(fasthttp.HeaderUpgrade, peekFold(&ex.resp.Header, fasthttp.HeaderUpgrade))
 		return up, upIn
 	}
+}
+
+// refusalMoves moves a session whose worker w answered status, no switch,
+// to another worker, as any request moves on an answer of
+// router.retry_statuses (movesOn), within router.retries and the retry
+// budget; false: the answer is the client's.
+func (ex *exchange) refusalMoves(w *dataplane.Worker, status int) bool {
+	if status == fasthttp.StatusSwitchingProtocols {
+		return false
+	}
+	if move, _ := ex.movesOn(); !move || !ex.mayRetry() || ex.s.sel.Retry(&ex.req, &ex.res) != nil {
+		return false
+	}
+	ex.s.metrics.retries.Inc()
+	ex.traceMove(w, "status", status)
+	return true
 }
 
 // handshake sends the session's opening request on up, a new connection
