@@ -24,7 +24,8 @@ import (
 // as they come, reading none of them, until either side closes its
 // connection (the other is then closed) or neither sends for
 // limits.stream_idle_timeout; any other answer goes to the client as an
-// answer does. A session ends as a request does: its reservation
+// answer does (one of router.retry_statuses moves the session on first).
+// A session ends as a request does: its reservation
 // released, counted, logged (status 101), and cut by a drain that runs out
 // of time.
 
@@ -54,7 +55,8 @@ func (ex *exchange) runTunnel(c net.Conn) {
 }
 
 // openTunnel sends the session's opening request to the reserved worker,
-// moving it to another on a failure before an answer (moveAfter), and reads
+// moving it to another on a failure before an answer (moveAfter) or on an
+// answer of router.retry_statuses (refusalMoves), and reads
 // the answer's head: the worker's connection, and the reader the session's
 // first bytes may already be in, once it switched protocols (the head for
 // the client then in ctx.Response). nil: it answered otherwise, or none
