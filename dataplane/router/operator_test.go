@@ -175,7 +175,7 @@ func TestRoutesBeyondTheFirstThree(t *testing.T) {
 		return len(w.Advertised().Adapters) == 1
 	}, 5*time.Second, 20*time.Millisecond)
 	for _, path := range []string{"/v1/responses", "/v1/messages", "/v1/rerank", "/v1/score", "/v1/audio/transcriptions",
-		"/tokenize", "/detokenize", "/pooling", "/classify", "/generate", "/encode", "/rerank", "/v2/rerank", "/custom/infer"} {
+		"/tokenize", "/detokenize", "/pooling", "/classify", "/generate", "/encode", "/rerank", "/v2/rerank", "/v2/embed", "/cohere/v2/chat", "/custom/infer"} {
 		resp := f.post(path, `{"model":"sql","prompt":"x"}`)
 		body := readAll(t, resp)
 		assert.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, body)

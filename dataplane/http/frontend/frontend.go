@@ -552,9 +552,11 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 }
 
 // engineRoutes are the engines' own endpoints outside /v1/ (vLLM's and
-// SGLang's: vLLM's Cohere-style /v2/rerank, SGLang's native /generate and
-// /encode among them), proxied like the OpenAI ones.
-var engineRoutes = []string{"/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/v2/rerank", "/generate", "/encode"}
+// SGLang's: vLLM's Cohere-style /v2/rerank, /v2/embed and /cohere/v2/chat,
+// SGLang's native /generate and /encode among them), proxied like the
+// OpenAI ones.
+var engineRoutes = []string{"/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/v2/rerank", "/v2/embed",
+	"/cohere/v2/chat", "/generate", "/encode"}
 
 var v1Prefix, modelsPrefix, responsesPrefix = []byte("/v1/"), []byte("/v1/models/"), []byte("/v1/responses/")
 
