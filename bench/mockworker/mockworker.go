@@ -74,6 +74,8 @@ type Worker struct {
 	tokens atomic.Uint64 // tokens sent without the engine
 	rooms  sync.Map      // SGLang bootstrap room → chan closed once prefilled
 	stored sync.Map      // stored response id → its JSON (ResponsesStore)
+	// realtimeFn serves GET /v1/realtime (newRealtime).
+	realtimeFn fasthttp.RequestHandler
 }
 
 // Start listens on addr ("127.0.0.1:0" picks a port) and serves until Close.
@@ -97,6 +99,7 @@ func Serve(ln net.Listener, opts Options) *Worker {
 		ln = tls.NewListener(ln, opts.TLS)
 	}
 	w := &Worker{opts: opts, ln: ln}
+	w.realtimeFn = newRealtime(w)
 	if opts.Engine.MaxNumSeqs > 0 {
 		w.engine = newEngine(opts.Engine)
 	}
@@ -198,6 +201,8 @@ func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 		if !w.generate(ctx, path) {
 			w.active.Add(-1)
 		}
+	case path == "/v1/realtime" && ctx.IsGet():
+		w.realtimeFn(ctx)
 	case path == "/v1/responses" && ctx.IsPost():
 		w.createResponse(ctx)
 	case strings.HasPrefix(path, "/v1/responses/"):

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	_ "embed"
+	"encoding/base64"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/router"
 	"github.com/fastroute/fastroute/internal/otlpsink"
+	"golang.org/x/net/websocket"
 )
 
 //go:embed demo.yaml
@@ -101,6 +103,11 @@ func runDemo(args []string) error {
 		return err
 	}
 	fmt.Println(q)
+	rt, err := demoRealtime(r.Addr())
+	if err != nil {
+		return fmt.Errorf("realtime session: %w", err)
+	}
+	fmt.Println(rt)
 	sticky, err := demoSticky(client, base)
 	if err != nil {
 		return err
@@ -151,7 +158,8 @@ func runDemo(args []string) error {
 			return fmt.Errorf("worker %d still holds %d reservations", w.ID(), w.Occupancy())
 		}
 	}
-	if want := int64(*requests + 1 + stickyRequests + conversationTurns + aliasRequests + 1); total != want { // the last: demoTrace's
+	// The embeddings', the realtime session's, then demoTrace's.
+	if want := int64(*requests + 1 + 1 + stickyRequests + conversationTurns + aliasRequests + 1); total != want {
 		return fmt.Errorf("workers served %d requests, want %d", total, want)
 	}
 	resp, err := client.Get("http://" + r.AdminAddr() + "/metrics")
@@ -285,6 +293,51 @@ func demoQuery(client *http.Client, base string) (string, error) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return "query only          -> " + strings.TrimSpace(string(b)) + "  (not dispatched)", nil
+}
+
+// demoRealtime opens a realtime transcription session (vLLM's WebSocket
+// API, which the mock plays) through the router at addr, sends three
+// pieces of audio and commits them.
+func demoRealtime(addr string) (string, error) {
+	ws, err := websocket.Dial("ws://"+addr+"/v1/realtime?model=mock-model", "", "http://localhost/")
+	if err != nil {
+		return "", err
+	}
+	defer ws.Close()
+	if err := ws.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		return "", err
+	}
+	var created struct {
+		Worker uint64 `json:"worker"`
+	}
+	if err := websocket.JSON.Receive(ws, &created); err != nil {
+		return "", err
+	}
+	audio := base64.StdEncoding.EncodeToString(make([]byte, 3200)) // 100 ms of 16 kHz PCM16 silence
+	var text strings.Builder
+	for range 3 {
+		if err := websocket.JSON.Send(ws, map[string]string{"type": "input_audio_buffer.append", "audio": audio}); err != nil {
+			return "", err
+		}
+		var delta struct {
+			Delta string `json:"delta"`
+		}
+		if err := websocket.JSON.Receive(ws, &delta); err != nil {
+			return "", err
+		}
+		text.WriteString(delta.Delta)
+	}
+	if err := websocket.JSON.Send(ws, map[string]any{"type": "input_audio_buffer.commit", "final": true}); err != nil {
+		return "", err
+	}
+	var done struct {
+		Type string `json:"type"`
+	}
+	if err := websocket.JSON.Receive(ws, &done); err != nil || done.Type != "transcription.done" {
+		return "", fmt.Errorf("no transcription.done (%q, %v)", done.Type, err)
+	}
+	return fmt.Sprintf("realtime session    -> worker %d  %q, then %s (WebSocket, relayed both ways)",
+		created.Worker, strings.TrimSpace(text.String()), done.Type), nil
 }
 
 // demoDisagg runs a second router in front of a prefill and a decode
