@@ -24,7 +24,8 @@ type Request struct {
 	// is off): its pin, else the worker its id hashes to.
 	Session []byte
 	// SessionHint marks a Session that is a key the client's library set
-	// in the body (OpenAI's prompt_cache_key), not the session header: many
+	// in the body (OpenAI's prompt_cache_key, an Anthropic request's
+	// metadata.user_id), not the session header: many
 	// clients may share one (an application's), so its worker is never a
 	// hard pin and is preferred only while it is within
 	// Routing.PrefixSlack requests of the least loaded candidate, as a
