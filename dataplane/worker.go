@@ -272,7 +272,7 @@ type Worker struct {
 	healthy  atomic.Bool
 	draining atomic.Bool
 	weight   atomic.Uint64              // float64 bits of the telemetry weight
-	dpNext   atomic.Uint64              // where the next search for a rank starts: past the rank chosen last (leastLoadedRank)
+	dpNext   atomic.Uint64              // the next turn among tied ranks (leastLoadedRank)
 	ranks    []atomic.Int64             // the requests in flight on each data-parallel rank (dp_size > 1; nil: none)
 	adv      atomic.Pointer[Advertised] // what its /v1/models lists
 	declared atomic.Pointer[[]string]   // adapters set through the admin API; nil: the spec's
@@ -421,29 +421,38 @@ func (w *Worker) Models() []string {
 }
 
 // leastLoadedRank returns the data-parallel rank for a request that names
-// none: the one with the fewest of the router's requests in flight, the
-// search starting past the rank chosen last, so that ties take turns
-// (requests that end before the next comes go round the ranks, and the
-// idle ranks beside a busy one share its overflow evenly: a search that
-// started one rank further each time took the rank after the busy one
-// twice as often as the others). The engine gets it in its rank header,
-// which overrides the balancing of its own front end (vLLM's, SGLang's),
-// so it had better weigh the ranks' load.
+// none: one with the fewest of the router's requests in flight, ties taken
+// in turn (each call draws the next turn, so calls at the same moment
+// spread over the tied ranks, and the idle ranks beside a busy one share
+// its overflow evenly: a search that started one rank further each time
+// took the rank after the busy one twice as often as the others). The
+// engine gets it in its rank header, which overrides the balancing of its
+// own front end (vLLM's, SGLang's), so it had better weigh the ranks' load.
 func (w *Worker) leastLoadedRank() int {
 	n := len(w.ranks)
 	if n == 0 {
 		return 0
 	}
-	best := int(w.dpNext.Load() % uint64(n))
-	least := w.ranks[best].Load()
-	for i := 1; i < n && least > 0; i++ {
-		r := (best + i) % n
-		if v := w.ranks[r].Load(); v < least {
-			best, least = r, v
+	turn := w.dpNext.Add(1) - 1
+	least, ties := int64(math.MaxInt64), uint64(0)
+	for i := range w.ranks {
+		switch v := w.ranks[i].Load(); {
+		case v < least:
+			least, ties = v, 1
+		case v == least:
+			ties++
 		}
 	}
-	w.dpNext.Store(uint64(best + 1))
-	return best
+	k := turn % ties
+	for i := range w.ranks {
+		if w.ranks[i].Load() == least {
+			if k == 0 {
+				return i
+			}
+			k--
+		}
+	}
+	return int(turn % uint64(n)) // the counts moved between the two passes
 }
 
 // RankOccupancy returns the requests in flight on each data-parallel
