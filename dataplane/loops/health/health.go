@@ -4,7 +4,6 @@
 package health
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -30,9 +29,6 @@ type Options struct {
 	// TLS is the configuration of probes to https:// workers (default:
 	// the system's roots).
 	TLS *tls.Config
-	// NameCacheTime is how long a worker's host name's addresses are used
-	// before it is looked up again (0: dataplane.NameCacheTime).
-	NameCacheTime time.Duration
 }
 
 // MaxAnswerBytes bounds what a probe reads of an answer: a /v1/models
@@ -62,8 +58,9 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 		client: &fasthttp.Client{Name: "fastroute-health", ReadTimeout: opts.Interval, WriteTimeout: opts.Interval,
 			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes, TLSConfig: opts.TLS,
 			// Both address families: a worker on an IPv6 address, or a name
-			// with only AAAA records, is reachable.
-			DialTimeout: (&fasthttp.TCPDialer{DNSCacheDuration: cmp.Or(opts.NameCacheTime, dataplane.NameCacheTime)}).DialDualStackTimeout},
+			// with only AAAA records, is reachable; a name is looked up again
+			// every dataplane.NameCacheTime.
+			DialTimeout: (&fasthttp.TCPDialer{DNSCacheDuration: dataplane.NameCacheTime}).DialDualStackTimeout},
 	}
 	reg.Subscribe(c.workerChanged)
 	return c
