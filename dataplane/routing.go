@@ -175,7 +175,7 @@ func (rt *Routing) routeSession(snap *Snapshot, req *Request) error {
 		// x-dp-rank comes only with x-worker-id, so the pin's rank holds.
 		req.WorkerID, req.DPRank, req.HasDPRank, req.hard = pin.Worker, pin.Rank, true, true
 	case st == affinity.Pinned:
-		req.preferID, req.preferRank, req.hasPreferRank = pin.Worker, pin.Rank, true
+		req.preferID, req.preferRank, req.hasPreferRank, req.preferBounded = pin.Worker, pin.Rank, true, req.SessionHint
 	case st == affinity.Lost && hard:
 		rt.Sessions.Drop(req.Session)
 		return Errorf(NoEndpoints,
@@ -183,10 +183,9 @@ func (rt *Routing) routeSession(snap *Snapshot, req *Request) error {
 			strconv.Quote(string(req.Session)), pin.Worker)
 	default: // no pin here: where every router places the session
 		if id, ok := snap.Rendezvous(affinity.Key(req.Session), req.Phase, req.group); ok {
-			req.preferID = id
+			req.preferID, req.preferBounded = id, req.SessionHint
 		}
 	}
-	req.preferBounded = req.SessionHint && req.preferID != 0
 	return nil
 }
 
