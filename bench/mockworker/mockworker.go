@@ -35,8 +35,8 @@ type Options struct {
 	// Tokens is then the answer length of requests without max_tokens, and
 	// TokenInterval is unused.
 	Engine EngineOptions
-	// MetricsDialect names the /metrics series: "vllm" (default), "sglang",
-	// "trtllm", "tgi" or "llamacpp".
+	// MetricsDialect names the /metrics series: one of MetricsDialects,
+	// "vllm" by default.
 	MetricsDialect string
 	// APIKey, as vLLM's --api-key, makes every /v1/ route answer 401
 	// without "Authorization: Bearer <key>"; /health and /metrics stay open.
@@ -77,6 +77,12 @@ type Worker struct {
 	// realtimeFn serves GET /v1/realtime (newRealtime).
 	realtimeFn fasthttp.RequestHandler
 }
+
+// MetricsDialects are the engines whose /metrics series the worker can
+// speak (Options.MetricsDialect): vLLM's, SGLang's, TensorRT-LLM's
+// trtllm-serve's, text-generation-inference's and llama.cpp's
+// llama-server's.
+var MetricsDialects = []string{"vllm", "sglang", "trtllm", "tgi", "llamacpp"}
 
 // Start listens on addr ("127.0.0.1:0" picks a port) and serves until Close.
 func Start(addr string, opts Options) (*Worker, error) {

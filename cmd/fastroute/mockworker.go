@@ -59,8 +59,8 @@ func runMockWorker(args []string) error {
 	if o.FailRate < 0 || o.FailRate > 1 {
 		return fmt.Errorf("--fail-rate %v is outside 0..1", o.FailRate)
 	}
-	if !slices.Contains([]string{"vllm", "sglang", "trtllm", "tgi", "llamacpp"}, o.MetricsDialect) {
-		return fmt.Errorf("--metrics-dialect %q is not vllm, sglang, trtllm, tgi or llamacpp", o.MetricsDialect)
+	if !slices.Contains(mockworker.MetricsDialects, o.MetricsDialect) {
+		return fmt.Errorf("--metrics-dialect %q is not one of %s", o.MetricsDialect, strings.Join(mockworker.MetricsDialects, ", "))
 	}
 	if !(e.Speed > 0) || e.LoadFactor < 0 || e.MaxNumSeqs < 0 {
 		return fmt.Errorf("--speed must be positive, --load-factor and --max-num-seqs not negative")
