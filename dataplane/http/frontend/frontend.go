@@ -586,10 +586,8 @@ func (s *Server) other(ctx *fasthttp.RequestCtx, client *apikeys.Client) {
 			" PUT /workers/{id}/loras, or name the path in the routes key to proxy it")
 	case !extra && bytes.HasPrefix(path, responsesPrefix):
 		s.storedResponse(ctx, path[len(responsesPrefix):], client)
-	case ctx.IsPost() && (extra || bytes.HasPrefix(path, v1Prefix)):
+	case (ctx.IsPost() || isWebSocket(&ctx.Request.Header)) && (extra || bytes.HasPrefix(path, v1Prefix)):
 		s.proxy(ctx, routeOther, client)
-	case isWebSocket(&ctx.Request.Header) && (extra || bytes.HasPrefix(path, v1Prefix)):
-		s.forward(ctx, routeWebSocket, nil, client)
 	case (ctx.IsGet() || ctx.IsHead()) && bytes.HasPrefix(path, modelsPrefix):
 		s.model(ctx, string(path[len(modelsPrefix):]), client)
 	case extra:
