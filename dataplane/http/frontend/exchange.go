@@ -438,10 +438,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 		ex.sent = t.Sub(ex.start)
 		err := ex.send(u, ex.token, t, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
-			ex.firstByte = time.Since(t)
-			s.metrics.firstByte.Observe(ex.firstByte)
-			u.stats.answered(ex.resp.StatusCode(), ex.firstByte)
-			s.reportAnswer(w, ex.resp.StatusCode() < fasthttp.StatusInternalServerError)
+			ex.headCame(u, w, t)
 			if move, search := ex.movesOn(); move {
 				if !ex.readWhole(ctx, w) {
 					return false
@@ -481,6 +478,17 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 			return false
 		}
 	}
+}
+
+// headCame records the answer head of worker w (of upstream u) to the
+// request sent at sent: its time to first byte, its status in the
+// worker's counts and the passive health check (a 5xx counts against it).
+func (ex *exchange) headCame(u *upstream, w *dataplane.Worker, sent time.Time) {
+	s, status := ex.s, ex.resp.StatusCode()
+	ex.firstByte = time.Since(sent)
+	s.metrics.firstByte.Observe(ex.firstByte)
+	u.stats.answered(status, ex.firstByte)
+	s.reportAnswer(w, status < fasthttp.StatusInternalServerError)
 }
 
 // moveAfter moves the request to another worker after the call to worker

@@ -83,11 +83,8 @@ func (ex *exchange) openTunnel(ctx *fasthttp.RequestCtx) (net.Conn, *bufio.Reade
 			}
 			continue
 		}
-		ex.firstByte = time.Since(start)
-		s.metrics.firstByte.Observe(ex.firstByte)
+		ex.headCame(u, w, start)
 		status := ex.resp.StatusCode()
-		u.stats.answered(status, ex.firstByte)
-		s.reportAnswer(w, status < fasthttp.StatusInternalServerError)
 		if status != fasthttp.StatusSwitchingProtocols {
 			_ = up.Close()
 		}
