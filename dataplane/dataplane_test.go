@@ -898,3 +898,52 @@ func TestSubscribersHearEveryChange(t *testing.T) {
 		assert.Equal(t, heard{9, Joined}, got[8])
 	}
 }
+
+// A worker whose engine says it sleeps leaves the snapshot (its
+// subscribers hear it left), keeps its sleep through a new spec, names it
+// when a request is bound to it, and is back once a reading says it is
+// awake, or once no fresh reading says anything (its health probes judge
+// it then).
+func TestAnEngineAsleepIsOutOfRotation(t *testing.T) {
+	reg := newFleet(t, 2)
+	var left []uint64
+	reg.Subscribe(func(w *Worker, c Change) {
+		if c == Left {
+			left = append(left, w.ID())
+		}
+	})
+	sel := newSelector(t, reg, pickers.ModeRoundRobin, 0)
+	named := func() error {
+		req := &Request{WorkerID: 1}
+		var res Reservation
+		err := sel.Select(req, &res)
+		res.Release()
+		return err
+	}
+	reg.SetEngine(1, &engine.Stats{Reading: engine.Reading{Running: 1}})
+	assert.Equal(t, 2, reg.Snapshot().Len())
+	reg.SetEngine(1, &engine.Stats{Reading: engine.Reading{Asleep: true}})
+	assert.Equal(t, 1, reg.Snapshot().Len())
+	assert.Equal(t, []uint64{1}, left)
+	w1, _ := reg.Get(1)
+	assert.True(t, w1.Asleep())
+	assert.False(t, w1.Routable())
+	assert.ErrorContains(t, named(), "worker 1 is not routable (asleep)")
+	reg.SetEngine(1, &engine.Stats{Reading: engine.Reading{Asleep: true}})
+	assert.Equal(t, []uint64{1}, left, "told once")
+
+	_, err := reg.Replace(spec(1))
+	require.NoError(t, err)
+	assert.Equal(t, 1, reg.Snapshot().Len(), "a new spec of a sleeping worker sleeps")
+	reg.SetHealthy(1, false)
+	assert.ErrorContains(t, named(), "worker 1 is not routable (unhealthy)", "the first reason")
+	reg.SetHealthy(1, true)
+
+	reg.SetEngine(1, &engine.Stats{})
+	assert.Equal(t, 2, reg.Snapshot().Len(), "awake")
+	assert.NoError(t, named())
+	reg.SetEngine(1, &engine.Stats{Reading: engine.Reading{Asleep: true}})
+	reg.SetEngine(1, nil)
+	assert.Equal(t, 2, reg.Snapshot().Len(), "no fresh reading: not taken to sleep")
+	reg.SetEngine(99, &engine.Stats{Reading: engine.Reading{Asleep: true}}) // unknown: nothing
+}

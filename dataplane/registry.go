@@ -11,6 +11,7 @@ import (
 	"github.com/fastroute/fastroute/internal/every"
 	"github.com/fastroute/fastroute/lora"
 	"github.com/fastroute/fastroute/pickers"
+	"github.com/fastroute/fastroute/telemetry/engine"
 	"github.com/puzpuzpuz/xsync/v3"
 	"golang.org/x/sys/cpu"
 )
@@ -236,7 +237,7 @@ const (
 	// replaced one); it is routable once healthy.
 	Joined Change = iota + 1
 	// Left: the worker stopped being routable (drained, unhealthy,
-	// ejected); it may come back.
+	// ejected, asleep); it may come back.
 	Left
 	// Replaced: a new spec took the worker's id (a reload, discovery); this
 	// worker object is retired once its requests end.
@@ -341,6 +342,7 @@ func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 	}
 	w := newWorker(spec)
 	w.healthy.Store(old.Healthy())
+	w.asleep.Store(old.Asleep())
 	w.adv.Store(old.adv.Load())
 	w.declared.Store(old.declared.Load())
 	r.workers.Store(spec.ID, w)
@@ -497,6 +499,20 @@ func (r *Registry) SetHealthy(id uint64, healthy bool) {
 	r.publishLocked()
 	r.mu.Unlock()
 	if !healthy {
+		r.notify(w, Left)
+	}
+}
+
+// SetEngine stores worker id's latest engine reading (nil: none fresh) and
+// republishes when the worker's routing changed (Worker.SetEngine); a
+// worker whose engine fell asleep has Left, like one found unhealthy.
+func (r *Registry) SetEngine(id uint64, st *engine.Stats) {
+	w, ok := r.workers.Load(id)
+	if !ok || !w.SetEngine(st) {
+		return
+	}
+	r.Republish()
+	if w.Asleep() {
 		r.notify(w, Left)
 	}
 }

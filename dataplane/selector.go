@@ -470,8 +470,12 @@ func (s *Selector) holdRank(req *Request, w *Worker, res *Reservation, rank int,
 func (s *Selector) selectNamed(p *policy, snap *Snapshot, req *Request, res *Reservation) error {
 	i := snap.index(req.WorkerID)
 	if i < 0 {
-		if _, ok := s.reg.Get(req.WorkerID); ok {
-			return Errorf(NoEndpoints, "worker %d is not routable (unhealthy or draining)", req.WorkerID)
+		if w, ok := s.reg.Get(req.WorkerID); ok {
+			why := w.unroutable()
+			if why == "" {
+				why = "just back in rotation" // after the snapshot was read
+			}
+			return Errorf(NoEndpoints, "worker %d is not routable (%s)", req.WorkerID, why)
 		}
 		return Errorf(InvalidArgument, "unknown worker id %d", req.WorkerID)
 	}

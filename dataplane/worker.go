@@ -271,6 +271,7 @@ type Worker struct {
 	spec     WorkerSpec
 	healthy  atomic.Bool
 	draining atomic.Bool
+	asleep   atomic.Bool                // its engine says it sleeps (vLLM's sleep mode)
 	weight   atomic.Uint64              // float64 bits of the telemetry weight
 	dpNext   atomic.Uint64              // the next turn among tied ranks (leastLoadedRank)
 	ranks    []atomic.Int64             // the requests in flight on each data-parallel rank (dp_size > 1; nil: none)
@@ -320,9 +321,29 @@ func (w *Worker) Healthy() bool { return w.healthy.Load() }
 // Draining reports whether w takes no new requests.
 func (w *Worker) Draining() bool { return w.draining.Load() }
 
-// Routable reports healthy, not draining and not ejected.
+// Asleep reports whether w's engine last said it sleeps (vLLM's sleep
+// mode: its weights or KV cache off the GPU until it is woken up).
+func (w *Worker) Asleep() bool { return w.asleep.Load() }
+
+// Routable reports healthy, not draining, not ejected and not asleep.
 func (w *Worker) Routable() bool {
-	return w.healthy.Load() && !w.draining.Load() && w.ejectedUntil.Load() == 0
+	return w.healthy.Load() && !w.draining.Load() && w.ejectedUntil.Load() == 0 && !w.asleep.Load()
+}
+
+// unroutable names why w is out of rotation: the first of "unhealthy",
+// "draining", "ejected" and "asleep" that holds, "" when none does.
+func (w *Worker) unroutable() string {
+	switch {
+	case !w.healthy.Load():
+		return "unhealthy"
+	case w.draining.Load():
+		return "draining"
+	case w.ejectedUntil.Load() != 0:
+		return "ejected"
+	case w.asleep.Load():
+		return "asleep"
+	}
+	return ""
 }
 
 // Ejected returns when an ejected worker returns to rotation (zero: it is
@@ -376,21 +397,25 @@ func (w *Worker) Engine() *engine.Stats { return w.engine.Load() }
 
 // SetEngine stores a copy of the engine's latest Stats (nil: none fresh),
 // stamped with the worker's occupancy now so later dispatches count on top.
-// It reports whether the adapters the engine runs changed (the registry
-// must republish for its LoRA groups to follow).
-func (w *Worker) SetEngine(st *engine.Stats) (adaptersChanged bool) {
+// It reports whether the worker's routing changed: the adapters the engine
+// runs, or whether it sleeps (the registry must republish for its LoRA
+// groups and its candidates to follow). A worker without a fresh reading
+// is not taken to sleep: its health probes judge it then.
+func (w *Worker) SetEngine(st *engine.Stats) (routingChanged bool) {
 	var before []string
 	if old := w.engine.Load(); old != nil {
 		before = old.Adapters
 	}
+	asleep := st != nil && st.Asleep
+	slept := w.asleep.Swap(asleep) != asleep
 	if st == nil {
 		w.engine.Store(nil)
-		return len(before) > 0
+		return slept || len(before) > 0
 	}
 	cp := *st
 	cp.Prepare(w.occ.n.Load())
 	w.engine.Store(&cp)
-	return !slices.Equal(before, st.Adapters)
+	return slept || !slices.Equal(before, st.Adapters)
 }
 
 // Adapters returns the LoRA adapters w holds, each once, sorted: those

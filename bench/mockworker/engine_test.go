@@ -321,3 +321,63 @@ func TestEnginePrefixCacheFindsRepeatedPrefixes(t *testing.T) {
 	assert.Equal(t, hits, scrape(t, w, "vllm:prefix_cache_hits_total"), "another prompt shares nothing")
 	assert.Greater(t, scrape(t, w, "vllm:prefix_cache_queries_total"), queries)
 }
+
+// vLLM's sleep mode in miniature: POST /sleep puts the engine to sleep at a
+// level, its metrics say so as vLLM's do, requests under /v1/ are refused
+// until POST /wake_up, and GET /is_sleeping tells.
+func TestSleepMode(t *testing.T) {
+	w := startEngine(t, Options{ID: 1})
+	ctx := context.Background()
+	sleepState := func() string {
+		resp, err := http.Get(w.URL() + "/metrics")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var on []string
+		for _, m := range regexp.MustCompile(`(?m)^vllm:engine_sleep_state\{engine="0",model_name="mock-model",sleep_state="(\w+)"\} (\d)$`).FindAllSubmatch(b, -1) {
+			if string(m[2]) == "1" {
+				on = append(on, string(m[1]))
+			}
+		}
+		require.Len(t, on, 1, "one state at a time in\n%s", b)
+		return on[0]
+	}
+	isSleeping := func() string {
+		resp, err := http.Get(w.URL() + "/is_sleeping")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	chat := func() int {
+		resp, err := post(ctx, w.URL(), "/v1/chat/completions", `{"model":"mock-model","messages":[]}`)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	do := func(path string) int {
+		resp, err := post(ctx, w.URL(), path, "")
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	assert.Equal(t, "awake", sleepState())
+	assert.Equal(t, `{"is_sleeping":false}`, isSleeping())
+	assert.Equal(t, http.StatusOK, chat())
+
+	assert.Equal(t, http.StatusOK, do("/sleep"))
+	assert.Equal(t, "weights_offloaded", sleepState(), "level 1 by default")
+	assert.Equal(t, `{"is_sleeping":true}`, isSleeping())
+	assert.Equal(t, http.StatusServiceUnavailable, chat())
+	assert.True(t, w.Asleep())
+	assert.Equal(t, http.StatusOK, do("/sleep?level=2"))
+	assert.Equal(t, "discard_all", sleepState())
+	assert.Equal(t, http.StatusBadRequest, do("/sleep?level=3"))
+	assert.Equal(t, "discard_all", sleepState(), "a bad level changes nothing")
+
+	assert.Equal(t, http.StatusOK, do("/wake_up?tags=weights&tags=kv_cache"))
+	assert.Equal(t, "awake", sleepState())
+	assert.Equal(t, `{"is_sleeping":false}`, isSleeping())
+	assert.Equal(t, http.StatusOK, chat())
+	assert.False(t, w.Asleep())
+}

@@ -87,6 +87,16 @@ func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
 			metric("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", st.cacheQueries)
 			metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", st.cacheHits)
 		}
+		level := w.sleep.Load()
+		b = fmt.Appendf(b, "# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "+
+			"weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.\n# TYPE vllm:engine_sleep_state gauge\n")
+		for i, state := range []string{"awake", "weights_offloaded", "discard_all"} {
+			on := 0
+			if int32(i) == level {
+				on = 1
+			}
+			b = fmt.Appendf(b, "vllm:engine_sleep_state{engine=\"0\",model_name=%q,sleep_state=%q} %d\n", w.opts.Model, state, on)
+		}
 		b = fmt.Appendf(b, "# HELP vllm:lora_requests_info Running stats on lora requests.\n# TYPE vllm:lora_requests_info gauge\n"+
 			"vllm:lora_requests_info{max_lora=\"%d\",running_lora_adapters=%q,waiting_lora_adapters=%q} %d\n",
 			maxLoRA, strings.Join(st.runningLoRAs, ","), strings.Join(st.waitingLoRAs, ","), time.Now().Unix())

@@ -74,6 +74,7 @@ type Worker struct {
 	tokens atomic.Uint64 // tokens sent without the engine
 	rooms  sync.Map      // SGLang bootstrap room → chan closed once prefilled
 	stored sync.Map      // stored response id → its JSON (ResponsesStore)
+	sleep  atomic.Int32  // the level of vLLM's sleep mode it is in (POST /sleep); 0: awake
 	// realtimeFn serves GET /v1/realtime (newRealtime).
 	realtimeFn fasthttp.RequestHandler
 }
@@ -202,6 +203,12 @@ func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 		w.bootstrap(ctx)
 	case path == "/metrics" && ctx.IsGet():
 		w.metrics(ctx)
+	case path == "/sleep" || path == "/wake_up" || path == "/is_sleeping":
+		w.sleepMode(ctx, path)
+	case w.sleep.Load() != 0 && strings.HasPrefix(path, "/v1/"):
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"the engine is sleeping","type":"ServiceUnavailable","code":503}}`)
 	case ctx.IsPost() && (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/embeddings"):
 		w.active.Add(1)
 		if !w.generate(ctx, path) {
@@ -225,6 +232,40 @@ func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"error":{"message":"no such route","type":"not_found","code":404}}`)
 	}
 }
+
+// sleepMode serves vLLM's sleep mode endpoints (its development mode's):
+// POST /sleep?level=1|2 puts the engine to sleep (its weights offloaded,
+// or discarded with its KV cache), POST /wake_up wakes it, GET
+// /is_sleeping says which. The metrics page reports it as vLLM does
+// (vllm:engine_sleep_state); while asleep the worker answers 503 under
+// /v1/ (an engine without its weights cannot generate).
+func (w *Worker) sleepMode(ctx *fasthttp.RequestCtx, path string) {
+	ctx.SetContentType("application/json")
+	switch {
+	case path == "/is_sleeping" && ctx.IsGet():
+		ctx.SetBody(fmt.Appendf(nil, `{"is_sleeping":%t}`, w.sleep.Load() != 0))
+	case path == "/sleep" && ctx.IsPost():
+		level := 1
+		if q := ctx.QueryArgs().Peek("level"); q != nil {
+			n, err := strconv.Atoi(string(q))
+			if err != nil || n < 1 || n > 2 {
+				ctx.SetStatusCode(fasthttp.StatusBadRequest)
+				ctx.SetBodyString(`{"error":"level must be 1 or 2"}`)
+				return
+			}
+			level = n
+		}
+		w.sleep.Store(int32(level))
+	case path == "/wake_up" && ctx.IsPost():
+		w.sleep.Store(0)
+	default:
+		ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
+		ctx.SetBodyString(`{"error":"method not allowed"}`)
+	}
+}
+
+// Asleep reports whether the worker is in vLLM's sleep mode (POST /sleep).
+func (w *Worker) Asleep() bool { return w.sleep.Load() != 0 }
 
 func (w *Worker) models(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")

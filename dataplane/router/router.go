@@ -476,15 +476,7 @@ func (r *Router) startEngines(log *slog.Logger) {
 			}
 			return out
 		},
-		Publish: func(id uint64, st *engine.Stats) {
-			w, ok := reg.Get(id)
-			if !ok {
-				return
-			}
-			if w.SetEngine(st) {
-				reg.Republish() // the adapters the engine runs join the LoRA groups
-			}
-		},
+		Publish: reg.SetEngine,
 	})
 	r.Metrics.Register(func(w *metrics.Writer) {
 		fallbacks, without := r.Engines.Counts()

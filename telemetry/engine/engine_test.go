@@ -53,6 +53,14 @@ vllm:prefix_cache_queries_total{engine="1",model_name="meta-llama/Llama-3.1-8B-I
 # TYPE vllm:prefix_cache_hits_total counter
 vllm:prefix_cache_hits_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3000.0
 vllm:prefix_cache_hits_total{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1000.0
+# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.
+# TYPE vllm:engine_sleep_state gauge
+vllm:engine_sleep_state{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="awake"} 1.0
+vllm:engine_sleep_state{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="weights_offloaded"} 0.0
+vllm:engine_sleep_state{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="discard_all"} 0.0
+vllm:engine_sleep_state{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="awake"} 1.0
+vllm:engine_sleep_state{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="weights_offloaded"} 0.0
+vllm:engine_sleep_state{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="discard_all"} 0.0
 # HELP vllm:lora_requests_info Running stats on lora requests.
 # TYPE vllm:lora_requests_info gauge
 vllm:lora_requests_info{max_lora="2",running_lora_adapters="old-lora",waiting_lora_adapters=""} 1.7646040e+09
@@ -202,6 +210,40 @@ func TestParseVLLM(t *testing.T) {
 	assert.Equal(t, [3]float64{-1, -1, -1}, [3]float64{r.PrefixQueries, r.PrefixHits, r.PrefixHitRate}, "no prefix cache series")
 }
 
+// vLLM's sleep mode shows in its sleep state gauge: an engine whose
+// "awake" series is 0 sleeps (either level), and one data-parallel engine
+// asleep is enough. A page without the gauge (older vLLM, other engines)
+// is awake.
+func TestParseVLLMSleepState(t *testing.T) {
+	awake0 := `vllm:engine_sleep_state{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="awake"} 1.0`
+	level1 := `vllm:engine_sleep_state{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="weights_offloaded"} 0.0`
+	awake1 := `vllm:engine_sleep_state{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="awake"} 1.0`
+	for _, c := range []struct {
+		name   string
+		edits  [][2]string
+		asleep bool
+	}{
+		{"both awake", nil, false},
+		{"engine 0 at level 2", [][2]string{{awake0, strings.Replace(awake0, "} 1.0", "} 0.0", 1)}}, true},
+		{"engine 1 at level 1", [][2]string{{awake1, strings.Replace(awake1, "} 1.0", "} 0.0", 1)},
+			{level1, strings.Replace(level1, "} 0.0", "} 1.0", 1)}}, true},
+		{"a level without the awake series", [][2]string{{awake0, ""}, {awake1, ""}, {level1, strings.Replace(level1, "} 0.0", "} 1.0", 1)}}, false},
+	} {
+		page := vllmPage
+		for _, e := range c.edits {
+			require.Contains(t, page, e[0])
+			page = strings.Replace(page, e[0], e[1], 1)
+		}
+		r, err := Parse(strings.NewReader(page), time.Now())
+		require.NoError(t, err, c.name)
+		assert.Equal(t, c.asleep, r.Asleep, c.name)
+		assert.Equal(t, 5.0, r.Running, c.name)
+	}
+	r, err := Parse(strings.NewReader(vllmV0Page), time.Now())
+	require.NoError(t, err)
+	assert.False(t, r.Asleep, "no sleep state gauge")
+}
+
 func TestParseSGLang(t *testing.T) {
 	r, err := Parse(strings.NewReader(sglangPage), time.Unix(1, 0))
 	require.NoError(t, err)
@@ -290,6 +332,7 @@ func TestParseRefusesValuesNoEngineReports(t *testing.T) {
 	vllmTokens := `vllm:generation_tokens_total{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 234.0`
 	vllmKV := `vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.91`
 	vllmHits := `vllm:prefix_cache_hits_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3000.0`
+	vllmAwake := `vllm:engine_sleep_state{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="awake"} 1.0`
 	sgWaiting := `sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0`
 	sgMax := `sglang:max_running_requests{model_name="meta-llama/Llama-3.1-8B-Instruct"} 48.0`
 	sgRate := `sglang:cache_hit_rate{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.42`
@@ -302,6 +345,8 @@ func TestParseRefusesValuesNoEngineReports(t *testing.T) {
 		{vllmPage, vllmTokens, "-5", "vllm:generation_tokens_total is -5; want a counter's value"},
 		{vllmPage, vllmKV, "NaN", "vllm:kv_cache_usage_perc is NaN; want a number"},
 		{vllmPage, vllmHits, "NaN", "vllm:prefix_cache_hits_total is NaN; want a counter's value"},
+		{vllmPage, vllmAwake, "NaN", "vllm:engine_sleep_state is NaN; want 0 or 1"},
+		{vllmPage, vllmAwake, "2", "vllm:engine_sleep_state is 2; want 0 or 1"},
 		{sglangPage, sgWaiting, "Inf", "sglang:num_queue_reqs is +Inf; want a count of requests"},
 		{sglangPage, sgMax, "5e18", "sglang:max_running_requests is 5e+18; want a count of requests"},
 		{sglangPage, sgRate, "NaN", "sglang:cache_hit_rate is NaN; want a number"},

@@ -46,6 +46,11 @@ type Reading struct {
 	// it (SGLang's cache_hit_rate, trtllm-serve's kv_cache_hit_rate, 0..1);
 	// -1 when not exported.
 	PrefixHitRate float64
+	// Asleep says the engine is in vLLM's sleep mode (POST /sleep): one of
+	// its engines reports vllm:engine_sleep_state{sleep_state="awake"} 0.
+	// Its weights or KV cache are off the GPU until POST /wake_up, while
+	// its /health still answers 200.
+	Asleep bool
 }
 
 // series names the metrics of one engine family.
@@ -56,6 +61,7 @@ type series struct {
 	prefixQueries, prefixHits       string   // counters of prompt tokens (vLLM)
 	prefixRate                      string   // a hit rate gauge (SGLang, trtllm-serve)
 	kvUsage                         []string // current name first
+	sleepState                      string   // a gauge by sleep_state; awake 0: asleep (vLLM)
 	loraInfo                        string
 	runningAdapters, waitingAdapter string
 	bounds                          []bound // built once from the names (withBounds)
@@ -63,9 +69,10 @@ type series struct {
 
 var dialects = withBounds([]series{
 	{dialect: "vllm", running: "vllm:num_requests_running", waiting: "vllm:num_requests_waiting",
-		tokens:   "vllm:generation_tokens_total",
-		kvUsage:  []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
-		loraInfo: "vllm:lora_requests_info", runningAdapters: "running_lora_adapters", waitingAdapter: "waiting_lora_adapters",
+		tokens:     "vllm:generation_tokens_total",
+		kvUsage:    []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+		sleepState: "vllm:engine_sleep_state",
+		loraInfo:   "vllm:lora_requests_info", runningAdapters: "running_lora_adapters", waitingAdapter: "waiting_lora_adapters",
 		prefixQueries: "vllm:prefix_cache_queries_total", prefixHits: "vllm:prefix_cache_hits_total"},
 	{dialect: "sglang", running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs",
 		tokens: "sglang:generation_tokens_total", kvUsage: []string{"sglang:token_usage"},
@@ -176,6 +183,7 @@ func Parse(in io.Reader, at time.Time) (Reading, error) {
 				break
 			}
 		}
+		r.Asleep = asleep(fams[d.sleepState])
 		if d.loraInfo != "" {
 			r.Adapters = adapters(fams[d.loraInfo], d.runningAdapters, d.waitingAdapter)
 		}
@@ -211,6 +219,7 @@ func withBounds(ds []series) []series {
 		}
 		add(0, maxRequests, count, d.running, d.waiting, d.maxRunning)
 		add(0, math.MaxFloat64, "a counter's value, 0 or more", d.tokens, d.prefixQueries, d.prefixHits)
+		add(0, 1, "0 or 1", d.sleepState)
 		add(-math.MaxFloat64, math.MaxFloat64, "a number", append([]string{d.prefixRate, d.loraInfo}, d.kvUsage...)...)
 	}
 	return ds
@@ -341,6 +350,22 @@ func value(m *dto.Metric) float64 {
 		return m.GetUntyped().GetValue()
 	}
 	return 0
+}
+
+// asleep reports whether a sleep state gauge says an engine is not awake:
+// vLLM sets its sleep_state="awake" series to 0 while the engine sleeps
+// (and weights_offloaded or discard_all to 1, by the sleep's level). One
+// data-parallel engine asleep is enough: vLLM's own balancer sends
+// requests to each of them.
+func asleep(f *dto.MetricFamily) bool {
+	for _, m := range f.GetMetric() {
+		for _, lp := range m.GetLabel() {
+			if lp.GetName() == "sleep_state" && lp.GetValue() == "awake" && value(m) < 0.5 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // adapters lists the adapters vLLM's lora_requests_info reports running or

@@ -312,6 +312,14 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			}
 			w.Sample("fastroute_worker_ejected", ejected, "worker", strconv.FormatUint(wk.ID(), 10))
 		}
+		w.Header("fastroute_worker_asleep", "gauge", "1 while the worker's engine says it sleeps (vLLM's sleep mode), out of rotation.")
+		for _, wk := range workers {
+			asleep := 0.0
+			if wk.Asleep() {
+				asleep = 1
+			}
+			w.Sample("fastroute_worker_asleep", asleep, "worker", strconv.FormatUint(wk.ID(), 10))
+		}
 		writeWorkerStats(w, workers, m.statsOf)
 		w.Single("fastroute_ejections_total", "counter", "Workers taken out of rotation after consecutive 5xx answers or transport failures.",
 			float64(reg.Ejections()))

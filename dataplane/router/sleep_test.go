@@ -1,0 +1,84 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A worker whose engine is put to sleep (vLLM's sleep mode: POST /sleep,
+// its weights off the GPU, its /health still 200) leaves rotation once its
+// metrics say so, and comes back once they say it is awake: its requests
+// go to the other worker meanwhile, a session pinned to it moves, and a
+// request that names it is refused saying why.
+func TestASleepingEngineIsOutOfRotation(t *testing.T) {
+	f := startFleet(t, mocks(2, 2, 0), func(c *config.Config) {
+		c.Telemetry.Engine.Interval = 20 * time.Millisecond
+		c.Router.SessionAffinity.Mode = "soft"
+	})
+	asleep := func() map[uint64]bool {
+		code, text := adminDo(t, f, "GET", "/workers", "", "")
+		require.Equal(t, http.StatusOK, code, text)
+		var all []struct {
+			ID     uint64 `json:"id"`
+			Asleep bool   `json:"asleep"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(text), &all))
+		out := map[uint64]bool{}
+		for _, w := range all {
+			out[w.ID] = w.Asleep
+		}
+		return out
+	}
+	engine := func(path string) {
+		resp, err := f.client.Post(f.mocks[0].URL()+path, "", nil)
+		require.NoError(t, err)
+		readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+	}
+	// Until worker 1's engine sleeps, both take requests and sessions.
+	session := ""
+	for i := 0; session == ""; i++ {
+		require.Less(t, i, 32, "a session is placed on worker 1")
+		if id := fmt.Sprintf("s%d", i); f.servedBy("/v1/chat/completions", chatBody, "x-session-id", id) == "1" {
+			session = id
+		}
+	}
+	assert.Equal(t, "1", f.servedBy("/v1/chat/completions", chatBody, "x-session-id", session), "pinned")
+	assert.Equal(t, map[uint64]bool{1: false, 2: false}, asleep())
+	assert.Equal(t, "0", metric(t, f, `fastroute_worker_asleep{worker="1"}`))
+
+	engine("/sleep?level=1")
+	require.Eventually(t, func() bool { return asleep()[1] }, 5*time.Second, 10*time.Millisecond,
+		"GET /workers shows the engine asleep")
+	assert.Equal(t, "1", metric(t, f, `fastroute_worker_asleep{worker="1"}`))
+	assert.Equal(t, "0", metric(t, f, `fastroute_worker_asleep{worker="2"}`))
+	served := f.mocks[0].Served()
+	for range 8 {
+		assert.Equal(t, "2", f.servedBy("/v1/chat/completions", chatBody))
+	}
+	assert.Equal(t, "2", f.servedBy("/v1/chat/completions", chatBody, "x-session-id", session), "the session moved")
+	resp, body := f.send("POST", "/v1/chat/completions", chatBody, "x-worker-id", "1")
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, body)
+	assert.Contains(t, body, "worker 1 is not routable (asleep)")
+	assert.Equal(t, served, f.mocks[0].Served(), "nothing reached the sleeping engine")
+	assert.True(t, f.mocks[0].Asleep())
+
+	engine("/wake_up")
+	require.Eventually(t, func() bool { return !asleep()[1] }, 5*time.Second, 10*time.Millisecond,
+		"GET /workers shows the engine awake")
+	workers := map[string]int{}
+	for range 8 {
+		workers[f.servedBy("/v1/chat/completions", chatBody)]++
+	}
+	assert.Equal(t, map[string]int{"1": 4, "2": 4}, workers, "back in rotation")
+	resp, body = f.send("POST", "/v1/chat/completions", chatBody, "x-worker-id", "1")
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	f.assertIdle()
+}
