@@ -113,6 +113,11 @@ func runDemo(args []string) error {
 		return err
 	}
 	fmt.Println(sticky)
+	slept, err := demoSleep(client, base, r.Registry, cfg.Workers[0].ID, mocks[0])
+	if err != nil {
+		return fmt.Errorf("sleep mode: %w", err)
+	}
+	fmt.Println(slept)
 	conv, err := demoConversation(client, []string{base}, nil, mocks)
 	if err != nil {
 		return fmt.Errorf("conversation: %w", err)
@@ -159,7 +164,7 @@ func runDemo(args []string) error {
 		}
 	}
 	// The embeddings', the realtime session's, then demoTrace's.
-	if want := int64(*requests + 1 + 1 + stickyRequests + conversationTurns + aliasRequests + 1); total != want {
+	if want := int64(*requests + 1 + 1 + stickyRequests + sleepRequests + conversationTurns + aliasRequests + 1); total != want {
 		return fmt.Errorf("workers served %d requests, want %d", total, want)
 	}
 	resp, err := client.Get("http://" + r.AdminAddr() + "/metrics")
@@ -498,6 +503,54 @@ func demoSticky(client *http.Client, base string) (string, error) {
 	}
 	return fmt.Sprintf("lora sql-lora       -> worker %s\nsession demo-session -> workers %s (soft affinity)",
 		loraWorker, strings.Join(session, ", ")), nil
+}
+
+// sleepRequests are the requests demoSleep sends while a worker sleeps.
+const sleepRequests = 4
+
+// demoSleep puts the engine of worker (served by m) to sleep as an RL trainer does
+// (vLLM's POST /sleep), waits for the router to read it in the engine's
+// metrics, sends sleepRequests requests, which go to the other workers,
+// and wakes the engine up again.
+func demoSleep(client *http.Client, base string, reg *dataplane.Registry, worker uint64, m *mockworker.Worker) (string, error) {
+	id := strconv.FormatUint(worker, 10)
+	engine := func(path string, asleep bool) error {
+		resp, err := client.Post(m.URL()+path, "", nil)
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: status %d", path, resp.StatusCode)
+		}
+		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if w, ok := reg.Get(worker); ok && w.Asleep() == asleep {
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("the router did not see worker %s's engine asleep: %t within 2s", id, asleep)
+			}
+		}
+	}
+	if err := engine("/sleep?level=1", true); err != nil {
+		return "", err
+	}
+	var went []string
+	for range sleepRequests {
+		w, err := demoSend(client, base+"/v1/completions", `{"model":"mock-model","prompt":"hi"}`, "")
+		if err != nil {
+			return "", err
+		}
+		if w == id {
+			return "", fmt.Errorf("a request went to worker %s, asleep", id)
+		}
+		went = append(went, w)
+	}
+	if err := engine("/wake_up", false); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("worker %s asleep      -> workers %s (vLLM's sleep mode, read in its metrics; woken up after)",
+		id, strings.Join(went, ", ")), nil
 }
 
 // demoSend posts body to url (with the session header when session is
