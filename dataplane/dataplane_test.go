@@ -947,3 +947,45 @@ func TestAnEngineAsleepIsOutOfRotation(t *testing.T) {
 	assert.Equal(t, 2, reg.Snapshot().Len(), "no fresh reading: not taken to sleep")
 	reg.SetEngine(99, &engine.Stats{Reading: engine.Reading{Asleep: true}}) // unknown: nothing
 }
+
+// A request a worker refused as longer than its context moves only to
+// workers of a longer known context, as long as one is left; a worker of
+// unknown context is passed over then, and refusals of its own move
+// nothing.
+func TestARequestRefusedAsLongerMovesOnlyToLongerContexts(t *testing.T) {
+	reg := NewRegistry()
+	for id, ctx := range map[uint64]int{1: 100, 2: 200, 3: 0, 4: 400} {
+		sp := spec(id)
+		sp.MaxModelLen = ctx
+		_, err := reg.Add(sp)
+		require.NoError(t, err)
+	}
+	sel := newSelector(t, reg, pickers.ModeRoundRobin, 0)
+	w := func(id uint64) *Worker { x, _ := reg.Get(id); return x }
+	for range 8 {
+		req := &Request{}
+		var res Reservation
+		require.NoError(t, sel.Select(req, &res))
+		first := res.Worker()
+		longer := sel.LongerContext(req, first)
+		switch first.ID() {
+		case 1, 2:
+			require.True(t, longer)
+			require.NoError(t, sel.Retry(req, &res))
+			assert.Greater(t, res.Worker().ContextLen(), first.ContextLen(), "from worker %d", first.ID())
+		case 3:
+			assert.False(t, longer, "unknown: nothing is known to be longer")
+		case 4:
+			assert.False(t, longer, "the longest")
+		}
+		res.Release()
+	}
+	assert.False(t, sel.LongerContext(&Request{WorkerID: 1}, w(1)), "bound to its worker")
+	reg.SetHealthy(4, false)
+	req := &Request{}
+	assert.True(t, sel.LongerContext(req, w(1)))
+	assert.False(t, sel.LongerContext(req, w(2)), "worker 4 is not routable")
+	for _, x := range reg.All() {
+		assert.Zero(t, x.Occupancy())
+	}
+}

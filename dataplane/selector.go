@@ -74,6 +74,7 @@ type Request struct {
 	hard          bool
 	stored        bool // WorkerID holds Response
 	searching     bool // no worker is known to hold Response
+	minContext    int  // a worker refused it as longer than its context: only longer ones (LongerContext); 0: any
 
 	exclude  [MaxAttempts]uint64
 	nExclude int
@@ -93,7 +94,7 @@ func (r *Request) Reset() {
 	r.WorkerID, r.DPRank, r.HasDPRank, r.Phase, r.Query = 0, 0, false, PhaseAny, false
 	r.preferID, r.preferRank, r.hasPreferRank = 0, 0, false
 	r.group, r.hard, r.stored, r.searching = nil, false, false, false
-	r.nExclude = 0
+	r.nExclude, r.minContext = 0, 0
 }
 
 // Attempts returns how many workers this request has been moved away from.
@@ -450,7 +451,31 @@ func (s *Selector) Retry(req *Request, res *Reservation) error {
 }
 
 func (s *Selector) admits(req *Request, w *Worker) bool {
-	return !req.excluded(w.spec.ID) && w.spec.Role.serves(req.Phase)
+	return !req.excluded(w.spec.ID) && w.spec.Role.serves(req.Phase) && (req.minContext == 0 || w.ContextLen() >= req.minContext)
+}
+
+// LongerContext readies req, which worker w refused as longer than its
+// context (an engine's 400 saying so), to move on (Retry) only to
+// workers of a longer known context: it reports whether a routable
+// candidate of req has one, and when it has, Retry takes only such
+// workers from then on. False for a worker of unknown context (nothing
+// is known to be longer) and a request bound to its worker.
+func (s *Selector) LongerContext(req *Request, w *Worker) bool {
+	have := w.ContextLen()
+	if have <= 0 || req.WorkerID != 0 {
+		return false
+	}
+	c := s.reg.Snapshot().pool(req.Phase)
+	if req.group != nil {
+		c = &req.group.candidates
+	}
+	for _, x := range c.workers {
+		if x.spec.ID != w.spec.ID && x.ContextLen() > have && s.admits(req, x) {
+			req.minContext = have + 1
+			return true
+		}
+	}
+	return false
 }
 
 // hold records the reservation with its data-parallel rank: the pinned one

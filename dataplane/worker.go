@@ -90,6 +90,12 @@ type WorkerSpec struct {
 	Role Role `json:"role" yaml:"role"`
 	// BootstrapPort is the KV bootstrap port of an SGLang prefill worker.
 	BootstrapPort int `json:"bootstrap_port,omitempty" yaml:"bootstrap_port"`
+	// MaxModelLen is the engine's context length in tokens (vLLM's
+	// --max-model-len, SGLang's --context-length, llama.cpp's slot size):
+	// a request it refuses as longer moves to a worker with a longer one.
+	// 0: the max_model_len its /v1/models lists (vLLM, SGLang), else
+	// unknown.
+	MaxModelLen int `json:"max_model_len,omitempty" yaml:"max_model_len"`
 }
 
 // Normalize fills defaults (cpu device, dp_size 1, capacity 1) and validates
@@ -154,6 +160,9 @@ func (s *WorkerSpec) Normalize() error {
 	}
 	if s.BootstrapPort < 0 || s.BootstrapPort > 65535 {
 		return fieldErr("bootstrap_port", "%d is outside 1..65535", s.BootstrapPort)
+	}
+	if s.MaxModelLen < 0 {
+		return fieldErr("max_model_len", "%d is negative (0: the max_model_len the worker's /v1/models lists)", s.MaxModelLen)
 	}
 	if err := checkNames("models", "model", s.Models); err != nil {
 		return err
@@ -293,6 +302,9 @@ type Advertised struct {
 	// them (created, max_model_len, root, parent...), passed through by the
 	// router's /v1/models.
 	Entries map[string]json.RawMessage `json:"-"`
+	// MaxModelLen is the longest context its base models' entries list
+	// (vLLM's and SGLang's max_model_len); 0: none listed.
+	MaxModelLen int `json:"max_model_len,omitempty"`
 }
 
 func newWorker(spec WorkerSpec) *Worker {
@@ -365,6 +377,18 @@ func (w *Worker) SetWeight(v float64) {
 		v = 0
 	}
 	w.weight.Store(math.Float64bits(v))
+}
+
+// ContextLen returns w's context length in tokens: its spec's
+// max_model_len, else the one its /v1/models lists; 0: unknown.
+func (w *Worker) ContextLen() int {
+	if w.spec.MaxModelLen > 0 {
+		return w.spec.MaxModelLen
+	}
+	if a := w.adv.Load(); a != nil {
+		return a.MaxModelLen
+	}
+	return 0
 }
 
 // Served returns how many requests were dispatched to w since it

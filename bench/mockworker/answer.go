@@ -84,6 +84,10 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) (streaming bool
 		w.embeddings(ctx, v, c.model)
 		return false
 	}
+	if msg := w.overContext(c.prompt, v); msg != "" {
+		writeErr(ctx, fasthttp.StatusBadRequest, "BadRequestError", msg)
+		return false
+	}
 	src, err := w.tokenSource(ctx, v, &c)
 	if err != nil {
 		writeErr(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "mock: "+err.Error())
@@ -124,6 +128,31 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) (streaming bool
 	}
 	ctx.SetBody(append(body, '}'))
 	return false
+}
+
+// overContext says, as vLLM does in its 400, why a request of prompt tokens
+// asking for the body v's max_tokens (or max_completion_tokens) does not
+// fit the worker's context (Options.MaxModelLen); "" when it fits or the
+// worker sets no context length.
+func (w *Worker) overContext(prompt int, v *fastjson.Value) string {
+	limit := w.opts.MaxModelLen
+	if limit <= 0 {
+		return ""
+	}
+	if prompt >= limit {
+		return fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. "+
+			"Please reduce the length of the input messages.", limit, prompt)
+	}
+	for _, key := range []string{"max_completion_tokens", "max_tokens"} {
+		if m := v.GetInt(key); m > 0 {
+			if m > limit-prompt {
+				return fmt.Sprintf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens "+
+					"and your request has %d input tokens (%d > %d - %d).", m, limit, prompt, m, limit, prompt)
+			}
+			break
+		}
+	}
+	return ""
 }
 
 func (c *call) finishReason(n int) string {

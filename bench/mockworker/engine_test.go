@@ -381,3 +381,32 @@ func TestSleepMode(t *testing.T) {
 	assert.Equal(t, http.StatusOK, chat())
 	assert.False(t, w.Asleep())
 }
+
+// With a context length set, /v1/models reports it and a request that does
+// not fit is refused as vLLM refuses it: a 400 naming the maximum context
+// length, for a prompt too long or a max_tokens too large.
+func TestContextLength(t *testing.T) {
+	w := startEngine(t, Options{ID: 1, MaxModelLen: 100})
+	ctx := context.Background()
+	resp, err := http.Get(w.URL() + "/v1/models")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(b), `"max_model_len":100`)
+	for _, c := range []struct {
+		body   string
+		status int
+		says   string
+	}{
+		{`{"model":"mock-model","prompt":"hi","max_tokens":50}`, http.StatusOK, ""},
+		{`{"model":"mock-model","prompt":"hi","max_tokens":99}`, http.StatusBadRequest, "'max_tokens' or 'max_completion_tokens' is too large: 99. This model's maximum context length is 100 tokens"},
+		{`{"model":"mock-model","prompt":"` + strings.Repeat("x", 400) + `"}`, http.StatusBadRequest, "This model's maximum context length is 100 tokens. However, your request has 108 input tokens."},
+	} {
+		resp, err := post(ctx, w.URL(), "/v1/completions", c.body)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, c.status, resp.StatusCode, string(b))
+		assert.Contains(t, string(b), c.says)
+	}
+}

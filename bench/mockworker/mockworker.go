@@ -52,10 +52,17 @@ type Options struct {
 	// its last answer, as uvicorn's timeout_keep_alive (5 s under vLLM and
 	// SGLang) does; 0: never.
 	KeepAlive time.Duration
+	// MaxModelLen is the context length in tokens (vLLM's --max-model-len):
+	// /v1/models reports it, and a chat or completion request whose prompt
+	// and max_tokens do not fit is refused with vLLM's 400. 0: /v1/models
+	// reports DefaultMaxModelLen and nothing is refused (the tests' long
+	// answers).
+	MaxModelLen int
 }
 
-// maxModelLen is the context length the mock's /v1/models reports.
-const maxModelLen = 8192
+// DefaultMaxModelLen is the context length /v1/models reports of a worker
+// that sets none.
+const DefaultMaxModelLen = 8192
 
 // MaxBodyBytes is the largest request body accepted: above the router's
 // default, so the router's own limit is the one a client meets.
@@ -102,6 +109,7 @@ func Serve(ln net.Listener, opts Options) *Worker {
 	if opts.Model == "" {
 		opts.Model = "mock-model"
 	}
+
 	if opts.TLS != nil {
 		ln = tls.NewListener(ln, opts.TLS)
 	}
@@ -272,12 +280,20 @@ func (w *Worker) models(ctx *fasthttp.RequestCtx) {
 	// vLLM's entry shape: the router passes these fields through.
 	b := []byte(`{"object":"list","data":[`)
 	b = fmt.Appendf(b, `{"id":%q,"object":"model","created":1764600000,"owned_by":"vllm","root":%q,"parent":null,"max_model_len":%d}`,
-		w.opts.Model, w.opts.Model, maxModelLen)
+		w.opts.Model, w.opts.Model, w.contextLen())
 	for _, l := range w.opts.LoRAs {
 		b = fmt.Appendf(b, `,{"id":%q,"object":"model","created":1764600000,"owned_by":"vllm","root":"/adapters/%s","parent":%q,"max_model_len":%d}`,
-			l, l, w.opts.Model, maxModelLen)
+			l, l, w.opts.Model, w.contextLen())
 	}
 	ctx.SetBody(append(b, "]}"...))
+}
+
+// contextLen is the context length /v1/models reports.
+func (w *Worker) contextLen() int {
+	if w.opts.MaxModelLen > 0 {
+		return w.opts.MaxModelLen
+	}
+	return DefaultMaxModelLen
 }
 
 // quiet drops fasthttp's per-connection error messages.

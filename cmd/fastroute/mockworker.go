@@ -30,6 +30,7 @@ func runMockWorker(args []string) error {
 	fs.StringVar(&o.APIKey, "api-key", "", "answer /v1/ routes only with Authorization: Bearer <key>, as vLLM's --api-key")
 	loras := fs.String("loras", "", "comma-separated LoRA adapters to advertise")
 	fs.Float64Var(&o.FailRate, "fail-rate", 0, "share of requests answered 500")
+	fs.IntVar(&o.MaxModelLen, "max-model-len", 0, "context length in tokens, as vLLM's --max-model-len: /v1/models reports it, and a request whose prompt (4 bytes of body a token) and max_tokens exceed it is answered vLLM's 400 (0: /v1/models reports 8192, nothing refused)")
 	fs.BoolVar(&o.ResponsesStore, "responses-store", false, "store the Responses API's responses for GET /v1/responses/{id} and previous_response_id, as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1")
 	e := &o.Engine
 	fs.IntVar(&e.MaxNumSeqs, "max-num-seqs", 0, "simulate an engine with this many running slots and a waiting queue (0: fixed-time answers)")

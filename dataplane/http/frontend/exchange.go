@@ -439,12 +439,13 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 		err := ex.send(u, ex.token, t, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
 			ex.headCame(u, w, t)
-			if move, search := ex.movesOn(); move {
+			if why := ex.movesOn(w); why != stays {
 				if !ex.readWhole(ctx, w) {
 					return false
 				}
 				ex.endConn(ex.token) // read to its end: the connection goes back to its pool
-				if !search && !ex.mayRetry() {
+				if (why == moveStatus && !ex.mayRetry()) ||
+					(why == moveContext && !(refusedAsLonger(ctx.Response.Body()) && s.sel.LongerContext(&ex.req, w))) {
 					ex.sendWhole(ctx, u) // the client gets this answer
 					return false
 				}
@@ -453,13 +454,9 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 				case rerr == nil:
 					ex.traceMove(w, "status", ex.resp.StatusCode())
 					ctx.Response.ResetBody()
-					if search {
-						s.metrics.searchMoves.Inc()
-					} else {
-						s.metrics.retries.Inc()
-					}
+					s.metrics.moved(why)
 					continue
-				case search && errors.Is(rerr, dataplane.ErrResourceExhausted):
+				case why == moveSearch && errors.Is(rerr, dataplane.ErrResourceExhausted):
 					// The response may be on a busy worker: not a 404.
 					ctx.Response.ResetBody()
 					writeSelectError(ctx, rerr)
@@ -784,23 +781,64 @@ func (ex *exchange) sendWhole(ctx *fasthttp.RequestCtx, u *upstream) {
 	ex.finish(outcomeOK)
 }
 
-// movesOn reports whether the worker's answer moves the request to
-// another worker: its status is one of router.retry_statuses, a try is
-// left and the request is not bound to the worker; or (search) it is a 404
-// to a request searching for a stored response, and a worker it did not
-// try yet may hold it. Either way the answer is no event stream and of a
-// known length the answer buffer holds (it is read whole first, so that
-// the client can still get it when no other worker can take the request).
-func (ex *exchange) movesOn() (move, search bool) {
+// moveKind is why a worker's answer may move its request to another worker
+// (movesOn).
+type moveKind uint8
+
+const (
+	stays       moveKind = iota
+	moveStatus           // its status is one of router.retry_statuses
+	moveSearch           // a 404 to a request searching for a stored response
+	moveContext          // a 400, from a worker of known context: if it says the request is longer, to a longer one
+)
+
+// movesOn reports whether worker w's answer may move the request to
+// another worker, and why: it is a 404 to a request searching for a
+// stored response, and a worker it did not try yet may hold it; its
+// status is one of router.retry_statuses, a try is left and the request
+// is not bound to the worker; or it is a 400 from a worker whose context length is
+// known, to a request not bound to it, which moves to a worker of a
+// longer context if the answer says the request is longer than the
+// worker's (refusedAsLonger, Selector.LongerContext). Either way the
+// answer is no event stream and of a known length the answer buffer holds
+// (it is read whole first, so that the client can still get it when no
+// other worker can take the request).
+func (ex *exchange) movesOn(w *dataplane.Worker) moveKind {
 	s := ex.s
 	st := ex.resp.StatusCode()
-	search = st == fasthttp.StatusNotFound && ex.req.Searching() && ex.req.Attempts() < dataplane.MaxAttempts-1
-	retry := st >= 0 && st < len(s.retryOn) && s.retryOn[st] && ex.req.WorkerID == 0 && int64(ex.req.Attempts()) < s.retries.Load()
-	if !search && !retry {
-		return false, false
+	var why moveKind
+	switch tries := ex.req.Attempts(); {
+	case st == fasthttp.StatusNotFound && ex.req.Searching() && tries < dataplane.MaxAttempts-1:
+		why = moveSearch
+	case st >= 0 && st < len(s.retryOn) && s.retryOn[st] && ex.req.WorkerID == 0 && int64(tries) < s.retries.Load():
+		why = moveStatus
+	case st == fasthttp.StatusBadRequest && ex.req.WorkerID == 0 && tries < dataplane.MaxAttempts-1 && w.ContextLen() > 0:
+		why = moveContext
+	default:
+		return stays
 	}
 	n := ex.resp.Header.ContentLength()
-	return n >= 0 && n <= s.opts.AnswerBufferBytes && !bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream), search
+	if n < 0 || n > s.opts.AnswerBufferBytes || bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream) {
+		return stays
+	}
+	return why
+}
+
+// longerPhrases are what engines' 400s say of a request longer than
+// their context: vLLM's "maximum context length" and "maximum model
+// length", SGLang's "context length", llama.cpp's "context size", OpenAI's
+// code context_length_exceeded.
+var longerPhrases = [][]byte{[]byte("context length"), []byte("maximum model length"), []byte("context size"), []byte("context_length_exceeded")}
+
+// refusedAsLonger reports whether the body of an engine's 400 says the
+// request is longer than the engine's context.
+func refusedAsLonger(body []byte) bool {
+	for _, p := range longerPhrases {
+		if bytes.Contains(body, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {

@@ -1680,3 +1680,29 @@ func TestAnAnswerThatStallsNamesItsDeadline(t *testing.T) {
 		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, 10*time.Millisecond)
 	}
 }
+
+// The 400s engines answer a request longer than their context are told
+// from their other 400s by what they say.
+func TestRefusalsAsLongerAreTold(t *testing.T) {
+	for _, body := range []string{
+		// vLLM, a prompt and max_tokens over the context, and a prompt alone
+		`{"error":{"message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}}`,
+		`{"object":"error","message":"The decoder prompt (length 9000) is longer than the maximum model length of 8192. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens.","type":"BadRequestError","param":null,"code":400}`,
+		// SGLang
+		`{"object":"error","message":"The input (9000 tokens) is longer than the model's context length (8192 tokens).","type":"BadRequestError","param":null,"code":400}`,
+		`{"object":"error","message":"Requested token count exceeds the model's maximum context length of 8192 tokens. You requested a total of 9000 tokens: 8000 tokens from the input messages and 1000 tokens for the completion.","type":"BadRequestError","param":null,"code":400}`,
+		// llama.cpp's llama-server
+		`{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}`,
+		// OpenAI's code
+		`{"error":{"message":"Too long.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`,
+	} {
+		assert.True(t, refusedAsLonger([]byte(body)), body)
+	}
+	for _, body := range []string{
+		`{"error":{"message":"[{'type': 'missing', 'loc': ('body', 'messages'), 'msg': 'Field required'}]","type":"BadRequestError","param":null,"code":400}}`,
+		`{"object":"error","message":"temperature must be non-negative, got -1.0.","type":"BadRequestError","param":null,"code":400}`,
+		`{"error":{"message":"The model ` + "`llama`" + ` does not exist.","type":"NotFoundError","param":"model","code":404}}`,
+	} {
+		assert.False(t, refusedAsLonger([]byte(body)), body)
+	}
+}

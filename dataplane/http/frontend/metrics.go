@@ -64,6 +64,9 @@ type Metrics struct {
 	// Workers a request for a stored response moved past because they
 	// answered 404 (movesOn).
 	searchMoves metrics.Counter
+	// contextMoves counts requests moved on from a worker that refused
+	// them as longer than its context.
+	contextMoves metrics.Counter
 	// Client connections the listener could not accept for want of
 	// resources (file descriptors, kernel memory), each accepted later.
 	acceptShortages metrics.Counter
@@ -143,6 +146,7 @@ func newMetrics() *Metrics {
 		retries:         metrics.NewCounter(),
 		retriesRefused:  metrics.NewCounter(),
 		searchMoves:     metrics.NewCounter(),
+		contextMoves:    metrics.NewCounter(),
 		acceptShortages: metrics.NewCounter(),
 		proxyRefusals:   metrics.NewCounter(),
 		connectionsFull: metrics.NewCounter(),
@@ -198,6 +202,22 @@ func (m *Metrics) Retries() uint64 { return m.retries.Value() }
 // SearchMoves returns how many times a request for a stored response
 // moved past a worker that answered 404.
 func (m *Metrics) SearchMoves() uint64 { return m.searchMoves.Value() }
+
+// ContextMoves returns how many times a request moved past a worker that
+// refused it as longer than its context.
+func (m *Metrics) ContextMoves() uint64 { return m.contextMoves.Value() }
+
+// moved counts a request moved on an answer, as why says.
+func (m *Metrics) moved(why moveKind) {
+	switch why {
+	case moveSearch:
+		m.searchMoves.Inc()
+	case moveContext:
+		m.contextMoves.Inc()
+	default:
+		m.retries.Inc()
+	}
+}
 
 // writeModels writes the families by model.
 func (m *Metrics) writeModels(w *metrics.Writer) {
@@ -257,6 +277,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			{"fastroute_websocket_sessions", "gauge", "WebSocket sessions open, each holding its worker's reservation until it closes.", float64(m.tunnels.Load())},
 			{"fastroute_retrying_requests", "gauge", "Requests on a retry now (counted while router.retry_budget is set).", float64(m.retrying.Load())},
 			{"fastroute_response_search_moves_total", "counter", "Requests for a stored response (Responses API) no worker was known to hold, moved on from a worker that answered 404.", float64(m.searchMoves.Value())},
+			{"fastroute_context_moves_total", "counter", "Requests a worker refused as longer than its context (a 400 saying so), moved on to a worker of a longer context.", float64(m.contextMoves.Value())},
 			{"fastroute_proxy_protocol_refusals_total", "counter", "Client connections closed unserved for want of the PROXY protocol header they must begin with (none, malformed, or not whole within limits.read_timeout).", float64(m.proxyRefusals.Value())},
 			{"fastroute_accept_shortages_total", "counter", "Accepts of client connections that failed for want of file descriptors or kernel memory (each followed by a pause of 5 ms to 1 s and another accept).", float64(m.acceptShortages.Value())},
 			{"fastroute_client_connections", "gauge", "Client connections open (accepted, not yet closed).", float64(m.openConnections())},

@@ -115,7 +115,7 @@ func (ex *exchange) refusalMoves(w *dataplane.Worker, status int) bool {
 	if status == fasthttp.StatusSwitchingProtocols {
 		return false
 	}
-	if move, _ := ex.movesOn(); !move || !ex.mayRetry() || ex.s.sel.Retry(&ex.req, &ex.res) != nil {
+	if ex.movesOn(w) != moveStatus || !ex.mayRetry() || ex.s.sel.Retry(&ex.req, &ex.res) != nil {
 		return false
 	}
 	ex.s.metrics.retries.Inc()

@@ -232,6 +232,7 @@ func (c *Checker) models(w *dataplane.WorkerSpec) *dataplane.Advertised {
 			out.Adapters = append(out.Adapters, string(id))
 		} else {
 			out.Models = append(out.Models, string(id))
+			out.MaxModelLen = max(out.MaxModelLen, m.GetInt("max_model_len"))
 		}
 	}
 	return out

@@ -1,0 +1,104 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A fleet whose engines serve the same model with different context
+// lengths (a CPU engine's short one beside GPU engines'): a request an
+// engine refuses as longer than its context (vLLM's 400) moves to a
+// worker of a longer context, as often as it takes, instead of failing
+// where the pick happened to send it; one longer than every context gets
+// the engine's 400, as does one bound to its worker. The contexts are
+// those the workers' /v1/models list, unless the config sets one.
+func TestARequestLongerThanAContextMovesToALongerOne(t *testing.T) {
+	f := startFleet(t, []mockworker.Options{{ID: 1, MaxModelLen: 256}, {ID: 2, MaxModelLen: 1024}, {ID: 3, MaxModelLen: 4096}},
+		func(c *config.Config) { c.Workers[2].MaxModelLen = 0 }) // from its /v1/models
+	require.Eventually(t, func() bool {
+		code, text := adminDo(t, f, "GET", "/workers", "", "")
+		var all []struct {
+			Listed struct {
+				MaxModelLen int `json:"max_model_len"`
+			} `json:"listed"`
+		}
+		return code == http.StatusOK && json.Unmarshal([]byte(text), &all) == nil && len(all) == 3 &&
+			all[0].Listed.MaxModelLen == 256 && all[1].Listed.MaxModelLen == 1024 && all[2].Listed.MaxModelLen == 4096
+	}, 5*time.Second, 10*time.Millisecond, "GET /workers shows the contexts the workers list")
+
+	// A prompt of 500 tokens (the mock's 4 bytes a token) fits workers 2
+	// and 3: round robin sends some to worker 1, which refuses each (its
+	// refusals count among its mock's requests); each moves on.
+	moves := func() string { return metric(t, f, "fastroute_context_moves_total") }
+	long := fmt.Sprintf(`{"model":"mock-model","prompt":%q,"max_tokens":4}`, strings.Repeat("x", 2000))
+	served := map[string]int{}
+	for range 6 {
+		served[f.servedBy("/v1/completions", long)]++
+	}
+	assert.Zero(t, served["1"], "worker 1's context is too short")
+	assert.Equal(t, 6, served["2"]+served["3"])
+	refused := f.mocks[0].Served()
+	assert.Positive(t, refused, "round robin started some on worker 1")
+	assert.Equal(t, fmt.Sprint(refused), moves(), "one move for each refusal")
+
+	// max_tokens 2000 fits worker 3 alone: from worker 1 it moves past
+	// worker 2 too.
+	longer := `{"model":"mock-model","prompt":"hi","max_tokens":2000}`
+	before := f.mocks[0].Served() + f.mocks[1].Served()
+	for range 3 {
+		assert.Equal(t, "3", f.servedBy("/v1/completions", longer))
+	}
+	assert.Equal(t, fmt.Sprint(refused+f.mocks[0].Served()+f.mocks[1].Served()-before), moves())
+
+	// Longer than every context: the engine's own 400 reaches the client.
+	resp, body := f.send("POST", "/v1/completions", `{"model":"mock-model","prompt":"hi","max_tokens":5000}`)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, body, "This model's maximum context length is 4096 tokens")
+	assert.Equal(t, "3", resp.Header.Get("x-fastroute-worker"))
+	// Bound to its worker: no move.
+	resp, body = f.send("POST", "/v1/completions", long, "x-worker-id", "1")
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, body, "This model's maximum context length is 256 tokens")
+	// A streaming request moves the same way: the refusal is no stream.
+	stream := fmt.Sprintf(`{"model":"mock-model","stream":true,"prompt":%q,"max_tokens":4}`, strings.Repeat("x", 2000))
+	for range 3 {
+		resp, body := f.send("POST", "/v1/completions", stream)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+		assert.Contains(t, body, "data: [DONE]")
+		assert.NotEqual(t, "1", resp.Header.Get("x-fastroute-worker"))
+	}
+	f.assertIdle()
+}
+
+// The config's max_model_len wins over what a worker lists: set longer
+// than every other worker's, nothing is longer, and its refusals are the
+// client's answers.
+func TestAConfiguredContextLengthWins(t *testing.T) {
+	f := startFleet(t, []mockworker.Options{{ID: 1, MaxModelLen: 256}, {ID: 2, MaxModelLen: 1024}},
+		func(c *config.Config) { c.Workers[0].MaxModelLen = 100000 })
+	require.Eventually(t, func() bool {
+		_, text := adminDo(t, f, "GET", "/workers", "", "")
+		return strings.Count(text, `"max_model_len":1024`) == 1
+	}, 5*time.Second, 10*time.Millisecond, "worker 2's /v1/models was read")
+	long := fmt.Sprintf(`{"model":"mock-model","prompt":%q,"max_tokens":4}`, strings.Repeat("x", 2000))
+	refused := 0
+	for range 4 {
+		resp, body := f.send("POST", "/v1/completions", long)
+		if resp.StatusCode == http.StatusBadRequest {
+			refused++
+			assert.Equal(t, "1", resp.Header.Get("x-fastroute-worker"), body)
+		}
+	}
+	assert.Equal(t, 2, refused, "round robin sent two of four to worker 1")
+	assert.Equal(t, "0", metric(t, f, "fastroute_context_moves_total"))
+	f.assertIdle()
+}
