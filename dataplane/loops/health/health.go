@@ -210,6 +210,16 @@ func (c *Checker) probe(w *dataplane.WorkerSpec, path string) bool {
 	return true
 }
 
+// contextLen is the context length a /v1/models entry lists: vLLM's and
+// SGLang's max_model_len, llama.cpp's meta.n_ctx (a slot's: llama-server
+// divides its context among its --parallel slots); 0: none.
+func contextLen(entry *fastjson.Value) int {
+	if n := entry.GetInt("max_model_len"); n > 0 {
+		return n
+	}
+	return max(entry.GetInt("meta", "n_ctx"), 0)
+}
+
 // models reads an OpenAI /v1/models answer: entries with a parent are LoRA
 // adapters, the others base models. Nil when unreadable.
 func (c *Checker) models(w *dataplane.WorkerSpec) *dataplane.Advertised {
@@ -232,7 +242,7 @@ func (c *Checker) models(w *dataplane.WorkerSpec) *dataplane.Advertised {
 			out.Adapters = append(out.Adapters, string(id))
 		} else {
 			out.Models = append(out.Models, string(id))
-			out.MaxModelLen = max(out.MaxModelLen, m.GetInt("max_model_len"))
+			out.MaxModelLen = max(out.MaxModelLen, contextLen(m))
 		}
 	}
 	return out

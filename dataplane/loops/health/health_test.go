@@ -62,6 +62,39 @@ func TestProbesMarkWorkersAndLearnModels(t *testing.T) {
 	c.mu.Unlock()
 }
 
+// The context length a listing gives is learned: vLLM's and SGLang's
+// max_model_len (the longest of the base models'), llama.cpp's per-slot
+// meta.n_ctx (not its n_ctx_train); none listed is 0.
+func TestProbesLearnContextLengths(t *testing.T) {
+	var listing atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			_, _ = io.WriteString(w, listing.Load().(string))
+		}
+	}))
+	defer srv.Close()
+	reg := dataplane.NewRegistry()
+	_, err := reg.AddUnprobed(dataplane.WorkerSpec{ID: 1, URL: srv.URL})
+	require.NoError(t, err)
+	c := New(reg, Options{Interval: time.Second, Path: "/health", UnhealthyAfter: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	w, _ := reg.Get(1)
+	for _, l := range []struct {
+		listing string
+		context int
+	}{
+		{`{"object":"list","data":[{"id":"m","object":"model","owned_by":"vllm","max_model_len":32768},` +
+			`{"id":"small","object":"model","max_model_len":4096},{"id":"lora","object":"model","parent":"m","max_model_len":65536}]}`, 32768},
+		{`{"object":"list","data":[{"id":"m","object":"model","owned_by":"sglang","root":"m","parent":null,"max_model_len":131072}]}`, 131072},
+		{`{"object":"list","data":[{"id":"m.gguf","object":"model","owned_by":"llamacpp","meta":{"n_vocab":151936,"n_ctx":4096,"n_ctx_train":40960}}]}`, 4096},
+		{`{"object":"list","data":[{"id":"m","object":"model","owned_by":"llamacpp","meta":{"n_ctx_train":40960}}]}`, 0},
+		{`{"object":"list","data":[{"id":"m","object":"model","max_model_len":-5}]}`, 0},
+	} {
+		listing.Store(l.listing)
+		c.CheckOnce()
+		assert.Equal(t, l.context, w.ContextLen(), l.listing)
+	}
+}
+
 // An answer over MaxAnswerBytes is not read whole: a /v1/models listing
 // that large leaves the worker's models unlearned.
 func TestAProbeReadsNoMoreThanItsBound(t *testing.T) {
