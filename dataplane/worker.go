@@ -93,7 +93,7 @@ type WorkerSpec struct {
 	// MaxModelLen is the engine's context length in tokens (vLLM's
 	// --max-model-len, SGLang's --context-length, llama.cpp's slot size):
 	// a request it refuses as longer moves to a worker with a longer one.
-	// 0: the max_model_len its /v1/models lists (vLLM, SGLang), else
+	// 0: the context its /v1/models lists (Advertised.MaxModelLen), else
 	// unknown.
 	MaxModelLen int `json:"max_model_len,omitempty" yaml:"max_model_len"`
 }
@@ -303,7 +303,8 @@ type Advertised struct {
 	// router's /v1/models.
 	Entries map[string]json.RawMessage `json:"-"`
 	// MaxModelLen is the longest context its base models' entries list
-	// (vLLM's and SGLang's max_model_len); 0: none listed.
+	// (vLLM's and SGLang's max_model_len, llama.cpp's per-slot
+	// meta.n_ctx); 0: none listed.
 	MaxModelLen int `json:"max_model_len,omitempty"`
 }
 
