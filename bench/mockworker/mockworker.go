@@ -109,7 +109,6 @@ func Serve(ln net.Listener, opts Options) *Worker {
 	if opts.Model == "" {
 		opts.Model = "mock-model"
 	}
-
 	if opts.TLS != nil {
 		ln = tls.NewListener(ln, opts.TLS)
 	}

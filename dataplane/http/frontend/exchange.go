@@ -796,9 +796,9 @@ const (
 // another worker, and why: it is a 404 to a request searching for a
 // stored response, and a worker it did not try yet may hold it; its
 // status is one of router.retry_statuses, a try is left and the request
-// is not bound to the worker; or it is a 400 from a worker whose context length is
-// known, to a request not bound to it, which moves to a worker of a
-// longer context if the answer says the request is longer than the
+// is not bound to the worker; or it is a 400 from a worker whose context
+// length is known, to a request not bound to it, which moves to a worker
+// of a longer context if the answer says the request is longer than the
 // worker's (refusedAsLonger, Selector.LongerContext). Either way the
 // answer is no event stream and of a known length the answer buffer holds
 // (it is read whole first, so that the client can still get it when no
