@@ -302,9 +302,12 @@ type Advertised struct {
 	// them (created, max_model_len, root, parent...), passed through by the
 	// router's /v1/models.
 	Entries map[string]json.RawMessage `json:"-"`
-	// MaxModelLen is the longest context its base models' entries list
-	// (vLLM's and SGLang's max_model_len, llama.cpp's per-slot
-	// meta.n_ctx); 0: none listed.
+	// Contexts are the context lengths its entries list by id (vLLM's and
+	// SGLang's max_model_len, llama.cpp's per-slot meta.n_ctx); an entry
+	// that lists none is absent.
+	Contexts map[string]int `json:"-"`
+	// MaxModelLen is the longest context its base models' entries list;
+	// 0: none listed.
 	MaxModelLen int `json:"max_model_len,omitempty"`
 }
 

@@ -20,7 +20,8 @@ import (
 // worker of a longer context, as often as it takes, instead of failing
 // where the pick happened to send it; one longer than every context gets
 // the engine's 400, as does one bound to its worker. The contexts are
-// those the workers' /v1/models list, unless the config sets one.
+// those the workers' /v1/models list, unless the config sets one; the
+// router's /v1/models lists the longest.
 func TestARequestLongerThanAContextMovesToALongerOne(t *testing.T) {
 	f := startFleet(t, []mockworker.Options{{ID: 1, MaxModelLen: 256}, {ID: 2, MaxModelLen: 1024}, {ID: 3, MaxModelLen: 4096}},
 		func(c *config.Config) { c.Workers[2].MaxModelLen = 0 }) // from its /v1/models
@@ -34,6 +35,9 @@ func TestARequestLongerThanAContextMovesToALongerOne(t *testing.T) {
 		return code == http.StatusOK && json.Unmarshal([]byte(text), &all) == nil && len(all) == 3 &&
 			all[0].Listed.MaxModelLen == 256 && all[1].Listed.MaxModelLen == 1024 && all[2].Listed.MaxModelLen == 4096
 	}, 5*time.Second, 10*time.Millisecond, "GET /workers shows the contexts the workers list")
+	// The router's listing gives the longest: what a request can have.
+	_, listing := f.send("GET", "/v1/models/mock-model", "")
+	assert.Contains(t, listing, `"max_model_len":4096`)
 
 	// A prompt of 500 tokens (the mock's 4 bytes a token) fits workers 2
 	// and 3: round robin sends some to worker 1, which refuses each (its

@@ -820,33 +820,40 @@ type modelEntry struct {
 }
 
 // modelEntries is the union of the workers' models and adapters and the
-// model aliases, sorted by id: each as the first worker (by id) that lists
-// it wrote it, with all its fields; ids only the config or the admin API
-// name, aliases among them, get a minimal entry.
+// model aliases, sorted by id: each as the worker that lists the longest
+// context for it (the first by id among equals) wrote it, with all its
+// fields, since a request longer than a shorter one's moves on to it
+// (Selector.LongerContext); ids only the config or the admin API name,
+// aliases among them, get a minimal entry.
 func (s *Server) modelEntries() []modelEntry {
-	seen := map[string]json.RawMessage{}
-	add := func(id string, raw json.RawMessage) {
-		if _, ok := seen[id]; !ok || (seen[id] == nil && raw != nil) {
-			seen[id] = raw
+	type listed struct {
+		raw     json.RawMessage
+		context int
+	}
+	seen := map[string]listed{}
+	add := func(id string, raw json.RawMessage, context int) {
+		if had, ok := seen[id]; !ok || (had.raw == nil && raw != nil) || (raw != nil && context > had.context) {
+			seen[id] = listed{raw, context}
 		}
 	}
 	for _, w := range s.reg.All() {
 		adv := w.Advertised()
 		for _, id := range slices.Concat(adv.Models, adv.Adapters) {
-			add(id, adv.Entries[id])
+			add(id, adv.Entries[id], adv.Contexts[id])
 		}
 		for _, id := range slices.Concat(w.Spec().Models, w.Spec().LoRAs) {
-			add(id, nil)
+			add(id, nil, 0)
 		}
 	}
 	for _, g := range s.reg.Snapshot().Groups() { // adapters set through the admin API
-		add(g.Name(), nil)
+		add(g.Name(), nil, 0)
 	}
 	for _, name := range s.aliases.Load().Names() { // a name clients may ask for
-		add(name, nil)
+		add(name, nil, 0)
 	}
 	out := make([]modelEntry, 0, len(seen))
-	for id, raw := range seen {
+	for id, l := range seen {
+		raw := l.raw
 		if raw == nil {
 			raw, _ = json.Marshal(model{ID: id, Object: "model", OwnedBy: "fastroute"})
 		}

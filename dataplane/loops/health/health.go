@@ -231,18 +231,22 @@ func (c *Checker) models(w *dataplane.WorkerSpec) *dataplane.Advertised {
 	if err != nil {
 		return nil
 	}
-	out := &dataplane.Advertised{Models: []string{}, Adapters: []string{}, Entries: map[string]json.RawMessage{}}
+	out := &dataplane.Advertised{Models: []string{}, Adapters: []string{}, Entries: map[string]json.RawMessage{}, Contexts: map[string]int{}}
 	for _, m := range v.GetArray("data") {
 		id := m.GetStringBytes("id")
 		if len(id) == 0 || m.Type() != fastjson.TypeObject {
 			continue
 		}
 		out.Entries[string(id)] = m.MarshalTo(nil)
+		ctx := contextLen(m)
+		if ctx > 0 {
+			out.Contexts[string(id)] = ctx
+		}
 		if len(m.GetStringBytes("parent")) > 0 {
 			out.Adapters = append(out.Adapters, string(id))
 		} else {
 			out.Models = append(out.Models, string(id))
-			out.MaxModelLen = max(out.MaxModelLen, contextLen(m))
+			out.MaxModelLen = max(out.MaxModelLen, ctx)
 		}
 	}
 	return out
