@@ -903,7 +903,7 @@ func TestSubscribersHearEveryChange(t *testing.T) {
 // subscribers hear it left), keeps its sleep through a new spec, names it
 // when a request is bound to it, and is back once a reading says it is
 // awake, or once no fresh reading says anything (its health probes judge
-// it then).
+// it then). One whose engine stalled likewise.
 func TestAnEngineAsleepIsOutOfRotation(t *testing.T) {
 	reg := newFleet(t, 2)
 	var left []uint64
@@ -946,6 +946,15 @@ func TestAnEngineAsleepIsOutOfRotation(t *testing.T) {
 	reg.SetEngine(1, nil)
 	assert.Equal(t, 2, reg.Snapshot().Len(), "no fresh reading: not taken to sleep")
 	reg.SetEngine(99, &engine.Stats{Reading: engine.Reading{Asleep: true}}) // unknown: nothing
+
+	// An engine taken to have stalled (engine.Stats.Stalled) likewise.
+	heard := len(left)
+	reg.SetEngine(1, &engine.Stats{Stalled: true})
+	assert.Equal(t, 1, reg.Snapshot().Len())
+	assert.Len(t, left, heard+1, "told it left")
+	assert.ErrorContains(t, named(), "worker 1 is not routable (stalled)")
+	reg.SetEngine(1, &engine.Stats{})
+	assert.Equal(t, 2, reg.Snapshot().Len(), "generating again")
 }
 
 // A request a worker refused as longer than its context moves only to

@@ -237,7 +237,7 @@ const (
 	// replaced one); it is routable once healthy.
 	Joined Change = iota + 1
 	// Left: the worker stopped being routable (drained, unhealthy,
-	// ejected, asleep); it may come back.
+	// ejected, asleep, stalled); it may come back.
 	Left
 	// Replaced: a new spec took the worker's id (a reload, discovery); this
 	// worker object is retired once its requests end.
@@ -343,6 +343,7 @@ func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 	w := newWorker(spec)
 	w.healthy.Store(old.Healthy())
 	w.asleep.Store(old.Asleep())
+	w.stalled.Store(old.Stalled())
 	w.adv.Store(old.adv.Load())
 	w.declared.Store(old.declared.Load())
 	r.workers.Store(spec.ID, w)
@@ -505,14 +506,15 @@ func (r *Registry) SetHealthy(id uint64, healthy bool) {
 
 // SetEngine stores worker id's latest engine reading (nil: none fresh) and
 // republishes when the worker's routing changed (Worker.SetEngine); a
-// worker whose engine fell asleep has Left, like one found unhealthy.
+// worker whose engine fell asleep or stalled has Left, like one found
+// unhealthy.
 func (r *Registry) SetEngine(id uint64, st *engine.Stats) {
 	w, ok := r.workers.Load(id)
 	if !ok || !w.SetEngine(st) {
 		return
 	}
 	r.Republish()
-	if w.Asleep() {
+	if w.Asleep() || w.Stalled() {
 		r.notify(w, Left)
 	}
 }

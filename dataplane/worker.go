@@ -281,6 +281,7 @@ type Worker struct {
 	healthy  atomic.Bool
 	draining atomic.Bool
 	asleep   atomic.Bool                // its engine says it sleeps (vLLM's sleep mode)
+	stalled  atomic.Bool                // its engine runs requests and generates nothing (engine.Stats.Stalled)
 	weight   atomic.Uint64              // float64 bits of the telemetry weight
 	dpNext   atomic.Uint64              // the next turn among tied ranks (leastLoadedRank)
 	ranks    []atomic.Int64             // the requests in flight on each data-parallel rank (dp_size > 1; nil: none)
@@ -341,13 +342,19 @@ func (w *Worker) Draining() bool { return w.draining.Load() }
 // mode: its weights or KV cache off the GPU until it is woken up).
 func (w *Worker) Asleep() bool { return w.asleep.Load() }
 
-// Routable reports healthy, not draining, not ejected and not asleep.
+// Stalled reports whether w's engine last showed requests running and no
+// token generated for telemetry.engine.stall_after: taken to be hung.
+func (w *Worker) Stalled() bool { return w.stalled.Load() }
+
+// Routable reports healthy, not draining, not ejected, not asleep and not
+// stalled.
 func (w *Worker) Routable() bool {
-	return w.healthy.Load() && !w.draining.Load() && w.ejectedUntil.Load() == 0 && !w.asleep.Load()
+	return w.healthy.Load() && !w.draining.Load() && w.ejectedUntil.Load() == 0 && !w.asleep.Load() && !w.stalled.Load()
 }
 
 // unroutable names why w is out of rotation: the first of "unhealthy",
-// "draining", "ejected" and "asleep" that holds, "" when none does.
+// "draining", "ejected", "asleep" and "stalled" that holds, "" when none
+// does.
 func (w *Worker) unroutable() string {
 	switch {
 	case !w.healthy.Load():
@@ -358,6 +365,8 @@ func (w *Worker) unroutable() string {
 		return "ejected"
 	case w.asleep.Load():
 		return "asleep"
+	case w.stalled.Load():
+		return "stalled"
 	}
 	return ""
 }
@@ -426,24 +435,26 @@ func (w *Worker) Engine() *engine.Stats { return w.engine.Load() }
 // SetEngine stores a copy of the engine's latest Stats (nil: none fresh),
 // stamped with the worker's occupancy now so later dispatches count on top.
 // It reports whether the worker's routing changed: the adapters the engine
-// runs, or whether it sleeps (the registry must republish for its LoRA
-// groups and its candidates to follow). A worker without a fresh reading
-// is not taken to sleep: its health probes judge it then.
+// runs, or whether it sleeps or stalled (the registry must republish for
+// its LoRA groups and its candidates to follow). A worker without a fresh
+// reading is taken neither to sleep nor to have stalled: its health
+// probes judge it then.
 func (w *Worker) SetEngine(st *engine.Stats) (routingChanged bool) {
 	var before []string
 	if old := w.engine.Load(); old != nil {
 		before = old.Adapters
 	}
-	asleep := st != nil && st.Asleep
-	slept := w.asleep.Swap(asleep) != asleep
+	asleep, stalled := st != nil && st.Asleep, st != nil && st.Stalled
+	changed := w.asleep.Swap(asleep) != asleep
+	changed = w.stalled.Swap(stalled) != stalled || changed
 	if st == nil {
 		w.engine.Store(nil)
-		return slept || len(before) > 0
+		return changed || len(before) > 0
 	}
 	cp := *st
 	cp.Prepare(w.occ.n.Load())
 	w.engine.Store(&cp)
-	return slept || !slices.Equal(before, st.Adapters)
+	return changed || !slices.Equal(before, st.Adapters)
 }
 
 // Adapters returns the LoRA adapters w holds, each once, sorted: those

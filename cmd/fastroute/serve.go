@@ -219,6 +219,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.BoolVar(&cfg.Telemetry.Engine.Enabled, "telemetry-engine", cfg.Telemetry.Engine.Enabled, "poll each worker's engine metrics (vLLM/SGLang queue, batch, KV cache)")
 	fs.DurationVar(&cfg.Telemetry.Engine.Interval, "telemetry-engine-interval", cfg.Telemetry.Engine.Interval, "engine metrics poll period")
 	fs.DurationVar(&cfg.Telemetry.Engine.Timeout, "telemetry-engine-timeout", cfg.Telemetry.Engine.Timeout, "one engine metrics scrape's timeout")
+	fs.DurationVar(&cfg.Telemetry.Engine.StallAfter, "telemetry-engine-stall-after", cfg.Telemetry.Engine.StallAfter, "take a worker out of rotation once its engine has had requests running this long without generating a token (0: never)")
 	fs.DurationVar(&cfg.Health.Interval, "health-interval", cfg.Health.Interval, "health probe period")
 	fs.StringVar(&cfg.Health.Path, "health-path", cfg.Health.Path, "health probe path")
 	fs.IntVar(&cfg.Health.UnhealthyAfter, "unhealthy-after", cfg.Health.UnhealthyAfter, "failed probes before a worker is unhealthy")

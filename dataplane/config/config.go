@@ -429,6 +429,10 @@ type Engine struct {
 	Enabled  bool          `yaml:"enabled"`
 	Interval time.Duration `yaml:"interval"`
 	Timeout  time.Duration `yaml:"timeout"`
+	// StallAfter takes a worker out of rotation once its engine has had
+	// requests running for that long without generating a token (hung);
+	// 0: never.
+	StallAfter time.Duration `yaml:"stall_after"`
 }
 
 // Health configures worker health checks: active probes, and the passive
@@ -774,6 +778,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Telemetry.Engine.Timeout <= 0 {
 		return keyErr("telemetry.engine.timeout", "%v must be positive", c.Telemetry.Engine.Timeout)
+	}
+	if c.Telemetry.Engine.StallAfter < 0 {
+		return keyErr("telemetry.engine.stall_after", "%v is negative (0: never)", c.Telemetry.Engine.StallAfter)
 	}
 	if c.Health.Interval <= 0 {
 		return keyErr("health.interval", "%v must be positive", c.Health.Interval)

@@ -83,6 +83,7 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"shutdown_delay: -1s", "key shutdown_delay: -1s is negative"},
 		{"router: {session_affinity: {mode: sticky}}", "key router.session_affinity.mode"},
 		{"telemetry: {interval: 0s}", "key telemetry.interval"},
+		{"telemetry: {engine: {stall_after: -1s}}", "key telemetry.engine.stall_after: -1s is negative (0: never)"},
 		{"health: {path: health}", "key health.path"},
 		{"listen: nowhere", `key listen: "nowhere" is not host:port`},
 		{"limits: {max_body_bytes: 0}", "key limits.max_body_bytes"},

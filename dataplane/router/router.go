@@ -466,7 +466,7 @@ func (r *Router) startEngines(log *slog.Logger) {
 	}
 	reg := r.Registry
 	r.Engines = engine.New(engine.Options{
-		Interval: e.Interval, Timeout: e.Timeout, Logger: log, APIKey: r.Config.WorkerAPIKey, TLS: r.workerTLS,
+		Interval: e.Interval, Timeout: e.Timeout, Logger: log, APIKey: r.Config.WorkerAPIKey, TLS: r.workerTLS, StallAfter: e.StallAfter,
 		Targets: func() []engine.Target {
 			all := reg.All()
 			out := make([]engine.Target, len(all))

@@ -457,6 +457,38 @@ func TestLearnerLearnsSpeedAndSlots(t *testing.T) {
 	assert.InDelta(t, 50, restarted.TokenRate, 5, "a counter that went back (engine restart) keeps the learned speed")
 }
 
+// StillFor is how long the engine has run requests with its token
+// counter unmoved: from the first such reading, until the counter moves
+// (or goes back: a restart), nothing runs, or no counter is reported.
+func TestLearnerTimesAnEngineThatRunsAndGeneratesNothing(t *testing.T) {
+	var l Learner
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	for _, c := range []struct {
+		ms      int
+		running float64
+		tokens  float64
+		still   time.Duration
+	}{
+		{0, 0, 100, 0},                          // idle
+		{50, 2, 100, 0},                         // running from here
+		{100, 2, 100, 50 * time.Millisecond},    // nothing generated
+		{1050, 2, 100, 1000 * time.Millisecond}, // still nothing
+		{1100, 2, 110, 0},                       // it generated
+		{1150, 2, 110, 50 * time.Millisecond},
+		{1200, 0, 110, 0}, // it ran out
+		{1250, 1, 110, 0},
+		{1300, 1, 110, 50 * time.Millisecond},
+		{1350, 1, -1, 0}, // no counter
+		{1400, 1, 5, 0},  // a restart's counter
+		{1450, 1, 5, 50 * time.Millisecond},
+	} {
+		st := l.Observe(Reading{At: at(c.ms), Running: c.running, Tokens: c.tokens}, 0)
+		assert.Equal(t, c.still, st.StillFor, "at %d ms", c.ms)
+		assert.False(t, st.Stalled, "the scraper sets it")
+	}
+}
+
 // vLLM's prefix cache counters give the hit ratio of the last window of a
 // second or more in which they moved.
 func TestLearnerLearnsThePrefixCacheHitRatio(t *testing.T) {

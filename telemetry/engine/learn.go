@@ -30,6 +30,14 @@ type Stats struct {
 	// prefix cache lately: over the last window of a second or more in
 	// which vLLM's counters moved, or SGLang's own rate; -1 while unknown.
 	PrefixHitRatio float64
+	// StillFor is how long the engine has had requests running without
+	// generating a token, as its readings show it (its token counter
+	// unmoved since the first reading of the stretch); 0 while it
+	// generates, runs nothing, or reports no token counter.
+	StillFor time.Duration
+	// Stalled is set by the scraper once StillFor reaches its StallAfter:
+	// the engine is taken to be hung.
+	Stalled bool
 
 	// Set by Prepare: Cost is max(0, queued + occupancy) + 1, times scale.
 	queued float64 // Running + Waiting − Occupancy
@@ -95,6 +103,9 @@ type Learner struct {
 	prefixQ0, prefixH0 float64
 	prefixRatio        float64
 	prefixSeen         bool // prefixRatio holds a window's ratio
+	// still is the first reading of the current stretch in which requests
+	// ran and the token counter did not move (zero: none).
+	still time.Time
 }
 
 // Observe adds a reading and returns the Stats it leads to; the caller sets
@@ -128,6 +139,7 @@ func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 		l.winStart, l.winTokens, l.winRunning = r.At, 0, 0
 	}
 	l.observePrefix(r)
+	l.observeStill(r)
 	l.prev, l.have = r, true
 	slots, known := max(l.slots, 1), l.full
 	switch {
@@ -137,6 +149,9 @@ func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 		slots, known = r.MaxRunning, true
 	}
 	st := Stats{Reading: r, Slots: slots, TokenRate: l.rate, PrefixHitRatio: -1}
+	if !l.still.IsZero() {
+		st.StillFor = r.At.Sub(l.still)
+	}
 	switch {
 	case r.PrefixHitRate >= 0:
 		st.PrefixHitRatio = r.PrefixHitRate
@@ -147,6 +162,19 @@ func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 		st.Admit = 2 * int64(slots)
 	}
 	return st
+}
+
+// observeStill follows the stretch of readings in which the engine runs
+// requests and its token counter stands still: it starts at the first
+// such reading and ends at one that finds the counter moved (or gone
+// back: a restart), nothing running, or no counter.
+func (l *Learner) observeStill(r Reading) {
+	switch {
+	case r.Running <= 0 || r.Tokens < 0:
+		l.still = time.Time{}
+	case !l.have || r.Tokens != l.prev.Tokens || l.still.IsZero():
+		l.still = r.At // running from here on; still until the counter moves
+	}
 }
 
 // observePrefix closes a prefix cache window of learnWindow or more in

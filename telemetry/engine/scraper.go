@@ -50,6 +50,10 @@ type Options struct {
 	// TLS is the configuration of scrapes of https:// workers (nil: the
 	// system's roots).
 	TLS *tls.Config
+	// StallAfter, when positive, marks an engine's Stats Stalled once it
+	// has had requests running for that long without generating a token
+	// (Stats.StillFor).
+	StallAfter time.Duration
 }
 
 // Scraper polls every target's metrics concurrently each interval.
@@ -68,6 +72,7 @@ type target struct {
 	last    *Stats       // last published, nil when stale; guarded by Scraper.mu
 	lastAt  time.Time    // time of the last good reading
 	reason  string       // why there is no fresh reading ("" when there is)
+	stalled bool         // the last reading's Stats.Stalled, for the log's changes; guarded by Scraper.mu
 	client  *http.Client // Socket's; nil: the Scraper's
 }
 
@@ -182,6 +187,16 @@ func (s *Scraper) scrape(ctx context.Context, st *target) {
 		return
 	}
 	stats := st.learner.Observe(r, st.Slots)
+	stats.Stalled = s.o.StallAfter > 0 && stats.StillFor >= s.o.StallAfter
+	if stats.Stalled != st.stalled {
+		if stats.Stalled {
+			s.o.Logger.Warn("engine stalled: requests running, no token generated; out of rotation", "worker", st.ID,
+				"running", stats.Running, "still_for", stats.StillFor)
+		} else {
+			s.o.Logger.Info("engine generating again; back in rotation", "worker", st.ID)
+		}
+		st.stalled = stats.Stalled
+	}
 	st.last, st.lastAt = &stats, r.At
 	s.note(st, "")
 	s.o.Publish(st.ID, st.last)
@@ -247,6 +262,9 @@ func (s *Scraper) Describe(id uint64, info map[string]any) {
 		info["engine_admit_limit"] = l.Admit
 	}
 	info["engine_token_rate"] = l.TokenRate
+	if l.StillFor > 0 {
+		info["engine_still_seconds"] = l.StillFor.Seconds()
+	}
 	if l.PrefixHitRatio >= 0 {
 		info["engine_prefix_cache_hit_ratio"] = l.PrefixHitRatio
 	}

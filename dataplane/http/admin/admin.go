@@ -42,6 +42,10 @@ type WorkerInfo struct {
 	// Asleep is set while the worker's engine says it sleeps (vLLM's sleep
 	// mode), which keeps it out of rotation until it says it is awake.
 	Asleep bool `json:"asleep"`
+	// Stalled is set while the worker's engine shows requests running and
+	// no token generated for telemetry.engine.stall_after, which keeps it
+	// out of rotation until it generates again or runs nothing.
+	Stalled bool `json:"stalled"`
 	// Listed is what the worker's /v1/models lists: base models and
 	// adapters (the spec's models and loras are the declared ones).
 	Listed dataplane.Advertised `json:"listed"`
@@ -421,7 +425,7 @@ func (o Options) workerJSON(wk *dataplane.Worker) []byte {
 		WorkerSpec: *wk.Spec(), Healthy: wk.Healthy(), Draining: wk.Draining(),
 		Occupancy: wk.Occupancy(), RankOccupancy: wk.RankOccupancy(), Served: wk.Served(), Weight: wk.Weight(),
 		Ejected: !until.IsZero(), EjectedForSeconds: max(time.Until(until).Seconds(), 0), Ejections: ejections,
-		Asleep: wk.Asleep(), Listed: wk.Advertised(), ServedModels: wk.Models(), ResidentLoRAs: wk.Adapters(),
+		Asleep: wk.Asleep(), Stalled: wk.Stalled(), Listed: wk.Advertised(), ServedModels: wk.Models(), ResidentLoRAs: wk.Adapters(),
 	})
 	if o.Describe == nil {
 		return b

@@ -333,13 +333,21 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			}
 			w.Sample("fastroute_worker_ejected", ejected, "worker", strconv.FormatUint(wk.ID(), 10))
 		}
-		w.Header("fastroute_worker_asleep", "gauge", "1 while the worker's engine says it sleeps (vLLM's sleep mode), out of rotation.")
-		for _, wk := range workers {
-			asleep := 0.0
-			if wk.Asleep() {
-				asleep = 1
+		for _, f := range []struct {
+			name, help string
+			is         func(*dataplane.Worker) bool
+		}{
+			{"fastroute_worker_asleep", "1 while the worker's engine says it sleeps (vLLM's sleep mode), out of rotation.", (*dataplane.Worker).Asleep},
+			{"fastroute_worker_stalled", "1 while the worker's engine shows requests running and no token generated for telemetry.engine.stall_after, out of rotation.", (*dataplane.Worker).Stalled},
+		} {
+			w.Header(f.name, "gauge", f.help)
+			for _, wk := range workers {
+				v := 0.0
+				if f.is(wk) {
+					v = 1
+				}
+				w.Sample(f.name, v, "worker", strconv.FormatUint(wk.ID(), 10))
 			}
-			w.Sample("fastroute_worker_asleep", asleep, "worker", strconv.FormatUint(wk.ID(), 10))
 		}
 		writeWorkerStats(w, workers, m.statsOf)
 		w.Single("fastroute_ejections_total", "counter", "Workers taken out of rotation after consecutive 5xx answers or transport failures.",
