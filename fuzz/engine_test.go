@@ -13,8 +13,9 @@ import (
 // either fails to parse or gives a reading of counts within bounds, and
 // what the router learns from it, read again and again, stays finite: a
 // batch size of 1 or more, a speed of 0 or more, an admit limit of 0 or
-// more, and a cost, when there is one, of 0 or more (what GET /workers
-// shows, and what the load-aware pickers compare).
+// more, a cost, when there is one, of 0 or more (what GET /workers shows,
+// and what the load-aware pickers compare), and a time still within the
+// readings' span, 0 while nothing runs.
 func FuzzEngineMetricsPage(f *testing.F) {
 	f.Add("vllm:num_requests_running 3\nvllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.9\nvllm:generation_tokens_total 1000\n"+
 		"vllm:prefix_cache_queries_total 100\nvllm:prefix_cache_hits_total 40\n", 7.0, int64(2))
@@ -27,6 +28,8 @@ func FuzzEngineMetricsPage(f *testing.F) {
 	f.Add("llamacpp:requests_processing 2\nllamacpp:requests_deferred 3\nllamacpp:tokens_predicted_total 2048\nllamacpp:kv_cache_usage_ratio 0.35\n", 3.0, int64(1))
 	f.Add("vllm:num_requests_running 1e-300\nvllm:num_requests_waiting 0\nvllm:generation_tokens_total 1e300\n", 1e300, int64(-5))
 	f.Add("vllm:num_requests_running NaN\nvllm:num_requests_waiting +Inf\n", 0.0, int64(0))
+	f.Add("vllm:num_requests_running 2\nvllm:num_requests_waiting 0\nvllm:generation_tokens_total 100\n"+
+		"vllm:engine_sleep_state{engine=\"0\",sleep_state=\"awake\"} 0\nvllm:engine_sleep_state{engine=\"0\",sleep_state=\"discard_all\"} 1\n", 0.0, int64(1))
 	f.Add("# TYPE vllm:lora_requests_info gauge\nvllm:lora_requests_info{running_lora_adapters=\"a,b\",waiting_lora_adapters=\"\"} 1.7e9\n"+
 		"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n", 5.0, int64(1))
 	f.Fuzz(func(t *testing.T, page string, tokensStep float64, occupancy int64) {
@@ -58,6 +61,9 @@ func FuzzEngineMetricsPage(f *testing.F) {
 			}
 			if c, ok := st.Cost(occupancy); ok && !(c >= 0 && c <= math.MaxFloat64) {
 				t.Fatalf("cost %v from %+v (slots %v, speed %v)", c, r, st.Slots, st.TokenRate)
+			}
+			if st.StillFor < 0 || st.StillFor > time.Duration(i)*1500*time.Millisecond || (r.Running == 0 && st.StillFor != 0) {
+				t.Fatalf("still for %v at reading %d of %+v", st.StillFor, i, r)
 			}
 		}
 	})
