@@ -3,6 +3,7 @@ package router
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -17,20 +18,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// An engine whose metrics page says NaN requests are running (the text
-// format allows it) is routed on the router's own signals and GET
-// /workers says why; once its page is sound again its reading is taken.
-// Before, the NaN reached GET /workers, whose JSON cannot hold it: the
-// handler panicked and no worker was listed.
-func TestAnEngineReportingNaNIsRoutedOnTheRoutersOwnSignals(t *testing.T) {
-	var running atomic.Value
-	running.Store("NaN")
+// scriptedEngine serves an engine's /health, a /metrics page that page
+// writes at each scrape, and chat completions answered "ok", until the
+// test ends; it returns its address.
+func scriptedEngine(t *testing.T, page func() string) string {
+	t.Helper()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running %s\n"+
-			"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n", running.Load())
-	})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, page()) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`)
@@ -40,9 +35,23 @@ func TestAnEngineReportingNaNIsRoutedOnTheRoutersOwnSignals(t *testing.T) {
 	engine := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = engine.Serve(ln) }()
 	t.Cleanup(func() { engine.Close() })
+	return ln.Addr().String()
+}
 
+// An engine whose metrics page says NaN requests are running (the text
+// format allows it) is routed on the router's own signals and GET
+// /workers says why; once its page is sound again its reading is taken.
+// Before, the NaN reached GET /workers, whose JSON cannot hold it: the
+// handler panicked and no worker was listed.
+func TestAnEngineReportingNaNIsRoutedOnTheRoutersOwnSignals(t *testing.T) {
+	var running atomic.Value
+	running.Store("NaN")
+	addr := scriptedEngine(t, func() string {
+		return fmt.Sprintf("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running %s\n"+
+			"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n", running.Load())
+	})
 	f := startFleet(t, nil, func(c *config.Config) {
-		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://" + ln.Addr().String()}}
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://" + addr}}
 		c.Telemetry.Engine.Interval = 50 * time.Millisecond
 	})
 	// The worker's object in GET /workers; nil unless that answers 200

@@ -3,7 +3,6 @@ package router
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -23,28 +22,17 @@ import (
 func TestAStalledEngineIsOutOfRotation(t *testing.T) {
 	var running, tokens atomic.Int64
 	tokens.Store(100)
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running %d\n"+
+	addr := scriptedEngine(t, func() string {
+		return fmt.Sprintf("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running %d\n"+
 			"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"+
 			"# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total %d\n", running.Load(), tokens.Load())
 	})
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`)
-	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	engine := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = engine.Serve(ln) }()
-	t.Cleanup(func() { engine.Close() })
 
 	for _, stallAfter := range []time.Duration{300 * time.Millisecond, 0} {
 		running.Store(0)
 		f := startFleet(t, []mockworker.Options{{ID: 2}}, func(c *config.Config) {
 			c.Workers = append(c.Workers, c.Workers[0])
-			c.Workers[0].ID, c.Workers[0].URL = 1, "http://"+ln.Addr().String()
+			c.Workers[0].ID, c.Workers[0].URL = 1, "http://"+addr
 			c.Telemetry.Engine.Interval = 20 * time.Millisecond
 			c.Telemetry.Engine.StallAfter = stallAfter
 		})
