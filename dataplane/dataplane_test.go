@@ -110,6 +110,7 @@ func TestAddRefusesDuplicatesAndBadSpecs(t *testing.T) {
 		{WorkerSpec{ID: 2, URL: "http://a:1", MetricsPath: "metrics"}, "metrics_path:"},
 		{WorkerSpec{ID: 2, URL: "http://a:1", MaxInflight: -1}, "max_inflight:"},
 		{WorkerSpec{ID: 2, URL: "http://a:1", CgroupPath: "relative/dir"}, "cgroup_path:"},
+		{WorkerSpec{ID: 2, URL: "http://a:1", MaxModelLen: -1}, "max_model_len: -1 is negative"},
 	} {
 		_, err := reg.Add(c.spec)
 		assert.ErrorContains(t, err, c.want)
