@@ -29,6 +29,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/tracing"
+	"github.com/fastroute/fastroute/internal/dialer"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -164,8 +165,8 @@ type Server struct {
 	fullSaid   atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
 	proxySaid  atomic.Int64         // when a connection refused for its PROXY protocol header was last logged (Unix ns)
 	log        *slog.Logger
-	dial       func(addr string, timeout time.Duration) (net.Conn, error) // names.DialDualStackTimeout; tests count dials
-	names      *fasthttp.TCPDialer                                        // connects to workers, both address families, their names looked up every NameCacheTime
+	dial       func(addr string, timeout time.Duration) (net.Conn, error) // names.Dial; tests count dials
+	names      *dialer.Dialer                                             // connects to workers, their names looked up every NameCacheTime, their addresses raced (Happy Eyeballs)
 }
 
 // New returns a Server; call Serve to start it.
@@ -191,11 +192,11 @@ func New(opts Options) *Server {
 		queue:     newWaitQueue(opts.QueueSize, opts.QueueTimeout),
 		log:       opts.Logger,
 		access:    opts.AccessLog,
-		names:     &fasthttp.TCPDialer{DNSCacheDuration: cmp.Or(opts.NameCacheTime, dataplane.NameCacheTime)},
+		names:     &dialer.Dialer{CacheTime: cmp.Or(opts.NameCacheTime, dataplane.NameCacheTime)},
 		cors:      newCORS(opts.CORSOrigins),
 		keys:      opts.APIKeys,
 	}
-	s.dial = s.names.DialDualStackTimeout
+	s.dial = s.names.Dial
 	if opts.WorkerAPIKey != "" {
 		s.workerAuth = []byte("Bearer " + opts.WorkerAPIKey)
 	}

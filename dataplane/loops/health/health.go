@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/internal/dialer"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 )
@@ -59,8 +60,8 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes, TLSConfig: opts.TLS,
 			// Both address families: a worker on an IPv6 address, or a name
 			// with only AAAA records, is reachable; a name is looked up again
-			// every dataplane.NameCacheTime.
-			DialTimeout: (&fasthttp.TCPDialer{DNSCacheDuration: dataplane.NameCacheTime}).DialDualStackTimeout},
+			// every dataplane.NameCacheTime, its addresses raced.
+			DialTimeout: (&dialer.Dialer{CacheTime: dataplane.NameCacheTime}).Dial},
 	}
 	reg.Subscribe(c.workerChanged)
 	return c
