@@ -85,6 +85,13 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) (streaming bool
 		return false
 	}
 	if msg := w.overContext(c.prompt, v); msg != "" {
+		if w.opts.MetricsDialect == "llamacpp" { // llama-server's refusal
+			ctx.SetStatusCode(fasthttp.StatusBadRequest)
+			ctx.SetContentType("application/json")
+			ctx.SetBody(fmt.Appendf(nil, `{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it",`+
+				`"type":"exceed_context_size_error","n_prompt_tokens":%d,"n_ctx":%d}}`, c.prompt, w.opts.MaxModelLen))
+			return false
+		}
 		writeErr(ctx, fasthttp.StatusBadRequest, "BadRequestError", msg)
 		return false
 	}
@@ -133,7 +140,8 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, path string) (streaming bool
 // overContext says, as vLLM does in its 400, why a request of prompt tokens
 // asking for the body v's max_tokens (or max_completion_tokens) does not
 // fit the worker's context (Options.MaxModelLen); "" when it fits or the
-// worker sets no context length.
+// worker sets no context length. As llama-server, only a prompt too long
+// for the context is refused.
 func (w *Worker) overContext(prompt int, v *fastjson.Value) string {
 	limit := w.opts.MaxModelLen
 	if limit <= 0 {
@@ -142,6 +150,9 @@ func (w *Worker) overContext(prompt int, v *fastjson.Value) string {
 	if prompt >= limit {
 		return fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. "+
 			"Please reduce the length of the input messages.", limit, prompt)
+	}
+	if w.opts.MetricsDialect == "llamacpp" {
+		return "" // llama-server generates until its context is full
 	}
 	for _, key := range []string{"max_completion_tokens", "max_tokens"} {
 		if m := v.GetInt(key); m > 0 {

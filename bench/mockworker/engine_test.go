@@ -409,4 +409,26 @@ func TestContextLength(t *testing.T) {
 		assert.Equal(t, c.status, resp.StatusCode, string(b))
 		assert.Contains(t, string(b), c.says)
 	}
+
+	// As llama-server: its slot's context under meta, only a prompt too
+	// long refused, in its own words.
+	ll := startEngine(t, Options{ID: 2, MaxModelLen: 100, MetricsDialect: "llamacpp"})
+	resp, err = http.Get(ll.URL() + "/v1/models")
+	require.NoError(t, err)
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(b), `"owned_by":"llamacpp","meta":{"n_ctx":100,`)
+	for body, status := range map[string]int{
+		`{"model":"mock-model","prompt":"hi","max_tokens":99}`:               http.StatusOK,
+		`{"model":"mock-model","prompt":"` + strings.Repeat("x", 400) + `"}`: http.StatusBadRequest,
+	} {
+		resp, err := post(ctx, ll.URL(), "/v1/completions", body)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, status, resp.StatusCode, string(b))
+		if status == http.StatusBadRequest {
+			assert.Contains(t, string(b), `"type":"exceed_context_size_error","n_prompt_tokens":108,"n_ctx":100`)
+		}
+	}
 }

@@ -36,7 +36,8 @@ type Options struct {
 	// TokenInterval is unused.
 	Engine EngineOptions
 	// MetricsDialect names the /metrics series: one of MetricsDialects,
-	// "vllm" by default.
+	// "vllm" by default. With "llamacpp" the worker also lists its model
+	// and refuses a prompt longer than MaxModelLen as llama-server does.
 	MetricsDialect string
 	// APIKey, as vLLM's --api-key, makes every /v1/ route answer 401
 	// without "Authorization: Bearer <key>"; /health and /metrics stay open.
@@ -276,8 +277,13 @@ func (w *Worker) Asleep() bool { return w.sleep.Load() != 0 }
 
 func (w *Worker) models(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
-	// vLLM's entry shape: the router passes these fields through.
 	b := []byte(`{"object":"list","data":[`)
+	if w.opts.MetricsDialect == "llamacpp" { // llama-server's: one model, its slot's context under meta
+		ctx.SetBody(fmt.Appendf(b, `{"id":%q,"object":"model","created":1764600000,"owned_by":"llamacpp","meta":{"n_ctx":%d,"n_ctx_train":131072}}]}`,
+			w.opts.Model, w.contextLen()))
+		return
+	}
+	// vLLM's entry shape: the router passes these fields through.
 	b = fmt.Appendf(b, `{"id":%q,"object":"model","created":1764600000,"owned_by":"vllm","root":%q,"parent":null,"max_model_len":%d}`,
 		w.opts.Model, w.opts.Model, w.contextLen())
 	for _, l := range w.opts.LoRAs {

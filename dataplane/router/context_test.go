@@ -106,3 +106,25 @@ func TestAConfiguredContextLengthWins(t *testing.T) {
 	assert.Equal(t, "0", metric(t, f, "fastroute_context_moves_total"))
 	f.assertIdle()
 }
+
+// A llama.cpp worker's context is its /v1/models' meta.n_ctx, and its own
+// refusal of a longer prompt moves the request to the vLLM worker beside
+// it (a CPU engine's short context beside a GPU engine's long one).
+func TestALlamaCppWorkersRefusalsMove(t *testing.T) {
+	f := startFleet(t, []mockworker.Options{{ID: 1, MaxModelLen: 256, MetricsDialect: "llamacpp"}, {ID: 2, MaxModelLen: 4096}}, nil)
+	require.Eventually(t, func() bool {
+		_, text := adminDo(t, f, "GET", "/workers", "", "")
+		return strings.Contains(text, `"max_model_len":256`) && strings.Contains(text, `"max_model_len":4096`)
+	}, 5*time.Second, 10*time.Millisecond, "both workers' contexts learned")
+	long := fmt.Sprintf(`{"model":"mock-model","messages":[{"role":"user","content":%q}]}`, strings.Repeat("x", 2000))
+	for range 4 {
+		assert.Equal(t, "2", f.servedBy("/v1/chat/completions", long))
+	}
+	refused := f.mocks[0].Served()
+	assert.Positive(t, refused)
+	assert.Equal(t, fmt.Sprint(refused), metric(t, f, "fastroute_context_moves_total"))
+	resp, body := f.send("POST", "/v1/chat/completions", long, "x-worker-id", "1")
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, body, "exceed_context_size_error", "llama-server's own refusal, when bound to it")
+	f.assertIdle()
+}
