@@ -193,7 +193,7 @@ func (s *Scraper) scrape(ctx context.Context, st *target) {
 			s.o.Logger.Warn("engine stalled: requests running, no token generated; out of rotation", "worker", st.ID,
 				"running", stats.Running, "still_for", stats.StillFor)
 		} else {
-			s.o.Logger.Info("engine generating again; back in rotation", "worker", st.ID)
+			s.o.Logger.Info("engine no longer stalled (it generated, or runs nothing); back in rotation", "worker", st.ID)
 		}
 		st.stalled = stats.Stalled
 	}
