@@ -508,13 +508,13 @@ func demoSticky(client *http.Client, base string) (string, error) {
 // sleepRequests are the requests demoSleep sends while a worker sleeps.
 const sleepRequests = 4
 
-// demoSleep puts the engine of worker (served by m) to sleep as an RL trainer does
-// (vLLM's POST /sleep), waits for the router to read it in the engine's
-// metrics, sends sleepRequests requests, which go to the other workers,
-// and wakes the engine up again.
+// demoSleep puts the engine of worker (served by m) to sleep as an RL
+// trainer does (vLLM's POST /sleep), waits for the router to read it in the
+// engine's metrics, sends sleepRequests requests, which go to the other
+// workers, and wakes the engine up again.
 func demoSleep(client *http.Client, base string, reg *dataplane.Registry, worker uint64, m *mockworker.Worker) (string, error) {
 	id := strconv.FormatUint(worker, 10)
-	engine := func(path string, asleep bool) error {
+	engine := func(path string, asleep bool) error { // and wait for the router to see it so
 		resp, err := client.Post(m.URL()+path, "", nil)
 		if err != nil {
 			return err
@@ -528,7 +528,7 @@ func demoSleep(client *http.Client, base string, reg *dataplane.Registry, worker
 				return nil
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("the router did not see worker %s's engine asleep: %t within 2s", id, asleep)
+				return fmt.Errorf("after %s, the router did not see worker %s's engine's sleep state change within 2s", path, id)
 			}
 		}
 	}
