@@ -91,8 +91,11 @@ func TestAConfiguredContextLengthWins(t *testing.T) {
 		func(c *config.Config) { c.Workers[0].MaxModelLen = 100000 })
 	require.Eventually(t, func() bool {
 		_, text := adminDo(t, f, "GET", "/workers", "", "")
-		return strings.Count(text, `"max_model_len":1024`) == 1
-	}, 5*time.Second, 10*time.Millisecond, "worker 2's /v1/models was read")
+		return strings.Count(text, `"max_model_len":1024`) == 1 && strings.Contains(text, `"max_model_len":256`)
+	}, 5*time.Second, 10*time.Millisecond, "both workers' /v1/models were read")
+	_, text := adminDo(t, f, "GET", "/workers/1", "", "")
+	assert.Contains(t, text, `"context_length":100000`, "the one routing uses: the config's")
+	assert.Contains(t, text, `"max_model_len":256`, "beside the one it lists")
 	long := fmt.Sprintf(`{"model":"mock-model","prompt":%q,"max_tokens":4}`, strings.Repeat("x", 2000))
 	refused := 0
 	for range 4 {

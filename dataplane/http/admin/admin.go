@@ -46,6 +46,9 @@ type WorkerInfo struct {
 	// no token generated for telemetry.engine.stall_after, which keeps it
 	// out of rotation until it generates again or runs nothing.
 	Stalled bool `json:"stalled"`
+	// ContextLength is the context routing takes the worker to have: its
+	// spec's max_model_len, else the one it lists (0, absent: unknown).
+	ContextLength int `json:"context_length,omitempty"`
 	// Listed is what the worker's /v1/models lists: base models and
 	// adapters (the spec's models and loras are the declared ones).
 	Listed dataplane.Advertised `json:"listed"`
@@ -425,7 +428,7 @@ func (o Options) workerJSON(wk *dataplane.Worker) []byte {
 		WorkerSpec: *wk.Spec(), Healthy: wk.Healthy(), Draining: wk.Draining(),
 		Occupancy: wk.Occupancy(), RankOccupancy: wk.RankOccupancy(), Served: wk.Served(), Weight: wk.Weight(),
 		Ejected: !until.IsZero(), EjectedForSeconds: max(time.Until(until).Seconds(), 0), Ejections: ejections,
-		Asleep: wk.Asleep(), Stalled: wk.Stalled(), Listed: wk.Advertised(), ServedModels: wk.Models(), ResidentLoRAs: wk.Adapters(),
+		Asleep: wk.Asleep(), Stalled: wk.Stalled(), ContextLength: wk.ContextLen(), Listed: wk.Advertised(), ServedModels: wk.Models(), ResidentLoRAs: wk.Adapters(),
 	})
 	if o.Describe == nil {
 		return b
