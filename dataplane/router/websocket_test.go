@@ -464,3 +464,42 @@ func TestWebSocketRefusalMovesOn(t *testing.T) {
 	assert.Contains(t, body, "overloaded")
 	f.assertIdle()
 }
+
+// A session that names no model moves past a worker that answers 404 (an
+// engine without the realtime API: another model's, a text-only one) to
+// one that serves it, up to every worker; one that names its model does
+// not (the model's workers serve it, or none does), nor does one where no
+// worker serves the path.
+func TestWebSocketSessionWithoutAModelFindsAnEngineThatServesIt(t *testing.T) {
+	text := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			_, _ = io.WriteString(w, "ok")
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	t.Cleanup(text.Close)
+	two := startWSEngine(t, "two")
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: text.URL}, {ID: 2, URL: two.URL}}
+	})
+	for range 4 {
+		ws, greeting := dialSession(t, f, "/v1/realtime")
+		assert.Equal(t, "created by two", greeting)
+		require.NoError(t, ws.Close())
+	}
+	assert.NotZero(t, f.r.Frontend.Metrics().Retries(), "sessions moved off the text-only worker")
+	refused := 0
+	for range 2 { // round robin: one of the two goes to worker 1 first
+		resp, _ := openRaw(t, f, "/v1/realtime?model=mock-model")
+		if resp.StatusCode == http.StatusNotFound {
+			refused++
+			assert.Equal(t, "1", resp.Header.Get("X-Fastroute-Worker"))
+		}
+	}
+	assert.Equal(t, 1, refused, "a session naming its model stays where it was sent")
+	resp, body := openRaw(t, f, "/v1/audio/stream")
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, body)
+	f.assertIdle()
+	require.Eventually(t, func() bool { return two.open.Load() == 0 }, 5*time.Second, 10*time.Millisecond)
+}

@@ -272,7 +272,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			value           float64
 		}{
 			{"fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on a decode worker for want of a routable prefill worker.", float64(m.disaggFallbacks.Value())},
-			{"fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte, or an answer of a status router.retry_statuses names.", float64(m.retries.Value())},
+			{"fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte, an answer of a status router.retry_statuses names, or a 404 to a WebSocket session that names no model.", float64(m.retries.Value())},
 			{"fastroute_retries_refused_total", "counter", "Requests not moved to another worker, though they could have been, because router.retry_budget's share of requests were on a retry already.", float64(m.retriesRefused.Value())},
 			{"fastroute_websocket_sessions", "gauge", "WebSocket sessions open, each holding its worker's reservation until it closes.", float64(m.tunnels.Load())},
 			{"fastroute_retrying_requests", "gauge", "Requests on a retry now (counted while router.retry_budget is set).", float64(m.retrying.Load())},

@@ -108,14 +108,21 @@ func (ex *exchange) openTunnel(ctx *fasthttp.RequestCtx) (net.Conn, *bufio.Reade
 }
 
 // refusalMoves moves a session whose worker w answered status, no switch,
-// to another worker, as any request moves on an answer of
+// to another worker: as any request moves on an answer of
 // router.retry_statuses (movesOn), within router.retries and the retry
-// budget; false: the answer is the client's.
+// budget; or, for a session that names no model, on a 404 (that engine
+// serves no WebSocket on the path: another model's, or one without the
+// realtime API), to a worker not tried yet, up to dataplane.MaxAttempts.
+// False: the answer is the client's.
 func (ex *exchange) refusalMoves(w *dataplane.Worker, status int) bool {
-	if status == fasthttp.StatusSwitchingProtocols {
+	switch {
+	case status == fasthttp.StatusSwitchingProtocols:
+		return false
+	case status == fasthttp.StatusNotFound && len(ex.req.Model) == 0 && ex.req.WorkerID == 0 && ex.req.Attempts() < dataplane.MaxAttempts-1:
+	case ex.movesOn(w) != moveStatus || !ex.mayRetry():
 		return false
 	}
-	if ex.movesOn(w) != moveStatus || !ex.mayRetry() || ex.s.sel.Retry(&ex.req, &ex.res) != nil {
+	if ex.s.sel.Retry(&ex.req, &ex.res) != nil {
 		return false
 	}
 	ex.s.metrics.retries.Inc()
