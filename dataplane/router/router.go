@@ -458,7 +458,9 @@ func (r *Router) startTelemetry(log *slog.Logger) {
 }
 
 // startEngines builds the poller of every worker's engine metrics; each
-// reading lands on its worker, where the load-aware cost reads it.
+// reading lands on its worker (Registry.SetEngine), where the load-aware
+// cost reads it, and takes the worker out of rotation while its engine
+// sleeps or stalled.
 func (r *Router) startEngines(log *slog.Logger) {
 	e := r.Config.Telemetry.Engine
 	if !e.Enabled {
