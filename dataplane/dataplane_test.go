@@ -862,7 +862,8 @@ func TestCPUOverflowRule(t *testing.T) {
 }
 
 // The registry tells every subscriber of each worker change once: joined,
-// left (drained, unhealthy, ejected), replaced (a new spec), removed
+// left (drained, unhealthy, ejected; asleep and stalled in
+// TestAnEngineAsleepIsOutOfRotation), replaced (a new spec), removed
 // (swept).
 func TestSubscribersHearEveryChange(t *testing.T) {
 	reg := newFleet(t, 4)

@@ -191,12 +191,12 @@ func (rt *Routing) routeSession(snap *Snapshot, req *Request) error {
 
 // routeResponse sends a request naming a stored response to the worker
 // known to hold it, as a hard pin does: while that worker is not routable
-// (unhealthy, ejected, draining) the request fails naming it, since no
-// other worker has the response. One no worker is known to hold searches
-// for it: a request made before this router learned the id (its restart,
-// another replica), one whose pin was evicted, or one whose worker was
-// removed (it took its responses with it). A worker named by x-worker-id
-// stays the one.
+// (unhealthy, draining, ejected, asleep, stalled) the request fails
+// naming it, since no other worker has the response. One no worker is
+// known to hold searches for it: a request made before this router
+// learned the id (its restart, another replica), one whose pin was
+// evicted, or one whose worker was removed (it took its responses with
+// it). A worker named by x-worker-id stays the one.
 func (s *Selector) routeResponse(rt *Routing, req *Request) error {
 	if len(req.Response) > MaxResponseID {
 		return Errorf(InvalidArgument, "response id is longer than %d bytes", MaxResponseID)
