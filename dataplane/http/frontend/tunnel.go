@@ -119,6 +119,7 @@ func (ex *exchange) refusalMoves(w *dataplane.Worker, status int) bool {
 	case status == fasthttp.StatusSwitchingProtocols:
 		return false
 	case status == fasthttp.StatusNotFound && len(ex.req.Model) == 0 && ex.req.WorkerID == 0 && ex.req.Attempts() < dataplane.MaxAttempts-1:
+		// no model named: a worker not tried yet may serve the path
 	case ex.movesOn(w) != moveStatus || !ex.mayRetry():
 		return false
 	}
