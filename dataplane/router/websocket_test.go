@@ -434,18 +434,26 @@ func TestWebSocketKeyAmongTheSubprotocols(t *testing.T) {
 	f.assertIdle()
 }
 
-// A session whose worker answers a status of router.retry_statuses moves
-// to another worker, as any request does; with no other, the client gets
-// that answer.
-func TestWebSocketRefusalMovesOn(t *testing.T) {
-	overloaded := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// refusingEngine is an engine that passes its health probes and answers
+// every other request, a session's opening among them, status with body,
+// until the test ends.
+func refusingEngine(t *testing.T, status int, body string) *httptest.Server {
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" {
 			_, _ = io.WriteString(w, "ok")
 			return
 		}
-		http.Error(w, `{"error":"overloaded"}`, http.StatusServiceUnavailable)
+		http.Error(w, body, status)
 	}))
-	t.Cleanup(overloaded.Close)
+	t.Cleanup(e.Close)
+	return e
+}
+
+// A session whose worker answers a status of router.retry_statuses moves
+// to another worker, as any request does; with no other, the client gets
+// that answer.
+func TestWebSocketRefusalMovesOn(t *testing.T) {
+	overloaded := refusingEngine(t, http.StatusServiceUnavailable, `{"error":"overloaded"}`)
 	two := startWSEngine(t, "two")
 	f := startFleet(t, nil, func(c *config.Config) {
 		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: overloaded.URL}, {ID: 2, URL: two.URL}}
@@ -471,14 +479,7 @@ func TestWebSocketRefusalMovesOn(t *testing.T) {
 // not (the model's workers serve it, or none does), nor does one where no
 // worker serves the path.
 func TestWebSocketSessionWithoutAModelFindsAnEngineThatServesIt(t *testing.T) {
-	text := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/health" {
-			_, _ = io.WriteString(w, "ok")
-			return
-		}
-		http.NotFound(w, r)
-	}))
-	t.Cleanup(text.Close)
+	text := refusingEngine(t, http.StatusNotFound, "404 page not found")
 	two := startWSEngine(t, "two")
 	f := startFleet(t, nil, func(c *config.Config) {
 		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: text.URL}, {ID: 2, URL: two.URL}}
