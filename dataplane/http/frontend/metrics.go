@@ -325,18 +325,12 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 				w.Sample("fastroute_worker_prefix_cache_hit_ratio", st.PrefixHitRatio, "worker", strconv.FormatUint(wk.ID(), 10))
 			}
 		}
-		w.Header("fastroute_worker_ejected", "gauge", "1 while the worker is ejected by the passive health check.")
-		for _, wk := range workers {
-			ejected := 0.0
-			if until, _ := wk.Ejected(); !until.IsZero() {
-				ejected = 1
-			}
-			w.Sample("fastroute_worker_ejected", ejected, "worker", strconv.FormatUint(wk.ID(), 10))
-		}
-		for _, f := range []struct {
+		for _, f := range []struct { // a 1 while the worker is out of rotation for that reason
 			name, help string
 			is         func(*dataplane.Worker) bool
 		}{
+			{"fastroute_worker_ejected", "1 while the worker is ejected by the passive health check.",
+				func(wk *dataplane.Worker) bool { until, _ := wk.Ejected(); return !until.IsZero() }},
 			{"fastroute_worker_asleep", "1 while the worker's engine says it sleeps (vLLM's sleep mode), out of rotation.", (*dataplane.Worker).Asleep},
 			{"fastroute_worker_stalled", "1 while the worker's engine shows requests running and no token generated for telemetry.engine.stall_after, out of rotation.", (*dataplane.Worker).Stalled},
 		} {
