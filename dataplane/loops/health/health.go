@@ -239,15 +239,15 @@ func (c *Checker) models(w *dataplane.WorkerSpec) *dataplane.Advertised {
 			continue
 		}
 		out.Entries[string(id)] = m.MarshalTo(nil)
-		ctx := contextLen(m)
-		if ctx > 0 {
-			out.Contexts[string(id)] = ctx
+		length := contextLen(m)
+		if length > 0 {
+			out.Contexts[string(id)] = length
 		}
 		if len(m.GetStringBytes("parent")) > 0 {
 			out.Adapters = append(out.Adapters, string(id))
 		} else {
 			out.Models = append(out.Models, string(id))
-			out.MaxModelLen = max(out.MaxModelLen, ctx)
+			out.MaxModelLen = max(out.MaxModelLen, length)
 		}
 	}
 	return out
