@@ -24,10 +24,10 @@ import (
 // as they come, reading none of them, until either side closes its
 // connection (the other is then closed) or neither sends for
 // limits.stream_idle_timeout; any other answer goes to the client as an
-// answer does (one of router.retry_statuses moves the session on first).
-// A session ends as a request does: its reservation
-// released, counted, logged (status 101), and cut by a drain that runs out
-// of time.
+// answer does (one of router.retry_statuses, or a 404 to a session that
+// names no model, moves the session on first: refusalMoves). A session
+// ends as a request does: its reservation released, counted, logged
+// (status 101), and cut by a drain that runs out of time.
 
 // tunnelBuffer is the size of each direction's buffer in a session.
 const tunnelBuffer = 8 << 10
