@@ -56,22 +56,31 @@ type simEngine struct {
 var routingFleet = []simEngine{{"gpu-a", 16, 1, false}, {"gpu-b", 24, 1, false}, {"cpu", 4, 1.0 / 6, false}}
 
 // The prefill/decode comparison's fleet: three engines like gpu-a, run all
-// whole or one prefilling for two decoding.
+// whole or one prefilling (and maybe taking whole requests) for two
+// decoding.
 var pdFleet = []simEngine{{"gpu-1", 16, 1, false}, {"gpu-2", 16, 1, false}, {"gpu-3", 16, 1, false}}
 
-// PDSetups are the two ways the comparison runs pdFleet: aggregated in the
-// default mode, and disaggregated with vLLM's protocol.
+// PDSetups are the ways the comparison runs pdFleet: aggregated in the
+// default mode, and disaggregated with vLLM's protocol, its first engine
+// prefilling only or doing both (a request whose decode pick is that
+// engine runs whole there).
 func PDSetups() []RoutingRouter {
 	return []RoutingRouter{
 		{Name: "aggregated: 3 whole (default mode)", start: fastrouteMode(pickers.ModeWeighted)},
-		{Name: "disaggregated vllm-nixl: 1 prefill + 2 decode", start: func(bin, _ string, workers []string) (string, *exec.Cmd, error) {
-			roles := []string{"prefill", "decode", "decode"}
-			specs := make([]string, len(workers))
-			for i, w := range workers {
-				specs[i] = w + ",role=" + roles[i]
-			}
-			return startServe(bin, specs, "--disagg-protocol", "vllm-nixl")
-		}},
+		{Name: "disaggregated vllm-nixl: 1 prefill + 2 decode", start: fastrouteRoles("prefill", "decode", "decode")},
+		{Name: "disaggregated vllm-nixl: 1 both + 2 decode", start: fastrouteRoles("both", "decode", "decode")},
+	}
+}
+
+// fastrouteRoles starts fastroute splitting requests with vLLM's protocol
+// over workers of these roles, in order.
+func fastrouteRoles(roles ...string) startFunc {
+	return func(bin, _ string, workers []string) (string, *exec.Cmd, error) {
+		specs := make([]string, len(workers))
+		for i, w := range workers {
+			specs[i] = w + ",role=" + roles[i]
+		}
+		return startServe(bin, specs, "--disagg-protocol", "vllm-nixl")
 	}
 }
 

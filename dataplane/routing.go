@@ -280,32 +280,54 @@ func (s *Selector) pinFailed(rt *Routing, req *Request, err error) error {
 		strconv.Quote(string(req.Session)), req.WorkerID, e.Msg)
 }
 
+// Split says where SelectSplit put a split request.
+type Split uint8
+
+// The placements of a split request.
+const (
+	// SplitLegs: on a prefill and a decode worker, both reserved.
+	SplitLegs Split = iota
+	// SplitNoPrefill: whole on its decode worker, since no prefill worker
+	// is routable (Routing.PrefillFallback).
+	SplitNoPrefill
+	// SplitOneWorker: whole on its decode worker, since the prefill pick
+	// is that worker at the same rank (a worker of role both): a split
+	// would only send the KV cache from the engine to itself.
+	SplitOneWorker
+)
+
 // SelectSplit routes and reserves both workers of a split (disaggregated)
 // request on one snapshot: the decode worker as Select does, then the
 // prefill worker (pre.Phase is PhasePrefill) among those holding the same
 // adapter, preferring the session's prefill pin. While no prefill worker is
 // routable and pre names none, the request runs whole on its decode worker
-// if Routing.PrefillFallback is set: split is false, and only decRes is
-// held. On an error neither is.
-func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (split bool, err error) {
+// if Routing.PrefillFallback is set (SplitNoPrefill); it runs whole there
+// too when the prefill pick is the decode worker at the same rank
+// (SplitOneWorker), whether picked or named. Only decRes is held then. On
+// an error neither is.
+func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (Split, error) {
 	snap := s.reg.Snapshot()
 	rt := s.routing.Load()
-	if err = s.routeAndPick(rt, snap, dec, decRes); err != nil {
-		return false, err
+	if err := s.routeAndPick(rt, snap, dec, decRes); err != nil {
+		return SplitLegs, err
 	}
 	pre.group = dec.group
 	if len(dec.Session) > 0 {
 		pre.Session = append(append(pre.Session[:0], dec.Session...), prefillPin...)
 		pre.SessionHint = dec.SessionHint
 	}
-	if err = s.routeAndPick(rt, snap, pre, preRes); err == nil {
-		return true, nil
-	}
-	if errors.Is(err, ErrNoEndpoints) && pre.WorkerID == 0 && rt.PrefillFallback {
-		return false, nil
+	err := s.routeAndPick(rt, snap, pre, preRes)
+	switch {
+	case err == nil && preRes.Worker() == decRes.Worker() && preRes.Rank() == decRes.Rank():
+		preRes.Release()
+		return SplitOneWorker, nil
+	case err == nil:
+		return SplitLegs, nil
+	case errors.Is(err, ErrNoEndpoints) && pre.WorkerID == 0 && rt.PrefillFallback:
+		return SplitNoPrefill, nil
 	}
 	decRes.Release()
-	return false, err
+	return SplitLegs, err
 }
 
 // Answered records where req went once its worker (res) answered: the

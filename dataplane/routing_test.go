@@ -435,7 +435,7 @@ func TestASplitRequestStaysWithItsModel(t *testing.T) {
 			var dr, pr Reservation
 			split, err := sel.SelectSplit(&d, &p, &dr, &pr)
 			require.NoError(t, err)
-			require.True(t, split)
+			require.Equal(t, SplitLegs, split)
 			assert.Equal(t, want, [2]uint64{pr.Worker().ID(), dr.Worker().ID()}, model)
 			dr.Release()
 			pr.Release()
@@ -446,7 +446,7 @@ func TestASplitRequestStaysWithItsModel(t *testing.T) {
 	var dr, pr Reservation
 	split, err := sel.SelectSplit(&d, &p, &dr, &pr)
 	require.NoError(t, err)
-	assert.False(t, split, "qwen's only prefill worker is down: whole on its decode worker")
+	assert.Equal(t, SplitNoPrefill, split, "qwen's only prefill worker is down: whole on its decode worker")
 	assert.Equal(t, uint64(3), dr.Worker().ID())
 	dr.Release()
 	assertIdle(t, reg)
@@ -462,10 +462,11 @@ func TestSelectSplit(t *testing.T) {
 	split := func() (pre, dec uint64, ok bool, err error) {
 		d, p := Request{Session: []byte("s"), Model: []byte("ad"), Phase: PhaseDecode}, Request{Phase: PhasePrefill}
 		var dr, pr Reservation
-		ok, err = sel.SelectSplit(&d, &p, &dr, &pr)
+		placed, err := sel.SelectSplit(&d, &p, &dr, &pr)
 		if err != nil {
 			return 0, 0, false, err
 		}
+		ok = placed == SplitLegs
 		sel.Answered(&d, &dr)
 		dr.Release()
 		if ok {
@@ -505,6 +506,57 @@ func TestSelectSplit(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, ok, "run whole")
 	assert.Equal(t, dec, d)
+	assertIdle(t, reg)
+}
+
+func TestASplitWhosePicksAreOneWorkerRunsWhole(t *testing.T) {
+	reg := NewRegistry()
+	for id, role := range map[uint64]Role{1: RoleBoth, 2: RoleDecode, 3: RoleDecode} {
+		_, err := reg.Add(WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), Role: role})
+		require.NoError(t, err)
+	}
+	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 0)
+	// Three splits whose decode legs are held at once (a prefill leg ends
+	// first): least-loaded spreads the decode picks over the three
+	// workers, and worker 1 is the only prefill worker.
+	got := map[uint64]Split{}
+	var held []*Reservation
+	for range 3 {
+		d, p := Request{Phase: PhaseDecode}, Request{Phase: PhasePrefill}
+		dr, pr := new(Reservation), new(Reservation)
+		split, err := sel.SelectSplit(&d, &p, dr, pr)
+		require.NoError(t, err)
+		got[dr.Worker().ID()] = split
+		held = append(held, dr)
+		if split == SplitLegs {
+			assert.Equal(t, uint64(1), pr.Worker().ID())
+			assert.True(t, pr.Release())
+		} else {
+			assert.False(t, pr.Held(), "the prefill pick is let go")
+		}
+	}
+	assert.Equal(t, map[uint64]Split{1: SplitOneWorker, 2: SplitLegs, 3: SplitLegs}, got)
+	w1, _ := reg.Get(1)
+	assert.EqualValues(t, 1, w1.Occupancy(), "worker 1 holds its whole request only")
+	for _, r := range held {
+		r.Release()
+	}
+	assertIdle(t, reg)
+
+	// A worker's data-parallel ranks are engines of their own: a split
+	// over two ranks of one worker keeps its legs.
+	reg = NewRegistry()
+	_, err := reg.Add(WorkerSpec{ID: 1, URL: "http://127.0.0.1:9001", Role: RoleBoth, DPSize: 2})
+	require.NoError(t, err)
+	sel = newSelector(t, reg, pickers.ModeLeastLoaded, 0)
+	d, p := Request{Phase: PhaseDecode}, Request{Phase: PhasePrefill}
+	var dr, pr Reservation
+	split, err := sel.SelectSplit(&d, &p, &dr, &pr)
+	require.NoError(t, err)
+	assert.Equal(t, SplitLegs, split)
+	assert.NotEqual(t, dr.Rank(), pr.Rank())
+	dr.Release()
+	pr.Release()
 	assertIdle(t, reg)
 }
 

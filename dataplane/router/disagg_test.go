@@ -358,6 +358,60 @@ func TestPrefillPoolEmptyFallbacksAndShortPrompts(t *testing.T) {
 	f.assertIdle()
 }
 
+// A worker of role both may be both picks of a split request: the request
+// then runs whole there, since a split would only send its KV cache from
+// the engine to itself.
+func TestASplitWhosePicksAreOneWorkerRunsWhole(t *testing.T) {
+	both := startEngine(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+		if _, prefill := body["kv_transfer_params"]; prefill {
+			vllmPrefill(w, r, body)
+			return
+		}
+		sseDecode(w, r, body)
+	})
+	decode := startEngine(t, sseDecode)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RoleBoth, both.URL}, {dataplane.RoleDecode, decode.URL}}, nil)
+	workers := map[string]int{}
+	for range 4 { // round-robin: the decode picks take turns, worker 1 prefills
+		resp := f.post("/v1/chat/completions", pdBody)
+		require.Equal(t, 200, resp.StatusCode)
+		assert.Contains(t, readAll(t, resp), "d2")
+		workers[resp.Header.Get("x-fastroute-worker")]++
+	}
+	assert.Equal(t, map[string]int{"1": 2, "2": 2}, workers)
+	var whole, prefills int
+	for _, r := range both.received() {
+		kv, _ := r.body["kv_transfer_params"].(map[string]any)
+		switch {
+		case kv == nil:
+			assert.JSONEq(t, pdBody, string(r.raw), "whole: the client's body as it is")
+			whole++
+		case kv["do_remote_decode"] == true:
+			prefills++
+		default:
+			t.Errorf("worker 1 got a decode leg: %s", r.raw)
+		}
+	}
+	assert.Equal(t, [2]int{2, 2}, [2]int{whole, prefills}, "worker 1: its own two requests whole, the prefills of worker 2's")
+	for _, r := range decode.received() {
+		assert.Contains(t, r.body, "kv_transfer_params")
+	}
+	f.assertIdle()
+	m := f.r.Frontend.Metrics()
+	assert.EqualValues(t, 2, m.Phase("aggregated", "ok"))
+	assert.EqualValues(t, 2, m.Phase("prefill", "ok"))
+	assert.EqualValues(t, 2, m.Phase("decode", "ok"))
+	assert.Equal(t, "2", metric(t, f, "fastroute_disagg_one_worker_total"))
+	assert.EqualValues(t, 0, m.DisaggFallbacks())
+
+	// Query-only says what would run: the whole request, then the split.
+	resp := f.post("/v1/chat/completions", pdBody, "x-query-instance-id", "true")
+	assert.JSONEq(t, `{"worker_id":1,"dp_rank":0}`, readAll(t, resp))
+	resp = f.post("/v1/chat/completions", pdBody, "x-query-instance-id", "true")
+	assert.JSONEq(t, `{"prefill_worker_id":1,"decode_worker_id":2,"dp_rank":0}`, readAll(t, resp))
+	f.assertIdle()
+}
+
 func TestClientLeavingDuringPrefillOrDecodeCutsBoth(t *testing.T) {
 	cut := make(chan struct{}, 2)
 	stalledPrefill, decode := startEngine(t, stallUntilCut(cut)), startEngine(t, sseDecode)

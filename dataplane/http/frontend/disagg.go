@@ -81,15 +81,22 @@ func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
 
 // selectSplit reserves both workers of a split request; while no prefill
 // worker is routable it runs whole on its decode worker (fallback
-// aggregated, counted) or fails.
+// aggregated, counted) or fails, and it runs whole there when both picks
+// are that worker (counted).
 func (ex *exchange) selectSplit() error {
 	pre := ex.prefillLeg()
 	split, err := ex.s.sel.SelectSplit(&ex.req, &pre.req, &ex.res, &pre.res)
-	if err == nil && !split {
-		ex.split = false
-		ex.s.metrics.disaggFallbacks.Inc()
+	if err != nil {
+		return err
 	}
-	return err
+	switch split {
+	case dataplane.SplitNoPrefill:
+		ex.s.metrics.disaggFallbacks.Inc()
+	case dataplane.SplitOneWorker:
+		ex.s.metrics.disaggOneWorker.Inc()
+	}
+	ex.split = split == dataplane.SplitLegs
+	return nil
 }
 
 // prefill runs the prefill leg of a split request before its decode leg

@@ -87,10 +87,12 @@ type Metrics struct {
 	queueDisplaced metrics.Counter
 	queueTimeouts  metrics.Counter
 	queueWait      *metrics.Histogram
-	// Disaggregation: outcomes by leg, prefill legs' time, fallbacks.
+	// Disaggregation: outcomes by leg, prefill legs' time, split requests
+	// run whole (no prefill worker; both picks one worker).
 	phases          [numPhases][numOutcomes]metrics.Counter
 	prefillTime     *metrics.Histogram
 	disaggFallbacks metrics.Counter
+	disaggOneWorker metrics.Counter
 	routeTime       *metrics.Histogram
 	firstByte       *metrics.Histogram
 	total           *metrics.Histogram
@@ -151,6 +153,7 @@ func newMetrics() *Metrics {
 		proxyRefusals:   metrics.NewCounter(),
 		connectionsFull: metrics.NewCounter(),
 		disaggFallbacks: metrics.NewCounter(),
+		disaggOneWorker: metrics.NewCounter(),
 		queueFull:       metrics.NewCounter(),
 		queueDisplaced:  metrics.NewCounter(),
 		queueTimeouts:   metrics.NewCounter(),
@@ -272,6 +275,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			value           float64
 		}{
 			{"fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on a decode worker for want of a routable prefill worker.", float64(m.disaggFallbacks.Value())},
+			{"fastroute_disagg_one_worker_total", "counter", "Split requests run whole on a worker of role both that the prefill and the decode picks both chose.", float64(m.disaggOneWorker.Value())},
 			{"fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte, an answer of a status router.retry_statuses names, or a 404 to a WebSocket session that names no model.", float64(m.retries.Value())},
 			{"fastroute_retries_refused_total", "counter", "Requests not moved to another worker, though they could have been, because router.retry_budget's share of requests were on a retry already.", float64(m.retriesRefused.Value())},
 			{"fastroute_websocket_sessions", "gauge", "WebSocket sessions open, each holding its worker's reservation until it closes.", float64(m.tunnels.Load())},
