@@ -63,24 +63,26 @@ var pdFleet = []simEngine{{"gpu-1", 16, 1, false}, {"gpu-2", 16, 1, false}, {"gp
 // PDSetups are the ways the comparison runs pdFleet: aggregated in the
 // default mode, and disaggregated with vLLM's protocol, its first engine
 // prefilling only or doing both (a request whose decode pick is that
-// engine runs whole there).
+// engine runs whole there), the latter also with a bound on its prefill
+// queue (past it, a decode engine prefills the request itself).
 func PDSetups() []RoutingRouter {
 	return []RoutingRouter{
 		{Name: "aggregated: 3 whole (default mode)", start: fastrouteMode(pickers.ModeWeighted)},
-		{Name: "disaggregated vllm-nixl: 1 prefill + 2 decode", start: fastrouteRoles("prefill", "decode", "decode")},
-		{Name: "disaggregated vllm-nixl: 1 both + 2 decode", start: fastrouteRoles("both", "decode", "decode")},
+		{Name: "disaggregated vllm-nixl: 1 prefill + 2 decode", start: fastrouteRoles([]string{"prefill", "decode", "decode"})},
+		{Name: "disaggregated vllm-nixl: 1 both + 2 decode", start: fastrouteRoles([]string{"both", "decode", "decode"})},
+		{Name: "disaggregated vllm-nixl: 1 both + 2 decode, max_prefill_queue 2", start: fastrouteRoles([]string{"both", "decode", "decode"}, "--disagg-max-prefill-queue", "2")},
 	}
 }
 
 // fastrouteRoles starts fastroute splitting requests with vLLM's protocol
-// over workers of these roles, in order.
-func fastrouteRoles(roles ...string) startFunc {
+// over workers of these roles, in order, with flags besides.
+func fastrouteRoles(roles []string, flags ...string) startFunc {
 	return func(bin, _ string, workers []string) (string, *exec.Cmd, error) {
 		specs := make([]string, len(workers))
 		for i, w := range workers {
 			specs[i] = w + ",role=" + roles[i]
 		}
-		return startServe(bin, specs, "--disagg-protocol", "vllm-nixl")
+		return startServe(bin, specs, append([]string{"--disagg-protocol", "vllm-nixl"}, flags...)...)
 	}
 }
 

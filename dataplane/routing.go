@@ -54,8 +54,13 @@ type Routing struct {
 	// body bytes a token) whole to a decode worker instead of splitting
 	// them (Splits).
 	MinPrefillTokens int
+	// MaxPrefillQueue runs a split request whole on its decode worker
+	// while the engine of its prefill pick reports this many requests
+	// waiting or more (SelectSplit); 0: never.
+	MaxPrefillQueue int
 	// PrefillFallback runs a split request whole on its decode worker
-	// while no prefill worker is routable (SelectSplit); false: it fails.
+	// while no prefill worker is routable or free (SelectSplit); false: it
+	// fails.
 	PrefillFallback bool
 }
 
@@ -288,23 +293,29 @@ const (
 	// SplitLegs: on a prefill and a decode worker, both reserved.
 	SplitLegs Split = iota
 	// SplitNoPrefill: whole on its decode worker, since no prefill worker
-	// is routable (Routing.PrefillFallback).
+	// is routable, or every one is busy (Routing.PrefillFallback).
 	SplitNoPrefill
 	// SplitOneWorker: whole on its decode worker, since the prefill pick
 	// is that worker at the same rank (a worker of role both): a split
 	// would only send the KV cache from the engine to itself.
 	SplitOneWorker
+	// SplitPrefillQueue: whole on its decode worker, since the prefill
+	// pick's engine has Routing.MaxPrefillQueue requests waiting or more:
+	// the decode engine prefills it sooner than the queue would.
+	SplitPrefillQueue
 )
 
 // SelectSplit routes and reserves both workers of a split (disaggregated)
 // request on one snapshot: the decode worker as Select does, then the
 // prefill worker (pre.Phase is PhasePrefill) among those holding the same
 // adapter, preferring the session's prefill pin. While no prefill worker is
-// routable and pre names none, the request runs whole on its decode worker
-// if Routing.PrefillFallback is set (SplitNoPrefill); it runs whole there
+// routable, or every one is busy, and pre names none, the request runs whole
+// on its decode worker if Routing.PrefillFallback is set (SplitNoPrefill),
+// as a decode engine prefills a request itself; it runs whole there
 // too when the prefill pick is the decode worker at the same rank
-// (SplitOneWorker), whether picked or named. Only decRes is held then. On
-// an error neither is.
+// (SplitOneWorker), whether picked or named, and when a prefill worker it
+// picked has a queue of Routing.MaxPrefillQueue (SplitPrefillQueue). Only
+// decRes is held then. On an error neither is.
 func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (Split, error) {
 	snap := s.reg.Snapshot()
 	rt := s.routing.Load()
@@ -321,13 +332,23 @@ func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (
 	case err == nil && preRes.Worker() == decRes.Worker() && preRes.Rank() == decRes.Rank():
 		preRes.Release()
 		return SplitOneWorker, nil
+	case err == nil && rt.MaxPrefillQueue > 0 && pre.WorkerID == 0 && queueAtLeast(preRes.Worker(), rt.MaxPrefillQueue):
+		preRes.Release()
+		return SplitPrefillQueue, nil
 	case err == nil:
 		return SplitLegs, nil
-	case errors.Is(err, ErrNoEndpoints) && pre.WorkerID == 0 && rt.PrefillFallback:
+	case (errors.Is(err, ErrNoEndpoints) || errors.Is(err, ErrResourceExhausted)) && pre.WorkerID == 0 && rt.PrefillFallback:
 		return SplitNoPrefill, nil
 	}
 	decRes.Release()
 	return SplitLegs, err
+}
+
+// queueAtLeast reports whether w's engine, at its last fresh reading,
+// had n requests waiting or more.
+func queueAtLeast(w *Worker, n int) bool {
+	st := w.Engine()
+	return st != nil && st.Waiting >= float64(n)
 }
 
 // Answered records where req went once its worker (res) answered: the

@@ -560,6 +560,68 @@ func TestASplitWhosePicksAreOneWorkerRunsWhole(t *testing.T) {
 	assertIdle(t, reg)
 }
 
+// A split runs whole on its decode worker while every prefill worker is
+// busy (fallback aggregated) and while its prefill pick's engine has
+// MaxPrefillQueue requests waiting, as a decode engine prefills a request
+// itself; a named prefill worker splits regardless.
+func TestASplitRunsWholeWhileThePrefillPoolIsBusyOrQueued(t *testing.T) {
+	reg := NewRegistry()
+	for id, role := range map[uint64]Role{1: RolePrefill, 2: RoleDecode} {
+		_, err := reg.Add(WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), Role: role})
+		require.NoError(t, err)
+	}
+	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 1)
+	split := func(preID uint64) (Split, error) {
+		d, p := Request{Phase: PhaseDecode}, Request{Phase: PhasePrefill, WorkerID: preID}
+		var dr, pr Reservation
+		s, err := sel.SelectSplit(&d, &p, &dr, &pr)
+		if err == nil {
+			assert.Equal(t, uint64(2), dr.Worker().ID())
+			assert.Equal(t, s == SplitLegs, pr.Held())
+			dr.Release()
+			pr.Release()
+		}
+		return s, err
+	}
+
+	var busy Reservation // the prefill worker at its cap of 1
+	require.NoError(t, sel.Select(&Request{WorkerID: 1, Phase: PhasePrefill}, &busy))
+	_, err := split(0)
+	assert.ErrorIs(t, err, ErrResourceExhausted, "fallback error: the 429")
+	sel.SetRouting(Routing{PrefillFallback: true})
+	got, err := split(0)
+	require.NoError(t, err)
+	assert.Equal(t, SplitNoPrefill, got)
+	busy.Release()
+
+	w1, _ := reg.Get(1)
+	for _, c := range []struct {
+		waiting float64
+		reading bool
+		limit   int
+		named   uint64
+		want    Split
+	}{
+		{waiting: 3, reading: true, limit: 2, want: SplitPrefillQueue},
+		{waiting: 2, reading: true, limit: 2, want: SplitPrefillQueue},
+		{waiting: 1, reading: true, limit: 2, want: SplitLegs},
+		{waiting: 3, reading: false, limit: 2, want: SplitLegs}, // no fresh reading: no queue known
+		{waiting: 3, reading: true, limit: 0, want: SplitLegs},  // off
+		{waiting: 3, reading: true, limit: 2, named: 1, want: SplitLegs},
+	} {
+		sel.SetRouting(Routing{PrefillFallback: true, MaxPrefillQueue: c.limit})
+		if c.reading {
+			w1.SetEngine(&engine.Stats{Reading: engine.Reading{Running: 4, Waiting: c.waiting}})
+		} else {
+			w1.SetEngine(nil)
+		}
+		got, err := split(c.named)
+		require.NoError(t, err)
+		assert.Equal(t, c.want, got, "%+v", c)
+	}
+	assertIdle(t, reg)
+}
+
 func TestRoutedSelectDoesNotAllocate(t *testing.T) {
 	reg := loraFleet(t, 64, 16)
 	for _, w := range reg.All() {

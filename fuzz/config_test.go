@@ -20,7 +20,7 @@ func FuzzConfigFile(f *testing.F) {
 		"discovery: {etcd: {endpoints: [\"http://127.0.0.1:2379\"], username: root, password: etcd-pass-123}}\n")
 	f.Add("tracing: {otlp_endpoint: \"http://user:otlp-pass-99@127.0.0.1:4318\", headers: {authorization: Bearer-abc}}\ncors_allowed_origins: ['*']\n")
 	f.Add("workers: [{id: 1, url: 'http://engine:s3cret@10.0.0.1:8000'}]")
-	f.Add("router: {disaggregation: {protocol: vllm-nixl, min_prefill_tokens: 16}}\nworkers: [{id: 1, url: 'http://a:1', role: prefill}, {id: 2, url: 'http://b:2', role: decode}]\n")
+	f.Add("router: {disaggregation: {protocol: vllm-nixl, min_prefill_tokens: 16, max_prefill_queue: 2}}\nworkers: [{id: 1, url: 'http://a:1', role: prefill}, {id: 2, url: 'http://b:2', role: decode}]\n")
 	f.Add("&a [*a]")
 	f.Fuzz(func(t *testing.T, text string) {
 		cfg, err := config.Parse("f.yaml", []byte(text))

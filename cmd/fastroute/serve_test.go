@@ -373,6 +373,18 @@ func TestContextAndStallFlags(t *testing.T) {
 	assert.ErrorContains(t, err, "telemetry.engine.stall_after")
 }
 
+// The prefill queue bound of disaggregation has its flag; off by default.
+func TestMaxPrefillQueueFlag(t *testing.T) {
+	cfg, err := loadServeConfig([]string{"--disagg-protocol", "vllm-nixl", "--disagg-max-prefill-queue", "2"})
+	require.NoError(t, err)
+	assert.Equal(t, 2, cfg.Router.Disaggregation.MaxPrefillQueue)
+	cfg, err = loadServeConfig(nil)
+	require.NoError(t, err)
+	assert.Zero(t, cfg.Router.Disaggregation.MaxPrefillQueue, "off by default")
+	_, err = loadServeConfig([]string{"--disagg-max-prefill-queue", "-1"})
+	assert.ErrorContains(t, err, "router.disaggregation.max_prefill_queue: -1 is negative")
+}
+
 func TestTracingFlags(t *testing.T) {
 	cfg, err := loadServeConfig(nil)
 	require.NoError(t, err)

@@ -402,8 +402,13 @@ type Disaggregation struct {
 	// MinPrefillTokens sends prompts shorter than this (estimated at 4
 	// body bytes a token) whole to a decode worker.
 	MinPrefillTokens int `yaml:"min_prefill_tokens"`
-	// Fallback is what a request gets while no prefill worker is routable:
-	// aggregated (whole, to a decode worker, counted) or error (503).
+	// MaxPrefillQueue sends a request whole to its decode worker while its
+	// prefill pick's engine reports this many requests waiting or more
+	// (NVIDIA Dynamo's max_prefill_queue_size); 0: never.
+	MaxPrefillQueue int `yaml:"max_prefill_queue"`
+	// Fallback is what a request gets while no prefill worker is routable
+	// or free: aggregated (whole, to a decode worker, counted) or error (503,
+	// or 429 while they are all busy).
 	Fallback string `yaml:"fallback"`
 }
 
@@ -859,6 +864,9 @@ func (d *Disaggregation) validate() error {
 	}
 	if d.MinPrefillTokens < 0 {
 		return keyErr("router.disaggregation.min_prefill_tokens", "%d is negative", d.MinPrefillTokens)
+	}
+	if d.MaxPrefillQueue < 0 {
+		return keyErr("router.disaggregation.max_prefill_queue", "%d is negative", d.MaxPrefillQueue)
 	}
 	if d.Fallback != FallbackAggr && d.Fallback != FallbackError {
 		return keyErr("router.disaggregation.fallback", "%q is not %s or %s", d.Fallback, FallbackAggr, FallbackError)

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -330,7 +331,7 @@ func TestPrefillPoolEmptyFallbacksAndShortPrompts(t *testing.T) {
 	assert.Equal(t, 200, resp.StatusCode)
 	readAll(t, resp)
 	assert.NotContains(t, decode.received()[0].body, "kv_transfer_params", "aggregated: the client's body as it is")
-	assert.EqualValues(t, 1, f.r.Frontend.Metrics().DisaggFallbacks())
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().DisaggFallbacks("no_prefill_worker"))
 	assert.EqualValues(t, 1, f.r.Frontend.Metrics().Phase("aggregated", "ok"))
 
 	f = startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RoleDecode, decode.URL}}, func(c *config.Config) {
@@ -401,8 +402,8 @@ func TestASplitWhosePicksAreOneWorkerRunsWhole(t *testing.T) {
 	assert.EqualValues(t, 2, m.Phase("aggregated", "ok"))
 	assert.EqualValues(t, 2, m.Phase("prefill", "ok"))
 	assert.EqualValues(t, 2, m.Phase("decode", "ok"))
-	assert.Equal(t, "2", metric(t, f, "fastroute_disagg_one_worker_total"))
-	assert.EqualValues(t, 0, m.DisaggFallbacks())
+	assert.Equal(t, "2", metric(t, f, `fastroute_disagg_fallbacks_total{reason="one_worker"}`))
+	assert.EqualValues(t, 0, m.DisaggFallbacks("no_prefill_worker"))
 
 	// Query-only says what would run: the whole request, then the split.
 	resp := f.post("/v1/chat/completions", pdBody, "x-query-instance-id", "true")
@@ -410,6 +411,86 @@ func TestASplitWhosePicksAreOneWorkerRunsWhole(t *testing.T) {
 	resp = f.post("/v1/chat/completions", pdBody, "x-query-instance-id", "true")
 	assert.JSONEq(t, `{"prefill_worker_id":1,"decode_worker_id":2,"dp_rank":0}`, readAll(t, resp))
 	f.assertIdle()
+}
+
+// A split request runs whole on its decode worker while its prefill pool
+// is busy (fallback aggregated), and while its prefill pick's engine
+// reports router.disaggregation.max_prefill_queue requests waiting: the
+// decode engine prefills it itself.
+func TestASplitRunsWholeWhileThePrefillPoolIsBusyOrQueued(t *testing.T) {
+	var waiting atomic.Int64
+	var hold atomic.Bool
+	release := make(chan struct{})
+	prefill := scriptedEngineAnswering(t, func() string {
+		return fmt.Sprintf("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"+
+			"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting %d\n", waiting.Load())
+	}, func(w http.ResponseWriter, r *http.Request) {
+		if hold.Load() {
+			<-release
+		}
+		vllmPrefill(w, r, nil)
+	})
+	decode := startEngine(t, sseDecode)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, "http://" + prefill}, {dataplane.RoleDecode, decode.URL}}, func(c *config.Config) {
+		c.Workers[0].MaxInflight = 1
+		c.Router.Disaggregation.MaxPrefillQueue = 2
+		c.Telemetry.Engine.Interval = 20 * time.Millisecond
+	})
+	waitingSeen := func(n int64) {
+		t.Helper()
+		require.Eventually(t, func() bool { return f.workerInfo(1)["engine_waiting"] == float64(n) }, 5*time.Second, 10*time.Millisecond)
+	}
+	// lastDecode reports whether the decode worker's last request was a
+	// split's decode leg (it carries the prefill's transfer parameters).
+	lastDecode := func() bool {
+		got := decode.received()
+		require.NotEmpty(t, got)
+		_, split := got[len(got)-1].body["kv_transfer_params"]
+		return split
+	}
+	post := func() {
+		t.Helper()
+		resp := f.post("/v1/chat/completions", pdBody)
+		assert.Equal(t, 200, resp.StatusCode)
+		assert.Contains(t, readAll(t, resp), "d2")
+	}
+	m := f.r.Frontend.Metrics()
+
+	waitingSeen(0)
+	post()
+	assert.True(t, lastDecode(), "an idle prefill engine: split")
+
+	// The prefill worker's one slot held by a split whose prefill waits.
+	hold.Store(true)
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		post()
+	}()
+	require.Eventually(t, func() bool { return f.workerInfo(1)["occupancy"] == 1.0 }, 5*time.Second, 5*time.Millisecond)
+	post()
+	assert.False(t, lastDecode(), "the prefill pool busy: whole")
+	assert.EqualValues(t, 1, m.DisaggFallbacks("no_prefill_worker"))
+	close(release)
+	<-first
+	hold.Store(false)
+
+	waiting.Store(2)
+	waitingSeen(2)
+	post()
+	assert.False(t, lastDecode(), "two waiting at the prefill engine: whole")
+	assert.Equal(t, "1", metric(t, f, `fastroute_disagg_fallbacks_total{reason="prefill_queue"}`))
+	resp := f.post("/v1/chat/completions", pdBody, "x-prefill-worker-id", "1")
+	readAll(t, resp)
+	assert.True(t, lastDecode(), "a named prefill worker splits regardless")
+
+	waiting.Store(1)
+	waitingSeen(1)
+	post()
+	assert.True(t, lastDecode(), "one waiting: split")
+	f.assertIdle()
+	assert.EqualValues(t, 4, m.Phase("prefill", "ok"))
+	assert.EqualValues(t, 2, m.Phase("aggregated", "ok"))
 }
 
 func TestClientLeavingDuringPrefillOrDecodeCutsBoth(t *testing.T) {
@@ -583,7 +664,7 @@ func TestLoRAInsideThePhasePools(t *testing.T) {
 	readAll(t, resp)
 	assert.Len(t, d1.received(), 1)
 	assert.NotContains(t, d1.received()[0].body, "kv_transfer_params", "no prefill worker holds it: run whole")
-	assert.EqualValues(t, 1, f.r.Frontend.Metrics().DisaggFallbacks())
+	assert.EqualValues(t, 1, f.r.Frontend.Metrics().DisaggFallbacks("no_prefill_worker"))
 	f.assertIdle()
 }
 

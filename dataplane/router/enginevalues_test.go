@@ -1,7 +1,6 @@
 package router
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -23,13 +22,20 @@ import (
 // test ends; it returns its address.
 func scriptedEngine(t *testing.T, page func() string) string {
 	t.Helper()
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, page()) })
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, _ *http.Request) {
+	return scriptedEngineAnswering(t, page, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`)
 	})
+}
+
+// scriptedEngineAnswering is scriptedEngine with chat completions answered
+// by answer.
+func scriptedEngineAnswering(t *testing.T, page func() string, answer http.HandlerFunc) string {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, page()) })
+	mux.HandleFunc("POST /v1/chat/completions", answer)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	engine := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
@@ -54,20 +60,7 @@ func TestAnEngineReportingNaNIsRoutedOnTheRoutersOwnSignals(t *testing.T) {
 		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://" + addr}}
 		c.Telemetry.Engine.Interval = 50 * time.Millisecond
 	})
-	// The worker's object in GET /workers; nil unless that answers 200
-	// with a list of one (it is called from Eventually's goroutine).
-	workers := func() map[string]any {
-		resp, err := f.client.Get("http://" + f.r.AdminAddr() + "/workers")
-		if err != nil {
-			return nil
-		}
-		defer resp.Body.Close()
-		var all []map[string]any
-		if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&all) != nil || len(all) != 1 {
-			return nil
-		}
-		return all[0]
-	}
+	workers := func() map[string]any { return f.workerInfo(1) }
 	require.Eventually(t, func() bool {
 		reason, _ := workers()["engine_reason"].(string)
 		return strings.Contains(reason, "vllm:num_requests_running is NaN; want a count of requests")

@@ -197,6 +197,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		Prefixes: r.Prefixes, PrefixSlack: int64(pa.Slack), PrefixBlock: pa.BlockBytes, PrefixBlocks: pa.MaxBlocks,
 		PlaceAdapters:    cfg.Router.LoRAPlacement == "rendezvous",
 		MinPrefillTokens: cfg.Router.Disaggregation.MinPrefillTokens,
+		MaxPrefillQueue:  cfg.Router.Disaggregation.MaxPrefillQueue,
 		PrefillFallback:  cfg.Router.Disaggregation.Fallback == config.FallbackAggr,
 	})
 	fo := frontend.Options{

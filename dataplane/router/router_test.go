@@ -661,6 +661,21 @@ func TestWorkerAPIKeyOpensTheEnginesListings(t *testing.T) {
 	assert.False(t, without.r.Registry.Snapshot().Catalog().ListsModels(), "without the key no listing is read")
 }
 
+// workerInfo is worker id's object in GET /workers/{id}; nil unless that
+// answers 200 with one (safe to call from Eventually's goroutine).
+func (f *fleet) workerInfo(id uint64) map[string]any {
+	resp, err := f.client.Get(fmt.Sprintf("http://%s/workers/%d", f.r.AdminAddr(), id))
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var w map[string]any
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&w) != nil {
+		return nil
+	}
+	return w
+}
+
 func adminDo(t *testing.T, f *fleet, method, path, body, token string) (int, string) {
 	req, err := http.NewRequest(method, "http://"+f.r.AdminAddr()+path, strings.NewReader(body))
 	require.NoError(t, err)

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync/atomic"
@@ -36,19 +35,7 @@ func TestAStalledEngineIsOutOfRotation(t *testing.T) {
 			c.Telemetry.Engine.Interval = 20 * time.Millisecond
 			c.Telemetry.Engine.StallAfter = stallAfter
 		})
-		worker1 := func() map[string]any {
-			code, text := adminDo(t, f, "GET", "/workers", "", "")
-			require.Equal(t, http.StatusOK, code, text)
-			var all []map[string]any
-			require.NoError(t, json.Unmarshal([]byte(text), &all))
-			for _, w := range all {
-				if w["id"] == 1.0 {
-					return w
-				}
-			}
-			t.Fatalf("no worker 1 in %s", text)
-			return nil
-		}
+		worker1 := func() map[string]any { return f.workerInfo(1) }
 		require.Eventually(t, func() bool { return worker1()["engine_source"] == "vllm" }, 5*time.Second, 10*time.Millisecond)
 		running.Store(2) // and the counter stays at 100
 		if stallAfter == 0 {

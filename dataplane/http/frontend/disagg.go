@@ -50,6 +50,13 @@ const (
 
 var phaseNames = [numPhases]string{"aggregated", "prefill", "decode"}
 
+// numSplits bounds dataplane.Split's values.
+const numSplits = dataplane.SplitPrefillQueue + 1
+
+// splitReasons label fastroute_disagg_fallbacks_total by why a split
+// request ran whole (dataplane.Split; SplitLegs ran split).
+var splitReasons = [numSplits]string{"", "no_prefill_worker", "one_worker", "prefill_queue"}
+
 // parseDisagg reads the phase headers of a request the front end may
 // split; it decides whether it does.
 func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
@@ -79,23 +86,19 @@ func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
 	return nil
 }
 
-// selectSplit reserves both workers of a split request; while no prefill
-// worker is routable it runs whole on its decode worker (fallback
-// aggregated, counted) or fails, and it runs whole there when both picks
-// are that worker (counted).
+// selectSplit reserves both workers of a split request, or only its
+// decode worker when it runs whole there (dataplane.Selector.SelectSplit
+// says why; counted).
 func (ex *exchange) selectSplit() error {
 	pre := ex.prefillLeg()
 	split, err := ex.s.sel.SelectSplit(&ex.req, &pre.req, &ex.res, &pre.res)
 	if err != nil {
 		return err
 	}
-	switch split {
-	case dataplane.SplitNoPrefill:
-		ex.s.metrics.disaggFallbacks.Inc()
-	case dataplane.SplitOneWorker:
-		ex.s.metrics.disaggOneWorker.Inc()
+	if split != dataplane.SplitLegs {
+		ex.split = false
+		ex.s.metrics.disaggFallbacks[split].Inc()
 	}
-	ex.split = split == dataplane.SplitLegs
 	return nil
 }
 

@@ -88,11 +88,10 @@ type Metrics struct {
 	queueTimeouts  metrics.Counter
 	queueWait      *metrics.Histogram
 	// Disaggregation: outcomes by leg, prefill legs' time, split requests
-	// run whole (no prefill worker; both picks one worker).
+	// run whole by why (indexed by dataplane.Split; SplitLegs unused).
 	phases          [numPhases][numOutcomes]metrics.Counter
 	prefillTime     *metrics.Histogram
-	disaggFallbacks metrics.Counter
-	disaggOneWorker metrics.Counter
+	disaggFallbacks [numSplits]metrics.Counter
 	routeTime       *metrics.Histogram
 	firstByte       *metrics.Histogram
 	total           *metrics.Histogram
@@ -152,8 +151,6 @@ func newMetrics() *Metrics {
 		acceptShortages: metrics.NewCounter(),
 		proxyRefusals:   metrics.NewCounter(),
 		connectionsFull: metrics.NewCounter(),
-		disaggFallbacks: metrics.NewCounter(),
-		disaggOneWorker: metrics.NewCounter(),
 		queueFull:       metrics.NewCounter(),
 		queueDisplaced:  metrics.NewCounter(),
 		queueTimeouts:   metrics.NewCounter(),
@@ -173,6 +170,9 @@ func newMetrics() *Metrics {
 		for o := range m.phases[p] {
 			m.phases[p][o] = metrics.NewCounter()
 		}
+	}
+	for i := range m.disaggFallbacks {
+		m.disaggFallbacks[i] = metrics.NewCounter()
 	}
 	return m
 }
@@ -195,9 +195,15 @@ func (m *Metrics) Phase(phaseName, outcomeName string) uint64 {
 	return m.phases[p][o].Value()
 }
 
-// DisaggFallbacks returns how many split requests ran whole for want of a
-// prefill worker.
-func (m *Metrics) DisaggFallbacks() uint64 { return m.disaggFallbacks.Value() }
+// DisaggFallbacks returns how many split requests ran whole for the reason
+// a label of fastroute_disagg_fallbacks_total names (splitReasons).
+func (m *Metrics) DisaggFallbacks(reason string) uint64 {
+	i := slices.Index(splitReasons[:], reason)
+	if i <= 0 {
+		return 0
+	}
+	return m.disaggFallbacks[i].Value()
+}
 
 // Retries returns how many times a request moved to another worker.
 func (m *Metrics) Retries() uint64 { return m.retries.Value() }
@@ -270,12 +276,14 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		}
 		w.Header("fastroute_prefill_seconds", "histogram", "Time of the prefill leg of split requests, to its answer's end.")
 		w.Histogram("fastroute_prefill_seconds", m.prefillTime)
+		w.Header("fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on their decode worker, by reason: no routable, free prefill worker (no_prefill_worker), both picks one worker of role both (one_worker), the prefill pick's engine queue at router.disaggregation.max_prefill_queue (prefill_queue).")
+		for i := dataplane.SplitNoPrefill; i < numSplits; i++ {
+			w.Sample("fastroute_disagg_fallbacks_total", float64(m.disaggFallbacks[i].Value()), "reason", splitReasons[i])
+		}
 		for _, f := range []struct {
 			name, typ, help string
 			value           float64
 		}{
-			{"fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on a decode worker for want of a routable prefill worker.", float64(m.disaggFallbacks.Value())},
-			{"fastroute_disagg_one_worker_total", "counter", "Split requests run whole on a worker of role both that the prefill and the decode picks both chose.", float64(m.disaggOneWorker.Value())},
 			{"fastroute_retries_total", "counter", "Requests moved to another worker after a transport failure before the first byte, an answer of a status router.retry_statuses names, or a 404 to a WebSocket session that names no model.", float64(m.retries.Value())},
 			{"fastroute_retries_refused_total", "counter", "Requests not moved to another worker, though they could have been, because router.retry_budget's share of requests were on a retry already.", float64(m.retriesRefused.Value())},
 			{"fastroute_websocket_sessions", "gauge", "WebSocket sessions open, each holding its worker's reservation until it closes.", float64(m.tunnels.Load())},
