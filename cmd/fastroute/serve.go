@@ -222,6 +222,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.DurationVar(&cfg.Telemetry.Engine.Timeout, "telemetry-engine-timeout", cfg.Telemetry.Engine.Timeout, "one engine metrics scrape's timeout")
 	fs.DurationVar(&cfg.Telemetry.Engine.StallAfter, "telemetry-engine-stall-after", cfg.Telemetry.Engine.StallAfter, "take a worker out of rotation once its engine has had requests running this long without generating a token (0: never)")
 	fs.DurationVar(&cfg.Health.Interval, "health-interval", cfg.Health.Interval, "health probe period")
+	fs.DurationVar(&cfg.Health.Timeout, "health-timeout", cfg.Health.Timeout, "bound of one health probe (0: the period)")
 	fs.StringVar(&cfg.Health.Path, "health-path", cfg.Health.Path, "health probe path")
 	fs.IntVar(&cfg.Health.UnhealthyAfter, "unhealthy-after", cfg.Health.UnhealthyAfter, "failed probes before a worker is unhealthy")
 	fs.IntVar(&cfg.Health.EjectAfter, "eject-after", cfg.Health.EjectAfter, "consecutive 5xx answers or transport failures that eject a worker (0: never)")

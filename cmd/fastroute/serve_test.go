@@ -385,6 +385,16 @@ func TestMaxPrefillQueueFlag(t *testing.T) {
 	assert.ErrorContains(t, err, "router.disaggregation.max_prefill_queue: -1 is negative")
 }
 
+// A health probe's bound has its flag; 0, the probe period, by default.
+func TestHealthTimeoutFlag(t *testing.T) {
+	cfg, err := loadServeConfig([]string{"--health-timeout", "3s"})
+	require.NoError(t, err)
+	assert.Equal(t, 3*time.Second, cfg.Health.Timeout)
+	cfg, err = loadServeConfig(nil)
+	require.NoError(t, err)
+	assert.Zero(t, cfg.Health.Timeout)
+}
+
 func TestTracingFlags(t *testing.T) {
 	cfg, err := loadServeConfig(nil)
 	require.NoError(t, err)

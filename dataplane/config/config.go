@@ -445,7 +445,10 @@ type Engine struct {
 // transport failures for EjectTime, doubled while it keeps failing, up to
 // EjectMax (0 turns ejection off).
 type Health struct {
-	Interval       time.Duration `yaml:"interval"`
+	Interval time.Duration `yaml:"interval"`
+	// Timeout bounds one probe; 0: the interval. SGLang's /health runs a
+	// generation and answers a second later at the earliest.
+	Timeout        time.Duration `yaml:"timeout"`
 	Path           string        `yaml:"path"`
 	UnhealthyAfter int           `yaml:"unhealthy_after"`
 	EjectAfter     int           `yaml:"eject_after"`
@@ -789,6 +792,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Health.Interval <= 0 {
 		return keyErr("health.interval", "%v must be positive", c.Health.Interval)
+	}
+	if c.Health.Timeout < 0 {
+		return keyErr("health.timeout", "%v is negative (0: health.interval)", c.Health.Timeout)
 	}
 	if !strings.HasPrefix(c.Health.Path, "/") {
 		return keyErr("health.path", "%q must start with /", c.Health.Path)

@@ -261,7 +261,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.Frontend.SetAliases(modelAliases)
 	r.Frontend.SetMirrors(modelMirrors)
 	r.Health = health.New(reg, health.Options{
-		Interval: cfg.Health.Interval, Path: cfg.Health.Path, UnhealthyAfter: cfg.Health.UnhealthyAfter,
+		Interval: cfg.Health.Interval, Timeout: cfg.Health.Timeout, Path: cfg.Health.Path, UnhealthyAfter: cfg.Health.UnhealthyAfter,
 		Logger: log, APIKey: cfg.WorkerAPIKey, TLS: r.workerTLS,
 	})
 	r.Metrics.Register(r.Frontend.Metrics().Collector(func() string { return string(r.CurrentConfig().Router.Mode) }, reg))

@@ -20,7 +20,10 @@ import (
 
 // Options configures a Checker.
 type Options struct {
-	Interval       time.Duration
+	Interval time.Duration
+	// Timeout bounds one probe (and the listing read after it); 0: the
+	// interval.
+	Timeout        time.Duration
 	Path           string
 	UnhealthyAfter int
 	Logger         *slog.Logger
@@ -54,9 +57,12 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = opts.Interval
+	}
 	c := &Checker{
 		reg: reg, opts: opts, failures: map[uint64]int{}, sockets: map[string]*fasthttp.HostClient{},
-		client: &fasthttp.Client{Name: "fastroute-health", ReadTimeout: opts.Interval, WriteTimeout: opts.Interval,
+		client: &fasthttp.Client{Name: "fastroute-health", ReadTimeout: opts.Timeout, WriteTimeout: opts.Timeout,
 			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes, TLSConfig: opts.TLS,
 			// Both address families: a worker on an IPv6 address, or a name
 			// with only AAAA records, is reachable; a name is looked up again
@@ -165,7 +171,7 @@ func (c *Checker) CheckOnce() {
 	c.mu.Unlock()
 }
 
-// get fetches path of w within one probe interval, with the API key if
+// get fetches path of w within the probe timeout, with the API key if
 // set.
 func (c *Checker) get(w *dataplane.WorkerSpec, path string) (status int, body []byte, err error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
@@ -175,7 +181,7 @@ func (c *Checker) get(w *dataplane.WorkerSpec, path string) (status int, body []
 	if c.opts.APIKey != "" {
 		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+c.opts.APIKey)
 	}
-	if err = c.clientOf(w).DoTimeout(req, resp, c.opts.Interval); err != nil {
+	if err = c.clientOf(w).DoTimeout(req, resp, c.opts.Timeout); err != nil {
 		return 0, nil, err
 	}
 	return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil
@@ -196,7 +202,7 @@ func (c *Checker) clientOf(w *dataplane.WorkerSpec) interface {
 	if hc == nil {
 		hc = &fasthttp.HostClient{Addr: w.Host(), Name: c.client.Name, ReadTimeout: c.client.ReadTimeout, WriteTimeout: c.client.WriteTimeout,
 			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes,
-			Dial: func(string) (net.Conn, error) { return net.DialTimeout("unix", sock, c.opts.Interval) }}
+			Dial: func(string) (net.Conn, error) { return net.DialTimeout("unix", sock, c.opts.Timeout) }}
 		c.sockets[sock] = hc
 	}
 	return hc

@@ -65,6 +65,31 @@ func TestProbesMarkWorkersAndLearnModels(t *testing.T) {
 // The context length a listing gives is learned: vLLM's and SGLang's
 // max_model_len (the longest of the base models'), llama.cpp's per-slot
 // meta.n_ctx (not its n_ctx_train); none listed is 0.
+// A probe waits Timeout, not the interval, when one is set: SGLang's
+// /health runs a generation and answers a second later at the earliest,
+// past an interval of a second.
+func TestAProbeWaitsItsTimeout(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			time.Sleep(250 * time.Millisecond)
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	for _, c := range []struct {
+		timeout time.Duration
+		healthy bool
+	}{{0, false}, {time.Second, true}} {
+		reg := dataplane.NewRegistry()
+		_, err := reg.AddUnprobed(dataplane.WorkerSpec{ID: 1, URL: srv.URL})
+		require.NoError(t, err)
+		New(reg, Options{Interval: 100 * time.Millisecond, Timeout: c.timeout, Path: "/health", UnhealthyAfter: 1,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}).CheckOnce()
+		w, _ := reg.Get(1)
+		assert.Equal(t, c.healthy, w.Healthy(), "timeout %v", c.timeout)
+	}
+}
+
 func TestProbesLearnContextLengths(t *testing.T) {
 	var listing atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
