@@ -104,7 +104,9 @@ func TestEngineNonStreamingDisconnectWhileQueued(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	require.Eventually(t, func() bool { return scrape(t, w, "vllm:num_requests_waiting") == 1 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return scrape(t, w, "vllm:num_requests_waiting") == 1 && scrape(t, w, "vllm:num_requests_running") == 1
+	}, 5*time.Second, 10*time.Millisecond)
 	cancelQueued()
 	<-done
 	require.Eventually(t, func() bool { return scrape(t, w, "vllm:num_requests_waiting") == 0 }, 5*time.Second, 10*time.Millisecond)
@@ -243,7 +245,9 @@ func TestMetricsDialectsAndLoRAInfo(t *testing.T) {
 		}()
 		time.Sleep(20 * time.Millisecond) // sql arrives first and runs; chat waits
 	}
-	require.Eventually(t, func() bool { return scrape(t, w, "vllm:num_requests_waiting") == 1 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return scrape(t, w, "vllm:num_requests_waiting") == 1 && scrape(t, w, "vllm:num_requests_running") == 1
+	}, 5*time.Second, 10*time.Millisecond)
 	resp, err := http.Get(w.URL() + "/metrics")
 	require.NoError(t, err)
 	b, _ := io.ReadAll(resp.Body)
@@ -285,8 +289,11 @@ func TestMetricsDialectsAndLoRAInfo(t *testing.T) {
 			}
 		}()
 	}
-	require.Eventually(t, func() bool { return scrape(t, ll, "llamacpp:requests_deferred") == 1 }, 5*time.Second, 10*time.Millisecond)
-	assert.Equal(t, 1.0, scrape(t, ll, "llamacpp:requests_processing"))
+	// A request arrives deferred until the engine's next step takes it
+	// into the slot: wait for both counts, not the first alone.
+	require.Eventually(t, func() bool {
+		return scrape(t, ll, "llamacpp:requests_deferred") == 1 && scrape(t, ll, "llamacpp:requests_processing") == 1
+	}, 5*time.Second, 10*time.Millisecond)
 	resp, err = http.Get(ll.URL() + "/metrics")
 	require.NoError(t, err)
 	b, _ = io.ReadAll(resp.Body)
