@@ -12,6 +12,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/pickers"
+	"github.com/fastroute/fastroute/telemetry/engine"
 	"github.com/valyala/fasthttp"
 )
 
@@ -105,19 +106,27 @@ func FuzzPickers(f *testing.F) {
 // selected (nor by prefix affinity), the busy threshold is never passed,
 // everything returns to 0, and a peer replica's table that takes in what
 // the prefix table shares (after every operation) names the same worker
-// for every prompt's prefixes.
+// for every prompt's prefixes. Split (disaggregated) selections hold their
+// decode worker, and their prefill worker only when they run split: each
+// leg in its pool, never both on one worker's rank, never a prefill on an
+// engine reporting a queue of Routing.MaxPrefillQueue.
 func FuzzSelectSequence(f *testing.F) {
 	f.Add([]byte{0, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1})
 	f.Add([]byte{4, 4, 4, 0, 0, 0, 0, 0, 2, 2, 6})
 	f.Add([]byte{0x13, 0x25, 0x37, 0x49, 0x5b, 0x6d, 0x7f, 0x81})
+	f.Add([]byte{0xc0, 0xc0, 0xd0, 0xe0, 0xf0, 0xc0, 0x02, 0x35, 0xc0, 0xc8, 0x02, 0x02})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		const busy = 3
 		reg := dataplane.NewRegistry()
+		roles := []dataplane.Role{dataplane.RolePrefill, dataplane.RoleDecode, dataplane.RoleBoth, dataplane.RoleBoth}
 		for id := uint64(1); id <= 4; id++ {
-			if _, err := reg.Add(dataplane.WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), DPSize: int(id)}); err != nil {
+			if _, err := reg.Add(dataplane.WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), DPSize: int(id), Role: roles[id-1]}); err != nil {
 				t.Fatal(err)
 			}
 		}
+		// Worker 3's engine has a request waiting: a split whose prefill
+		// pick it is runs whole (MaxPrefillQueue 1).
+		reg.SetEngine(3, &engine.Stats{Reading: engine.Reading{Running: 1, Waiting: 1}})
 		modes := []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeRandom, pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted, pickers.ModeLoadAware}
 		sel, err := dataplane.NewSelector(reg, modes[len(ops)%len(modes)], busy)
 		if err != nil {
@@ -127,7 +136,7 @@ func FuzzSelectSequence(f *testing.F) {
 		// prefix affinity routes by (slack 1).
 		prefixes, peer := affinity.NewPrefixes(64), affinity.NewPrefixes(64)
 		prefixes.Share(64)
-		sel.SetRouting(dataplane.Routing{Prefixes: prefixes, PrefixSlack: 1})
+		sel.SetRouting(dataplane.Routing{Prefixes: prefixes, PrefixSlack: 1, PrefillFallback: true, MaxPrefillQueue: 1})
 		prompts := [3][]uint64{{11, 12, 13}, {11, 12, 14, 15}, {21}}
 		var records []byte
 		var held []*dataplane.Reservation
@@ -135,7 +144,11 @@ func FuzzSelectSequence(f *testing.F) {
 		for _, op := range ops {
 			id := uint64(op>>4)%6 + 1 // 5 and 6 are never registered at first
 			switch op % 8 {
-			case 0, 1: // select
+			case 0, 1: // select (a split request when no prompt is named)
+				if op>>6 == 3 && op%16 != 1 {
+					held = append(held, split(t, sel, busy)...)
+					break
+				}
 				req.Reset()
 				if op%16 == 1 {
 					req.WorkerID = id
@@ -223,6 +236,41 @@ func FuzzSelectSequence(f *testing.F) {
 			}
 		}
 	})
+}
+
+// split selects a split request and checks what it holds (FuzzSelectSequence).
+func split(t *testing.T, sel *dataplane.Selector, busy int64) []*dataplane.Reservation {
+	t.Helper()
+	dec, pre := new(dataplane.Reservation), new(dataplane.Reservation)
+	d, p := dataplane.Request{Phase: dataplane.PhaseDecode}, dataplane.Request{Phase: dataplane.PhasePrefill}
+	placed, err := sel.SelectSplit(&d, &p, dec, pre)
+	if err != nil {
+		if dec.Held() || pre.Held() {
+			t.Fatalf("a failed split holds a reservation: %v", err)
+		}
+		return nil
+	}
+	check := func(r *dataplane.Reservation, not dataplane.Role) {
+		w := r.Worker()
+		if !w.Routable() || w.Spec().Role == not || w.Occupancy() > busy {
+			t.Fatalf("split leg on worker %d (routable %v, role %s, occupancy %d)", w.ID(), w.Routable(), w.Spec().Role, w.Occupancy())
+		}
+	}
+	check(dec, dataplane.RolePrefill)
+	if placed != dataplane.SplitLegs {
+		if pre.Held() {
+			t.Fatalf("a split run whole (%d) holds its prefill pick", placed)
+		}
+		return []*dataplane.Reservation{dec}
+	}
+	check(pre, dataplane.RoleDecode)
+	if pre.Worker() == dec.Worker() && pre.Rank() == dec.Rank() {
+		t.Fatalf("both legs on worker %d rank %d", dec.Worker().ID(), dec.Rank())
+	}
+	if st := pre.Worker().Engine(); st != nil && st.Waiting >= 1 {
+		t.Fatalf("prefill on worker %d, whose engine has %v waiting", pre.Worker().ID(), st.Waiting)
+	}
+	return []*dataplane.Reservation{dec, pre}
 }
 
 // FuzzRequestParsing drives the real front-end handler with fuzzed bodies
