@@ -315,7 +315,8 @@ const (
 // too when the prefill pick is the decode worker at the same rank
 // (SplitOneWorker), whether picked or named, and when a prefill worker it
 // picked has a queue of Routing.MaxPrefillQueue (SplitPrefillQueue). Only
-// decRes is held then. On an error neither is.
+// decRes is held then, and pre's prefix keys are recorded at its worker,
+// whose engine prefills the prompt. On an error neither is held.
 func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (Split, error) {
 	snap := s.reg.Snapshot()
 	rt := s.routing.Load()
@@ -334,10 +335,12 @@ func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (
 		return SplitOneWorker, nil
 	case err == nil && rt.MaxPrefillQueue > 0 && pre.WorkerID == 0 && queueAtLeast(preRes.Worker(), rt.MaxPrefillQueue):
 		preRes.Release()
+		s.sentPrefix(rt, pre, decRes, nil) // the decode worker prefills it, and holds its prefixes
 		return SplitPrefillQueue, nil
 	case err == nil:
 		return SplitLegs, nil
 	case (errors.Is(err, ErrNoEndpoints) || errors.Is(err, ErrResourceExhausted)) && pre.WorkerID == 0 && rt.PrefillFallback:
+		s.sentPrefix(rt, pre, decRes, nil)
 		return SplitNoPrefill, nil
 	}
 	decRes.Release()

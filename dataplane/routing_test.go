@@ -571,13 +571,29 @@ func TestASplitRunsWholeWhileThePrefillPoolIsBusyOrQueued(t *testing.T) {
 		require.NoError(t, err)
 	}
 	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 1)
+	// The prompt's prefixes are recorded where it is prefilled: at the
+	// prefill worker when split, else at the decode worker.
+	prefixes := affinity.NewPrefixes(64)
+	routing := func(rt Routing) {
+		rt.Prefixes, rt.PrefixSlack = prefixes, 4
+		sel.SetRouting(rt)
+	}
+	routing(Routing{})
+	keys := []uint64{7, 8, 9}
 	split := func(preID uint64) (Split, error) {
-		d, p := Request{Phase: PhaseDecode}, Request{Phase: PhasePrefill, WorkerID: preID}
+		prefixes.Record(keys, 99) // no worker's: the holder below is this request's
+		d, p := Request{Phase: PhaseDecode}, Request{Phase: PhasePrefill, WorkerID: preID, PrefixKeys: keys}
 		var dr, pr Reservation
 		s, err := sel.SelectSplit(&d, &p, &dr, &pr)
 		if err == nil {
 			assert.Equal(t, uint64(2), dr.Worker().ID())
 			assert.Equal(t, s == SplitLegs, pr.Held())
+			holder, _ := prefixes.Holder(keys)
+			want := uint64(2)
+			if s == SplitLegs {
+				want = 1
+			}
+			assert.Equal(t, want, holder, "split %d: the prompt's prefixes are where it is prefilled", s)
 			dr.Release()
 			pr.Release()
 		}
@@ -588,7 +604,7 @@ func TestASplitRunsWholeWhileThePrefillPoolIsBusyOrQueued(t *testing.T) {
 	require.NoError(t, sel.Select(&Request{WorkerID: 1, Phase: PhasePrefill}, &busy))
 	_, err := split(0)
 	assert.ErrorIs(t, err, ErrResourceExhausted, "fallback error: the 429")
-	sel.SetRouting(Routing{PrefillFallback: true})
+	routing(Routing{PrefillFallback: true})
 	got, err := split(0)
 	require.NoError(t, err)
 	assert.Equal(t, SplitNoPrefill, got)
@@ -609,7 +625,7 @@ func TestASplitRunsWholeWhileThePrefillPoolIsBusyOrQueued(t *testing.T) {
 		{waiting: 3, reading: true, limit: 0, want: SplitLegs},  // off
 		{waiting: 3, reading: true, limit: 2, named: 1, want: SplitLegs},
 	} {
-		sel.SetRouting(Routing{PrefillFallback: true, MaxPrefillQueue: c.limit})
+		routing(Routing{PrefillFallback: true, MaxPrefillQueue: c.limit})
 		if c.reading {
 			w1.SetEngine(&engine.Stats{Reading: engine.Reading{Running: 4, Waiting: c.waiting}})
 		} else {
