@@ -711,6 +711,9 @@ func (c *Config) Validate() error {
 	if err := c.Router.Disaggregation.validate(); err != nil {
 		return err
 	}
+	if c.Router.Disaggregation.MaxPrefillQueue > 0 && !c.Telemetry.Engine.Enabled {
+		return keyErr("router.disaggregation.max_prefill_queue", "needs telemetry.engine.enabled: the queue is what the prefill engines report")
+	}
 	if e := c.Discovery.Etcd; len(e.Endpoints) > 0 {
 		if !strings.HasPrefix(e.Prefix, "/") {
 			return keyErr("discovery.etcd.prefix", "%q must start with /", e.Prefix)
@@ -789,6 +792,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Telemetry.Engine.StallAfter < 0 {
 		return keyErr("telemetry.engine.stall_after", "%v is negative (0: never)", c.Telemetry.Engine.StallAfter)
+	}
+	if c.Telemetry.Engine.StallAfter > 0 && !c.Telemetry.Engine.Enabled {
+		return keyErr("telemetry.engine.stall_after", "needs telemetry.engine.enabled: a stall is read from the engine's metrics")
 	}
 	if c.Health.Interval <= 0 {
 		return keyErr("health.interval", "%v must be positive", c.Health.Interval)

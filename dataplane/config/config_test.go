@@ -58,6 +58,8 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"router: {retries: 99}", "key router.retries: 99 is outside 0..7"},
 		{"router: {queue: {size: -1}}", "key router.queue.size: -1 is negative"},
 		{"health: {timeout: -1s}", "key health.timeout: -1s is negative (0: health.interval)"},
+		{"router: {disaggregation: {protocol: vllm-nixl, max_prefill_queue: 2}}\ntelemetry: {engine: {enabled: false}}", "key router.disaggregation.max_prefill_queue: needs telemetry.engine.enabled"},
+		{"telemetry: {engine: {enabled: false, stall_after: 2m}}", "key telemetry.engine.stall_after: needs telemetry.engine.enabled"},
 		{"router: {disaggregation: {protocol: vllm-nixl, max_prefill_queue: -1}}", "key router.disaggregation.max_prefill_queue: -1 is negative"},
 		{"router: {prefix_affinity: {enabled: true, block_bytes: 8}}", "key router.prefix_affinity.block_bytes: 8 is outside 16..65536"},
 		{"router: {prefix_affinity: {table_size: 0}}", "key router.prefix_affinity.table_size: 0 is outside 64..67108864"},
