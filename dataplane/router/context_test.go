@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -129,5 +130,33 @@ func TestALlamaCppWorkersRefusalsMove(t *testing.T) {
 	resp, body := f.send("POST", "/v1/chat/completions", long, "x-worker-id", "1")
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	assert.Contains(t, body, "exceed_context_size_error", "llama-server's own refusal, when bound to it")
+	f.assertIdle()
+}
+
+// The prefill leg of a split request (vLLM's protocol) that its worker
+// refuses as longer than its context moves to a prefill worker of a longer
+// one, as a whole request moves; a leg bound to its worker does not.
+func TestAPrefillLegRefusedAsLongerMovesToALongerContext(t *testing.T) {
+	f := startFleet(t, []mockworker.Options{{ID: 1, MaxModelLen: 256}, {ID: 2, MaxModelLen: 4096}, {ID: 3, MaxModelLen: 4096}}, func(c *config.Config) {
+		c.Router.Disaggregation.Protocol = config.DisaggVLLM
+		for i, role := range []dataplane.Role{dataplane.RolePrefill, dataplane.RolePrefill, dataplane.RoleDecode} {
+			c.Workers[i].Role, c.Workers[i].MaxModelLen = role, []int{256, 4096, 4096}[i]
+		}
+	})
+	long := fmt.Sprintf(`{"model":"mock-model","prompt":%q,"max_tokens":4}`, strings.Repeat("x", 2000)) // 500 tokens
+	for range 4 {
+		assert.Equal(t, "3", f.servedBy("/v1/completions", long))
+	}
+	refused := f.mocks[0].Served()
+	assert.Positive(t, refused, "round robin started some prefills on worker 1")
+	assert.EqualValues(t, 4, f.mocks[1].Served(), "every prefill ended on worker 2")
+	assert.Equal(t, fmt.Sprint(refused), metric(t, f, "fastroute_context_moves_total"), "one move for each refusal")
+	m := f.r.Frontend.Metrics()
+	assert.EqualValues(t, 4, m.Phase("prefill", "ok"))
+	assert.EqualValues(t, 4, m.Phase("decode", "ok"))
+
+	resp := f.post("/v1/completions", long, "x-prefill-worker-id", "1")
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), "maximum context length", "bound to worker 1: its refusal")
 	f.assertIdle()
 }

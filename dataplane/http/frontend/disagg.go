@@ -121,8 +121,9 @@ func (ex *exchange) prefill(ctx *fasthttp.RequestCtx) bool {
 }
 
 // prefillVLLM sends the prefill request of vLLM's protocol, moving it to
-// another prefill worker on a transport failure, and makes the decode body
-// from its answer's kv_transfer_params.
+// another prefill worker on a transport failure, or to one of a longer
+// context when its worker refuses it as longer than its own, and makes the
+// decode body from its answer's kv_transfer_params.
 func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 	s := ex.s
 	body, err := disagg.PrefillBody(ctx.PostBody())
@@ -139,7 +140,10 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 		err := pre.send(u, ex.token, t, s.opts.FirstByteTimeout, &ex.stop)
 		if err == nil {
 			u.stats.answered(pre.resp.StatusCode(), time.Since(t))
-			return ex.prefilled(ctx, w, start)
+			if ok, moved := ex.prefilled(ctx, w, start); !moved {
+				return ok
+			}
+			continue
 		}
 		if ex.hungUp() {
 			s.metrics.phases[phasePrefill][outcomeCancelled].Inc()
@@ -163,8 +167,11 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 
 // prefilled reads a vLLM prefill answer: an error status passes to the
 // client (a 5xx as a 502 naming the worker), an answer without
-// kv_transfer_params is a 502, else the decode body carries them.
-func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, start time.Time) bool {
+// kv_transfer_params is a 502, else the decode body carries them; ok
+// reports the latter. A 400 that refuses the prompt as longer than the
+// worker's context moves the leg to a prefill worker of a longer one
+// instead, as a whole request moves (exchange.movesOn): moved.
+func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, start time.Time) (ok, moved bool) {
 	s, pre := ex.s, ex.prefillLeg()
 	var err error
 	pre.answer, err = pre.readAll(pre.answer[:0], s.opts.AnswerBufferBytes)
@@ -177,28 +184,33 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 	case err != nil && ex.hungUp():
 		s.metrics.phases[phasePrefill][outcomeCancelled].Inc()
 		ex.abandon(ctx)
-		return false
+		return false, false
 	case errors.Is(err, errAnswerTooLarge): // the worker answered: the limit is the router's
 		s.reportAnswer(w, true)
 		return ex.answerPrefill(ctx, fasthttp.StatusBadGateway, "upstream_error",
-			fmt.Sprintf("prefill worker %d answered more than limits.answer_buffer_bytes (%d bytes)", w.ID(), s.opts.AnswerBufferBytes), outcomeUpstreamError)
+			fmt.Sprintf("prefill worker %d answered more than limits.answer_buffer_bytes (%d bytes)", w.ID(), s.opts.AnswerBufferBytes), outcomeUpstreamError), false
 	case err != nil:
 		s.statsOf(w).failed(failCut)
 		s.reportAnswer(w, false)
-		return ex.prefillFailed(ctx, w, &answerBroke{err: err}, nil)
+		return ex.prefillFailed(ctx, w, &answerBroke{err: err}, nil), false
 	case status >= fasthttp.StatusInternalServerError:
 		s.reportAnswer(w, false)
 		return ex.answerPrefill(ctx, fasthttp.StatusBadGateway, "upstream_error",
-			fmt.Sprintf("prefill worker %d answered %d: %s", w.ID(), status, excerpt(pre.answer)), outcomeUpstreamError)
+			fmt.Sprintf("prefill worker %d answered %d: %s", w.ID(), status, excerpt(pre.answer)), outcomeUpstreamError), false
 	case status >= fasthttp.StatusBadRequest: // the engine refused the request: the client's to see
 		s.reportAnswer(w, true)
+		if status == fasthttp.StatusBadRequest && ex.prefillMovesLonger(w) {
+			ex.traceMove(w, "status", status)
+			s.metrics.moved(moveContext)
+			return false, true
+		}
 		s.metrics.phases[phasePrefill][outcomeOK].Inc()
 		ex.status = status
 		ctx.SetStatusCode(status)
 		ctx.SetContentType("application/json")
 		ctx.SetBody(pre.answer)
 		ex.finish(outcomeOK)
-		return false
+		return false, false
 	}
 	s.reportAnswer(w, true)
 	params, err := disagg.TransferParams(pre.answer)
@@ -207,11 +219,21 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 	}
 	if err != nil {
 		return ex.answerPrefill(ctx, fasthttp.StatusBadGateway, "upstream_error",
-			fmt.Sprintf("prefill worker %d: %v (is it a vLLM engine with a KV connector?)", w.ID(), err), outcomeUpstreamError)
+			fmt.Sprintf("prefill worker %d: %v (is it a vLLM engine with a KV connector?)", w.ID(), err), outcomeUpstreamError), false
 	}
 	s.metrics.phases[phasePrefill][outcomeOK].Inc()
 	ex.s.sel.Answered(&pre.req, &pre.res)
-	return true
+	return true, false
+}
+
+// prefillMovesLonger reports whether the prefill leg that worker w
+// answered a 400 moves on: the answer refuses the prompt as longer than
+// w's known context, the leg is not bound to w, a try is left, and a
+// routable prefill worker of a longer context takes it (reserved).
+func (ex *exchange) prefillMovesLonger(w *dataplane.Worker) bool {
+	s, pre := ex.s, ex.prefillLeg()
+	return pre.req.WorkerID == 0 && pre.req.Attempts() < dataplane.MaxAttempts-1 && refusedAsLonger(pre.answer) &&
+		s.sel.LongerContext(&pre.req, w) && s.sel.Retry(&pre.req, &pre.res) == nil
 }
 
 // startBootstrap adds SGLang's bootstrap fields to the body and sends the
