@@ -55,6 +55,14 @@ var (
 	ErrInvalidArgument   = &Error{Code: InvalidArgument, Msg: "invalid argument"}
 	ErrNotFound          = &Error{Code: NotFound, Msg: "not found"}
 	errMissingWorker     = &Error{Code: InvalidArgument, Msg: "direct mode needs header x-worker-id"}
+	// errNoPhaseWorker is, by phase, the error of a pool with no routable
+	// worker: a split request's prefill pick meets it on every request
+	// while the prefill pool is empty, and runs whole without it.
+	errNoPhaseWorker = [...]*Error{
+		PhaseAny:     ErrNoEndpoints,
+		PhasePrefill: {Code: NoEndpoints, Msg: "no routable worker serves the prefill phase"},
+		PhaseDecode:  {Code: NoEndpoints, Msg: "no routable worker serves the decode phase"},
+	}
 )
 
 // Errorf builds an Error with a formatted message (for the cold error paths).

@@ -638,6 +638,56 @@ func TestASplitRunsWholeWhileThePrefillPoolIsBusyOrQueued(t *testing.T) {
 	assertIdle(t, reg)
 }
 
+// SelectSplit allocates nothing, however it places a request: on two
+// workers, whole on a worker of role both that is both picks, whole while
+// the prefill pick's engine has a queue, whole while no prefill worker is
+// free; a session's two pins and prompt prefixes included.
+func TestSelectSplitDoesNotAllocate(t *testing.T) {
+	reg := NewRegistry()
+	for id, role := range map[uint64]Role{1: RolePrefill, 2: RoleBoth, 3: RoleDecode, 4: RoleDecode} {
+		_, err := reg.Add(WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), Role: role})
+		require.NoError(t, err)
+	}
+	sel := newSelector(t, reg, pickers.ModeRoundRobin, 64)
+	tbl := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 1000})
+	sel.SetRouting(Routing{Sessions: tbl, SessionMode: affinity.Soft, Prefixes: affinity.NewPrefixes(64), PrefixSlack: 4,
+		PrefillFallback: true, MaxPrefillQueue: 2})
+	session := []byte("0b7c1c3e-6f1a-4d43-9a57-3c2f0e1d5b9a")
+	var dec, pre Request
+	var dr, pr Reservation
+	// place splits a request whose decode (and prefill, when not 0) worker
+	// is named, and checks where it went.
+	place := func(decID, preID uint64, want Split) {
+		n := testing.AllocsPerRun(200, func() {
+			dec.Reset()
+			pre.Reset()
+			dec.Phase, pre.Phase, dec.WorkerID, pre.WorkerID = PhaseDecode, PhasePrefill, decID, preID
+			dec.Session = append(dec.Session, session...)
+			pre.PrefixKeys = append(pre.PrefixKeys, 11, 12, 13)
+			split, err := sel.SelectSplit(&dec, &pre, &dr, &pr)
+			if err != nil || split != want {
+				t.Fatalf("split %d (%v), want %d", split, err, want)
+			}
+			sel.Answered(&dec, &dr)
+			if split == SplitLegs {
+				sel.Answered(&pre, &pr)
+			}
+			dr.Release()
+			pr.Release()
+		})
+		assert.Zero(t, n, "placed %d", want)
+	}
+	place(3, 0, SplitLegs)
+	place(2, 2, SplitOneWorker)
+	require.NoError(t, reg.Drain(2)) // worker 1 alone prefills, and its engine has a queue
+	w1, _ := reg.Get(1)
+	w1.SetEngine(&engine.Stats{Reading: engine.Reading{Running: 1, Waiting: 3}})
+	place(3, 0, SplitPrefillQueue)
+	require.NoError(t, reg.Drain(1))
+	place(3, 0, SplitNoPrefill)
+	assertIdle(t, reg)
+}
+
 func TestRoutedSelectDoesNotAllocate(t *testing.T) {
 	reg := loraFleet(t, 64, 16)
 	for _, w := range reg.All() {

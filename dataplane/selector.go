@@ -316,7 +316,7 @@ func (s *Selector) pick(snap *Snapshot, req *Request, res *Reservation) error {
 	}
 	base := snap.pool(req.Phase)
 	if base.Len() == 0 {
-		return Errorf(NoEndpoints, "no routable worker serves the %s phase", req.Phase)
+		return errNoPhaseWorker[req.Phase]
 	}
 	if g := req.group; g != nil {
 		if g.Len() == 0 {
