@@ -47,6 +47,17 @@ func newRankedFleet(t testing.TB, n int) *Registry {
 	return reg
 }
 
+// roleFleet registers a worker of each role, ids from 1 in order.
+func roleFleet(t testing.TB, roles ...Role) *Registry {
+	reg := NewRegistry()
+	for i, role := range roles {
+		id := uint64(i + 1)
+		_, err := reg.Add(WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), Role: role})
+		require.NoError(t, err)
+	}
+	return reg
+}
+
 func newSelector(t testing.TB, reg *Registry, mode pickers.Mode, busy int) *Selector {
 	s, err := NewSelector(reg, mode, busy)
 	require.NoError(t, err)

@@ -420,11 +420,9 @@ func TestEmbeddingCacheSteersToTheHolderOfMostInputs(t *testing.T) {
 // none of the model's prefill workers routable the request runs whole on
 // a decode worker of the model (the fallback), not on another model's.
 func TestASplitRequestStaysWithItsModel(t *testing.T) {
-	reg := NewRegistry()
-	for id, role := range map[uint64]Role{1: RolePrefill, 2: RolePrefill, 3: RoleDecode, 4: RoleDecode} {
-		w, err := reg.Add(WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), Role: role})
-		require.NoError(t, err)
-		w.SetAdvertised(Advertised{Models: []string{[]string{"llama", "qwen"}[id%2]}}) // qwen: 1 and 3
+	reg := roleFleet(t, RolePrefill, RolePrefill, RoleDecode, RoleDecode)
+	for _, w := range reg.All() {
+		w.SetAdvertised(Advertised{Models: []string{[]string{"llama", "qwen"}[w.ID()%2]}}) // qwen: 1 and 3
 	}
 	reg.Republish()
 	sel := newSelector(t, reg, pickers.ModeRoundRobin, 0)
@@ -510,11 +508,7 @@ func TestSelectSplit(t *testing.T) {
 }
 
 func TestASplitWhosePicksAreOneWorkerRunsWhole(t *testing.T) {
-	reg := NewRegistry()
-	for id, role := range map[uint64]Role{1: RoleBoth, 2: RoleDecode, 3: RoleDecode} {
-		_, err := reg.Add(WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), Role: role})
-		require.NoError(t, err)
-	}
+	reg := roleFleet(t, RoleBoth, RoleDecode, RoleDecode)
 	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 0)
 	// Three splits whose decode legs are held at once (a prefill leg ends
 	// first): least-loaded spreads the decode picks over the three
@@ -565,11 +559,7 @@ func TestASplitWhosePicksAreOneWorkerRunsWhole(t *testing.T) {
 // MaxPrefillQueue requests waiting, as a decode engine prefills a request
 // itself; a named prefill worker splits regardless.
 func TestASplitRunsWholeWhileThePrefillPoolIsBusyOrQueued(t *testing.T) {
-	reg := NewRegistry()
-	for id, role := range map[uint64]Role{1: RolePrefill, 2: RoleDecode} {
-		_, err := reg.Add(WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), Role: role})
-		require.NoError(t, err)
-	}
+	reg := roleFleet(t, RolePrefill, RoleDecode)
 	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 1)
 	// The prompt's prefixes are recorded where it is prefilled: at the
 	// prefill worker when split, else at the decode worker.
@@ -643,11 +633,7 @@ func TestASplitRunsWholeWhileThePrefillPoolIsBusyOrQueued(t *testing.T) {
 // the prefill pick's engine has a queue, whole while no prefill worker is
 // free; a session's two pins and prompt prefixes included.
 func TestSelectSplitDoesNotAllocate(t *testing.T) {
-	reg := NewRegistry()
-	for id, role := range map[uint64]Role{1: RolePrefill, 2: RoleBoth, 3: RoleDecode, 4: RoleDecode} {
-		_, err := reg.Add(WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), Role: role})
-		require.NoError(t, err)
-	}
+	reg := roleFleet(t, RolePrefill, RoleBoth, RoleDecode, RoleDecode)
 	sel := newSelector(t, reg, pickers.ModeRoundRobin, 64)
 	tbl := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 1000})
 	sel.SetRouting(Routing{Sessions: tbl, SessionMode: affinity.Soft, Prefixes: affinity.NewPrefixes(64), PrefixSlack: 4,
