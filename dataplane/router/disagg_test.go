@@ -760,14 +760,23 @@ func TestASplitRequestsAccessLineNamesItsRequestID(t *testing.T) {
 	made := got[0].requestID
 	require.True(t, strings.HasPrefix(made, "fastroute-"), made)
 	assert.Equal(t, "client-7", got[1].requestID)
+	// A request that would split and runs whole says why instead.
+	require.NoError(t, f.r.Registry.Drain(1))
+	readAll(t, f.post("/v1/chat/completions", pdBody))
 	var access []string
 	for _, l := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(l, "log=access") {
 			access = append(access, l)
 		}
 	}
-	require.Len(t, access, 2, logs.String())
+	require.Len(t, access, 3, logs.String())
 	assert.Contains(t, access[0], "request_id="+made)
 	assert.Contains(t, access[1], "request_id=client-7")
+	for _, l := range access[:2] {
+		assert.Contains(t, l, "worker=2 ")
+		assert.Contains(t, l, "prefill_worker=1", "a split request's line names its prefill worker")
+	}
+	assert.Contains(t, access[2], "ran_whole=no_prefill_worker")
+	assert.NotContains(t, access[2], "prefill_worker=")
 	f.assertIdle()
 }

@@ -96,7 +96,7 @@ func (ex *exchange) selectSplit() error {
 		return err
 	}
 	if split != dataplane.SplitLegs {
-		ex.split = false
+		ex.split, ex.whole = false, split
 		ex.s.metrics.disaggFallbacks[split].Inc()
 	}
 	return nil

@@ -70,6 +70,7 @@ type exchange struct {
 
 	// A request split between a prefill and a decode worker (Disagg).
 	split    bool
+	whole    dataplane.Split            // why a request that would split runs whole (selectSplit); SplitLegs: it did not
 	decoding bool                       // its decode leg was dispatched
 	pre      atomic.Pointer[prefillLeg] // made at the first request that may split (prefillLeg)
 	body     []byte                     // the body sent to the decode worker; nil: the client's
@@ -148,7 +149,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.timed, ex.firstToken, ex.sent, ex.alias, ex.model, ex.copied = false, 0, 0, ex.alias[:0], nil, nil
 	ex.watch.Store(0)
 	ex.stop.Store(0)
-	ex.split, ex.decoding, ex.body = false, false, nil
+	ex.split, ex.whole, ex.decoding, ex.body = false, dataplane.SplitLegs, false, nil
 	ex.ctx, ex.priority, ex.keyPriority = nil, 0, false
 	if pre := ex.pre.Load(); pre != nil {
 		pre.done, pre.err = nil, nil
@@ -1161,8 +1162,16 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 		slog.Float64("first_byte_ms", float64(ex.firstByte.Microseconds())/1000),
 		slog.Float64("total_ms", float64(total.Microseconds())/1000), slog.Int64("bytes", ex.bytes),
 		slog.String("model", string(ex.req.Model)), slog.String("client", ex.clientText()),
-		slog.String("request_id", string(id)), {}, {}, {}, {}, {}, {}, {}}
-	n := len(attrs) - 7
+		slog.String("request_id", string(id)), {}, {}, {}, {}, {}, {}, {}, {}}
+	n := len(attrs) - 8
+	switch pre := ex.pre.Load(); {
+	case ex.split && pre != nil && ex.picked: // the prefill leg's worker, the last one tried
+		attrs[n] = slog.Uint64("prefill_worker", pre.res.Worker().ID())
+		n++
+	case ex.whole != dataplane.SplitLegs: // a request that would split ran whole on its worker, and why
+		attrs[n] = slog.String("ran_whole", splitReasons[ex.whole])
+		n++
+	}
 	if len(ex.alias) > 0 { // the model the client named, whose target model is
 		attrs[n] = slog.String("alias", string(ex.alias))
 		n++
