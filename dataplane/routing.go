@@ -59,9 +59,13 @@ type Routing struct {
 	// waiting or more (SelectSplit); 0: never.
 	MaxPrefillQueue int
 	// PrefillFallback runs a split request whole on its decode worker
-	// while no prefill worker is routable or free (SelectSplit); false: it
-	// fails.
+	// while no prefill worker is routable (SelectSplit), or, with
+	// DecodePrefills, while every one is busy; false: it fails.
 	PrefillFallback bool
+	// DecodePrefills says decode workers can prefill a request themselves,
+	// as vLLM's engines with a KV connector do; SGLang's decode servers
+	// only take a prefill's transfer.
+	DecodePrefills bool
 }
 
 // Splits reports whether a generation request whose body is promptBytes
@@ -293,7 +297,8 @@ const (
 	// SplitLegs: on a prefill and a decode worker, both reserved.
 	SplitLegs Split = iota
 	// SplitNoPrefill: whole on its decode worker, since no prefill worker
-	// is routable, or every one is busy (Routing.PrefillFallback).
+	// is routable, or every one is busy (Routing.PrefillFallback,
+	// Routing.DecodePrefills).
 	SplitNoPrefill
 	// SplitOneWorker: whole on its decode worker, since the prefill pick
 	// is that worker at the same rank (a worker of role both): a split
@@ -309,9 +314,9 @@ const (
 // request on one snapshot: the decode worker as Select does, then the
 // prefill worker (pre.Phase is PhasePrefill) among those holding the same
 // adapter, preferring the session's prefill pin. While no prefill worker is
-// routable, or every one is busy, and pre names none, the request runs whole
-// on its decode worker if Routing.PrefillFallback is set (SplitNoPrefill),
-// as a decode engine prefills a request itself; it runs whole there
+// routable (or, with Routing.DecodePrefills, every one is busy) and pre
+// names none, the request runs whole on its decode worker if
+// Routing.PrefillFallback is set (SplitNoPrefill); it runs whole there
 // too when the prefill pick is the decode worker at the same rank
 // (SplitOneWorker), whether picked or named, and when a prefill worker it
 // picked has a queue of Routing.MaxPrefillQueue (SplitPrefillQueue). Only
@@ -339,7 +344,7 @@ func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (
 		return SplitPrefillQueue, nil
 	case err == nil:
 		return SplitLegs, nil
-	case (errors.Is(err, ErrNoEndpoints) || errors.Is(err, ErrResourceExhausted)) && pre.WorkerID == 0 && rt.PrefillFallback:
+	case (errors.Is(err, ErrNoEndpoints) || (rt.DecodePrefills && errors.Is(err, ErrResourceExhausted))) && pre.WorkerID == 0 && rt.PrefillFallback:
 		s.sentPrefix(rt, pre, decRes, nil)
 		return SplitNoPrefill, nil
 	}

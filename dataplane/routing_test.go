@@ -595,6 +595,9 @@ func TestASplitRunsWholeWhileThePrefillPoolIsBusyOrQueued(t *testing.T) {
 	_, err := split(0)
 	assert.ErrorIs(t, err, ErrResourceExhausted, "fallback error: the 429")
 	routing(Routing{PrefillFallback: true})
+	_, err = split(0)
+	assert.ErrorIs(t, err, ErrResourceExhausted, "SGLang's decode servers prefill nothing themselves: the 429")
+	routing(Routing{PrefillFallback: true, DecodePrefills: true})
 	got, err := split(0)
 	require.NoError(t, err)
 	assert.Equal(t, SplitNoPrefill, got)
@@ -615,7 +618,7 @@ func TestASplitRunsWholeWhileThePrefillPoolIsBusyOrQueued(t *testing.T) {
 		{waiting: 3, reading: true, limit: 0, want: SplitLegs},  // off
 		{waiting: 3, reading: true, limit: 2, named: 1, want: SplitLegs},
 	} {
-		routing(Routing{PrefillFallback: true, MaxPrefillQueue: c.limit})
+		routing(Routing{PrefillFallback: true, DecodePrefills: true, MaxPrefillQueue: c.limit})
 		if c.reading {
 			w1.SetEngine(&engine.Stats{Reading: engine.Reading{Running: 4, Waiting: c.waiting}})
 		} else {
@@ -637,7 +640,7 @@ func TestSelectSplitDoesNotAllocate(t *testing.T) {
 	sel := newSelector(t, reg, pickers.ModeRoundRobin, 64)
 	tbl := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 1000})
 	sel.SetRouting(Routing{Sessions: tbl, SessionMode: affinity.Soft, Prefixes: affinity.NewPrefixes(64), PrefixSlack: 4,
-		PrefillFallback: true, MaxPrefillQueue: 2})
+		PrefillFallback: true, DecodePrefills: true, MaxPrefillQueue: 2})
 	session := []byte("0b7c1c3e-6f1a-4d43-9a57-3c2f0e1d5b9a")
 	var dec, pre Request
 	var dr, pr Reservation

@@ -136,7 +136,7 @@ func FuzzSelectSequence(f *testing.F) {
 		// prefix affinity routes by (slack 1).
 		prefixes, peer := affinity.NewPrefixes(64), affinity.NewPrefixes(64)
 		prefixes.Share(64)
-		sel.SetRouting(dataplane.Routing{Prefixes: prefixes, PrefixSlack: 1, PrefillFallback: true, MaxPrefillQueue: 1})
+		sel.SetRouting(dataplane.Routing{Prefixes: prefixes, PrefixSlack: 1, PrefillFallback: true, DecodePrefills: true, MaxPrefillQueue: 1})
 		prompts := [3][]uint64{{11, 12, 13}, {11, 12, 14, 15}, {21}}
 		var records []byte
 		var held []*dataplane.Reservation

@@ -195,7 +195,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	})
 	fs.IntVar(&d.MinPrefillTokens, "min-prefill-tokens", d.MinPrefillTokens, "prompts shorter than this (4 body bytes a token) go whole to a decode worker")
 	fs.IntVar(&d.MaxPrefillQueue, "disagg-max-prefill-queue", d.MaxPrefillQueue, "a request goes whole to its decode worker while its prefill pick's engine reports this many requests waiting (0: never)")
-	fs.StringVar(&d.Fallback, "disagg-fallback", d.Fallback, "with no routable, free prefill worker: aggregated (whole, to a decode worker) or error (503, or 429 while all are busy)")
+	fs.StringVar(&d.Fallback, "disagg-fallback", d.Fallback, "with no routable prefill worker (or, with vllm-nixl, no free one): aggregated (whole, to a decode worker) or error (503, or 429 while all are busy)")
 	fs.StringVar(&cfg.Router.SessionAffinity.Mode, "affinity-mode", cfg.Router.SessionAffinity.Mode, "session affinity: off|soft|hard")
 	fs.StringVar(&cfg.Router.SessionAffinity.Header, "affinity-header", cfg.Router.SessionAffinity.Header, "session id header")
 	fs.DurationVar(&cfg.Router.SessionAffinity.TTL, "affinity-ttl", cfg.Router.SessionAffinity.TTL, "idle session expiry")

@@ -407,8 +407,8 @@ type Disaggregation struct {
 	// (NVIDIA Dynamo's max_prefill_queue_size); 0: never.
 	MaxPrefillQueue int `yaml:"max_prefill_queue"`
 	// Fallback is what a request gets while no prefill worker is routable
-	// or free: aggregated (whole, to a decode worker, counted) or error (503,
-	// or 429 while they are all busy).
+	// (or, with vLLM's protocol, free): aggregated (whole, to a decode
+	// worker, counted) or error (503, or 429 while they are all busy).
 	Fallback string `yaml:"fallback"`
 }
 
@@ -879,6 +879,9 @@ func (d *Disaggregation) validate() error {
 	}
 	if d.MaxPrefillQueue < 0 {
 		return keyErr("router.disaggregation.max_prefill_queue", "%d is negative", d.MaxPrefillQueue)
+	}
+	if d.MaxPrefillQueue > 0 && d.Protocol == DisaggSGLang {
+		return keyErr("router.disaggregation.max_prefill_queue", "does not apply to %s: SGLang's decode servers take a prefill's transfer and cannot prefill a request themselves", DisaggSGLang)
 	}
 	if d.Fallback != FallbackAggr && d.Fallback != FallbackError {
 		return keyErr("router.disaggregation.fallback", "%q is not %s or %s", d.Fallback, FallbackAggr, FallbackError)

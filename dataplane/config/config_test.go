@@ -58,6 +58,7 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"router: {retries: 99}", "key router.retries: 99 is outside 0..7"},
 		{"router: {queue: {size: -1}}", "key router.queue.size: -1 is negative"},
 		{"health: {timeout: -1s}", "key health.timeout: -1s is negative (0: health.interval)"},
+		{"router: {disaggregation: {protocol: sglang-bootstrap, max_prefill_queue: 2}}", "key router.disaggregation.max_prefill_queue: does not apply to sglang-bootstrap"},
 		{"router: {disaggregation: {protocol: vllm-nixl, max_prefill_queue: 2}}\ntelemetry: {engine: {enabled: false}}", "key router.disaggregation.max_prefill_queue: needs telemetry.engine.enabled"},
 		{"telemetry: {engine: {enabled: false, stall_after: 2m}}", "key telemetry.engine.stall_after: needs telemetry.engine.enabled"},
 		{"router: {disaggregation: {protocol: vllm-nixl, max_prefill_queue: -1}}", "key router.disaggregation.max_prefill_queue: -1 is negative"},

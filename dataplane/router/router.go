@@ -199,6 +199,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		MinPrefillTokens: cfg.Router.Disaggregation.MinPrefillTokens,
 		MaxPrefillQueue:  cfg.Router.Disaggregation.MaxPrefillQueue,
 		PrefillFallback:  cfg.Router.Disaggregation.Fallback == config.FallbackAggr,
+		DecodePrefills:   cfg.Router.Disaggregation.Protocol == config.DisaggVLLM,
 	})
 	fo := frontend.Options{
 		Selector: sel, Retries: cfg.Router.Retries, RetryBudget: retryBudget(cfg.Router.RetryBudget),
