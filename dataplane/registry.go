@@ -100,6 +100,33 @@ type Group struct {
 	candidates
 	name string
 	load *groupLoad // nil for a base model's group
+	// errNone and errBusy are its selection errors, made at their first
+	// use: every request for a busy adapter meets the second while it
+	// lasts, and a split request's prefill pick drops it.
+	errNone, errBusy atomic.Pointer[Error]
+}
+
+// noneRoutable is the error of the group while none of its workers is
+// routable.
+func (g *Group) noneRoutable() *Error {
+	return g.madeOnce(&g.errNone, NoEndpoints, "no routable worker holds %s")
+}
+
+// allBusy is the error of the group while every worker of it is busy.
+func (g *Group) allBusy() *Error {
+	return g.madeOnce(&g.errBusy, ResourceExhausted, "every worker holding %s is busy")
+}
+
+// madeOnce returns the error p holds, made from code and format (which
+// names the group) at the first call; callers racing to make it each
+// return one that reads the same.
+func (g *Group) madeOnce(p *atomic.Pointer[Error], code Code, format string) *Error {
+	if e := p.Load(); e != nil {
+		return e
+	}
+	e := Errorf(code, format, g)
+	p.Store(e)
+	return e
 }
 
 // Name returns the group name.

@@ -677,6 +677,38 @@ func TestSelectSplitDoesNotAllocate(t *testing.T) {
 	assertIdle(t, reg)
 }
 
+// A request for an adapter whose holders are all busy, or none of them
+// routable, is refused without allocating: its group's errors are made
+// once.
+func TestAnAdapterRefusalDoesNotAllocate(t *testing.T) {
+	reg := NewRegistry()
+	for id, loras := range map[uint64][]string{1: {"ad"}, 2: {"other"}} {
+		_, err := reg.Add(WorkerSpec{ID: id, URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+id), LoRAs: loras})
+		require.NoError(t, err)
+	}
+	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 1)
+	var busy Reservation
+	require.NoError(t, sel.Select(&Request{Model: []byte("ad")}, &busy))
+	var req Request
+	var res Reservation
+	refused := func(want string) {
+		t.Helper()
+		var err error
+		n := testing.AllocsPerRun(100, func() {
+			req.Reset()
+			req.Model = append(req.Model, "ad"...)
+			err = sel.Select(&req, &res)
+		})
+		assert.ErrorContains(t, err, want)
+		assert.Zero(t, n, want)
+	}
+	refused(`every worker holding adapter "ad" is busy`)
+	busy.Release()
+	reg.SetHealthy(1, false)
+	refused(`no routable worker holds adapter "ad"`)
+	assertIdle(t, reg)
+}
+
 func TestRoutedSelectDoesNotAllocate(t *testing.T) {
 	reg := loraFleet(t, 64, 16)
 	for _, w := range reg.All() {

@@ -320,7 +320,7 @@ func (s *Selector) pick(snap *Snapshot, req *Request, res *Reservation) error {
 	}
 	if g := req.group; g != nil {
 		if g.Len() == 0 {
-			return Errorf(NoEndpoints, "no routable worker holds %s", g)
+			return g.noneRoutable()
 		}
 		base = &g.candidates
 	}
@@ -543,7 +543,7 @@ func (s *Selector) selectFiltered(p *policy, pp *phasePolicy, base *candidates, 
 		}
 		if len(c.ids) == 0 {
 			if req.group != nil {
-				return Errorf(ResourceExhausted, "every worker holding %s is busy", req.group)
+				return req.group.allBusy()
 			}
 			return ErrResourceExhausted
 		}
