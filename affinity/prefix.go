@@ -27,6 +27,20 @@ type Prefixes struct {
 // slot holds the id in 32 bits.
 const MaxPrefixWorker = 1<<32 - 1
 
+// decodeSalt moves keys into the decode key space (DecodeKeys).
+const decodeSalt = 0x9e3779b97f4a7c15
+
+// DecodeKeys appends keys to dst moved into a key space of their own, the
+// decode pool's: with prefill/decode disaggregation a split prompt's KV
+// cache is on two workers, its prefill worker (recorded under its keys)
+// and its decode worker (recorded under these), and one table holds both.
+func DecodeKeys(dst, keys []uint64) []uint64 {
+	for _, k := range keys {
+		dst = append(dst, k^decodeSalt)
+	}
+	return dst
+}
+
 // NewPrefixes returns a table of size slots, rounded up to a power of two
 // (at least 64).
 func NewPrefixes(size int) *Prefixes {

@@ -84,6 +84,15 @@ func (rt *Routing) WantsCacheKeys() bool { return rt.EmbedCache != nil }
 // WantsPrefixKeys reports whether prompts' prefix keys are used.
 func (rt *Routing) WantsPrefixKeys() bool { return rt.Prefixes != nil }
 
+// CachedSplits reports whether a split request runs whole on its decode
+// worker when that worker holds all of its prompt but less than
+// MinPrefillTokens (SelectSplit): prefix affinity is on, and decode
+// workers prefill (DecodePrefills). The front end then keys the requests
+// that go to decode workers in the decode key space (affinity.DecodeKeys).
+func (rt *Routing) CachedSplits() bool {
+	return rt.Prefixes != nil && rt.DecodePrefills && rt.MinPrefillTokens > 0
+}
+
 // SetRouting sets the routing policy. Call it once, before requests flow;
 // the session table is told of every worker that leaves from then on.
 func (s *Selector) SetRouting(rt Routing) {
@@ -308,6 +317,11 @@ const (
 	// pick's engine has Routing.MaxPrefillQueue requests waiting or more:
 	// the decode engine prefills it sooner than the queue would.
 	SplitPrefillQueue
+	// SplitCached: whole on its decode worker, since that worker holds the
+	// prompt's longest known prefix and what it lacks is shorter than
+	// Routing.MinPrefillTokens (Routing.CachedSplits): the engine prefills
+	// the rest sooner than a split would send it all.
+	SplitCached
 )
 
 // SelectSplit routes and reserves both workers of a split (disaggregated)
@@ -319,14 +333,27 @@ const (
 // Routing.PrefillFallback is set (SplitNoPrefill); it runs whole there
 // too when the prefill pick is the decode worker at the same rank
 // (SplitOneWorker), whether picked or named, and when a prefill worker it
-// picked has a queue of Routing.MaxPrefillQueue (SplitPrefillQueue). Only
-// decRes is held then, and pre's prefix keys are recorded at its worker,
-// whose engine prefills the prompt. On an error neither is held.
+// picked has a queue of Routing.MaxPrefillQueue (SplitPrefillQueue). With
+// Routing.CachedSplits it runs whole on its decode worker, without a
+// prefill pick, when that worker holds enough of the prompt (dec's keys,
+// of the decode key space), all but less than Routing.MinPrefillTokens
+// (SplitCached). Only decRes is held then, and pre's prefix keys are
+// recorded at its worker, whose engine prefills the prompt. On an error
+// neither is held.
 func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (Split, error) {
 	snap := s.reg.Snapshot()
 	rt := s.routing.Load()
+	var heldBy uint64 // the decode worker holding the prompt's longest known prefix, and its blocks
+	var held int
+	if rt.CachedSplits() && pre.WorkerID == 0 {
+		heldBy, held = rt.Prefixes.Holder(dec.PrefixKeys)
+	}
 	if err := s.routeAndPick(rt, snap, dec, decRes); err != nil {
 		return SplitLegs, err
+	}
+	if heldBy != 0 && decRes.Worker().ID() == heldBy && (dec.PromptBytes-held*rt.PrefixBlock)/4 < rt.MinPrefillTokens {
+		s.sentPrefix(rt, pre, decRes, nil)
+		return SplitCached, nil
 	}
 	pre.group = dec.group
 	if len(dec.Session) > 0 {

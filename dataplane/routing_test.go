@@ -631,27 +631,74 @@ func TestASplitRunsWholeWhileThePrefillPoolIsBusyOrQueued(t *testing.T) {
 	assertIdle(t, reg)
 }
 
+// With prefix affinity and min_prefill_tokens (CachedSplits), a split
+// request whose decode pick holds its prompt's longest known prefix, all
+// but less than MinPrefillTokens of it, runs whole there: the next turn of
+// a conversation that worker decoded.
+func TestASplitRunsWholeOnADecodeWorkerHoldingMostOfItsPrompt(t *testing.T) {
+	reg := roleFleet(t, RolePrefill, RoleDecode, RoleDecode)
+	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 0)
+	prefixes := affinity.NewPrefixes(64)
+	rt := Routing{Prefixes: prefixes, PrefixSlack: 4, PrefixBlock: 256, MinPrefillTokens: 100, PrefillFallback: true, DecodePrefills: true}
+	sel.SetRouting(rt)
+	keys := []uint64{101, 102, 103, 104, 105, 106, 107, 108} // a prompt's 256-byte blocks, in order
+	// turn splits a prompt of its first blocks keys and bytes bytes.
+	turn := func(blocks, bytes int, preID uint64) (Split, uint64) {
+		d, p := Request{Phase: PhaseDecode, PromptBytes: bytes}, Request{Phase: PhasePrefill, WorkerID: preID}
+		d.PrefixKeys = affinity.DecodeKeys(nil, keys[:blocks])
+		p.PrefixKeys = keys[:blocks]
+		var dr, pr Reservation
+		split, err := sel.SelectSplit(&d, &p, &dr, &pr)
+		require.NoError(t, err)
+		assert.Equal(t, split == SplitLegs, pr.Held())
+		dr.Release()
+		pr.Release()
+		return split, dr.Worker().ID()
+	}
+	split, decoder := turn(4, 1100, 0)
+	require.Equal(t, SplitLegs, split, "nothing known yet")
+	split, w := turn(5, 1300, 0) // 276 bytes more than the 4 blocks held: 69 tokens
+	assert.Equal(t, SplitCached, split)
+	assert.Equal(t, decoder, w, "on the worker that decoded the first turn")
+	holder, blocks := prefixes.Holder(keys[:5])
+	assert.Equal(t, [2]uint64{decoder, 5}, [2]uint64{holder, uint64(blocks)}, "its worker prefilled it: its own keys recorded there")
+	split, w = turn(6, 1300+800, 0) // 5 blocks held, 820 bytes more: 205 tokens
+	assert.Equal(t, SplitLegs, split)
+	assert.Equal(t, decoder, w, "still preferred while within the slack")
+	split, _ = turn(7, 1792+100, 1)
+	assert.Equal(t, SplitLegs, split, "a named prefill worker splits regardless")
+	rt.DecodePrefills = false // SGLang's decode servers prefill nothing
+	sel.SetRouting(rt)
+	split, _ = turn(7, 1792+100, 0)
+	assert.Equal(t, SplitLegs, split)
+	assertIdle(t, reg)
+}
+
 // SelectSplit allocates nothing, however it places a request: on two
-// workers, whole on a worker of role both that is both picks, whole while
-// the prefill pick's engine has a queue, whole while no prefill worker is
-// free; a session's two pins and prompt prefixes included.
+// workers, whole on a decode worker holding the prompt, whole on a worker
+// of role both that is both picks, whole while the prefill pick's engine
+// has a queue, whole while no prefill worker is free; a session's two pins
+// and prompt prefixes included.
 func TestSelectSplitDoesNotAllocate(t *testing.T) {
 	reg := roleFleet(t, RolePrefill, RoleBoth, RoleDecode, RoleDecode)
 	sel := newSelector(t, reg, pickers.ModeRoundRobin, 64)
 	tbl := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 1000})
-	sel.SetRouting(Routing{Sessions: tbl, SessionMode: affinity.Soft, Prefixes: affinity.NewPrefixes(64), PrefixSlack: 4,
-		PrefillFallback: true, DecodePrefills: true, MaxPrefillQueue: 2})
+	sel.SetRouting(Routing{Sessions: tbl, SessionMode: affinity.Soft, Prefixes: affinity.NewPrefixes(64), PrefixSlack: 4, PrefixBlock: 256,
+		MinPrefillTokens: 1, PrefillFallback: true, DecodePrefills: true, MaxPrefillQueue: 2})
 	session := []byte("0b7c1c3e-6f1a-4d43-9a57-3c2f0e1d5b9a")
 	var dec, pre Request
 	var dr, pr Reservation
-	// place splits a request whose decode (and prefill, when not 0) worker
-	// is named, and checks where it went.
-	place := func(decID, preID uint64, want Split) {
+	// place splits a request of bytes bytes (the three blocks of its keys,
+	// and more) whose decode (and prefill, when not 0) worker is named, and
+	// checks where it went.
+	place := func(decID, preID uint64, bytes int, want Split) {
 		n := testing.AllocsPerRun(200, func() {
 			dec.Reset()
 			pre.Reset()
 			dec.Phase, pre.Phase, dec.WorkerID, pre.WorkerID = PhaseDecode, PhasePrefill, decID, preID
 			dec.Session = append(dec.Session, session...)
+			dec.PrefixKeys = affinity.DecodeKeys(dec.PrefixKeys, []uint64{11, 12, 13})
+			dec.PromptBytes = bytes
 			pre.PrefixKeys = append(pre.PrefixKeys, 11, 12, 13)
 			split, err := sel.SelectSplit(&dec, &pre, &dr, &pr)
 			if err != nil || split != want {
@@ -666,14 +713,15 @@ func TestSelectSplitDoesNotAllocate(t *testing.T) {
 		})
 		assert.Zero(t, n, "placed %d", want)
 	}
-	place(3, 0, SplitLegs)
-	place(2, 2, SplitOneWorker)
-	require.NoError(t, reg.Drain(2)) // worker 1 alone prefills, and its engine has a queue
+	place(3, 0, 3*256+4, SplitLegs)    // a token more than the blocks worker 3 comes to hold
+	place(3, 0, 3*256, SplitCached)    // all of it held there
+	place(2, 2, 3*256, SplitOneWorker) // named: neither held nor queued counts
+	require.NoError(t, reg.Drain(2))   // worker 1 alone prefills, and its engine has a queue
 	w1, _ := reg.Get(1)
 	w1.SetEngine(&engine.Stats{Reading: engine.Reading{Running: 1, Waiting: 3}})
-	place(3, 0, SplitPrefillQueue)
+	place(3, 0, 3*256+4, SplitPrefillQueue)
 	require.NoError(t, reg.Drain(1))
-	place(3, 0, SplitNoPrefill)
+	place(3, 0, 3*256+4, SplitNoPrefill)
 	assertIdle(t, reg)
 }
 

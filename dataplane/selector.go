@@ -39,6 +39,14 @@ type Request struct {
 	// Routing.PrefixSlack requests of the least loaded candidate
 	// (withinSlack).
 	PrefixKeys []uint64
+	// RecordKeys are more keys recorded where the request goes, routed by
+	// nowhere: a request of a split prompt's decode key space
+	// (affinity.DecodeKeys) that runs whole records the prompt's own keys
+	// too, since its worker prefills it (Routing.CachedSplits).
+	RecordKeys []uint64
+	// PromptBytes is the length of a split request's body, which
+	// Routing.MinPrefillTokens measures (4 bytes a token).
+	PromptBytes int
 	// Response is the id of a stored response the request names (OpenAI's
 	// Responses API: GET /v1/responses/{id}, its cancel, a new response's
 	// previous_response_id): it goes to the worker that holds it, or
@@ -90,7 +98,7 @@ type Request struct {
 func (r *Request) Reset() {
 	r.Model, r.Session, r.CacheKeys, r.Response = r.Model[:0], r.Session[:0], r.CacheKeys[:0], r.Response[:0]
 	r.SessionHint, r.preferBounded = false, false
-	r.PrefixKeys, r.prefixID = r.PrefixKeys[:0], 0
+	r.PrefixKeys, r.RecordKeys, r.prefixID, r.PromptBytes = r.PrefixKeys[:0], r.RecordKeys[:0], 0, 0
 	r.WorkerID, r.DPRank, r.HasDPRank, r.Phase, r.Query = 0, 0, false, PhaseAny, false
 	r.preferID, r.preferRank, r.hasPreferRank = 0, 0, false
 	r.group, r.hard, r.stored, r.searching = nil, false, false, false
@@ -274,7 +282,7 @@ func (s *Selector) Select(req *Request, res *Reservation) error {
 
 // routeAndPick routes req and reserves the worker it picks, both on snap.
 func (s *Selector) routeAndPick(rt *Routing, snap *Snapshot, req *Request, res *Reservation) error {
-	if len(req.Model)+len(req.Session)+len(req.CacheKeys)+len(req.Response)+len(req.PrefixKeys) == 0 {
+	if len(req.Model)+len(req.Session)+len(req.CacheKeys)+len(req.Response)+len(req.PrefixKeys)+len(req.RecordKeys) == 0 {
 		return s.pick(snap, req, res) // nothing to route by
 	}
 	if err := s.route(rt, snap, req); err != nil {
@@ -286,10 +294,12 @@ func (s *Selector) routeAndPick(rt *Routing, snap *Snapshot, req *Request, res *
 }
 
 // sentPrefix records where a request with prefix keys went (err == nil):
-// that worker now holds its prompt's prefixes. A query went nowhere.
+// that worker now holds its prompt's prefixes, under the keys it routes by
+// and its RecordKeys. A query went nowhere.
 func (s *Selector) sentPrefix(rt *Routing, req *Request, res *Reservation, err error) {
-	if err == nil && len(req.PrefixKeys) > 0 && rt.Prefixes != nil && !req.Query {
+	if err == nil && rt.Prefixes != nil && !req.Query {
 		rt.Prefixes.Record(req.PrefixKeys, res.Worker().ID())
+		rt.Prefixes.Record(req.RecordKeys, res.Worker().ID())
 	}
 }
 

@@ -493,6 +493,49 @@ func TestASplitRunsWholeWhileThePrefillPoolIsBusyOrQueued(t *testing.T) {
 	assert.EqualValues(t, 2, m.Phase("aggregated", "ok"))
 }
 
+// With prefix affinity and min_prefill_tokens, the next turn of a
+// conversation goes whole to the decode worker that decoded the turn
+// before, whose engine holds all of it but the new message; a turn that
+// adds more than min_prefill_tokens splits again.
+func TestAConversationsNextTurnRunsWholeOnItsDecodeWorker(t *testing.T) {
+	prefill := startEngine(t, vllmPrefill)
+	decoders := []*standIn{startEngine(t, sseDecode), startEngine(t, sseDecode)}
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decoders[0].URL},
+		{dataplane.RoleDecode, decoders[1].URL}}, func(c *config.Config) {
+		c.Router.PrefixAffinity.Enabled = true
+		c.Router.Disaggregation.MinPrefillTokens = 150 // 600 bytes
+	})
+	messages := []map[string]string{{"role": "user", "content": strings.Repeat("a long document. ", 120)}}
+	// turn sends the conversation so far and reports its worker and
+	// whether its decode leg came with a prefill's transfer parameters.
+	turn := func() (worker string, split bool) {
+		t.Helper()
+		body, err := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": messages})
+		require.NoError(t, err)
+		resp := f.post("/v1/chat/completions", string(body))
+		require.Equal(t, 200, resp.StatusCode)
+		assert.Contains(t, readAll(t, resp), "d2")
+		worker = resp.Header.Get("x-fastroute-worker")
+		got := decoders[map[string]int{"2": 0, "3": 1}[worker]].received()
+		_, split = got[len(got)-1].body["kv_transfer_params"]
+		return worker, split
+	}
+	first, split := turn()
+	require.True(t, split, "the first turn splits")
+	messages = append(messages, map[string]string{"role": "assistant", "content": "d0d1d2"}, map[string]string{"role": "user", "content": "and then?"})
+	w, split := turn()
+	assert.Equal(t, first, w, "the decode worker of the turn before")
+	assert.False(t, split, "it holds all of it but the new message: whole")
+	assert.Len(t, prefill.received(), 1)
+	assert.Equal(t, "1", metric(t, f, `fastroute_disagg_fallbacks_total{reason="cached"}`))
+	messages = append(messages, map[string]string{"role": "user", "content": strings.Repeat("more text ", 100)})
+	w, split = turn()
+	assert.True(t, split, "1,000 bytes new: split again")
+	assert.Equal(t, first, w)
+	assert.Len(t, prefill.received(), 2)
+	f.assertIdle()
+}
+
 func TestClientLeavingDuringPrefillOrDecodeCutsBoth(t *testing.T) {
 	cut := make(chan struct{}, 2)
 	stalledPrefill, decode := startEngine(t, stallUntilCut(cut)), startEngine(t, sseDecode)

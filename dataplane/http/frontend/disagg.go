@@ -51,11 +51,11 @@ const (
 var phaseNames = [numPhases]string{"aggregated", "prefill", "decode"}
 
 // numSplits bounds dataplane.Split's values.
-const numSplits = dataplane.SplitPrefillQueue + 1
+const numSplits = dataplane.SplitCached + 1
 
 // splitReasons label fastroute_disagg_fallbacks_total by why a split
 // request ran whole (dataplane.Split; SplitLegs ran split).
-var splitReasons = [numSplits]string{"", "no_prefill_worker", "one_worker", "prefill_queue"}
+var splitReasons = [numSplits]string{"", "no_prefill_worker", "one_worker", "prefill_queue", "cached"}
 
 // parseDisagg reads the phase headers of a request the front end may
 // split; it decides whether it does.
@@ -83,6 +83,7 @@ func (ex *exchange) parseDisagg(h *fasthttp.RequestHeader, bodyLen int) error {
 	}
 	generation := ex.rt == routeChat || ex.rt == routeCompletions
 	ex.split = generation && ex.s.sel.Routing().Splits(bodyLen, pre.req.WorkerID != 0)
+	ex.req.PromptBytes = bodyLen
 	return nil
 }
 

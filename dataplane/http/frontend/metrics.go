@@ -276,7 +276,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		}
 		w.Header("fastroute_prefill_seconds", "histogram", "Time of the prefill leg of split requests, to its answer's end.")
 		w.Histogram("fastroute_prefill_seconds", m.prefillTime)
-		w.Header("fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on their decode worker, by reason: no routable, free prefill worker (no_prefill_worker), both picks one worker of role both (one_worker), the prefill pick's engine queue at router.disaggregation.max_prefill_queue (prefill_queue).")
+		w.Header("fastroute_disagg_fallbacks_total", "counter", "Split requests run whole on their decode worker, by reason: no routable, free prefill worker (no_prefill_worker), both picks one worker of role both (one_worker), the prefill pick's engine queue at router.disaggregation.max_prefill_queue (prefill_queue), the decode worker holding all of the prompt but less than router.disaggregation.min_prefill_tokens (cached).")
 		for i := dataplane.SplitNoPrefill; i < numSplits; i++ {
 			w.Sample("fastroute_disagg_fallbacks_total", float64(m.disaggFallbacks[i].Value()), "reason", splitReasons[i])
 		}

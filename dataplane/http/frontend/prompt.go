@@ -38,8 +38,11 @@ var unitSep = []byte{0x1f}
 // too), read field by field in the order the engine sees it, hashed in blocks (affinity.PrefixHasher),
 // seeded with the model's name. The keys go to the request routing
 // places by them: the prefill leg's when the request is split, since a
-// prefix cache worth finding is the prefill worker's. It allocates
-// nothing once the keys' buffer has grown.
+// prefix cache worth finding is the prefill worker's. With
+// Routing.CachedSplits the request to a decode worker (a split's decode
+// leg, or a whole request) is routed by them in the decode key space, and
+// a whole request records them as they are too (its worker prefills it).
+// It allocates nothing once the keys' buffers have grown.
 func (ex *exchange) readPrompt(rt *dataplane.Routing, v *fastjson.Value) {
 	fields := generateFields
 	if !ex.generate {
@@ -51,16 +54,24 @@ func (ex *exchange) readPrompt(rt *dataplane.Routing, v *fastjson.Value) {
 	if len(fields) == 0 {
 		return
 	}
-	req := &ex.req
-	if ex.split {
-		req = &ex.prefillLeg().req
+	keys := &ex.req.PrefixKeys
+	switch {
+	case ex.split:
+		keys = &ex.prefillLeg().req.PrefixKeys
+	case rt.CachedSplits(): // routed in the decode key space below, recorded in both
+		keys = &ex.req.RecordKeys
 	}
 	h := &ex.prompt
-	h.Reset(ex.req.Model, rt.PrefixBlock, rt.PrefixBlocks, req.PrefixKeys)
+	h.Reset(ex.req.Model, rt.PrefixBlock, rt.PrefixBlocks, *keys)
 	for _, f := range fields {
 		writePrompt(h, v.Get(f), 0)
 	}
-	req.PrefixKeys = h.Keys()
+	*keys = h.Keys()
+	if rt.CachedSplits() {
+		// The request (a split's decode leg) goes to a decode worker, which
+		// is found by the decode key space: dataplane.Selector.SelectSplit.
+		ex.req.PrefixKeys = affinity.DecodeKeys(ex.req.PrefixKeys[:0], *keys)
+	}
 }
 
 // writePrompt adds the text of v to h: a string as it is, an array's
