@@ -38,9 +38,11 @@ const (
 
 // ConvSetups are the routers of the conversation comparison: nginx
 // least_conn, fastroute's load-aware mode without and with prefix
-// affinity, two other modes with it, and two replicas with it behind
-// nginx's round-robin (a conversation's turns reach either), without and
-// with sharing what they record.
+// affinity, two other modes with it, two replicas with it behind nginx's
+// round-robin (a conversation's turns reach either), without and with
+// sharing what they record, and one engine prefilling for two decoding
+// with it, without and with min_prefill_tokens (a turn whose decode
+// worker holds all but the new part of it runs whole there).
 func ConvSetups() []RoutingRouter {
 	withPrefix := func(m pickers.Mode) startFunc {
 		return func(bin, _ string, workers []string) (string, *exec.Cmd, error) {
@@ -55,8 +57,14 @@ func ConvSetups() []RoutingRouter {
 		{Name: "fastroute default + prefix affinity", start: withPrefix(pickers.ModeWeighted)},
 		{Name: "2 replicas behind nginx round-robin", start: nginxFront("", "auto"), backends: replicas(false)},
 		{Name: "2 replicas sharing prefixes behind nginx round-robin", start: nginxFront("", "auto"), backends: replicas(true)},
+		{Name: "P/D 1 prefill + 2 decode + prefix affinity", start: fastrouteRoles(pdRoles, "--prefix-affinity")},
+		{Name: "P/D 1 prefill + 2 decode + prefix affinity + min_prefill_tokens 256", start: fastrouteRoles(pdRoles, "--prefix-affinity", "--min-prefill-tokens", "256")},
 	}
 }
+
+// pdRoles are the roles of the conversation comparison's P/D setups: one
+// engine prefilling for two decoding, with vLLM's protocol.
+var pdRoles = []string{"prefill", "decode", "decode"}
 
 // replicas returns the start of two fastroute replicas in load-aware mode
 // with prefix affinity in front of the same engines; with share, each

@@ -208,13 +208,14 @@ func (w *Worker) tokenSource(ctx *fasthttp.RequestCtx, v *fastjson.Value, c *cal
 	}
 	prompt := c.prompt
 	var prefix []uint64
+	if w.engine.cache != nil {
+		prefix = promptBlocks(v, w.engine.o.BlockSize*bytesPerToken)
+	}
 	if c.remotePrefill { // the KV cache comes over instead of a prefill
 		time.Sleep(time.Duration(prompt) * transferPerToken)
 		prompt = 1
-	} else if w.engine.cache != nil {
-		prefix = promptBlocks(v, w.engine.o.BlockSize*bytesPerToken)
 	}
-	s, err := w.engine.submit(prompt, c.maxOut, lora, prefix)
+	s, err := w.engine.submit(prompt, c.maxOut, lora, prefix, c.remotePrefill)
 	if err != nil {
 		return nil, err
 	}

@@ -77,6 +77,7 @@ type seq struct {
 	prompt, maxOut int
 	lora           string
 	prefix         []uint64      // the keys of its prompt's whole blocks (promptBlocks)
+	transferred    bool          // its prompt's KV came from a prefill worker: its blocks are cached, not prefilled
 	notify         chan struct{} // a token came, or the request ended (cap 1)
 
 	// guarded by engine.mu
@@ -139,11 +140,11 @@ func (e *engine) blocksFor(tokens int) int { return (tokens + e.o.BlockSize - 1)
 
 // submit queues a request; its tokens are announced on s.notify.
 // prefix keys the prompt's whole blocks, for the prefix cache.
-func (e *engine) submit(prompt, maxOut int, lora string, prefix []uint64) (*seq, error) {
+func (e *engine) submit(prompt, maxOut int, lora string, prefix []uint64, transferred bool) (*seq, error) {
 	if e.blocksFor(prompt+maxOut) > e.o.KVBlocks {
 		return nil, errTooLong
 	}
-	s := &seq{prompt: prompt, maxOut: maxOut, lora: lora, prefix: prefix, notify: make(chan struct{}, 1)}
+	s := &seq{prompt: prompt, maxOut: maxOut, lora: lora, prefix: prefix, transferred: transferred, notify: make(chan struct{}, 1)}
 	e.mu.Lock()
 	e.waiting = append(e.waiting, s)
 	e.mu.Unlock()
@@ -232,9 +233,15 @@ func (e *engine) admit() (prefill int) {
 }
 
 // cached returns the tokens of s's prompt the prefix cache holds (at
-// most all but one: the last is computed anyway), and caches the rest.
+// most all but one: the last is computed anyway), and caches the rest. A
+// transferred prompt's blocks are cached as vLLM's decode engine caches
+// the blocks its KV connector brought, neither found nor counted.
 func (e *engine) cached(s *seq) int {
 	if e.cache == nil || len(s.prefix) == 0 {
+		return 0
+	}
+	if s.transferred {
+		e.cache.match(s.prefix)
 		return 0
 	}
 	hit := e.cache.match(s.prefix) * e.o.BlockSize

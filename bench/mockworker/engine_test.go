@@ -327,6 +327,20 @@ func TestEnginePrefixCacheFindsRepeatedPrefixes(t *testing.T) {
 	ask(`{"role":"system","content":"` + strings.Repeat("Answer in French. ", 40) + `"}`)
 	assert.Equal(t, hits, scrape(t, w, "vllm:prefix_cache_hits_total"), "another prompt shares nothing")
 	assert.Greater(t, scrape(t, w, "vllm:prefix_cache_queries_total"), queries)
+
+	// A decode leg (vLLM's do_remote_prefill) caches the prompt its KV
+	// connector brought, as vLLM's decode engine does, without counting
+	// it; the next turn, run whole, finds it.
+	other := `{"role":"system","content":"` + strings.Repeat("You are a terse assistant. ", 20) + `"},{"role":"user","content":"Why?"}`
+	hits, queries = scrape(t, w, "vllm:prefix_cache_hits_total"), scrape(t, w, "vllm:prefix_cache_queries_total")
+	resp, err := post(context.Background(), w.URL(), "/v1/chat/completions", `{"model":"mock-model","messages":[`+other+`],`+
+		`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1]}}`)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	assert.Equal(t, [2]float64{hits, queries}, [2]float64{scrape(t, w, "vllm:prefix_cache_hits_total"), scrape(t, w, "vllm:prefix_cache_queries_total")})
+	ask(other + `,{"role":"assistant","content":"Because."},{"role":"user","content":"Go on."}`)
+	assert.Greater(t, scrape(t, w, "vllm:prefix_cache_hits_total"), hits, "the decoded prompt's blocks are found")
 }
 
 // vLLM's sleep mode in miniature: POST /sleep puts the engine to sleep at a
