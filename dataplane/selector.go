@@ -39,10 +39,11 @@ type Request struct {
 	// Routing.PrefixSlack requests of the least loaded candidate
 	// (withinSlack).
 	PrefixKeys []uint64
-	// RecordKeys are more keys recorded where the request goes, routed by
-	// nowhere: a request of a split prompt's decode key space
-	// (affinity.DecodeKeys) that runs whole records the prompt's own keys
-	// too, since its worker prefills it (Routing.CachedSplits).
+	// RecordKeys are keys recorded where the request goes beside
+	// PrefixKeys, and routed by nowhere: with Routing.CachedSplits a whole
+	// request routes by its prompt's keys in the decode key space
+	// (affinity.DecodeKeys) and records the prompt's own keys here too,
+	// since its worker prefills it.
 	RecordKeys []uint64
 	// PromptBytes is the length of a split request's body, which
 	// Routing.MinPrefillTokens measures (4 bytes a token).
