@@ -106,15 +106,19 @@ func FuzzPickers(f *testing.F) {
 // selected (nor by prefix affinity), the busy threshold is never passed,
 // everything returns to 0, and a peer replica's table that takes in what
 // the prefix table shares (after every operation) names the same worker
-// for every prompt's prefixes. Split (disaggregated) selections hold their
-// decode worker, and their prefill worker only when they run split: each
-// leg in its pool, never both on one worker's rank, never a prefill on an
-// engine reporting a queue of Routing.MaxPrefillQueue.
+// for every prompt's prefixes (and their decode keys). Split
+// (disaggregated) selections hold their decode worker, and their prefill
+// worker only when they run split: each leg in its pool, never both on one
+// worker's rank, never a prefill on an engine reporting a queue of
+// Routing.MaxPrefillQueue, and a request run whole as held only on the
+// worker holding its prompt's decode keys, with less than
+// MinPrefillTokens of it not held.
 func FuzzSelectSequence(f *testing.F) {
 	f.Add([]byte{0, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1})
 	f.Add([]byte{4, 4, 4, 0, 0, 0, 0, 0, 2, 2, 6})
 	f.Add([]byte{0x13, 0x25, 0x37, 0x49, 0x5b, 0x6d, 0x7f, 0x81})
 	f.Add([]byte{0xc0, 0xc0, 0xd0, 0xe0, 0xf0, 0xc0, 0x02, 0x35, 0xc0, 0xc8, 0x02, 0x02})
+	f.Add([]byte{0xc8, 0xc8, 0x02, 0xc8, 0xd8, 0x02, 0x02})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		const busy = 3
 		reg := dataplane.NewRegistry()
@@ -136,7 +140,8 @@ func FuzzSelectSequence(f *testing.F) {
 		// prefix affinity routes by (slack 1).
 		prefixes, peer := affinity.NewPrefixes(64), affinity.NewPrefixes(64)
 		prefixes.Share(64)
-		sel.SetRouting(dataplane.Routing{Prefixes: prefixes, PrefixSlack: 1, PrefillFallback: true, DecodePrefills: true, MaxPrefillQueue: 1})
+		sel.SetRouting(dataplane.Routing{Prefixes: prefixes, PrefixSlack: 1, PrefixBlock: 256, MinPrefillTokens: 100,
+			PrefillFallback: true, DecodePrefills: true, MaxPrefillQueue: 1})
 		prompts := [3][]uint64{{11, 12, 13}, {11, 12, 14, 15}, {21}}
 		var records []byte
 		var held []*dataplane.Reservation
@@ -146,7 +151,15 @@ func FuzzSelectSequence(f *testing.F) {
 			switch op % 8 {
 			case 0, 1: // select (a split request when no prompt is named)
 				if op>>6 == 3 && op%16 != 1 {
-					held = append(held, split(t, sel, busy)...)
+					// A prompt's decode keys, and bytes a few tokens past its
+					// blocks (op&8) or many: a worker holding them may take
+					// the request whole (MinPrefillTokens 100).
+					keys := prompts[id%3]
+					bytes := len(keys)*256 + 1000
+					if op&0x08 != 0 {
+						bytes = len(keys)*256 + 50
+					}
+					held = append(held, split(t, sel, busy, prefixes, keys, bytes)...)
 					break
 				}
 				req.Reset()
@@ -212,7 +225,7 @@ func FuzzSelectSequence(f *testing.F) {
 			if _, err := peer.Learn(records); err != nil {
 				t.Fatal(err)
 			}
-			for _, keys := range prompts {
+			for _, keys := range append(prompts[:], affinity.DecodeKeys(nil, prompts[0]), affinity.DecodeKeys(nil, prompts[1])) {
 				for i := range keys {
 					mine, _ := prefixes.Holder(keys[i : i+1])
 					theirs, _ := peer.Holder(keys[i : i+1])
@@ -239,10 +252,12 @@ func FuzzSelectSequence(f *testing.F) {
 }
 
 // split selects a split request and checks what it holds (FuzzSelectSequence).
-func split(t *testing.T, sel *dataplane.Selector, busy int64) []*dataplane.Reservation {
+func split(t *testing.T, sel *dataplane.Selector, busy int64, prefixes *affinity.Prefixes, keys []uint64, bytes int) []*dataplane.Reservation {
 	t.Helper()
 	dec, pre := new(dataplane.Reservation), new(dataplane.Reservation)
-	d, p := dataplane.Request{Phase: dataplane.PhaseDecode}, dataplane.Request{Phase: dataplane.PhasePrefill}
+	d, p := dataplane.Request{Phase: dataplane.PhaseDecode, PromptBytes: bytes}, dataplane.Request{Phase: dataplane.PhasePrefill, PrefixKeys: keys}
+	d.PrefixKeys = affinity.DecodeKeys(nil, keys)
+	heldBy, blocks := prefixes.Holder(d.PrefixKeys)
 	placed, err := sel.SelectSplit(&d, &p, dec, pre)
 	if err != nil {
 		if dec.Held() || pre.Held() {
@@ -257,6 +272,9 @@ func split(t *testing.T, sel *dataplane.Selector, busy int64) []*dataplane.Reser
 		}
 	}
 	check(dec, dataplane.RolePrefill)
+	if placed == dataplane.SplitCached && (dec.Worker().ID() != heldBy || (bytes-blocks*256)/4 >= 100) {
+		t.Fatalf("run whole on worker %d as holding the prompt, held by %d in %d blocks of %d bytes", dec.Worker().ID(), heldBy, blocks, bytes)
+	}
 	if placed != dataplane.SplitLegs {
 		if pre.Held() {
 			t.Fatalf("a split run whole (%d) holds its prefill pick", placed)
