@@ -352,8 +352,7 @@ func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (
 		return SplitLegs, err
 	}
 	if heldBy != 0 && decRes.Worker().ID() == heldBy && (dec.PromptBytes-held*rt.PrefixBlock)/4 < rt.MinPrefillTokens {
-		s.sentPrefix(rt, pre, decRes, nil)
-		return SplitCached, nil
+		return s.runWhole(rt, pre, preRes, decRes, SplitCached)
 	}
 	pre.group = dec.group
 	if len(dec.Session) > 0 {
@@ -363,20 +362,25 @@ func (s *Selector) SelectSplit(dec, pre *Request, decRes, preRes *Reservation) (
 	err := s.routeAndPick(rt, snap, pre, preRes)
 	switch {
 	case err == nil && preRes.Worker() == decRes.Worker() && preRes.Rank() == decRes.Rank():
-		preRes.Release()
-		return SplitOneWorker, nil
+		return s.runWhole(rt, pre, preRes, decRes, SplitOneWorker)
 	case err == nil && rt.MaxPrefillQueue > 0 && pre.WorkerID == 0 && queueAtLeast(preRes.Worker(), rt.MaxPrefillQueue):
-		preRes.Release()
-		s.sentPrefix(rt, pre, decRes, nil) // the decode worker prefills it, and holds its prefixes
-		return SplitPrefillQueue, nil
+		return s.runWhole(rt, pre, preRes, decRes, SplitPrefillQueue)
 	case err == nil:
 		return SplitLegs, nil
 	case (errors.Is(err, ErrNoEndpoints) || (rt.DecodePrefills && errors.Is(err, ErrResourceExhausted))) && pre.WorkerID == 0 && rt.PrefillFallback:
-		s.sentPrefix(rt, pre, decRes, nil)
-		return SplitNoPrefill, nil
+		return s.runWhole(rt, pre, preRes, decRes, SplitNoPrefill)
 	}
 	decRes.Release()
 	return SplitLegs, err
+}
+
+// runWhole places a split request whole on its decode worker (decRes), as
+// why says: its prefill pick, if it holds one, is let go, and its prompt's
+// prefixes are recorded at the decode worker, whose engine prefills it.
+func (s *Selector) runWhole(rt *Routing, pre *Request, preRes, decRes *Reservation, why Split) (Split, error) {
+	preRes.Release()
+	s.sentPrefix(rt, pre, decRes, nil)
+	return why, nil
 }
 
 // queueAtLeast reports whether w's engine, at its last fresh reading,
