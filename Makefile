@@ -44,8 +44,9 @@ bench-e2e: build
 ## bench-routing: routing quality on a fleet of simulated engines (two
 ## GPU-like, one CPU-like at 1/6 speed): every fastroute mode, nginx
 ## least_conn and round-robin, open-loop Poisson load at 50/80/95% of the
-## fleet's capacity; then prefill/decode disaggregation, and prefix
-## affinity on multi-turn conversations over prefix-caching engines.
+## fleet's capacity; then prefill/decode disaggregation, prefix
+## affinity on multi-turn conversations over prefix-caching engines, and
+## an engine joining the fleet under load.
 ## Table and TTFT p99 plot in bench/out. Installs nginx.
 ROUTING_FLAGS ?=
 bench-routing: build

@@ -156,18 +156,9 @@ func runConversations(o RoutingOptions, dir string) ([]RoutingRow, float64, erro
 	}
 	capacity := fleetCapacity(fleet, meanP, meanO)
 	jobs, _, _ := conversations(o.Seed, o.ConvLoad*capacity, o.Warmup+o.Duration)
-	var rows []RoutingRow
-	for _, rt := range ConvSetups() {
-		if len(o.Routers) > 0 && !slices.Contains(o.Routers, rt.Name) {
-			continue
-		}
-		row, err := runRoutingOnce(o, dir, fleet, rt, jobs)
-		if err != nil {
-			return nil, 0, fmt.Errorf("%s: %w", rt.Name, err)
-		}
-		row.Load, row.Offered = o.ConvLoad, o.ConvLoad*capacity
-		fmt.Println("  " + row.String() + fmt.Sprintf("  prefix cache hits %.0f%%", 100*row.CacheHits))
-		rows = append(rows, row)
+	rows, err := runSetups(o, dir, fleet, ConvSetups(), o.Routers, jobs, o.ConvLoad, o.ConvLoad*capacity)
+	if err != nil {
+		return nil, 0, fmt.Errorf("conversations: %w", err)
 	}
 	if len(rows) == 0 {
 		return nil, 0, fmt.Errorf("no router of the conversation comparison is among %q", o.Routers)

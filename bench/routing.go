@@ -39,8 +39,12 @@ type RoutingOptions struct {
 	ConvLoad float64
 	// ConvMixed runs the conversation comparison on convMixedFleet.
 	ConvMixed bool
-	Seed      uint64 // workload seed
-	OutDir    string // where routing.md and routing.svg go
+	// JoinLoad is the load of the scale-up comparison (JoinSetups on
+	// joinFleet), as a share of the capacity of the engines there before
+	// the join; 0 skips it.
+	JoinLoad float64
+	Seed     uint64 // workload seed
+	OutDir   string // where routing.md and routing.svg go
 }
 
 // simEngine is one simulated engine of the routing fleet.
@@ -169,6 +173,10 @@ type RoutingRouter struct {
 	// cluster's replicas, in front of the engines) and returns their
 	// addresses and what stops them.
 	backends func(bin string, engines []string) (addrs []string, stop func(), err error)
+	// join, when set, adds engine addr as worker id to the router once it
+	// runs: the fleet's last engines (joining of them) join at the
+	// warm-up's end, the others are the router's from its start.
+	join func(id int, addr string) error
 }
 
 // RoutingRouters lists every fastroute mode that picks (its defaults
@@ -247,18 +255,11 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 	for _, load := range o.Loads {
 		rate := load * fleetCap
 		jobs := workload(o.Seed, rate, o.Warmup+o.Duration)
-		for _, rt := range RoutingRouters() {
-			if len(o.Routers) > 0 && !slices.Contains(o.Routers, rt.Name) {
-				continue
-			}
-			row, err := runRoutingOnce(o, dir, routingFleet, rt, jobs)
-			if err != nil {
-				return nil, fmt.Errorf("%s at %.0f%%: %w", rt.Name, load*100, err)
-			}
-			row.Load, row.Offered = load, rate
-			fmt.Println("  " + row.String())
-			rows = append(rows, row)
+		at, err := runSetups(o, dir, routingFleet, RoutingRouters(), o.Routers, jobs, load, rate)
+		if err != nil {
+			return nil, fmt.Errorf("at %.0f%%: %w", load*100, err)
 		}
+		rows = append(rows, at...)
 	}
 	var table string
 	if len(rows) > 0 {
@@ -267,15 +268,9 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 	if o.PDLoad > 0 {
 		pdCap := fleetCapacity(pdFleet, meanP, meanO)
 		jobs := workload(o.Seed, o.PDLoad*pdCap, o.Warmup+o.Duration)
-		var pd []RoutingRow
-		for _, rt := range PDSetups() {
-			row, err := runRoutingOnce(o, dir, pdFleet, rt, jobs)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", rt.Name, err)
-			}
-			row.Load, row.Offered = o.PDLoad, o.PDLoad*pdCap
-			fmt.Println("  " + row.String())
-			pd = append(pd, row)
+		pd, err := runSetups(o, dir, pdFleet, PDSetups(), nil, jobs, o.PDLoad, o.PDLoad*pdCap)
+		if err != nil {
+			return nil, fmt.Errorf("prefill/decode: %w", err)
 		}
 		table += "\n" + PDTable(pd, pdCap)
 	}
@@ -286,6 +281,15 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 		}
 		table += "\n" + ConvTable(conv, capacity, o.ConvMixed)
 	}
+	if o.JoinLoad > 0 {
+		join, startCap, err := runJoin(o, dir, meanP, meanO)
+		if err != nil {
+			return nil, err
+		}
+		if len(join) > 0 {
+			table += "\n" + JoinTable(join, startCap, o.Duration)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(o.OutDir, "routing.md"), []byte(table), 0o644); err != nil {
 		return nil, err
 	}
@@ -293,6 +297,30 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 		return nil, err
 	}
 	fmt.Print("\n" + table)
+	return rows, nil
+}
+
+// runSetups runs each of setups that names names (every one for none) on
+// fleet with jobs, offered at load (rate per second), and returns their
+// rows.
+func runSetups(o RoutingOptions, dir string, fleet []simEngine, setups []RoutingRouter, names []string, jobs []job, load, rate float64) ([]RoutingRow, error) {
+	var rows []RoutingRow
+	for _, rt := range setups {
+		if len(names) > 0 && !slices.Contains(names, rt.Name) {
+			continue
+		}
+		row, err := runRoutingOnce(o, dir, fleet, rt, jobs)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", rt.Name, err)
+		}
+		row.Load, row.Offered = load, rate
+		line := "  " + row.String()
+		if fleet[0].prefixCache {
+			line += fmt.Sprintf("  prefix cache hits %.0f%%", 100*row.CacheHits)
+		}
+		fmt.Println(line)
+		rows = append(rows, row)
+	}
 	return rows, nil
 }
 
@@ -315,7 +343,10 @@ func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingR
 		addrs, stops = append(addrs, addr), append(stops, stop)
 		names[strconv.Itoa(i+1)] = e.name
 	}
-	fronted := addrs
+	fronted, late := addrs, []string(nil)
+	if rt.join != nil {
+		fronted, late = addrs[:len(addrs)-joining], addrs[len(addrs)-joining:]
+	}
 	if rt.backends != nil {
 		var stop func()
 		var err error
@@ -343,7 +374,15 @@ func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingR
 	results := make([]outcome, len(jobs))
 	var wg sync.WaitGroup
 	var warm [2]float64 // prefix cache queries and hits at the warm-up's end
-	var warmErr error
+	var warmErr, joinErr error
+	if len(late) > 0 {
+		wg.Go(func() {
+			time.Sleep(o.Warmup)
+			for i, a := range late {
+				joinErr = cmp.Or(joinErr, rt.join(len(fronted)+i+1, a))
+			}
+		})
+	}
 	if fleet[0].prefixCache {
 		wg.Go(func() {
 			time.Sleep(o.Warmup)
@@ -359,6 +398,9 @@ func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingR
 		})
 	}
 	wg.Wait()
+	if joinErr != nil {
+		return RoutingRow{}, joinErr
+	}
 	row := RoutingRow{Router: rt.Name, Window: o.Duration, Timeout: o.Timeout, ByWorker: map[string]int{}}
 	if fleet[0].prefixCache {
 		queries, hits, err := prefixCache(addrs)

@@ -96,7 +96,7 @@ func TestRoutingSmoke(t *testing.T) {
 	bin := buildBinary(t)
 	dir := t.TempDir()
 	rows, err := RunRouting(RoutingOptions{Binary: bin, Warmup: 300 * time.Millisecond, Duration: 700 * time.Millisecond,
-		Timeout: 5 * time.Second, Loads: []float64{0.3}, Seed: 1, OutDir: dir, PDLoad: 0.3, ConvLoad: 0.3,
+		Timeout: 5 * time.Second, Loads: []float64{0.3}, Seed: 1, OutDir: dir, PDLoad: 0.3, ConvLoad: 0.3, JoinLoad: 0.3,
 		Routers: []string{"fastroute device-aware-weighted (default)", "nginx least_conn", "fastroute default + prefix affinity"}})
 	require.NoError(t, err)
 	require.Len(t, rows, 2)
@@ -115,6 +115,9 @@ func TestRoutingSmoke(t *testing.T) {
 	conv := regexp.MustCompile(`(?m)^\| fastroute default \+ prefix affinity \|.* \| 0 \| (\d+)% \|`).FindStringSubmatch(string(md))
 	require.NotNil(t, conv, "the conversation comparison's row, none failed:\n%s", md)
 	assert.NotEqual(t, "0", conv[1], "its engines found prompt tokens cached")
+	join := regexp.MustCompile(`(?m)^\| fastroute device-aware-weighted \(default\) \|.* \| 0 \| \d+/\d+/\d+/(\d+) \|$`).FindStringSubmatch(string(md))
+	require.NotNil(t, join, "the scale-up comparison's row, none failed:\n%s", md)
+	assert.NotEqual(t, "0", join[1], "the engine that joined served requests")
 	_, err = os.Stat(filepath.Join(dir, "routing.svg"))
 	assert.NoError(t, err)
 }

@@ -534,16 +534,49 @@ func (r *Registry) SetHealthy(id uint64, healthy bool) {
 // SetEngine stores worker id's latest engine reading (nil: none fresh) and
 // republishes when the worker's routing changed (Worker.SetEngine); a
 // worker whose engine fell asleep or stalled has Left, like one found
-// unhealthy.
+// unhealthy. A reading without a learned speed is priced at the mean
+// learned capacity of the other routable workers' engines (its StandIn),
+// so that one engine the router is still learning (one that just joined)
+// does not leave every engine unpriced.
 func (r *Registry) SetEngine(id uint64, st *engine.Stats) {
 	w, ok := r.workers.Load(id)
-	if !ok || !w.SetEngine(st) {
+	if !ok {
+		return
+	}
+	if st != nil && st.Capacity() == 0 {
+		cp := *st
+		cp.StandIn = r.meanCapacity(w)
+		st = &cp
+	}
+	if !w.SetEngine(st) {
 		return
 	}
 	r.Republish()
 	if w.Asleep() || w.Stalled() {
 		r.notify(w, Left)
 	}
+}
+
+// meanCapacity is the mean learned capacity (engine.Stats.Capacity) of
+// the routable workers but w whose engines have one; 0 when none has.
+func (r *Registry) meanCapacity(w *Worker) float64 {
+	var sum float64
+	var n int
+	for _, o := range r.snap.Load().workers {
+		if o == w {
+			continue
+		}
+		if st := o.engine.Load(); st != nil {
+			if c := st.Capacity(); c > 0 {
+				sum += c
+				n++
+			}
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
 }
 
 // Republish builds a new snapshot, picking up weights set with SetWeight.

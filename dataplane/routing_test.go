@@ -1124,3 +1124,72 @@ func TestAPrefixPickDoesNotAllocate(t *testing.T) {
 	}))
 	assertIdle(t, reg)
 }
+
+// An engine whose speed is not learned yet (one that just joined) is
+// priced at the mean learned capacity of the others, so the fleet keeps
+// routing by engine cost: the new worker takes requests while it is the
+// cheapest, and a slow engine is not fed as it would be by requests in
+// flight. Before the others are priced, and without a reading, the fleet
+// falls back as before.
+func TestAnEngineNotLearnedYetIsPricedAtTheFleetsMean(t *testing.T) {
+	reg := newFleet(t, 3)
+	gpu := engine.Stats{Reading: engine.Reading{Running: 10}, Slots: 16, TokenRate: 50} // 800 tokens/s, 10 running
+	cpu := engine.Stats{Slots: 4, TokenRate: 8}                                         // 32 tokens/s, idle
+	joined := engine.Stats{Reading: engine.Reading{Running: 1}}                         // its speed not learned
+
+	reg.SetEngine(3, &joined)
+	w3, _ := reg.Get(3)
+	require.NotNil(t, w3.Engine())
+	assert.Zero(t, w3.Engine().StandIn, "no engine priced yet: nothing to stand in")
+	_, priced := w3.Engine().Cost(0)
+	assert.False(t, priced)
+
+	reg.SetEngine(1, &gpu)
+	reg.SetEngine(2, &cpu)
+	reg.SetEngine(3, &joined)
+	assert.InDelta(t, (800.0+32)/2, w3.Engine().StandIn, 1e-9)
+	c, priced := w3.Engine().Cost(0)
+	require.True(t, priced)
+	assert.InDelta(t, 2/416.0, c, 1e-12, "its running request and one more over the mean")
+	reg.SetEngine(1, &gpu)
+	w1, _ := reg.Get(1)
+	assert.Zero(t, w1.Engine().StandIn, "a learned engine is priced at its own capacity")
+
+	for _, mode := range []pickers.Mode{pickers.ModeLoadAware, pickers.ModeWeighted} {
+		sel := newSelector(t, reg, mode, 0)
+		var held []*Reservation
+		got := map[uint64]int{}
+		for range 12 {
+			r := new(Reservation)
+			require.NoError(t, sel.Select(&Request{}, r))
+			got[r.Worker().ID()]++
+			held = append(held, r)
+		}
+		// Worker 3 at (1 + n + 1)/416 is cheaper than worker 1 at
+		// (10 + n + 1)/800 for its first 4; the idle CPU engine's 1/32 is
+		// above both all along.
+		assert.Zero(t, got[2], "%s: the slow engine is not fed: %v", mode, got)
+		assert.GreaterOrEqual(t, got[3], 4, "%s: the new engine takes requests: %v", mode, got)
+		assert.Positive(t, got[1], "%s: %v", mode, got)
+		for _, r := range held {
+			r.Release()
+		}
+	}
+	assertIdle(t, reg)
+
+	reg.SetEngine(3, nil) // no fresh reading: the fleet falls back to requests in flight
+	sel := newSelector(t, reg, pickers.ModeLoadAware, 0)
+	got := map[uint64]int{}
+	var held []*Reservation
+	for range 6 {
+		r := new(Reservation)
+		require.NoError(t, sel.Select(&Request{}, r))
+		got[r.Worker().ID()]++
+		held = append(held, r)
+	}
+	assert.Equal(t, map[uint64]int{1: 2, 2: 2, 3: 2}, got, "(occupancy + 1) / weight spreads them")
+	for _, r := range held {
+		r.Release()
+	}
+	assertIdle(t, reg)
+}

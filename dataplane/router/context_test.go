@@ -11,6 +11,7 @@ import (
 	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/telemetry/engine"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -159,4 +160,22 @@ func TestAPrefillLegRefusedAsLongerMovesToALongerContext(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	assert.Contains(t, readAll(t, resp), "maximum context length", "bound to worker 1: its refusal")
 	f.assertIdle()
+}
+
+// GET /workers shows the capacity a worker whose engine speed is not
+// learned yet is priced at (the mean of the learned ones), and none for a
+// learned one.
+func TestWorkersShowAStandInCapacity(t *testing.T) {
+	f := startFleet(t, []mockworker.Options{{ID: 1}, {ID: 2}, {ID: 3}},
+		func(c *config.Config) { c.Telemetry.Engine.Enabled = false }) // the readings are the test's
+	f.r.Registry.SetEngine(1, &engine.Stats{Slots: 16, TokenRate: 50})
+	f.r.Registry.SetEngine(2, &engine.Stats{Slots: 8, TokenRate: 50})
+	f.r.Registry.SetEngine(3, &engine.Stats{Reading: engine.Reading{Running: 2}})
+	_, text := adminDo(t, f, "GET", "/workers", "", "")
+	var all []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(text), &all))
+	require.Len(t, all, 3)
+	assert.NotContains(t, all[0], "engine_stand_in_capacity")
+	assert.NotContains(t, all[1], "engine_stand_in_capacity")
+	assert.Equal(t, 600.0, all[2]["engine_stand_in_capacity"], "(800 + 400) / 2 tokens a second")
 }

@@ -514,6 +514,9 @@ func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
 	if r.Engines != nil {
 		r.Engines.Describe(w.ID(), info)
 	}
+	if st := w.Engine(); st != nil && st.StandIn > 0 {
+		info["engine_stand_in_capacity"] = st.StandIn
+	}
 }
 
 // sweepEvery is the session sweeper's period: a tenth of the TTL, within

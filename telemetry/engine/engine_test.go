@@ -548,6 +548,16 @@ func TestCost(t *testing.T) {
 	unknown.Prepare(0)
 	_, ok = unknown.Cost(0)
 	assert.False(t, ok, "no cost before the speed is learned")
+
+	joined := Stats{Reading: Reading{Running: 3, Waiting: 2, KVUsage: 0.9}, Slots: 4, StandIn: 200}
+	joined.Prepare(5)
+	c, ok = joined.Cost(6)
+	require.True(t, ok, "priced at its stand-in capacity")
+	assert.InDelta(t, 3*7.0/200, c, 1e-9, "its queue, the router's one more and one, over the stand-in, the cache's penalty kept")
+	joined.TokenRate = 10
+	joined.Prepare(5)
+	c, _ = joined.Cost(5)
+	assert.InDelta(t, 3*6.0/40, c, 1e-9, "once learned, its own capacity")
 }
 
 // sink collects what the scraper publishes.

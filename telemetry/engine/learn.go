@@ -38,10 +38,16 @@ type Stats struct {
 	// Stalled is set by the scraper once StillFor reaches its StallAfter:
 	// the engine is taken to be hung.
 	Stalled bool
+	// StandIn, while the engine's own capacity is unknown (its speed not
+	// learned yet: it just joined, or it exports no token counter), is
+	// the capacity it is priced at: the mean learned capacity of the
+	// fleet's other engines, set by the router (0: none; then it has no
+	// cost).
+	StandIn float64
 
 	// Set by Prepare: Cost is max(0, queued + occupancy) + 1, times scale.
 	queued float64 // Running + Waiting − Occupancy
-	scale  float64 // KV penalty / Capacity; 0 while the capacity is unknown
+	scale  float64 // KV penalty / (Capacity, else StandIn); 0 while both are unknown
 }
 
 // Prepare stamps the router's occupancy at the reading and precomputes the
@@ -51,7 +57,11 @@ func (s *Stats) Prepare(occupancy int64) {
 	s.Occupancy = occupancy
 	s.queued = s.Running + s.Waiting - float64(occupancy)
 	s.scale = 0
-	if c := s.Capacity(); c > 0 {
+	c := s.Capacity()
+	if c == 0 {
+		c = s.StandIn
+	}
+	if c > 0 {
 		s.scale = 1 / c
 		if s.KVUsage > KVPenaltyFrom {
 			s.scale *= 1 + 20*(s.KVUsage-KVPenaltyFrom)
@@ -68,10 +78,10 @@ const KVPenaltyFrom = 0.8
 func (s *Stats) Capacity() float64 { return s.Slots * s.TokenRate }
 
 // Cost is the expected time to drain the engine's work including one more
-// request: (Load + 1) / Capacity, raised by 1 + 20 × (KVUsage − 0.8) when
-// the cache is over 80% full (×5 when full). Lower is better. It reports
-// false while the capacity is unknown (or before Prepare). It does not
-// allocate.
+// request: (Load + 1) / Capacity (StandIn while the capacity is unknown),
+// raised by 1 + 20 × (KVUsage − 0.8) when the cache is over 80% full (×5
+// when full). Lower is better. It reports false while both are unknown (or
+// before Prepare). It does not allocate.
 func (s *Stats) Cost(occupancy int64) (float64, bool) {
 	if s.scale == 0 {
 		return 0, false
