@@ -343,6 +343,7 @@ func (r *Registry) add(spec WorkerSpec, healthy bool) (*Worker, error) {
 	r.mu.Lock()
 	w := newWorker(spec)
 	w.healthy.Store(healthy)
+	r.priceUnread(w)
 	if _, loaded := r.workers.LoadOrStore(spec.ID, w); loaded {
 		r.mu.Unlock()
 		return nil, &DuplicateError{ID: spec.ID}
@@ -373,6 +374,7 @@ func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 	w.stalled.Store(old.Stalled())
 	w.adv.Store(old.adv.Load())
 	w.declared.Store(old.declared.Load())
+	r.priceUnread(w)
 	r.workers.Store(spec.ID, w)
 	r.publishLocked()
 	r.mu.Unlock()
@@ -534,10 +536,9 @@ func (r *Registry) SetHealthy(id uint64, healthy bool) {
 // SetEngine stores worker id's latest engine reading (nil: none fresh) and
 // republishes when the worker's routing changed (Worker.SetEngine); a
 // worker whose engine fell asleep or stalled has Left, like one found
-// unhealthy. A reading without a learned speed is priced at the mean
-// learned capacity of the other routable workers' engines (its StandIn),
-// so that one engine the router is still learning (one that just joined)
-// does not leave every engine unpriced.
+// unhealthy. A reading without a learned speed is priced at a stand-in
+// capacity (standIn), so that one engine the router is still learning
+// (one that just joined) does not leave every engine unpriced.
 func (r *Registry) SetEngine(id uint64, st *engine.Stats) {
 	w, ok := r.workers.Load(id)
 	if !ok {
@@ -545,7 +546,7 @@ func (r *Registry) SetEngine(id uint64, st *engine.Stats) {
 	}
 	if st != nil && st.Capacity() == 0 {
 		cp := *st
-		cp.StandIn = r.meanCapacity(w)
+		cp.StandIn = r.standIn(w, st)
 		st = &cp
 	}
 	if !w.SetEngine(st) {
@@ -557,26 +558,56 @@ func (r *Registry) SetEngine(id uint64, st *engine.Stats) {
 	}
 }
 
-// meanCapacity is the mean learned capacity (engine.Stats.Capacity) of
-// the routable workers but w whose engines have one; 0 when none has.
-func (r *Registry) meanCapacity(w *Worker) float64 {
-	var sum float64
+// standIn is the capacity worker w's engine, whose speed is not learned,
+// is priced at: the mean learned speed per running request of the other
+// routable workers' engines, times a batch size. That is its own once
+// known (the engine reports it, max_inflight sets it, or its reading
+// shows a queue behind its running requests: a slow engine that joined
+// is then priced for the few requests it runs at once, not fed as many
+// as a fast one's batch), else the larger of the most requests it was
+// seen running and the others' mean batch size. 0 when no other engine
+// has a learned speed.
+func (r *Registry) standIn(w *Worker, st *engine.Stats) float64 {
+	rate, slots := r.meanSpeed(w)
+	batch := st.Slots
+	if st.Admit == 0 && st.Waiting == 0 {
+		batch = max(batch, slots)
+	}
+	return rate * batch
+}
+
+// meanSpeed returns the mean learned speed per running request and the
+// mean batch size of the routable workers but w whose engines have a
+// learned speed; zeros when none has.
+func (r *Registry) meanSpeed(w *Worker) (rate, slots float64) {
 	var n int
 	for _, o := range r.snap.Load().workers {
 		if o == w {
 			continue
 		}
-		if st := o.engine.Load(); st != nil {
-			if c := st.Capacity(); c > 0 {
-				sum += c
-				n++
-			}
+		if st := o.engine.Load(); st != nil && st.Capacity() > 0 {
+			rate += st.TokenRate
+			slots += st.Slots
+			n++
 		}
 	}
 	if n == 0 {
-		return 0
+		return 0, 0
 	}
-	return sum / float64(n)
+	return rate / float64(n), slots / float64(n)
+}
+
+// priceUnread prices a worker joining a fleet whose engines are priced,
+// until its engine's first reading: as one request's slot at the others'
+// mean speed, so that it takes a request while the others' costs are
+// above that (its first, or whenever they queue) but is not sent every
+// request while it shows none in flight, as the router's own signals
+// would send them to an engine they know nothing of. Its first reading
+// replaces it; a scrape that fails before any reading withdraws it.
+func (r *Registry) priceUnread(w *Worker) {
+	if rate, _ := r.meanSpeed(w); rate > 0 {
+		w.SetEngine(&engine.Stats{Slots: 1, StandIn: rate, PrefixHitRatio: -1})
+	}
 }
 
 // Republish builds a new snapshot, picking up weights set with SetWeight.

@@ -1126,16 +1126,16 @@ func TestAPrefixPickDoesNotAllocate(t *testing.T) {
 }
 
 // An engine whose speed is not learned yet (one that just joined) is
-// priced at the mean learned capacity of the others, so the fleet keeps
-// routing by engine cost: the new worker takes requests while it is the
-// cheapest, and a slow engine is not fed as it would be by requests in
-// flight. Before the others are priced, and without a reading, the fleet
-// falls back as before.
+// priced at the others' mean speed per request times a batch size, so the
+// fleet keeps routing by engine cost: the new worker takes requests while
+// it is the cheapest, and a slow engine is not fed as it would be by
+// requests in flight. Before the others are priced, and without a
+// reading, the fleet falls back as before.
 func TestAnEngineNotLearnedYetIsPricedAtTheFleetsMean(t *testing.T) {
 	reg := newFleet(t, 3)
 	gpu := engine.Stats{Reading: engine.Reading{Running: 10}, Slots: 16, TokenRate: 50} // 800 tokens/s, 10 running
 	cpu := engine.Stats{Slots: 4, TokenRate: 8}                                         // 32 tokens/s, idle
-	joined := engine.Stats{Reading: engine.Reading{Running: 1}}                         // its speed not learned
+	joined := engine.Stats{Reading: engine.Reading{Running: 1}, Slots: 1}               // its speed not learned
 
 	reg.SetEngine(3, &joined)
 	w3, _ := reg.Get(3)
@@ -1147,13 +1147,37 @@ func TestAnEngineNotLearnedYetIsPricedAtTheFleetsMean(t *testing.T) {
 	reg.SetEngine(1, &gpu)
 	reg.SetEngine(2, &cpu)
 	reg.SetEngine(3, &joined)
-	assert.InDelta(t, (800.0+32)/2, w3.Engine().StandIn, 1e-9)
+	assert.InDelta(t, (50.0+8)/2*(16+4)/2, w3.Engine().StandIn, 1e-9, "the mean speed per request times the mean batch")
 	c, priced := w3.Engine().Cost(0)
 	require.True(t, priced)
-	assert.InDelta(t, 2/416.0, c, 1e-12, "its running request and one more over the mean")
+	assert.InDelta(t, 2/290.0, c, 1e-12, "its running request and one more over the stand-in")
 	reg.SetEngine(1, &gpu)
 	w1, _ := reg.Get(1)
 	assert.Zero(t, w1.Engine().StandIn, "a learned engine is priced at its own capacity")
+	queued := engine.Stats{Reading: engine.Reading{Running: 4, Waiting: 2}, Slots: 4}
+	reg.SetEngine(3, &queued)
+	assert.InDelta(t, 29.0*4, w3.Engine().StandIn, 1e-9, "a queue behind 4 running: its batch is 4")
+	big := engine.Stats{Reading: engine.Reading{Running: 12}, Slots: 12}
+	reg.SetEngine(3, &big)
+	assert.InDelta(t, 29.0*12, w3.Engine().StandIn, 1e-9, "more running than the others' mean batch")
+	reg.SetEngine(3, &joined)
+
+	// A worker added to the priced fleet is priced before its engine's
+	// first reading as one request's slot at the others' mean speed (its
+	// own reading, or a failed scrape's nil, replaces that); before any
+	// engine is priced it is not.
+	w4, err := reg.AddUnprobed(spec(4))
+	require.NoError(t, err)
+	require.NotNil(t, w4.Engine())
+	c, priced = w4.Engine().Cost(0)
+	require.True(t, priced)
+	assert.InDelta(t, 1/29.0, c, 1e-12, "one request over (50 + 8) / 2 tokens a second")
+	reg.SetEngine(4, nil)
+	assert.Nil(t, w4.Engine())
+	bare := newFleet(t, 1)
+	w5, err := bare.AddUnprobed(spec(5))
+	require.NoError(t, err)
+	assert.Nil(t, w5.Engine(), "nothing to price it by")
 
 	for _, mode := range []pickers.Mode{pickers.ModeLoadAware, pickers.ModeWeighted} {
 		sel := newSelector(t, reg, mode, 0)
@@ -1165,9 +1189,8 @@ func TestAnEngineNotLearnedYetIsPricedAtTheFleetsMean(t *testing.T) {
 			got[r.Worker().ID()]++
 			held = append(held, r)
 		}
-		// Worker 3 at (1 + n + 1)/416 is cheaper than worker 1 at
-		// (10 + n + 1)/800 for its first 4; the idle CPU engine's 1/32 is
-		// above both all along.
+		// Worker 3 at (1 + n + 1)/290 and worker 1 at (10 + n + 1)/800
+		// share them; the idle CPU engine's 1/32 is above both all along.
 		assert.Zero(t, got[2], "%s: the slow engine is not fed: %v", mode, got)
 		assert.GreaterOrEqual(t, got[3], 4, "%s: the new engine takes requests: %v", mode, got)
 		assert.Positive(t, got[1], "%s: %v", mode, got)

@@ -177,5 +177,5 @@ func TestWorkersShowAStandInCapacity(t *testing.T) {
 	require.Len(t, all, 3)
 	assert.NotContains(t, all[0], "engine_stand_in_capacity")
 	assert.NotContains(t, all[1], "engine_stand_in_capacity")
-	assert.Equal(t, 600.0, all[2]["engine_stand_in_capacity"], "(800 + 400) / 2 tokens a second")
+	assert.Equal(t, 600.0, all[2]["engine_stand_in_capacity"], "50 tokens a second a request, times the mean batch of 12")
 }

@@ -700,6 +700,9 @@ func TestScraperCountsEachLossOfAReadingOnce(t *testing.T) {
 		return info["engine_reason"] != nil && info["engine_reason"] != "no reading yet"
 	}, 5*time.Second, 10*time.Millisecond)
 	time.Sleep(time.Second) // ten intervals, ten failed scrapes
+	st, n := s.get(3)
+	assert.Nil(t, st)
+	assert.Positive(t, n, "a failed scrape before any reading publishes nil: what stood in for one goes")
 	fallbacks, without := sc.Counts()
 	assert.EqualValues(t, 1, fallbacks, "the worker without metrics, counted once")
 	assert.Equal(t, 1, without)

@@ -40,9 +40,8 @@ type Stats struct {
 	Stalled bool
 	// StandIn, while the engine's own capacity is unknown (its speed not
 	// learned yet: it just joined, or it exports no token counter), is
-	// the capacity it is priced at: the mean learned capacity of the
-	// fleet's other engines, set by the router (0: none; then it has no
-	// cost).
+	// the capacity it is priced at, set by the router from the other
+	// engines' learned speeds (0: none; then it has no cost).
 	StandIn float64
 
 	// Set by Prepare: Cost is max(0, queued + occupancy) + 1, times scale.

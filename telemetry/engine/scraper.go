@@ -41,8 +41,8 @@ type Options struct {
 	// Targets lists the engines to poll; it is called once per tick.
 	Targets func() []Target
 	// Publish hands over a worker's new Stats, or nil when its reading
-	// went stale. It is called from the scraping goroutines, one call per
-	// worker at a time.
+	// went stale or a scrape failed before any reading. It is called from
+	// the scraping goroutines, one call per worker at a time.
 	Publish func(id uint64, st *Stats)
 	// APIKey, when set, goes as "Authorization: Bearer <key>" on every
 	// scrape.
@@ -183,6 +183,11 @@ func (s *Scraper) scrape(ctx context.Context, st *target) {
 	if err != nil {
 		if ctx.Err() == nil {
 			s.note(st, err.Error())
+			if st.last == nil {
+				// Whatever stood in for the worker's first
+				// reading goes: its engine gives none.
+				s.o.Publish(st.ID, nil)
+			}
 		}
 		return
 	}
