@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -164,17 +165,36 @@ func TestAPrefillLegRefusedAsLongerMovesToALongerContext(t *testing.T) {
 
 // GET /workers shows the capacity a worker whose engine speed is not
 // learned yet is priced at (the mean of the learned ones), and none for a
-// learned one.
+// learned one; /metrics shows every priced worker's capacity and cost.
 func TestWorkersShowAStandInCapacity(t *testing.T) {
-	f := startFleet(t, []mockworker.Options{{ID: 1}, {ID: 2}, {ID: 3}},
+	f := startFleet(t, []mockworker.Options{{ID: 1}, {ID: 2}, {ID: 3}, {ID: 4}},
 		func(c *config.Config) { c.Telemetry.Engine.Enabled = false }) // the readings are the test's
 	f.r.Registry.SetEngine(1, &engine.Stats{Slots: 16, TokenRate: 50})
-	f.r.Registry.SetEngine(2, &engine.Stats{Slots: 8, TokenRate: 50})
+	f.r.Registry.SetEngine(2, &engine.Stats{Reading: engine.Reading{Running: 6, KVUsage: 0.9}, Slots: 8, TokenRate: 50})
 	f.r.Registry.SetEngine(3, &engine.Stats{Reading: engine.Reading{Running: 2}})
+	f.r.Registry.SetEngine(4, nil)
+	for id, want := range map[string][3]string{
+		"1": {"800", "0", "0.00125"}, // (0 + 1) / 800
+		"2": {"400", "0", "0.0525"},  // (6 + 1) / 400 × (1 + 20 × 0.1)
+		"3": {"600", "1", "0.005"},   // (2 + 1) / 600
+		"4": {"", "", ""},            // no reading: unpriced
+	} {
+		for i, name := range []string{"fastroute_worker_engine_capacity", "fastroute_worker_engine_stand_in", "fastroute_worker_engine_cost"} {
+			got := metric(t, f, name+`{worker="`+id+`"}`)
+			if want[i] == "" {
+				assert.Empty(t, got, "%s of worker %s", name, id)
+				continue
+			}
+			v, err := strconv.ParseFloat(got, 64)
+			require.NoError(t, err, "%s of worker %s: %q", name, id, got)
+			w, _ := strconv.ParseFloat(want[i], 64)
+			assert.InDelta(t, w, v, 1e-9, "%s of worker %s", name, id)
+		}
+	}
 	_, text := adminDo(t, f, "GET", "/workers", "", "")
 	var all []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(text), &all))
-	require.Len(t, all, 3)
+	require.Len(t, all, 4)
 	assert.NotContains(t, all[0], "engine_stand_in_capacity")
 	assert.NotContains(t, all[1], "engine_stand_in_capacity")
 	assert.Equal(t, 600.0, all[2]["engine_stand_in_capacity"], "50 tokens a second a request, times the mean batch of 12")

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"cmp"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
+	"github.com/fastroute/fastroute/telemetry/engine"
 )
 
 // route enumerates the proxied endpoints, for metric labels.
@@ -337,6 +339,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 				w.Sample("fastroute_worker_prefix_cache_hit_ratio", st.PrefixHitRatio, "worker", strconv.FormatUint(wk.ID(), 10))
 			}
 		}
+		writeEngineCosts(w, workers)
 		for _, f := range []struct { // a 1 while the worker is out of rotation for that reason
 			name, help string
 			is         func(*dataplane.Worker) bool
@@ -358,5 +361,35 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		writeWorkerStats(w, workers, m.statsOf)
 		w.Single("fastroute_ejections_total", "counter", "Workers taken out of rotation after consecutive 5xx answers or transport failures.",
 			float64(reg.Ejections()))
+	}
+}
+
+// writeEngineCosts writes how the engine-cost modes price each worker with
+// a fresh engine reading and a capacity, learned or stood in for.
+func writeEngineCosts(w *metrics.Writer, workers []*dataplane.Worker) {
+	for _, f := range []struct {
+		name, help string
+		value      func(st *engine.Stats, occupancy int64) float64
+	}{
+		{"fastroute_worker_engine_capacity", "Tokens a second the engine-cost modes take the worker's engine to generate: its learned batch size times its learned speed per running request, or while that speed is unknown a stand-in from the other engines' (fastroute_worker_engine_stand_in); absent without a fresh reading or any speed learned.",
+			func(st *engine.Stats, _ int64) float64 { return cmp.Or(st.Capacity(), st.StandIn) }},
+		{"fastroute_worker_engine_stand_in", "1 while the worker's engine is priced at a stand-in capacity (its own speed not learned yet), 0 once learned.",
+			func(st *engine.Stats, _ int64) float64 {
+				if st.Capacity() == 0 {
+					return 1
+				}
+				return 0
+			}},
+		{"fastroute_worker_engine_cost", "The worker's cost to the engine-cost modes now, lower is cheaper: its engine's queue at the last reading and the router's requests since, plus one, over its capacity, raised while its KV cache is over 80% full.",
+			func(st *engine.Stats, occupancy int64) float64 { c, _ := st.Cost(occupancy); return c }},
+	} {
+		w.Header(f.name, "gauge", f.help)
+		for _, wk := range workers {
+			if st := wk.Engine(); st != nil {
+				if _, priced := st.Cost(0); priced {
+					w.Sample(f.name, f.value(st, wk.Occupancy()), "worker", strconv.FormatUint(wk.ID(), 10))
+				}
+			}
+		}
 	}
 }
