@@ -142,6 +142,10 @@ type Config struct {
 type TLS struct {
 	CertFile string `yaml:"cert_file"`
 	KeyFile  string `yaml:"key_file"`
+	// ClientCAFile, when set, is a PEM bundle of CA certificates: every
+	// client must show a certificate one of them signed (mutual TLS), or
+	// its handshake fails.
+	ClientCAFile string `yaml:"client_ca_file"`
 }
 
 // On reports whether the front end speaks TLS.
@@ -661,6 +665,9 @@ func (c *Config) Validate() error {
 	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		return keyErr("tls", "set cert_file and key_file together")
+	}
+	if c.TLS.ClientCAFile != "" && !c.TLS.On() {
+		return keyErr("tls.client_ca_file", "set, but tls.cert_file is not: clients speak plain HTTP, with no certificate to show")
 	}
 	if _, err := c.ProxyProtocol.Prefixes(); err != nil {
 		return keyErr("proxy_protocol.from", "%v", err)

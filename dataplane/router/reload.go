@@ -19,7 +19,8 @@ import (
 // old spec's in-flight requests finish on it), and router.mode,
 // router.busy_threshold, router.retries, router.prefix_affinity's slack
 // and peers (reloadablePrefixes), the clients' API keys (api_keys_file,
-// read again) and worker_tls's client certificate (read again) for new
+// read again), the front end's certificate and client CAs (tls, read
+// again) and worker_tls's client certificate (read again) for new
 // requests and connections. Streams in
 // flight are untouched. A config that fails validation is refused with the
 // same error as at start, and nothing changes. Keys that a running router
@@ -44,9 +45,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			return nil, nil, fmt.Errorf("key workers[%d].id: %d is a worker found on etcd or in DNS; an id is never used twice", i, s.ID)
 		}
 	}
-	var cert certificate // read before anything applies: a bad one refuses the reload
+	var front frontTLS // read before anything applies: a bad one refuses the reload
 	if cfg.TLS.On() && old.TLS.On() {
-		if err := cert.load(cfg.TLS); err != nil {
+		if err := front.load(cfg.TLS); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -156,10 +157,15 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		applied = append(applied, fmt.Sprintf("shutdown_delay=%v", cfg.ShutdownDelay))
 	}
 	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
-	reread := cert.cur.Load()
+	reread := front.cur.Load()
 	if reread != nil {
 		r.cert.cur.Store(reread)
 		applied = append(applied, "tls certificate read again")
+		if cfg.TLS.ClientCAFile != "" {
+			applied = append(applied, fmt.Sprintf("tls.client_ca_file=%q read again", cfg.TLS.ClientCAFile))
+		} else if old.TLS.ClientCAFile != "" {
+			applied = append(applied, "tls.client_ca_file dropped: no client certificate asked")
+		}
 	}
 	workerCertApplies := workerTLSApplies && (cfg.WorkerTLS.CertFile != "" || old.WorkerTLS.CertFile != "")
 	if workerCertApplies {

@@ -77,7 +77,7 @@ type Router struct {
 	ln, adminLn   net.Listener
 	admin         *http.Server
 	gpu           *nvml.Collector
-	cert          certificate // the front end's, with tls set
+	cert          frontTLS    // the front end's, with tls set
 	workerCert    certificate // worker_tls's client certificate
 	workerTLS     *tls.Config // of every connection to an https:// worker
 	cancel        context.CancelFunc
@@ -125,12 +125,13 @@ func check(cfg config.Config) (config.Config, adminState, error) {
 	if err := cfg.ResolveSecrets(os.Getenv); err != nil {
 		return cfg, none, err
 	}
-	var c certificate
 	if cfg.TLS.On() {
-		if err := c.load(cfg.TLS); err != nil {
+		var front frontTLS
+		if err := front.load(cfg.TLS); err != nil {
 			return cfg, none, err
 		}
 	}
+	var c certificate
 	if _, err := readClientCertificate(cfg.WorkerTLS); err != nil {
 		return cfg, none, err
 	}

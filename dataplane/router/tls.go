@@ -9,32 +9,48 @@ import (
 	"github.com/fastroute/fastroute/internal/tlsfiles"
 )
 
-// certificate is a TLS certificate read again by a reload: the front
-// end's, or the router's own for workers that ask for one (nil: none). A
-// rotated certificate serves new handshakes at once; connections open
-// keep theirs.
+// certificate is worker_tls's client certificate, read again by a reload
+// (nil: none). A rotated certificate serves new handshakes at once;
+// connections open keep theirs.
 type certificate struct {
 	cur atomic.Pointer[tls.Certificate]
 }
 
-// load reads the certificate and key files of t.
-func (c *certificate) load(t config.TLS) error {
+// frontTLS is the front end's TLS configuration, read again by a reload:
+// its certificate, and with tls.client_ca_file the CAs whose certificate
+// every client must show (mutual TLS). New handshakes get what the last
+// read gave; connections open keep theirs.
+type frontTLS struct {
+	cur atomic.Pointer[tls.Config]
+}
+
+// load reads t's files: TLS 1.2 and later, HTTP/1.1 inside, t's
+// certificate, and a client certificate required and checked against
+// t's client CAs when t names them.
+func (f *frontTLS) load(t config.TLS) error {
 	cert, err := tlsfiles.Pair("key tls", t.CertFile, t.KeyFile)
 	if err != nil {
 		return err
 	}
-	c.cur.Store(cert)
+	conf := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}, Certificates: []tls.Certificate{*cert}}
+	if t.ClientCAFile != "" {
+		if conf.ClientCAs, err = tlsfiles.Roots("key tls.client_ca_file", t.ClientCAFile); err != nil {
+			return err
+		}
+		conf.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	f.cur.Store(conf)
 	return nil
 }
 
-// serverConfig is the front end's TLS configuration: TLS 1.2 and later,
-// HTTP/1.1 inside, the current certificate.
-func (c *certificate) serverConfig() *tls.Config {
+// serverConfig is the configuration the front end's listener takes: each
+// handshake gets the one last read.
+func (f *frontTLS) serverConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"http/1.1"},
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			return c.cur.Load(), nil
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return f.cur.Load(), nil
 		},
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -172,4 +173,91 @@ func TestReloadRotatesTheCertificate(t *testing.T) {
 	cfg.TLS = config.TLS{CertFile: filepath.Join(t.TempDir(), "missing.pem"), KeyFile: files.KeyFile}
 	_, err = Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	assert.ErrorContains(t, err, "key tls: open ")
+}
+
+// With tls.client_ca_file every client must show a certificate those CAs
+// signed (mutual TLS): one without, or signed by another, fails its
+// handshake and reaches no worker. A reload reads the CAs again (a client
+// the new file trusts gets in, one it no longer trusts does not), or drops
+// them; a file that does not load refuses the reload.
+func TestClientsMustShowACertificateTheClientCAsSigned(t *testing.T) {
+	server, pool := writeCert(t, t.TempDir(), 1)
+	alice, _ := writeCert(t, t.TempDir(), 20)
+	mallory, _ := writeCert(t, t.TempDir(), 21)
+	caFile := filepath.Join(t.TempDir(), "clients.pem")
+	copyFile(t, alice.CertFile, caFile)
+	files := server
+	files.ClientCAFile = caFile
+	var logs syncBuffer
+	f := startFleetLog(t, mocks(2, 1, 0), func(c *config.Config) { c.TLS, c.Log.Access = files, "all" }, &logs)
+	post := func(as *config.TLS) (int, error) {
+		conf := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		if as != nil {
+			pair, err := tls.LoadX509KeyPair(as.CertFile, as.KeyFile)
+			require.NoError(t, err)
+			conf.Certificates = []tls.Certificate{pair}
+		}
+		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: conf}}
+		defer client.CloseIdleConnections()
+		resp, err := client.Post("https://"+f.r.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		if err != nil {
+			return 0, err
+		}
+		readAll(t, resp)
+		return resp.StatusCode, nil
+	}
+	served := func() int64 { return f.mocks[0].Served() + f.mocks[1].Served() }
+
+	code, err := post(&alice)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "msg=access") }, 5*time.Second, 5*time.Millisecond)
+	assert.Contains(t, logs.String(), `client_cert="fastroute test"`, "the access line names the client's certificate")
+	_, err = post(nil)
+	assert.Error(t, err, "no client certificate: no request")
+	_, err = post(&mallory)
+	assert.Error(t, err, "a certificate the client CAs did not sign: no request")
+	assert.EqualValues(t, 1, served(), "only alice's request reached a worker")
+
+	f.r.SetConfigSource(func() (config.Config, error) { return f.r.CurrentConfig(), nil })
+	copyFile(t, mallory.CertFile, caFile)
+	code, body := adminDo(t, f, "POST", "/config/reload", "", "")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "tls.client_ca_file")
+	_, err = post(&alice)
+	assert.Error(t, err, "alice's CA is no longer trusted")
+	code, err = post(&mallory)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code)
+
+	require.NoError(t, os.WriteFile(caFile, []byte("no certificate here"), 0o600))
+	code, body = adminDo(t, f, "POST", "/config/reload", "", "")
+	assert.Equal(t, http.StatusBadRequest, code)
+	assert.Contains(t, body, "key tls.client_ca_file: "+caFile+" holds no PEM certificate")
+	code, err = post(&mallory)
+	require.NoError(t, err, "the CAs read last stay")
+	assert.Equal(t, http.StatusOK, code)
+
+	f.r.SetConfigSource(func() (config.Config, error) {
+		c := f.r.CurrentConfig()
+		c.TLS.ClientCAFile = ""
+		return c, nil
+	})
+	code, body = adminDo(t, f, "POST", "/config/reload", "", "")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "no client certificate asked")
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), "msg=access") == 3 }, 5*time.Second, 5*time.Millisecond)
+	mark := len(logs.String())
+	code, err = post(nil)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String()[mark:], "msg=access") }, 5*time.Second, 5*time.Millisecond)
+	assert.NotContains(t, logs.String()[mark:], "client_cert=", "no certificate, none named")
+	assert.EqualValues(t, 4, served(), "alice once, mallory twice, the one without a certificate once")
+	f.assertIdle()
+
+	cfg := config.Default()
+	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:1"}}
+	cfg.TLS.ClientCAFile = caFile
+	assert.ErrorContains(t, cfg.Validate(), "key tls.client_ca_file: set, but tls.cert_file is not")
 }

@@ -33,6 +33,23 @@ func newClientConn(c net.Conn, tlsConfig *tls.Config) *clientConn {
 	return cc
 }
 
+// clientCertName is the common name of the certificate the client of c
+// showed in its TLS handshake (tls.client_ca_file checked it), or "".
+func clientCertName(c net.Conn) string {
+	cc, ok := c.(*clientConn)
+	if !ok {
+		return ""
+	}
+	t, ok := cc.Conn.(*tls.Conn)
+	if !ok {
+		return ""
+	}
+	if st := t.ConnectionState(); len(st.PeerCertificates) > 0 {
+		return st.PeerCertificates[0].Subject.CommonName
+	}
+	return ""
+}
+
 // clientConn is a client connection that reads a request's first bytes
 // in one call. fasthttp, which holds no read buffer on an idle keep-alive
 // connection (ReduceMemoryUsage), reads a request's first byte alone and

@@ -127,15 +127,16 @@ type exchange struct {
 	stop   atomic.Uint32 // why the upstream calls stop early (stopHungUp, stopPrefill); 0: they run
 
 	// For the access log.
-	path      []byte // copied only while the access log is on, as are the next three
-	method    []byte
-	peer      net.Addr       // the connection's peer, where it has no IP address (clientAt is not valid)
-	clientAt  netip.AddrPort // the client's address (Server.clientOf), for the span too
-	requestID []byte         // the request's X-Request-Id: the client's, or one made up (GenerateRequestIDs)
-	picked    bool           // res names this request's worker (it may name an earlier one's)
-	status    int
-	firstByte time.Duration
-	bytes     int64
+	path       []byte // copied only while the access log is on, as are the next three
+	method     []byte
+	peer       net.Addr       // the connection's peer, where it has no IP address (clientAt is not valid)
+	clientAt   netip.AddrPort // the client's address (Server.clientOf), for the span too
+	requestID  []byte         // the request's X-Request-Id: the client's, or one made up (GenerateRequestIDs)
+	picked     bool           // res names this request's worker (it may name an earlier one's)
+	status     int
+	firstByte  time.Duration
+	bytes      int64
+	clientCert string // the common name of the certificate the client showed (mutual TLS); "" for none
 
 	forwardedFor []byte // the X-Forwarded-For sent on (AddXForwardedFor): addForwardedFor's scratch
 }
@@ -166,6 +167,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 		if ex.clientAt, ok = ex.s.clientOf(ctx); !ok {
 			ex.peer = ctx.RemoteAddr()
 		}
+		ex.clientCert = clientCertName(ctx.Conn())
 	}
 	ex.traceRequest(ctx, start)
 	if ex.s.opts.AddXForwardedFor {
@@ -1162,8 +1164,8 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 		slog.Float64("first_byte_ms", float64(ex.firstByte.Microseconds())/1000),
 		slog.Float64("total_ms", float64(total.Microseconds())/1000), slog.Int64("bytes", ex.bytes),
 		slog.String("model", string(ex.req.Model)), slog.String("client", ex.clientText()),
-		slog.String("request_id", string(id)), {}, {}, {}, {}, {}, {}, {}, {}}
-	n := len(attrs) - 8
+		slog.String("request_id", string(id)), {}, {}, {}, {}, {}, {}, {}, {}, {}}
+	n := len(attrs) - 9
 	switch pre := ex.pre.Load(); {
 	case ex.split && pre != nil && ex.picked: // the prefill leg's worker, the last one tried
 		attrs[n] = slog.Uint64("prefill_worker", pre.res.Worker().ID())
@@ -1186,6 +1188,10 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 	}
 	if ex.firstToken > 0 {
 		attrs[n] = slog.Float64("first_token_ms", float64(ex.firstToken.Microseconds())/1000)
+		n++
+	}
+	if ex.clientCert != "" { // who the client's certificate says it is
+		attrs[n] = slog.String("client_cert", ex.clientCert)
 		n++
 	}
 	if ex.key != nil { // the name of the client's API key, never the key, and what the answer said it used
