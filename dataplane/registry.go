@@ -578,23 +578,47 @@ func (r *Registry) standIn(w *Worker, st *engine.Stats) float64 {
 
 // meanSpeed returns the mean learned speed per running request and the
 // mean batch size of the routable workers but w whose engines have a
-// learned speed; zeros when none has.
+// learned speed: of those serving a base model w serves, where any does
+// (engines of different models run at different speeds, and requests for
+// w's model compare it with those), else of all; zeros when none has.
 func (r *Registry) meanSpeed(w *Worker) (rate, slots float64) {
-	var n int
+	mine := w.Models()
+	var peers, all speedSum
 	for _, o := range r.snap.Load().workers {
 		if o == w {
 			continue
 		}
-		if st := o.engine.Load(); st != nil && st.Capacity() > 0 {
-			rate += st.TokenRate
-			slots += st.Slots
-			n++
+		st := o.engine.Load()
+		if st == nil || st.Capacity() == 0 {
+			continue
+		}
+		all.add(st)
+		if len(mine) > 0 && slices.ContainsFunc(o.Models(), func(m string) bool { return slices.Contains(mine, m) }) {
+			peers.add(st)
 		}
 	}
-	if n == 0 {
+	if peers.n > 0 {
+		return peers.mean()
+	}
+	return all.mean()
+}
+
+// speedSum adds up engines' learned speeds and batch sizes.
+type speedSum struct {
+	rate, slots float64
+	n           int
+}
+
+func (s *speedSum) add(st *engine.Stats) {
+	s.rate, s.slots, s.n = s.rate+st.TokenRate, s.slots+st.Slots, s.n+1
+}
+
+// mean returns the mean speed and batch size, zeros for none.
+func (s speedSum) mean() (rate, slots float64) {
+	if s.n == 0 {
 		return 0, 0
 	}
-	return rate / float64(n), slots / float64(n)
+	return s.rate / float64(s.n), s.slots / float64(s.n)
 }
 
 // priceUnread prices a worker joining a fleet whose engines are priced,

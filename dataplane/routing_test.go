@@ -1131,7 +1131,7 @@ func TestAPrefixPickDoesNotAllocate(t *testing.T) {
 // it is the cheapest, and a slow engine is not fed as it would be by
 // requests in flight. Before the others are priced, and without a
 // reading, the fleet falls back as before.
-func TestAnEngineNotLearnedYetIsPricedAtTheFleetsMean(t *testing.T) {
+func TestAnEngineNotLearnedYetIsPricedByTheOthers(t *testing.T) {
 	reg := newFleet(t, 3)
 	gpu := engine.Stats{Reading: engine.Reading{Running: 10}, Slots: 16, TokenRate: 50} // 800 tokens/s, 10 running
 	cpu := engine.Stats{Slots: 4, TokenRate: 8}                                         // 32 tokens/s, idle
@@ -1178,6 +1178,26 @@ func TestAnEngineNotLearnedYetIsPricedAtTheFleetsMean(t *testing.T) {
 	w5, err := bare.AddUnprobed(spec(5))
 	require.NoError(t, err)
 	assert.Nil(t, w5.Engine(), "nothing to price it by")
+
+	// Engines of another model run at other speeds: a worker is priced by
+	// those serving a model it serves, where any is priced.
+	models := NewRegistry()
+	for id, m := range map[uint64]string{1: "big", 2: "small", 3: "big"} {
+		s := spec(id)
+		s.Models = []string{m}
+		_, err := models.Add(s)
+		require.NoError(t, err)
+	}
+	models.SetEngine(1, &engine.Stats{Slots: 8, TokenRate: 10})
+	models.SetEngine(2, &engine.Stats{Slots: 32, TokenRate: 100})
+	models.SetEngine(3, &engine.Stats{Slots: 1})
+	joinedBig, _ := models.Get(3)
+	assert.InDelta(t, 10.0*8, joinedBig.Engine().StandIn, 1e-9, "priced as the other big-model engine, not the fleet's mean")
+	s := spec(4)
+	s.Models = []string{"medium"}
+	medium, err := models.AddUnprobed(s)
+	require.NoError(t, err)
+	assert.InDelta(t, 55.0, medium.Engine().StandIn, 1e-9, "no engine of its model priced: the fleet's mean speed, one request")
 
 	for _, mode := range []pickers.Mode{pickers.ModeLoadAware, pickers.ModeWeighted} {
 		sel := newSelector(t, reg, mode, 0)
