@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -723,4 +724,44 @@ func post(ctx context.Context, url, body string) (*http.Response, error) {
 		return nil, err
 	}
 	return http.DefaultClient.Do(req)
+}
+
+// An engine that answers its metrics page more slowly than a reading stays
+// fresh (busy, within the scrape's timeout) keeps its reading between two
+// scrapes instead of losing it each time; one whose scrape times out loses
+// it.
+func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
+	var delay atomic.Int64
+	delay.Store(int64(120 * time.Millisecond))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(time.Duration(delay.Load())):
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, vllmPage)
+	}))
+	defer srv.Close()
+	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
+	// Fresh for 3 intervals of 20 ms; a scrape takes 120 ms.
+	sc := New(Options{Interval: 20 * time.Millisecond, Timeout: 400 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Targets: func() []Target { return []Target{{ID: 1, URL: srv.URL + "/metrics"}} }, Publish: s.publish})
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sc.Run(runCtx); close(done) }()
+	defer func() { stop(); <-done }()
+	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil }, 5*time.Second, 5*time.Millisecond)
+	withdrawn := 0
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+		if st, _ := s.get(1); st == nil {
+			withdrawn++
+		}
+	}
+	_, published := s.get(1)
+	assert.Zero(t, withdrawn, "the reading stays while the next scrape is under way")
+	assert.GreaterOrEqual(t, published, 5, "a reading about every 120 ms")
+
+	delay.Store(int64(time.Hour)) // past the scrape's timeout
+	require.Eventually(t, func() bool { st, _ := s.get(1); return st == nil }, 5*time.Second, 5*time.Millisecond,
+		"a scrape that timed out leaves the reading to go")
 }

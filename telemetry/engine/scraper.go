@@ -12,9 +12,9 @@ import (
 	"time"
 )
 
-// StaleAfter is how many intervals a reading stays valid; after that the
-// worker's Stats are withdrawn and routing falls back to the router's own
-// signals.
+// StaleAfter is how many intervals a reading stays valid while no scrape of
+// its engine is under way; after that the worker's Stats are withdrawn and
+// routing falls back to the router's own signals.
 const StaleAfter = 3
 
 // Defaults of Options.
@@ -121,7 +121,13 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 		}
 		st.Slots = tg.Slots
 		keep[tg.ID] = st
-		if st.last != nil && now.Sub(st.lastAt) > StaleAfter*s.o.Interval {
+		// A reading whose next scrape is still under way is not withdrawn:
+		// an engine busy enough to answer its metrics page slowly (more
+		// than the intervals a reading stays fresh, within the scrape's
+		// timeout) would otherwise lose its reading between every two
+		// scrapes, and with it the fleet its engine costs. A scrape that
+		// fails, or times out, leaves it to go at the next tick.
+		if st.last != nil && now.Sub(st.lastAt) > StaleAfter*s.o.Interval && !st.busy.Load() {
 			st.last = nil
 			s.note(st, "reading is stale")
 			s.o.Publish(st.ID, nil)
