@@ -43,8 +43,11 @@ type RoutingOptions struct {
 	// joinFleet), as a share of the capacity of the engines there before
 	// the join; 0 skips it.
 	JoinLoad float64
-	Seed     uint64 // workload seed
-	OutDir   string // where routing.md and routing.svg go
+	// MetricsDelay has every simulated engine answer its metrics page
+	// that long after it is asked, as a busy engine's API server does.
+	MetricsDelay time.Duration
+	Seed         uint64 // workload seed
+	OutDir       string // where routing.md and routing.svg go
 }
 
 // simEngine is one simulated engine of the routing fleet.
@@ -336,7 +339,11 @@ func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingR
 	}()
 	names := map[string]string{} // x-mock-worker id → engine name
 	for i, e := range fleet {
-		addr, stop, err := startMock(o.Binary, i+1, e.flags())
+		flags := e.flags()
+		if o.MetricsDelay > 0 {
+			flags = append(flags, "--metrics-delay", o.MetricsDelay.String())
+		}
+		addr, stop, err := startMock(o.Binary, i+1, flags)
 		if err != nil {
 			return RoutingRow{}, err
 		}

@@ -453,3 +453,17 @@ func TestContextLength(t *testing.T) {
 		}
 	}
 }
+
+// With MetricsDelay the metrics page answers that long after it is asked,
+// with the figures of that moment.
+func TestMetricsDelay(t *testing.T) {
+	w := startEngine(t, Options{MetricsDelay: 150 * time.Millisecond})
+	start := time.Now()
+	resp, err := http.Get(w.URL() + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond)
+	assert.Contains(t, string(body), "vllm:num_requests_running")
+}

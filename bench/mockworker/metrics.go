@@ -33,6 +33,7 @@ func (w *Worker) PrefixCacheHits() float64 { return float64(w.stats().cacheHits)
 // Without the engine simulator the requests being answered count as
 // running and none waits.
 func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
+	time.Sleep(w.opts.MetricsDelay)
 	st := w.stats()
 	maxLoRA := DefaultMaxLoRA
 	if w.engine != nil {

@@ -39,6 +39,10 @@ type Options struct {
 	// "vllm" by default. With "llamacpp" the worker also lists its model
 	// and refuses a prompt longer than MaxModelLen as llama-server does.
 	MetricsDialect string
+	// MetricsDelay makes /metrics answer this long after it is asked, as
+	// the API server of an engine under load does (its event loop busy
+	// with streams), with the figures of that moment.
+	MetricsDelay time.Duration
 	// APIKey, as vLLM's --api-key, makes every /v1/ route answer 401
 	// without "Authorization: Bearer <key>"; /health and /metrics stay open.
 	APIKey string
