@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,6 +35,13 @@ import (
 // pool that trusts it. It serves a server or a client.
 func writeCert(t *testing.T, dir string, serial int64) (config.TLS, *x509.CertPool) {
 	t.Helper()
+	return writeCertWith(t, dir, serial, nil)
+}
+
+// writeCertWith is writeCert with edit applied to the certificate before it
+// is signed.
+func writeCertWith(t *testing.T, dir string, serial int64, edit func(*x509.Certificate)) (config.TLS, *x509.CertPool) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
 	tmpl := &x509.Certificate{
@@ -41,6 +49,9 @@ func writeCert(t *testing.T, dir string, serial int64) (config.TLS, *x509.CertPo
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, BasicConstraintsValid: true, IsCA: true,
+	}
+	if edit != nil {
+		edit(tmpl)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	require.NoError(t, err)
@@ -184,8 +195,16 @@ func TestClientsMustShowACertificateTheClientCAsSigned(t *testing.T) {
 	server, pool := writeCert(t, t.TempDir(), 1)
 	alice, _ := writeCert(t, t.TempDir(), 20)
 	mallory, _ := writeCert(t, t.TempDir(), 21)
+	spiffe := &url.URL{Scheme: "spiffe", Host: "example.org", Path: "/ns/batch/sa/summarizer"}
+	service, _ := writeCertWith(t, t.TempDir(), 22, func(c *x509.Certificate) { c.Subject, c.URIs = pkix.Name{}, []*url.URL{spiffe} })
 	caFile := filepath.Join(t.TempDir(), "clients.pem")
-	copyFile(t, alice.CertFile, caFile)
+	var bundle []byte
+	for _, c := range []config.TLS{alice, service} {
+		pem, err := os.ReadFile(c.CertFile)
+		require.NoError(t, err)
+		bundle = append(bundle, pem...)
+	}
+	require.NoError(t, os.WriteFile(caFile, bundle, 0o600))
 	files := server
 	files.ClientCAFile = caFile
 	var logs syncBuffer
@@ -213,11 +232,18 @@ func TestClientsMustShowACertificateTheClientCAsSigned(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "msg=access") }, 5*time.Second, 5*time.Millisecond)
 	assert.Contains(t, logs.String(), `client_cert="fastroute test"`, "the access line names the client's certificate")
+	code, err = post(&service)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code)
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "client_cert=spiffe://example.org/ns/batch/sa/summarizer")
+	}, 5*time.Second, 5*time.Millisecond,
+		"a certificate without a common name is named by its URI: %s", logs.String())
 	_, err = post(nil)
 	assert.Error(t, err, "no client certificate: no request")
 	_, err = post(&mallory)
 	assert.Error(t, err, "a certificate the client CAs did not sign: no request")
-	assert.EqualValues(t, 1, served(), "only alice's request reached a worker")
+	assert.EqualValues(t, 2, served(), "only alice's and the service's requests reached a worker")
 
 	f.r.SetConfigSource(func() (config.Config, error) { return f.r.CurrentConfig(), nil })
 	copyFile(t, mallory.CertFile, caFile)
@@ -246,14 +272,14 @@ func TestClientsMustShowACertificateTheClientCAsSigned(t *testing.T) {
 	code, body = adminDo(t, f, "POST", "/config/reload", "", "")
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Contains(t, body, "no client certificate asked")
-	require.Eventually(t, func() bool { return strings.Count(logs.String(), "msg=access") == 3 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), "msg=access") == 4 }, 5*time.Second, 5*time.Millisecond)
 	mark := len(logs.String())
 	code, err = post(nil)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, code)
 	require.Eventually(t, func() bool { return strings.Contains(logs.String()[mark:], "msg=access") }, 5*time.Second, 5*time.Millisecond)
 	assert.NotContains(t, logs.String()[mark:], "client_cert=", "no certificate, none named")
-	assert.EqualValues(t, 4, served(), "alice once, mallory twice, the one without a certificate once")
+	assert.EqualValues(t, 5, served(), "alice and the service once, mallory twice, the one without a certificate once")
 	f.assertIdle()
 
 	cfg := config.Default()

@@ -33,8 +33,10 @@ func newClientConn(c net.Conn, tlsConfig *tls.Config) *clientConn {
 	return cc
 }
 
-// clientCertName is the common name of the certificate the client of c
-// showed in its TLS handshake (tls.client_ca_file checked it), or "".
+// clientCertName names the client of c by the certificate it showed in
+// its TLS handshake (tls.client_ca_file checked it): its subject's common
+// name, else its first URI name (a SPIFFE ID, as service meshes issue
+// them, with no common name), else its first DNS name; "" for none.
 func clientCertName(c net.Conn) string {
 	cc, ok := c.(*clientConn)
 	if !ok {
@@ -44,8 +46,17 @@ func clientCertName(c net.Conn) string {
 	if !ok {
 		return ""
 	}
-	if st := t.ConnectionState(); len(st.PeerCertificates) > 0 {
-		return st.PeerCertificates[0].Subject.CommonName
+	st := t.ConnectionState()
+	if len(st.PeerCertificates) == 0 {
+		return ""
+	}
+	switch cert := st.PeerCertificates[0]; {
+	case cert.Subject.CommonName != "":
+		return cert.Subject.CommonName
+	case len(cert.URIs) > 0:
+		return cert.URIs[0].String()
+	case len(cert.DNSNames) > 0:
+		return cert.DNSNames[0]
 	}
 	return ""
 }

@@ -136,7 +136,7 @@ type exchange struct {
 	status     int
 	firstByte  time.Duration
 	bytes      int64
-	clientCert string // the common name of the certificate the client showed (mutual TLS); "" for none
+	clientCert string // the client as its certificate names it (mutual TLS: clientCertName); "" for none
 
 	forwardedFor []byte // the X-Forwarded-For sent on (AddXForwardedFor): addForwardedFor's scratch
 }
