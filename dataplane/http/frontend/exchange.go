@@ -127,7 +127,7 @@ type exchange struct {
 	stop   atomic.Uint32 // why the upstream calls stop early (stopHungUp, stopPrefill); 0: they run
 
 	// For the access log.
-	path       []byte // copied only while the access log is on, as are the next three
+	path       []byte // copied only while the access log is on, as are method, peer, clientAt, requestID and clientCert
 	method     []byte
 	peer       net.Addr       // the connection's peer, where it has no IP address (clientAt is not valid)
 	clientAt   netip.AddrPort // the client's address (Server.clientOf), for the span too
