@@ -732,7 +732,7 @@ func post(ctx context.Context, url, body string) (*http.Response, error) {
 // it.
 func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
 	var delay atomic.Int64
-	delay.Store(int64(120 * time.Millisecond))
+	delay.Store(int64(300 * time.Millisecond))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-time.After(time.Duration(delay.Load())):
@@ -743,8 +743,9 @@ func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
 	}))
 	defer srv.Close()
 	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
-	// Fresh for 3 intervals of 20 ms; a scrape takes 120 ms.
-	sc := New(Options{Interval: 20 * time.Millisecond, Timeout: 400 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	// Fresh for 3 intervals of 50 ms; a scrape takes 300 ms. (A tick held
+	// back over 150 ms past a scrape's end would still withdraw it.)
+	sc := New(Options{Interval: 50 * time.Millisecond, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Targets: func() []Target { return []Target{{ID: 1, URL: srv.URL + "/metrics"}} }, Publish: s.publish})
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -752,14 +753,14 @@ func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
 	defer func() { stop(); <-done }()
 	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil }, 5*time.Second, 5*time.Millisecond)
 	withdrawn := 0
-	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
 		if st, _ := s.get(1); st == nil {
 			withdrawn++
 		}
 	}
 	_, published := s.get(1)
 	assert.Zero(t, withdrawn, "the reading stays while the next scrape is under way")
-	assert.GreaterOrEqual(t, published, 5, "a reading about every 120 ms")
+	assert.GreaterOrEqual(t, published, 4, "a reading about every 300 ms")
 
 	delay.Store(int64(time.Hour)) // past the scrape's timeout
 	require.Eventually(t, func() bool { st, _ := s.get(1); return st == nil }, 5*time.Second, 5*time.Millisecond,
