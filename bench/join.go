@@ -30,12 +30,8 @@ const joining = 1
 func JoinSetups() []RoutingRouter {
 	withJoin := func(m pickers.Mode) RoutingRouter {
 		var admin string
-		name := "fastroute " + string(m)
-		if m == pickers.ModeWeighted {
-			name += " (default)"
-		}
 		return RoutingRouter{
-			Name: name,
+			Name: modeName(m),
 			start: func(bin, _ string, workers []string) (string, *exec.Cmd, error) {
 				a, err := loopback.FreeAddr()
 				if err != nil {

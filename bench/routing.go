@@ -191,15 +191,19 @@ func RoutingRouters() []RoutingRouter {
 		if m == pickers.ModeDirect {
 			continue
 		}
-		name := "fastroute " + string(m)
-		if m == pickers.ModeWeighted {
-			name += " (default)"
-		}
-		out = append(out, RoutingRouter{Name: name, start: fastrouteMode(m)})
+		out = append(out, RoutingRouter{Name: modeName(m), start: fastrouteMode(m)})
 	}
 	return append(out,
 		RoutingRouter{Name: "nginx least_conn", start: nginxFront("least_conn;", "auto")},
 		RoutingRouter{Name: "nginx round-robin", start: nginxFront("", "auto")})
+}
+
+// modeName is the comparisons' name of fastroute in mode m.
+func modeName(m pickers.Mode) string {
+	if m == pickers.ModeWeighted {
+		return "fastroute " + string(m) + " (default)"
+	}
+	return "fastroute " + string(m)
 }
 
 func fastrouteMode(m pickers.Mode) startFunc {
