@@ -232,6 +232,20 @@ func TestClientsMustShowACertificateTheClientCAsSigned(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "msg=access") }, 5*time.Second, 5*time.Millisecond)
 	assert.Contains(t, logs.String(), `client_cert="fastroute test"`, "the access line names the client's certificate")
+	// On a kept connection (a stream's take-over between), each request's
+	// line names it.
+	pair, err := tls.LoadX509KeyPair(alice.CertFile, alice.KeyFile)
+	require.NoError(t, err)
+	kept := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 1,
+		TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}}}
+	for _, body := range []string{streamBody, chatBody} {
+		resp, err := kept.Post("https://"+f.r.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	kept.CloseIdleConnections()
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), `client_cert="fastroute test"`) == 3 }, 5*time.Second, 5*time.Millisecond)
 	code, err = post(&service)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, code)
@@ -243,7 +257,7 @@ func TestClientsMustShowACertificateTheClientCAsSigned(t *testing.T) {
 	assert.Error(t, err, "no client certificate: no request")
 	_, err = post(&mallory)
 	assert.Error(t, err, "a certificate the client CAs did not sign: no request")
-	assert.EqualValues(t, 2, served(), "only alice's and the service's requests reached a worker")
+	assert.EqualValues(t, 4, served(), "only alice's and the service's requests reached a worker")
 
 	f.r.SetConfigSource(func() (config.Config, error) { return f.r.CurrentConfig(), nil })
 	copyFile(t, mallory.CertFile, caFile)
@@ -272,14 +286,14 @@ func TestClientsMustShowACertificateTheClientCAsSigned(t *testing.T) {
 	code, body = adminDo(t, f, "POST", "/config/reload", "", "")
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Contains(t, body, "no client certificate asked")
-	require.Eventually(t, func() bool { return strings.Count(logs.String(), "msg=access") == 4 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), "msg=access") == 6 }, 5*time.Second, 5*time.Millisecond)
 	mark := len(logs.String())
 	code, err = post(nil)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, code)
 	require.Eventually(t, func() bool { return strings.Contains(logs.String()[mark:], "msg=access") }, 5*time.Second, 5*time.Millisecond)
 	assert.NotContains(t, logs.String()[mark:], "client_cert=", "no certificate, none named")
-	assert.EqualValues(t, 5, served(), "alice and the service once, mallory twice, the one without a certificate once")
+	assert.EqualValues(t, 7, served(), "alice three times and the service once, mallory twice, the one without a certificate once")
 	f.assertIdle()
 
 	cfg := config.Default()

@@ -36,13 +36,23 @@ func newClientConn(c net.Conn, tlsConfig *tls.Config) *clientConn {
 // clientCertName names the client of c by the certificate it showed in
 // its TLS handshake (tls.client_ca_file checked it): its subject's common
 // name, else its first URI name (a SPIFFE ID, as service meshes issue
-// them, with no common name), else its first DNS name; "" for none.
+// them, with no common name), else its first DNS name; "" for none. It is
+// worked out at the connection's first request (its handshake is over by
+// then) and kept: every request on a connection has the same client.
 func clientCertName(c net.Conn) string {
 	cc, ok := c.(*clientConn)
 	if !ok {
 		return ""
 	}
-	t, ok := cc.Conn.(*tls.Conn)
+	if !cc.certNamed {
+		cc.certName, cc.certNamed = peerCertName(cc.Conn), true
+	}
+	return cc.certName
+}
+
+// peerCertName is clientCertName of the connection c wraps.
+func peerCertName(c net.Conn) string {
+	t, ok := c.(*tls.Conn)
 	if !ok {
 		return ""
 	}
@@ -83,6 +93,10 @@ type clientConn struct {
 	// the peer's own).
 	headerDue bool
 	source    net.Addr
+	// The client as its certificate names it (clientCertName), once
+	// certNamed.
+	certName  string
+	certNamed bool
 	// The requests it carried, this one included (Server.serve counts
 	// them; a connection serves one request at a time).
 	requests int
