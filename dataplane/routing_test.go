@@ -1236,3 +1236,31 @@ func TestAnEngineNotLearnedYetIsPricedByTheOthers(t *testing.T) {
 	}
 	assertIdle(t, reg)
 }
+
+// A prefix holder whose engine's last reading does not show the two
+// requests the router just sent it (sent, not yet taken in) is still two
+// requests busier than an idle engine: beyond a slack of 1 it loses the
+// turn, by engine cost as by requests in flight.
+func TestRequestsNotYetTakenInCountAgainstTheHolder(t *testing.T) {
+	reg := newFleet(t, 2)
+	sel := newSelector(t, reg, pickers.ModeLoadAware, 0)
+	sel.SetRouting(Routing{Prefixes: affinity.NewPrefixes(1024), PrefixSlack: 1})
+	conversation := "system: be brief. user: what is the capital of France?"
+	sel.routing.Load().Prefixes.Record(prefixRequest(conversation).PrefixKeys, 1)
+	var held []*Reservation
+	for range 2 {
+		r := new(Reservation)
+		require.NoError(t, sel.Select(&Request{WorkerID: 1}, r))
+		held = append(held, r)
+	}
+	reg.SetEngine(1, &engine.Stats{Slots: 2, TokenRate: 50}) // its reading: nothing running yet
+	reg.SetEngine(2, &engine.Stats{Slots: 1})                // idle, priced at a stand-in of 50 × 2
+	r := new(Reservation)
+	require.NoError(t, sel.Select(prefixRequest(conversation), r))
+	assert.Equal(t, uint64(2), r.Worker().ID(), "3/100 against the idle engine's 1/100 with 1 more, 2/100")
+	r.Release()
+	for _, h := range held {
+		h.Release()
+	}
+	assertIdle(t, reg)
+}

@@ -541,6 +541,10 @@ func TestCost(t *testing.T) {
 	assert.InDelta(t, 9.0/40, c, 1e-9, "three dispatched since the reading")
 	c, _ = st.Cost(0)
 	assert.InDelta(t, 1.0/40, c, 1e-9, "completions since the reading; never below empty")
+	transit := Stats{Reading: Reading{Running: 1}, Slots: 4, TokenRate: 10}
+	transit.Prepare(3)
+	c, _ = transit.Cost(3)
+	assert.InDelta(t, 4.0/40, c, 1e-9, "two of the router's three not taken in yet by the engine: all three count")
 	st.KVUsage = 0.9
 	st.Prepare(5)
 	c, _ = st.Cost(5)

@@ -44,8 +44,8 @@ type Stats struct {
 	// engines' learned speeds (0: none; then it has no cost).
 	StandIn float64
 
-	// Set by Prepare: Cost is max(0, queued + occupancy) + 1, times scale.
-	queued float64 // Running + Waiting − Occupancy
+	// Set by Prepare: Cost is queued + occupancy + 1, times scale.
+	queued float64 // max(0, Running + Waiting − Occupancy): the engine's requests beyond the router's
 	scale  float64 // KV penalty / (Capacity, else StandIn); 0 while both are unknown
 }
 
@@ -54,7 +54,12 @@ type Stats struct {
 // Stats are published.
 func (s *Stats) Prepare(occupancy int64) {
 	s.Occupancy = occupancy
-	s.queued = s.Running + s.Waiting - float64(occupancy)
+	// The engine's requests beyond the router's own at the reading (other
+	// routers' and clients'): never below none. An engine that shows
+	// fewer than the router has in flight has not taken them all in yet
+	// (sent, not yet queued): the router's own requests count whole, or
+	// a worker just sent two would look idle until its next reading.
+	s.queued = max(0, s.Running+s.Waiting-float64(occupancy))
 	s.scale = 0
 	c := s.Capacity()
 	if c == 0 {
@@ -85,7 +90,7 @@ func (s *Stats) Cost(occupancy int64) (float64, bool) {
 	if s.scale == 0 {
 		return 0, false
 	}
-	return (max(0, s.queued+float64(occupancy)) + 1) * s.scale, true
+	return (s.queued + float64(max(0, occupancy)) + 1) * s.scale, true
 }
 
 // learnWindow is the shortest span a speed sample covers: at 50 ms scrapes
