@@ -46,8 +46,11 @@ type RoutingOptions struct {
 	// MetricsDelay has every simulated engine answer its metrics page
 	// that long after it is asked, as a busy engine's API server does.
 	MetricsDelay time.Duration
-	Seed         uint64 // workload seed
-	OutDir       string // where routing.md and routing.svg go
+	// NoMetrics names the engines (of every fleet) whose metrics page
+	// answers 404, as SGLang's without --enable-metrics and Ollama's do.
+	NoMetrics []string
+	Seed      uint64 // workload seed
+	OutDir    string // where routing.md and routing.svg go
 }
 
 // simEngine is one simulated engine of the routing fleet.
@@ -346,6 +349,9 @@ func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingR
 		flags := e.flags()
 		if o.MetricsDelay > 0 {
 			flags = append(flags, "--metrics-delay", o.MetricsDelay.String())
+		}
+		if slices.Contains(o.NoMetrics, e.name) {
+			flags = append(flags, "--no-metrics")
 		}
 		addr, stop, err := startMock(o.Binary, i+1, flags)
 		if err != nil {

@@ -538,15 +538,25 @@ func (r *Registry) SetHealthy(id uint64, healthy bool) {
 // worker whose engine fell asleep or stalled has Left, like one found
 // unhealthy. A reading without a learned speed is priced at a stand-in
 // capacity (standIn), so that one engine the router is still learning
-// (one that just joined) does not leave every engine unpriced.
+// (one that just joined) does not leave every engine unpriced; the
+// router's own reading of an engine without metrics is priced for the
+// batch size batchOf gives it.
 func (r *Registry) SetEngine(id uint64, st *engine.Stats) {
 	w, ok := r.workers.Load(id)
 	if !ok {
 		return
 	}
-	if st != nil && st.Capacity() == 0 {
+	switch {
+	case st == nil:
+	case st.Capacity() == 0:
 		cp := *st
 		cp.StandIn = r.standIn(w, st)
+		st = &cp
+	case st.Dialect == engine.DialectRouter && st.Admit == 0:
+		// The router's own reading: the most requests it had in flight
+		// there at once is no batch size, only a bound below it.
+		cp := *st
+		_, cp.Slots = r.batchOf(w, st)
 		st = &cp
 	}
 	if !w.SetEngine(st) {
@@ -568,12 +578,21 @@ func (r *Registry) SetEngine(id uint64, st *engine.Stats) {
 // seen running and the others' mean batch size. 0 when no other engine
 // has a learned speed.
 func (r *Registry) standIn(w *Worker, st *engine.Stats) float64 {
+	rate, batch := r.batchOf(w, st)
+	return rate * batch
+}
+
+// batchOf returns the mean learned speed of the workers but w (meanSpeed)
+// and the batch size w's engine is priced for: its own once known (Admit,
+// or a queue behind its running requests), else the larger of the most
+// requests it was seen running and the others' mean batch size.
+func (r *Registry) batchOf(w *Worker, st *engine.Stats) (rate, batch float64) {
 	rate, slots := r.meanSpeed(w)
-	batch := st.Slots
+	batch = st.Slots
 	if st.Admit == 0 && st.Waiting == 0 {
 		batch = max(batch, slots)
 	}
-	return rate * batch
+	return rate, batch
 }
 
 // meanSpeed returns the mean learned speed per running request and the

@@ -1237,6 +1237,54 @@ func TestAnEngineNotLearnedYetIsPricedByTheOthers(t *testing.T) {
 	assertIdle(t, reg)
 }
 
+// The router's own reading of a worker whose engine gives no metrics
+// (engine.DialectRouter) counts the requests it had in flight there, not
+// the engine's batch: priced for the others' mean batch until it was seen
+// holding more, or max_inflight gives its batch. While its last reading is
+// the router's, the front end counts the tokens relayed from it.
+func TestTheRoutersOwnReadingIsPricedForTheOthersBatch(t *testing.T) {
+	reg := newFleet(t, 3)
+	reg.SetEngine(1, &engine.Stats{Slots: 16, TokenRate: 50})
+	reg.SetEngine(2, &engine.Stats{Slots: 24, TokenRate: 50})
+	w3, _ := reg.Get(3)
+	assert.False(t, w3.CountsTokens())
+	own := engine.Stats{Reading: engine.Reading{Dialect: engine.DialectRouter}, Slots: 2, TokenRate: 8}
+	reg.SetEngine(3, &own)
+	assert.True(t, w3.CountsTokens())
+	assert.InDelta(t, 20.0, w3.Engine().Slots, 1e-9, "the others' mean batch, not the 2 it was seen holding")
+	c, priced := w3.Engine().Cost(0)
+	require.True(t, priced)
+	assert.InDelta(t, 1/160.0, c, 1e-12, "one request over 20 × 8 tokens a second")
+	seen := own
+	seen.Slots = 30
+	reg.SetEngine(3, &seen)
+	assert.InDelta(t, 30.0, w3.Engine().Slots, 1e-9, "held more than the others' mean")
+	fixed := own
+	fixed.Slots, fixed.Admit = 4, 8 // max_inflight: 4
+	reg.SetEngine(3, &fixed)
+	assert.InDelta(t, 4.0, w3.Engine().Slots, 1e-9, "its max_inflight")
+	vllm := engine.Stats{Reading: engine.Reading{Dialect: "vllm", Running: 1}, Slots: 2, TokenRate: 8}
+	reg.SetEngine(3, &vllm)
+	assert.InDelta(t, 2.0, w3.Engine().Slots, 1e-9, "an engine's own reading is taken as it is")
+	assert.False(t, w3.CountsTokens(), "its engine's metrics are back")
+	reg.SetEngine(3, &own)
+	reg.SetEngine(3, nil)
+	assert.True(t, w3.CountsTokens(), "a reading gone stale changes nothing")
+
+	sel, err := NewSelector(reg, pickers.ModeLeastLoaded, 0)
+	require.NoError(t, err)
+	var res Reservation
+	require.NoError(t, sel.Select(&Request{WorkerID: 3}, &res))
+	w3.AddRelayedTokens(5)
+	w3.AddRelayedTokens(-3) // a usage that says fewer tokens than were counted
+	inFlight, tokens := w3.Relayed()
+	assert.EqualValues(t, 1, inFlight)
+	assert.EqualValues(t, 5, tokens)
+	res.Release()
+	inFlight, _ = w3.Relayed()
+	assert.Zero(t, inFlight)
+}
+
 // A prefix holder whose engine's last reading does not show the two
 // requests the router just sent it (sent, not yet taken in) is still two
 // requests busier than an idle engine: beyond a slack of 1 it loses the

@@ -288,6 +288,11 @@ type Worker struct {
 	adv      atomic.Pointer[Advertised] // what its /v1/models lists
 	declared atomic.Pointer[[]string]   // adapters set through the admin API; nil: the spec's
 	engine   atomic.Pointer[engine.Stats]
+	// While its engine gives no metrics and the router reads it itself
+	// (countsTokens: its last reading is engine.DialectRouter), the
+	// tokens of the answers relayed from it.
+	countsTokens  atomic.Bool
+	relayedTokens atomic.Uint64
 	// Passive health (outlier ejection), written as answers end.
 	failStreak   atomic.Int32 // consecutive 5xx or transport failures
 	ejections    atomic.Int32 // ejections since the last good answer
@@ -451,10 +456,31 @@ func (w *Worker) SetEngine(st *engine.Stats) (routingChanged bool) {
 		w.engine.Store(nil)
 		return changed || len(before) > 0
 	}
+	w.countsTokens.Store(st.Dialect == engine.DialectRouter)
 	cp := *st
 	cp.Prepare(w.occ.n.Load())
 	w.engine.Store(&cp)
 	return changed || !slices.Equal(before, st.Adapters)
+}
+
+// CountsTokens reports whether the router reads w's load itself, its
+// engine giving no metrics: the front end then counts the tokens of the
+// answers it relays from w (AddRelayedTokens).
+func (w *Worker) CountsTokens() bool { return w.countsTokens.Load() }
+
+// AddRelayedTokens counts n more tokens relayed from w (CountsTokens).
+func (w *Worker) AddRelayedTokens(n int64) {
+	if n > 0 {
+		w.relayedTokens.Add(uint64(n))
+	}
+}
+
+// Relayed returns what the router sees of w: its requests in flight and
+// the tokens relayed from it while it CountsTokens (a counter): the
+// router's own reading of an engine that gives no metrics
+// (engine.Target.Relayed).
+func (w *Worker) Relayed() (inFlight int64, tokens uint64) {
+	return w.occ.n.Load(), w.relayedTokens.Load()
 }
 
 // Adapters returns the LoRA adapters w holds, each once, sorted: those

@@ -128,11 +128,14 @@ func FuzzSelectSequence(f *testing.F) {
 				t.Fatal(err)
 			}
 		}
-		// Worker 1's engine has a learned speed; worker 3's has a request
-		// waiting and none, so it is priced at a stand-in, and so are
-		// workers 5 and 6 when they join: a split whose prefill pick is
-		// worker 3 runs whole (MaxPrefillQueue 1).
+		// Worker 1's engine has a learned speed; worker 2's gives no
+		// metrics and is read by the router, priced for worker 1's batch;
+		// worker 3's has a request waiting and no speed, so it is priced
+		// at a stand-in, and so are workers 5 and 6 when they join: a
+		// split whose prefill pick is worker 3 runs whole (MaxPrefillQueue
+		// 1).
 		reg.SetEngine(1, &engine.Stats{Slots: 4, TokenRate: 20})
+		reg.SetEngine(2, &engine.Stats{Reading: engine.Reading{Dialect: engine.DialectRouter}, Slots: 1, TokenRate: 5})
 		reg.SetEngine(3, &engine.Stats{Reading: engine.Reading{Running: 1, Waiting: 1}})
 		modes := []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeRandom, pickers.ModeP2C, pickers.ModeLeastLoaded, pickers.ModeWeighted, pickers.ModeLoadAware}
 		sel, err := dataplane.NewSelector(reg, modes[len(ops)%len(modes)], busy)

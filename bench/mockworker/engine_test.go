@@ -467,3 +467,17 @@ func TestMetricsDelay(t *testing.T) {
 	assert.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond)
 	assert.Contains(t, string(body), "vllm:num_requests_running")
 }
+
+// With NoMetrics the metrics page is a 404, as SGLang's without
+// --enable-metrics is; the engine still answers.
+func TestNoMetrics(t *testing.T) {
+	w := startEngine(t, Options{NoMetrics: true})
+	resp, err := http.Get(w.URL() + "/metrics")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	resp, err = http.Post(w.URL()+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"mock-model","max_tokens":2,"messages":[]}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}

@@ -43,6 +43,10 @@ type Options struct {
 	// the API server of an engine under load does (its event loop busy
 	// with streams), with the figures of that moment.
 	MetricsDelay time.Duration
+	// NoMetrics answers /metrics 404, as SGLang started without
+	// --enable-metrics and Ollama do (llama-server without --metrics
+	// answers 501).
+	NoMetrics bool
 	// APIKey, as vLLM's --api-key, makes every /v1/ route answer 401
 	// without "Authorization: Bearer <key>"; /health and /metrics stay open.
 	APIKey string
@@ -213,7 +217,7 @@ func (w *Worker) handle(ctx *fasthttp.RequestCtx) {
 		w.models(ctx)
 	case strings.HasPrefix(path, "/bootstrap/") && ctx.IsGet():
 		w.bootstrap(ctx)
-	case path == "/metrics" && ctx.IsGet():
+	case path == "/metrics" && ctx.IsGet() && !w.opts.NoMetrics:
 		w.metrics(ctx)
 	case path == "/sleep" || path == "/wake_up" || path == "/is_sleeping":
 		w.sleepMode(ctx, path)

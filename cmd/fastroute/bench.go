@@ -74,6 +74,7 @@ func runBenchRouting(args []string) error {
 	fs.StringVar(&o.OutDir, "out", "bench/out", "directory for routing.md and routing.svg")
 	loads := fs.String("loads", "0.5,0.8,0.95", "offered loads as shares of the fleet's capacity (empty: skip this comparison)")
 	routers := fs.String("routers", "", "comma-separated router names to run (default: all)")
+	noMetrics := fs.String("no-metrics", "", "comma-separated simulated engines (gpu-a, gpu-b, cpu; gpu-1... of the other comparisons) whose metrics page answers 404, as SGLang's without --enable-metrics does")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -90,6 +91,9 @@ func runBenchRouting(args []string) error {
 	}
 	if *routers != "" {
 		o.Routers = strings.Split(*routers, ",")
+	}
+	if *noMetrics != "" {
+		o.NoMetrics = strings.Split(*noMetrics, ",")
 	}
 	self, err := os.Executable()
 	if err != nil {

@@ -43,6 +43,7 @@ func runMockWorker(args []string) error {
 	fs.IntVar(&e.BlockSize, "block-size", mockworker.DefaultBlockSize, "engine: tokens per KV cache block")
 	fs.IntVar(&e.MaxLoRA, "max-lora", mockworker.DefaultMaxLoRA, "engine: adapters per batch (reported in vllm:lora_requests_info)")
 	fs.DurationVar(&o.MetricsDelay, "metrics-delay", 0, "answer /metrics this long after it is asked, as a busy engine's API server does")
+	fs.BoolVar(&o.NoMetrics, "no-metrics", false, "answer /metrics 404, as SGLang without --enable-metrics and Ollama do")
 	fs.StringVar(&o.MetricsDialect, "metrics-dialect", "vllm", "names of the /metrics series: vllm, sglang, trtllm (TensorRT-LLM's trtllm-serve), tgi (text-generation-inference) or llamacpp (llama.cpp's llama-server)")
 	certFile := fs.String("ssl-certfile", "", "PEM certificate chain: clients speak TLS to the worker (with --ssl-keyfile), as vLLM's --ssl-certfile")
 	keyFile := fs.String("ssl-keyfile", "", "PEM private key of --ssl-certfile")

@@ -770,3 +770,92 @@ func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
 	require.Eventually(t, func() bool { st, _ := s.get(1); return st == nil }, 5*time.Second, 5*time.Millisecond,
 		"a scrape that timed out leaves the reading to go")
 }
+
+// A worker whose engine says it gives no metrics (its page answers 404 or
+// 501, or holds no engine's load series) is read by the router itself:
+// its requests in flight and the tokens relayed from it, from which its
+// speed is learned. An engine that fails otherwise (a 500, a refused
+// connection) is not: its health judges it.
+func TestAWorkerWithoutMetricsIsReadByTheRouter(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/404":
+			http.NotFound(w, r)
+		case "/501":
+			http.Error(w, "This server does not support metrics endpoint. Start it with `--metrics`", http.StatusNotImplemented)
+		case "/other":
+			_, _ = io.WriteString(w, "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 12\n")
+		default:
+			http.Error(w, "broken", http.StatusInternalServerError)
+		}
+	}))
+	defer srv.Close()
+	refused := httptest.NewServer(http.NotFoundHandler())
+	refused.Close()
+
+	// Worker 1 has 2 requests in flight and relays 100 tokens every
+	// 10 ms: 10,000 tokens a second, 5,000 a request. The others have 2
+	// in flight and relay none.
+	var tokens atomic.Uint64
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	go func() {
+		for range tick.C {
+			tokens.Add(100)
+		}
+	}()
+	generating := func() (int64, uint64) { return 2, tokens.Load() }
+	still := func() (int64, uint64) { return 2, 7 }
+	targets := []Target{
+		{ID: 1, URL: srv.URL + "/404", Relayed: generating},
+		{ID: 2, URL: srv.URL + "/501", Relayed: still},
+		{ID: 3, URL: srv.URL + "/other", Relayed: still},
+		{ID: 4, URL: srv.URL + "/500", Relayed: still},
+		{ID: 5, URL: refused.URL + "/metrics", Relayed: still},
+		{ID: 6, URL: srv.URL + "/404"}, // nothing relayed to read
+	}
+	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
+	sc := New(Options{Interval: 50 * time.Millisecond, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Targets: func() []Target { return targets }, Publish: s.publish, StallAfter: 100 * time.Millisecond})
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sc.Run(runCtx); close(done) }()
+	defer func() { stop(); <-done }()
+
+	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil && st.TokenRate > 0 }, 5*time.Second, 10*time.Millisecond,
+		"a speed learned from the relayed tokens over a window of a second")
+	st, _ := s.get(1)
+	assert.Equal(t, DialectRouter, st.Dialect)
+	assert.InDelta(t, 2.0, st.Running, 1e-9, "its requests in flight")
+	assert.Zero(t, st.Waiting)
+	assert.InEpsilon(t, 5000.0, st.TokenRate, 0.3, "tokens a second per request in flight")
+	assert.InDelta(t, 2.0, st.Slots, 1e-9, "the most requests seen in flight")
+	assert.Zero(t, st.Admit, "its batch size is not known")
+	for _, id := range []uint64{2, 3} {
+		st, n := s.get(id)
+		require.NotNil(t, st, "worker %d", id)
+		assert.Positive(t, n)
+		assert.Equal(t, DialectRouter, st.Dialect, "worker %d", id)
+		assert.Zero(t, st.StillFor, "worker %d: a non-streamed answer's tokens count once it ended", id)
+		assert.False(t, st.Stalled, "worker %d: past stall_after with requests in flight and no token relayed, not stalled", id)
+		assert.Zero(t, st.TokenRate, "worker %d: nothing relayed, no speed", id)
+	}
+	for _, id := range []uint64{4, 5, 6} {
+		st, n := s.get(id)
+		assert.Nil(t, st, "worker %d", id)
+		assert.Positive(t, n, "worker %d: its failed scrapes publish nil", id)
+	}
+	info := map[string]any{}
+	sc.Describe(1, info)
+	assert.Equal(t, DialectRouter, info["engine_source"])
+	assert.Contains(t, info["engine_reason"], "status 404", "why the router reads it itself")
+	info = map[string]any{}
+	sc.Describe(3, info)
+	assert.Equal(t, ErrNoLoadSeries.Error(), info["engine_reason"])
+	info = map[string]any{}
+	sc.Describe(4, info)
+	assert.Equal(t, "none", info["engine_source"])
+	assert.Contains(t, info["engine_reason"], "status 500")
+	_, without := sc.Counts()
+	assert.Equal(t, 6, without, "the router's own readings are no engine's")
+}

@@ -28,7 +28,7 @@ import (
 // fullest one's.
 type Reading struct {
 	At      time.Time
-	Dialect string  // "vllm", "sglang", "trtllm", "tgi" or "llamacpp"
+	Dialect string  // "vllm", "sglang", "trtllm", "tgi", "llamacpp", or DialectRouter
 	Running float64 // requests in the running batch
 	Waiting float64 // requests queued behind it
 	KVUsage float64 // share of the KV cache in use, 0..1

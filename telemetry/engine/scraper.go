@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -31,7 +32,24 @@ type Target struct {
 	// Socket is the unix socket URL's connections are dialed to ("":
 	// URL's host).
 	Socket string
+	// Relayed, when set, says what the router itself sees of the worker:
+	// its requests in flight and the tokens of the answers it relayed
+	// from it (a counter). A worker whose engine gives no metrics (its
+	// page answers 404 or 501, or holds no engine's load series) is read
+	// from it instead: a Reading of DialectRouter.
+	Relayed func() (inFlight int64, tokens uint64)
 }
+
+// DialectRouter is the Dialect of a reading the router took of a worker
+// whose engine gives no metrics: Running is the router's requests in
+// flight on it, Tokens those it relayed from it; nothing waits, as far
+// as the router knows.
+const DialectRouter = "router"
+
+// errNoMetrics says an engine answered its metrics page with a status
+// that says it has none: 404 (SGLang without --enable-metrics, Ollama) or
+// 501 (llama-server without --metrics).
+var errNoMetrics = errors.New("the engine serves no metrics")
 
 // Options configures a Scraper.
 type Options struct {
@@ -69,6 +87,7 @@ type target struct {
 	Target
 	busy    atomic.Bool  // a scrape is under way
 	learner Learner      // guarded by Scraper.mu
+	relayed Learner      // of the router's own readings (DialectRouter); guarded by Scraper.mu
 	last    *Stats       // last published, nil when stale; guarded by Scraper.mu
 	lastAt  time.Time    // time of the last good reading
 	reason  string       // why there is no fresh reading ("" when there is)
@@ -119,7 +138,7 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 		if st == nil || st.URL != tg.URL || st.Socket != tg.Socket {
 			st = &target{Target: tg, reason: "no reading yet", client: s.socketClient(tg.Socket)}
 		}
-		st.Slots = tg.Slots
+		st.Slots, st.Relayed = tg.Slots, tg.Relayed
 		keep[tg.ID] = st
 		// A reading whose next scrape is still under way is not withdrawn:
 		// an engine busy enough to answer its metrics page slowly (more
@@ -187,13 +206,16 @@ func (s *Scraper) scrape(ctx context.Context, st *target) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
-		if ctx.Err() == nil {
-			s.note(st, err.Error())
-			if st.last == nil {
-				// Whatever stood in for the worker's first
-				// reading goes: its engine gives none.
-				s.o.Publish(st.ID, nil)
-			}
+		if ctx.Err() != nil {
+			return
+		}
+		s.note(st, err.Error())
+		if st.Relayed != nil && (errors.Is(err, errNoMetrics) || errors.Is(err, ErrNoLoadSeries)) {
+			s.readRelayed(st)
+		} else if st.last == nil {
+			// Whatever stood in for the worker's first reading goes:
+			// its engine gives none.
+			s.o.Publish(st.ID, nil)
 		}
 		return
 	}
@@ -213,6 +235,24 @@ func (s *Scraper) scrape(ctx context.Context, st *target) {
 	s.o.Publish(st.ID, st.last)
 }
 
+// readRelayed publishes the router's own reading of a worker whose engine
+// gives no metrics: its requests in flight as running, the tokens it
+// relayed from it as generated, from which its speed is learned as an
+// engine's is. A request the router sent counts as running while the
+// engine may queue it, so a speed learned while it queues is lower (and
+// the worker dearer) than the engine's own; a non-streamed answer's
+// tokens count once it ended, so its requests are never taken for
+// stalled. The caller holds mu.
+func (s *Scraper) readRelayed(st *target) {
+	inFlight, tokens := st.Relayed()
+	r := Reading{At: time.Now(), Dialect: DialectRouter, Running: float64(inFlight), Tokens: float64(tokens),
+		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1}
+	stats := st.relayed.Observe(r, st.Slots)
+	stats.StillFor = 0
+	st.last, st.lastAt = &stats, r.At
+	s.o.Publish(st.ID, st.last)
+}
+
 func (s *Scraper) fetch(ctx context.Context, client *http.Client, url string) (Reading, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -226,7 +266,11 @@ func (s *Scraper) fetch(ctx context.Context, client *http.Client, url string) (R
 		return Reading{}, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound, http.StatusNotImplemented:
+		return Reading{}, fmt.Errorf("GET %s: status %d: %w", url, resp.StatusCode, errNoMetrics)
+	default:
 		return Reading{}, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
 	}
 	return Parse(resp.Body, time.Now())
@@ -264,6 +308,9 @@ func (s *Scraper) Describe(id uint64, info map[string]any) {
 	}
 	l := st.last
 	info["engine_source"] = l.Dialect
+	if l.Dialect == DialectRouter {
+		info["engine_reason"] = st.reason // why the router reads it itself
+	}
 	info["engine_running"] = l.Running
 	info["engine_waiting"] = l.Waiting
 	info["engine_kv_usage"] = l.KVUsage
@@ -285,12 +332,12 @@ func (s *Scraper) Describe(id uint64, info map[string]any) {
 }
 
 // Counts returns how many times a worker lost its engine reading, and how
-// many workers have none now.
+// many workers have none now (the router's own readings are none).
 func (s *Scraper) Counts() (fallbacks uint64, without int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, st := range s.state {
-		if st.last == nil {
+		if st.last == nil || st.last.Dialect == DialectRouter {
 			without++
 		}
 	}

@@ -96,6 +96,10 @@ type exchange struct {
 	timed      bool
 	firstToken time.Duration
 	sent       time.Duration // when the request left for its (decode) worker, since start: its last try's
+	// tokensOf: the worker whose answer this is, while the router reads
+	// its load itself (Worker.CountsTokens): the tokens relayed count on
+	// it. nil: none.
+	tokensOf *dataplane.Worker
 	// model: the metrics of the model the request is routed as, once known
 	// (Server.forward); nil before.
 	model  *modelStats
@@ -147,7 +151,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done = false, nil, false
 	ex.sse, ex.tail, ex.bodyDone, ex.client, ex.created = false, nil, false, hangup.Conn{}, false
-	ex.timed, ex.firstToken, ex.sent, ex.alias, ex.model, ex.copied = false, 0, 0, ex.alias[:0], nil, nil
+	ex.timed, ex.firstToken, ex.sent, ex.alias, ex.model, ex.copied, ex.tokensOf = false, 0, 0, ex.alias[:0], nil, nil, nil
 	ex.watch.Store(0)
 	ex.stop.Store(0)
 	ex.split, ex.whole, ex.decoding, ex.body = false, dataplane.SplitLegs, false, nil
@@ -609,6 +613,9 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		ok := ex.resp.StatusCode()/100 == 2
 		ex.created = ex.creates && ex.sse && ok
 		ex.timed = ex.sse && ok && (ex.rt == routeChat || ex.rt == routeCompletions || ex.generate)
+		if ex.timed && w.CountsTokens() {
+			ex.tokensOf = w
+		}
 		// A stream is never sent again: its request body (a long prompt,
 		// maybe) is not held for as long as the answer streams.
 		ctx.Request.ResetBody()
@@ -622,8 +629,14 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 		if ex.creates {
 			ex.learnStored(ctx.Response.Body())
 		}
-		if ex.metered {
+		// The tokens of an answer of a worker the router reads itself
+		// count once it came whole.
+		counts := w.CountsTokens() && ex.resp.StatusCode()/100 == 2
+		if ex.metered || counts {
 			ex.readUsage(ctx.Response.Body())
+		}
+		if counts {
+			w.AddRelayedTokens(ex.usage.completion)
 		}
 		ex.sendWhole(ctx, u)
 	}
@@ -637,7 +650,8 @@ func (ex *exchange) inspects() bool { return ex.created || ex.metered || ex.time
 // inspect reads what the router learns from a streamed answer's bytes on
 // their way to the client: where a response it creates is stored
 // (learnStreamed), what the answer used (readUsage, countEvents), for its
-// API key and its time per token, and when its first token leaves.
+// API key, its time per token and the load of a worker the router reads
+// itself (tokensOf), and when its first token leaves.
 func (ex *exchange) inspect(data []byte) {
 	if ex.created {
 		ex.learnStreamed(data)
@@ -646,9 +660,12 @@ func (ex *exchange) inspect(data []byte) {
 		ex.readUsage(data)
 	}
 	if ex.sse && (ex.metered || ex.timed) {
-		none := ex.usage.events == 0
+		before := ex.usage.events
 		ex.usage.countEvents(data)
-		if ex.timed && none && ex.usage.events > 0 {
+		if ex.tokensOf != nil {
+			ex.tokensOf.AddRelayedTokens(ex.usage.events - before)
+		}
+		if ex.timed && before == 0 && ex.usage.events > 0 {
 			ex.firstTokenLeaves()
 		}
 	}
@@ -1020,6 +1037,11 @@ func (ex *exchange) settle(o outcome) bool {
 	m.total.Observe(total)
 	if ex.timed && o == outcomeOK {
 		ex.observeTokenPace(total)
+	}
+	if ex.tokensOf != nil {
+		// An engine that sends several tokens an event (SGLang's
+		// stream_interval) says more in its usage than its events.
+		ex.tokensOf.AddRelayedTokens(ex.usage.completion - ex.usage.events)
 	}
 	ex.report(o, total)
 	return true

@@ -1,0 +1,87 @@
+package router
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/pickers"
+	"github.com/fastroute/fastroute/telemetry/engine"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// An engine that gives no metrics (SGLang without --enable-metrics,
+// llama-server without --metrics, Ollama) is read by the router itself:
+// its requests in flight and the tokens relayed from it, streamed or not,
+// from which its speed is learned. So a slow one is priced as slow, and
+// load-aware keeps to the fast engine while least-loaded, counting
+// requests, would send the next request to the idle slow one.
+func TestAnEngineWithoutMetricsIsReadByTheRouter(t *testing.T) {
+	fast := mockworker.Options{ID: 1, Engine: mockworker.EngineOptions{MaxNumSeqs: 4, InterTokenLatency: 2 * time.Millisecond}}
+	slow := mockworker.Options{ID: 2, NoMetrics: true,
+		Engine: mockworker.EngineOptions{MaxNumSeqs: 4, InterTokenLatency: 2 * time.Millisecond, Speed: 1.0 / 8}}
+	f := startFleet(t, []mockworker.Options{fast, slow}, func(c *config.Config) { c.Router.Mode = pickers.ModeLoadAware })
+	w1, _ := f.r.Registry.Get(1)
+	w2, _ := f.r.Registry.Get(2)
+	require.Eventually(t, func() bool { st := w2.Engine(); return st != nil && st.Dialect == engine.DialectRouter }, 5*time.Second, 10*time.Millisecond)
+	info := f.workerInfo(2)
+	assert.Equal(t, engine.DialectRouter, info["engine_source"])
+	assert.Contains(t, info["engine_reason"], "status 404")
+	assert.Equal(t, "vllm", f.workerInfo(1)["engine_source"])
+
+	// The tokens of a whole answer (its usage) and of a stream (its events).
+	_, before := w2.Relayed()
+	resp, body := f.send(http.MethodPost, "/v1/chat/completions", `{"model":"mock-model","max_tokens":5,"messages":[]}`, "x-worker-id", "2")
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	resp, body = f.send(http.MethodPost, "/v1/completions", `{"model":"mock-model","max_tokens":6,"stream":true,"prompt":"hi"}`, "x-worker-id", "2")
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	_, after := w2.Relayed()
+	assert.EqualValues(t, 11, after-before)
+
+	// Both engines busy for a while: their speeds are learned, the slow
+	// one's from what the router relayed.
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(1200 * time.Millisecond)
+	for _, id := range []string{"1", "1", "2", "2"} {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				resp, body := f.send(http.MethodPost, "/v1/chat/completions", `{"model":"mock-model","max_tokens":20,"stream":true,"messages":[]}`, "x-worker-id", id)
+				assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+			}
+		})
+	}
+	wg.Wait()
+	require.Eventually(t, func() bool {
+		s1, s2 := w1.Engine(), w2.Engine()
+		return s1 != nil && s2 != nil && s1.TokenRate > 0 && s2.TokenRate > 0
+	}, 5*time.Second, 10*time.Millisecond, "both speeds learned")
+	s1, s2 := w1.Engine(), w2.Engine()
+	assert.Less(t, s2.TokenRate, s1.TokenRate/3, "the slow engine's speed, learned from the tokens relayed")
+	_, tokens := w1.Relayed()
+	assert.Zero(t, tokens, "an engine that gives metrics is read from them")
+
+	// Two requests held on the fast engine: it is still the cheaper, where
+	// least-loaded would take the idle slow one.
+	held := make([]*http.Response, 2)
+	for i := range held {
+		held[i] = f.post("/v1/chat/completions", `{"model":"mock-model","max_tokens":5000,"stream":true,"messages":[]}`, "x-worker-id", "1")
+		require.Equal(t, http.StatusOK, held[i].StatusCode)
+	}
+	require.Eventually(t, func() bool { st := w1.Engine(); return st != nil && st.Running == 2 }, 5*time.Second, 5*time.Millisecond)
+	for range 5 {
+		resp, body := f.send(http.MethodPost, "/v1/chat/completions", chatBody, "x-query-instance-id", "true")
+		assert.JSONEq(t, `{"worker_id":1,"dp_rank":0}`, body, "status %d", resp.StatusCode)
+	}
+	require.NoError(t, f.r.Selector.SetPolicy(pickers.ModeLeastLoaded, 0, 0))
+	resp, body = f.send(http.MethodPost, "/v1/chat/completions", chatBody, "x-query-instance-id", "true")
+	assert.JSONEq(t, `{"worker_id":2,"dp_rank":0}`, body, fmt.Sprintf("least-loaded counts requests: status %d", resp.StatusCode))
+	for _, r := range held {
+		r.Body.Close()
+	}
+	f.assertIdle()
+}
