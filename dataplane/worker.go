@@ -78,6 +78,10 @@ type WorkerSpec struct {
 	Models []string `json:"models,omitempty" yaml:"models"`
 	// MetricsPath is the engine's Prometheus endpoint (default /metrics).
 	MetricsPath string `json:"metrics_path" yaml:"metrics_path"`
+	// HealthPath is the path its health probes GET ("": the config's
+	// health.path): engines of one fleet may answer on different ones
+	// (Ollama has no /health; it answers on /api/version).
+	HealthPath string `json:"health_path,omitempty" yaml:"health_path"`
 	// MaxInflight caps the requests in flight on this worker, replacing
 	// router.busy_threshold for it, and is the engine's batch size for the
 	// load-aware cost (0: the threshold applies and the size is learned).
@@ -144,6 +148,9 @@ func (s *WorkerSpec) Normalize() error {
 	}
 	if !strings.HasPrefix(s.MetricsPath, "/") {
 		return fieldErr("metrics_path", "%q must start with /", s.MetricsPath)
+	}
+	if s.HealthPath != "" && !strings.HasPrefix(s.HealthPath, "/") {
+		return fieldErr("health_path", "%q must start with /", s.HealthPath)
 	}
 	if s.CgroupPath != "" && !strings.HasPrefix(s.CgroupPath, "/") {
 		return fieldErr("cgroup_path", "%q must be an absolute directory", s.CgroupPath)

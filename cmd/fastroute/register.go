@@ -57,6 +57,7 @@ func registerUntil(args []string, sig <-chan os.Signal) error {
 	loras := fs.String("loras", "", "comma-separated LoRA adapters it holds")
 	models := fs.String("models", "", "comma-separated base models it serves (beside those its /v1/models lists)")
 	fs.StringVar(&spec.MetricsPath, "metrics-path", "/metrics", "engine metrics path")
+	fs.StringVar(&spec.HealthPath, "health-path", "", "path of its health probes (default: the routers' health.path)")
 	fs.IntVar(&spec.MaxInflight, "max-inflight", 0, "its in-flight cap and batch size (0: learned)")
 	fs.Func("role", "prefill, decode or both (default both)", func(v string) error { spec.Role = dataplane.Role(v); return nil })
 	fs.IntVar(&spec.BootstrapPort, "bootstrap-port", 0, "SGLang bootstrap port of a prefill worker")

@@ -24,12 +24,12 @@ func TestRegisterKeepsTheKeyUntilSIGTERM(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- registerUntil([]string{"--etcd", e.Endpoint, "--prefix", "/reg", "--ttl", "2s", "--id", "9",
-			"--url", "http://10.0.0.9:8000", "--device", "gpu", "--role", "decode", "--max-inflight", "32"}, sig)
+			"--url", "http://10.0.0.9:8000", "--device", "gpu", "--role", "decode", "--max-inflight", "32", "--health-path", "/api/version"}, sig)
 	}()
 	require.Eventually(t, func() bool { put, _ := rec.State(); return len(put) == 1 }, 5*time.Second, 10*time.Millisecond)
 	put, _ := rec.State()
 	assert.Equal(t, dataplane.WorkerSpec{ID: 9, URL: "http://10.0.0.9:8000", Device: dataplane.DeviceGPU, DPSize: 1, Capacity: 1,
-		MetricsPath: "/metrics", MaxInflight: 32, Role: dataplane.RoleDecode}, put[9])
+		MetricsPath: "/metrics", HealthPath: "/api/version", MaxInflight: 32, Role: dataplane.RoleDecode}, put[9])
 	time.Sleep(3 * time.Second) // beyond the TTL: the lease is kept alive
 	_, drained := rec.State()
 	assert.Empty(t, drained)

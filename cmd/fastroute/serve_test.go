@@ -355,14 +355,15 @@ func TestRetryBudgetFlags(t *testing.T) {
 	assert.ErrorContains(t, err, "router.retry_budget.percent")
 }
 
-// A worker's context length and the engine stall bound have their flags;
-// a negative one is refused naming its key.
+// A worker's context length and health path and the engine stall bound
+// have their flags; a negative one is refused naming its key.
 func TestContextAndStallFlags(t *testing.T) {
-	cfg, err := loadServeConfig([]string{"--worker", "id=1,url=http://127.0.0.1:9001,max_model_len=4096",
+	cfg, err := loadServeConfig([]string{"--worker", "id=1,url=http://127.0.0.1:9001,max_model_len=4096,health_path=/api/version",
 		"--telemetry-engine-stall-after", "2m"})
 	require.NoError(t, err)
 	require.Len(t, cfg.Workers, 1)
 	assert.Equal(t, 4096, cfg.Workers[0].MaxModelLen)
+	assert.Equal(t, "/api/version", cfg.Workers[0].HealthPath)
 	assert.Equal(t, 2*time.Minute, cfg.Telemetry.Engine.StallAfter)
 	cfg, err = loadServeConfig(nil)
 	require.NoError(t, err)

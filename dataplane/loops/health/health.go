@@ -23,7 +23,9 @@ type Options struct {
 	Interval time.Duration
 	// Timeout bounds one probe (and the listing read after it); 0: the
 	// interval.
-	Timeout        time.Duration
+	Timeout time.Duration
+	// Path is what a probe GETs of a worker whose spec names no
+	// HealthPath.
 	Path           string
 	UnhealthyAfter int
 	Logger         *slog.Logger
@@ -130,7 +132,11 @@ func (c *Checker) CheckOnce() {
 		go func() {
 			defer wg.Done()
 			spec := w.Spec()
-			ok[i] = c.probe(spec, c.opts.Path)
+			path := c.opts.Path
+			if spec.HealthPath != "" {
+				path = spec.HealthPath
+			}
+			ok[i] = c.probe(spec, path)
 			if ok[i] {
 				models[i] = c.models(spec)
 			}

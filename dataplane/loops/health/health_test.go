@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -140,4 +141,36 @@ func TestAProbeReadsNoMoreThanItsBound(t *testing.T) {
 	w, _ := reg.Get(1)
 	assert.True(t, w.Healthy())
 	assert.Empty(t, w.Advertised().Models)
+}
+
+// A worker whose spec names a health_path is probed there, the others at
+// the config's path: an Ollama beside vLLM engines answers /api/version
+// and has no /health.
+func TestAWorkersHealthPathReplacesTheFleets(t *testing.T) {
+	var asked sync.Map // paths asked
+	ollama := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Store(r.URL.Path, true)
+		if r.URL.Path != "/api/version" && r.URL.Path != "/v1/models" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.WriteString(w, `{"version":"0.12.3"}`)
+	}))
+	defer ollama.Close()
+	reg := dataplane.NewRegistry()
+	for id, path := range map[uint64]string{1: "/api/version", 2: ""} {
+		_, err := reg.AddUnprobed(dataplane.WorkerSpec{ID: id, URL: ollama.URL, HealthPath: path})
+		require.NoError(t, err)
+	}
+	c := New(reg, Options{Interval: 100 * time.Millisecond, Path: "/health", UnhealthyAfter: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	c.CheckOnce()
+	w1, _ := reg.Get(1)
+	w2, _ := reg.Get(2)
+	assert.True(t, w1.Healthy(), "probed at its own path")
+	assert.False(t, w2.Healthy(), "probed at /health, which this engine has not")
+	_, ok := asked.Load("/health")
+	assert.True(t, ok)
+
+	bad := dataplane.WorkerSpec{ID: 3, URL: ollama.URL, HealthPath: "api/version"}
+	assert.ErrorContains(t, bad.Normalize(), `health_path: "api/version" must start with /`)
 }
