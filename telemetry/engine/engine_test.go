@@ -849,6 +849,7 @@ func TestAWorkerWithoutMetricsIsReadByTheRouter(t *testing.T) {
 	sc.Describe(1, info)
 	assert.Equal(t, DialectRouter, info["engine_source"])
 	assert.Contains(t, info["engine_reason"], "status 404", "why the router reads it itself")
+	assert.NotContains(t, info, "engine_kv_usage", "unseen")
 	info = map[string]any{}
 	sc.Describe(3, info)
 	assert.Equal(t, ErrNoLoadSeries.Error(), info["engine_reason"])

@@ -309,11 +309,12 @@ func (s *Scraper) Describe(id uint64, info map[string]any) {
 	l := st.last
 	info["engine_source"] = l.Dialect
 	if l.Dialect == DialectRouter {
-		info["engine_reason"] = st.reason // why the router reads it itself
+		info["engine_reason"] = st.reason // why the router reads it itself; its KV cache is unseen
+	} else {
+		info["engine_kv_usage"] = l.KVUsage
 	}
 	info["engine_running"] = l.Running
 	info["engine_waiting"] = l.Waiting
-	info["engine_kv_usage"] = l.KVUsage
 	info["engine_age_seconds"] = time.Since(l.At).Seconds()
 	info["engine_slots"] = l.Slots
 	if l.Admit > 0 {
