@@ -539,7 +539,14 @@ func RoutingTable(rows []RoutingRow, fleetCap float64, o RoutingOptions) string 
 	var b strings.Builder
 	var names []string
 	for _, e := range routingFleet {
-		names = append(names, fmt.Sprintf("%s (%d slots, speed %.2f)", e.name, e.slots, e.speed))
+		name := fmt.Sprintf("%s (%d slots, speed %.2f", e.name, e.slots, e.speed)
+		if slices.Contains(o.NoMetrics, e.name) {
+			name += ", no metrics"
+		}
+		names = append(names, name+")")
+	}
+	if o.MetricsDelay > 0 {
+		names[len(names)-1] += fmt.Sprintf("; metrics pages %v late", o.MetricsDelay)
 	}
 	fmt.Fprintf(&b, "Fleet: %s; fleet capacity %.1f req/s; Poisson arrivals, %v warm-up then %v measured per router and load, timeout %v, seed %d; %d CPUs, %s\n\n",
 		strings.Join(names, ", "), fleetCap, o.Warmup, o.Duration, o.Timeout, o.Seed, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"))

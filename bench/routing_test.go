@@ -74,7 +74,9 @@ func TestRoutingTableMarksFailures(t *testing.T) {
 			TTFT: []time.Duration{10 * time.Millisecond, 5 * time.Second}, E2E: []time.Duration{time.Second, 5 * time.Second},
 			ByWorker: map[string]int{"a": 5, "b": 4}, WorkerList: []string{"a", "b"}},
 	}
-	table := RoutingTable(rows, 100, RoutingOptions{Warmup: time.Second, Duration: time.Second, Timeout: 5 * time.Second})
+	table := RoutingTable(rows, 100, RoutingOptions{Warmup: time.Second, Duration: time.Second, Timeout: 5 * time.Second,
+		NoMetrics: []string{"cpu"}, MetricsDelay: 200 * time.Millisecond})
+	assert.Contains(t, table, "cpu (4 slots, speed 0.17, no metrics); metrics pages 200ms late; fleet capacity 100.0 req/s")
 	assert.Contains(t, table, "| 80% | fastroute load-aware | 20.0 ms | 20.0 ms | 2.00 s | 2.00 s | 10.0 | 0 | 100/0 | ≤ 0.00× |")
 	assert.Contains(t, table, "| 80% | nginx least_conn | ≥ 5.00 s (failed) | ≥ 5.00 s (failed) | ≥ 5.00 s (failed) | ≥ 5.00 s (failed) | 9.0 | 1 | 56/44 | 1.00× |")
 	var doc struct {
@@ -97,7 +99,8 @@ func TestRoutingSmoke(t *testing.T) {
 	dir := t.TempDir()
 	rows, err := RunRouting(RoutingOptions{Binary: bin, Warmup: 300 * time.Millisecond, Duration: 700 * time.Millisecond,
 		Timeout: 5 * time.Second, Loads: []float64{0.3}, Seed: 1, OutDir: dir, PDLoad: 0.3, ConvLoad: 0.3, JoinLoad: 0.3,
-		Routers: []string{"fastroute device-aware-weighted (default)", "nginx least_conn", "fastroute default + prefix affinity"}})
+		NoMetrics: []string{"cpu"}, // read by the router itself
+		Routers:   []string{"fastroute device-aware-weighted (default)", "nginx least_conn", "fastroute default + prefix affinity"}})
 	require.NoError(t, err)
 	require.Len(t, rows, 2)
 	for _, r := range rows {
@@ -107,6 +110,7 @@ func TestRoutingSmoke(t *testing.T) {
 	assert.Zero(t, rows[0].Failed)
 	md, err := os.ReadFile(filepath.Join(dir, "routing.md"))
 	require.NoError(t, err)
+	assert.Contains(t, string(md), "cpu (4 slots, speed 0.17, no metrics)")
 	assert.Len(t, regexp.MustCompile(`(?m)^\| 30% \|`).FindAllString(string(md), -1), 2, "a row of the main table per router") // not a cell of another table that reads 30%
 	for _, setup := range PDSetups() {
 		assert.Contains(t, string(md), "| "+setup.Name+" |")
