@@ -756,10 +756,14 @@ func TestSGLangOverSimulatedEngines(t *testing.T) {
 // The simulated engines play both roles from the request's own fields.
 func TestDisaggregationOverSimulatedEngines(t *testing.T) {
 	eng := mockworker.EngineOptions{MaxNumSeqs: 4, InterTokenLatency: 2 * time.Millisecond, PrefillPerToken: 100 * time.Microsecond}
-	f := startFleet(t, []mockworker.Options{{ID: 1, Engine: eng}, {ID: 2, Engine: eng}}, func(c *config.Config) {
+	// Neither engine gives metrics: the router reads both itself.
+	f := startFleet(t, []mockworker.Options{{ID: 1, Engine: eng, NoMetrics: true}, {ID: 2, Engine: eng, NoMetrics: true}}, func(c *config.Config) {
 		c.Router.Disaggregation.Protocol = config.DisaggVLLM
 		c.Workers[0].Role, c.Workers[1].Role = dataplane.RolePrefill, dataplane.RoleDecode
 	})
+	prefillW, _ := f.r.Registry.Get(1)
+	decodeW, _ := f.r.Registry.Get(2)
+	require.Eventually(t, func() bool { return prefillW.CountsTokens() && decodeW.CountsTokens() }, 5*time.Second, 10*time.Millisecond)
 	body := `{"model":"mock-model","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"` + strings.Repeat("long prompt ", 100) + `"}]}`
 	var wg sync.WaitGroup
 	for i := 0; i < 8; i++ {
@@ -784,6 +788,10 @@ func TestDisaggregationOverSimulatedEngines(t *testing.T) {
 	assert.EqualValues(t, 8, m.Phase("prefill", "ok"))
 	assert.EqualValues(t, 8, m.Phase("decode", "ok"))
 	assert.Equal(t, strconv.Itoa(8), strconv.FormatInt(f.mocks[0].Served(), 10), "every prompt prefilled on the prefill engine")
+	_, prefilled := prefillW.Relayed()
+	_, decoded := decodeW.Relayed()
+	assert.EqualValues(t, 8, prefilled, "a prefill leg's one token, from its usage")
+	assert.EqualValues(t, 64, decoded, "the streams' events")
 }
 
 // The access line of a split request names the X-Request-Id both of its

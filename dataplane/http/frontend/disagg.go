@@ -224,6 +224,9 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 	}
 	s.metrics.phases[phasePrefill][outcomeOK].Inc()
 	ex.s.sel.Answered(&pre.req, &pre.res)
+	if w.CountsTokens() {
+		s.countRelayed(w, pre.answer)
+	}
 	return true, false
 }
 

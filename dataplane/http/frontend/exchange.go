@@ -712,6 +712,18 @@ func (ex *exchange) readUsage(data []byte) {
 	ex.s.parsers.Put(p)
 }
 
+// countRelayed counts on w, which the router reads itself (its engine
+// gives no metrics), the completion tokens a whole answer's usage says
+// (a prefill leg's one).
+func (s *Server) countRelayed(w *dataplane.Worker, answer []byte) {
+	var u tokenUsage
+	u.reset()
+	p := s.parsers.Get()
+	u.scan(p, answer)
+	s.parsers.Put(p)
+	w.AddRelayedTokens(u.completion)
+}
+
 // learnStreamed records where the response a POST /v1/responses created
 // is, from its streamed answer's first bytes, data: its first event
 // (response.created) carries the response object, whose "store" and "id"
