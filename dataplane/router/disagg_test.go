@@ -734,12 +734,15 @@ func TestSGLangNeedsBootstrapPorts(t *testing.T) {
 // prefill worker's bootstrap port until the room is prefilled.
 func TestSGLangOverSimulatedEngines(t *testing.T) {
 	eng := mockworker.EngineOptions{MaxNumSeqs: 4, InterTokenLatency: 2 * time.Millisecond, PrefillPerToken: 100 * time.Microsecond}
-	f := startFleet(t, []mockworker.Options{{ID: 1, Engine: eng}, {ID: 2, Engine: eng}}, func(c *config.Config) {
+	// The prefill engine gives no metrics: the router reads it itself.
+	f := startFleet(t, []mockworker.Options{{ID: 1, Engine: eng, NoMetrics: true}, {ID: 2, Engine: eng}}, func(c *config.Config) {
 		c.Router.Disaggregation.Protocol = config.DisaggSGLang
 		c.Workers[0].Role, c.Workers[1].Role = dataplane.RolePrefill, dataplane.RoleDecode
 		_, port, _ := strings.Cut(strings.TrimPrefix(c.Workers[0].URL, "http://"), ":")
 		c.Workers[0].BootstrapPort, _ = strconv.Atoi(port) // a mock's bootstrap port is its HTTP port
 	})
+	prefillW, _ := f.r.Registry.Get(1)
+	require.Eventually(t, prefillW.CountsTokens, 5*time.Second, 10*time.Millisecond)
 	body := `{"model":"mock-model","stream":true,"max_tokens":6,"messages":[{"role":"user","content":"` + strings.Repeat("long prompt ", 100) + `"}]}`
 	for i := 0; i < 4; i++ {
 		resp := f.post("/v1/chat/completions", body)
@@ -751,6 +754,8 @@ func TestSGLangOverSimulatedEngines(t *testing.T) {
 	assert.EqualValues(t, 4, f.mocks[0].Served(), "each room prefilled on the prefill engine")
 	assert.EqualValues(t, 4, f.r.Frontend.Metrics().Phase("prefill", "ok"))
 	f.assertIdle()
+	assert.Eventually(t, func() bool { _, prefilled := prefillW.Relayed(); return prefilled == 4 }, 5*time.Second, 5*time.Millisecond,
+		"each prefill's one token, from its usage")
 }
 
 // The simulated engines play both roles from the request's own fields.

@@ -286,6 +286,9 @@ func (ex *exchange) bootstrapPrefill(pre *prefillLeg, w *dataplane.Worker) {
 		s.reportAnswer(w, true)
 		s.metrics.phases[phasePrefill][outcomeOK].Inc()
 		ex.s.sel.Answered(&pre.req, &pre.res)
+		if w.CountsTokens() {
+			s.countRelayed(w, pre.answer)
+		}
 		return
 	}
 	if ex.stop.Load() == stopHungUp {
