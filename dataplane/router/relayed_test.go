@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +43,8 @@ func TestAnEngineWithoutMetricsIsReadByTheRouter(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	_, after := w2.Relayed()
 	assert.EqualValues(t, 11, after-before)
+	assert.Equal(t, strconv.FormatUint(after, 10), metric(t, f, `fastroute_worker_relayed_tokens_total{worker="2"}`))
+	assert.Empty(t, metric(t, f, `fastroute_worker_relayed_tokens_total{worker="1"}`), "read from its engine's metrics")
 
 	// Both engines busy for a while: their speeds are learned, the slow
 	// one's from what the router relayed.

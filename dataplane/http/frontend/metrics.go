@@ -365,7 +365,8 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 }
 
 // writeEngineCosts writes how the engine-cost modes price each worker with
-// a fresh engine reading and a capacity, learned or stood in for.
+// a fresh engine reading and a capacity, learned or stood in for, and the
+// tokens relayed from those the router reads itself.
 func writeEngineCosts(w *metrics.Writer, workers []*dataplane.Worker) {
 	for _, f := range []struct {
 		name, help string
@@ -390,6 +391,13 @@ func writeEngineCosts(w *metrics.Writer, workers []*dataplane.Worker) {
 					w.Sample(f.name, f.value(st, wk.Occupancy()), "worker", strconv.FormatUint(wk.ID(), 10))
 				}
 			}
+		}
+	}
+	const relayed = "fastroute_worker_relayed_tokens_total"
+	w.Header(relayed, "counter", "Tokens of the answers the router relayed from a worker whose engine gives no metrics, from which it learns the engine's speed itself (an engine's own counter serves for the others).")
+	for _, wk := range workers {
+		if _, tokens := wk.Relayed(); tokens > 0 || wk.CountsTokens() {
+			w.Sample(relayed, float64(tokens), "worker", strconv.FormatUint(wk.ID(), 10))
 		}
 	}
 }
