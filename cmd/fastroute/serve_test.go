@@ -506,3 +506,13 @@ func TestListenViaSaysAFailureOnce(t *testing.T) {
 	require.NoError(t, got.Close())
 	require.NoError(t, again.Close())
 }
+
+// --tls-client-auth sets how the client CAs apply; without them it is
+// refused naming its key.
+func TestTLSClientAuthFlag(t *testing.T) {
+	cfg, err := loadServeConfig([]string{"--tls-cert-file", "c.pem", "--tls-key-file", "k.pem", "--tls-client-ca-file", "ca.pem", "--tls-client-auth", "optional"})
+	require.NoError(t, err)
+	assert.Equal(t, "optional", cfg.TLS.ClientAuth)
+	_, err = loadServeConfig([]string{"--tls-client-auth", "optional"})
+	assert.ErrorContains(t, err, "tls.client_auth")
+}

@@ -146,7 +146,19 @@ type TLS struct {
 	// client must show a certificate one of them signed (mutual TLS), or
 	// its handshake fails.
 	ClientCAFile string `yaml:"client_ca_file"`
+	// ClientAuth is how the client CAs apply: ClientAuthRequire (the
+	// default) refuses a client without a certificate they signed;
+	// ClientAuthOptional lets a client without one in, and refuses one
+	// whose certificate they did not sign (nginx's ssl_verify_client
+	// optional: a move to mutual TLS, its clients one by one).
+	ClientAuth string `yaml:"client_auth"`
 }
+
+// The values of tls.client_auth.
+const (
+	ClientAuthRequire  = "require"
+	ClientAuthOptional = "optional"
+)
 
 // On reports whether the front end speaks TLS.
 func (t TLS) On() bool { return t.CertFile != "" }
@@ -668,6 +680,14 @@ func (c *Config) Validate() error {
 	}
 	if c.TLS.ClientCAFile != "" && !c.TLS.On() {
 		return keyErr("tls.client_ca_file", "set, but tls.cert_file is not: clients speak plain HTTP, with no certificate to show")
+	}
+	switch c.TLS.ClientAuth {
+	case "", ClientAuthRequire, ClientAuthOptional:
+		if c.TLS.ClientAuth != "" && c.TLS.ClientCAFile == "" {
+			return keyErr("tls.client_auth", "set, but tls.client_ca_file is not: no CA to check a client's certificate against")
+		}
+	default:
+		return keyErr("tls.client_auth", "%q is not require or optional", c.TLS.ClientAuth)
 	}
 	if _, err := c.ProxyProtocol.Prefixes(); err != nil {
 		return keyErr("proxy_protocol.from", "%v", err)

@@ -163,6 +163,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		applied = append(applied, "tls certificate read again")
 		if cfg.TLS.ClientCAFile != "" {
 			applied = append(applied, fmt.Sprintf("tls.client_ca_file=%q read again", cfg.TLS.ClientCAFile))
+			if cfg.TLS.ClientAuth != old.TLS.ClientAuth {
+				applied = append(applied, fmt.Sprintf("tls.client_auth=%q", cfg.TLS.ClientAuth))
+			}
 		} else if old.TLS.ClientCAFile != "" {
 			applied = append(applied, "tls.client_ca_file dropped: no client certificate asked")
 		}

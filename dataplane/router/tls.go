@@ -25,8 +25,8 @@ type frontTLS struct {
 }
 
 // load reads t's files: TLS 1.2 and later, HTTP/1.1 inside, t's
-// certificate, and a client certificate required and checked against
-// t's client CAs when t names them.
+// certificate, and a client certificate checked against t's client CAs
+// when t names them, required unless t's client_auth is optional.
 func (f *frontTLS) load(t config.TLS) error {
 	cert, err := tlsfiles.Pair("key tls", t.CertFile, t.KeyFile)
 	if err != nil {
@@ -38,6 +38,9 @@ func (f *frontTLS) load(t config.TLS) error {
 			return err
 		}
 		conf.ClientAuth = tls.RequireAndVerifyClientCert
+		if t.ClientAuth == config.ClientAuthOptional {
+			conf.ClientAuth = tls.VerifyClientCertIfGiven
+		}
 	}
 	f.cur.Store(conf)
 	return nil

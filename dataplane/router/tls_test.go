@@ -301,3 +301,79 @@ func TestClientsMustShowACertificateTheClientCAsSigned(t *testing.T) {
 	cfg.TLS.ClientCAFile = caFile
 	assert.ErrorContains(t, cfg.Validate(), "key tls.client_ca_file: set, but tls.cert_file is not")
 }
+
+// With tls.client_auth optional a client without a certificate gets in
+// (its access line names none), one whose certificate the client CAs
+// signed is named, and one another CA signed is still refused: a fleet's
+// clients move to mutual TLS one by one. A reload sets it either way.
+func TestOptionalClientCertificates(t *testing.T) {
+	server, pool := writeCert(t, t.TempDir(), 1)
+	alice, _ := writeCert(t, t.TempDir(), 20)
+	mallory, _ := writeCert(t, t.TempDir(), 21)
+	files := server
+	files.ClientCAFile, files.ClientAuth = alice.CertFile, config.ClientAuthOptional
+	var logs syncBuffer
+	f := startFleetLog(t, mocks(1, 1, 0), func(c *config.Config) { c.TLS, c.Log.Access = files, "all" }, &logs)
+	post := func(as *config.TLS) (int, error) {
+		conf := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		if as != nil {
+			pair, err := tls.LoadX509KeyPair(as.CertFile, as.KeyFile)
+			require.NoError(t, err)
+			conf.Certificates = []tls.Certificate{pair}
+		}
+		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: conf}}
+		defer client.CloseIdleConnections()
+		resp, err := client.Post("https://"+f.r.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		if err != nil {
+			return 0, err
+		}
+		readAll(t, resp)
+		return resp.StatusCode, nil
+	}
+	accessLines := func() []string {
+		var out []string
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "msg=access") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+
+	code, err := post(nil)
+	require.NoError(t, err, "no certificate: let in")
+	assert.Equal(t, http.StatusOK, code)
+	code, err = post(&alice)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code)
+	_, err = post(&mallory)
+	assert.Error(t, err, "a certificate the client CAs did not sign is still refused")
+	require.Eventually(t, func() bool { return len(accessLines()) == 2 }, 5*time.Second, 5*time.Millisecond)
+	lines := accessLines()
+	assert.NotContains(t, lines[0], "client_cert=")
+	assert.Contains(t, lines[1], `client_cert="fastroute test"`)
+	assert.EqualValues(t, 2, f.mocks[0].Served())
+
+	f.r.SetConfigSource(func() (config.Config, error) {
+		c := f.r.CurrentConfig()
+		c.TLS.ClientAuth = config.ClientAuthRequire
+		return c, nil
+	})
+	code, body := adminDo(t, f, "POST", "/config/reload", "", "")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `tls.client_auth=\"require\"`)
+	_, err = post(nil)
+	assert.Error(t, err, "required from the next handshake on")
+	code, err = post(&alice)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code)
+	f.assertIdle()
+
+	cfg := config.Default()
+	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:1"}}
+	cfg.TLS = server
+	cfg.TLS.ClientAuth = config.ClientAuthOptional
+	assert.ErrorContains(t, cfg.Validate(), "key tls.client_auth: set, but tls.client_ca_file is not")
+	cfg.TLS.ClientCAFile, cfg.TLS.ClientAuth = alice.CertFile, "maybe"
+	assert.ErrorContains(t, cfg.Validate(), `key tls.client_auth: "maybe" is not require or optional`)
+}
