@@ -777,8 +777,15 @@ func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
 // speed is learned. An engine that fails otherwise (a 500, a refused
 // connection) is not: its health judges it.
 func TestAWorkerWithoutMetricsIsReadByTheRouter(t *testing.T) {
+	var metricsOn atomic.Bool // the engine behind /later restarted with its metrics
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
+		case "/later":
+			if metricsOn.Load() {
+				_, _ = io.WriteString(w, vllmPage)
+				return
+			}
+			http.NotFound(w, r)
 		case "/404":
 			http.NotFound(w, r)
 		case "/501":
@@ -813,6 +820,7 @@ func TestAWorkerWithoutMetricsIsReadByTheRouter(t *testing.T) {
 		{ID: 4, URL: srv.URL + "/500", Relayed: still},
 		{ID: 5, URL: refused.URL + "/metrics", Relayed: still},
 		{ID: 6, URL: srv.URL + "/404"}, // nothing relayed to read
+		{ID: 7, URL: srv.URL + "/later", Relayed: still},
 	}
 	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
 	sc := New(Options{Interval: 50 * time.Millisecond, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -858,5 +866,15 @@ func TestAWorkerWithoutMetricsIsReadByTheRouter(t *testing.T) {
 	assert.Equal(t, "none", info["engine_source"])
 	assert.Contains(t, info["engine_reason"], "status 500")
 	_, without := sc.Counts()
-	assert.Equal(t, 6, without, "the router's own readings are no engine's")
+	assert.Equal(t, 7, without, "the router's own readings are no engine's")
+
+	// Its engine's metrics back (a restart with them on): its own
+	// readings replace the router's.
+	st, _ = s.get(7)
+	require.NotNil(t, st)
+	assert.Equal(t, DialectRouter, st.Dialect)
+	metricsOn.Store(true)
+	require.Eventually(t, func() bool { st, _ := s.get(7); return st != nil && st.Dialect == "vllm" }, 5*time.Second, 10*time.Millisecond)
+	_, without = sc.Counts()
+	assert.Equal(t, 6, without)
 }
