@@ -65,6 +65,8 @@ func TestAnEngineWithoutMetricsIsReadByTheRouter(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond, "both speeds learned")
 	s1, s2 := w1.Engine(), w2.Engine()
 	assert.Less(t, s2.TokenRate, s1.TokenRate/3, "the slow engine's speed, learned from the tokens relayed")
+	assert.GreaterOrEqual(t, s2.Slots, s1.Slots, "priced for at least the other engine's batch")
+	assert.Equal(t, s2.Slots, f.workerInfo(2)["engine_slots"], "GET /workers shows the batch it is priced for")
 	_, tokens := w1.Relayed()
 	assert.Zero(t, tokens, "an engine that gives metrics is read from them")
 

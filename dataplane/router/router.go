@@ -518,6 +518,9 @@ func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
 	if st := w.Engine(); st != nil && st.StandIn > 0 {
 		info["engine_stand_in_capacity"] = st.StandIn
 	}
+	if st := w.Engine(); st != nil && st.Dialect == engine.DialectRouter {
+		info["engine_slots"] = st.Slots // the batch it is priced for (Registry.SetEngine)
+	}
 }
 
 // sweepEvery is the session sweeper's period: a tenth of the TTL, within
