@@ -23,6 +23,7 @@ type candidates struct {
 	workers []*Worker
 	occ     []*atomic.Int64
 	weights pickers.WeightTable
+	backups int // how many of the workers are backups (WorkerSpec.Backup)
 }
 
 // Len returns the number of candidates (of a snapshot: the routable workers).
@@ -35,11 +36,14 @@ func (c *candidates) Occupancy() []*atomic.Int64 { return c.occ }
 func (c *candidates) Weights() *pickers.WeightTable { return &c.weights }
 
 func (c *candidates) reset() {
-	c.ids, c.workers, c.occ = c.ids[:0], c.workers[:0], c.occ[:0]
+	c.ids, c.workers, c.occ, c.backups = c.ids[:0], c.workers[:0], c.occ[:0], 0
 	c.weights.Reset()
 }
 
 func (c *candidates) add(w *Worker) {
+	if w.spec.Backup {
+		c.backups++
+	}
 	c.ids = append(c.ids, w.spec.ID)
 	c.workers = append(c.workers, w)
 	c.occ = append(c.occ, &w.occ.n)

@@ -1312,3 +1312,84 @@ func TestRequestsNotYetTakenInCountAgainstTheHolder(t *testing.T) {
 	}
 	assertIdle(t, reg)
 }
+
+// A backup worker takes a request only when no other candidate can: every
+// other one busy at its cap, out of rotation, or tried already. Named, it
+// takes the request; a soft preference for it (a session's, a prefix's)
+// is passed while another may take the request.
+func TestBackupWorkersTakeOnlyWhatTheOthersCannot(t *testing.T) {
+	for _, mode := range []pickers.Mode{pickers.ModeRoundRobin, pickers.ModeLeastLoaded, pickers.ModeWeighted, pickers.ModeLoadAware} {
+		t.Run(string(mode), func(t *testing.T) {
+			reg := NewRegistry()
+			for id := uint64(1); id <= 3; id++ {
+				s := spec(id)
+				s.Backup = id == 3
+				_, err := reg.Add(s)
+				require.NoError(t, err)
+			}
+			sel := newSelector(t, reg, mode, 2) // two requests in flight at most
+			tbl := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 100})
+			sel.SetRouting(Routing{Sessions: tbl, SessionMode: affinity.Soft, SessionHeader: "x-session-id"})
+			w3, _ := reg.Get(3)
+			var held []*Reservation
+			take := func(req Request) (uint64, error) {
+				res := new(Reservation)
+				if err := sel.Select(&req, res); err != nil {
+					return 0, err
+				}
+				held = append(held, res)
+				return res.Worker().ID(), nil
+			}
+			for range 4 {
+				id, err := take(Request{})
+				require.NoError(t, err)
+				assert.NotEqual(t, uint64(3), id, "the others are free")
+			}
+			id, err := take(Request{})
+			require.NoError(t, err)
+			assert.Equal(t, uint64(3), id, "the others at their cap")
+			id, err = take(Request{})
+			require.NoError(t, err)
+			assert.Equal(t, uint64(3), id)
+			_, err = take(Request{})
+			assert.ErrorIs(t, err, ErrResourceExhausted, "the backup busy too")
+			for _, r := range held {
+				r.Release()
+			}
+			held = held[:0]
+
+			// A session placed on the backup (named) prefers it softly:
+			// passed while the others are free.
+			req := Request{Session: []byte("s"), WorkerID: 3}
+			var res Reservation
+			require.NoError(t, sel.Select(&req, &res), "named, the backup takes it")
+			sel.Answered(&req, &res)
+			res.Release()
+			id, err = take(Request{Session: []byte("s")})
+			require.NoError(t, err)
+			assert.NotEqual(t, uint64(3), id, "a soft pin on the backup is passed while another is free")
+
+			// The others tried (a retry), or out of rotation: the backup.
+			retried := Request{}
+			var r Reservation
+			require.NoError(t, sel.Select(&retried, &r))
+			require.NoError(t, sel.Retry(&retried, &r))
+			require.NotEqual(t, uint64(3), r.Worker().ID())
+			require.NoError(t, sel.Retry(&retried, &r))
+			assert.Equal(t, uint64(3), r.Worker().ID(), "both others tried")
+			r.Release()
+			reg.SetHealthy(1, false)
+			reg.SetHealthy(2, false)
+			id, err = take(Request{})
+			require.NoError(t, err)
+			assert.Equal(t, uint64(3), id, "the others out of rotation")
+			for _, r := range held {
+				r.Release()
+			}
+			for _, w := range reg.All() {
+				assert.Zero(t, w.Occupancy(), "worker %d", w.ID())
+			}
+			assert.Zero(t, w3.Occupancy())
+		})
+	}
+}

@@ -84,6 +84,7 @@ type Request struct {
 	stored        bool // WorkerID holds Response
 	searching     bool // no worker is known to hold Response
 	minContext    int  // a worker refused it as longer than its context: only longer ones (LongerContext); 0: any
+	backupPass    bool // no other candidate could take it: backup workers may (selectFiltered)
 
 	exclude  [MaxAttempts]uint64
 	nExclude int
@@ -103,7 +104,7 @@ func (r *Request) Reset() {
 	r.WorkerID, r.DPRank, r.HasDPRank, r.Phase, r.Query = 0, 0, false, PhaseAny, false
 	r.preferID, r.preferRank, r.hasPreferRank = 0, 0, false
 	r.group, r.hard, r.stored, r.searching = nil, false, false, false
-	r.nExclude, r.minContext = 0, 0
+	r.nExclude, r.minContext, r.backupPass = 0, 0, false
 }
 
 // Attempts returns how many workers this request has been moved away from.
@@ -322,6 +323,7 @@ func (s *Selector) pick(snap *Snapshot, req *Request, res *Reservation) error {
 	if req.WorkerID != 0 {
 		return s.selectNamed(p, snap, req, res)
 	}
+	req.backupPass = false // a retry tries the other workers first again
 	if p.picker == nil {
 		return errMissingWorker
 	}
@@ -350,10 +352,12 @@ func (s *Selector) pick(snap *Snapshot, req *Request, res *Reservation) error {
 			return s.hold(req, w, res)
 		}
 	}
-	if req.nExclude == 0 && (req.group == nil || req.Phase == PhaseAny) {
+	if req.nExclude == 0 && (req.group == nil || req.Phase == PhaseAny) && base.backups == 0 {
 		// Fast path: pick over the whole set (or the device group the CPU
 		// overflow rule names). A busy pick means the policy saw no better
-		// free worker, or raced; the filtered path decides.
+		// free worker, or raced; the filtered path decides. A set with
+		// backup workers goes there at once: they are no candidates
+		// while another is.
 		set, picker := base, pp.picker
 		if req.group == nil && req.Phase == PhaseAny {
 			if g, gp := p.overflow(snap); g != nil {
@@ -461,8 +465,12 @@ func (s *Selector) Retry(req *Request, res *Reservation) error {
 	return err
 }
 
+// admits reports whether req may go to w: not tried yet, of a role that
+// serves its phase, of a context long enough where one was refused, and
+// no backup unless no other candidate could take it (backupPass).
 func (s *Selector) admits(req *Request, w *Worker) bool {
-	return !req.excluded(w.spec.ID) && w.spec.Role.serves(req.Phase) && (req.minContext == 0 || w.ContextLen() >= req.minContext)
+	return !req.excluded(w.spec.ID) && w.spec.Role.serves(req.Phase) && (req.minContext == 0 || w.ContextLen() >= req.minContext) &&
+		(!w.spec.Backup || req.backupPass)
 }
 
 // LongerContext readies req, which worker w refused as longer than its
@@ -534,8 +542,23 @@ func (s *Selector) selectNamed(p *policy, snap *Snapshot, req *Request, res *Res
 	return s.hold(req, w, res)
 }
 
-// selectFiltered collects the admitted free workers of base and picks among them.
+// selectFiltered collects the admitted free workers of base and picks among
+// them; where none is (every one busy, or none may take req) and base has
+// backup workers, among those.
 func (s *Selector) selectFiltered(p *policy, pp *phasePolicy, base *candidates, req *Request, res *Reservation) error {
+	err := s.selectFree(p, pp, base, req, res)
+	if err == nil || base.backups == 0 || req.backupPass {
+		return err
+	}
+	req.backupPass = true
+	if berr := s.selectFree(p, pp, base, req, res); berr != ErrNoEndpoints {
+		return berr
+	}
+	return err // no backup may take it either: the others' refusal says why
+}
+
+// selectFree collects the admitted free workers of base and picks among them.
+func (s *Selector) selectFree(p *policy, pp *phasePolicy, base *candidates, req *Request, res *Reservation) error {
 	c := &req.scratch
 	for try := 0; try < 3; try++ {
 		c.reset()

@@ -94,6 +94,12 @@ type WorkerSpec struct {
 	Role Role `json:"role" yaml:"role"`
 	// BootstrapPort is the KV bootstrap port of an SGLang prefill worker.
 	BootstrapPort int `json:"bootstrap_port,omitempty" yaml:"bootstrap_port"`
+	// Backup marks a worker that takes a request only when no other
+	// candidate can (none routable, or every one at its in-flight cap), as
+	// nginx's and HAProxy's backup servers: a CPU engine kept for when the
+	// GPUs are full or down, a hosted endpoint for overflow. A request
+	// that names it takes it, and a hard session pin stays on it.
+	Backup bool `json:"backup,omitempty" yaml:"backup"`
 	// MaxModelLen is the engine's context length in tokens (vLLM's
 	// --max-model-len, SGLang's --context-length, llama.cpp's slot size):
 	// a request it refuses as longer moves to a worker with a longer one.

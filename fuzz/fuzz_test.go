@@ -184,6 +184,13 @@ func FuzzSelectSequence(f *testing.F) {
 					if w.Occupancy() > busy {
 						t.Fatalf("worker %d occupancy %d over threshold", w.ID(), w.Occupancy())
 					}
+					if w.Spec().Backup && req.WorkerID == 0 && req.Phase == dataplane.PhaseAny {
+						for _, o := range reg.Snapshot().Workers() {
+							if !o.Spec().Backup && o.Occupancy() < busy && o.Models() == nil && req.Attempts() == 0 {
+								t.Fatalf("backup %d taken while worker %d had room (%d in flight)", w.ID(), o.ID(), o.Occupancy())
+							}
+						}
+					}
 					if res.Rank() < 0 || res.Rank() >= w.Spec().DPSize {
 						t.Fatalf("rank %d outside worker %d", res.Rank(), w.ID())
 					}
@@ -209,8 +216,8 @@ func FuzzSelectSequence(f *testing.F) {
 				reg.SetHealthy(id, op&0x08 == 0)
 			case 6:
 				reg.SweepDrained()
-			case 7:
-				_, _ = reg.Add(dataplane.WorkerSpec{ID: id, URL: "http://127.0.0.1:9999"})
+			case 7: // worker 6 joins as a backup
+				_, _ = reg.Add(dataplane.WorkerSpec{ID: id, URL: "http://127.0.0.1:9999", Backup: id == 6})
 			}
 			for _, w := range reg.All() {
 				if w.Occupancy() < 0 {

@@ -61,6 +61,7 @@ func registerUntil(args []string, sig <-chan os.Signal) error {
 	fs.IntVar(&spec.MaxInflight, "max-inflight", 0, "its in-flight cap and batch size (0: learned)")
 	fs.Func("role", "prefill, decode or both (default both)", func(v string) error { spec.Role = dataplane.Role(v); return nil })
 	fs.IntVar(&spec.BootstrapPort, "bootstrap-port", 0, "SGLang bootstrap port of a prefill worker")
+	fs.BoolVar(&spec.Backup, "backup", false, "a backup: it takes a request only when no other worker can")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -30,7 +30,7 @@ type workerFlags []dataplane.WorkerSpec
 
 func (w *workerFlags) String() string { return fmt.Sprint(len(*w), " workers") }
 
-// Set parses "id=1,url=http://h:p,device=gpu,gpu_index=0,dp_size=1,capacity=1,loras=a;b,metrics_path=/metrics,health_path=/health,max_inflight=0,cgroup_path=/sys/fs/cgroup/x,role=both,bootstrap_port=8998,max_model_len=32768".
+// Set parses "id=1,url=http://h:p,device=gpu,gpu_index=0,dp_size=1,capacity=1,loras=a;b,metrics_path=/metrics,health_path=/health,max_inflight=0,cgroup_path=/sys/fs/cgroup/x,role=both,bootstrap_port=8998,max_model_len=32768,backup=false".
 func (w *workerFlags) Set(v string) error {
 	s, err := parseSpec(v)
 	if err != nil {
@@ -72,6 +72,8 @@ func parseSpec(v string) (dataplane.WorkerSpec, error) {
 			s.MetricsPath = val
 		case "health_path":
 			s.HealthPath = val
+		case "backup":
+			s.Backup, err = strconv.ParseBool(val)
 		case "max_inflight":
 			s.MaxInflight, err = strconv.Atoi(val)
 		case "cgroup_path":
@@ -243,7 +245,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.DurationVar(&cfg.Limits.ConnectTimeout, "connect-timeout", cfg.Limits.ConnectTimeout, "dial timeout to workers")
 	fs.DurationVar(&cfg.Limits.FirstByteTimeout, "first-byte-timeout", cfg.Limits.FirstByteTimeout, "wait for a worker's response headers (504 beyond)")
 	fs.DurationVar(&cfg.Limits.StreamIdleTimeout, "stream-idle-timeout", cfg.Limits.StreamIdleTimeout, "gap between two reads of a worker's answer (a stream is cut with an SSE error event)")
-	fs.Var(workers, "worker", "add a worker: id=N,url=http://host:port|https://host:port|unix:/path[,device=gpu|cpu,gpu_index=I,dp_size=D,capacity=C,loras=a;b,models=a;b,metrics_path=/metrics,health_path=/health,max_inflight=M,cgroup_path=DIR,role=prefill|decode|both,bootstrap_port=P,max_model_len=N] (repeatable)")
+	fs.Var(workers, "worker", "add a worker: id=N,url=http://host:port|https://host:port|unix:/path[,device=gpu|cpu,gpu_index=I,dp_size=D,capacity=C,loras=a;b,models=a;b,metrics_path=/metrics,health_path=/health,max_inflight=M,cgroup_path=DIR,role=prefill|decode|both,bootstrap_port=P,max_model_len=N,backup=true] (repeatable)")
 }
 
 // loadServeConfig reads --config (when given) and applies the other flags over it.

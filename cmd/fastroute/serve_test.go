@@ -355,15 +355,18 @@ func TestRetryBudgetFlags(t *testing.T) {
 	assert.ErrorContains(t, err, "router.retry_budget.percent")
 }
 
-// A worker's context length and health path and the engine stall bound
-// have their flags; a negative one is refused naming its key.
+// A worker's context length, health path and backup flag and the engine
+// stall bound have their flags; a bad one is refused naming its key.
 func TestContextAndStallFlags(t *testing.T) {
-	cfg, err := loadServeConfig([]string{"--worker", "id=1,url=http://127.0.0.1:9001,max_model_len=4096,health_path=/api/version",
+	cfg, err := loadServeConfig([]string{"--worker", "id=1,url=http://127.0.0.1:9001,max_model_len=4096,health_path=/api/version,backup=true",
 		"--telemetry-engine-stall-after", "2m"})
 	require.NoError(t, err)
 	require.Len(t, cfg.Workers, 1)
 	assert.Equal(t, 4096, cfg.Workers[0].MaxModelLen)
 	assert.Equal(t, "/api/version", cfg.Workers[0].HealthPath)
+	assert.True(t, cfg.Workers[0].Backup)
+	_, err = loadServeConfig([]string{"--worker", "id=1,url=http://127.0.0.1:9001,backup=maybe"})
+	assert.ErrorContains(t, err, "backup")
 	assert.Equal(t, 2*time.Minute, cfg.Telemetry.Engine.StallAfter)
 	cfg, err = loadServeConfig(nil)
 	require.NoError(t, err)
