@@ -457,6 +457,29 @@ func TestSelectReserveReleaseAllocatesNothing(t *testing.T) {
 		})
 		assert.Zero(t, allocs, "%s filtered path", mode)
 
+		// A backup among the workers: every pick takes the filtered path,
+		// and one that finds the others at their cap its second pass.
+		backup := spec(65)
+		backup.Backup = true
+		_, err := reg.Add(backup)
+		require.NoError(t, err)
+		allocs = testing.AllocsPerRun(2000, func() {
+			req.Reset()
+			if err := sel.Select(&req, &res); err != nil {
+				t.Fatal(err)
+			}
+			res.Release()
+			req.Reset()
+			req.WorkerID = 65 // named: the backup
+			if err := sel.Select(&req, &res); err != nil {
+				t.Fatal(err)
+			}
+			res.Release()
+		})
+		assert.Zero(t, allocs, "%s with a backup", mode)
+		require.NoError(t, reg.Drain(65))
+		reg.SweepDrained()
+
 		// Failures return sentinels and allocate nothing either.
 		reg.SetHealthy(1, false)
 		empty := newSelector(t, NewRegistry(), pm.mode, 0)

@@ -1345,6 +1345,14 @@ func TestBackupWorkersTakeOnlyWhatTheOthersCannot(t *testing.T) {
 				require.NoError(t, err)
 				assert.NotEqual(t, uint64(3), id, "the others are free")
 			}
+			var reused Request
+			var onBackup Reservation
+			assert.Zero(t, testing.AllocsPerRun(100, func() {
+				reused.Reset()
+				require.NoError(t, sel.Select(&reused, &onBackup))
+				require.Equal(t, uint64(3), onBackup.Worker().ID())
+				onBackup.Release()
+			}), "the second pass allocates nothing")
 			id, err := take(Request{})
 			require.NoError(t, err)
 			assert.Equal(t, uint64(3), id, "the others at their cap")
