@@ -197,8 +197,23 @@ func RoutingRouters() []RoutingRouter {
 		out = append(out, RoutingRouter{Name: modeName(m), start: fastrouteMode(m)})
 	}
 	return append(out,
+		RoutingRouter{Name: "fastroute least-loaded (cpu a backup)", start: fastrouteBackup(pickers.ModeLeastLoaded, cpuEngine)},
 		RoutingRouter{Name: "nginx least_conn", start: nginxFront("least_conn;", "auto")},
 		RoutingRouter{Name: "nginx round-robin", start: nginxFront("", "auto")})
+}
+
+// cpuEngine is the CPU-like engine's place in routingFleet.
+const cpuEngine = 2
+
+// fastrouteBackup starts fastroute in mode m with the worker at index
+// backup a backup: it takes requests only when the others are at their
+// cap or down.
+func fastrouteBackup(m pickers.Mode, backup int) startFunc {
+	return func(bin, _ string, workers []string) (string, *exec.Cmd, error) {
+		specs := slices.Clone(workers)
+		specs[backup] += ",backup=true"
+		return startServe(bin, specs, "--mode", string(m))
+	}
 }
 
 // modeName is the comparisons' name of fastroute in mode m.
