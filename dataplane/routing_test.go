@@ -1391,6 +1391,8 @@ func TestBackupWorkersTakeOnlyWhatTheOthersCannot(t *testing.T) {
 			id, err = take(Request{})
 			require.NoError(t, err)
 			assert.Equal(t, uint64(3), id, "the others out of rotation")
+			reg.SetHealthy(1, true)
+			reg.SetHealthy(2, true)
 			for _, r := range held {
 				r.Release()
 			}
@@ -1400,4 +1402,26 @@ func TestBackupWorkersTakeOnlyWhatTheOthersCannot(t *testing.T) {
 			assert.Zero(t, w3.Occupancy())
 		})
 	}
+}
+
+// A request an engine refused as longer than its context moves to a
+// backup of a longer one when no other worker has one.
+func TestARefusedRequestMovesToABackupOfALongerContext(t *testing.T) {
+	reg := NewRegistry()
+	for id, ctxLen := range map[uint64]int{1: 4096, 2: 4096, 3: 32768} {
+		s := spec(id)
+		s.MaxModelLen, s.Backup = ctxLen, id == 3
+		_, err := reg.Add(s)
+		require.NoError(t, err)
+	}
+	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 0)
+	var req Request
+	var res Reservation
+	require.NoError(t, sel.Select(&req, &res))
+	require.NotEqual(t, uint64(3), res.Worker().ID())
+	require.True(t, sel.LongerContext(&req, res.Worker()), "the backup's context is longer")
+	require.NoError(t, sel.Retry(&req, &res))
+	assert.Equal(t, uint64(3), res.Worker().ID())
+	res.Release()
+	assertIdle(t, reg)
 }

@@ -465,12 +465,17 @@ func (s *Selector) Retry(req *Request, res *Reservation) error {
 	return err
 }
 
-// admits reports whether req may go to w: not tried yet, of a role that
-// serves its phase, of a context long enough where one was refused, and
-// no backup unless no other candidate could take it (backupPass).
+// admits reports whether req may go to w now: it is eligible, and no
+// backup unless no other candidate could take req (backupPass).
 func (s *Selector) admits(req *Request, w *Worker) bool {
-	return !req.excluded(w.spec.ID) && w.spec.Role.serves(req.Phase) && (req.minContext == 0 || w.ContextLen() >= req.minContext) &&
-		(!w.spec.Backup || req.backupPass)
+	return eligible(req, w) && (!w.spec.Backup || req.backupPass)
+}
+
+// eligible reports whether req may go to w at all: not tried yet, of a
+// role that serves its phase, of a context long enough where one was
+// refused.
+func eligible(req *Request, w *Worker) bool {
+	return !req.excluded(w.spec.ID) && w.spec.Role.serves(req.Phase) && (req.minContext == 0 || w.ContextLen() >= req.minContext)
 }
 
 // LongerContext readies req, which worker w refused as longer than its
@@ -489,7 +494,7 @@ func (s *Selector) LongerContext(req *Request, w *Worker) bool {
 		c = &req.group.candidates
 	}
 	for _, x := range c.workers {
-		if x.spec.ID != w.spec.ID && x.ContextLen() > have && s.admits(req, x) {
+		if x.spec.ID != w.spec.ID && x.ContextLen() > have && eligible(req, x) { // a backup too: the retry's second pass takes it
 			req.minContext = have + 1
 			return true
 		}
