@@ -186,6 +186,27 @@ func TestReloadRotatesTheCertificate(t *testing.T) {
 	assert.ErrorContains(t, err, "key tls: open ")
 }
 
+// postAs sends one chat request over TLS on a connection of its own,
+// trusting pool, with the client certificate of as (nil: none), and
+// returns its status; an error when the handshake or the request failed.
+func (f *fleet) postAs(pool *x509.CertPool, as *config.TLS) (int, error) {
+	f.t.Helper()
+	conf := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if as != nil {
+		pair, err := tls.LoadX509KeyPair(as.CertFile, as.KeyFile)
+		require.NoError(f.t, err)
+		conf.Certificates = []tls.Certificate{pair}
+	}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: conf}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Post("https://"+f.r.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	if err != nil {
+		return 0, err
+	}
+	readAll(f.t, resp)
+	return resp.StatusCode, nil
+}
+
 // With tls.client_ca_file every client must show a certificate those CAs
 // signed (mutual TLS): one without, or signed by another, fails its
 // handshake and reaches no worker. A reload reads the CAs again (a client
@@ -209,22 +230,7 @@ func TestClientsMustShowACertificateTheClientCAsSigned(t *testing.T) {
 	files.ClientCAFile = caFile
 	var logs syncBuffer
 	f := startFleetLog(t, mocks(2, 1, 0), func(c *config.Config) { c.TLS, c.Log.Access = files, "all" }, &logs)
-	post := func(as *config.TLS) (int, error) {
-		conf := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-		if as != nil {
-			pair, err := tls.LoadX509KeyPair(as.CertFile, as.KeyFile)
-			require.NoError(t, err)
-			conf.Certificates = []tls.Certificate{pair}
-		}
-		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: conf}}
-		defer client.CloseIdleConnections()
-		resp, err := client.Post("https://"+f.r.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
-		if err != nil {
-			return 0, err
-		}
-		readAll(t, resp)
-		return resp.StatusCode, nil
-	}
+	post := func(as *config.TLS) (int, error) { return f.postAs(pool, as) }
 	served := func() int64 { return f.mocks[0].Served() + f.mocks[1].Served() }
 
 	code, err := post(&alice)
@@ -314,22 +320,7 @@ func TestOptionalClientCertificates(t *testing.T) {
 	files.ClientCAFile, files.ClientAuth = alice.CertFile, config.ClientAuthOptional
 	var logs syncBuffer
 	f := startFleetLog(t, mocks(1, 1, 0), func(c *config.Config) { c.TLS, c.Log.Access = files, "all" }, &logs)
-	post := func(as *config.TLS) (int, error) {
-		conf := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-		if as != nil {
-			pair, err := tls.LoadX509KeyPair(as.CertFile, as.KeyFile)
-			require.NoError(t, err)
-			conf.Certificates = []tls.Certificate{pair}
-		}
-		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: conf}}
-		defer client.CloseIdleConnections()
-		resp, err := client.Post("https://"+f.r.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
-		if err != nil {
-			return 0, err
-		}
-		readAll(t, resp)
-		return resp.StatusCode, nil
-	}
+	post := func(as *config.TLS) (int, error) { return f.postAs(pool, as) }
 	accessLines := func() []string {
 		var out []string
 		for _, l := range strings.Split(logs.String(), "\n") {
