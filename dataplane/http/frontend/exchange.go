@@ -703,13 +703,16 @@ func (ex *exchange) observeTokenPace(total time.Duration) {
 // without its first quote (vectorized, where the scan's backward search
 // is not, and starting with a rarer byte than a quote) passes them by, in
 // a ninth of the scan's time.
-func (ex *exchange) readUsage(data []byte) {
+func (ex *exchange) readUsage(data []byte) { ex.s.readUsage(&ex.usage, data) }
+
+// readUsage reads into u the token usage an answer reports in data.
+func (s *Server) readUsage(u *tokenUsage, data []byte) {
 	if !bytes.Contains(data, usageName[1:]) {
 		return
 	}
-	p := ex.s.parsers.Get()
-	ex.usage.scan(p, data)
-	ex.s.parsers.Put(p)
+	p := s.parsers.Get()
+	u.scan(p, data)
+	s.parsers.Put(p)
 }
 
 // countRelayed counts on w, which the router reads itself (its engine
@@ -718,9 +721,7 @@ func (ex *exchange) readUsage(data []byte) {
 func (s *Server) countRelayed(w *dataplane.Worker, answer []byte) {
 	var u tokenUsage
 	u.reset()
-	p := s.parsers.Get()
-	u.scan(p, answer)
-	s.parsers.Put(p)
+	s.readUsage(&u, answer)
 	w.AddRelayedTokens(u.completion)
 }
 
