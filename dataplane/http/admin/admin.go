@@ -238,7 +238,7 @@ func routes(o Options) *http.ServeMux {
 		}
 		status, err := decodeBody(w, r, &body)
 		if err == nil && body.LoRAs == nil {
-			err = errors.New(`no "loras"`)
+			status, err = http.StatusBadRequest, errors.New(`no "loras"`)
 		}
 		if err != nil {
 			writeError(w, status, `want {"loras":["adapter",...]} (`+err.Error()+")")

@@ -134,7 +134,9 @@ func TestRefusedRoutesAnswerJSON(t *testing.T) {
 
 // A worker or adapter body over 1 MiB is a 413, and one with anything but
 // blanks after its JSON object a 400: a second object is not silently
-// dropped. Neither registers anything.
+// dropped; an adapter body without "loras" is a 400 too (it was a status 0,
+// which net/http answered by closing the connection). None registers
+// anything.
 func TestWriteBodiesAreOneBoundedObject(t *testing.T) {
 	reg := dataplane.NewRegistry()
 	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://127.0.0.1:1"})
@@ -151,6 +153,7 @@ func TestWriteBodiesAreOneBoundedObject(t *testing.T) {
 		{"POST", "/workers", `{"id":2,"url":"http://127.0.0.1:2"} {"id":3,"url":"http://127.0.0.1:3"}`, http.StatusBadRequest, "one JSON object"},
 		{"PUT", "/workers/1/loras", `{"loras":["a"]}` + pad, http.StatusRequestEntityTooLarge, "larger than 1 MiB"},
 		{"PUT", "/workers/1/loras", `{"loras":["a"]}x`, http.StatusBadRequest, "one JSON object"},
+		{"PUT", "/workers/1/loras", `{}`, http.StatusBadRequest, `no \"loras\"`},
 	} {
 		status, body := call(t, srv, tc.method, tc.path, tc.body, "")
 		assert.Equal(t, tc.status, status, "%s %s: %s", tc.method, tc.path, body)
