@@ -1034,3 +1034,72 @@ func TestARequestRefusedAsLongerMovesOnlyToLongerContexts(t *testing.T) {
 		assert.Zero(t, x.Occupancy())
 	}
 }
+
+// A worker put down by hand leaves the snapshot (its subscribers hear it
+// left) with its requests in flight kept, stays down through a new spec,
+// names it when a request is bound to it, and is back once put back. An id
+// put down before its worker joins (a restart's state file) joins down; a
+// worker drained and swept forgets it, so one added again under its id
+// joins in rotation. A worker being drained cannot be put down or back.
+func TestAWorkerPutDownIsOutOfRotation(t *testing.T) {
+	reg := newFleet(t, 3)
+	var left []uint64
+	reg.Subscribe(func(w *Worker, c Change) {
+		if c == Left {
+			left = append(left, w.ID())
+		}
+	})
+	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 0)
+	var res Reservation
+	require.NoError(t, sel.Select(&Request{WorkerID: 2}, &res))
+
+	changed, err := reg.SetDown(2, true)
+	require.NoError(t, err)
+	assert.True(t, changed)
+	changed, err = reg.SetDown(2, true)
+	require.NoError(t, err)
+	assert.False(t, changed, "already down")
+	assert.Equal(t, []uint64{1, 3}, reg.Snapshot().IDs())
+	assert.Equal(t, []uint64{2}, left)
+	w2, _ := reg.Get(2)
+	assert.EqualValues(t, 1, w2.Occupancy(), "its request in flight is kept")
+	res.Release()
+	assert.Zero(t, w2.Occupancy())
+	err = sel.Select(&Request{WorkerID: 2}, &res)
+	assert.ErrorIs(t, err, ErrNoEndpoints)
+	assert.ErrorContains(t, err, "worker 2 is not routable (down)")
+
+	sp := spec(2)
+	sp.Capacity = 3
+	_, err = reg.Replace(sp)
+	require.NoError(t, err)
+	w2, _ = reg.Get(2)
+	assert.True(t, w2.Down(), "a new spec keeps it down")
+	assert.Equal(t, []uint64{1, 3}, reg.Snapshot().IDs())
+
+	reg.SetDownIDs([]uint64{3, 7})
+	assert.Equal(t, []uint64{2, 3, 7}, reg.DownIDs())
+	assert.Equal(t, []uint64{1}, reg.Snapshot().IDs())
+	w7, err := reg.Add(spec(7))
+	require.NoError(t, err)
+	assert.True(t, w7.Down(), "joins down")
+
+	_, err = reg.SetDown(9, true)
+	assert.ErrorIs(t, err, ErrNotFound)
+	require.NoError(t, reg.Drain(3))
+	_, err = reg.SetDown(3, false)
+	var draining *DrainingError
+	assert.ErrorAs(t, err, &draining)
+	assert.Equal(t, []uint64{3}, workerIDs(reg.SweepDrained()))
+	assert.Equal(t, []uint64{2, 7}, reg.DownIDs(), "a swept worker's id is forgotten")
+	w3, err := reg.Add(spec(3))
+	require.NoError(t, err)
+	assert.False(t, w3.Down(), "added again, it joins in rotation")
+
+	changed, err = reg.SetDown(2, false)
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Equal(t, []uint64{7}, reg.DownIDs())
+	require.NoError(t, sel.Select(&Request{WorkerID: 2}, &res))
+	res.Release()
+}

@@ -74,3 +74,11 @@ func Errorf(code Code, format string, args ...any) *Error {
 type DuplicateError struct{ ID uint64 }
 
 func (e *DuplicateError) Error() string { return fmt.Sprintf("worker %d is already registered", e.ID) }
+
+// DrainingError refuses a change to a worker being drained: it leaves the
+// router once idle (POST /workers adds it again).
+type DrainingError struct{ ID uint64 }
+
+func (e *DrainingError) Error() string {
+	return fmt.Sprintf("worker %d is draining: it leaves the router once idle (POST /workers adds it again)", e.ID)
+}

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -250,11 +251,15 @@ type Registry struct {
 	loads   *xsync.MapOf[string, *groupLoad]        // per-group in-flight, across snapshots
 	eject   atomic.Pointer[EjectPolicy]
 	ejected atomic.Uint64 // ejections since start
+	// down holds the ids put down by hand (SetDown, SetDownIDs), whether
+	// registered now or not (a worker found on etcd that joins after a
+	// restart): a worker of such an id joins down. Under mu.
+	down map[uint64]bool
 }
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	r := &Registry{workers: xsync.NewMapOf[uint64, *Worker](), loads: xsync.NewMapOf[string, *groupLoad]()}
+	r := &Registry{workers: xsync.NewMapOf[uint64, *Worker](), loads: xsync.NewMapOf[string, *groupLoad](), down: map[uint64]bool{}}
 	r.snap.Store(&Snapshot{})
 	return r
 }
@@ -347,6 +352,7 @@ func (r *Registry) add(spec WorkerSpec, healthy bool) (*Worker, error) {
 	r.mu.Lock()
 	w := newWorker(spec)
 	w.healthy.Store(healthy)
+	w.down.Store(r.down[spec.ID])
 	r.priceUnread(w)
 	if _, loaded := r.workers.LoadOrStore(spec.ID, w); loaded {
 		r.mu.Unlock()
@@ -374,6 +380,7 @@ func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 	}
 	w := newWorker(spec)
 	w.healthy.Store(old.Healthy())
+	w.down.Store(old.Down())
 	w.asleep.Store(old.Asleep())
 	w.stalled.Store(old.Stalled())
 	w.adv.Store(old.adv.Load())
@@ -481,6 +488,59 @@ func (r *Registry) Drain(id uint64) error {
 	return nil
 }
 
+// SetDown puts worker id out of rotation by hand (down), or back (!down),
+// and says whether that changed it: as HAProxy's maintenance state and
+// NGINX Plus's down, a worker put down takes no new request (nor one that
+// names it) while its requests in flight finish, its health probes and
+// engine readings go on, and it keeps its place, counts and learned
+// engine speed for when it is put back. Sessions placed on it are placed
+// again (Left). A worker being drained is refused (DrainingError).
+func (r *Registry) SetDown(id uint64, down bool) (changed bool, err error) {
+	r.mu.Lock()
+	w, ok := r.workers.Load(id)
+	switch {
+	case !ok:
+		r.mu.Unlock()
+		return false, Errorf(NotFound, "unknown worker id %d", id)
+	case w.Draining():
+		r.mu.Unlock()
+		return false, &DrainingError{ID: id}
+	case w.down.Swap(down) == down:
+		r.mu.Unlock()
+		return false, nil
+	}
+	if down {
+		r.down[id] = true
+	} else {
+		delete(r.down, id)
+	}
+	r.publishLocked()
+	r.mu.Unlock()
+	if down {
+		r.notify(w, Left)
+	}
+	return true, nil
+}
+
+// SetDownIDs puts the workers of ids down (a restart's state_file): those
+// registered now at once, the others as they join.
+func (r *Registry) SetDownIDs(ids []uint64) {
+	for _, id := range ids {
+		if _, err := r.SetDown(id, true); err != nil {
+			r.mu.Lock()
+			r.down[id] = true
+			r.mu.Unlock()
+		}
+	}
+}
+
+// DownIDs returns the ids put down by hand, registered or not, in order.
+func (r *Registry) DownIDs() []uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Sorted(maps.Keys(r.down))
+}
+
 // SweepDrained removes draining workers that have no request in flight,
 // tells the subscribers (Removed) and returns them. Run calls it.
 func (r *Registry) SweepDrained() []*Worker {
@@ -499,6 +559,9 @@ func (r *Registry) SweepDrained() []*Worker {
 			return cur, deleted
 		})
 		if deleted {
+			r.mu.Lock()
+			delete(r.down, w.spec.ID) // an id added again joins in rotation
+			r.mu.Unlock()
 			removed = append(removed, w)
 			r.notify(w, Removed)
 		}

@@ -293,6 +293,7 @@ type Worker struct {
 	spec     WorkerSpec
 	healthy  atomic.Bool
 	draining atomic.Bool
+	down     atomic.Bool                // put out of rotation by hand (Registry.SetDown) until put back
 	asleep   atomic.Bool                // its engine says it sleeps (vLLM's sleep mode)
 	stalled  atomic.Bool                // its engine runs requests and generates nothing (engine.Stats.Stalled)
 	weight   atomic.Uint64              // float64 bits of the telemetry weight
@@ -356,6 +357,11 @@ func (w *Worker) Healthy() bool { return w.healthy.Load() }
 // Draining reports whether w takes no new requests.
 func (w *Worker) Draining() bool { return w.draining.Load() }
 
+// Down reports whether w was put out of rotation by hand (Registry.SetDown):
+// it keeps its requests in flight, its probes and its engine's readings,
+// and takes no new request until it is put back.
+func (w *Worker) Down() bool { return w.down.Load() }
+
 // Asleep reports whether w's engine last said it sleeps (vLLM's sleep
 // mode: its weights or KV cache off the GPU until it is woken up).
 func (w *Worker) Asleep() bool { return w.asleep.Load() }
@@ -364,21 +370,23 @@ func (w *Worker) Asleep() bool { return w.asleep.Load() }
 // token generated for telemetry.engine.stall_after: taken to be hung.
 func (w *Worker) Stalled() bool { return w.stalled.Load() }
 
-// Routable reports healthy, not draining, not ejected, not asleep and not
-// stalled.
+// Routable reports healthy, not draining, not down, not ejected, not
+// asleep and not stalled.
 func (w *Worker) Routable() bool {
-	return w.healthy.Load() && !w.draining.Load() && w.ejectedUntil.Load() == 0 && !w.asleep.Load() && !w.stalled.Load()
+	return w.healthy.Load() && !w.draining.Load() && !w.down.Load() && w.ejectedUntil.Load() == 0 && !w.asleep.Load() && !w.stalled.Load()
 }
 
 // unroutable names why w is out of rotation: the first of "unhealthy",
-// "draining", "ejected", "asleep" and "stalled" that holds, "" when none
-// does.
+// "draining", "down", "ejected", "asleep" and "stalled" that holds, ""
+// when none does.
 func (w *Worker) unroutable() string {
 	switch {
 	case !w.healthy.Load():
 		return "unhealthy"
 	case w.draining.Load():
 		return "draining"
+	case w.down.Load():
+		return "down"
 	case w.ejectedUntil.Load() != 0:
 		return "ejected"
 	case w.asleep.Load():

@@ -102,7 +102,7 @@ func FuzzPickers(f *testing.F) {
 }
 
 // FuzzSelectSequence runs random operation sequences on a live registry and
-// checks: occupancy never negative, a drained or unhealthy worker is never
+// checks: occupancy never negative, a drained, unhealthy or down worker is never
 // selected (nor by prefix affinity), the busy threshold is never passed,
 // everything returns to 0, and a peer replica's table that takes in what
 // the prefix table shares (after every operation) names the same worker
@@ -214,8 +214,12 @@ func FuzzSelectSequence(f *testing.F) {
 				_ = reg.Drain(id)
 			case 5:
 				reg.SetHealthy(id, op&0x08 == 0)
-			case 6:
-				reg.SweepDrained()
+			case 6: // sweep, or put a worker down or back by hand
+				if op&0x08 == 0 {
+					reg.SweepDrained()
+				} else {
+					_, _ = reg.SetDown(id, op&0x80 != 0)
+				}
 			case 7: // worker 6 joins as a backup
 				_, _ = reg.Add(dataplane.WorkerSpec{ID: id, URL: "http://127.0.0.1:9999", Backup: id == 6})
 			}

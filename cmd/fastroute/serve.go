@@ -375,6 +375,9 @@ func runCheck(args []string, out io.Writer) error {
 	default:
 		restored += fmt.Sprintf("; %d drained DNS addresses held from state_file", restoring.DNSDrained)
 	}
+	if restoring.Down > 0 {
+		restored += fmt.Sprintf("; %d workers kept down from state_file", restoring.Down)
+	}
 	_, err = fmt.Fprintf(out, "config ok: listen %s, admin_listen %s, mode %s, %d workers%s\n",
 		cfg.Listen, cfg.AdminListen, cfg.Router.Mode, len(cfg.Workers), restored)
 	return err

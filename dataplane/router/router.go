@@ -104,6 +104,8 @@ type Restored struct {
 	// start while discovery.dns is on and dropped otherwise (DNSOff).
 	DNSDrained int
 	DNSOff     bool
+	// Down counts the workers put down by hand, kept down at start.
+	Down int
 }
 
 // Check reads cfg as Start would, and starts nothing: it validates it,
@@ -113,7 +115,7 @@ type Restored struct {
 // the state file would restore at start.
 func Check(cfg config.Config) (checked config.Config, restored Restored, err error) {
 	cfg, st, err := check(cfg)
-	return cfg, Restored{Workers: st.added(cfg.Workers), DNSDrained: len(st.DNSDrained), DNSOff: !cfg.Discovery.DNS.On()}, err
+	return cfg, Restored{Workers: st.added(cfg.Workers), DNSDrained: len(st.DNSDrained), DNSOff: !cfg.Discovery.DNS.On(), Down: len(st.Down)}, err
 }
 
 // check is Check, returning the state file's state (empty without one).

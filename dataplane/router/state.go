@@ -19,15 +19,18 @@ import (
 // state_file keeps, so that a restart or an upgrade's new process starts
 // with it, as a reload keeps it: the workers POST /workers added, each
 // with the adapters declared for it (its own, or those PUT
-// /workers/{id}/loras set since), and the addresses of the workers found
-// by DNS that DELETE /workers/{id} drained while DNS still names them.
-// Workers of the config, and those found on etcd or by DNS, have their own
-// source and are not in it; nor is a worker being drained, which is on its
-// way out.
+// /workers/{id}/loras set since), the addresses of the workers found by
+// DNS that DELETE /workers/{id} drained while DNS still names them, and
+// the ids of the workers PATCH /workers/{id} put down, whatever their
+// source. Workers of the config, and those found on etcd or by DNS, have
+// their own source and are not in Workers; nor is a worker being drained,
+// which is on its way out.
 type adminState struct {
 	Workers []dataplane.WorkerSpec `json:"workers"`
 	// DNSDrained are ip:port addresses (dns.Watcher.Held).
 	DNSDrained []string `json:"dns_drained,omitempty"`
+	// Down are the ids put down by hand (Registry.DownIDs).
+	Down []uint64 `json:"down,omitempty"`
 	// drained are DNSDrained's addresses as readState parsed them.
 	drained []netip.AddrPort
 }
@@ -66,6 +69,11 @@ func readState(path string) (adminState, error) {
 		}
 		st.drained = append(st.drained, ap)
 	}
+	for i, id := range st.Down {
+		if id == 0 || slices.Contains(st.Down[:i], id) {
+			return st, fmt.Errorf("key state_file: %s: down: worker id %d is not a positive integer, or appears twice", path, id)
+		}
+	}
 	return st, nil
 }
 
@@ -89,8 +97,10 @@ func names(workers []dataplane.WorkerSpec, id uint64) bool {
 // restoreState adds the workers of the state file (st, as check read it)
 // the config does not name (the config's spec of a worker it names now
 // serves, as a reload would have it), unprobed: each is routable once a
-// health probe passes, as after POST /workers. It then writes the file
-// again, which a router that cannot write it refuses to start on.
+// health probe passes, as after POST /workers. It puts down the ids the
+// file lists down (those found on etcd or by DNS as they join). It then
+// writes the file again, which a router that cannot write it refuses to
+// start on.
 func (r *Router) restoreState(st adminState) error {
 	path := r.Config.StateFile
 	if path == "" {
@@ -107,6 +117,10 @@ func (r *Router) restoreState(st adminState) error {
 	}
 	if len(st.Workers) > 0 {
 		r.log.Info("workers the admin API added restored from state_file", "file", path, "workers", len(st.Workers))
+	}
+	if len(st.Down) > 0 {
+		r.Registry.SetDownIDs(st.Down)
+		r.log.Info("workers put down by hand kept down from state_file (PATCH /workers/{id} {\"down\":false} puts one back)", "file", path, "workers", st.Down)
 	}
 	switch {
 	case len(st.DNSDrained) == 0:
@@ -159,6 +173,7 @@ func (r *Router) writeState() error {
 	if r.DNS != nil {
 		st.DNSDrained = r.DNS.Held()
 	}
+	st.Down = r.Registry.DownIDs()
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -84,6 +85,52 @@ func TestTheStateFileKeepsTheAdminAPIsWorkersAcrossARestart(t *testing.T) {
 	g.assertIdle()
 }
 
+// With state_file set, the workers put down by hand stay down across a
+// restart, those of the config and those not registered yet alike (a
+// worker found on etcd joins after the start): a worker of such an id
+// joins down. Put back, an id leaves the file.
+func TestWorkersPutDownStayDownAcrossARestart(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state.json")
+	f := startFleet(t, mocks(2, 3, 0), func(c *config.Config) { c.StateFile = state })
+	code, body := adminDo(t, f, "PATCH", "/workers/1", `{"down":true}`, "")
+	require.Equal(t, http.StatusOK, code, body)
+	st, err := readState(state)
+	require.NoError(t, err)
+	assert.Equal(t, []uint64{1}, st.Down)
+	assert.Empty(t, st.Workers, "a config worker's spec is the config's")
+	st.Down = append(st.Down, 7) // as if worker 7, found on etcd, was put down before the restart
+	b, err := json.Marshal(st)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(state, b, 0o600))
+
+	cfg := f.r.CurrentConfig()
+	_, restored, err := Check(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, 2, restored.Down)
+	require.NoError(t, f.r.Close())
+	g := f.restarted(cfg)
+	w1, _ := g.r.Registry.Get(1)
+	assert.True(t, w1.Down(), "still down after the restart")
+	for range 3 {
+		assert.Equal(t, "2", g.servedBy("/v1/chat/completions", chatBody))
+	}
+	extra, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 7, Tokens: 3})
+	require.NoError(t, err)
+	t.Cleanup(func() { extra.Close() })
+	code, body = adminDo(t, g, "POST", "/workers", fmt.Sprintf(`{"id":7,"url":%q}`, extra.URL()), "")
+	require.Equal(t, http.StatusCreated, code, body)
+	assert.Equal(t, true, g.workerInfo(7)["down"], "joins down")
+
+	code, body = adminDo(t, g, "PATCH", "/workers/1", `{"down":false}`, "")
+	require.Equal(t, http.StatusOK, code, body)
+	st, err = readState(state)
+	require.NoError(t, err)
+	assert.Equal(t, []uint64{7}, st.Down)
+	resp := g.post("/v1/chat/completions", chatBody, "x-worker-id", "1")
+	assert.Equal(t, http.StatusOK, resp.StatusCode, readAll(t, resp))
+	g.assertIdle()
+}
+
 // withoutDefaults is spec with the fields Normalize fills in cleared, for
 // comparing with what the admin API was sent.
 func withoutDefaults(spec dataplane.WorkerSpec) dataplane.WorkerSpec {
@@ -109,6 +156,8 @@ func TestAStateFileThatDoesNotLoadStopsTheStart(t *testing.T) {
 		{`{"workers":[{"id":1,"url":"http://127.0.0.1:9"},{"id":2,"url":"http://127.0.0.1:9"},{"id":2,"url":"http://127.0.0.1:9"}]}`, "worker 2"},
 		{`{"workers":[],"dns_drained":["10.0.0.1"]}`, `dns_drained: "10.0.0.1" is not an address ip:port`},
 		{`{"workers":[],"dns_drained":["10.0.0.1:80","10.0.0.1:80"]}`, "appears twice"},
+		{`{"workers":[],"down":[0]}`, "down: worker id 0 is not a positive integer"},
+		{`{"workers":[],"down":[3,3]}`, "down: worker id 3"},
 	} {
 		cfg.StateFile = filepath.Join(dir, "state.json")
 		require.NoError(t, os.WriteFile(cfg.StateFile, []byte(tc.content), 0o600))

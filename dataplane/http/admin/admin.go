@@ -1,7 +1,8 @@
 // Package admin serves fastroute's admin listener: Prometheus metrics,
-// pprof, and the worker registry (list, register, drain). With a token set
-// every route needs it (GET /metrics may be left open to scrapers); every
-// write is logged. It runs on net/http, off the request path.
+// pprof, and the worker registry (list, register, put down, drain). With a
+// token set every route needs it (GET /metrics may be left open to
+// scrapers); every write is logged. It runs on net/http, off the request
+// path.
 package admin
 
 import (
@@ -25,8 +26,11 @@ import (
 // WorkerInfo is how GET /workers shows one worker.
 type WorkerInfo struct {
 	dataplane.WorkerSpec
-	Healthy   bool  `json:"healthy"`
-	Draining  bool  `json:"draining"`
+	Healthy  bool `json:"healthy"`
+	Draining bool `json:"draining"`
+	// Down is set while the worker is out of rotation by hand (PATCH
+	// /workers/{id} {"down":true}) until put back.
+	Down      bool  `json:"down"`
 	Occupancy int64 `json:"occupancy"`
 	// RankOccupancy is the requests in flight on each data-parallel rank
 	// (dp_size > 1).
@@ -255,6 +259,42 @@ func routes(o Options) *http.ServeMux {
 		o.changed()
 		writeJSON(w, http.StatusOK, map[string]any{"id": id, "loras": body.LoRAs})
 	})
+	mux.HandleFunc("PATCH /workers/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id, ok := pathID(w, r)
+		if !ok {
+			return
+		}
+		var patch struct {
+			Down *bool `json:"down"`
+		}
+		status, err := decodeBody(w, r, &patch)
+		if err == nil && patch.Down == nil {
+			status, err = http.StatusBadRequest, errors.New(`no "down"`)
+		}
+		if err != nil {
+			writeError(w, status, `want {"down":true} or {"down":false} (`+err.Error()+")")
+			return
+		}
+		changed, err := o.Registry.SetDown(id, *patch.Down)
+		if err != nil {
+			status := http.StatusNotFound
+			if _, draining := errors.AsType[*dataplane.DrainingError](err); draining {
+				status = http.StatusConflict
+			}
+			writeError(w, status, err.Error())
+			return
+		}
+		if changed {
+			o.changed()
+		}
+		wk, ok := o.Registry.Get(id)
+		if !ok { // drained and swept meanwhile
+			writeError(w, http.StatusNotFound, fmt.Sprintf("unknown worker id %d", id))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(append(o.workerJSON(wk), '\n'))
+	})
 	mux.HandleFunc("GET /config", func(w http.ResponseWriter, _ *http.Request) {
 		if o.Config == nil {
 			writeError(w, http.StatusNotImplemented, "the running config is not available")
@@ -425,7 +465,7 @@ func (o Options) logWrites(h http.Handler) http.Handler {
 func (o Options) workerJSON(wk *dataplane.Worker) []byte {
 	until, ejections := wk.Ejected()
 	b, _ := json.Marshal(WorkerInfo{
-		WorkerSpec: *wk.Spec(), Healthy: wk.Healthy(), Draining: wk.Draining(),
+		WorkerSpec: *wk.Spec(), Healthy: wk.Healthy(), Draining: wk.Draining(), Down: wk.Down(),
 		Occupancy: wk.Occupancy(), RankOccupancy: wk.RankOccupancy(), Served: wk.Served(), Weight: wk.Weight(),
 		Ejected: !until.IsZero(), EjectedForSeconds: max(time.Until(until).Seconds(), 0), Ejections: ejections,
 		Asleep: wk.Asleep(), Stalled: wk.Stalled(), ContextLength: wk.ContextLen(), Listed: wk.Advertised(), ServedModels: wk.Models(), ResidentLoRAs: wk.Adapters(),

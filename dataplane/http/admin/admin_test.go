@@ -154,6 +154,8 @@ func TestWriteBodiesAreOneBoundedObject(t *testing.T) {
 		{"PUT", "/workers/1/loras", `{"loras":["a"]}` + pad, http.StatusRequestEntityTooLarge, "larger than 1 MiB"},
 		{"PUT", "/workers/1/loras", `{"loras":["a"]}x`, http.StatusBadRequest, "one JSON object"},
 		{"PUT", "/workers/1/loras", `{}`, http.StatusBadRequest, `no \"loras\"`},
+		{"PATCH", "/workers/1", `{"down":true}` + pad, http.StatusRequestEntityTooLarge, "larger than 1 MiB"},
+		{"PATCH", "/workers/1", `{}`, http.StatusBadRequest, `no \"down\"`},
 	} {
 		status, body := call(t, srv, tc.method, tc.path, tc.body, "")
 		assert.Equal(t, tc.status, status, "%s %s: %s", tc.method, tc.path, body)
@@ -164,6 +166,7 @@ func TestWriteBodiesAreOneBoundedObject(t *testing.T) {
 	assert.Len(t, reg.All(), 2, "only the last, whole, request registered")
 	w, _ := reg.Get(1)
 	assert.Empty(t, w.Spec().LoRAs)
+	assert.False(t, w.Down())
 }
 
 // While WritesRefused says why, every change (a worker added, its
@@ -185,6 +188,7 @@ func TestWritesRefusedWhileTheRouterSaysWhy(t *testing.T) {
 		{"POST", "/workers", `{"id":2,"url":"http://127.0.0.1:2"}`},
 		{"PUT", "/workers/1/loras", `["a"]`},
 		{"DELETE", "/workers/1", ""},
+		{"PATCH", "/workers/1", `{"down":true}`},
 		{"POST", "/config/reload", ""},
 	} {
 		req, err := http.NewRequest(w.method, srv.URL+w.path, strings.NewReader(w.body))
@@ -203,6 +207,7 @@ func TestWritesRefusedWhileTheRouterSaysWhy(t *testing.T) {
 	assert.Len(t, reg.All(), 1, "no worker added")
 	wk, _ := reg.Get(1)
 	assert.False(t, wk.Draining(), "none drained")
+	assert.False(t, wk.Down(), "none put down")
 	assert.Empty(t, wk.DeclaredAdapters(), "no adapter declared")
 	status, body := call(t, srv, "GET", "/workers", "", "s3cret")
 	assert.Equal(t, http.StatusOK, status, "reads are served")

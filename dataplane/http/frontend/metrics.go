@@ -346,6 +346,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 		}{
 			{"fastroute_worker_ejected", "1 while the worker is ejected by the passive health check.",
 				func(wk *dataplane.Worker) bool { until, _ := wk.Ejected(); return !until.IsZero() }},
+			{"fastroute_worker_down", "1 while the worker is out of rotation by hand (PATCH /workers/{id} {\"down\":true}).", (*dataplane.Worker).Down},
 			{"fastroute_worker_asleep", "1 while the worker's engine says it sleeps (vLLM's sleep mode), out of rotation.", (*dataplane.Worker).Asleep},
 			{"fastroute_worker_stalled", "1 while the worker's engine shows requests running and no token generated for telemetry.engine.stall_after, out of rotation.", (*dataplane.Worker).Stalled},
 		} {
