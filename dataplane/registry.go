@@ -605,9 +605,10 @@ func (r *Registry) SetHealthy(id uint64, healthy bool) {
 // worker whose engine fell asleep or stalled has Left, like one found
 // unhealthy. A reading without a learned speed is priced at a stand-in
 // capacity (standIn), so that one engine the router is still learning
-// (one that just joined) does not leave every engine unpriced; the
-// router's own reading of an engine without metrics is priced for the
-// batch size batchOf gives it.
+// (one that just joined) does not leave every engine unpriced; one whose
+// batch size is not known yet (the router's own reading of an engine
+// without metrics among them) is priced for the batch size batchOf gives
+// it.
 func (r *Registry) SetEngine(id uint64, st *engine.Stats) {
 	w, ok := r.workers.Load(id)
 	if !ok {
@@ -619,9 +620,10 @@ func (r *Registry) SetEngine(id uint64, st *engine.Stats) {
 		cp := *st
 		cp.StandIn = r.standIn(w, st)
 		st = &cp
-	case st.Dialect == engine.DialectRouter && st.Admit == 0:
-		// The router's own reading: the most requests it had in flight
-		// there at once is no batch size, only a bound below it.
+	case st.Admit == 0:
+		// The batch size is not known: the most requests the engine was
+		// seen running at once (the router's own reading: had in flight
+		// there) is no batch size, only a bound below it.
 		cp := *st
 		_, cp.Slots = r.batchOf(w, st)
 		st = &cp
@@ -637,13 +639,10 @@ func (r *Registry) SetEngine(id uint64, st *engine.Stats) {
 
 // standIn is the capacity worker w's engine, whose speed is not learned,
 // is priced at: the mean learned speed per running request of the other
-// routable workers' engines, times a batch size. That is its own once
-// known (the engine reports it, max_inflight sets it, or its reading
-// shows a queue behind its running requests: a slow engine that joined
-// is then priced for the few requests it runs at once, not fed as many
-// as a fast one's batch), else the larger of the most requests it was
-// seen running and the others' mean batch size. 0 when no other engine
-// has a learned speed.
+// routable workers' engines, times the batch size batchOf gives it (a
+// slow engine that joined and was seen queueing is then priced for the
+// few requests it runs at once, not fed as many as a fast one's batch).
+// 0 when no other engine has a learned speed.
 func (r *Registry) standIn(w *Worker, st *engine.Stats) float64 {
 	rate, batch := r.batchOf(w, st)
 	return rate * batch
@@ -652,22 +651,39 @@ func (r *Registry) standIn(w *Worker, st *engine.Stats) float64 {
 // batchOf returns the mean learned speed of the workers but w (meanSpeed)
 // and the batch size w's engine is priced for: its own once known (Admit,
 // or a queue behind its running requests), else the larger of the most
-// requests it was seen running and the others' mean batch size.
+// requests it was seen running and the mean batch size of the others of
+// its kind. Those are the engines of a learned speed within a factor of
+// kindSpeedRatio of its own (a CPU engine beside GPU ones says nothing of
+// their batch, nor they of its), or every other while its speed is not
+// learned. The most seen running is a bound below the batch, and alone it
+// priced engines alike apart by the chance of their busiest moment (three
+// engines of 16 slots, run below their batch in a benchmark, were priced
+// for 16, 11 and 15) and fed them unevenly.
 func (r *Registry) batchOf(w *Worker, st *engine.Stats) (rate, batch float64) {
-	rate, slots := r.meanSpeed(w)
+	rate, slots := r.meanSpeed(w, 0)
 	batch = st.Slots
 	if st.Admit == 0 && st.Waiting == 0 {
+		if st.TokenRate > 0 {
+			_, slots = r.meanSpeed(w, st.TokenRate)
+		}
 		batch = max(batch, slots)
 	}
 	return rate, batch
 }
 
+// kindSpeedRatio bounds how far apart two engines' learned speeds per
+// running request may be for one's batch size to stand for the other's
+// (batchOf). An engine's own speed moves by about a third between an
+// empty and a full batch.
+const kindSpeedRatio = 2
+
 // meanSpeed returns the mean learned speed per running request and the
 // mean batch size of the routable workers but w whose engines have a
-// learned speed: of those serving a base model w serves, where any does
-// (engines of different models run at different speeds, and requests for
-// w's model compare it with those), else of all; zeros when none has.
-func (r *Registry) meanSpeed(w *Worker) (rate, slots float64) {
+// learned speed, within kindSpeedRatio of like when like is not 0: of
+// those serving a base model w serves, where any does (engines of
+// different models run at different speeds, and requests for w's model
+// compare it with those), else of all; zeros when none has.
+func (r *Registry) meanSpeed(w *Worker, like float64) (rate, slots float64) {
 	mine := w.Models()
 	var peers, all speedSum
 	for _, o := range r.snap.Load().workers {
@@ -675,7 +691,7 @@ func (r *Registry) meanSpeed(w *Worker) (rate, slots float64) {
 			continue
 		}
 		st := o.engine.Load()
-		if st == nil || st.Capacity() == 0 {
+		if st == nil || st.Capacity() == 0 || (like > 0 && (st.TokenRate > like*kindSpeedRatio || st.TokenRate*kindSpeedRatio < like)) {
 			continue
 		}
 		all.add(st)
@@ -715,7 +731,7 @@ func (s speedSum) mean() (rate, slots float64) {
 // would send them to an engine they know nothing of. Its first reading
 // replaces it; a scrape that fails before any reading withdraws it.
 func (r *Registry) priceUnread(w *Worker) {
-	if rate, _ := r.meanSpeed(w); rate > 0 {
+	if rate, _ := r.meanSpeed(w, 0); rate > 0 {
 		w.SetEngine(&engine.Stats{Slots: 1, StandIn: rate, PrefixHitRatio: -1})
 	}
 }

@@ -1237,24 +1237,33 @@ func TestAnEngineNotLearnedYetIsPricedByTheOthers(t *testing.T) {
 	assertIdle(t, reg)
 }
 
-// The router's own reading of a worker whose engine gives no metrics
-// (engine.DialectRouter) counts the requests it had in flight there, not
-// the engine's batch: priced for the others' mean batch until it was seen
-// holding more, or max_inflight gives its batch. While its last reading is
-// the router's, the front end counts the tokens relayed from it.
-func TestTheRoutersOwnReadingIsPricedForTheOthersBatch(t *testing.T) {
+// An engine whose batch size is not known yet (neither reported, nor
+// given by max_inflight, nor seen full) is priced for the larger of the
+// most requests it was seen running and the mean batch of the engines of
+// its kind (a learned speed within a factor of 2 of its own): engines
+// alike are priced alike whatever their busiest moment, and a slow engine
+// beside fast ones keeps its own. The router's own reading of a worker
+// whose engine gives no metrics (engine.DialectRouter), which counts the
+// requests it had in flight there, is priced so too. While its last
+// reading is the router's, the front end counts the tokens relayed from
+// it.
+func TestAnEngineOfUnknownBatchIsPricedForItsKindsBatch(t *testing.T) {
 	reg := newFleet(t, 3)
-	reg.SetEngine(1, &engine.Stats{Slots: 16, TokenRate: 50})
-	reg.SetEngine(2, &engine.Stats{Slots: 24, TokenRate: 50})
+	reg.SetEngine(1, &engine.Stats{Slots: 16, TokenRate: 50, Admit: 32})
+	reg.SetEngine(2, &engine.Stats{Slots: 24, TokenRate: 50, Admit: 48})
 	w3, _ := reg.Get(3)
 	assert.False(t, w3.CountsTokens())
-	own := engine.Stats{Reading: engine.Reading{Dialect: engine.DialectRouter}, Slots: 2, TokenRate: 8}
+	own := engine.Stats{Reading: engine.Reading{Dialect: engine.DialectRouter}, Slots: 2, TokenRate: 40}
 	reg.SetEngine(3, &own)
 	assert.True(t, w3.CountsTokens())
 	assert.InDelta(t, 20.0, w3.Engine().Slots, 1e-9, "the others' mean batch, not the 2 it was seen holding")
 	c, priced := w3.Engine().Cost(0)
 	require.True(t, priced)
-	assert.InDelta(t, 1/160.0, c, 1e-12, "one request over 20 × 8 tokens a second")
+	assert.InDelta(t, 1/800.0, c, 1e-12, "one request over 20 × 40 tokens a second")
+	slow := own
+	slow.TokenRate = 8
+	reg.SetEngine(3, &slow)
+	assert.InDelta(t, 2.0, w3.Engine().Slots, 1e-9, "6 times slower: of another kind, its own")
 	seen := own
 	seen.Slots = 30
 	reg.SetEngine(3, &seen)
@@ -1263,10 +1272,16 @@ func TestTheRoutersOwnReadingIsPricedForTheOthersBatch(t *testing.T) {
 	fixed.Slots, fixed.Admit = 4, 8 // max_inflight: 4
 	reg.SetEngine(3, &fixed)
 	assert.InDelta(t, 4.0, w3.Engine().Slots, 1e-9, "its max_inflight")
-	vllm := engine.Stats{Reading: engine.Reading{Dialect: "vllm", Running: 1}, Slots: 2, TokenRate: 8}
+	vllm := engine.Stats{Reading: engine.Reading{Dialect: "vllm", Running: 11}, Slots: 11, TokenRate: 45}
 	reg.SetEngine(3, &vllm)
-	assert.InDelta(t, 2.0, w3.Engine().Slots, 1e-9, "an engine's own reading is taken as it is")
+	assert.InDelta(t, 20.0, w3.Engine().Slots, 1e-9, "an engine's reading below its batch too")
 	assert.False(t, w3.CountsTokens(), "its engine's metrics are back")
+	vllm.Waiting = 1
+	reg.SetEngine(3, &vllm)
+	assert.InDelta(t, 11.0, w3.Engine().Slots, 1e-9, "a queue behind its running requests: its batch")
+	vllm.Waiting, vllm.Admit = 0, 22
+	reg.SetEngine(3, &vllm)
+	assert.InDelta(t, 11.0, w3.Engine().Slots, 1e-9, "seen full: its batch")
 	reg.SetEngine(3, &own)
 	reg.SetEngine(3, nil)
 	assert.True(t, w3.CountsTokens(), "a reading gone stale changes nothing")
@@ -1423,5 +1438,39 @@ func TestARefusedRequestMovesToABackupOfALongerContext(t *testing.T) {
 	require.NoError(t, sel.Retry(&req, &res))
 	assert.Equal(t, uint64(3), res.Worker().ID())
 	res.Release()
+	assertIdle(t, reg)
+}
+
+// Engines alike (the same speed, batches not known: none was seen full)
+// are priced alike, whatever the most requests each was seen running: a
+// burst spreads over them evenly, where pricing each for its own busiest
+// moment (16, 11 and 15) gave them 11, 8 and 11 of 30. A slow engine
+// beside them keeps its own batch and takes nothing of the burst.
+func TestEnginesAlikeArePricedAlike(t *testing.T) {
+	reg := newFleet(t, 4)
+	for range 2 { // two scrapes: the first engine read had no peer yet
+		for _, e := range []struct {
+			id   uint64
+			seen float64
+		}{{2, 11}, {3, 15}, {1, 16}} {
+			reg.SetEngine(e.id, &engine.Stats{Slots: e.seen, TokenRate: 50})
+		}
+	}
+	reg.SetEngine(4, &engine.Stats{Slots: 4, TokenRate: 8})
+	w4, _ := reg.Get(4)
+	assert.InDelta(t, 4.0, w4.Engine().Slots, 1e-9)
+	sel := newSelector(t, reg, pickers.ModeLoadAware, 0)
+	got := map[uint64]int{}
+	var held []*Reservation
+	for range 30 {
+		r := new(Reservation)
+		require.NoError(t, sel.Select(&Request{}, r))
+		got[r.Worker().ID()]++
+		held = append(held, r)
+	}
+	assert.Equal(t, map[uint64]int{1: 10, 2: 10, 3: 10}, got)
+	for _, r := range held {
+		r.Release()
+	}
 	assertIdle(t, reg)
 }

@@ -169,8 +169,8 @@ func TestAPrefillLegRefusedAsLongerMovesToALongerContext(t *testing.T) {
 func TestWorkersShowAStandInCapacity(t *testing.T) {
 	f := startFleet(t, []mockworker.Options{{ID: 1}, {ID: 2}, {ID: 3}, {ID: 4}},
 		func(c *config.Config) { c.Telemetry.Engine.Enabled = false }) // the readings are the test's
-	f.r.Registry.SetEngine(1, &engine.Stats{Slots: 16, TokenRate: 50})
-	f.r.Registry.SetEngine(2, &engine.Stats{Reading: engine.Reading{Running: 6, KVUsage: 0.9}, Slots: 8, TokenRate: 50})
+	f.r.Registry.SetEngine(1, &engine.Stats{Slots: 16, TokenRate: 50, Admit: 32}) // batches known (seen full)
+	f.r.Registry.SetEngine(2, &engine.Stats{Reading: engine.Reading{Running: 6, KVUsage: 0.9}, Slots: 8, TokenRate: 50, Admit: 16})
 	f.r.Registry.SetEngine(3, &engine.Stats{Reading: engine.Reading{Running: 2}})
 	f.r.Registry.SetEngine(4, nil)
 	for id, want := range map[string][3]string{
