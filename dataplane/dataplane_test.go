@@ -1103,3 +1103,45 @@ func TestAWorkerPutDownIsOutOfRotation(t *testing.T) {
 	require.NoError(t, sel.Select(&Request{WorkerID: 2}, &res))
 	res.Release()
 }
+
+// A worker replaced at the same URL (a reload that changed its capacity,
+// its cap or its adapters) shares its counts with the old spec: the
+// requests in flight there run on the same engine, so they count against
+// the new spec's cap until they end, and release to zero on both. At
+// another URL (another engine) the new spec counts only its own.
+func TestAReplacedWorkerKeepsCountingTheRequestsOnItsEngine(t *testing.T) {
+	reg := newFleet(t, 1)
+	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 2)
+	var a, b, c Reservation
+	require.NoError(t, sel.Select(&Request{}, &a))
+	require.NoError(t, sel.Select(&Request{}, &b))
+	a.Dispatched()
+	b.Dispatched()
+	sp := spec(1)
+	sp.Capacity, sp.DPSize = 3, 2
+	old, err := reg.Replace(sp)
+	require.NoError(t, err)
+	w, _ := reg.Get(1)
+	assert.EqualValues(t, 2, w.Occupancy(), "the old spec's requests run on its engine")
+	assert.EqualValues(t, 2, w.Served())
+	assert.ErrorIs(t, sel.Select(&Request{}, &c), ErrResourceExhausted, "at its cap of 2")
+	a.Release()
+	require.NoError(t, sel.Select(&Request{}, &c))
+	assert.Equal(t, []int64{1, 0}, w.RankOccupancy(), "ranks of its new dp_size")
+	b.Release()
+	c.Release()
+	assert.Zero(t, w.Occupancy())
+	assert.Zero(t, old.Occupancy())
+
+	require.NoError(t, sel.Select(&Request{}, &a))
+	moved := spec(1)
+	moved.URL = "http://127.0.0.1:9999"
+	old, err = reg.Replace(moved)
+	require.NoError(t, err)
+	w, _ = reg.Get(1)
+	assert.Zero(t, w.Occupancy(), "another engine")
+	assert.EqualValues(t, 1, old.Occupancy())
+	a.Release()
+	assert.Zero(t, old.Occupancy())
+	assert.Zero(t, w.Occupancy())
+}

@@ -366,8 +366,11 @@ func (r *Registry) add(spec WorkerSpec, healthy bool) (*Worker, error) {
 
 // Replace swaps a registered worker's spec for a new one (a config reload
 // that changed it) and returns the old worker: new requests see the new one
-// at once; requests in flight finish on the old one and release there, so
-// the new one's occupancy counts only what it was given.
+// at once; requests in flight finish on the old one and release there. At
+// the same URL the two share their counts (and their ranks' at the same
+// dp_size): the old requests run on the same engine, and count against
+// the new one's cap, in GET /workers and in the picks until they end. At
+// another URL the new one counts only what it was given.
 func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 	if err := spec.Normalize(); err != nil {
 		return nil, err
@@ -379,6 +382,12 @@ func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 		return nil, Errorf(NotFound, "unknown worker id %d", spec.ID)
 	}
 	w := newWorker(spec)
+	if spec.URL == old.spec.URL {
+		w.occ = old.occ
+		if spec.DPSize == old.spec.DPSize {
+			w.ranks = old.ranks
+		}
+	}
 	w.healthy.Store(old.Healthy())
 	w.down.Store(old.Down())
 	w.asleep.Store(old.Asleep())

@@ -289,7 +289,10 @@ type occupancy struct {
 // Worker is one inference server as the data plane sees it. Spec never
 // changes after registration; the rest is live state read with atomics.
 type Worker struct {
-	occ      occupancy
+	// occ is shared with the worker a Replace of the same URL puts in
+	// its place: the old spec's requests in flight run on the same engine
+	// and count against the new one's cap until they end.
+	occ      *occupancy
 	spec     WorkerSpec
 	healthy  atomic.Bool
 	draining atomic.Bool
@@ -332,7 +335,7 @@ type Advertised struct {
 }
 
 func newWorker(spec WorkerSpec) *Worker {
-	w := &Worker{spec: spec}
+	w := &Worker{spec: spec, occ: new(occupancy)}
 	if spec.DPSize > 1 {
 		w.ranks = make([]atomic.Int64, spec.DPSize)
 	}

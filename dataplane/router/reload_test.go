@@ -28,6 +28,7 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	f.r.SetConfigSource(source)
 
 	stream := f.post("/v1/chat/completions", streamBody, "x-worker-id", "1") // 0.5 s of stream on worker 1
+	onTwo := f.post("/v1/chat/completions", streamBody, "x-worker-id", "2")
 
 	// Worker 1 removed, worker 2 changed, worker 3 added; a new mode and retries; a limit that needs a restart.
 	next.Workers = []dataplane.WorkerSpec{
@@ -48,6 +49,11 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	assert.Equal(t, []string{"limits", "pid_file", "router.prefix_affinity", "router.queue", "router.retry_statuses"}, answer.NeedRestart)
 	assert.Equal(t, 5*time.Second, f.r.CurrentConfig().ShutdownDelay)
 	assert.Contains(t, logs.String(), `msg="config reloaded"`)
+	_, two := adminDo(t, f, "GET", "/workers/2", "", "s3cret")
+	assert.Contains(t, two, `"occupancy":1,`, "replaced at its URL, worker 2 still counts the stream on its engine")
+	assert.Contains(t, readAll(t, onTwo), "data: [DONE]")
+	_, two = adminDo(t, f, "GET", "/workers/2", "", "s3cret")
+	assert.Contains(t, two, `"occupancy":0,`)
 
 	seen := map[string]int{}
 	for i := 0; i < 20; i++ {
