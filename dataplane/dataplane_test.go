@@ -1145,3 +1145,39 @@ func TestAReplacedWorkerKeepsCountingTheRequestsOnItsEngine(t *testing.T) {
 	assert.Zero(t, old.Occupancy())
 	assert.Zero(t, w.Occupancy())
 }
+
+// Update changes a worker's spec as a new spec is checked, replaces the
+// worker only when that changed anything, keeps its engine's last reading
+// (the same engine), and refuses an unknown worker, a spec it cannot take
+// and a worker being drained, changing nothing.
+func TestUpdateChangesARunningWorkersSpec(t *testing.T) {
+	reg := newFleet(t, 2)
+	reg.SetEngine(1, &engine.Stats{Slots: 8, TokenRate: 40, Admit: 16})
+	before, _ := reg.Get(1)
+	changed, err := reg.Update(1, func(s *WorkerSpec) { s.Capacity = 1 })
+	require.NoError(t, err)
+	assert.False(t, changed, "the same spec")
+	w, _ := reg.Get(1)
+	assert.Same(t, before, w)
+
+	changed, err = reg.Update(1, func(s *WorkerSpec) { s.MaxInflight, s.Backup = 4, true })
+	require.NoError(t, err)
+	assert.True(t, changed)
+	w, _ = reg.Get(1)
+	assert.NotSame(t, before, w)
+	assert.Equal(t, 4, w.Spec().MaxInflight)
+	assert.True(t, w.Spec().Backup)
+	assert.Same(t, before.Engine(), w.Engine(), "its engine's reading kept")
+
+	_, err = reg.Update(1, func(s *WorkerSpec) { s.MaxInflight = -1 })
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, "max_inflight")
+	after, _ := reg.Get(1)
+	assert.Same(t, w, after, "refused: nothing changed")
+	_, err = reg.Update(9, func(*WorkerSpec) {})
+	assert.ErrorIs(t, err, ErrNotFound)
+	require.NoError(t, reg.Drain(2))
+	_, err = reg.Update(2, func(s *WorkerSpec) { s.Capacity = 2 })
+	var draining *DrainingError
+	assert.ErrorAs(t, err, &draining)
+}

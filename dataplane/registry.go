@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -369,8 +370,9 @@ func (r *Registry) add(spec WorkerSpec, healthy bool) (*Worker, error) {
 // at once; requests in flight finish on the old one and release there. At
 // the same URL the two share their counts (and their ranks' at the same
 // dp_size): the old requests run on the same engine, and count against
-// the new one's cap, in GET /workers and in the picks until they end. At
-// another URL the new one counts only what it was given.
+// the new one's cap, in GET /workers and in the picks until they end; and
+// the engine's last reading prices the new one until the next. At another
+// URL the new one counts only what it was given, priced as one joining.
 func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 	if err := spec.Normalize(); err != nil {
 		return nil, err
@@ -381,12 +383,62 @@ func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 		r.mu.Unlock()
 		return nil, Errorf(NotFound, "unknown worker id %d", spec.ID)
 	}
+	w := r.replaceLocked(old, spec)
+	r.mu.Unlock()
+	r.notify(old, Replaced)
+	r.notify(w, Joined)
+	return old, nil
+}
+
+// Update changes worker id's spec by change (the admin API's PATCH of its
+// routing settings: its cap, capacity, backup, context, role), checked as
+// any spec is, and replaces the worker with it (Replace, at the same URL:
+// its counts carry over) when that changed anything. change must leave
+// the id and the URL. A worker being drained is refused (DrainingError).
+func (r *Registry) Update(id uint64, change func(*WorkerSpec)) (changed bool, err error) {
+	r.mu.Lock()
+	old, ok := r.workers.Load(id)
+	switch {
+	case !ok:
+		r.mu.Unlock()
+		return false, Errorf(NotFound, "unknown worker id %d", id)
+	case old.Draining():
+		r.mu.Unlock()
+		return false, &DrainingError{ID: id}
+	}
+	spec := old.spec
+	spec.LoRAs, spec.Models = slices.Clone(spec.LoRAs), slices.Clone(spec.Models)
+	change(&spec)
+	if err := spec.Normalize(); err != nil {
+		r.mu.Unlock()
+		return false, Errorf(InvalidArgument, "%v", err)
+	}
+	if reflect.DeepEqual(spec, old.spec) {
+		r.mu.Unlock()
+		return false, nil
+	}
+	w := r.replaceLocked(old, spec)
+	r.mu.Unlock()
+	r.notify(old, Replaced)
+	r.notify(w, Joined)
+	return true, nil
+}
+
+// replaceLocked puts a worker of spec (normalised) in old's place, with
+// old's live state, and publishes. The caller holds mu.
+func (r *Registry) replaceLocked(old *Worker, spec WorkerSpec) *Worker {
 	w := newWorker(spec)
 	if spec.URL == old.spec.URL {
+		// The same engine: its requests in flight, and its last reading
+		// until the next scrape.
 		w.occ = old.occ
 		if spec.DPSize == old.spec.DPSize {
 			w.ranks = old.ranks
 		}
+		w.engine.Store(old.engine.Load())
+		w.countsTokens.Store(old.countsTokens.Load())
+	} else {
+		r.priceUnread(w)
 	}
 	w.healthy.Store(old.Healthy())
 	w.down.Store(old.Down())
@@ -394,13 +446,9 @@ func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 	w.stalled.Store(old.Stalled())
 	w.adv.Store(old.adv.Load())
 	w.declared.Store(old.declared.Load())
-	r.priceUnread(w)
 	r.workers.Store(spec.ID, w)
 	r.publishLocked()
-	r.mu.Unlock()
-	r.notify(old, Replaced)
-	r.notify(w, Joined)
-	return old, nil
+	return w
 }
 
 // EjectPolicy is the passive health check, after Envoy's outlier

@@ -264,28 +264,33 @@ func routes(o Options) *http.ServeMux {
 		if !ok {
 			return
 		}
-		var patch struct {
-			Down *bool `json:"down"`
-		}
+		var patch workerPatch
 		status, err := decodeBody(w, r, &patch)
-		if err == nil && patch.Down == nil {
-			status, err = http.StatusBadRequest, errors.New(`no "down"`)
+		if err == nil && patch == (workerPatch{}) {
+			status, err = http.StatusBadRequest, errors.New("nothing to change")
 		}
 		if err != nil {
-			writeError(w, status, `want {"down":true} or {"down":false} (`+err.Error()+")")
+			writeError(w, status, "want an object of one or more of "+patchable+" ("+err.Error()+")")
 			return
 		}
-		changed, err := o.Registry.SetDown(id, *patch.Down)
+		changed, err := o.Registry.Update(id, patch.apply)
+		if err == nil && patch.Down != nil {
+			var down bool
+			down, err = o.Registry.SetDown(id, *patch.Down)
+			changed = changed || down
+		}
+		if changed {
+			o.changed()
+		}
 		if err != nil {
-			status := http.StatusNotFound
-			if _, draining := errors.AsType[*dataplane.DrainingError](err); draining {
+			status := http.StatusBadRequest
+			if errors.Is(err, dataplane.ErrNotFound) {
+				status = http.StatusNotFound
+			} else if _, draining := errors.AsType[*dataplane.DrainingError](err); draining {
 				status = http.StatusConflict
 			}
 			writeError(w, status, err.Error())
 			return
-		}
-		if changed {
-			o.changed()
 		}
 		wk, ok := o.Registry.Get(id)
 		if !ok { // drained and swept meanwhile
@@ -361,6 +366,38 @@ func routes(o Options) *http.ServeMux {
 		writeJSON(w, http.StatusAccepted, map[string]any{"id": id, "draining": true})
 	})
 	return mux
+}
+
+// workerPatch is a PATCH /workers/{id} body: a worker put down or back,
+// and the settings of its spec that change how it is routed to, not which
+// engine it is (its URL, device, dp_size or ports make another worker:
+// DELETE, then POST /workers).
+type workerPatch struct {
+	Down        *bool           `json:"down"`
+	MaxInflight *int            `json:"max_inflight"`
+	Capacity    *float64        `json:"capacity"`
+	Backup      *bool           `json:"backup"`
+	MaxModelLen *int            `json:"max_model_len"`
+	Role        *dataplane.Role `json:"role"`
+}
+
+// patchable names workerPatch's fields for its refusals.
+const patchable = "down, max_inflight, capacity, backup, max_model_len, role"
+
+// apply sets the spec fields the patch names.
+func (p workerPatch) apply(s *dataplane.WorkerSpec) {
+	set(&s.MaxInflight, p.MaxInflight)
+	set(&s.Capacity, p.Capacity)
+	set(&s.Backup, p.Backup)
+	set(&s.MaxModelLen, p.MaxModelLen)
+	set(&s.Role, p.Role)
+}
+
+// set sets *field to *v when v is not nil.
+func set[T any](field *T, v *T) {
+	if v != nil {
+		*field = *v
+	}
 }
 
 // changed tells of a write that changed the workers (Options.Changed).
