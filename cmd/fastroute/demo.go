@@ -118,6 +118,11 @@ func runDemo(args []string) error {
 		return fmt.Errorf("sleep mode: %w", err)
 	}
 	fmt.Println(slept)
+	down, err := demoDown(client, base, r.AdminAddr(), cfg.Workers[1].ID)
+	if err != nil {
+		return fmt.Errorf("worker down: %w", err)
+	}
+	fmt.Println(down)
 	conv, err := demoConversation(client, []string{base}, nil, mocks)
 	if err != nil {
 		return fmt.Errorf("conversation: %w", err)
@@ -164,7 +169,7 @@ func runDemo(args []string) error {
 		}
 	}
 	// The embeddings', the realtime session's, then demoTrace's.
-	if want := int64(*requests + 1 + 1 + stickyRequests + sleepRequests + conversationTurns + aliasRequests + 1); total != want {
+	if want := int64(*requests + 1 + 1 + stickyRequests + 2*awayRequests + conversationTurns + aliasRequests + 1); total != want {
 		return fmt.Errorf("workers served %d requests, want %d", total, want)
 	}
 	resp, err := client.Get("http://" + r.AdminAddr() + "/metrics")
@@ -505,52 +510,82 @@ func demoSticky(client *http.Client, base string) (string, error) {
 		loraWorker, strings.Join(session, ", ")), nil
 }
 
-// sleepRequests are the requests demoSleep sends while a worker sleeps.
-const sleepRequests = 4
+// awayRequests are the requests demoSleep and demoDown send while a worker
+// is out of rotation.
+const awayRequests = 4
 
 // demoSleep puts the engine of worker (served by m) to sleep as an RL
 // trainer does (vLLM's POST /sleep), waits for the router to read it in the
-// engine's metrics, sends sleepRequests requests, which go to the other
+// engine's metrics, sends awayRequests requests, which go to the other
 // workers, and wakes the engine up again.
 func demoSleep(client *http.Client, base string, reg *dataplane.Registry, worker uint64, m *mockworker.Worker) (string, error) {
-	id := strconv.FormatUint(worker, 10)
-	engine := func(path string, asleep bool) error { // and wait for the router to see it so
-		resp, err := client.Post(m.URL()+path, "", nil)
-		if err != nil {
-			return err
-		}
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s: status %d", path, resp.StatusCode)
-		}
-		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			if w, ok := reg.Get(worker); ok && w.Asleep() == asleep {
-				return nil
+	engine := func(path string, asleep bool) func() error { // and wait for the router to see it so
+		return func() error {
+			resp, err := client.Post(m.URL()+path, "", nil)
+			if err != nil {
+				return err
 			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("after %s, the router did not see worker %s's engine's sleep state change within 2s", path, id)
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s: status %d", path, resp.StatusCode)
+			}
+			for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if w, ok := reg.Get(worker); ok && w.Asleep() == asleep {
+					return nil
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("after %s, the router did not see worker %d's engine's sleep state change within 2s", path, worker)
+				}
 			}
 		}
 	}
-	if err := engine("/sleep?level=1", true); err != nil {
+	went, err := demoAway(client, base, worker, engine("/sleep?level=1", true), engine("/wake_up", false))
+	return fmt.Sprintf("worker %d asleep      -> workers %s (vLLM's sleep mode, read in its metrics; woken up after)", worker, went), err
+}
+
+// demoDown puts worker down by hand through the admin API (PATCH
+// /workers/{id}, an engine's maintenance), sends awayRequests requests,
+// which go to the other workers, and puts it back.
+func demoDown(client *http.Client, base, admin string, worker uint64) (string, error) {
+	patch := func(body string) func() error {
+		return func() error {
+			req, _ := http.NewRequest(http.MethodPatch, fmt.Sprintf("http://%s/workers/%d", admin, worker), strings.NewReader(body))
+			resp, err := client.Do(req)
+			if err != nil {
+				return err
+			}
+			answer, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("PATCH %s: status %d: %s", body, resp.StatusCode, answer)
+			}
+			return nil
+		}
+	}
+	went, err := demoAway(client, base, worker, patch(`{"down":true}`), patch(`{"down":false}`))
+	return fmt.Sprintf("worker %d down        -> workers %s (PATCH /workers/%d {\"down\":true} on the admin API; put back after)", worker, went, worker), err
+}
+
+// demoAway takes worker out of rotation with away, sends awayRequests
+// requests, which must all go to the others, puts it back with back, and
+// lists where they went.
+func demoAway(client *http.Client, base string, worker uint64, away, back func() error) (string, error) {
+	if err := away(); err != nil {
 		return "", err
 	}
+	id := strconv.FormatUint(worker, 10)
 	var went []string
-	for range sleepRequests {
+	for range awayRequests {
 		w, err := demoSend(client, base+"/v1/completions", `{"model":"mock-model","prompt":"hi"}`, "")
 		if err != nil {
 			return "", err
 		}
 		if w == id {
-			return "", fmt.Errorf("a request went to worker %s, asleep", id)
+			return "", fmt.Errorf("a request went to worker %s, out of rotation", id)
 		}
 		went = append(went, w)
 	}
-	if err := engine("/wake_up", false); err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("worker %s asleep      -> workers %s (vLLM's sleep mode, read in its metrics; woken up after)",
-		id, strings.Join(went, ", ")), nil
+	return strings.Join(went, ", "), back()
 }
 
 // demoSend posts body to url (with the session header when session is
