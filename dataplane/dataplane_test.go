@@ -64,6 +64,17 @@ func newSelector(t testing.TB, reg *Registry, mode pickers.Mode, busy int) *Sele
 	return s
 }
 
+// leftOf records the ids of the workers reg's subscribers hear have Left.
+func leftOf(reg *Registry) *[]uint64 {
+	var left []uint64
+	reg.Subscribe(func(w *Worker, c Change) {
+		if c == Left {
+			left = append(left, w.ID())
+		}
+	})
+	return &left
+}
+
 func workerIDs(ws []*Worker) []uint64 {
 	out := []uint64{}
 	for _, w := range ws {
@@ -942,12 +953,7 @@ func TestSubscribersHearEveryChange(t *testing.T) {
 // it then). One whose engine stalled likewise.
 func TestAnEngineAsleepIsOutOfRotation(t *testing.T) {
 	reg := newFleet(t, 2)
-	var left []uint64
-	reg.Subscribe(func(w *Worker, c Change) {
-		if c == Left {
-			left = append(left, w.ID())
-		}
-	})
+	left := leftOf(reg)
 	sel := newSelector(t, reg, pickers.ModeRoundRobin, 0)
 	named := func() error {
 		req := &Request{WorkerID: 1}
@@ -960,13 +966,13 @@ func TestAnEngineAsleepIsOutOfRotation(t *testing.T) {
 	assert.Equal(t, 2, reg.Snapshot().Len())
 	reg.SetEngine(1, &engine.Stats{Reading: engine.Reading{Asleep: true}})
 	assert.Equal(t, 1, reg.Snapshot().Len())
-	assert.Equal(t, []uint64{1}, left)
+	assert.Equal(t, []uint64{1}, *left)
 	w1, _ := reg.Get(1)
 	assert.True(t, w1.Asleep())
 	assert.False(t, w1.Routable())
 	assert.ErrorContains(t, named(), "worker 1 is not routable (asleep)")
 	reg.SetEngine(1, &engine.Stats{Reading: engine.Reading{Asleep: true}})
-	assert.Equal(t, []uint64{1}, left, "told once")
+	assert.Equal(t, []uint64{1}, *left, "told once")
 
 	_, err := reg.Replace(spec(1))
 	require.NoError(t, err)
@@ -984,10 +990,10 @@ func TestAnEngineAsleepIsOutOfRotation(t *testing.T) {
 	reg.SetEngine(99, &engine.Stats{Reading: engine.Reading{Asleep: true}}) // unknown: nothing
 
 	// An engine taken to have stalled (engine.Stats.Stalled) likewise.
-	heard := len(left)
+	heard := len(*left)
 	reg.SetEngine(1, &engine.Stats{Stalled: true})
 	assert.Equal(t, 1, reg.Snapshot().Len())
-	assert.Len(t, left, heard+1, "told it left")
+	assert.Len(t, *left, heard+1, "told it left")
 	assert.ErrorContains(t, named(), "worker 1 is not routable (stalled)")
 	reg.SetEngine(1, &engine.Stats{})
 	assert.Equal(t, 2, reg.Snapshot().Len(), "generating again")
@@ -1043,12 +1049,7 @@ func TestARequestRefusedAsLongerMovesOnlyToLongerContexts(t *testing.T) {
 // joins in rotation. A worker being drained cannot be put down or back.
 func TestAWorkerPutDownIsOutOfRotation(t *testing.T) {
 	reg := newFleet(t, 3)
-	var left []uint64
-	reg.Subscribe(func(w *Worker, c Change) {
-		if c == Left {
-			left = append(left, w.ID())
-		}
-	})
+	left := leftOf(reg)
 	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 0)
 	var res Reservation
 	require.NoError(t, sel.Select(&Request{WorkerID: 2}, &res))
@@ -1060,7 +1061,7 @@ func TestAWorkerPutDownIsOutOfRotation(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, changed, "already down")
 	assert.Equal(t, []uint64{1, 3}, reg.Snapshot().IDs())
-	assert.Equal(t, []uint64{2}, left)
+	assert.Equal(t, []uint64{2}, *left)
 	w2, _ := reg.Get(2)
 	assert.EqualValues(t, 1, w2.Occupancy(), "its request in flight is kept")
 	res.Release()

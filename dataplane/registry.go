@@ -397,14 +397,10 @@ func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 // the id and the URL. A worker being drained is refused (DrainingError).
 func (r *Registry) Update(id uint64, change func(*WorkerSpec)) (changed bool, err error) {
 	r.mu.Lock()
-	old, ok := r.workers.Load(id)
-	switch {
-	case !ok:
+	old, err := r.changeableLocked(id)
+	if err != nil {
 		r.mu.Unlock()
-		return false, Errorf(NotFound, "unknown worker id %d", id)
-	case old.Draining():
-		r.mu.Unlock()
-		return false, &DrainingError{ID: id}
+		return false, err
 	}
 	spec := old.spec
 	spec.LoRAs, spec.Models = slices.Clone(spec.LoRAs), slices.Clone(spec.Models)
@@ -422,6 +418,20 @@ func (r *Registry) Update(id uint64, change func(*WorkerSpec)) (changed bool, er
 	r.notify(old, Replaced)
 	r.notify(w, Joined)
 	return true, nil
+}
+
+// changeableLocked returns worker id for the admin API to change: an
+// error for an unknown id (NotFound) and for a worker being drained
+// (DrainingError). The caller holds mu.
+func (r *Registry) changeableLocked(id uint64) (*Worker, error) {
+	w, ok := r.workers.Load(id)
+	switch {
+	case !ok:
+		return nil, Errorf(NotFound, "unknown worker id %d", id)
+	case w.Draining():
+		return nil, &DrainingError{ID: id}
+	}
+	return w, nil
 }
 
 // replaceLocked puts a worker of spec (normalised) in old's place, with
@@ -554,17 +564,10 @@ func (r *Registry) Drain(id uint64) error {
 // again (Left). A worker being drained is refused (DrainingError).
 func (r *Registry) SetDown(id uint64, down bool) (changed bool, err error) {
 	r.mu.Lock()
-	w, ok := r.workers.Load(id)
-	switch {
-	case !ok:
+	w, err := r.changeableLocked(id)
+	if err != nil || w.down.Swap(down) == down {
 		r.mu.Unlock()
-		return false, Errorf(NotFound, "unknown worker id %d", id)
-	case w.Draining():
-		r.mu.Unlock()
-		return false, &DrainingError{ID: id}
-	case w.down.Swap(down) == down:
-		r.mu.Unlock()
-		return false, nil
+		return false, err
 	}
 	if down {
 		r.down[id] = true
