@@ -1149,7 +1149,7 @@ func TestAReplacedWorkerKeepsCountingTheRequestsOnItsEngine(t *testing.T) {
 
 // Update changes a worker's spec as a new spec is checked, replaces the
 // worker only when that changed anything, keeps its engine's last reading
-// (the same engine), and refuses an unknown worker, a spec it cannot take
+// and the tokens relayed from it (the same engine), and refuses an unknown worker, a spec it cannot take
 // and a worker being drained, changing nothing.
 func TestUpdateChangesARunningWorkersSpec(t *testing.T) {
 	reg := newFleet(t, 2)
@@ -1161,6 +1161,7 @@ func TestUpdateChangesARunningWorkersSpec(t *testing.T) {
 	w, _ := reg.Get(1)
 	assert.Same(t, before, w)
 
+	before.AddRelayedTokens(7)
 	changed, err = reg.Update(1, func(s *WorkerSpec) { s.MaxInflight, s.Backup = 4, true })
 	require.NoError(t, err)
 	assert.True(t, changed)
@@ -1169,6 +1170,8 @@ func TestUpdateChangesARunningWorkersSpec(t *testing.T) {
 	assert.Equal(t, 4, w.Spec().MaxInflight)
 	assert.True(t, w.Spec().Backup)
 	assert.Same(t, before.Engine(), w.Engine(), "its engine's reading kept")
+	_, relayed := w.Relayed()
+	assert.EqualValues(t, 7, relayed, "the tokens relayed from its engine go on counting")
 
 	_, err = reg.Update(1, func(s *WorkerSpec) { s.MaxInflight = -1 })
 	assert.ErrorIs(t, err, ErrInvalidArgument)

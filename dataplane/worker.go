@@ -277,13 +277,18 @@ func (s *WorkerSpec) TLS() bool {
 	return u.Scheme == "https"
 }
 
-// occupancy holds a worker's hot counters on a cache line of their own, so
-// counters of different workers never share a line (no false sharing).
+// occupancy holds a worker's hot counters, what the router itself sees of
+// its engine, on a cache line of their own, so counters of different
+// workers never share a line (no false sharing).
 type occupancy struct {
 	_      cpu.CacheLinePad
 	n      atomic.Int64  // in flight
 	served atomic.Uint64 // requests dispatched to it
-	_      cpu.CacheLinePad
+	// relayed is the tokens of the answers relayed from it while its
+	// engine gives no metrics and the router reads it itself
+	// (Worker.CountsTokens).
+	relayed atomic.Uint64
+	_       cpu.CacheLinePad
 }
 
 // Worker is one inference server as the data plane sees it. Spec never
@@ -291,7 +296,8 @@ type occupancy struct {
 type Worker struct {
 	// occ is shared with the worker a Replace of the same URL puts in
 	// its place: the old spec's requests in flight run on the same engine
-	// and count against the new one's cap until they end.
+	// and count against the new one's cap until they end, and the tokens
+	// relayed from it go on counting.
 	occ      *occupancy
 	spec     WorkerSpec
 	healthy  atomic.Bool
@@ -305,11 +311,10 @@ type Worker struct {
 	adv      atomic.Pointer[Advertised] // what its /v1/models lists
 	declared atomic.Pointer[[]string]   // adapters set through the admin API; nil: the spec's
 	engine   atomic.Pointer[engine.Stats]
-	// While its engine gives no metrics and the router reads it itself
-	// (countsTokens: its last reading is engine.DialectRouter), the
-	// tokens of the answers relayed from it.
-	countsTokens  atomic.Bool
-	relayedTokens atomic.Uint64
+	// countsTokens: its engine gives no metrics and the router reads it
+	// itself (its last reading is engine.DialectRouter), counting the
+	// tokens relayed from it in occ.relayed.
+	countsTokens atomic.Bool
 	// Passive health (outlier ejection), written as answers end.
 	failStreak   atomic.Int32 // consecutive 5xx or transport failures
 	ejections    atomic.Int32 // ejections since the last good answer
@@ -495,7 +500,7 @@ func (w *Worker) CountsTokens() bool { return w.countsTokens.Load() }
 // AddRelayedTokens counts n more tokens relayed from w (CountsTokens).
 func (w *Worker) AddRelayedTokens(n int64) {
 	if n > 0 {
-		w.relayedTokens.Add(uint64(n))
+		w.occ.relayed.Add(uint64(n))
 	}
 }
 
@@ -504,7 +509,7 @@ func (w *Worker) AddRelayedTokens(n int64) {
 // router's own reading of an engine that gives no metrics
 // (engine.Target.Relayed).
 func (w *Worker) Relayed() (inFlight int64, tokens uint64) {
-	return w.occ.n.Load(), w.relayedTokens.Load()
+	return w.occ.n.Load(), w.occ.relayed.Load()
 }
 
 // Adapters returns the LoRA adapters w holds, each once, sorted: those
