@@ -162,6 +162,10 @@ func TestCheckReadsTheConfigAsServeWould(t *testing.T) {
 	out.Reset()
 	require.NoError(t, runCheck([]string{"--config", conf, "--state-file", drains, "--dns-name", "vllm.internal:8000"}, &out))
 	assert.Contains(t, out.String(), ", 1 workers; 2 drained DNS addresses held from state_file\n")
+	downs := file("downs.json", `{"workers":[],"down":[1,7]}`)
+	out.Reset()
+	require.NoError(t, runCheck([]string{"--config", conf, "--state-file", downs}, &out))
+	assert.Contains(t, out.String(), ", 1 workers; 2 workers kept down from state_file\n")
 
 	notPEM := file("not.pem", "hello\n")
 	for name, tc := range map[string]struct{ yaml, err string }{
