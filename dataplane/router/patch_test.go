@@ -68,8 +68,9 @@ func TestAWorkerPutDownByHand(t *testing.T) {
 // PATCH /workers/{id} changes a running worker's routing settings
 // (max_inflight, capacity, backup, max_model_len, role) as a reload of a
 // changed spec would: at once for new requests, its requests in flight
-// counted against the new cap, its engine's learned speed kept; with
-// state_file, a worker the admin API added keeps them across a restart.
+// counted against the new cap (its engine's reading kept too:
+// TestUpdateChangesARunningWorkersSpec); with state_file, a worker the
+// admin API added keeps them across a restart.
 func TestPatchingAWorkersRoutingSettings(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "state.json")
 	f := startFleet(t, mocks(2, 10, 30*time.Millisecond), func(c *config.Config) {
