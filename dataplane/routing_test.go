@@ -1201,39 +1201,21 @@ func TestAnEngineNotLearnedYetIsPricedByTheOthers(t *testing.T) {
 
 	for _, mode := range []pickers.Mode{pickers.ModeLoadAware, pickers.ModeWeighted} {
 		sel := newSelector(t, reg, mode, 0)
-		var held []*Reservation
-		got := map[uint64]int{}
-		for range 12 {
-			r := new(Reservation)
-			require.NoError(t, sel.Select(&Request{}, r))
-			got[r.Worker().ID()]++
-			held = append(held, r)
-		}
+		got, release := selectBurst(t, sel, 12)
 		// Worker 3 at (1 + n + 1)/290 and worker 1 at (10 + n + 1)/800
 		// share them; the idle CPU engine's 1/32 is above both all along.
 		assert.Zero(t, got[2], "%s: the slow engine is not fed: %v", mode, got)
 		assert.GreaterOrEqual(t, got[3], 4, "%s: the new engine takes requests: %v", mode, got)
 		assert.Positive(t, got[1], "%s: %v", mode, got)
-		for _, r := range held {
-			r.Release()
-		}
+		release()
 	}
 	assertIdle(t, reg)
 
 	reg.SetEngine(3, nil) // no fresh reading: the fleet falls back to requests in flight
 	sel := newSelector(t, reg, pickers.ModeLoadAware, 0)
-	got := map[uint64]int{}
-	var held []*Reservation
-	for range 6 {
-		r := new(Reservation)
-		require.NoError(t, sel.Select(&Request{}, r))
-		got[r.Worker().ID()]++
-		held = append(held, r)
-	}
+	got, release := selectBurst(t, sel, 6)
 	assert.Equal(t, map[uint64]int{1: 2, 2: 2, 3: 2}, got, "(occupancy + 1) / weight spreads them")
-	for _, r := range held {
-		r.Release()
-	}
+	release()
 	assertIdle(t, reg)
 }
 
@@ -1460,17 +1442,27 @@ func TestEnginesAlikeArePricedAlike(t *testing.T) {
 	w4, _ := reg.Get(4)
 	assert.InDelta(t, 4.0, w4.Engine().Slots, 1e-9)
 	sel := newSelector(t, reg, pickers.ModeLoadAware, 0)
-	got := map[uint64]int{}
-	var held []*Reservation
-	for range 30 {
+	got, release := selectBurst(t, sel, 30)
+	assert.Equal(t, map[uint64]int{1: 10, 2: 10, 3: 10}, got)
+	release()
+	assertIdle(t, reg)
+}
+
+// selectBurst selects n requests at once, holding each, and returns how
+// many each worker took and a function that releases them all.
+func selectBurst(t *testing.T, sel *Selector, n int) (got map[uint64]int, release func()) {
+	t.Helper()
+	got = map[uint64]int{}
+	held := make([]*Reservation, 0, n)
+	for range n {
 		r := new(Reservation)
 		require.NoError(t, sel.Select(&Request{}, r))
 		got[r.Worker().ID()]++
 		held = append(held, r)
 	}
-	assert.Equal(t, map[uint64]int{1: 10, 2: 10, 3: 10}, got)
-	for _, r := range held {
-		r.Release()
+	return got, func() {
+		for _, r := range held {
+			r.Release()
+		}
 	}
-	assertIdle(t, reg)
 }
