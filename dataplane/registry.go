@@ -708,24 +708,22 @@ func (r *Registry) standIn(w *Worker, st *engine.Stats) float64 {
 	return rate * batch
 }
 
-// batchOf returns the mean learned speed of the workers but w (meanSpeed)
-// and the batch size w's engine is priced for: its own once known (Admit,
-// or a queue behind its running requests), else the larger of the most
-// requests it was seen running and the mean batch size of the others of
-// its kind. Those are the engines of a learned speed within a factor of
-// kindSpeedRatio of its own (a CPU engine beside GPU ones says nothing of
-// their batch, nor they of its), or every other while its speed is not
-// learned. The most seen running is a bound below the batch, and alone it
-// priced engines alike apart by the chance of their busiest moment (three
-// engines of 16 slots, run below their batch in a benchmark, were priced
-// for 16, 11 and 15) and fed them unevenly.
+// batchOf returns the mean learned speed of the others of w's kind
+// (meanSpeed; of every other while its speed is not learned: the
+// stand-in's case) and the batch size w's engine is priced for: its own
+// once known (Admit, or a queue behind its running requests), else the
+// larger of the most requests it was seen running and the mean batch size
+// of the others of its kind. Those are the engines of a learned speed
+// within a factor of kindSpeedRatio of its own (a CPU engine beside GPU
+// ones says nothing of their batch, nor they of its), or every other
+// while its speed is not learned. The most seen running is a bound below
+// the batch, and alone it priced engines alike apart by the chance of
+// their busiest moment (three engines of 16 slots, run below their batch
+// in a benchmark, were priced for 16, 11 and 15) and fed them unevenly.
 func (r *Registry) batchOf(w *Worker, st *engine.Stats) (rate, batch float64) {
-	rate, slots := r.meanSpeed(w, 0)
+	rate, slots := r.meanSpeed(w, st.TokenRate) // one pass over the workers, at each such reading
 	batch = st.Slots
 	if st.Admit == 0 && st.Waiting == 0 {
-		if st.TokenRate > 0 {
-			_, slots = r.meanSpeed(w, st.TokenRate)
-		}
 		batch = max(batch, slots)
 	}
 	return rate, batch
