@@ -78,12 +78,19 @@ func JoinTable(rows []RoutingRow, startCap float64, window time.Duration) string
 	var b strings.Builder
 	fmt.Fprintf(&b, "Scale-up: gpu-c (like gpu-a) joins at the warm-up's end, the load %.0f%% of the first three engines' capacity (%.1f req/s), measured over the %v after the join:\n\n",
 		100*rows[0].Load, startCap, window)
-	fmt.Fprintf(&b, "| router | TTFT p50 | TTFT p99 | e2e p50 | e2e p99 | completed req/s | failed | share %% (%s) |\n",
+	windowRows(&b, rows)
+	return b.String()
+}
+
+// windowRows writes the table of a comparison measured over one window
+// after an event (a join, a restart): latencies, throughput, failures and
+// the engines' shares, a row a router.
+func windowRows(b *strings.Builder, rows []RoutingRow) {
+	fmt.Fprintf(b, "| router | TTFT p50 | TTFT p99 | e2e p50 | e2e p99 | completed req/s | failed | share %% (%s) |\n",
 		strings.Join(rows[0].WorkerList, "/"))
 	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.1f | %d | %s |\n", r.Router, r.lat(r.TTFT, 0.5), r.lat(r.TTFT, 0.99),
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %.1f | %d | %s |\n", r.Router, r.lat(r.TTFT, 0.5), r.lat(r.TTFT, 0.99),
 			r.lat(r.E2E, 0.5), r.lat(r.E2E, 0.99), r.RPS(), r.Failed, r.Shares())
 	}
-	return b.String()
 }

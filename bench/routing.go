@@ -43,6 +43,9 @@ type RoutingOptions struct {
 	// joinFleet), as a share of the capacity of the engines there before
 	// the join; 0 skips it.
 	JoinLoad float64
+	// RestartLoad is the load of the restart comparison (RestartSetups on
+	// routingFleet); 0 skips it.
+	RestartLoad float64
 	// MetricsDelay has every simulated engine answer its metrics page
 	// that long after it is asked, as a busy engine's API server does.
 	MetricsDelay time.Duration
@@ -183,6 +186,12 @@ type RoutingRouter struct {
 	// runs: the fleet's last engines (joining of them) join at the
 	// warm-up's end, the others are the router's from its start.
 	join func(id int, addr string) error
+	// restarted, when set, has the engines serve the warm-up through
+	// one instance of the router and starts another at its end, which
+	// takes the arrivals from then on: a router restarted (or a new
+	// replica started) in front of engines already busy, the old one
+	// ending what it holds.
+	restarted bool
 }
 
 // RoutingRouters lists every fastroute mode that picks (its defaults
@@ -315,6 +324,15 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 			table += "\n" + JoinTable(join, startCap, o.Duration)
 		}
 	}
+	if o.RestartLoad > 0 {
+		restart, err := runRestart(o, dir, fleetCap)
+		if err != nil {
+			return nil, err
+		}
+		if len(restart) > 0 {
+			table += "\n" + RestartTable(restart, fleetCap, o.Duration)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(o.OutDir, "routing.md"), []byte(table), 0o644); err != nil {
 		return nil, err
 	}
@@ -407,6 +425,28 @@ func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingR
 	var wg sync.WaitGroup
 	var warm [2]float64 // prefix cache queries and hits at the warm-up's end
 	var warmErr, joinErr error
+	frontFor := func(job) string { return front }
+	var restarted *exec.Cmd
+	if rt.restarted {
+		var next string
+		up := make(chan struct{})
+		wg.Go(func() {
+			defer close(up)
+			time.Sleep(o.Warmup)
+			if next, restarted, joinErr = rt.start(o.Binary, dir, fronted); joinErr == nil {
+				if err := waitHealth(next); err != nil {
+					joinErr = notUp(err, restarted)
+				}
+			}
+		})
+		frontFor = func(j job) string {
+			if j.at < o.Warmup {
+				return front
+			}
+			<-up
+			return next
+		}
+	}
 	if len(late) > 0 {
 		wg.Go(func() {
 			time.Sleep(o.Warmup)
@@ -421,15 +461,18 @@ func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingR
 			warm[0], warm[1], warmErr = prefixCache(addrs)
 		})
 	}
-	start := time.Now()
+	began := time.Now()
 	for i, j := range jobs {
-		time.Sleep(time.Until(start.Add(j.at)))
+		time.Sleep(time.Until(began.Add(j.at)))
 		wg.Go(func() {
-			ttft, e2e, tokens, worker, err := streamOnce(client, front, j, o.Timeout)
+			ttft, e2e, tokens, worker, err := streamOnce(client, frontFor(j), j, o.Timeout)
 			results[i] = outcome{ttft: ttft, e2e: e2e, tokens: tokens, ok: err == nil, worker: worker}
 		})
 	}
 	wg.Wait()
+	if restarted != nil {
+		stops = append(stops, func() { terminate(restarted) })
+	}
 	if joinErr != nil {
 		return RoutingRow{}, joinErr
 	}
