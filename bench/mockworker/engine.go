@@ -82,6 +82,7 @@ type seq struct {
 
 	// guarded by engine.mu
 	generated int
+	lastToken time.Time // when its last token came
 	blocks    int
 	prefilled bool // its prompt (and tokens so far) are in the cache
 	done      bool // finished or dropped
@@ -108,6 +109,8 @@ type engine struct {
 	promptTokens uint64
 	genTokens    uint64
 	finished     uint64
+	gaps         uint64      // gaps between two tokens of a request (vllm:inter_token_latency_seconds_count)
+	gapSeconds   float64     // their time in all (its _sum)
 	cache        *blockCache // nil: no prefix caching
 	cacheQueries uint64      // prompt tokens looked up in the cache
 	cacheHits    uint64      // of those, the tokens found
@@ -259,6 +262,7 @@ func (e *engine) stepTime(running, prefill int) time.Duration {
 // advance ends one step: every running request that has its cache blocks
 // gains a token; finished ones leave the batch.
 func (e *engine) advance() {
+	now := time.Now()
 	for i := 0; i < len(e.running); i++ {
 		s := e.running[i]
 		need := e.blocksFor(s.prompt + s.generated + 1)
@@ -274,6 +278,11 @@ func (e *engine) advance() {
 		}
 		s.generated++
 		e.genTokens++
+		if s.generated > 1 {
+			e.gaps++
+			e.gapSeconds += now.Sub(s.lastToken).Seconds()
+		}
+		s.lastToken = now
 		if s.generated >= s.maxOut {
 			e.finished++
 			e.running = slices.Delete(e.running, i, i+1)
@@ -300,6 +309,8 @@ type engineStats struct {
 	kvUsage                    float64
 	promptTokens, genTokens    uint64
 	finished                   uint64
+	gaps                       uint64
+	gapSeconds                 float64
 	cacheQueries, cacheHits    uint64
 	runningLoRAs, waitingLoRAs []string
 }
@@ -311,6 +322,7 @@ func (e *engine) stats() engineStats {
 		running: len(e.running), waiting: len(e.waiting),
 		kvUsage:      1 - float64(e.freeBlocks)/float64(e.o.KVBlocks),
 		promptTokens: e.promptTokens, genTokens: e.genTokens, finished: e.finished,
+		gaps: e.gaps, gapSeconds: e.gapSeconds,
 		cacheQueries: e.cacheQueries, cacheHits: e.cacheHits,
 	}
 	for _, s := range e.running {

@@ -481,3 +481,27 @@ func TestNoMetrics(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 }
+
+// The simulated engine reports the gaps between a request's tokens as
+// vLLM and SGLang do, in an inter-token latency histogram: one gap a token
+// after the first, each at least a step long.
+func TestEngineReportsItsInterTokenLatency(t *testing.T) {
+	for _, c := range []struct{ dialect, name string }{
+		{"", "vllm:inter_token_latency_seconds"},
+		{"sglang", "sglang:inter_token_latency_seconds"},
+	} {
+		w := startEngine(t, Options{ID: 1, MetricsDialect: c.dialect, Engine: EngineOptions{MaxNumSeqs: 2, InterTokenLatency: 2 * time.Millisecond}})
+		assert.Zero(t, scrape(t, w, c.name+"_count"), "none before a request")
+		for range 2 {
+			resp, err := post(context.Background(), w.URL(), "/v1/completions", `{"model":"mock-model","prompt":"hi","max_tokens":21}`)
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		assert.Equal(t, 40.0, scrape(t, w, c.name+"_count"), c.name)
+		secs := scrape(t, w, c.name+"_sum")
+		assert.GreaterOrEqual(t, secs, 40*0.002, "%s: no gap shorter than a step", c.name)
+		assert.Less(t, secs, 40*0.1, c.name)
+		assert.Equal(t, 40.0, scrape(t, w, c.name+"_bucket"), c.name)
+	}
+}

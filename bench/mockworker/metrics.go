@@ -44,6 +44,16 @@ func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
 	metric := func(name, typ, help string, v any) {
 		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n%s%s %v\n", name, help, name, typ, name, model, v)
 	}
+	// tokenGaps writes the simulator's inter-token latency histogram
+	// under name, with one bucket: +Inf.
+	tokenGaps := func(name string) {
+		if w.engine == nil {
+			return
+		}
+		b = fmt.Appendf(b, "# HELP %s Histogram of inter-token latency in seconds.\n# TYPE %s histogram\n"+
+			"%s_bucket{le=\"+Inf\",model_name=%q} %d\n%s_sum%s %v\n%s_count%s %d\n",
+			name, name, name, w.opts.Model, st.gaps, name, model, st.gapSeconds, name, model, st.gaps)
+	}
 	switch w.opts.MetricsDialect {
 	case "llamacpp": // as llama-server writes them: no labels, and (since mid-2025) no KV cache series
 		model = ""
@@ -77,6 +87,7 @@ func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
 		metric("sglang:token_usage", "gauge", "The token usage.", st.kvUsage)
 		metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", st.promptTokens)
 		metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", st.genTokens)
+		tokenGaps("sglang:inter_token_latency_seconds")
 	default:
 		metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", st.running)
 		metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", st.waiting)
@@ -84,6 +95,7 @@ func (w *Worker) metrics(ctx *fasthttp.RequestCtx) {
 		metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", st.promptTokens)
 		metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", st.genTokens)
 		metric("vllm:request_success_total", "counter", "Count of successfully processed requests.", st.finished)
+		tokenGaps("vllm:inter_token_latency_seconds")
 		if w.engine != nil && w.engine.cache != nil {
 			metric("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", st.cacheQueries)
 			metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", st.cacheHits)

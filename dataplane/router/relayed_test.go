@@ -2,8 +2,10 @@ package router
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -85,6 +87,49 @@ func TestAnEngineWithoutMetricsIsReadByTheRouter(t *testing.T) {
 	require.NoError(t, f.r.Selector.SetPolicy(pickers.ModeLeastLoaded, 0, 0))
 	resp, body = f.send(http.MethodPost, "/v1/chat/completions", chatBody, "x-query-instance-id", "true")
 	assert.JSONEq(t, `{"worker_id":2,"dp_rank":0}`, body, fmt.Sprintf("least-loaded counts requests: status %d", resp.StatusCode))
+	for _, r := range held {
+		r.Body.Close()
+	}
+	f.assertIdle()
+}
+
+// A router started beside engines that served before (a restart, a new
+// replica) prices them from their first reading, from the gaps between
+// tokens their inter-token latency histograms report, before it learned a
+// speed of its own: a slow engine stays dear while idle, where without
+// those the default mode fell back to counting requests (and, once the
+// fast engine's speed was learned, priced the idle slow one as fast).
+func TestARouterStartedBesideEnginesThatServedPricesThemAtOnce(t *testing.T) {
+	fast := mockworker.Options{ID: 1, Engine: mockworker.EngineOptions{MaxNumSeqs: 4, InterTokenLatency: 2 * time.Millisecond}}
+	slow := mockworker.Options{ID: 2, Engine: mockworker.EngineOptions{MaxNumSeqs: 4, InterTokenLatency: 2 * time.Millisecond, Speed: 1.0 / 8}}
+	f := startFleet(t, []mockworker.Options{fast, slow}, func(c *config.Config) {
+		c.Router.Mode = pickers.ModeWeighted
+		for _, w := range c.Workers { // their history, before the router
+			resp, err := http.Post(w.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"mock-model","prompt":"hi","max_tokens":20}`))
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	})
+	w1, _ := f.r.Registry.Get(1)
+	w2, _ := f.r.Registry.Get(2)
+	require.Eventually(t, func() bool { return w1.Engine() != nil && w2.Engine() != nil }, 5*time.Second, 5*time.Millisecond)
+	s1, s2 := w1.Engine(), w2.Engine()
+	require.True(t, s2.RateFromGaps, "%+v", s2)
+	assert.Less(t, s2.TokenRate, s1.TokenRate/3, "the slow engine's own gaps")
+	assert.Equal(t, "inter-token latency", f.workerInfo(2)["engine_token_rate_source"])
+
+	// Three streams held on the fast engine: it is still the cheaper.
+	held := make([]*http.Response, 3)
+	for i := range held {
+		held[i] = f.post("/v1/chat/completions", `{"model":"mock-model","max_tokens":5000,"stream":true,"messages":[]}`, "x-worker-id", "1")
+		require.Equal(t, http.StatusOK, held[i].StatusCode)
+	}
+	require.Eventually(t, func() bool { st := w1.Engine(); return st != nil && st.Running == 3 }, 5*time.Second, 5*time.Millisecond)
+	for range 5 {
+		resp, body := f.send(http.MethodPost, "/v1/chat/completions", chatBody, "x-query-instance-id", "true")
+		assert.JSONEq(t, `{"worker_id":1,"dp_rank":0}`, body, "status %d", resp.StatusCode)
+	}
 	for _, r := range held {
 		r.Body.Close()
 	}

@@ -46,6 +46,20 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="meta-l
 vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.0
 vllm:time_to_first_token_seconds_count{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.0
 vllm:time_to_first_token_seconds_sum{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.52
+# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.025",model_name="meta-llama/Llama-3.1-8B-Instruct"} 90.0
+vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} 100.0
+vllm:inter_token_latency_seconds_count{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 100.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0
+vllm:inter_token_latency_seconds_bucket{engine="1",le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} 50.0
+vllm:inter_token_latency_seconds_count{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 50.0
+vllm:inter_token_latency_seconds_sum{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.5
+# HELP vllm:time_per_output_token_seconds Histogram of time per output token in seconds. DEPRECATED: use vllm:inter_token_latency_seconds.
+# TYPE vllm:time_per_output_token_seconds histogram
+vllm:time_per_output_token_seconds_bucket{engine="0",le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} 10.0
+vllm:time_per_output_token_seconds_count{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 10.0
+vllm:time_per_output_token_seconds_sum{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 9.0
 # HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
 # TYPE vllm:prefix_cache_queries_total counter
 vllm:prefix_cache_queries_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 6000.0
@@ -75,6 +89,10 @@ vllm:num_requests_running{model_name="m"} 1.0
 vllm:num_requests_waiting{model_name="m"} 0.0
 # TYPE vllm:gpu_cache_usage_perc gauge
 vllm:gpu_cache_usage_perc{model_name="m"} 0.5
+# TYPE vllm:time_per_output_token_seconds histogram
+vllm:time_per_output_token_seconds_bucket{le="+Inf",model_name="m"} 40.0
+vllm:time_per_output_token_seconds_sum{model_name="m"} 1.0
+vllm:time_per_output_token_seconds_count{model_name="m"} 40.0
 `
 
 // sglangPage is SGLang's /metrics with --enable-metrics.
@@ -99,6 +117,12 @@ sglang:cache_hit_rate{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.42
 # HELP sglang:max_running_requests The maximum number of running requests
 # TYPE sglang:max_running_requests gauge
 sglang:max_running_requests{model_name="meta-llama/Llama-3.1-8B-Instruct"} 48.0
+# HELP sglang:inter_token_latency_seconds Histogram of inter-token latency in seconds.
+# TYPE sglang:inter_token_latency_seconds histogram
+sglang:inter_token_latency_seconds_sum{model_name="meta-llama/Llama-3.1-8B-Instruct"} 160.0
+sglang:inter_token_latency_seconds_bucket{le="0.002",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+sglang:inter_token_latency_seconds_bucket{le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} 8000.0
+sglang:inter_token_latency_seconds_count{model_name="meta-llama/Llama-3.1-8B-Instruct"} 8000.0
 `
 
 // trtllmPage is TensorRT-LLM's trtllm-serve /prometheus/metrics with
@@ -155,6 +179,11 @@ tgi_request_generated_tokens_count 44
 tgi_request_input_length_bucket{le="+Inf"} 44
 tgi_request_input_length_sum 30211
 tgi_request_input_length_count 44
+# TYPE tgi_request_mean_time_per_token_duration histogram
+tgi_request_mean_time_per_token_duration_bucket{le="0.01"} 0
+tgi_request_mean_time_per_token_duration_bucket{le="+Inf"} 44
+tgi_request_mean_time_per_token_duration_sum 1.1
+tgi_request_mean_time_per_token_duration_count 44
 `
 
 // llamacppPage is llama.cpp's llama-server /metrics with --metrics, of a
@@ -202,11 +231,13 @@ func TestParseVLLM(t *testing.T) {
 	r, err := Parse(strings.NewReader(vllmPage), at)
 	require.NoError(t, err)
 	assert.Equal(t, Reading{At: at, Dialect: "vllm", Running: 5, Waiting: 4, KVUsage: 0.91, Tokens: 1234,
-		Adapters: []string{"chat-lora", "sql-lora"}, PrefixQueries: 10000, PrefixHits: 4000, PrefixHitRate: -1}, r)
+		Adapters: []string{"chat-lora", "sql-lora"}, PrefixQueries: 10000, PrefixHits: 4000, PrefixHitRate: -1,
+		TokenGapSeconds: 3.5, TokenGaps: 150}, r, "the inter-token latency's current name wins over the deprecated one")
 
 	r, err = Parse(strings.NewReader(vllmV0Page), at)
 	require.NoError(t, err)
 	assert.Equal(t, 0.5, r.KVUsage, "the V0 name of the KV cache usage")
+	assert.Equal(t, [2]float64{1, 40}, [2]float64{r.TokenGapSeconds, r.TokenGaps}, "the time per output token of vLLM before 0.11")
 	assert.Equal(t, -1.0, r.Tokens, "no token counter")
 	assert.Equal(t, [3]float64{-1, -1, -1}, [3]float64{r.PrefixQueries, r.PrefixHits, r.PrefixHitRate}, "no prefix cache series")
 }
@@ -256,6 +287,7 @@ func TestParseSGLang(t *testing.T) {
 	assert.Equal(t, 48.0, r.MaxRunning)
 	assert.Equal(t, 0.42, r.PrefixHitRate)
 	assert.Equal(t, -1.0, r.PrefixQueries)
+	assert.Equal(t, [2]float64{160, 8000}, [2]float64{r.TokenGapSeconds, r.TokenGaps})
 	var l Learner
 	assert.Equal(t, 0.42, l.Observe(r, 0).PrefixHitRatio, "the rate SGLang reports")
 	assert.Equal(t, 48.0, l.Observe(r, 0).Slots, "the batch size SGLang reports")
@@ -267,7 +299,7 @@ func TestParseTRTLLM(t *testing.T) {
 	r, err := Parse(strings.NewReader(trtllmPage), at)
 	require.NoError(t, err)
 	assert.Equal(t, Reading{At: at, Dialect: "trtllm", Running: 7, Waiting: 3, KVUsage: 0.47, Tokens: 98304, MaxRunning: 64,
-		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: 0.61}, r)
+		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: 0.61, TokenGapSeconds: -1, TokenGaps: -1}, r)
 	var l Learner
 	st := l.Observe(r, 0)
 	assert.Equal(t, 64.0, st.Slots, "the most requests it keeps active")
@@ -291,9 +323,11 @@ func TestParseTGI(t *testing.T) {
 	r, err := Parse(strings.NewReader(tgiPage), at)
 	require.NoError(t, err)
 	assert.Equal(t, Reading{At: at, Dialect: "tgi", Running: 4, Waiting: 2, Tokens: 8123,
-		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1}, r)
+		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1, TokenGapSeconds: 1.1, TokenGaps: 44}, r)
 	_, err = Parse(strings.NewReader(strings.Replace(tgiPage, "_sum 8123", "_sum -1", 1)), at)
 	assert.ErrorContains(t, err, "tgi_request_generated_tokens_sum is -1; want a counter's value")
+	_, err = Parse(strings.NewReader(strings.Replace(tgiPage, "_duration_count 44", "_duration_count NaN", 1)), at)
+	assert.ErrorContains(t, err, "tgi_request_mean_time_per_token_duration_count is NaN; want a histogram's sum or count")
 }
 
 func TestParseLlamaCpp(t *testing.T) {
@@ -301,7 +335,7 @@ func TestParseLlamaCpp(t *testing.T) {
 	r, err := Parse(strings.NewReader(llamacppPage), at)
 	require.NoError(t, err)
 	assert.Equal(t, Reading{At: at, Dialect: "llamacpp", Running: 2, Waiting: 3, KVUsage: 0.35, Tokens: 2048,
-		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1}, r)
+		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1, TokenGapSeconds: -1, TokenGaps: -1}, r)
 	// Recent builds report no KV cache series.
 	recent := strings.Replace(llamacppPage, "llamacpp:kv_cache_usage_ratio 0.35", "", 1)
 	r, err = Parse(strings.NewReader(recent), at)
@@ -373,10 +407,10 @@ func TestParseRefusesValuesNoEngineReports(t *testing.T) {
 func bigVLLMPage() string {
 	var b strings.Builder
 	b.WriteString("# a comment\n\n" + vllmPage)
-	for _, h := range []string{"time_per_output_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+	for _, h := range []string{"e2e_request_latency_seconds", "request_queue_time_seconds",
 		"request_inference_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds", "request_prompt_tokens",
 		"request_generation_tokens", "iteration_tokens_total", "request_max_num_generation_tokens", "request_params_n",
-		"request_params_max_tokens", "inter_token_latency_seconds"} {
+		"request_params_max_tokens", "request_time_per_output_token_seconds"} {
 		fmt.Fprintf(&b, "# HELP vllm:%s A histogram.\n# TYPE vllm:%s histogram\n", h, h)
 		for e := range 2 {
 			labels := fmt.Sprintf(`engine="%d",model_name="meta-llama/Llama-3.1-8B-Instruct"`, e)
@@ -456,6 +490,41 @@ func TestLearnerLearnsSpeedAndSlots(t *testing.T) {
 
 	restarted := l.Observe(Reading{At: t0.Add(5 * time.Second), Running: 1, Tokens: 3}, 0)
 	assert.InDelta(t, 50, restarted.TokenRate, 5, "a counter that went back (engine restart) keeps the learned speed")
+}
+
+// An engine's inter-token latency histogram prices it from its first
+// reading, before the router learned its speed (at a start, a join, or
+// while it was idle): its tokens per second per running request are the
+// gaps' count over their time. The first learned sample replaces it.
+func TestAnEnginesOwnTokenGapsGiveItsSpeedUntilLearned(t *testing.T) {
+	var l Learner
+	t0 := time.Unix(1000, 0)
+	// 400 gaps in 8 s of a life: 50 tokens a second per running request.
+	st := l.Observe(Reading{At: t0, Running: 4, Tokens: 1000, TokenGapSeconds: 8, TokenGaps: 400}, 0)
+	assert.InDelta(t, 50, st.TokenRate, 1e-9)
+	assert.True(t, st.RateFromGaps)
+	assert.InDelta(t, 200, st.Capacity(), 1e-9, "priced at once: 4 slots seen")
+
+	var fresh Learner
+	for _, r := range []Reading{
+		{At: t0, Running: 4, Tokens: 1000, TokenGapSeconds: -1, TokenGaps: -1}, // not exported
+		{At: t0, Running: 1, Tokens: 0, TokenGapSeconds: 0, TokenGaps: 0},      // a fresh engine
+		{At: t0, Running: 1, Tokens: 9, TokenGapSeconds: 0, TokenGaps: 8},      // gaps of no time: no speed
+	} {
+		st := fresh.Observe(r, 0)
+		assert.Zero(t, st.TokenRate, "%+v", r)
+		assert.False(t, st.RateFromGaps)
+	}
+
+	// A second of 4 running at 30 tokens a second each: the learned
+	// speed replaces the engine's own mean, not blended with it.
+	for i := 1; i <= 20; i++ {
+		gaps := 400 + float64(i)*6
+		st = l.Observe(Reading{At: t0.Add(time.Duration(i) * 50 * time.Millisecond), Running: 4, Tokens: 1000 + float64(i)*6,
+			TokenGapSeconds: 8 + float64(i)*0.2, TokenGaps: gaps}, 0)
+	}
+	assert.InDelta(t, 30, st.TokenRate, 0.01)
+	assert.False(t, st.RateFromGaps)
 }
 
 // StillFor is how long the engine has run requests with its token

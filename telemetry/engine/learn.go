@@ -20,9 +20,13 @@ type Stats struct {
 	// then.
 	Admit int64
 	// TokenRate is the learned decode speed, in tokens per second per
-	// running request; 0 until two readings a second apart saw the engine
-	// busy and its token counter move.
+	// running request; until two readings a second apart saw the engine
+	// busy and its token counter move, the speed its inter-token latency
+	// histogram gives over its life (RateFromGaps), else 0.
 	TokenRate float64
+	// RateFromGaps says TokenRate is the engine's own mean gap between
+	// tokens inverted, not yet learned.
+	RateFromGaps bool
 	// Occupancy is the router's in-flight count on the worker when the
 	// reading arrived: later dispatches and completions are the difference.
 	Occupancy int64
@@ -163,6 +167,16 @@ func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 		slots, known = r.MaxRunning, true
 	}
 	st := Stats{Reading: r, Slots: slots, TokenRate: l.rate, PrefixHitRatio: -1}
+	if l.rate == 0 && r.TokenGaps > 0 && r.TokenGapSeconds > 0 {
+		// Not learned yet (the router just started, or the engine joined,
+		// or it was idle since): its own history prices it at once. The
+		// first learned sample replaces it rather than blends with it:
+		// the gaps leave out each request's wait for its first token,
+		// which the learned speed counts.
+		if rate := r.TokenGaps / r.TokenGapSeconds; rate <= math.MaxFloat64 {
+			st.TokenRate, st.RateFromGaps = rate, true
+		}
+	}
 	if !l.still.IsZero() {
 		st.StillFor = r.At.Sub(l.still)
 	}

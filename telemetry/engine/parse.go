@@ -46,6 +46,13 @@ type Reading struct {
 	// it (SGLang's cache_hit_rate, trtllm-serve's kv_cache_hit_rate, 0..1);
 	// -1 when not exported.
 	PrefixHitRate float64
+	// TokenGapSeconds and TokenGaps are the sum and count of the engine's
+	// inter-token latency histogram (vLLM's and SGLang's; TGI's mean time
+	// per token of each request): every gap between two tokens of a
+	// request since the engine started, and their total time. Their ratio
+	// is its speed per running request over its life; -1 when not
+	// exported.
+	TokenGapSeconds, TokenGaps float64
 	// Asleep says the engine is in vLLM's sleep mode (POST /sleep): one of
 	// its engines reports vllm:engine_sleep_state{sleep_state="awake"} 0.
 	// Its weights or KV cache are off the GPU until POST /wake_up, while
@@ -64,7 +71,10 @@ type series struct {
 	sleepState                      string   // a gauge by sleep_state; awake 0: asleep (vLLM)
 	loraInfo                        string
 	runningAdapters, waitingAdapter string
-	bounds                          []bound // built once from the names (withBounds)
+	// tokenGaps are inter-token latency histograms, current name first,
+	// read as their _sum and _count series.
+	tokenGaps []string
+	bounds    []bound // built once from the names (withBounds)
 }
 
 var dialects = withBounds([]series{
@@ -73,10 +83,12 @@ var dialects = withBounds([]series{
 		kvUsage:    []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
 		sleepState: "vllm:engine_sleep_state",
 		loraInfo:   "vllm:lora_requests_info", runningAdapters: "running_lora_adapters", waitingAdapter: "waiting_lora_adapters",
-		prefixQueries: "vllm:prefix_cache_queries_total", prefixHits: "vllm:prefix_cache_hits_total"},
+		prefixQueries: "vllm:prefix_cache_queries_total", prefixHits: "vllm:prefix_cache_hits_total",
+		tokenGaps: []string{"vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"}},
 	{dialect: "sglang", running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs",
 		tokens: "sglang:generation_tokens_total", kvUsage: []string{"sglang:token_usage"},
-		maxRunning: "sglang:max_running_requests", prefixRate: "sglang:cache_hit_rate"},
+		maxRunning: "sglang:max_running_requests", prefixRate: "sglang:cache_hit_rate",
+		tokenGaps: []string{"sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"}},
 	// TensorRT-LLM's trtllm-serve (the llm-d scheduler's third engine):
 	// its iteration stats, published with enable_iter_perf_stats, give the
 	// active and queued requests, the KV cache's blocks in use, its reuse
@@ -89,7 +101,7 @@ var dialects = withBounds([]series{
 	// (read as a series of its own: the histogram's other lines are not),
 	// and it reports no KV cache use nor its batch size: learned.
 	{dialect: "tgi", running: "tgi_batch_current_size", waiting: "tgi_queue_size",
-		tokens: "tgi_request_generated_tokens_sum"},
+		tokens: "tgi_request_generated_tokens_sum", tokenGaps: []string{"tgi_request_mean_time_per_token_duration"}},
 	// llama.cpp's llama-server (--metrics), the CPU engine of choice: the
 	// requests its slots are processing and those deferred until one is
 	// free; builds before mid-2025 also report their KV cache's use. Its
@@ -157,9 +169,17 @@ func Parse(in io.Reader, at time.Time) (Reading, error) {
 			return Reading{}, err
 		}
 		r := Reading{At: at, Dialect: d.dialect, Running: running, Waiting: waiting, Tokens: -1,
-			PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1}
+			PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1, TokenGapSeconds: -1, TokenGaps: -1}
 		if t, ok := sum(fams[d.tokens]); ok {
 			r.Tokens = t
+		}
+		for _, h := range d.tokenGaps {
+			secs, okS := sum(fams[h+"_sum"])
+			gaps, okC := sum(fams[h+"_count"])
+			if okS && okC {
+				r.TokenGapSeconds, r.TokenGaps = secs, gaps
+				break
+			}
 		}
 		q, okQ := sum(fams[d.prefixQueries])
 		h, okH := sum(fams[d.prefixHits])
@@ -219,6 +239,9 @@ func withBounds(ds []series) []series {
 		}
 		add(0, maxRequests, count, d.running, d.waiting, d.maxRunning)
 		add(0, math.MaxFloat64, "a counter's value, 0 or more", d.tokens, d.prefixQueries, d.prefixHits)
+		for _, h := range d.tokenGaps {
+			add(0, math.MaxFloat64, "a histogram's sum or count, 0 or more", h+"_sum", h+"_count")
+		}
 		add(0, 1, "0 or 1", d.sleepState)
 		add(-math.MaxFloat64, math.MaxFloat64, "a number", append([]string{d.prefixRate, d.loraInfo}, d.kvUsage...)...)
 	}

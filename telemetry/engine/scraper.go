@@ -246,7 +246,7 @@ func (s *Scraper) scrape(ctx context.Context, st *target) {
 func (s *Scraper) readRelayed(st *target) {
 	inFlight, tokens := st.Relayed()
 	r := Reading{At: time.Now(), Dialect: DialectRouter, Running: float64(inFlight), Tokens: float64(tokens),
-		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1}
+		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1, TokenGapSeconds: -1, TokenGaps: -1}
 	stats := st.relayed.Observe(r, st.Slots)
 	stats.StillFor = 0
 	st.last, st.lastAt = &stats, r.At
@@ -321,6 +321,12 @@ func (s *Scraper) Describe(id uint64, info map[string]any) {
 		info["engine_admit_limit"] = l.Admit
 	}
 	info["engine_token_rate"] = l.TokenRate
+	if l.TokenRate > 0 {
+		info["engine_token_rate_source"] = "learned"
+		if l.RateFromGaps {
+			info["engine_token_rate_source"] = "inter-token latency"
+		}
+	}
 	if l.StillFor > 0 {
 		info["engine_still_seconds"] = l.StillFor.Seconds()
 	}
