@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"reflect"
 	"slices"
@@ -563,8 +564,23 @@ func (r *Registry) Drain(id uint64) error {
 // engine speed for when it is put back. Sessions placed on it are placed
 // again (Left). A worker being drained is refused (DrainingError).
 func (r *Registry) SetDown(id uint64, down bool) (changed bool, err error) {
+	return r.setDown(id, down, false)
+}
+
+// setDown is SetDown; with pending, an id not registered is kept down, or
+// no longer, for when it joins.
+func (r *Registry) setDown(id uint64, down, pending bool) (changed bool, err error) {
 	r.mu.Lock()
 	w, err := r.changeableLocked(id)
+	if pending && errors.Is(err, ErrNotFound) {
+		if down {
+			r.down[id] = true
+		} else {
+			delete(r.down, id)
+		}
+		r.mu.Unlock()
+		return false, nil
+	}
 	if err != nil || w.down.Swap(down) == down {
 		r.mu.Unlock()
 		return false, err
@@ -586,12 +602,15 @@ func (r *Registry) SetDown(id uint64, down bool) (changed bool, err error) {
 // registered now at once, the others as they join.
 func (r *Registry) SetDownIDs(ids []uint64) {
 	for _, id := range ids {
-		if _, err := r.SetDown(id, true); err != nil {
-			r.mu.Lock()
-			r.down[id] = true
-			r.mu.Unlock()
-		}
+		r.SetDownID(id, true)
 	}
+}
+
+// SetDownID puts worker id down or back (SetDown), and an id not
+// registered yet joins so (a down mark on etcd may come before its
+// worker). A worker being drained is left as it is.
+func (r *Registry) SetDownID(id uint64, down bool) {
+	_, _ = r.setDown(id, down, true)
 }
 
 // DownIDs returns the ids put down by hand, registered or not, in order.

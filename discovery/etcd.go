@@ -5,6 +5,9 @@
 // worker, a delete or an expired lease drains it. A drain mark
 // <prefix>/drain/<id> (MarkDrain, on the worker's lease) drains the worker
 // on every router until it is deleted or the worker's registration ends.
+// A down mark <prefix>/down/<id> (MarkDown, on no lease) puts the worker
+// down on every router whose target takes it (DownTarget): out of
+// rotation, still registered, until the mark is deleted.
 // A compacted watch or a reconnection resyncs from a fresh list. While
 // etcd is unreachable the router keeps the last known set and says so (Up).
 // Router replicas register their admin listeners under <prefix>/routers/
@@ -119,6 +122,15 @@ type Target interface {
 	Drain(id uint64)
 }
 
+// DownTarget is a Target that also puts workers down and back, as the
+// down marks on etcd say.
+type DownTarget interface {
+	Target
+	// SetDown puts worker id down or back; an id not registered yet
+	// joins as the last mark said.
+	SetDown(id uint64, down bool)
+}
+
 // PeerTarget is a Target that also follows the router replicas
 // registered on etcd (RegisterRouter).
 type PeerTarget interface {
@@ -141,6 +153,7 @@ type Watcher struct {
 	mu    sync.Mutex
 	known map[uint64]string // spec JSON by id, as last seen
 	marks map[uint64]bool   // drain marks
+	downs map[uint64]bool   // down marks
 	peers map[string]string // router replicas: admin URL by key
 }
 
@@ -161,7 +174,7 @@ func Watch(o Options, target Target) (*Watcher, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &Watcher{o: o, cli: cli, target: target, log: o.Logger.With("component", "discovery"), cancel: cancel,
-		done: make(chan struct{}), known: map[uint64]string{}, marks: map[uint64]bool{}, peers: map[string]string{}}
+		done: make(chan struct{}), known: map[uint64]string{}, marks: map[uint64]bool{}, downs: map[uint64]bool{}, peers: map[string]string{}}
 	go w.run(ctx)
 	return w, nil
 }
@@ -257,10 +270,10 @@ func (w *Watcher) follow(ctx context.Context, prefix string, rev int64) {
 	}
 }
 
-// sync applies a full list: the drain marks, then every worker put and
-// every known worker not listed drained.
+// sync applies a full list: the drain and down marks, then every worker
+// put and every known worker not listed drained.
 func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
-	listed := map[string]map[uint64]bool{"drain": {}, "workers": {}}
+	listed := map[string]map[uint64]bool{"drain": {}, "down": {}, "workers": {}}
 	peers := map[string]string{}
 	for _, kv := range kvs {
 		if kind, id, ok := w.parse(string(kv.Key)); ok {
@@ -272,6 +285,7 @@ func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
 	w.setPeers(func(m map[string]string) { clear(m); maps.Copy(m, peers) })
 	w.mu.Lock()
 	lifted, gone := unlisted(w.marks, listed["drain"]), unlisted(w.known, listed["workers"])
+	up := unlisted(w.downs, listed["down"])
 	for _, id := range gone {
 		delete(w.known, id)
 	}
@@ -281,6 +295,12 @@ func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
 	}
 	for _, id := range lifted {
 		w.mark(id, false)
+	}
+	for id := range listed["down"] {
+		w.markDown(id, true)
+	}
+	for _, id := range up {
+		w.markDown(id, false)
 	}
 	for _, kv := range kvs {
 		if kind, _, ok := w.parse(string(kv.Key)); ok && kind == "workers" {
@@ -304,18 +324,19 @@ func unlisted[V any](m map[uint64]V, listed map[uint64]bool) []uint64 {
 	return out
 }
 
-// parse splits a key into its kind (workers or drain) and id.
+// parse splits a key into its kind (workers, drain or down) and id.
 func (w *Watcher) parse(key string) (kind string, id uint64, ok bool) {
 	kind, text, ok := strings.Cut(strings.TrimPrefix(key, root(w.o.Prefix)), "/")
 	id, err := strconv.ParseUint(text, 10, 64)
-	if !ok || err != nil || id == 0 || (kind != "workers" && kind != "drain") {
+	if !ok || err != nil || id == 0 || (kind != "workers" && kind != "drain" && kind != "down") {
 		return "", 0, false
 	}
 	return kind, id, true
 }
 
 // apply one key: a worker's put adds or replaces it, a delete drains it; a
-// drain mark's put drains its worker, its delete brings it back.
+// drain mark's put drains its worker, its delete brings it back; a down
+// mark's put puts its worker down, its delete puts it back.
 func (w *Watcher) apply(key string, value []byte, deleted bool) {
 	if w.isRouter(key) {
 		w.setPeers(func(m map[string]string) {
@@ -329,11 +350,15 @@ func (w *Watcher) apply(key string, value []byte, deleted bool) {
 	}
 	kind, id, ok := w.parse(key)
 	if !ok {
-		w.log.Warn("etcd key is not <prefix>/workers/<id>, <prefix>/drain/<id> or <prefix>/routers/<name>: ignored", "key", key)
+		w.log.Warn("etcd key is not <prefix>/workers/<id>, <prefix>/drain/<id>, <prefix>/down/<id> or <prefix>/routers/<name>: ignored", "key", key)
 		return
 	}
-	if kind == "drain" {
+	switch kind {
+	case "drain":
 		w.mark(id, !deleted)
+		return
+	case "down":
+		w.markDown(id, !deleted)
 		return
 	}
 	w.mu.Lock()
@@ -398,6 +423,9 @@ func (w *Watcher) put(id uint64, value []byte) bool {
 		w.log.Warn("etcd worker spec names another id than its key: ignored", "worker", id, "spec_id", spec.ID)
 		return false
 	}
+	if dt, ok := w.target.(DownTarget); ok && w.DownMarked(id) {
+		dt.SetDown(id, true) // a mark outlives registrations: it joins down
+	}
 	if err := w.target.Put(spec); err != nil {
 		w.log.Warn("etcd worker refused", "worker", id, "err", err)
 		return false
@@ -424,6 +452,56 @@ func (w *Watcher) mark(id uint64, on bool) {
 		w.log.Info("drain mark lifted on etcd: the worker is back", "worker", id)
 		w.put(id, []byte(spec))
 	}
+}
+
+// markDown sets or lifts the down mark of worker id and, when that changed
+// it and the target takes marks (DownTarget), puts the worker down or back.
+func (w *Watcher) markDown(id uint64, on bool) {
+	dt, ok := w.target.(DownTarget)
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	was := w.downs[id]
+	if on {
+		w.downs[id] = true
+	} else {
+		delete(w.downs, id)
+	}
+	w.mu.Unlock()
+	switch {
+	case on && !was:
+		w.log.Info("down mark on etcd: the worker is out of rotation", "worker", id)
+		dt.SetDown(id, true)
+	case !on && was:
+		w.log.Info("down mark lifted on etcd: the worker is back in rotation", "worker", id)
+		dt.SetDown(id, false)
+	}
+}
+
+// DownMarked reports whether worker id has a down mark on etcd, as this
+// watcher last saw it.
+func (w *Watcher) DownMarked(id uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.downs[id]
+}
+
+// MarkDown writes (down) or deletes the down mark of worker id, so every
+// router puts it down until the mark is deleted. The mark is on no lease:
+// an engine restarted for its maintenance registers again, and stays
+// down.
+func (w *Watcher) MarkDown(id uint64, down bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), w.o.DialTimeout+time.Second)
+	defer cancel()
+	key := root(w.o.Prefix) + "down/" + strconv.FormatUint(id, 10)
+	var err error
+	if down {
+		_, err = w.cli.Put(ctx, key, "")
+	} else {
+		_, err = w.cli.Delete(ctx, key)
+	}
+	return err
 }
 
 // MarkDrain writes the drain mark of worker id, on the lease of its key,

@@ -52,21 +52,23 @@ func followEnds(t *testing.T, w *Watcher, ctx context.Context, d time.Duration, 
 func TestCompactedWatchEndsAndTheListResyncs(t *testing.T) {
 	_, o, cli := testClient(t, "/c")
 	ctx := context.Background()
-	var last int64
 	for id := 1; id <= 3; id++ {
-		resp, err := cli.Put(ctx, WorkersKey(o.Prefix)+strconv.Itoa(id), `{"url":"http://10.0.0.`+strconv.Itoa(id)+`:8000"}`)
+		_, err := cli.Put(ctx, WorkersKey(o.Prefix)+strconv.Itoa(id), `{"url":"http://10.0.0.`+strconv.Itoa(id)+`:8000"}`)
 		require.NoError(t, err)
-		last = resp.Header.Revision
 	}
-	_, err := cli.Compact(ctx, last)
+	resp, err := cli.Put(ctx, root(o.Prefix)+"down/2", "")
+	require.NoError(t, err)
+	_, err = cli.Compact(ctx, resp.Header.Revision)
 	require.NoError(t, err)
 
 	rec := &etcdtest.Recorder{}
-	w := &Watcher{o: o, cli: cli, target: rec, log: o.Logger, known: map[uint64]string{9: `{"url":"http://gone:1"}`}, marks: map[uint64]bool{}}
+	w := &Watcher{o: o, cli: cli, target: rec, log: o.Logger, known: map[uint64]string{9: `{"url":"http://gone:1"}`}, marks: map[uint64]bool{},
+		downs: map[uint64]bool{7: true}}
 	followEnds(t, w, ctx, 5*time.Second, "a compacted watch did not end the follow")
 	put, drained := rec.State()
 	assert.Empty(t, put, "nothing applied from a compacted watch")
 	assert.Empty(t, drained)
+	assert.Empty(t, rec.Down())
 
 	list, err := cli.Get(ctx, root(o.Prefix), clientv3.WithPrefix())
 	require.NoError(t, err)
@@ -76,6 +78,8 @@ func TestCompactedWatchEndsAndTheListResyncs(t *testing.T) {
 	assert.Equal(t, "http://10.0.0.2:8000", put[2].URL)
 	assert.Equal(t, []uint64{9}, drained, "the worker that left while unwatched is drained")
 	assert.True(t, w.Known(1) && !w.Known(9))
+	assert.Equal(t, map[uint64]bool{2: true, 7: false}, rec.Down(), "a down mark listed puts its worker down, one lifted while unwatched puts it back")
+	assert.True(t, w.DownMarked(2) && !w.DownMarked(7))
 }
 
 // After a long etcd outage a watcher is back in step within a few seconds

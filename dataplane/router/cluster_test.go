@@ -2,6 +2,9 @@ package router
 
 import (
 	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -193,6 +196,89 @@ func TestDrainMarkHonouredByEveryReplica(t *testing.T) {
 		require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(1) }, 5*time.Second, 10*time.Millisecond)
 	}
 	_ = regs[1].Close()
+	a.assertIdle()
+	b.assertIdle()
+}
+
+// PATCH /workers/{id} {"down":true} on one replica puts a worker found on
+// etcd down on every replica, through a down mark there that outlives its
+// registration (an engine restarted for its maintenance registers again,
+// and stays down) until PATCH {"down":false} on any replica lifts it. A
+// mark written before its worker registers has it join down. The state
+// file leaves such workers to their marks.
+func TestDownMarkHonouredByEveryReplica(t *testing.T) {
+	e := etcdtest.Start(t)
+	const prefix = "/t-down"
+	state := filepath.Join(t.TempDir(), "state.json")
+	a := clusterRouter(t, e, prefix, func(c *config.Config) { c.StateFile = state })
+	b := clusterRouter(t, e, prefix, nil)
+	ms := startMocks(t, 3)
+	reg1 := register(t, e, prefix, ms[0], 1, 5*time.Second)
+	reg2 := register(t, e, prefix, ms[1], 2, 5*time.Second)
+	defer func() { _ = reg2.Close() }()
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Len() == 2 }, 5*time.Second, 10*time.Millisecond)
+	}
+	isDown := func(f *fleet, id uint64) bool { w, ok := f.r.Registry.Get(id); return ok && w.Down() }
+
+	status, body := adminDo(t, a, "PATCH", "/workers/1", `{"down":true}`, "")
+	require.Equal(t, 200, status, body)
+	assert.Contains(t, body, `"down":true`)
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { return isDown(f, 1) && !f.r.Registry.Snapshot().Has(1) }, 3*time.Second, 10*time.Millisecond,
+			"the other replica puts it down too")
+		assert.True(t, f.r.Registry.Snapshot().Has(2))
+	}
+	b.assertIdle()
+	resp, body := b.send(http.MethodPost, "/v1/chat/completions", chatBody, "x-worker-id", "1")
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, body)
+	saved, err := os.ReadFile(state)
+	require.NoError(t, err)
+	assert.NotContains(t, string(saved), `"down"`, "kept down by its mark, not by the state file")
+
+	// The engine restarted: its registration ends, a new one begins.
+	require.NoError(t, reg1.Close())
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(1); return !ok }, 3*time.Second, 10*time.Millisecond)
+	}
+	reg1 = register(t, e, prefix, ms[0], 1, 5*time.Second)
+	defer func() { _ = reg1.Close() }()
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { return isDown(f, 1) }, 5*time.Second, 10*time.Millisecond, "registered again, still down")
+	}
+
+	// A mark before its worker: it joins down.
+	require.NoError(t, a.r.Discovery.MarkDown(3, true))
+	reg3 := register(t, e, prefix, ms[2], 3, 5*time.Second)
+	defer func() { _ = reg3.Close() }()
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool { return isDown(f, 3) }, 5*time.Second, 10*time.Millisecond, "joined down")
+	}
+
+	status, body = adminDo(t, b, "PATCH", "/workers/1", `{"down":false}`, "")
+	require.Equal(t, 200, status, body)
+	status, body = adminDo(t, b, "PATCH", "/workers/3", `{"down":false}`, "")
+	require.Equal(t, 200, status, body)
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool {
+			snap := f.r.Registry.Snapshot()
+			return snap.Has(1) && snap.Has(3) && !isDown(f, 1) && !isDown(f, 3)
+		}, 5*time.Second, 10*time.Millisecond, "lifted on the other replica: back on both")
+	}
+
+	// etcd down: put down on the replica asked only, and a 503 says so.
+	e.Stop()
+	status, body = adminDo(t, a, "PATCH", "/workers/2", `{"down":true}`, "")
+	assert.Equal(t, http.StatusServiceUnavailable, status, body)
+	assert.Contains(t, body, "worker 2 put down on this router only: etcd did not take its down mark")
+	assert.True(t, isDown(a, 2))
+	assert.False(t, isDown(b, 2))
+	e.Restart()
+	require.Eventually(t, func() bool { // a 503 until etcd has elected its leader again
+		status, _ := adminDo(t, a, "PATCH", "/workers/2", `{"down":false}`, "")
+		return status == 200
+	}, 15*time.Second, 100*time.Millisecond)
+	assert.False(t, isDown(a, 2))
 	a.assertIdle()
 	b.assertIdle()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/http/admin"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/discovery"
 	"github.com/fastroute/fastroute/discovery/dns"
@@ -184,6 +185,30 @@ func (t discoveryTarget) Put(spec dataplane.WorkerSpec) error {
 
 // Drain drains a worker that left etcd or DNS: its requests finish.
 func (t discoveryTarget) Drain(id uint64) { _ = t.r.Registry.Drain(id) }
+
+// SetDown puts a worker down or back as its down mark on etcd says; an id
+// not registered yet joins so.
+func (t discoveryTarget) SetDown(id uint64, down bool) { t.r.Registry.SetDownID(id, down) }
+
+// setWorkerDown puts a worker down or back (PATCH /workers/{id}); one
+// found on etcd on every router, through its down mark there (written or
+// deleted whatever this router had: another may have it down). Here
+// first, as drainWorker, so the answer shows it; the mark comes back
+// through this router's own watch and changes nothing more.
+func (r *Router) setWorkerDown(id uint64, down bool) (changed bool, err error) {
+	changed, err = r.Registry.SetDown(id, down)
+	if err != nil || r.Discovery == nil || !r.Discovery.Known(id) {
+		return changed, err
+	}
+	if err := r.Discovery.MarkDown(id, down); err != nil {
+		where := "back"
+		if down {
+			where = "down"
+		}
+		return changed, &admin.UnavailableError{Msg: fmt.Sprintf("worker %d put %s on this router only: etcd did not take its down mark: %v", id, where, err)}
+	}
+	return changed, nil
+}
 
 // drainWorker drains a worker (DELETE /workers/{id}); one found on etcd is
 // drained on every router through a drain mark there. It drains here

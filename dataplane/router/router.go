@@ -289,7 +289,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken,
 			MetricsPublic: cfg.MetricsPublic, Logger: log, Reload: r.ReloadFromSource, Probe: r.probeSoon,
 			Config:   func() ([]byte, error) { return r.CurrentConfig().RedactedYAML() },
-			Describe: r.describe, Drain: r.drainWorker, LearnPrefixes: r.learnPrefixes(), APIKeys: &r.APIKeys,
+			Describe: r.describe, Drain: r.drainWorker, SetDown: r.setWorkerDown, LearnPrefixes: r.learnPrefixes(), APIKeys: &r.APIKeys,
 			WritesRefused: r.writesRefused,
 			Changed:       r.saveState}),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -21,15 +21,16 @@ import (
 // with the adapters declared for it (its own, or those PUT
 // /workers/{id}/loras set since), the addresses of the workers found by
 // DNS that DELETE /workers/{id} drained while DNS still names them, and
-// the ids of the workers PATCH /workers/{id} put down, whatever their
-// source. Workers of the config, and those found on etcd or by DNS, have
+// the ids of the workers PATCH /workers/{id} put down but those found on
+// etcd (their down marks there keep them). Workers of the config, and those found on etcd or by DNS, have
 // their own source and are not in Workers; nor is a worker being drained,
 // which is on its way out.
 type adminState struct {
 	Workers []dataplane.WorkerSpec `json:"workers"`
 	// DNSDrained are ip:port addresses (dns.Watcher.Held).
 	DNSDrained []string `json:"dns_drained,omitempty"`
-	// Down are the ids put down by hand (Registry.DownIDs).
+	// Down are the ids put down by hand (Registry.DownIDs) but those of
+	// etcd's workers and down marks.
 	Down []uint64 `json:"down,omitempty"`
 	// drained are DNSDrained's addresses as readState parsed them.
 	drained []netip.AddrPort
@@ -173,7 +174,13 @@ func (r *Router) writeState() error {
 	if r.DNS != nil {
 		st.DNSDrained = r.DNS.Held()
 	}
-	st.Down = r.Registry.DownIDs()
+	for _, id := range r.Registry.DownIDs() {
+		// A worker found on etcd is kept down by its mark there, which
+		// may be lifted while this router is stopped.
+		if r.Discovery == nil || !(r.Discovery.Known(id) || r.Discovery.DownMarked(id)) {
+			st.Down = append(st.Down, id)
+		}
+	}
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err

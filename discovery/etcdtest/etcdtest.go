@@ -5,6 +5,7 @@ package etcdtest
 
 import (
 	"errors"
+	"maps"
 	"sync"
 	"testing"
 
@@ -43,6 +44,7 @@ type Recorder struct {
 	mu      sync.Mutex
 	put     map[uint64]dataplane.WorkerSpec
 	drained []uint64
+	down    map[uint64]bool
 }
 
 // Put records an added or replaced worker.
@@ -61,6 +63,23 @@ func (r *Recorder) Drain(id uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.drained = append(r.drained, id)
+}
+
+// SetDown records a worker put down or back.
+func (r *Recorder) SetDown(id uint64, down bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.down == nil {
+		r.down = map[uint64]bool{}
+	}
+	r.down[id] = down
+}
+
+// Down returns the last down or back each worker was told, by id.
+func (r *Recorder) Down() map[uint64]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.down)
 }
 
 // State returns the workers put (last spec by id) and the drains in order.

@@ -89,6 +89,10 @@ type Options struct {
 	// Drain drains a worker (DELETE /workers/{id}); nil: Registry.Drain.
 	// An error for a registered worker answers 503.
 	Drain func(id uint64) error
+	// SetDown puts a worker down or back (PATCH /workers/{id} "down") and
+	// says whether that changed it; nil: Registry.SetDown. An
+	// UnavailableError answers 503.
+	SetDown func(id uint64, down bool) (changed bool, err error)
 	// LearnPrefixes takes in a peer replica's prefix records (POST
 	// /prefixes, affinity.AppendPrefixRecord's format) and says how many
 	// it read; nil while prefix affinity is off (409).
@@ -275,8 +279,12 @@ func routes(o Options) *http.ServeMux {
 		}
 		changed, err := o.Registry.Update(id, patch.apply)
 		if err == nil && patch.Down != nil {
+			setDown := o.Registry.SetDown
+			if o.SetDown != nil {
+				setDown = o.SetDown
+			}
 			var down bool
-			down, err = o.Registry.SetDown(id, *patch.Down)
+			down, err = setDown(id, *patch.Down)
 			changed = changed || down
 		}
 		if changed {
@@ -288,6 +296,8 @@ func routes(o Options) *http.ServeMux {
 				status = http.StatusNotFound
 			} else if _, draining := errors.AsType[*dataplane.DrainingError](err); draining {
 				status = http.StatusConflict
+			} else if _, unavailable := errors.AsType[*UnavailableError](err); unavailable {
+				status = http.StatusServiceUnavailable
 			}
 			writeError(w, status, err.Error())
 			return
@@ -367,6 +377,12 @@ func routes(o Options) *http.ServeMux {
 	})
 	return mux
 }
+
+// UnavailableError is a change made on this router only, where it should
+// have reached every router (etcd did not answer): a 503 saying so.
+type UnavailableError struct{ Msg string }
+
+func (e *UnavailableError) Error() string { return e.Msg }
 
 // workerPatch is a PATCH /workers/{id} body: a worker put down or back,
 // and the settings of its spec that change how it is routed to, not which
