@@ -373,9 +373,9 @@ func writeEngineCosts(w *metrics.Writer, workers []*dataplane.Worker) {
 		name, help string
 		value      func(st *engine.Stats, occupancy int64) float64
 	}{
-		{"fastroute_worker_engine_capacity", "Tokens a second the engine-cost modes take the worker's engine to generate: its learned batch size times its learned speed per running request, or while that speed is unknown a stand-in from the other engines' (fastroute_worker_engine_stand_in); absent without a fresh reading or any speed learned.",
+		{"fastroute_worker_engine_capacity", "Tokens a second the engine-cost modes take the worker's engine to generate: its learned batch size times its speed per running request (learned, or until then its engine's own mean gap between tokens), or while that speed is unknown a stand-in from the other engines' (fastroute_worker_engine_stand_in); absent without a fresh reading or any speed known.",
 			func(st *engine.Stats, _ int64) float64 { return cmp.Or(st.Capacity(), st.StandIn) }},
-		{"fastroute_worker_engine_stand_in", "1 while the worker's engine is priced at a stand-in capacity (its own speed not learned yet), 0 once learned.",
+		{"fastroute_worker_engine_stand_in", "1 while the worker's engine is priced at a stand-in capacity (its own speed not known yet), 0 once known.",
 			func(st *engine.Stats, _ int64) float64 {
 				if st.Capacity() == 0 {
 					return 1
