@@ -12,7 +12,8 @@ import (
 // FuzzEngineMetricsPage: any page a worker serves at its metrics_path
 // either fails to parse or gives a reading of counts within bounds, and
 // what the router learns from it, read again and again, stays finite: a
-// batch size of 1 or more, a speed of 0 or more, an admit limit of 0 or
+// batch size of 1 or more, a speed of 0 or more (learned, or from the
+// engine's inter-token latency histogram), an admit limit of 0 or
 // more, a cost, when there is one, of 0 or more (what GET /workers shows,
 // and what the load-aware pickers compare), and a time still within the
 // readings' span, 0 while nothing runs.
@@ -32,6 +33,10 @@ func FuzzEngineMetricsPage(f *testing.F) {
 		"vllm:engine_sleep_state{engine=\"0\",sleep_state=\"awake\"} 0\nvllm:engine_sleep_state{engine=\"0\",sleep_state=\"discard_all\"} 1\n", 0.0, int64(1))
 	f.Add("# TYPE vllm:lora_requests_info gauge\nvllm:lora_requests_info{running_lora_adapters=\"a,b\",waiting_lora_adapters=\"\"} 1.7e9\n"+
 		"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n", 5.0, int64(1))
+	f.Add("vllm:num_requests_running 2\nvllm:num_requests_waiting 0\nvllm:generation_tokens_total 100\n"+
+		"vllm:inter_token_latency_seconds_sum 1e-300\nvllm:inter_token_latency_seconds_count 1e300\n", 0.0, int64(1))
+	f.Add("sglang:num_running_reqs 4\nsglang:num_queue_reqs 0\nsglang:inter_token_latency_seconds_sum 0\n"+
+		"sglang:inter_token_latency_seconds_count 12\n", 0.0, int64(0))
 	f.Fuzz(func(t *testing.T, page string, tokensStep float64, occupancy int64) {
 		r, err := engine.Parse(strings.NewReader(page), time.Unix(1000, 0))
 		if err != nil {
@@ -42,7 +47,8 @@ func FuzzEngineMetricsPage(f *testing.F) {
 				t.Fatalf("%s %v taken", name, v)
 			}
 		}
-		if !(r.KVUsage >= 0 && r.KVUsage <= 1) || !(r.Tokens == -1 || r.Tokens >= 0 && r.Tokens <= math.MaxFloat64) {
+		counter := func(v float64) bool { return v == -1 || v >= 0 && v <= math.MaxFloat64 }
+		if !(r.KVUsage >= 0 && r.KVUsage <= 1) || !counter(r.Tokens) || !counter(r.TokenGaps) || !counter(r.TokenGapSeconds) {
 			t.Fatalf("reading %+v", r)
 		}
 		if !(tokensStep >= 0 && tokensStep <= math.MaxFloat64) {
