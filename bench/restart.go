@@ -2,7 +2,9 @@ package bench
 
 import (
 	"fmt"
+	"net"
 	"strings"
+	"time"
 
 	"github.com/fastroute/fastroute/pickers"
 )
@@ -38,4 +40,21 @@ func RestartTable(rows []RoutingRow, fleetCap float64, window fmt.Stringer) stri
 		"the load %.0f%% of their capacity (%.1f req/s), measured over the %v after the start:\n\n", 100*rows[0].Load, fleetCap, window)
 	windowRows(&b, rows)
 	return b.String()
+}
+
+// waitListening waits until addr accepts a connection, trying every 5 ms,
+// as the clients of a restarted router reconnect: a request sent then
+// waits in the listener's backlog until the router serves.
+func waitListening(addr string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			return c.Close()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not listening in time: %w", addr, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -434,7 +434,7 @@ func runRoutingOnce(o RoutingOptions, dir string, fleet []simEngine, rt RoutingR
 			defer close(up)
 			time.Sleep(o.Warmup)
 			if next, restarted, joinErr = rt.start(o.Binary, dir, fronted); joinErr == nil {
-				if err := waitHealth(next); err != nil {
+				if err := waitListening(next); err != nil {
 					joinErr = notUp(err, restarted)
 				}
 			}

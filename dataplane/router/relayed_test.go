@@ -94,9 +94,9 @@ func TestAnEngineWithoutMetricsIsReadByTheRouter(t *testing.T) {
 }
 
 // A router started beside engines that served before (a restart, a new
-// replica) prices them from their first reading, from the gaps between
-// tokens their inter-token latency histograms report, before it learned a
-// speed of its own: a slow engine stays dear while idle, where without
+// replica) reads them before it serves (Scraper.Prime) and prices them
+// from that first reading, from the gaps between tokens their inter-token
+// latency histograms report, before it learned a speed of its own: a slow engine stays dear while idle, where without
 // those the default mode fell back to counting requests (and, once the
 // fast engine's speed was learned, priced the idle slow one as fast).
 func TestARouterStartedBesideEnginesThatServedPricesThemAtOnce(t *testing.T) {
@@ -113,8 +113,8 @@ func TestARouterStartedBesideEnginesThatServedPricesThemAtOnce(t *testing.T) {
 	})
 	w1, _ := f.r.Registry.Get(1)
 	w2, _ := f.r.Registry.Get(2)
-	require.Eventually(t, func() bool { return w1.Engine() != nil && w2.Engine() != nil }, 5*time.Second, 5*time.Millisecond)
 	s1, s2 := w1.Engine(), w2.Engine()
+	require.True(t, s1 != nil && s2 != nil, "read before the router served its first request")
 	require.True(t, s2.RateFromGaps, "%+v", s2)
 	assert.Less(t, s2.TokenRate, s1.TokenRate/3, "the slow engine's own gaps")
 	assert.Equal(t, "inter-token latency", f.workerInfo(2)["engine_token_rate_source"])

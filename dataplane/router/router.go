@@ -305,6 +305,13 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.startEngines(log)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
+	if r.Engines != nil {
+		// The engines' first readings before the first request (a
+		// restart in front of busy engines routes its first requests by
+		// their costs); new connections wait in the listener's backlog
+		// meanwhile, a scrape timeout at most.
+		r.Engines.Prime(ctx)
+	}
 	go func() {
 		// nil once Close closed the listener; a failure otherwise (the
 		// front end already waits out a shortage of descriptors).

@@ -109,6 +109,17 @@ func New(o Options) *Scraper {
 	return &Scraper{o: o, client: newClient(o.Timeout, o.TLS, nil), state: map[uint64]*target{}}
 }
 
+// Prime scrapes every target once and returns when each of those scrapes
+// ended (each within Timeout), so that a router taking requests after it
+// prices its engines from its first request on, where one serving at once
+// routes the requests of its first interval on its own signals. Run goes
+// on from there.
+func (s *Scraper) Prime(ctx context.Context) {
+	var round sync.WaitGroup
+	s.tick(ctx, &round, time.Now())
+	round.Wait()
+}
+
 // Run polls every Interval until ctx ends, then waits for scrapes under way
 // and closes the connections they kept alive.
 func (s *Scraper) Run(ctx context.Context) {
