@@ -288,7 +288,11 @@ type occupancy struct {
 	// engine gives no metrics and the router reads it itself
 	// (Worker.CountsTokens).
 	relayed atomic.Uint64
-	_       cpu.CacheLinePad
+	// gaps and gapNanos are the gaps between two tokens of the streams
+	// relayed from it meanwhile, and their time in all.
+	gaps     atomic.Uint64
+	gapNanos atomic.Int64
+	_        cpu.CacheLinePad
 }
 
 // Worker is one inference server as the data plane sees it. Spec never
@@ -502,6 +506,23 @@ func (w *Worker) AddRelayedTokens(n int64) {
 	if n > 0 {
 		w.occ.relayed.Add(uint64(n))
 	}
+}
+
+// AddRelayedGaps counts n more gaps between two tokens of a stream relayed
+// from w (CountsTokens), spanning d in all.
+func (w *Worker) AddRelayedGaps(n int64, d time.Duration) {
+	if n > 0 && d >= 0 {
+		w.occ.gaps.Add(uint64(n))
+		w.occ.gapNanos.Add(int64(d))
+	}
+}
+
+// RelayedGaps returns the gaps between two tokens of the streams relayed
+// from w while it CountsTokens, and their time in all (counters): from
+// them the router's own reading of its engine gives its speed at once
+// (engine.Target.RelayedGaps).
+func (w *Worker) RelayedGaps() (gaps uint64, spanned time.Duration) {
+	return w.occ.gaps.Load(), time.Duration(w.occ.gapNanos.Load())
 }
 
 // Relayed returns what the router sees of w: its requests in flight and

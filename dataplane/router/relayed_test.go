@@ -45,6 +45,14 @@ func TestAnEngineWithoutMetricsIsReadByTheRouter(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	_, after := w2.Relayed()
 	assert.EqualValues(t, 11, after-before)
+	// The stream's gaps between tokens, as the router relayed them, give
+	// the slow engine's speed from the next reading on (about 60 tokens
+	// a second a request: a 16 ms step), a second before one is learned.
+	gaps, spanned := w2.RelayedGaps()
+	assert.EqualValues(t, 5, gaps, "six tokens, five gaps")
+	assert.Greater(t, spanned, 5*12*time.Millisecond)
+	require.Eventually(t, func() bool { st := w2.Engine(); return st != nil && st.RateFromGaps }, 5*time.Second, 5*time.Millisecond)
+	assert.InDelta(t, 55, w2.Engine().TokenRate, 25, "the speed of its relayed gaps")
 	assert.Equal(t, strconv.FormatUint(after, 10), metric(t, f, `fastroute_worker_relayed_tokens_total{worker="2"}`))
 	assert.Empty(t, metric(t, f, `fastroute_worker_relayed_tokens_total{worker="1"}`), "read from its engine's metrics")
 

@@ -486,7 +486,8 @@ func (r *Router) startEngines(log *slog.Logger) {
 			out := make([]engine.Target, len(all))
 			for i, w := range all {
 				s := w.Spec()
-				out[i] = engine.Target{ID: s.ID, URL: s.BaseURL() + s.MetricsPath, Slots: s.MaxInflight, Socket: s.Socket(), Relayed: w.Relayed}
+				out[i] = engine.Target{ID: s.ID, URL: s.BaseURL() + s.MetricsPath, Slots: s.MaxInflight, Socket: s.Socket(), Relayed: w.Relayed,
+					RelayedGaps: w.RelayedGaps}
 			}
 			return out
 		},

@@ -38,6 +38,10 @@ type Target struct {
 	// page answers 404 or 501, or holds no engine's load series) is read
 	// from it instead: a Reading of DialectRouter.
 	Relayed func() (inFlight int64, tokens uint64)
+	// RelayedGaps, with Relayed, says how many gaps between two tokens of
+	// the streams relayed from the worker the router saw, and their time
+	// in all (counters): its reading's TokenGaps and TokenGapSeconds.
+	RelayedGaps func() (gaps uint64, spanned time.Duration)
 }
 
 // DialectRouter is the Dialect of a reading the router took of a worker
@@ -149,7 +153,7 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 		if st == nil || st.URL != tg.URL || st.Socket != tg.Socket {
 			st = &target{Target: tg, reason: "no reading yet", client: s.socketClient(tg.Socket)}
 		}
-		st.Slots, st.Relayed = tg.Slots, tg.Relayed
+		st.Slots, st.Relayed, st.RelayedGaps = tg.Slots, tg.Relayed, tg.RelayedGaps
 		keep[tg.ID] = st
 		// A reading whose next scrape is still under way is not withdrawn:
 		// an engine busy enough to answer its metrics page slowly (more
@@ -258,6 +262,10 @@ func (s *Scraper) readRelayed(st *target) {
 	inFlight, tokens := st.Relayed()
 	r := Reading{At: time.Now(), Dialect: DialectRouter, Running: float64(inFlight), Tokens: float64(tokens),
 		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1, TokenGapSeconds: -1, TokenGaps: -1}
+	if st.RelayedGaps != nil {
+		gaps, spanned := st.RelayedGaps()
+		r.TokenGaps, r.TokenGapSeconds = float64(gaps), spanned.Seconds()
+	}
 	stats := st.relayed.Observe(r, st.Slots)
 	stats.StillFor = 0
 	st.last, st.lastAt = &stats, r.At

@@ -98,8 +98,10 @@ type exchange struct {
 	sent       time.Duration // when the request left for its (decode) worker, since start: its last try's
 	// tokensOf: the worker whose answer this is, while the router reads
 	// its load itself (Worker.CountsTokens): the tokens relayed count on
-	// it. nil: none.
-	tokensOf *dataplane.Worker
+	// it, and the gaps between them; lastToken: when the last of them
+	// came, since start (0: none yet). nil: none.
+	tokensOf  *dataplane.Worker
+	lastToken time.Duration
 	// model: the metrics of the model the request is routed as, once known
 	// (Server.forward); nil before.
 	model  *modelStats
@@ -151,7 +153,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	ex.req.Reset()
 	ex.stream, ex.readErr, ex.done = false, nil, false
 	ex.sse, ex.tail, ex.bodyDone, ex.client, ex.created = false, nil, false, hangup.Conn{}, false
-	ex.timed, ex.firstToken, ex.sent, ex.alias, ex.model, ex.copied, ex.tokensOf = false, 0, 0, ex.alias[:0], nil, nil, nil
+	ex.timed, ex.firstToken, ex.sent, ex.alias, ex.model, ex.copied, ex.tokensOf, ex.lastToken = false, 0, 0, ex.alias[:0], nil, nil, nil, 0
 	ex.watch.Store(0)
 	ex.stop.Store(0)
 	ex.split, ex.whole, ex.decoding, ex.body = false, dataplane.SplitLegs, false, nil
@@ -662,8 +664,14 @@ func (ex *exchange) inspect(data []byte) {
 	if ex.sse && (ex.metered || ex.timed) {
 		before := ex.usage.events
 		ex.usage.countEvents(data)
-		if ex.tokensOf != nil {
-			ex.tokensOf.AddRelayedTokens(ex.usage.events - before)
+		if n := ex.usage.events - before; n > 0 && ex.tokensOf != nil {
+			ex.tokensOf.AddRelayedTokens(n)
+			// The n gaps since the last token came span the time since.
+			now := time.Since(ex.start)
+			if ex.lastToken > 0 {
+				ex.tokensOf.AddRelayedGaps(n, now-ex.lastToken)
+			}
+			ex.lastToken = now
 		}
 		if ex.timed && before == 0 && ex.usage.events > 0 {
 			ex.firstTokenLeaves()
