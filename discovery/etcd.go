@@ -436,12 +436,7 @@ func (w *Watcher) put(id uint64, value []byte) bool {
 // mark sets or lifts the drain mark of worker id.
 func (w *Watcher) mark(id uint64, on bool) {
 	w.mu.Lock()
-	was := w.marks[id]
-	if on {
-		w.marks[id] = true
-	} else {
-		delete(w.marks, id)
-	}
+	was := setMark(w.marks, id, on)
 	spec, known := w.known[id]
 	w.mu.Unlock()
 	switch {
@@ -454,6 +449,18 @@ func (w *Watcher) mark(id uint64, on bool) {
 	}
 }
 
+// setMark sets (on) or lifts worker id's mark in marks, and says whether
+// it was set.
+func setMark(marks map[uint64]bool, id uint64, on bool) (was bool) {
+	was = marks[id]
+	if on {
+		marks[id] = true
+	} else {
+		delete(marks, id)
+	}
+	return was
+}
+
 // markDown sets or lifts the down mark of worker id and, when that changed
 // it and the target takes marks (DownTarget), puts the worker down or back.
 func (w *Watcher) markDown(id uint64, on bool) {
@@ -462,12 +469,7 @@ func (w *Watcher) markDown(id uint64, on bool) {
 		return
 	}
 	w.mu.Lock()
-	was := w.downs[id]
-	if on {
-		w.downs[id] = true
-	} else {
-		delete(w.downs, id)
-	}
+	was := setMark(w.downs, id, on)
 	w.mu.Unlock()
 	switch {
 	case on && !was:

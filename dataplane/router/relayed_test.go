@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/fastroute/fastroute/telemetry/engine"
@@ -82,23 +83,33 @@ func TestAnEngineWithoutMetricsIsReadByTheRouter(t *testing.T) {
 
 	// Two requests held on the fast engine: it is still the cheaper, where
 	// least-loaded would take the idle slow one.
-	held := make([]*http.Response, 2)
+	release := holdOnFast(t, f, w1, 2)
+	require.NoError(t, f.r.Selector.SetPolicy(pickers.ModeLeastLoaded, 0, 0))
+	resp, body = f.send(http.MethodPost, "/v1/chat/completions", chatBody, "x-query-instance-id", "true")
+	assert.JSONEq(t, `{"worker_id":2,"dp_rank":0}`, body, fmt.Sprintf("least-loaded counts requests: status %d", resp.StatusCode))
+	release()
+	f.assertIdle()
+}
+
+// holdOnFast holds n streams on fast (worker 1) until release, and asserts
+// that it stays the pick of five queries while they run.
+func holdOnFast(t *testing.T, f *fleet, fast *dataplane.Worker, n int) (release func()) {
+	t.Helper()
+	held := make([]*http.Response, n)
 	for i := range held {
 		held[i] = f.post("/v1/chat/completions", `{"model":"mock-model","max_tokens":5000,"stream":true,"messages":[]}`, "x-worker-id", "1")
 		require.Equal(t, http.StatusOK, held[i].StatusCode)
 	}
-	require.Eventually(t, func() bool { st := w1.Engine(); return st != nil && st.Running == 2 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { st := fast.Engine(); return st != nil && st.Running == float64(n) }, 5*time.Second, 5*time.Millisecond)
 	for range 5 {
 		resp, body := f.send(http.MethodPost, "/v1/chat/completions", chatBody, "x-query-instance-id", "true")
-		assert.JSONEq(t, `{"worker_id":1,"dp_rank":0}`, body, "status %d", resp.StatusCode)
+		assert.JSONEq(t, `{"worker_id":1,"dp_rank":0}`, body, "still the cheaper: status %d", resp.StatusCode)
 	}
-	require.NoError(t, f.r.Selector.SetPolicy(pickers.ModeLeastLoaded, 0, 0))
-	resp, body = f.send(http.MethodPost, "/v1/chat/completions", chatBody, "x-query-instance-id", "true")
-	assert.JSONEq(t, `{"worker_id":2,"dp_rank":0}`, body, fmt.Sprintf("least-loaded counts requests: status %d", resp.StatusCode))
-	for _, r := range held {
-		r.Body.Close()
+	return func() {
+		for _, r := range held {
+			r.Body.Close()
+		}
 	}
-	f.assertIdle()
 }
 
 // A router started beside engines that served before (a restart, a new
@@ -128,18 +139,6 @@ func TestARouterStartedBesideEnginesThatServedPricesThemAtOnce(t *testing.T) {
 	assert.Equal(t, "inter-token latency", f.workerInfo(2)["engine_token_rate_source"])
 
 	// Three streams held on the fast engine: it is still the cheaper.
-	held := make([]*http.Response, 3)
-	for i := range held {
-		held[i] = f.post("/v1/chat/completions", `{"model":"mock-model","max_tokens":5000,"stream":true,"messages":[]}`, "x-worker-id", "1")
-		require.Equal(t, http.StatusOK, held[i].StatusCode)
-	}
-	require.Eventually(t, func() bool { st := w1.Engine(); return st != nil && st.Running == 3 }, 5*time.Second, 5*time.Millisecond)
-	for range 5 {
-		resp, body := f.send(http.MethodPost, "/v1/chat/completions", chatBody, "x-query-instance-id", "true")
-		assert.JSONEq(t, `{"worker_id":1,"dp_rank":0}`, body, "status %d", resp.StatusCode)
-	}
-	for _, r := range held {
-		r.Body.Close()
-	}
+	holdOnFast(t, f, w1, 3)()
 	f.assertIdle()
 }
