@@ -22,9 +22,9 @@ import (
 // /workers/{id}/loras set since), the addresses of the workers found by
 // DNS that DELETE /workers/{id} drained while DNS still names them, and
 // the ids of the workers PATCH /workers/{id} put down but those found on
-// etcd (their down marks there keep them). Workers of the config, and those found on etcd or by DNS, have
-// their own source and are not in Workers; nor is a worker being drained,
-// which is on its way out.
+// etcd (their down marks there keep them). Workers of the config, and
+// those found on etcd or by DNS, have their own source and are not in
+// Workers; nor is a worker being drained, which is on its way out.
 type adminState struct {
 	Workers []dataplane.WorkerSpec `json:"workers"`
 	// DNSDrained are ip:port addresses (dns.Watcher.Held).
