@@ -547,23 +547,25 @@ func demoSleep(client *http.Client, base string, reg *dataplane.Registry, worker
 // /workers/{id}, an engine's maintenance), sends awayRequests requests,
 // which go to the other workers, and puts it back.
 func demoDown(client *http.Client, base, admin string, worker uint64) (string, error) {
-	patch := func(body string) func() error {
-		return func() error {
-			req, _ := http.NewRequest(http.MethodPatch, fmt.Sprintf("http://%s/workers/%d", admin, worker), strings.NewReader(body))
-			resp, err := client.Do(req)
-			if err != nil {
-				return err
-			}
-			answer, _ := io.ReadAll(resp.Body)
-			_ = resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("PATCH %s: status %d: %s", body, resp.StatusCode, answer)
-			}
-			return nil
-		}
-	}
+	patch := func(body string) func() error { return func() error { return demoPatch(client, admin, worker, body) } }
 	went, err := demoAway(client, base, worker, patch(`{"down":true}`), patch(`{"down":false}`))
 	return fmt.Sprintf("worker %d down        -> workers %s (PATCH /workers/%d {\"down\":true} on the admin API; put back after)", worker, went, worker), err
+}
+
+// demoPatch sends PATCH /workers/{worker} with body to the admin API at
+// admin; an answer other than 200 is an error carrying its body.
+func demoPatch(client *http.Client, admin string, worker uint64, body string) error {
+	req, _ := http.NewRequest(http.MethodPatch, fmt.Sprintf("http://%s/workers/%d", admin, worker), strings.NewReader(body))
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("PATCH %s: status %d: %s", body, resp.StatusCode, answer)
+	}
+	return nil
 }
 
 // demoAway takes worker out of rotation with away, sends awayRequests

@@ -125,6 +125,13 @@ func runDemoCluster(args []string) error {
 	}
 	fmt.Println("  " + strings.Replace(conv, "(prefix affinity;", "(turns alternate replicas, which share prefixes through etcd's list of replicas;", 1))
 
+	fmt.Printf("\nworker 2 put down through replica 1 (a down mark on etcd), put back through replica 2:\n")
+	down, err := demoDownEverywhere(client, routers[0], routers[1], 2)
+	if err != nil {
+		return fmt.Errorf("down mark: %w", err)
+	}
+	fmt.Println("  " + down)
+
 	fmt.Printf("\nworker 1's registrar dies (its lease is no longer kept alive):\n")
 	if err := regs[0].Abandon(); err != nil {
 		return err
@@ -141,6 +148,26 @@ func runDemoCluster(args []string) error {
 	}
 	fmt.Println("\ndemo-cluster ok")
 	return nil
+}
+
+// demoDownEverywhere puts worker down through replica from's admin API,
+// which writes its down mark on etcd, sends awayRequests requests
+// through replica to once it took the mark, which must all go to the
+// other workers, and puts the worker back through to's admin API.
+func demoDownEverywhere(client *http.Client, from, to *router.Router, worker uint64) (string, error) {
+	patch := func(on *router.Router, body string, seen *router.Router, down bool) func() error {
+		return func() error {
+			if err := demoPatch(client, on.AdminAddr(), worker, body); err != nil {
+				return err
+			}
+			return waitFor(5*time.Second, fmt.Sprintf("the other replica did not take worker %d's down mark within 5s", worker), func() bool {
+				w, ok := seen.Registry.Get(worker)
+				return ok && w.Down() == down
+			})
+		}
+	}
+	went, err := demoAway(client, "http://"+to.Addr(), worker, patch(from, `{"down":true}`, to, true), patch(to, `{"down":false}`, from, false))
+	return fmt.Sprintf("worker %d down        -> workers %s through replica 2 (PATCH /workers/%d {\"down\":true} on replica 1's admin API)", worker, went, worker), err
 }
 
 // waitPeers waits until each router found the other on etcd to share
