@@ -50,8 +50,10 @@ func TestAnEngineWithoutMetricsIsReadByTheRouter(t *testing.T) {
 	// the slow engine's speed from the next reading on (about 60 tokens
 	// a second a request: a 16 ms step), a second before one is learned.
 	gaps, spanned := w2.RelayedGaps()
-	assert.EqualValues(t, 5, gaps, "six tokens, five gaps")
-	assert.Greater(t, spanned, 5*12*time.Millisecond)
+	// Six tokens, five gaps; fewer where tokens came in one read with the
+	// first (the gaps within the first read are not timed).
+	assert.True(t, gaps >= 3 && gaps <= 5, "%d gaps", gaps)
+	assert.Greater(t, spanned, time.Duration(gaps)*12*time.Millisecond, "at least a step (16 ms) a gap, less slack")
 	require.Eventually(t, func() bool { st := w2.Engine(); return st != nil && st.RateFromGaps }, 5*time.Second, 5*time.Millisecond)
 	assert.InDelta(t, 55, w2.Engine().TokenRate, 25, "the speed of its relayed gaps")
 	assert.Equal(t, strconv.FormatUint(after, 10), metric(t, f, `fastroute_worker_relayed_tokens_total{worker="2"}`))
