@@ -531,7 +531,10 @@ func waitAnswer(addr, path string, body []byte) error {
 	})
 }
 
-func retryFor(d time.Duration, fn func() error) error {
+func retryFor(d time.Duration, fn func() error) error { return retryEvery(d, 50*time.Millisecond, fn) }
+
+// retryEvery calls fn every pause until it succeeds, for d at most.
+func retryEvery(d, pause time.Duration, fn func() error) error {
 	deadline := time.Now().Add(d)
 	for {
 		err := fn()
@@ -541,6 +544,6 @@ func retryFor(d time.Duration, fn func() error) error {
 		if time.Now().After(deadline) {
 			return errors.Join(errors.New("not ready in time"), err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(pause)
 	}
 }

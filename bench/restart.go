@@ -46,15 +46,11 @@ func RestartTable(rows []RoutingRow, fleetCap float64, window fmt.Stringer) stri
 // as the clients of a restarted router reconnect: a request sent then
 // waits in the listener's backlog until the router serves.
 func waitListening(addr string) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	return retryEvery(10*time.Second, 5*time.Millisecond, func() error {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			return c.Close()
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not listening in time: %w", addr, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return c.Close()
+	})
 }
