@@ -572,16 +572,8 @@ func (r *Registry) SetDown(id uint64, down bool) (changed bool, err error) {
 func (r *Registry) setDown(id uint64, down, pending bool) (changed bool, err error) {
 	r.mu.Lock()
 	w, err := r.changeableLocked(id)
-	if pending && errors.Is(err, ErrNotFound) {
-		if down {
-			r.down[id] = true
-		} else {
-			delete(r.down, id)
-		}
-		r.mu.Unlock()
-		return false, nil
-	}
-	if err != nil || w.down.Swap(down) == down {
+	unregistered := pending && errors.Is(err, ErrNotFound)
+	if !unregistered && (err != nil || w.down.Swap(down) == down) {
 		r.mu.Unlock()
 		return false, err
 	}
@@ -589,6 +581,10 @@ func (r *Registry) setDown(id uint64, down, pending bool) (changed bool, err err
 		r.down[id] = true
 	} else {
 		delete(r.down, id)
+	}
+	if unregistered { // kept for when it joins
+		r.mu.Unlock()
+		return false, nil
 	}
 	r.publishLocked()
 	r.mu.Unlock()
