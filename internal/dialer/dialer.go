@@ -160,6 +160,13 @@ type attempt struct {
 // an attempt failed. The first connection is returned and the attempts
 // still under way are called off (one that connects anyway is closed).
 func (d *Dialer) race(ctx context.Context, order []netip.Addr, port string) (net.Conn, error) {
+	var nd net.Dialer
+	if len(order) == 1 {
+		// Nothing to race (a worker named by its address, as most are):
+		// connected here, without an attempt's goroutine, channel and
+		// timer.
+		return nd.DialContext(ctx, "tcp", net.JoinHostPort(order[0].String(), port))
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	delay := d.AttemptDelay
@@ -167,7 +174,6 @@ func (d *Dialer) race(ctx context.Context, order []netip.Addr, port string) (net
 		delay = DefaultAttemptDelay
 	}
 	results := make(chan attempt, len(order))
-	var nd net.Dialer
 	next, pending := 0, 0
 	begin := func() {
 		addr := net.JoinHostPort(order[next].String(), port)

@@ -49,7 +49,7 @@ func (r *resolver) LookupIPAddr(context.Context, string) ([]net.IPAddr, error) {
 // live listens on ip:port ("0": any free port), accepting every
 // connection and writing ip to it, until the test ends; it returns the
 // port.
-func live(t *testing.T, ip, port string) string {
+func live(t testing.TB, ip, port string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", net.JoinHostPort(ip, port))
 	if err != nil {
@@ -221,4 +221,19 @@ func TestDialsAtOnce(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Equal(t, int32(32), ok.Load())
+}
+
+// BenchmarkDialOneAddress dials a worker named by its one address, as
+// most are: the connect a stream burst makes per stream.
+func BenchmarkDialOneAddress(b *testing.B) {
+	addr := net.JoinHostPort("127.0.0.1", live(b, "127.0.0.1", "0"))
+	var d Dialer
+	b.ReportAllocs()
+	for b.Loop() {
+		c, err := d.Dial(addr, time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = c.Close()
+	}
 }
