@@ -56,6 +56,7 @@ func Process() Collector {
 		{Name: "/memory/classes/heap/unused:bytes"},
 		{Name: "/memory/classes/total:bytes"},
 		{Name: "/gc/cycles/total:gc-cycles"},
+		{Name: "/memory/classes/heap/stacks:bytes"},
 	}
 	return func(w *Writer) {
 		modified := "false"
@@ -85,6 +86,7 @@ func Process() Collector {
 		metrics.Read(samples) // no stop of the world, unlike runtime.ReadMemStats
 		w.Single("go_memstats_heap_inuse_bytes", "gauge", "Number of heap bytes that are in use.", float64(samples[0].Value.Uint64()+samples[1].Value.Uint64()))
 		w.Single("go_memstats_sys_bytes", "gauge", "Number of bytes obtained from system.", float64(samples[2].Value.Uint64()))
+		w.Single("go_memstats_stack_inuse_bytes", "gauge", "Number of bytes in use by the stack allocator.", float64(samples[4].Value.Uint64()))
 		w.Single("go_gc_cycles_total", "counter", "Garbage collection cycles completed.", float64(samples[3].Value.Uint64()))
 	}
 }

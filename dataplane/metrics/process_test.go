@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -80,6 +81,21 @@ func TestProcessFamiliesReadThisProcess(t *testing.T) {
 	assert.GreaterOrEqual(t, value(t, after, "go_memstats_sys_bytes"), value(t, after, "go_memstats_heap_inuse_bytes"))
 	runtime.GC()
 	assert.Greater(t, value(t, scrape(t, c), "go_gc_cycles_total"), value(t, after, "go_gc_cycles_total"))
+
+	// 512 goroutines parked hold at least their 2 KiB stacks each.
+	hold, held := make(chan struct{}), sync.WaitGroup{}
+	for range 512 {
+		held.Add(1)
+		go func() { held.Done(); <-hold }()
+	}
+	held.Wait()
+	parked := scrape(t, c)
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	close(hold)
+	assert.Greater(t, value(t, parked, "go_memstats_stack_inuse_bytes"), 512*2048.0)
+	assert.InDelta(t, float64(ms.StackInuse), value(t, parked, "go_memstats_stack_inuse_bytes"), 256*1024, "MemStats' StackInuse")
+	assert.GreaterOrEqual(t, value(t, parked, "go_memstats_sys_bytes"), value(t, parked, "go_memstats_stack_inuse_bytes"))
 
 	// The process started before the test binary's packages were set up,
 	// and not long before.
