@@ -22,6 +22,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/router"
+	"github.com/fastroute/fastroute/internal/memlimit"
 	"github.com/fastroute/fastroute/pickers"
 )
 
@@ -301,6 +302,7 @@ func runServe(args []string) error {
 	} else {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
+	setMemoryLimit(log)
 	// Signals are caught from the start: one that comes while the router
 	// starts is handled once it serves (SIGHUP's default would end the
 	// process, and systemd may send it as soon as READY=1 is told).
@@ -339,6 +341,19 @@ func runServe(args []string) error {
 		log.Info("took the listeners over from the process before this one, which drains its open requests and exits")
 	}
 	return handleSignals(r, sig, log, os.Exit, upg)
+}
+
+// setMemoryLimit has the Go runtime's soft memory limit stand below the
+// memory limit of the router's cgroup (memlimit.Apply; GOMEMLIMIT, when
+// set, stands instead), and says so.
+func setMemoryLimit(log *slog.Logger) {
+	soft, lim, err := memlimit.Apply("/", os.Getenv)
+	switch {
+	case err != nil:
+		log.Warn("the cgroup's memory limit cannot be read; the Go runtime has no soft memory limit", "err", err)
+	case soft > 0:
+		log.Info("the Go runtime's soft memory limit stands below the cgroup's", "soft_limit_bytes", soft, "cgroup_limit_bytes", lim.Bytes, "from", lim.File)
+	}
 }
 
 // runCheck reads the config of serve's flags (--config and the others) as

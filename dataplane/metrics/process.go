@@ -57,6 +57,7 @@ func Process() Collector {
 		{Name: "/memory/classes/total:bytes"},
 		{Name: "/gc/cycles/total:gc-cycles"},
 		{Name: "/memory/classes/heap/stacks:bytes"},
+		{Name: "/gc/gomemlimit:bytes"},
 	}
 	return func(w *Writer) {
 		modified := "false"
@@ -87,6 +88,7 @@ func Process() Collector {
 		w.Single("go_memstats_heap_inuse_bytes", "gauge", "Number of heap bytes that are in use.", float64(samples[0].Value.Uint64()+samples[1].Value.Uint64()))
 		w.Single("go_memstats_sys_bytes", "gauge", "Number of bytes obtained from system.", float64(samples[2].Value.Uint64()))
 		w.Single("go_memstats_stack_inuse_bytes", "gauge", "Number of bytes in use by the stack allocator.", float64(samples[4].Value.Uint64()))
+		w.Single("go_gc_gomemlimit_bytes", "gauge", "Go runtime memory limit configured by the user, otherwise math.MaxInt64. This value is set by the GOMEMLIMIT environment variable, and the runtime/debug.SetMemoryLimit function.", float64(samples[5].Value.Uint64()))
 		w.Single("go_gc_cycles_total", "counter", "Garbage collection cycles completed.", float64(samples[3].Value.Uint64()))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"testing"
@@ -78,6 +79,7 @@ func TestProcessFamiliesReadThisProcess(t *testing.T) {
 	assert.Greater(t, value(t, after, "process_max_fds"), 0.0)
 	assert.Greater(t, value(t, after, "go_threads"), 0.0)
 	assert.Greater(t, value(t, after, "go_memstats_heap_inuse_bytes"), 0.0)
+	assert.Equal(t, float64(debug.SetMemoryLimit(-1)), value(t, after, "go_gc_gomemlimit_bytes"))
 	assert.GreaterOrEqual(t, value(t, after, "go_memstats_sys_bytes"), value(t, after, "go_memstats_heap_inuse_bytes"))
 	runtime.GC()
 	assert.Greater(t, value(t, scrape(t, c), "go_gc_cycles_total"), value(t, after, "go_gc_cycles_total"))

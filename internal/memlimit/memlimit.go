@@ -1,0 +1,205 @@
+// Package memlimit finds the memory limit of the process's cgroup, so that
+// the Go runtime's soft memory limit can stand below it. Go sets
+// GOMAXPROCS from the cgroup's CPU quota, but nothing from its memory
+// limit: without a soft limit the collector lets the heap grow to twice
+// what it holds live, and a burst (thousands of streams opened at once)
+// can take a router in a container past its limit and have it killed.
+//
+// The limit is the tightest of the process's cgroup and its ancestors up
+// to the hierarchy's mount: cgroup v2's memory.max, else cgroup v1's
+// memory.limit_in_bytes, found through /proc/self/mountinfo and
+// /proc/self/cgroup (a container's own namespace or the host's).
+package memlimit
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+)
+
+// Ratio is the share of the cgroup's limit the Go runtime's soft limit is
+// set to: the rest is for what the runtime does not count and the cgroup
+// does (the binary's pages, the kernel's socket buffers).
+const Ratio = 0.9
+
+// Apply sets the Go runtime's soft memory limit to Ratio of the limit of
+// the process's cgroup read under root (Read), unless getenv says
+// GOMEMLIMIT is set: the operator's own limit, or "off", stands. It
+// returns the soft limit it set (0: none) and the cgroup's limit.
+func Apply(root string, getenv func(string) string) (soft int64, lim Limit, err error) {
+	if getenv("GOMEMLIMIT") != "" {
+		return 0, Limit{}, nil
+	}
+	lim, ok, err := Read(root)
+	if err != nil || !ok {
+		return 0, Limit{}, err
+	}
+	soft = int64(float64(lim.Bytes) * Ratio)
+	debug.SetMemoryLimit(soft)
+	return soft, lim, nil
+}
+
+// Limit is a cgroup's memory limit and the file it was read from.
+type Limit struct {
+	Bytes int64
+	File  string
+}
+
+// unlimitedV1 is the least cgroup v1 value that means no limit: v1 writes
+// its maximum, rounded down to a page, for none.
+const unlimitedV1 = 1 << 62
+
+// Read returns the memory limit of the process's cgroup read under root
+// ("/" but in tests): the tightest set on it or an ancestor, cgroup v2's
+// first, then v1's. ok is false when no cgroup sets one.
+func Read(root string) (lim Limit, ok bool, err error) {
+	mounts, err := os.ReadFile(filepath.Join(root, "proc/self/mountinfo"))
+	if err != nil {
+		return Limit{}, false, err
+	}
+	groups, err := os.ReadFile(filepath.Join(root, "proc/self/cgroup"))
+	if err != nil {
+		return Limit{}, false, err
+	}
+	for _, h := range []struct {
+		fstype, controller, file string
+	}{{"cgroup2", "", "memory.max"}, {"cgroup", "memory", "memory.limit_in_bytes"}} {
+		mountRoot, mountPoint, found := mountOf(mounts, h.fstype, h.controller)
+		if !found {
+			continue
+		}
+		group, found := groupOf(groups, h.controller)
+		if !found {
+			continue
+		}
+		lim, ok, err := tightest(filepath.Join(root, mountPoint), within(group, mountRoot), h.file)
+		if err != nil || ok {
+			return lim, ok, err
+		}
+	}
+	return Limit{}, false, nil
+}
+
+// mountOf finds in mountinfo the mount of the hierarchy of type fstype
+// (cgroup2; or cgroup with controller among its options): the cgroup it
+// shows (its root) and where.
+func mountOf(mountinfo []byte, fstype, controller string) (root, point string, ok bool) {
+	sc := bufio.NewScanner(bytes.NewReader(mountinfo))
+	for sc.Scan() {
+		// ID parent major:minor root point options [optional...] - fstype source superoptions
+		before, after, found := strings.Cut(sc.Text(), " - ")
+		fields, tail := strings.Fields(before), strings.Fields(after)
+		if !found || len(fields) < 5 || len(tail) < 3 || tail[0] != fstype {
+			continue
+		}
+		if controller != "" && !hasItem(tail[2], controller) {
+			continue
+		}
+		return unescape(fields[3]), unescape(fields[4]), true
+	}
+	return "", "", false
+}
+
+// groupOf finds in /proc/self/cgroup the process's cgroup in the v2
+// hierarchy (controller "") or the v1 one of controller.
+func groupOf(cgroup []byte, controller string) (string, bool) {
+	sc := bufio.NewScanner(bytes.NewReader(cgroup))
+	for sc.Scan() {
+		// hierarchy-ID:controllers:path
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if controller == "" && parts[0] == "0" && parts[1] == "" || controller != "" && hasItem(parts[1], controller) {
+			return parts[2], true
+		}
+	}
+	return "", false
+}
+
+// within is group's path below the mount that shows the cgroup
+// mountRoot ("/" in a container's own namespace); "/" when group is not
+// below it (the mount shows a cgroup the process left).
+func within(group, mountRoot string) string {
+	rel, err := filepath.Rel(mountRoot, group)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "/"
+	}
+	return path.Join("/", rel)
+}
+
+// tightest reads file in the cgroup dir mount+group and in each of its
+// ancestors up to mount, and returns the least limit set.
+func tightest(mount, group, file string) (lim Limit, ok bool, err error) {
+	for g := group; ; g = path.Dir(g) {
+		name := filepath.Join(mount, g, file)
+		data, err := os.ReadFile(name)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			// The root cgroup has no limit file, nor has a hierarchy
+			// without the memory controller.
+		case err != nil:
+			return Limit{}, false, err
+		default:
+			n, set, err := parseLimit(data)
+			if err != nil {
+				return Limit{}, false, fmt.Errorf("%s: %w", name, err)
+			}
+			if set && (!ok || n < lim.Bytes) {
+				lim, ok = Limit{Bytes: n, File: name}, true
+			}
+		}
+		if g == "/" || g == "." {
+			return lim, ok, nil
+		}
+	}
+}
+
+// parseLimit reads a limit file: "max" or v1's largest values are none.
+func parseLimit(data []byte) (n int64, set bool, err error) {
+	s := strings.TrimSpace(string(data))
+	if s == "max" {
+		return 0, false, nil
+	}
+	n, err = strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, false, fmt.Errorf("%q is not a limit in bytes", s)
+	}
+	return n, n < unlimitedV1, nil
+}
+
+// hasItem says whether the comma-separated list holds item.
+func hasItem(list, item string) bool {
+	for it := range strings.SplitSeq(list, ",") {
+		if it == item {
+			return true
+		}
+	}
+	return false
+}
+
+// unescape undoes mountinfo's octal escapes of a path (\040 for a space).
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

@@ -1,0 +1,262 @@
+package memlimit
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeRoot writes files (path under the root → content) into a new
+// directory and returns it.
+func fakeRoot(t *testing.T, files map[string]string) string {
+	t.Helper()
+	root := t.TempDir()
+	for name, content := range files {
+		p := filepath.Join(root, name)
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o644))
+	}
+	return root
+}
+
+const (
+	v2Mount     = "30 22 0:27 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+	procMount   = "22 1 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:5 - proc proc rw\n"
+	hybridMount = "30 22 0:27 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n" +
+		"31 30 0:28 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n" +
+		"34 30 0:31 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n" +
+		"40 30 0:37 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+	hybridGroups = "9:name=systemd:/\n4:memory:/process_api/9f23\n1:cpu:/\n0::/\n"
+)
+
+func TestAContainersOwnCgroupV2Limit(t *testing.T) {
+	root := fakeRoot(t, map[string]string{
+		"proc/self/mountinfo":       procMount + v2Mount,
+		"proc/self/cgroup":          "0::/\n",
+		"sys/fs/cgroup/memory.max":  "536870912\n",
+		"sys/fs/cgroup/cpu.max":     "max 100000\n",
+		"sys/fs/cgroup/other/stray": "",
+	})
+	lim, ok, err := Read(root)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, int64(512<<20), lim.Bytes)
+	assert.Equal(t, filepath.Join(root, "sys/fs/cgroup/memory.max"), lim.File)
+}
+
+// On the host's namespace the limit may be set on a parent (a slice)
+// rather than on the service's own cgroup: the tightest counts.
+func TestTheTightestOfTheCgroupAndItsAncestors(t *testing.T) {
+	files := map[string]string{
+		"proc/self/mountinfo":                                  v2Mount,
+		"proc/self/cgroup":                                     "0::/system.slice/router.service\n",
+		"sys/fs/cgroup/system.slice/memory.max":                "1073741824\n",
+		"sys/fs/cgroup/system.slice/router.service/memory.max": "max\n",
+	}
+	lim, ok, err := Read(fakeRoot(t, files))
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, int64(1<<30), lim.Bytes, "the slice's")
+	assert.True(t, strings.HasSuffix(lim.File, "system.slice/memory.max"), lim.File)
+
+	files["sys/fs/cgroup/system.slice/router.service/memory.max"] = "268435456\n"
+	lim, ok, err = Read(fakeRoot(t, files))
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, int64(256<<20), lim.Bytes, "the service's own, tighter")
+
+	files["sys/fs/cgroup/system.slice/memory.max"] = "max\n"
+	files["sys/fs/cgroup/system.slice/router.service/memory.max"] = "max\n"
+	_, ok, err = Read(fakeRoot(t, files))
+	require.NoError(t, err)
+	assert.False(t, ok, "none set")
+}
+
+// A container without a cgroup namespace of its own sees the host's
+// paths in /proc/self/cgroup and a mount of its own cgroup only.
+func TestAMountOfAGroupBelowTheRoot(t *testing.T) {
+	lim, ok, err := Read(fakeRoot(t, map[string]string{
+		"proc/self/mountinfo":             "30 22 0:27 /docker/abc /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw\n",
+		"proc/self/cgroup":                "0::/docker/abc/worker\n",
+		"sys/fs/cgroup/worker/memory.max": "max\n",
+		"sys/fs/cgroup/memory.max":        "2147483648\n",
+	}))
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, int64(2<<30), lim.Bytes)
+
+	// A cgroup the mount does not show (the process moved): the mount's.
+	lim, ok, err = Read(fakeRoot(t, map[string]string{
+		"proc/self/mountinfo":      "30 22 0:27 /docker/abc /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw\n",
+		"proc/self/cgroup":         "0::/elsewhere\n",
+		"sys/fs/cgroup/memory.max": "2147483648\n",
+	}))
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, int64(2<<30), lim.Bytes)
+}
+
+// cgroup v1 (and the hybrid layout, whose v2 hierarchy has no memory
+// controller): memory.limit_in_bytes of the memory hierarchy, whose
+// largest values mean none.
+func TestCgroupV1Limits(t *testing.T) {
+	files := map[string]string{
+		"proc/self/mountinfo":                                            hybridMount,
+		"proc/self/cgroup":                                               hybridGroups,
+		"sys/fs/cgroup/unified/cgroup.procs":                             "1\n",
+		"sys/fs/cgroup/memory/memory.limit_in_bytes":                     "9223372036854771712\n",
+		"sys/fs/cgroup/memory/process_api/9f23/memory.limit_in_bytes":    "9223372036854771712\n",
+		"sys/fs/cgroup/memory/process_api/memory.limit_in_bytes":         "9223372036854771712\n",
+		"sys/fs/cgroup/memory/process_api/9f23/memory.usage_in_bytes":    "1000\n",
+		"sys/fs/cgroup/memory/process_api/9f23/memory.soft_limit_in_byt": "0\n",
+	}
+	_, ok, err := Read(fakeRoot(t, files))
+	require.NoError(t, err)
+	assert.False(t, ok, "unlimited")
+
+	files["sys/fs/cgroup/memory/process_api/9f23/memory.limit_in_bytes"] = "805306368\n"
+	lim, ok, err := Read(fakeRoot(t, files))
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, int64(768<<20), lim.Bytes)
+	assert.True(t, strings.HasSuffix(lim.File, "memory/process_api/9f23/memory.limit_in_bytes"), lim.File)
+}
+
+func TestNoCgroupAndBadFiles(t *testing.T) {
+	_, ok, err := Read(fakeRoot(t, map[string]string{"proc/self/mountinfo": procMount, "proc/self/cgroup": "0::/\n"}))
+	require.NoError(t, err)
+	assert.False(t, ok, "no cgroup hierarchy mounted")
+
+	_, _, err = Read(fakeRoot(t, map[string]string{
+		"proc/self/mountinfo":      v2Mount,
+		"proc/self/cgroup":         "0::/\n",
+		"sys/fs/cgroup/memory.max": "lots\n",
+	}))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "sys/fs/cgroup/memory.max")
+	assert.Contains(t, err.Error(), `"lots" is not a limit in bytes`)
+
+	_, _, err = Read(t.TempDir())
+	assert.ErrorIs(t, err, os.ErrNotExist, "no /proc")
+}
+
+// A mount point with a space in it is escaped in mountinfo.
+func TestEscapedMountPoint(t *testing.T) {
+	lim, ok, err := Read(fakeRoot(t, map[string]string{
+		"proc/self/mountinfo":   `30 22 0:27 / /cg\040root rw - cgroup2 cgroup2 rw` + "\n",
+		"proc/self/cgroup":      "0::/\n",
+		"cg root/memory.max":    "4096\n",
+		"cg root/memory.events": "",
+	}))
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, int64(4096), lim.Bytes)
+}
+
+// This machine's own files read without error, and a limit found is the
+// number its file holds.
+func TestThisProcessCgroup(t *testing.T) {
+	lim, ok, err := Read("/")
+	require.NoError(t, err)
+	if !ok {
+		t.Log("no cgroup memory limit on this machine")
+		return
+	}
+	data, err := os.ReadFile(lim.File)
+	require.NoError(t, err)
+	assert.Equal(t, strconv.FormatInt(lim.Bytes, 10), strings.TrimSpace(string(data)))
+}
+
+func TestApplySetsTheSoftLimitUnlessGOMEMLIMITIs(t *testing.T) {
+	before := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(before) })
+	root := fakeRoot(t, map[string]string{
+		"proc/self/mountinfo":      v2Mount,
+		"proc/self/cgroup":         "0::/\n",
+		"sys/fs/cgroup/memory.max": "1073741824\n",
+	})
+
+	soft, lim, err := Apply(root, func(string) string { return "" })
+	require.NoError(t, err)
+	assert.Equal(t, int64(1<<30), lim.Bytes)
+	assert.Equal(t, int64(float64(lim.Bytes)*Ratio), soft)
+	assert.InDelta(t, 0.9*(1<<30), float64(soft), 1)
+	assert.Equal(t, soft, debug.SetMemoryLimit(-1), "the runtime's soft limit")
+
+	debug.SetMemoryLimit(math.MaxInt64)
+	soft, _, err = Apply(root, func(k string) string { return map[string]string{"GOMEMLIMIT": "off"}[k] })
+	require.NoError(t, err)
+	assert.Zero(t, soft, "the operator's GOMEMLIMIT stands")
+	assert.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1))
+
+	soft, _, err = Apply(fakeRoot(t, map[string]string{"proc/self/mountinfo": v2Mount, "proc/self/cgroup": "0::/\n"}), func(string) string { return "" })
+	require.NoError(t, err)
+	assert.Zero(t, soft, "no limit: none set")
+	assert.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1))
+}
+
+// A cgroup made for the test with a limit of its own: a process started
+// in it reads that limit from the kernel's own files. Skipped where the
+// test cannot make one (no memory controller mounted writable, not
+// root, a cgroup v2 parent that cannot take a process).
+func TestARealCgroupsLimit(t *testing.T) {
+	if os.Getenv("FASTROUTE_MEMLIMIT_HELPER") != "" {
+		t.Skip("the helper's own run")
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	require.NoError(t, err)
+	groups, err := os.ReadFile("/proc/self/cgroup")
+	require.NoError(t, err)
+	var dir, file string
+	for _, h := range []struct{ fstype, controller, file string }{{"cgroup2", "", "memory.max"}, {"cgroup", "memory", "memory.limit_in_bytes"}} {
+		mountRoot, point, ok := mountOf(mounts, h.fstype, h.controller)
+		group, found := groupOf(groups, h.controller)
+		if ok && found {
+			if _, err := os.Stat(filepath.Join(point, within(group, mountRoot), h.file)); err == nil || h.controller != "" {
+				dir, file = filepath.Join(point, within(group, mountRoot), "fastroute-test-"+strconv.Itoa(os.Getpid())), h.file
+				break
+			}
+		}
+	}
+	if dir == "" {
+		t.Skip("no memory cgroup hierarchy mounted")
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot make a cgroup: %v", err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
+	if err := os.WriteFile(filepath.Join(dir, file), []byte("268435456"), 0o644); err != nil {
+		t.Skipf("cannot set the cgroup's limit: %v", err)
+	}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command("sh", "-c", `echo $$ > "$1/cgroup.procs" || exit 3; exec "$0" -test.run '^TestHelperReadsItsCgroup$' -test.v`, self, dir)
+	cmd.Env = append(os.Environ(), "FASTROUTE_MEMLIMIT_HELPER=1")
+	out, err := cmd.CombinedOutput()
+	if exit, ok := errors.AsType[*exec.ExitError](err); ok && exit.ExitCode() == 3 {
+		t.Skipf("cannot move a process into the cgroup: %s", out)
+	}
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "limit 268435456 from "+filepath.Join(dir, file)+"\n")
+}
+
+// The helper of TestARealCgroupsLimit, run in the cgroup it made.
+func TestHelperReadsItsCgroup(t *testing.T) {
+	if os.Getenv("FASTROUTE_MEMLIMIT_HELPER") == "" {
+		t.Skip("run by TestARealCgroupsLimit")
+	}
+	lim, ok, err := Read("/")
+	require.NoError(t, err)
+	require.True(t, ok)
+	fmt.Printf("limit %d from %s\n", lim.Bytes, lim.File)
+}
