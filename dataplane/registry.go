@@ -714,14 +714,31 @@ func (r *Registry) SetEngine(id uint64, st *engine.Stats) {
 
 // standIn is the capacity worker w's engine, whose speed is not learned,
 // is priced at: the mean learned speed per running request of the other
-// routable workers' engines, times the batch size batchOf gives it (a
-// slow engine that joined and was seen queueing is then priced for the
-// few requests it runs at once, not fed as many as a fast one's batch).
-// 0 when no other engine has a learned speed.
+// routable workers' engines, times a batch size. An engine that reports
+// its load and a token counter or an inter-token latency histogram (its
+// speed then known a scrape after its first tokens, or a second of them)
+// is priced as a probe: for probeBatch requests (fewer where batchOf gives
+// fewer), or the most it was seen running if more (its own batch once
+// seen queueing), so that it takes a request or two once the others are
+// half busy and is priced at its own speed soon after. Priced for the
+// others' batch (batchOf), a CPU engine that joined a GPU fleet was fed as
+// a GPU until then, and queued requests past the timeout. The others'
+// batch stays for the router's own reading of an engine without metrics
+// (its running count is the router's in flight there, which a probe would
+// bound by what the router sent it) and for an engine that tells neither
+// counter (a probe for good). 0 when no other engine has a learned speed.
 func (r *Registry) standIn(w *Worker, st *engine.Stats) float64 {
 	rate, batch := r.batchOf(w, st)
+	if st.Dialect != engine.DialectRouter && (st.Tokens >= 0 || st.TokenGaps >= 0) {
+		batch = max(st.Slots, min(batch, probeBatch))
+	}
 	return rate * batch
 }
+
+// probeBatch is the batch size an engine of unknown speed is priced for
+// until it is seen running more (standIn): a request or two, whose tokens
+// tell its speed.
+const probeBatch = 2
 
 // batchOf returns the mean learned speed of the others of w's kind
 // (meanSpeed; of every other while its speed is not learned: the

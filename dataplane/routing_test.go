@@ -1129,8 +1129,13 @@ func TestAPrefixPickDoesNotAllocate(t *testing.T) {
 // priced at the others' mean speed per request times a batch size, so the
 // fleet keeps routing by engine cost: the new worker takes requests while
 // it is the cheapest, and a slow engine is not fed as it would be by
-// requests in flight. Before the others are priced, and without a
-// reading, the fleet falls back as before.
+// requests in flight. The batch is a probe of two requests (or the most
+// it was seen running) for an engine that reports its load and its speed
+// (a token counter or an inter-token latency histogram), the others' mean
+// batch for the router's own reading of one that does not, and for one
+// that never tells its speed. Before
+// the others are priced, and without a reading, the fleet falls back as
+// before.
 func TestAnEngineNotLearnedYetIsPricedByTheOthers(t *testing.T) {
 	reg := newFleet(t, 3)
 	gpu := engine.Stats{Reading: engine.Reading{Running: 10}, Slots: 16, TokenRate: 50} // 800 tokens/s, 10 running
@@ -1147,10 +1152,18 @@ func TestAnEngineNotLearnedYetIsPricedByTheOthers(t *testing.T) {
 	reg.SetEngine(1, &gpu)
 	reg.SetEngine(2, &cpu)
 	reg.SetEngine(3, &joined)
-	assert.InDelta(t, (50.0+8)/2*(16+4)/2, w3.Engine().StandIn, 1e-9, "the mean speed per request times the mean batch")
+	assert.InDelta(t, (50.0+8)/2*2, w3.Engine().StandIn, 1e-9, "the mean speed per request times a probe of two")
 	c, priced := w3.Engine().Cost(0)
 	require.True(t, priced)
-	assert.InDelta(t, 2/290.0, c, 1e-12, "its running request and one more over the stand-in")
+	assert.InDelta(t, 2/58.0, c, 1e-12, "its running request and one more over the stand-in")
+	routerRead := joined
+	routerRead.Dialect = engine.DialectRouter
+	reg.SetEngine(3, &routerRead)
+	assert.InDelta(t, (50.0+8)/2*(16+4)/2, w3.Engine().StandIn, 1e-9, "the router's own reading: the mean speed per request times the mean batch")
+	mute := joined
+	mute.Tokens, mute.TokenGaps, mute.TokenGapSeconds = -1, -1, -1
+	reg.SetEngine(3, &mute)
+	assert.InDelta(t, (50.0+8)/2*(16+4)/2, w3.Engine().StandIn, 1e-9, "an engine that never tells its speed: no probe, which would never end")
 	reg.SetEngine(1, &gpu)
 	w1, _ := reg.Get(1)
 	assert.Zero(t, w1.Engine().StandIn, "a learned engine is priced at its own capacity")
@@ -1160,6 +1173,9 @@ func TestAnEngineNotLearnedYetIsPricedByTheOthers(t *testing.T) {
 	big := engine.Stats{Reading: engine.Reading{Running: 12}, Slots: 12}
 	reg.SetEngine(3, &big)
 	assert.InDelta(t, 29.0*12, w3.Engine().StandIn, 1e-9, "more running than the others' mean batch")
+	three := engine.Stats{Reading: engine.Reading{Running: 3}, Slots: 3}
+	reg.SetEngine(3, &three)
+	assert.InDelta(t, 29.0*3, w3.Engine().StandIn, 1e-9, "more running than the probe")
 	reg.SetEngine(3, &joined)
 
 	// A worker added to the priced fleet is priced before its engine's
@@ -1192,7 +1208,7 @@ func TestAnEngineNotLearnedYetIsPricedByTheOthers(t *testing.T) {
 	models.SetEngine(2, &engine.Stats{Slots: 32, TokenRate: 100})
 	models.SetEngine(3, &engine.Stats{Slots: 1})
 	joinedBig, _ := models.Get(3)
-	assert.InDelta(t, 10.0*8, joinedBig.Engine().StandIn, 1e-9, "priced as the other big-model engine, not the fleet's mean")
+	assert.InDelta(t, 10.0*2, joinedBig.Engine().StandIn, 1e-9, "priced as the other big-model engine, not the fleet's mean")
 	s := spec(4)
 	s.Models = []string{"medium"}
 	medium, err := models.AddUnprobed(s)
@@ -1200,15 +1216,26 @@ func TestAnEngineNotLearnedYetIsPricedByTheOthers(t *testing.T) {
 	assert.InDelta(t, 55.0, medium.Engine().StandIn, 1e-9, "no engine of its model priced: the fleet's mean speed, one request")
 
 	for _, mode := range []pickers.Mode{pickers.ModeLoadAware, pickers.ModeWeighted} {
-		sel := newSelector(t, reg, mode, 0)
-		got, release := selectBurst(t, sel, 12)
-		// Worker 3 at (1 + n + 1)/290 and worker 1 at (10 + n + 1)/800
-		// share them; the idle CPU engine's 1/32 is above both all along.
-		assert.Zero(t, got[2], "%s: the slow engine is not fed: %v", mode, got)
-		assert.GreaterOrEqual(t, got[3], 4, "%s: the new engine takes requests: %v", mode, got)
-		assert.Positive(t, got[1], "%s: %v", mode, got)
-		release()
+		for _, st := range []engine.Stats{{Slots: 1}, {Reading: engine.Reading{Dialect: engine.DialectRouter}, Slots: 1}} {
+			reg.SetEngine(3, &st)
+			sel := newSelector(t, reg, mode, 0)
+			got, release := selectBurst(t, sel, 12)
+			// Worker 1 at (10 + n + 1)/800; the idle CPU engine's 1/32 is
+			// above it all along. An engine that reports its load probes:
+			// (n + 1)/58 takes the fourth request, and the second it
+			// would take only past the burst. The router's own reading,
+			// (n + 1)/290, shares them.
+			assert.Zero(t, got[2], "%s: the slow engine is not fed: %v", mode, got)
+			if st.Dialect == engine.DialectRouter {
+				assert.GreaterOrEqual(t, got[3], 4, "%s, router's reading: the new engine takes requests: %v", mode, got)
+			} else {
+				assert.Equal(t, 1, got[3], "%s: the new engine takes a probe: %v", mode, got)
+			}
+			assert.Positive(t, got[1], "%s: %v", mode, got)
+			release()
+		}
 	}
+	reg.SetEngine(3, &joined)
 	assertIdle(t, reg)
 
 	reg.SetEngine(3, nil) // no fresh reading: the fleet falls back to requests in flight

@@ -176,7 +176,7 @@ func TestWorkersShowAStandInCapacity(t *testing.T) {
 	for id, want := range map[string][3]string{
 		"1": {"800", "0", "0.00125"}, // (0 + 1) / 800
 		"2": {"400", "0", "0.0525"},  // (6 + 1) / 400 × (1 + 20 × 0.1)
-		"3": {"600", "1", "0.005"},   // (2 + 1) / 600
+		"3": {"100", "1", "0.03"},    // (2 + 1) / 100
 		"4": {"", "", ""},            // no reading: unpriced
 	} {
 		for i, name := range []string{"fastroute_worker_engine_capacity", "fastroute_worker_engine_stand_in", "fastroute_worker_engine_cost"} {
@@ -197,5 +197,5 @@ func TestWorkersShowAStandInCapacity(t *testing.T) {
 	require.Len(t, all, 4)
 	assert.NotContains(t, all[0], "engine_stand_in_capacity")
 	assert.NotContains(t, all[1], "engine_stand_in_capacity")
-	assert.Equal(t, 600.0, all[2]["engine_stand_in_capacity"], "50 tokens a second a request, times the mean batch of 12")
+	assert.Equal(t, 100.0, all[2]["engine_stand_in_capacity"], "50 tokens a second a request, times a probe of two")
 }
