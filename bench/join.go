@@ -14,14 +14,28 @@ import (
 	"github.com/fastroute/fastroute/pickers"
 )
 
-// The scale-up comparison's fleet: the main comparison's three engines,
-// then gpu-c, like gpu-a, which joins the router (POST /workers on its
-// admin listener) at the warm-up's end, as an operator adds an engine to
-// a fleet near its capacity.
-var joinFleet = append(slices.Clip(routingFleet), simEngine{"gpu-c", 16, 1, false})
+// The scale-up comparisons' joining engines: gpu-c, like gpu-a, joins the
+// main comparison's three engines at the warm-up's end (POST /workers on
+// the router's admin listener), as an operator adds an engine to a fleet
+// near its capacity; or cpu-2, like cpu, a slow engine whose speed the
+// router does not know yet when it joins.
+var (
+	fastJoiner = joiner{simEngine{"gpu-c", 16, 1, false}, "like gpu-a"}
+	slowJoiner = joiner{simEngine{"cpu-2", 4, 1.0 / 6, false}, "like cpu"}
+)
 
-// joining is how many engines at the end of joinFleet join at the
-// warm-up's end.
+// joiner is the engine that joins a scale-up comparison, and what it is
+// like.
+type joiner struct {
+	engine simEngine
+	like   string
+}
+
+// fleet is the main comparison's fleet with j last.
+func (j joiner) fleet() []simEngine { return append(slices.Clip(routingFleet), j.engine) }
+
+// joining is how many engines at the end of a scale-up comparison's fleet
+// join at the warm-up's end.
 const joining = 1
 
 // JoinSetups are the routers of the scale-up comparison: fastroute's modes
@@ -61,23 +75,24 @@ func addWorker(admin string, id int, addr string) error {
 	return nil
 }
 
-// runJoin runs the scale-up comparison: JoinSetups at o.JoinLoad of the
+// runJoin runs a scale-up comparison, j joining: JoinSetups at load of the
 // starting fleet's capacity, measured from the join.
-func runJoin(o RoutingOptions, dir string, meanP, meanO float64) ([]RoutingRow, float64, error) {
-	startCap := fleetCapacity(joinFleet[:len(joinFleet)-joining], meanP, meanO)
-	jobs := workload(o.Seed, o.JoinLoad*startCap, o.Warmup+o.Duration)
-	rows, err := runSetups(o, dir, joinFleet, JoinSetups(), o.Routers, jobs, o.JoinLoad, o.JoinLoad*startCap)
+func runJoin(o RoutingOptions, dir string, j joiner, load, meanP, meanO float64) ([]RoutingRow, float64, error) {
+	fleet := j.fleet()
+	startCap := fleetCapacity(fleet[:len(fleet)-joining], meanP, meanO)
+	jobs := workload(o.Seed, load*startCap, o.Warmup+o.Duration)
+	rows, err := runSetups(o, dir, fleet, JoinSetups(), o.Routers, jobs, load, load*startCap)
 	if err != nil {
-		return nil, 0, fmt.Errorf("scale-up: %w", err)
+		return nil, 0, fmt.Errorf("scale-up, %s joining: %w", j.engine.name, err)
 	}
 	return rows, startCap, nil
 }
 
-// JoinTable formats the scale-up comparison.
-func JoinTable(rows []RoutingRow, startCap float64, window time.Duration) string {
+// JoinTable formats a scale-up comparison, j joining.
+func JoinTable(rows []RoutingRow, j joiner, startCap float64, window time.Duration) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Scale-up: gpu-c (like gpu-a) joins at the warm-up's end, the load %.0f%% of the first three engines' capacity (%.1f req/s), measured over the %v after the join:\n\n",
-		100*rows[0].Load, startCap, window)
+	fmt.Fprintf(&b, "Scale-up: %s (%s) joins at the warm-up's end, the load %.0f%% of the first three engines' capacity (%.1f req/s), measured over the %v after the join:\n\n",
+		j.engine.name, j.like, 100*rows[0].Load, startCap, window)
 	windowRows(&b, rows)
 	return b.String()
 }

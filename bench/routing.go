@@ -39,10 +39,13 @@ type RoutingOptions struct {
 	ConvLoad float64
 	// ConvMixed runs the conversation comparison on convMixedFleet.
 	ConvMixed bool
-	// JoinLoad is the load of the scale-up comparison (JoinSetups on
-	// joinFleet), as a share of the capacity of the engines there before
-	// the join; 0 skips it.
+	// JoinLoad is the load of the scale-up comparison (JoinSetups, with
+	// fastJoiner joining), as a share of the capacity of the engines there
+	// before the join; 0 skips it.
 	JoinLoad float64
+	// SlowJoinLoad is the load of the same comparison with a slow engine
+	// joining (slowJoiner); 0 skips it.
+	SlowJoinLoad float64
 	// RestartLoad is the load of the restart comparison (RestartSetups on
 	// routingFleet); 0 skips it.
 	RestartLoad float64
@@ -315,13 +318,19 @@ func RunRouting(o RoutingOptions) ([]RoutingRow, error) {
 		}
 		table += "\n" + ConvTable(conv, capacity, o.ConvMixed)
 	}
-	if o.JoinLoad > 0 {
-		join, startCap, err := runJoin(o, dir, meanP, meanO)
+	for _, j := range []struct {
+		joiner
+		load float64
+	}{{fastJoiner, o.JoinLoad}, {slowJoiner, o.SlowJoinLoad}} {
+		if j.load <= 0 {
+			continue
+		}
+		join, startCap, err := runJoin(o, dir, j.joiner, j.load, meanP, meanO)
 		if err != nil {
 			return nil, err
 		}
 		if len(join) > 0 {
-			table += "\n" + JoinTable(join, startCap, o.Duration)
+			table += "\n" + JoinTable(join, j.joiner, startCap, o.Duration)
 		}
 	}
 	if o.RestartLoad > 0 {

@@ -98,7 +98,7 @@ func TestRoutingSmoke(t *testing.T) {
 	bin := buildBinary(t)
 	dir := t.TempDir()
 	rows, err := RunRouting(RoutingOptions{Binary: bin, Warmup: 300 * time.Millisecond, Duration: 700 * time.Millisecond,
-		Timeout: 5 * time.Second, Loads: []float64{0.3}, Seed: 1, OutDir: dir, PDLoad: 0.3, ConvLoad: 0.3, JoinLoad: 0.3, RestartLoad: 0.3,
+		Timeout: 5 * time.Second, Loads: []float64{0.3}, Seed: 1, OutDir: dir, PDLoad: 0.3, ConvLoad: 0.3, JoinLoad: 0.3, SlowJoinLoad: 0.3, RestartLoad: 0.3,
 		NoMetrics: []string{"cpu"}, // read by the router itself
 		Routers:   []string{"fastroute device-aware-weighted (default)", "nginx least_conn", "fastroute default + prefix affinity"}})
 	require.NoError(t, err)
@@ -119,9 +119,14 @@ func TestRoutingSmoke(t *testing.T) {
 	conv := regexp.MustCompile(`(?m)^\| fastroute default \+ prefix affinity \|.* \| 0 \| (\d+)% \|`).FindStringSubmatch(string(md))
 	require.NotNil(t, conv, "the conversation comparison's row, none failed:\n%s", md)
 	assert.NotEqual(t, "0", conv[1], "its engines found prompt tokens cached")
-	join := regexp.MustCompile(`(?m)^\| fastroute device-aware-weighted \(default\) \|.* \| 0 \| \d+/\d+/\d+/(\d+) \|$`).FindStringSubmatch(string(md))
-	require.NotNil(t, join, "the scale-up comparison's row, none failed:\n%s", md)
-	assert.NotEqual(t, "0", join[1], "the engine that joined served requests")
+	_, join, ok := strings.Cut(string(md), "Scale-up: gpu-c")
+	require.True(t, ok, "the scale-up comparison:\n%s", md)
+	join, slow, ok := strings.Cut(join, "Scale-up: cpu-2 (like cpu)")
+	require.True(t, ok, "the scale-up comparison with a slow engine after it:\n%s", md)
+	served := regexp.MustCompile(`(?m)^\| fastroute device-aware-weighted \(default\) \|.* \| 0 \| \d+/\d+/\d+/(\d+) \|$`).FindStringSubmatch(join)
+	require.NotNil(t, served, "the scale-up comparison's row, none failed:\n%s", md)
+	assert.NotEqual(t, "0", served[1], "the engine that joined served requests")
+	assert.Regexp(t, `(?m)^\| fastroute device-aware-weighted \(default\) \|.* \| 0 \| \d+/\d+/\d+/\d+ \|$`, slow, "with a slow engine joining, none failed")
 	_, restart, ok := strings.Cut(string(md), "Restart: ")
 	require.True(t, ok, "the restart comparison:\n%s", md)
 	assert.Regexp(t, `(?m)^\| fastroute device-aware-weighted \(default\) \|.* \| [1-9]\d*\.\d \| 0 \| \d+/\d+/\d+ \|$`, restart,

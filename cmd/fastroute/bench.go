@@ -69,6 +69,7 @@ func runBenchRouting(args []string) error {
 	fs.Float64Var(&o.PDLoad, "pd-load", 0.8, "load of the prefill/decode comparison, as a share of its fleet's capacity (0: skip it)")
 	fs.Float64Var(&o.ConvLoad, "conversation-load", 0.8, "load of the conversation comparison (prefix-caching engines), as a share of its fleet's capacity without the cache (0: skip it)")
 	fs.Float64Var(&o.JoinLoad, "join-load", 0.9, "load of the scale-up comparison (an engine joins the main comparison's fleet at the warm-up's end), as a share of the fleet's capacity before the join (0: skip it)")
+	fs.Float64Var(&o.SlowJoinLoad, "slow-join-load", 0.9, "load of the scale-up comparison with a CPU-like engine joining, as a share of the fleet's capacity before the join (0: skip it)")
 	fs.Float64Var(&o.RestartLoad, "restart-load", 0.9, "load of the restart comparison (the router starts at the warm-up's end in front of the main comparison's engines, busy with the warm-up through another router), as a share of the fleet's capacity (0: skip it)")
 	fs.DurationVar(&o.MetricsDelay, "metrics-delay", 0, "every simulated engine answers its metrics page this long after it is asked, as a busy engine's API server does")
 	fs.BoolVar(&o.ConvMixed, "conversation-mixed", false, "run the conversation comparison on the main comparison's mixed fleet (gpu-a, gpu-b, cpu) instead of three gpu-a")
