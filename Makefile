@@ -45,9 +45,9 @@ bench-e2e: build
 ## GPU-like, one CPU-like at 1/6 speed): every fastroute mode, nginx
 ## least_conn and round-robin, open-loop Poisson load at 50/80/95% of the
 ## fleet's capacity; then prefill/decode disaggregation, prefix
-## affinity on multi-turn conversations over prefix-caching engines, an
-## engine joining the fleet under load, and the router restarted in front
-## of busy engines.
+## affinity on multi-turn conversations over prefix-caching engines, a
+## fast and a slow engine joining the fleet under load, and the router
+## restarted in front of busy engines.
 ## Table and TTFT p99 plot in bench/out. Installs nginx.
 ROUTING_FLAGS ?=
 bench-routing: build
