@@ -12,22 +12,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fastroute/fastroute/internal/filetree"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// fakeRoot writes files (path under the root → content) into a new
-// directory and returns it.
-func fakeRoot(t *testing.T, files map[string]string) string {
-	t.Helper()
-	root := t.TempDir()
-	for name, content := range files {
-		p := filepath.Join(root, name)
-		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
-		require.NoError(t, os.WriteFile(p, []byte(content), 0o644))
-	}
-	return root
-}
 
 const (
 	v2Mount     = "30 22 0:27 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
@@ -40,7 +28,7 @@ const (
 )
 
 func TestAContainersOwnCgroupV2Limit(t *testing.T) {
-	root := fakeRoot(t, map[string]string{
+	root := filetree.Write(t, map[string]string{
 		"proc/self/mountinfo":       procMount + v2Mount,
 		"proc/self/cgroup":          "0::/\n",
 		"sys/fs/cgroup/memory.max":  "536870912\n",
@@ -63,47 +51,41 @@ func TestTheTightestOfTheCgroupAndItsAncestors(t *testing.T) {
 		"sys/fs/cgroup/system.slice/memory.max":                "1073741824\n",
 		"sys/fs/cgroup/system.slice/router.service/memory.max": "max\n",
 	}
-	lim, ok, err := Read(fakeRoot(t, files))
+	lim, ok, err := Read(filetree.Write(t, files))
 	require.NoError(t, err)
 	require.True(t, ok)
 	assert.Equal(t, int64(1<<30), lim.Bytes, "the slice's")
 	assert.True(t, strings.HasSuffix(lim.File, "system.slice/memory.max"), lim.File)
 
 	files["sys/fs/cgroup/system.slice/router.service/memory.max"] = "268435456\n"
-	lim, ok, err = Read(fakeRoot(t, files))
+	lim, ok, err = Read(filetree.Write(t, files))
 	require.NoError(t, err)
 	require.True(t, ok)
 	assert.Equal(t, int64(256<<20), lim.Bytes, "the service's own, tighter")
 
 	files["sys/fs/cgroup/system.slice/memory.max"] = "max\n"
 	files["sys/fs/cgroup/system.slice/router.service/memory.max"] = "max\n"
-	_, ok, err = Read(fakeRoot(t, files))
+	_, ok, err = Read(filetree.Write(t, files))
 	require.NoError(t, err)
 	assert.False(t, ok, "none set")
 }
 
 // A container without a cgroup namespace of its own sees the host's
-// paths in /proc/self/cgroup and a mount of its own cgroup only.
+// paths in /proc/self/cgroup and a mount of its own cgroup only; a cgroup
+// the mount does not show (the process moved) reads the mount's.
 func TestAMountOfAGroupBelowTheRoot(t *testing.T) {
-	lim, ok, err := Read(fakeRoot(t, map[string]string{
-		"proc/self/mountinfo":             "30 22 0:27 /docker/abc /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw\n",
-		"proc/self/cgroup":                "0::/docker/abc/worker\n",
-		"sys/fs/cgroup/worker/memory.max": "max\n",
-		"sys/fs/cgroup/memory.max":        "2147483648\n",
-	}))
-	require.NoError(t, err)
-	require.True(t, ok)
-	assert.Equal(t, int64(2<<30), lim.Bytes)
-
-	// A cgroup the mount does not show (the process moved): the mount's.
-	lim, ok, err = Read(fakeRoot(t, map[string]string{
-		"proc/self/mountinfo":      "30 22 0:27 /docker/abc /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw\n",
-		"proc/self/cgroup":         "0::/elsewhere\n",
-		"sys/fs/cgroup/memory.max": "2147483648\n",
-	}))
-	require.NoError(t, err)
-	require.True(t, ok)
-	assert.Equal(t, int64(2<<30), lim.Bytes)
+	const mount = "30 22 0:27 /docker/abc /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw\n"
+	for group, files := range map[string]map[string]string{
+		"0::/docker/abc/worker\n": {"sys/fs/cgroup/worker/memory.max": "max\n"},
+		"0::/elsewhere\n":         {},
+	} {
+		files["proc/self/mountinfo"], files["proc/self/cgroup"] = mount, group
+		files["sys/fs/cgroup/memory.max"] = "2147483648\n"
+		lim, ok, err := Read(filetree.Write(t, files))
+		require.NoError(t, err, group)
+		require.True(t, ok, group)
+		assert.Equal(t, int64(2<<30), lim.Bytes, group)
+	}
 }
 
 // cgroup v1 (and the hybrid layout, whose v2 hierarchy has no memory
@@ -120,12 +102,12 @@ func TestCgroupV1Limits(t *testing.T) {
 		"sys/fs/cgroup/memory/process_api/9f23/memory.usage_in_bytes":    "1000\n",
 		"sys/fs/cgroup/memory/process_api/9f23/memory.soft_limit_in_byt": "0\n",
 	}
-	_, ok, err := Read(fakeRoot(t, files))
+	_, ok, err := Read(filetree.Write(t, files))
 	require.NoError(t, err)
 	assert.False(t, ok, "unlimited")
 
 	files["sys/fs/cgroup/memory/process_api/9f23/memory.limit_in_bytes"] = "805306368\n"
-	lim, ok, err := Read(fakeRoot(t, files))
+	lim, ok, err := Read(filetree.Write(t, files))
 	require.NoError(t, err)
 	require.True(t, ok)
 	assert.Equal(t, int64(768<<20), lim.Bytes)
@@ -133,11 +115,11 @@ func TestCgroupV1Limits(t *testing.T) {
 }
 
 func TestNoCgroupAndBadFiles(t *testing.T) {
-	_, ok, err := Read(fakeRoot(t, map[string]string{"proc/self/mountinfo": procMount, "proc/self/cgroup": "0::/\n"}))
+	_, ok, err := Read(filetree.Write(t, map[string]string{"proc/self/mountinfo": procMount, "proc/self/cgroup": "0::/\n"}))
 	require.NoError(t, err)
 	assert.False(t, ok, "no cgroup hierarchy mounted")
 
-	_, _, err = Read(fakeRoot(t, map[string]string{
+	_, _, err = Read(filetree.Write(t, map[string]string{
 		"proc/self/mountinfo":      v2Mount,
 		"proc/self/cgroup":         "0::/\n",
 		"sys/fs/cgroup/memory.max": "lots\n",
@@ -152,7 +134,7 @@ func TestNoCgroupAndBadFiles(t *testing.T) {
 
 // A mount point with a space in it is escaped in mountinfo.
 func TestEscapedMountPoint(t *testing.T) {
-	lim, ok, err := Read(fakeRoot(t, map[string]string{
+	lim, ok, err := Read(filetree.Write(t, map[string]string{
 		"proc/self/mountinfo":   `30 22 0:27 / /cg\040root rw - cgroup2 cgroup2 rw` + "\n",
 		"proc/self/cgroup":      "0::/\n",
 		"cg root/memory.max":    "4096\n",
@@ -180,7 +162,7 @@ func TestThisProcessCgroup(t *testing.T) {
 func TestApplySetsTheSoftLimitUnlessGOMEMLIMITIs(t *testing.T) {
 	before := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetMemoryLimit(before) })
-	root := fakeRoot(t, map[string]string{
+	root := filetree.Write(t, map[string]string{
 		"proc/self/mountinfo":      v2Mount,
 		"proc/self/cgroup":         "0::/\n",
 		"sys/fs/cgroup/memory.max": "1073741824\n",
@@ -199,7 +181,7 @@ func TestApplySetsTheSoftLimitUnlessGOMEMLIMITIs(t *testing.T) {
 	assert.Zero(t, soft, "the operator's GOMEMLIMIT stands")
 	assert.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1))
 
-	soft, _, err = Apply(fakeRoot(t, map[string]string{"proc/self/mountinfo": v2Mount, "proc/self/cgroup": "0::/\n"}), func(string) string { return "" })
+	soft, _, err = Apply(filetree.Write(t, map[string]string{"proc/self/mountinfo": v2Mount, "proc/self/cgroup": "0::/\n"}), func(string) string { return "" })
 	require.NoError(t, err)
 	assert.Zero(t, soft, "no limit: none set")
 	assert.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1))

@@ -6,22 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fastroute/fastroute/internal/filetree"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-func writeTree(t *testing.T, files map[string]string) string {
-	root := t.TempDir()
-	for name, body := range files {
-		p := filepath.Join(root, name)
-		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
-		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
-	}
-	return root
-}
-
 func TestFixtureTree(t *testing.T) {
-	root := writeTree(t, map[string]string{
+	root := filetree.Write(t, map[string]string{
 		"proc/stat":              "cpu  100 0 50 800 50 0 0 0 7 0\ncpu0 1 2 3 4\n",
 		"sys/fs/cgroup/cpu.max":  "50000 100000\n",
 		"sys/fs/cgroup/cpu.stat": "usage_usec 1000\nnr_periods 40\nnr_throttled 10\nthrottled_usec 2500\n",
@@ -38,14 +29,14 @@ func TestFixtureTree(t *testing.T) {
 }
 
 func TestMissingCgroupIsUnlimited(t *testing.T) {
-	root := writeTree(t, map[string]string{"proc/stat": "cpu 1 1 1 1 1\n"})
+	root := filetree.Write(t, map[string]string{"proc/stat": "cpu 1 1 1 1 1\n"})
 	q, err := ReadQuota(root)
 	require.NoError(t, err)
 	assert.True(t, q.Unlimited)
 	th, err := ReadThrottling(root)
 	require.NoError(t, err)
 	assert.Zero(t, th)
-	root = writeTree(t, map[string]string{"sys/fs/cgroup/cpu.max": "max 100000\n"})
+	root = filetree.Write(t, map[string]string{"sys/fs/cgroup/cpu.max": "max 100000\n"})
 	q, err = ReadQuota(root)
 	require.NoError(t, err)
 	assert.True(t, q.Unlimited)
@@ -59,7 +50,7 @@ func TestMalformedFilesGiveClearErrors(t *testing.T) {
 		"period":  {"sys/fs/cgroup/cpu.max", "5 0\n", "period"},
 		"cpustat": {"sys/fs/cgroup/cpu.stat", "nr_periods many\n", "nr_periods"},
 	} {
-		root := writeTree(t, map[string]string{c.file: c.body})
+		root := filetree.Write(t, map[string]string{c.file: c.body})
 		var err error
 		switch c.file {
 		case "proc/stat":
@@ -77,7 +68,7 @@ func TestCollectorIdleShareFromDeltas(t *testing.T) {
 	files := map[string]string{
 		"proc/stat": "cpu 100 0 100 700 100 0 0 0 0 0\n",
 	}
-	root := writeTree(t, files)
+	root := filetree.Write(t, files)
 	c := NewCollector(root)
 	require.NoError(t, c.Refresh(time.Now()))
 	assert.Nil(t, c.Latest(), "one reading gives no delta")
@@ -94,7 +85,7 @@ func TestCollectorIdleShareFromDeltas(t *testing.T) {
 // With a quota of 2 CPUs, a cgroup that used 0.5 s of CPU in 1 s is 75% idle
 // whatever the host does.
 func TestCollectorIdleShareOfQuota(t *testing.T) {
-	root := writeTree(t, map[string]string{
+	root := filetree.Write(t, map[string]string{
 		"proc/stat":              "cpu 100 0 100 700 100 0 0 0 0 0\n",
 		"sys/fs/cgroup/cpu.max":  "200000 100000\n",
 		"sys/fs/cgroup/cpu.stat": "usage_usec 1000000\n",

@@ -3,13 +3,12 @@
 package weights
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/internal/filetree"
 	"github.com/fastroute/fastroute/telemetry/cpu"
 	"github.com/fastroute/fastroute/telemetry/nvml"
 	"github.com/fastroute/fastroute/telemetry/nvml/nvmltest"
@@ -58,15 +57,11 @@ func BenchmarkTick8GPUsAndCPU(b *testing.B) {
 	}
 	gpu := nvml.New(nvmltest.FakeLib(devs...))
 	require.NoError(b, gpu.Start())
-	root := b.TempDir()
-	for name, body := range map[string]string{
+	root := filetree.Write(b, map[string]string{
 		"proc/stat":              "cpu 100 0 100 700 100 0 0 0 0 0\n",
 		"sys/fs/cgroup/cpu.max":  "max 100000\n",
 		"sys/fs/cgroup/cpu.stat": "usage_usec 10\n",
-	} {
-		require.NoError(b, os.MkdirAll(filepath.Dir(filepath.Join(root, name)), 0o755))
-		require.NoError(b, os.WriteFile(filepath.Join(root, name), []byte(body), 0o644))
-	}
+	})
 	l := New(Options{Registry: registry(b, specs...), Sources: []Source{NewGPU(gpu), NewCPU(cpu.NewCollector(root))}, Interval: interval, Logger: quiet})
 	b.ReportAllocs()
 	for b.Loop() {
