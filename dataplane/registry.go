@@ -67,6 +67,13 @@ func (c *candidates) costWith(i int, n int64) (float64, bool) {
 	return st.Cost(c.occ[i].Load() + n)
 }
 
+// speedKnown says candidate i's engine is priced at its own speed (learned,
+// or told by its inter-token latency), not at a stand-in.
+func (c *candidates) speedKnown(i int) bool {
+	st := c.workers[i].engine.Load()
+	return st != nil && st.Capacity() > 0
+}
+
 // index returns the position of id, or -1. The search halves a window whose
 // size does not depend on the data, so the compiler emits conditional moves
 // instead of mispredicted branches.

@@ -1104,6 +1104,26 @@ func TestTheSlackIsInEngineCostWhenEveryEngineIsPriced(t *testing.T) {
 	for _, r := range held {
 		r.Release()
 	}
+	held = nil
+
+	// A holder whose speed is not known yet is priced as a probe (two
+	// requests at the others' speed): in cost it would be passed even
+	// idle, beside a fast engine with its 4 more (1/120 against 4/960).
+	// Its slack is in requests in flight, as its speed says nothing yet.
+	w3.SetEngine(&slow)
+	reg.SetEngine(1, &engine.Stats{Slots: 1, Reading: engine.Reading{Dialect: "vllm"}})
+	w1, _ := reg.Get(1)
+	require.Positive(t, w1.Engine().StandIn, "priced at a stand-in")
+	hold(2, 2)
+	sel.routing.Load().Prefixes.Record(prefixRequest(conversation).PrefixKeys, 1)
+	assert.Equal(t, uint64(1), prefixed(), "taken: idle, within 4 requests of the least busy")
+	hold(1, 4)
+	assert.NotEqual(t, uint64(1), prefixed(), "passed: 5 is more than worker 3's 0 + 4")
+	taken, passed, _ = sel.PrefixRouted()
+	assert.Equal(t, [2]uint64{3, 4}, [2]uint64{taken, passed})
+	for _, r := range held {
+		r.Release()
+	}
 	assertIdle(t, reg)
 }
 

@@ -406,9 +406,12 @@ func (s *Selector) nearLeast(req *Request, c *candidates, w *Worker) bool {
 // loaded (an idle CPU worker would otherwise pass every prefix on a GPU
 // worker with slack requests more), and a holder much slower than the
 // cheapest candidate is passed even when idle. Otherwise it is requests
-// in flight.
+// in flight, and so it is while the holder's own speed is not known (it
+// is priced at a stand-in: a probe's price, which keeps an engine of
+// unknown speed from being sent many requests at once, and says nothing
+// of its speed, would pass every prefix it holds until it is known).
 func (s *Selector) withinSlack(req *Request, c *candidates, h int, slack int64) bool {
-	if mine, ok := c.Cost(h); ok {
+	if mine, ok := c.Cost(h); ok && c.speedKnown(h) {
 		least, cheapest := math.Inf(1), -1
 		for i, w := range c.workers {
 			if !s.admits(req, w) {
