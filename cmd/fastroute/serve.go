@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +24,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/router"
+	"github.com/fastroute/fastroute/internal/every"
 	"github.com/fastroute/fastroute/internal/memlimit"
 	"github.com/fastroute/fastroute/pickers"
 )
@@ -302,7 +305,7 @@ func runServe(args []string) error {
 	} else {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	setMemoryLimit(log)
+	followMemoryLimit(log)
 	// Signals are caught from the start: one that comes while the router
 	// starts is handled once it serves (SIGHUP's default would end the
 	// process, and systemd may send it as soon as READY=1 is told).
@@ -343,18 +346,36 @@ func runServe(args []string) error {
 	return handleSignals(r, sig, log, os.Exit, upg)
 }
 
-// setMemoryLimit has the Go runtime's soft memory limit stand below the
-// memory limit of the router's cgroup (memlimit.Apply; GOMEMLIMIT, when
-// set, stands instead), and says so.
-func setMemoryLimit(log *slog.Logger) {
-	soft, lim, err := memlimit.Apply("/", os.Getenv)
-	switch {
-	case err != nil:
-		log.Warn("the cgroup's memory limit cannot be read; the Go runtime has no soft memory limit", "err", err)
-	case soft > 0:
-		log.Info("the Go runtime's soft memory limit stands below the cgroup's", "soft_limit_bytes", soft, "cgroup_limit_bytes", lim.Bytes, "from", lim.File)
+// followMemoryLimit has the Go runtime's soft memory limit stand below
+// the memory limit of the router's cgroup (memlimit.Limiter; GOMEMLIMIT,
+// when set, stands instead), now and as the cgroup's limit changes,
+// checked every memoryLimitCheck, and says so.
+func followMemoryLimit(log *slog.Logger) {
+	if runtime.GOOS != "linux" || os.Getenv("GOMEMLIMIT") != "" {
+		return
 	}
+	l := &memlimit.Limiter{Root: "/", Getenv: os.Getenv}
+	failed := false
+	apply := func() {
+		soft, lim, changed, err := l.Apply()
+		switch {
+		case err != nil:
+			if !failed {
+				log.Warn("the cgroup's memory limit cannot be read; the Go runtime's soft memory limit stays as it is", "err", err)
+			}
+		case changed && soft > 0:
+			log.Info("the Go runtime's soft memory limit stands below the cgroup's", "soft_limit_bytes", soft, "cgroup_limit_bytes", lim.Bytes, "from", lim.File)
+		case changed:
+			log.Info("the cgroup has no memory limit any more; the Go runtime's soft memory limit is lifted")
+		}
+		failed = err != nil
+	}
+	apply()
+	go every.Tick(context.Background(), memoryLimitCheck, apply)
 }
+
+// memoryLimitCheck is how often the cgroup's memory limit is read again.
+const memoryLimitCheck = 30 * time.Second
 
 // runCheck reads the config of serve's flags (--config and the others) as
 // serve would, files and certificates included, and starts nothing (as

@@ -16,6 +16,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -29,21 +30,44 @@ import (
 // does (the binary's pages, the kernel's socket buffers).
 const Ratio = 0.9
 
-// Apply sets the Go runtime's soft memory limit to Ratio of the limit of
-// the process's cgroup read under root (Read), unless getenv says
-// GOMEMLIMIT is set: the operator's own limit, or "off", stands. It
-// returns the soft limit it set (0: none) and the cgroup's limit.
-func Apply(root string, getenv func(string) string) (soft int64, lim Limit, err error) {
-	if getenv("GOMEMLIMIT") != "" {
-		return 0, Limit{}, nil
+// Limiter keeps the Go runtime's soft memory limit at Ratio of the memory
+// limit of the process's cgroup read under Root (Read), unless Getenv says
+// GOMEMLIMIT is set: the operator's own limit, or "off", stands. Apply
+// reads the cgroup's limit again each time (Kubernetes resizes a running
+// container's), so that the soft limit follows it. It is used by one
+// goroutine at a time.
+type Limiter struct {
+	Root   string
+	Getenv func(string) string
+	set    int64 // the soft limit this Limiter set last; 0: none
+}
+
+// Apply reads the cgroup's limit and sets the soft limit to Ratio of it,
+// or lifts the one it set when the cgroup has none any more. It returns
+// the soft limit in force (0: none of its own), the cgroup's limit, and
+// whether this call changed the soft limit. A limit that cannot be read
+// changes nothing.
+func (l *Limiter) Apply() (soft int64, lim Limit, changed bool, err error) {
+	if l.Getenv("GOMEMLIMIT") != "" {
+		return 0, Limit{}, false, nil
 	}
-	lim, ok, err := Read(root)
-	if err != nil || !ok {
-		return 0, Limit{}, err
+	lim, ok, err := Read(l.Root)
+	if err != nil {
+		return l.set, Limit{}, false, err
 	}
-	soft = int64(float64(lim.Bytes) * Ratio)
-	debug.SetMemoryLimit(soft)
-	return soft, lim, nil
+	if ok {
+		soft = int64(float64(lim.Bytes) * Ratio)
+	}
+	if soft == l.set {
+		return soft, lim, false, nil
+	}
+	if soft > 0 {
+		debug.SetMemoryLimit(soft)
+	} else {
+		debug.SetMemoryLimit(math.MaxInt64) // the runtime's own default: none
+	}
+	l.set = soft
+	return soft, lim, true, nil
 }
 
 // Limit is a cgroup's memory limit and the file it was read from.

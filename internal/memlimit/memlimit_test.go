@@ -159,31 +159,64 @@ func TestThisProcessCgroup(t *testing.T) {
 	assert.Equal(t, strconv.FormatInt(lim.Bytes, 10), strings.TrimSpace(string(data)))
 }
 
-func TestApplySetsTheSoftLimitUnlessGOMEMLIMITIs(t *testing.T) {
+func TestTheSoftLimitFollowsTheCgroupsUnlessGOMEMLIMITIsSet(t *testing.T) {
 	before := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetMemoryLimit(before) })
-	root := filetree.Write(t, map[string]string{
+	files := map[string]string{
 		"proc/self/mountinfo":      v2Mount,
 		"proc/self/cgroup":         "0::/\n",
 		"sys/fs/cgroup/memory.max": "1073741824\n",
-	})
+	}
+	root := filetree.Write(t, files)
+	l := &Limiter{Root: root, Getenv: func(string) string { return "" }}
 
-	soft, lim, err := Apply(root, func(string) string { return "" })
+	soft, lim, changed, err := l.Apply()
 	require.NoError(t, err)
+	assert.True(t, changed)
 	assert.Equal(t, int64(1<<30), lim.Bytes)
 	assert.Equal(t, int64(float64(lim.Bytes)*Ratio), soft)
 	assert.InDelta(t, 0.9*(1<<30), float64(soft), 1)
 	assert.Equal(t, soft, debug.SetMemoryLimit(-1), "the runtime's soft limit")
-
-	debug.SetMemoryLimit(math.MaxInt64)
-	soft, _, err = Apply(root, func(k string) string { return map[string]string{"GOMEMLIMIT": "off"}[k] })
+	_, _, changed, err = l.Apply()
 	require.NoError(t, err)
-	assert.Zero(t, soft, "the operator's GOMEMLIMIT stands")
+	assert.False(t, changed, "the same limit read again")
+
+	// Resized while it runs: the soft limit follows; lifted: none again.
+	memMax := filepath.Join(root, "sys/fs/cgroup/memory.max")
+	resized := int64(512 << 20)
+	require.NoError(t, os.WriteFile(memMax, []byte("536870912\n"), 0o644))
+	soft, _, changed, err = l.Apply()
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Equal(t, int64(float64(resized)*Ratio), soft)
+	assert.Equal(t, soft, debug.SetMemoryLimit(-1))
+	require.NoError(t, os.WriteFile(memMax, []byte("bad\n"), 0o644))
+	soft, _, changed, err = l.Apply()
+	require.Error(t, err)
+	assert.False(t, changed, "a limit that cannot be read changes nothing")
+	assert.Equal(t, int64(float64(resized)*Ratio), soft)
+	require.NoError(t, os.WriteFile(memMax, []byte("max\n"), 0o644))
+	soft, _, changed, err = l.Apply()
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Zero(t, soft)
+	assert.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1), "lifted")
+
+	// The operator's GOMEMLIMIT stands, "off" included.
+	require.NoError(t, os.WriteFile(memMax, []byte("1073741824\n"), 0o644))
+	env := &Limiter{Root: root, Getenv: func(k string) string { return map[string]string{"GOMEMLIMIT": "off"}[k] }}
+	soft, _, changed, err = env.Apply()
+	require.NoError(t, err)
+	assert.False(t, changed)
+	assert.Zero(t, soft)
 	assert.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1))
 
-	soft, _, err = Apply(filetree.Write(t, map[string]string{"proc/self/mountinfo": v2Mount, "proc/self/cgroup": "0::/\n"}), func(string) string { return "" })
+	// No limit at first: none set.
+	none := &Limiter{Root: filetree.Write(t, map[string]string{"proc/self/mountinfo": v2Mount, "proc/self/cgroup": "0::/\n"}), Getenv: func(string) string { return "" }}
+	soft, _, changed, err = none.Apply()
 	require.NoError(t, err)
-	assert.Zero(t, soft, "no limit: none set")
+	assert.False(t, changed)
+	assert.Zero(t, soft)
 	assert.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1))
 }
 
