@@ -1,5 +1,5 @@
-// Package memlimit finds the memory limit of the process's cgroup, so that
-// the Go runtime's soft memory limit can stand below it. Go sets
+// Package memlimit keeps the Go runtime's soft memory limit below the
+// memory limit of the process's cgroup, as that limit changes. Go sets
 // GOMAXPROCS from the cgroup's CPU quota, but nothing from its memory
 // limit: without a soft limit the collector lets the heap grow to twice
 // what it holds live, and a burst (thousands of streams opened at once)
