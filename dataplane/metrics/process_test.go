@@ -84,20 +84,24 @@ func TestProcessFamiliesReadThisProcess(t *testing.T) {
 	runtime.GC()
 	assert.Greater(t, value(t, scrape(t, c), "go_gc_cycles_total"), value(t, after, "go_gc_cycles_total"))
 
-	// 512 goroutines parked hold at least their 2 KiB stacks each.
+	// 2,048 goroutines parked deep in a recursion hold stacks grown past
+	// 8 KiB each: at least 16 MiB, which MemStats' StackInuse, read just
+	// after, agrees with up to what other goroutines' stacks did between
+	// the two reads.
 	hold, held := make(chan struct{}), sync.WaitGroup{}
-	for range 512 {
+	for range 2048 {
 		held.Add(1)
-		go func() { held.Done(); <-hold }()
+		go func() { parkDeep(16, &held, hold) }()
 	}
 	held.Wait()
 	parked := scrape(t, c)
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	close(hold)
-	assert.Greater(t, value(t, parked, "go_memstats_stack_inuse_bytes"), 512*2048.0)
-	assert.InDelta(t, float64(ms.StackInuse), value(t, parked, "go_memstats_stack_inuse_bytes"), 256*1024, "MemStats' StackInuse")
-	assert.GreaterOrEqual(t, value(t, parked, "go_memstats_sys_bytes"), value(t, parked, "go_memstats_stack_inuse_bytes"))
+	stacks := value(t, parked, "go_memstats_stack_inuse_bytes")
+	assert.Greater(t, stacks, 2048*8192.0)
+	assert.InDelta(t, float64(ms.StackInuse), stacks, 2<<20, "MemStats' StackInuse")
+	assert.GreaterOrEqual(t, value(t, parked, "go_memstats_sys_bytes"), stacks)
 
 	// The process started before the test binary's packages were set up,
 	// and not long before.
@@ -130,4 +134,17 @@ func ownCPU(t *testing.T) time.Duration {
 	var ru syscall.Rusage
 	require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// parkDeep recurses depth frames of about 1 KiB each, says so on held and
+// waits for hold to close, its stack grown all the while.
+func parkDeep(depth int, held *sync.WaitGroup, hold <-chan struct{}) byte {
+	var frame [1024]byte
+	frame[depth%len(frame)] = byte(depth)
+	if depth == 0 {
+		held.Done()
+		<-hold
+		return frame[0]
+	}
+	return frame[depth%len(frame)] + parkDeep(depth-1, held, hold)
 }
