@@ -67,11 +67,15 @@ func (c *candidates) costWith(i int, n int64) (float64, bool) {
 	return st.Cost(c.occ[i].Load() + n)
 }
 
-// speedKnown says candidate i's engine is priced at its own speed (learned,
-// or told by its inter-token latency), not at a stand-in.
-func (c *candidates) speedKnown(i int) bool {
+// ownCost prices candidate i as Cost does while its engine is priced at
+// its own speed (learned, or told by its inter-token latency); false too
+// while it is priced at a stand-in.
+func (c *candidates) ownCost(i int) (float64, bool) {
 	st := c.workers[i].engine.Load()
-	return st != nil && st.Capacity() > 0
+	if st == nil || st.Capacity() == 0 {
+		return 0, false
+	}
+	return st.Cost(c.occ[i].Load())
 }
 
 // index returns the position of id, or -1. The search halves a window whose

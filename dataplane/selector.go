@@ -411,7 +411,7 @@ func (s *Selector) nearLeast(req *Request, c *candidates, w *Worker) bool {
 // unknown speed from being sent many requests at once, and says nothing
 // of its speed, would pass every prefix it holds until it is known).
 func (s *Selector) withinSlack(req *Request, c *candidates, h int, slack int64) bool {
-	if mine, ok := c.Cost(h); ok && c.speedKnown(h) {
+	if mine, ok := c.ownCost(h); ok {
 		least, cheapest := math.Inf(1), -1
 		for i, w := range c.workers {
 			if !s.admits(req, w) {
