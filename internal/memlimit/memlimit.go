@@ -84,31 +84,54 @@ const unlimitedV1 = 1 << 62
 // ("/" but in tests): the tightest set on it or an ancestor, cgroup v2's
 // first, then v1's. ok is false when no cgroup sets one.
 func Read(root string) (lim Limit, ok bool, err error) {
-	mounts, err := os.ReadFile(filepath.Join(root, "proc/self/mountinfo"))
+	found, err := placements(root)
 	if err != nil {
 		return Limit{}, false, err
 	}
-	groups, err := os.ReadFile(filepath.Join(root, "proc/self/cgroup"))
-	if err != nil {
-		return Limit{}, false, err
-	}
-	for _, h := range []struct {
-		fstype, controller, file string
-	}{{"cgroup2", "", "memory.max"}, {"cgroup", "memory", "memory.limit_in_bytes"}} {
-		mountRoot, mountPoint, found := mountOf(mounts, h.fstype, h.controller)
-		if !found {
-			continue
-		}
-		group, found := groupOf(groups, h.controller)
-		if !found {
-			continue
-		}
-		lim, ok, err := tightest(filepath.Join(root, mountPoint), within(group, mountRoot), h.file)
+	for _, p := range found {
+		lim, ok, err := tightest(p.mount, p.group, p.file)
 		if err != nil || ok {
 			return lim, ok, err
 		}
 	}
 	return Limit{}, false, nil
+}
+
+// hierarchies are the cgroup hierarchies that may limit memory, in the
+// order Read takes them: v2's, then v1's memory controller's; each with
+// the file that says a cgroup's limit.
+var hierarchies = []struct{ fstype, controller, file string }{
+	{"cgroup2", "", "memory.max"}, {"cgroup", "memory", "memory.limit_in_bytes"},
+}
+
+// placement is the process's cgroup in one of hierarchies: the directory
+// the hierarchy is mounted at (under root), the cgroup's path below it,
+// and the hierarchy's limit file.
+type placement struct{ mount, group, file string }
+
+// placements returns the process's cgroup in each of hierarchies mounted
+// under root, in their order, read from /proc/self/mountinfo and
+// /proc/self/cgroup.
+func placements(root string) ([]placement, error) {
+	mounts, err := os.ReadFile(filepath.Join(root, "proc/self/mountinfo"))
+	if err != nil {
+		return nil, err
+	}
+	groups, err := os.ReadFile(filepath.Join(root, "proc/self/cgroup"))
+	if err != nil {
+		return nil, err
+	}
+	var out []placement
+	for _, h := range hierarchies {
+		mountRoot, mountPoint, found := mountOf(mounts, h.fstype, h.controller)
+		if !found {
+			continue
+		}
+		if group, found := groupOf(groups, h.controller); found {
+			out = append(out, placement{filepath.Join(root, mountPoint), within(group, mountRoot), h.file})
+		}
+	}
+	return out, nil
 }
 
 // mountOf finds in mountinfo the mount of the hierarchy of type fstype

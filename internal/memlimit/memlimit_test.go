@@ -228,19 +228,15 @@ func TestARealCgroupsLimit(t *testing.T) {
 	if os.Getenv("FASTROUTE_MEMLIMIT_HELPER") != "" {
 		t.Skip("the helper's own run")
 	}
-	mounts, err := os.ReadFile("/proc/self/mountinfo")
-	require.NoError(t, err)
-	groups, err := os.ReadFile("/proc/self/cgroup")
+	found, err := placements("/")
 	require.NoError(t, err)
 	var dir, file string
-	for _, h := range []struct{ fstype, controller, file string }{{"cgroup2", "", "memory.max"}, {"cgroup", "memory", "memory.limit_in_bytes"}} {
-		mountRoot, point, ok := mountOf(mounts, h.fstype, h.controller)
-		group, found := groupOf(groups, h.controller)
-		if ok && found {
-			if _, err := os.Stat(filepath.Join(point, within(group, mountRoot), h.file)); err == nil || h.controller != "" {
-				dir, file = filepath.Join(point, within(group, mountRoot), "fastroute-test-"+strconv.Itoa(os.Getpid())), h.file
-				break
-			}
+	for _, p := range found {
+		// A cgroup with the hierarchy's limit file has the memory
+		// controller, and so has a cgroup made below it.
+		if _, err := os.Stat(filepath.Join(p.mount, p.group, p.file)); err == nil {
+			dir, file = filepath.Join(p.mount, p.group, "fastroute-test-"+strconv.Itoa(os.Getpid())), p.file
+			break
 		}
 	}
 	if dir == "" {
