@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -486,15 +487,19 @@ func TestAddXForwardedForFlag(t *testing.T) {
 	assert.True(t, cfg.AddXForwardedFor)
 }
 
+// testUpgrader is the test process's one tableflip.Upgrader: tableflip
+// allows one a process, even after its Stop, and a test run again
+// (go test -count) reuses it.
+var testUpgrader = sync.OnceValues(func() (*tableflip.Upgrader, error) { return tableflip.New(tableflip.Options{}) })
+
 // The router's listeners: one that cannot be made fails with the system
 // call's error alone (the router adds the key and the address: "listen
 // 127.0.0.1:8000: bind: address already in use", where tableflip's and
 // net's wrappings repeated the address twice more); a socket systemd
 // passed serves its key once.
 func TestListenViaSaysAFailureOnce(t *testing.T) {
-	upg, err := tableflip.New(tableflip.Options{}) // one per process: no other test makes one
+	upg, err := testUpgrader()
 	require.NoError(t, err)
-	defer upg.Stop()
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer taken.Close()
@@ -522,4 +527,14 @@ func TestTLSClientAuthFlag(t *testing.T) {
 	assert.Equal(t, "optional", cfg.TLS.ClientAuth)
 	_, err = loadServeConfig([]string{"--tls-client-auth", "optional"})
 	assert.ErrorContains(t, err, "tls.client_auth")
+}
+
+// --tls-client-crl-file names the client CAs' revocation lists; without
+// the CAs it is refused naming its key.
+func TestTLSClientCRLFileFlag(t *testing.T) {
+	cfg, err := loadServeConfig([]string{"--tls-cert-file", "c.pem", "--tls-key-file", "k.pem", "--tls-client-ca-file", "ca.pem", "--tls-client-crl-file", "crl.pem"})
+	require.NoError(t, err)
+	assert.Equal(t, "crl.pem", cfg.TLS.ClientCRLFile)
+	_, err = loadServeConfig([]string{"--tls-cert-file", "c.pem", "--tls-key-file", "k.pem", "--tls-client-crl-file", "crl.pem"})
+	assert.ErrorContains(t, err, "key tls.client_crl_file: set, but tls.client_ca_file is not")
 }

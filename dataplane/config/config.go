@@ -152,6 +152,12 @@ type TLS struct {
 	// whose certificate they did not sign (nginx's ssl_verify_client
 	// optional: a move to mutual TLS, its clients one by one).
 	ClientAuth string `yaml:"client_auth"`
+	// ClientCRLFile, when set, holds the certificate revocation lists
+	// (PEM, or one DER CRL) of the client CAs and of any intermediate CA
+	// between them and a client: a client whose certificate, or an
+	// intermediate's, is revoked, or whose issuer's CRL is missing,
+	// expired or not signed by it, fails its handshake (nginx's ssl_crl).
+	ClientCRLFile string `yaml:"client_crl_file"`
 }
 
 // The values of tls.client_auth.
@@ -688,6 +694,9 @@ func (c *Config) Validate() error {
 		}
 	default:
 		return keyErr("tls.client_auth", "%q is not require or optional", c.TLS.ClientAuth)
+	}
+	if c.TLS.ClientCRLFile != "" && c.TLS.ClientCAFile == "" {
+		return keyErr("tls.client_crl_file", "set, but tls.client_ca_file is not: no client certificate is asked for")
 	}
 	if _, err := c.ProxyProtocol.Prefixes(); err != nil {
 		return keyErr("proxy_protocol.from", "%v", err)

@@ -42,6 +42,13 @@ func (r *Router) stateCollector() metrics.Collector {
 			w.Sample("fastroute_prefix_requests_total", float64(unknown), "outcome", "unknown")
 			w.Single("fastroute_prefix_learned_records_total", "counter", "Prefix records taken in from peer replicas.", float64(r.prefixLearned.Load()))
 		}
+		if conf := r.cert.cur.Load(); conf != nil && conf.VerifyConnection != nil {
+			w.Header("fastroute_tls_client_crl_refusals_total", "counter",
+				"Client handshakes tls.client_crl_file's revocation lists refused, by reason: a certificate of the chain revoked, no CRL of its issuer, its issuer's CRL out of date, or not signed by that issuer.")
+			for i, reason := range crlReasons {
+				w.Sample("fastroute_tls_client_crl_refusals_total", float64(r.cert.refused[i].Load()), "reason", reason)
+			}
+		}
 		if c := r.EmbedCache; c != nil {
 			w.Header("fastroute_embedding_cache_hits_total", "counter", "Embedding inputs found in the cache table.")
 			w.Sample("fastroute_embedding_cache_hits_total", float64(c.Hits()))

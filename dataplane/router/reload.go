@@ -45,9 +45,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			return nil, nil, fmt.Errorf("key workers[%d].id: %d is a worker found on etcd or in DNS; an id is never used twice", i, s.ID)
 		}
 	}
-	var front frontTLS // read before anything applies: a bad one refuses the reload
+	var reread *tls.Config // read before anything applies: a bad one refuses the reload
 	if cfg.TLS.On() && old.TLS.On() {
-		if err := front.load(cfg.TLS); err != nil {
+		var err error
+		if reread, err = r.cert.read(cfg.TLS, r.log); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -157,7 +158,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		applied = append(applied, fmt.Sprintf("shutdown_delay=%v", cfg.ShutdownDelay))
 	}
 	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
-	reread := front.cur.Load()
 	if reread != nil {
 		r.cert.cur.Store(reread)
 		applied = append(applied, "tls certificate read again")
@@ -165,6 +165,11 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			applied = append(applied, fmt.Sprintf("tls.client_ca_file=%q read again", cfg.TLS.ClientCAFile))
 			if cfg.TLS.ClientAuth != old.TLS.ClientAuth {
 				applied = append(applied, fmt.Sprintf("tls.client_auth=%q", cfg.TLS.ClientAuth))
+			}
+			if cfg.TLS.ClientCRLFile != "" {
+				applied = append(applied, fmt.Sprintf("tls.client_crl_file=%q read again", cfg.TLS.ClientCRLFile))
+			} else if old.TLS.ClientCRLFile != "" {
+				applied = append(applied, "tls.client_crl_file dropped: no revocation checked")
 			}
 		} else if old.TLS.ClientCAFile != "" {
 			applied = append(applied, "tls.client_ca_file dropped: no client certificate asked")

@@ -129,7 +129,7 @@ func check(cfg config.Config) (config.Config, adminState, error) {
 	}
 	if cfg.TLS.On() {
 		var front frontTLS
-		if err := front.load(cfg.TLS); err != nil {
+		if _, err := front.read(cfg.TLS, slog.Default()); err != nil {
 			return cfg, none, err
 		}
 	}
@@ -256,7 +256,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		fo.RealIP = &frontend.RealIP{Header: cfg.RealIP.Header, From: from}
 	}
 	if cfg.TLS.On() {
-		if err := r.cert.load(cfg.TLS); err != nil {
+		if err := r.cert.load(cfg.TLS, log); err != nil {
 			return nil, err
 		}
 		fo.TLS = r.cert.serverConfig()

@@ -2,8 +2,11 @@ package router
 
 import (
 	"crypto/tls"
+	"errors"
 	"log/slog"
+	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/internal/tlsfiles"
@@ -18,29 +21,73 @@ type certificate struct {
 
 // frontTLS is the front end's TLS configuration, read again by a reload:
 // its certificate, and with tls.client_ca_file the CAs whose certificate
-// every client must show (mutual TLS). New handshakes get what the last
-// read gave; connections open keep theirs.
+// every client must show (mutual TLS), checked against tls.client_crl_file's
+// revocation lists when set. New handshakes get what the last read gave;
+// connections open keep theirs.
 type frontTLS struct {
 	cur atomic.Pointer[tls.Config]
+	// refused counts the handshakes the revocation lists refused, by
+	// reason (crlReasons), across reloads.
+	refused [len(crlReasons)]atomic.Int64
 }
 
-// load reads t's files: TLS 1.2 and later, HTTP/1.1 inside, t's
-// certificate, and a client certificate checked against t's client CAs
-// when t names them, required unless t's client_auth is optional.
-func (f *frontTLS) load(t config.TLS) error {
+// crlReasons are the reasons a client's certificate chain is refused for
+// by the revocation lists, as fastroute_tls_client_crl_refusals_total
+// labels them.
+var crlReasons = [...]string{tlsfiles.Revoked, tlsfiles.NoCRL, tlsfiles.CRLOutdated, tlsfiles.CRLSignature}
+
+// read reads t's files into a configuration: TLS 1.2 and later, HTTP/1.1
+// inside, t's certificate, and a client certificate checked against t's
+// client CAs when t names them, required unless t's client_auth is
+// optional, and against t's revocation lists when t names them (at every
+// handshake, a resumed session's included: one resumed after a reload
+// that revoked its certificate is refused). A revocation list already out
+// of date is logged on log. f counts the refusals.
+func (f *frontTLS) read(t config.TLS, log *slog.Logger) (*tls.Config, error) {
 	cert, err := tlsfiles.Pair("key tls", t.CertFile, t.KeyFile)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	conf := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}, Certificates: []tls.Certificate{*cert}}
-	if t.ClientCAFile != "" {
-		if conf.ClientCAs, err = tlsfiles.Roots("key tls.client_ca_file", t.ClientCAFile); err != nil {
-			return err
+	if t.ClientCAFile == "" {
+		return conf, nil
+	}
+	cas, err := tlsfiles.Certificates("key tls.client_ca_file", t.ClientCAFile)
+	if err != nil {
+		return nil, err
+	}
+	conf.ClientCAs = tlsfiles.Pool(cas)
+	conf.ClientAuth = tls.RequireAndVerifyClientCert
+	if t.ClientAuth == config.ClientAuthOptional {
+		conf.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	if t.ClientCRLFile == "" {
+		return conf, nil
+	}
+	crls, err := tlsfiles.ReadRevocations("key tls.client_crl_file", t.ClientCRLFile, cas)
+	if err != nil {
+		return nil, err
+	}
+	for _, issuer := range crls.Expired(time.Now()) {
+		log.Warn("tls.client_crl_file: a revocation list is out of date; every client certificate its issuer signed is refused until a current one is read (SIGHUP)",
+			"file", t.ClientCRLFile, "issuer", issuer)
+	}
+	conf.VerifyConnection = func(cs tls.ConnectionState) error {
+		err := crls.Check(cs.VerifiedChains, time.Now())
+		var refusal *tlsfiles.RefusalError
+		if errors.As(err, &refusal) {
+			f.refused[slices.Index(crlReasons[:], refusal.Reason)].Add(1)
 		}
-		conf.ClientAuth = tls.RequireAndVerifyClientCert
-		if t.ClientAuth == config.ClientAuthOptional {
-			conf.ClientAuth = tls.VerifyClientCertIfGiven
-		}
+		return err
+	}
+	return conf, nil
+}
+
+// load reads t's files (read) into the configuration new handshakes get.
+func (f *frontTLS) load(t config.TLS, log *slog.Logger) error {
+	conf, err := f.read(t, log)
+	if err != nil {
+		return err
 	}
 	f.cur.Store(conf)
 	return nil
