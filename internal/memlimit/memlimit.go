@@ -6,9 +6,12 @@
 // can take a router in a container past its limit and have it killed.
 //
 // The limit is the tightest of the process's cgroup and its ancestors up
-// to the hierarchy's mount: cgroup v2's memory.max, else cgroup v1's
-// memory.limit_in_bytes, found through /proc/self/mountinfo and
-// /proc/self/cgroup (a container's own namespace or the host's).
+// to the hierarchy's mount: cgroup v2's memory.max and memory.high (the
+// throttle point, above which the kernel reclaims from the cgroup and
+// slows its allocations: systemd's MemoryHigh=, Kubernetes' memory QoS),
+// else cgroup v1's memory.limit_in_bytes, found through
+// /proc/self/mountinfo and /proc/self/cgroup (a container's own namespace
+// or the host's).
 package memlimit
 
 import (
@@ -89,7 +92,7 @@ func Read(root string) (lim Limit, ok bool, err error) {
 		return Limit{}, false, err
 	}
 	for _, p := range found {
-		lim, ok, err := tightest(p.mount, p.group, p.file)
+		lim, ok, err := tightest(p.mount, p.group, p.files)
 		if err != nil || ok {
 			return lim, ok, err
 		}
@@ -99,15 +102,21 @@ func Read(root string) (lim Limit, ok bool, err error) {
 
 // hierarchies are the cgroup hierarchies that may limit memory, in the
 // order Read takes them: v2's, then v1's memory controller's; each with
-// the file that says a cgroup's limit.
-var hierarchies = []struct{ fstype, controller, file string }{
-	{"cgroup2", "", "memory.max"}, {"cgroup", "memory", "memory.limit_in_bytes"},
+// the files that say a cgroup's limits.
+var hierarchies = []struct {
+	fstype, controller string
+	files              []string
+}{
+	{"cgroup2", "", []string{"memory.max", "memory.high"}}, {"cgroup", "memory", []string{"memory.limit_in_bytes"}},
 }
 
 // placement is the process's cgroup in one of hierarchies: the directory
 // the hierarchy is mounted at (under root), the cgroup's path below it,
-// and the hierarchy's limit file.
-type placement struct{ mount, group, file string }
+// and the hierarchy's limit files.
+type placement struct {
+	mount, group string
+	files        []string
+}
 
 // placements returns the process's cgroup in each of hierarchies mounted
 // under root, in their order, read from /proc/self/mountinfo and
@@ -128,7 +137,7 @@ func placements(root string) ([]placement, error) {
 			continue
 		}
 		if group, found := groupOf(groups, h.controller); found {
-			out = append(out, placement{filepath.Join(root, mountPoint), within(group, mountRoot), h.file})
+			out = append(out, placement{filepath.Join(root, mountPoint), within(group, mountRoot), h.files})
 		}
 	}
 	return out, nil
@@ -182,25 +191,27 @@ func within(group, mountRoot string) string {
 	return path.Join("/", rel)
 }
 
-// tightest reads file in the cgroup dir mount+group and in each of its
+// tightest reads files in the cgroup dir mount+group and in each of its
 // ancestors up to mount, and returns the least limit set.
-func tightest(mount, group, file string) (lim Limit, ok bool, err error) {
+func tightest(mount, group string, files []string) (lim Limit, ok bool, err error) {
 	for g := group; ; g = path.Dir(g) {
-		name := filepath.Join(mount, g, file)
-		data, err := os.ReadFile(name)
-		switch {
-		case errors.Is(err, os.ErrNotExist):
-			// The root cgroup has no limit file, nor has a hierarchy
-			// without the memory controller.
-		case err != nil:
-			return Limit{}, false, err
-		default:
-			n, set, err := parseLimit(data)
-			if err != nil {
-				return Limit{}, false, fmt.Errorf("%s: %w", name, err)
-			}
-			if set && (!ok || n < lim.Bytes) {
-				lim, ok = Limit{Bytes: n, File: name}, true
+		for _, file := range files {
+			name := filepath.Join(mount, g, file)
+			data, err := os.ReadFile(name)
+			switch {
+			case errors.Is(err, os.ErrNotExist):
+				// The root cgroup has no limit file, nor has a hierarchy
+				// without the memory controller.
+			case err != nil:
+				return Limit{}, false, err
+			default:
+				n, set, err := parseLimit(data)
+				if err != nil {
+					return Limit{}, false, fmt.Errorf("%s: %w", name, err)
+				}
+				if set && (!ok || n < lim.Bytes) {
+					lim, ok = Limit{Bytes: n, File: name}, true
+				}
 			}
 		}
 		if g == "/" || g == "." {

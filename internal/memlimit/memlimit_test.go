@@ -70,6 +70,35 @@ func TestTheTightestOfTheCgroupAndItsAncestors(t *testing.T) {
 	assert.False(t, ok, "none set")
 }
 
+// cgroup v2's memory.high (systemd's MemoryHigh=, Kubernetes' memory QoS)
+// is where the kernel starts throttling the cgroup's allocations: the
+// tighter of it and memory.max counts, on the cgroup or an ancestor.
+func TestMemoryHighIsALimitToo(t *testing.T) {
+	files := map[string]string{
+		"proc/self/mountinfo":                                   v2Mount,
+		"proc/self/cgroup":                                      "0::/system.slice/router.service\n",
+		"sys/fs/cgroup/system.slice/memory.max":                 "1073741824\n",
+		"sys/fs/cgroup/system.slice/memory.high":                "max\n",
+		"sys/fs/cgroup/system.slice/router.service/memory.max":  "max\n",
+		"sys/fs/cgroup/system.slice/router.service/memory.high": "805306368\n",
+	}
+	lim, ok, err := Read(filetree.Write(t, files))
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, int64(768<<20), lim.Bytes, "the service's memory.high, under the slice's memory.max")
+	assert.True(t, strings.HasSuffix(lim.File, "router.service/memory.high"), lim.File)
+
+	files["sys/fs/cgroup/system.slice/memory.high"] = "536870912\n"
+	lim, ok, err = Read(filetree.Write(t, files))
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, int64(512<<20), lim.Bytes, "the slice's memory.high, tighter still")
+
+	files["sys/fs/cgroup/system.slice/router.service/memory.high"] = "lots\n"
+	_, _, err = Read(filetree.Write(t, files))
+	assert.ErrorContains(t, err, "router.service/memory.high: \"lots\" is not a limit in bytes")
+}
+
 // A container without a cgroup namespace of its own sees the host's
 // paths in /proc/self/cgroup and a mount of its own cgroup only; a cgroup
 // the mount does not show (the process moved) reads the mount's.
@@ -234,8 +263,8 @@ func TestARealCgroupsLimit(t *testing.T) {
 	for _, p := range found {
 		// A cgroup with the hierarchy's limit file has the memory
 		// controller, and so has a cgroup made below it.
-		if _, err := os.Stat(filepath.Join(p.mount, p.group, p.file)); err == nil {
-			dir, file = filepath.Join(p.mount, p.group, "fastroute-test-"+strconv.Itoa(os.Getpid())), p.file
+		if _, err := os.Stat(filepath.Join(p.mount, p.group, p.files[0])); err == nil {
+			dir, file = filepath.Join(p.mount, p.group, "fastroute-test-"+strconv.Itoa(os.Getpid())), p.files[0]
 			break
 		}
 	}
