@@ -128,6 +128,11 @@ func TestRevokedClientCertificatesAreRefused(t *testing.T) {
 	_, _, err = f.postOn(crlClient(t, pool, bob))
 	assert.Error(t, err)
 	assert.Equal(t, "1", refusals("no_crl"))
+	_, _, err = f.postOn(crlClient(t, pool, alice))
+	assert.Error(t, err)
+	assert.Equal(t, "2", refusals("no_crl"))
+	assert.Equal(t, 1, strings.Count(logs.String(), "reason=no_crl"), "a fault of the lists is logged once: %s", logs.String())
+	assert.Equal(t, 0, strings.Count(logs.String(), "reason=revoked"), "a revoked client is not logged above debug")
 	copyFile(t, testpki.WriteFile(t, "old.pem", testpki.CRLPEM(root.CRL(now.Add(-time.Hour), now.Add(time.Hour))),
 		testpki.CRLPEM(issuing.CRL(now.Add(-2*time.Hour), now.Add(-time.Hour)))), files.ClientCRLFile)
 	code, body = adminDo(t, f, "POST", "/config/reload", "", "")
@@ -146,6 +151,7 @@ func TestRevokedClientCertificatesAreRefused(t *testing.T) {
 	assert.Error(t, err)
 	assert.Equal(t, "2", refusals("crl_outdated"))
 	assert.EqualValues(t, 5, served(), "alice twice, carol twice and bob once reached the worker")
+	assert.Equal(t, 1, strings.Count(logs.String(), "reason=crl_outdated"), "an out-of-date list's refusals: one warning: %s", logs.String())
 	f.assertIdle()
 
 	// Dropped by a reload: no revocation checked, no refusal counted.

@@ -72,11 +72,22 @@ func (f *frontTLS) read(t config.TLS, log *slog.Logger) (*tls.Config, error) {
 		log.Warn("tls.client_crl_file: a revocation list is out of date; every client certificate its issuer signed is refused until a current one is read (SIGHUP)",
 			"file", t.ClientCRLFile, "issuer", issuer)
 	}
+	var warned [len(crlReasons)]atomic.Bool // the lists' own faults, logged once each
 	conf.VerifyConnection = func(cs tls.ConnectionState) error {
 		err := crls.Check(cs.VerifiedChains, time.Now())
 		var refusal *tlsfiles.RefusalError
-		if errors.As(err, &refusal) {
-			f.refused[slices.Index(crlReasons[:], refusal.Reason)].Add(1)
+		if !errors.As(err, &refusal) {
+			return err
+		}
+		if i := slices.Index(crlReasons[:], refusal.Reason); i >= 0 {
+			f.refused[i].Add(1)
+			// A revoked client is the lists at work; a missing, out of
+			// date or forged list refuses every client of its issuer
+			// until the file is fixed and read again.
+			if refusal.Reason != tlsfiles.Revoked && !warned[i].Swap(true) {
+				log.Warn("tls.client_crl_file: a client refused for a fault of the revocation lists; every client of that issuer is until a good list is read (SIGHUP)",
+					"file", t.ClientCRLFile, "reason", refusal.Reason, "err", err)
+			}
 		}
 		return err
 	}
