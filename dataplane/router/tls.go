@@ -2,6 +2,7 @@ package router
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"slices"
@@ -41,8 +42,7 @@ var crlReasons = [...]string{tlsfiles.Revoked, tlsfiles.NoCRL, tlsfiles.CRLOutda
 // client CAs when t names them, required unless t's client_auth is
 // optional, and against t's revocation lists when t names them (at every
 // handshake, a resumed session's included: one resumed after a reload
-// that revoked its certificate is refused). A revocation list already out
-// of date is logged on log. f counts the refusals.
+// that revoked its certificate is refused; revocationCheck).
 func (f *frontTLS) read(t config.TLS, log *slog.Logger) (*tls.Config, error) {
 	cert, err := tlsfiles.Pair("key tls", t.CertFile, t.KeyFile)
 	if err != nil {
@@ -61,19 +61,30 @@ func (f *frontTLS) read(t config.TLS, log *slog.Logger) (*tls.Config, error) {
 	if t.ClientAuth == config.ClientAuthOptional {
 		conf.ClientAuth = tls.VerifyClientCertIfGiven
 	}
-	if t.ClientCRLFile == "" {
-		return conf, nil
+	if t.ClientCRLFile != "" {
+		if conf.VerifyConnection, err = f.revocationCheck(t.ClientCRLFile, cas, log); err != nil {
+			return nil, err
+		}
 	}
-	crls, err := tlsfiles.ReadRevocations("key tls.client_crl_file", t.ClientCRLFile, cas)
+	return conf, nil
+}
+
+// revocationCheck reads crlFile's revocation lists of the client CAs cas
+// (and their intermediates) and returns the check of each handshake
+// against them: f counts its refusals, and the first refused for a fault
+// of the lists is logged on log, once a reason. A list already out of
+// date is logged now.
+func (f *frontTLS) revocationCheck(crlFile string, cas []*x509.Certificate, log *slog.Logger) (func(tls.ConnectionState) error, error) {
+	crls, err := tlsfiles.ReadRevocations("key tls.client_crl_file", crlFile, cas)
 	if err != nil {
 		return nil, err
 	}
 	for _, issuer := range crls.Expired(time.Now()) {
 		log.Warn("tls.client_crl_file: a revocation list is out of date; every client certificate its issuer signed is refused until a current one is read (SIGHUP)",
-			"file", t.ClientCRLFile, "issuer", issuer)
+			"file", crlFile, "issuer", issuer)
 	}
-	var warned [len(crlReasons)]atomic.Bool // the lists' own faults, logged once each
-	conf.VerifyConnection = func(cs tls.ConnectionState) error {
+	var warned [len(crlReasons)]atomic.Bool
+	return func(cs tls.ConnectionState) error {
 		err := crls.Check(cs.VerifiedChains, time.Now())
 		var refusal *tlsfiles.RefusalError
 		if !errors.As(err, &refusal) {
@@ -86,12 +97,11 @@ func (f *frontTLS) read(t config.TLS, log *slog.Logger) (*tls.Config, error) {
 			// until the file is fixed and read again.
 			if refusal.Reason != tlsfiles.Revoked && !warned[i].Swap(true) {
 				log.Warn("tls.client_crl_file: a client refused for a fault of the revocation lists; every client of that issuer is until a good list is read (SIGHUP)",
-					"file", t.ClientCRLFile, "reason", refusal.Reason, "err", err)
+					"file", crlFile, "reason", refusal.Reason, "err", err)
 			}
 		}
 		return err
-	}
-	return conf, nil
+	}, nil
 }
 
 // load reads t's files (read) into the configuration new handshakes get.
