@@ -529,6 +529,16 @@ func TestTLSClientAuthFlag(t *testing.T) {
 	assert.ErrorContains(t, err, "tls.client_auth")
 }
 
+// The admin_tls flags set the admin listener's certificate and the peers'
+// CAs; a certificate without its key is refused naming the key.
+func TestAdminTLSFlags(t *testing.T) {
+	cfg, err := loadServeConfig([]string{"--admin-tls-cert-file", "a.pem", "--admin-tls-key-file", "a.key", "--admin-tls-peer-ca-file", "ca.pem"})
+	require.NoError(t, err)
+	assert.Equal(t, config.AdminTLS{CertFile: "a.pem", KeyFile: "a.key", PeerCAFile: "ca.pem"}, cfg.AdminTLS)
+	_, err = loadServeConfig([]string{"--admin-tls-cert-file", "a.pem"})
+	assert.ErrorContains(t, err, "key admin_tls: set cert_file and key_file together")
+}
+
 // --tls-client-crl-file names the client CAs' revocation lists; without
 // the CAs it is refused naming its key.
 func TestTLSClientCRLFileFlag(t *testing.T) {

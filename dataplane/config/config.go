@@ -41,6 +41,10 @@ type Config struct {
 	AdminTokenFile string `yaml:"admin_token_file"`
 	// MetricsPublic opens GET /metrics alone to scrapers without the token.
 	MetricsPublic bool `yaml:"metrics_public"`
+	// AdminTLS serves the admin listener over TLS, and checks the
+	// certificates of the peer replicas' admin listeners this replica
+	// shares prefixes with.
+	AdminTLS AdminTLS `yaml:"admin_tls"`
 	// WorkerAPIKey goes as "Authorization: Bearer <key>" on the router's
 	// own requests to workers (health probes, /v1/models, engine metrics):
 	// an engine started with --api-key answers /v1/models only with it.
@@ -168,6 +172,21 @@ const (
 
 // On reports whether the front end speaks TLS.
 func (t TLS) On() bool { return t.CertFile != "" }
+
+// AdminTLS serves the admin listener over TLS 1.2 or 1.3 (HTTPS) when
+// both files are set: a PEM certificate chain and its private key, which
+// a reload reads again (a rotated certificate). PeerCAFile, when set,
+// holds the CA certificates the admin listeners of https:// peer replicas
+// (router.prefix_affinity's peers, or those found on etcd) must show a
+// certificate of; empty: the system's roots.
+type AdminTLS struct {
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	PeerCAFile string `yaml:"peer_ca_file"`
+}
+
+// On reports whether the admin listener speaks TLS.
+func (t AdminTLS) On() bool { return t.CertFile != "" }
 
 // ProxyProtocol, when Enabled, has each connection to listen from one of
 // the addresses From (an IP, or a CIDR prefix; none: every connection)
@@ -683,6 +702,9 @@ func (c *Config) Validate() error {
 	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		return keyErr("tls", "set cert_file and key_file together")
+	}
+	if (c.AdminTLS.CertFile == "") != (c.AdminTLS.KeyFile == "") {
+		return keyErr("admin_tls", "set cert_file and key_file together")
 	}
 	if c.TLS.ClientCAFile != "" && !c.TLS.On() {
 		return keyErr("tls.client_ca_file", "set, but tls.cert_file is not: clients speak plain HTTP, with no certificate to show")

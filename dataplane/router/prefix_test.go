@@ -274,8 +274,8 @@ func freeAdminAddrs(t *testing.T, n int) []string {
 // requests in flight: engines alike, measured under a loaded machine's
 // stalls, can read several times apart in speed, and a holder read as
 // much slower is passed even when idle (withinSlack), which is not what
-// these tests are about.
-func sharingReplicas(t *testing.T, share bool) (a, b *fleet) {
+// these tests are about. tweaks apply last to each replica's config.
+func sharingReplicas(t *testing.T, share bool, tweaks ...func(*config.Config)) (a, b *fleet) {
 	admin := freeAdminAddrs(t, 2)
 	replica := func(i int, workers []dataplane.WorkerSpec) func(*config.Config) {
 		return func(c *config.Config) {
@@ -288,6 +288,9 @@ func sharingReplicas(t *testing.T, share bool) (a, b *fleet) {
 			}
 			if workers != nil {
 				c.Workers = workers
+			}
+			for _, tweak := range tweaks {
+				tweak(c)
 			}
 		}
 	}

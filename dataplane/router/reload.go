@@ -19,8 +19,9 @@ import (
 // old spec's in-flight requests finish on it), and router.mode,
 // router.busy_threshold, router.retries, router.prefix_affinity's slack
 // and peers (reloadablePrefixes), the clients' API keys (api_keys_file,
-// read again), the front end's certificate and client CAs (tls, read
-// again) and worker_tls's client certificate (read again) for new
+// read again), the front end's certificate, client CAs and revocation
+// lists (tls, read again), the admin listener's certificate (admin_tls,
+// read again) and worker_tls's client certificate (read again) for new
 // requests and connections. Streams in
 // flight are untouched. A config that fails validation is refused with the
 // same error as at start, and nothing changes. Keys that a running router
@@ -52,6 +53,14 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			return nil, nil, err
 		}
 	}
+	var adminCert *tls.Certificate // read again while the admin listener speaks TLS; its peers' CAs need a restart
+	adminTLSApplies := old.AdminTLS.On() == cfg.AdminTLS.On() && old.AdminTLS.PeerCAFile == cfg.AdminTLS.PeerCAFile
+	if adminTLSApplies && cfg.AdminTLS.On() {
+		var err error
+		if adminCert, _, err = readAdminTLS(cfg.AdminTLS); err != nil {
+			return nil, nil, err
+		}
+	}
 	// worker_tls's client certificate is read again unless the way workers'
 	// certificates are checked changed too: that waits for a restart, and
 	// the whole key with it.
@@ -76,6 +85,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"worker_api_key":              old.WorkerAPIKey == cfg.WorkerAPIKey,
 		"api_keys_share_interval":     old.APIKeysShareInterval == cfg.APIKeysShareInterval,
 		"tls":                         old.TLS.On() == cfg.TLS.On(),
+		"admin_tls":                   adminTLSApplies,
 		"proxy_protocol":              reflect.DeepEqual(old.ProxyProtocol, cfg.ProxyProtocol),
 		"real_ip":                     reflect.DeepEqual(old.RealIP, cfg.RealIP),
 		"generate_request_ids":        old.GenerateRequestIDs == cfg.GenerateRequestIDs,
@@ -175,6 +185,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			applied = append(applied, "tls.client_ca_file dropped: no client certificate asked")
 		}
 	}
+	if adminCert != nil {
+		r.adminCert.cur.Store(adminCert)
+		applied = append(applied, "admin_tls certificate read again")
+	}
 	workerCertApplies := workerTLSApplies && (cfg.WorkerTLS.CertFile != "" || old.WorkerTLS.CertFile != "")
 	if workerCertApplies {
 		r.workerCert.cur.Store(workerCert)
@@ -203,6 +217,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	if workerTLSApplies {
 		next.WorkerTLS = cfg.WorkerTLS
+	}
+	if adminTLSApplies {
+		next.AdminTLS = cfg.AdminTLS
 	}
 	r.Config = next
 	r.saveStateLocked() // the config may name a worker the admin API added

@@ -78,6 +78,7 @@ type Router struct {
 	admin         *http.Server
 	gpu           *nvml.Collector
 	cert          frontTLS    // the front end's, with tls set
+	adminCert     certificate // the admin listener's, with admin_tls set
 	workerCert    certificate // worker_tls's client certificate
 	workerTLS     *tls.Config // of every connection to an https:// worker
 	cancel        context.CancelFunc
@@ -133,6 +134,9 @@ func check(cfg config.Config) (config.Config, adminState, error) {
 			return cfg, none, err
 		}
 	}
+	if _, _, err := readAdminTLS(cfg.AdminTLS); err != nil {
+		return cfg, none, err
+	}
 	var c certificate
 	if _, err := readClientCertificate(cfg.WorkerTLS); err != nil {
 		return cfg, none, err
@@ -156,6 +160,10 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		log = slog.Default()
 	}
 	cfg, state, err := check(cfg)
+	if err != nil {
+		return nil, err
+	}
+	adminCert, peerTLS, err := readAdminTLS(cfg.AdminTLS)
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +199,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		if len(pa.Peers) > 0 || pa.Advertise != "" {
 			r.Prefixes.Share(prefixshare.JournalKeys)
 			r.PrefixShare = prefixshare.New(prefixshare.Options{Prefixes: r.Prefixes, Peers: pa.Peers, Self: pa.Advertise,
-				Token: cfg.AdminToken, Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), Logger: log})
+				Token: cfg.AdminToken, Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), TLS: peerTLS, Logger: log})
 			r.Metrics.Register(r.PrefixShare.Collector())
 		}
 	}
@@ -293,6 +301,13 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 			WritesRefused: r.writesRefused,
 			Changed:       r.saveState}),
 		ReadHeaderTimeout: 10 * time.Second,
+		// What net/http says of a connection (a failed TLS handshake, a
+		// handler's panic) goes to the router's log, in its format.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	if adminCert != nil {
+		r.adminCert.cur.Store(adminCert)
+		r.admin.TLSConfig = r.adminCert.adminServerConfig()
 	}
 	if err := r.startDiscovery(log); err != nil {
 		r.ln.Close()
@@ -320,7 +335,11 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		}
 	}()
 	go func() {
-		if err := r.admin.Serve(r.adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		serve := r.admin.Serve
+		if r.admin.TLSConfig != nil {
+			serve = func(ln net.Listener) error { return r.admin.ServeTLS(ln, "", "") }
+		}
+		if err := serve(r.adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("the admin listener stopped accepting connections", "listen", r.AdminAddr(), "err", err)
 		}
 	}()

@@ -13,11 +13,39 @@ import (
 	"github.com/fastroute/fastroute/internal/tlsfiles"
 )
 
-// certificate is worker_tls's client certificate, read again by a reload
-// (nil: none). A rotated certificate serves new handshakes at once;
-// connections open keep theirs.
+// certificate is a certificate read again by a reload (nil: none):
+// worker_tls's client certificate, or the admin listener's. A rotated
+// certificate serves new handshakes at once; connections open keep theirs.
 type certificate struct {
 	cur atomic.Pointer[tls.Certificate]
+}
+
+// adminServerConfig is the admin listener's TLS configuration (admin_tls):
+// TLS 1.2 and later, each handshake with the certificate read last.
+func (c *certificate) adminServerConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.cur.Load(), nil },
+	}
+}
+
+// readAdminTLS reads admin_tls's files: the admin listener's certificate
+// (nil: none) and the configuration of connections to https:// peer
+// replicas (nil: Go's default, the system's roots).
+func readAdminTLS(t config.AdminTLS) (cert *tls.Certificate, peers *tls.Config, err error) {
+	if t.On() {
+		if cert, err = tlsfiles.Pair("key admin_tls", t.CertFile, t.KeyFile); err != nil {
+			return nil, nil, err
+		}
+	}
+	if t.PeerCAFile != "" {
+		roots, err := tlsfiles.Roots("key admin_tls.peer_ca_file", t.PeerCAFile)
+		if err != nil {
+			return nil, nil, err
+		}
+		peers = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}
+	}
+	return cert, peers, nil
 }
 
 // frontTLS is the front end's TLS configuration, read again by a reload:

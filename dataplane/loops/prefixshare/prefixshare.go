@@ -10,6 +10,7 @@ package prefixshare
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -52,7 +53,10 @@ type Options struct {
 	Interval time.Duration
 	// Timeout bounds one post to a peer.
 	Timeout time.Duration
-	Logger  *slog.Logger
+	// TLS is the configuration of posts to https:// peers (nil: Go's
+	// default, the system's roots).
+	TLS    *tls.Config
+	Logger *slog.Logger
 }
 
 // Loop is the sender. Its counters are read by its Collector.
@@ -83,7 +87,9 @@ func New(o Options) *Loop {
 		o.Logger = slog.Default()
 	}
 	// A transport of its own, whose kept connections close when Run ends.
-	l := &Loop{opts: o, client: &http.Client{Timeout: o.Timeout, Transport: http.DefaultTransport.(*http.Transport).Clone()}}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.TLSClientConfig = o.TLS
+	l := &Loop{opts: o, client: &http.Client{Timeout: o.Timeout, Transport: transport}}
 	l.SetStatic(o.Peers)
 	return l
 }

@@ -1,0 +1,157 @@
+package router
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// adminTLS is the admin_tls of a certificate for 127.0.0.1 written to a
+// new directory, and a pool that trusts it.
+func adminTLS(t *testing.T) (config.AdminTLS, *x509.CertPool) {
+	files, pool := writeCert(t, t.TempDir(), 7)
+	return config.AdminTLS{CertFile: files.CertFile, KeyFile: files.KeyFile}, pool
+}
+
+// adminGet GETs path from f's admin listener over TLS, trusting pool; it
+// returns the status and the serial number of the certificate shown.
+func adminGet(t *testing.T, f *fleet, pool *x509.CertPool, path string) (int, string, error) {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get("https://" + f.r.AdminAddr() + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.TLS.PeerCertificates[0].SerialNumber.String(), nil
+}
+
+// With admin_tls the admin listener speaks HTTPS only (a plain request is
+// refused), with its token as before; a reload reads its certificate again
+// (a rotated one serves the next handshake), refuses a pair that does not
+// load, and leaves turning it off to a restart.
+func TestTheAdminListenerSpeaksTLS(t *testing.T) {
+	files, pool := adminTLS(t)
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.AdminTLS, c.AdminToken = files, "s3cret" })
+	code, serial, err := adminGet(t, f, pool, "/workers")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusUnauthorized, code, "the token is asked for as before")
+	assert.Equal(t, "7", serial)
+	resp, err := http.Get("http://" + f.r.AdminAddr() + "/metrics")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "plain HTTP to the TLS listener: %s", body)
+
+	f.r.SetConfigSource(func() (config.Config, error) { return f.r.CurrentConfig(), nil })
+	rotated, rotatedPool := writeCert(t, t.TempDir(), 8)
+	copyFile(t, rotated.CertFile, files.CertFile)
+	copyFile(t, rotated.KeyFile, files.KeyFile)
+	code, msg := f.reloadOverTLS(pool, "s3cret")
+	require.Equal(t, http.StatusOK, code, msg)
+	assert.Contains(t, msg, "admin_tls certificate read again")
+	_, _, err = adminGet(t, f, pool, "/metrics")
+	assert.Error(t, err, "the old certificate no longer serves")
+	pool = rotatedPool
+	_, serial, err = adminGet(t, f, pool, "/metrics")
+	require.NoError(t, err)
+	assert.Equal(t, "8", serial)
+
+	require.NoError(t, os.WriteFile(files.KeyFile, []byte("not a key"), 0o600))
+	code, msg = f.reloadOverTLS(pool, "s3cret")
+	assert.Equal(t, http.StatusBadRequest, code)
+	assert.Contains(t, msg, "key admin_tls: ")
+	assert.NotContains(t, msg, "not a key", "the file's content is not echoed")
+	_, serial, err = adminGet(t, f, pool, "/metrics")
+	require.NoError(t, err)
+	assert.Equal(t, "8", serial, "the certificate read last stays")
+
+	f.r.SetConfigSource(func() (config.Config, error) {
+		c := f.r.CurrentConfig()
+		c.AdminTLS = config.AdminTLS{}
+		return c, nil
+	})
+	code, msg = f.reloadOverTLS(pool, "s3cret")
+	require.Equal(t, http.StatusOK, code, msg)
+	assert.Contains(t, msg, `"need_restart":["admin_tls"]`)
+	code, _, err = adminGet(t, f, pool, "/workers")
+	require.NoError(t, err, "still TLS until a restart")
+	assert.Equal(t, http.StatusUnauthorized, code)
+
+	cfg := config.Default()
+	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:1"}}
+	cfg.AdminTLS.CertFile = files.CertFile
+	assert.ErrorContains(t, cfg.Validate(), "key admin_tls: set cert_file and key_file together")
+	cfg.AdminTLS = config.AdminTLS{PeerCAFile: "/no/such/ca.pem"}
+	_, _, err = Check(cfg)
+	assert.ErrorContains(t, err, "key admin_tls.peer_ca_file: open /no/such/ca.pem")
+}
+
+// reloadOverTLS posts /config/reload to f's admin listener over TLS.
+func (f *fleet) reloadOverTLS(pool *x509.CertPool, token string) (int, string) {
+	f.t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	defer client.CloseIdleConnections()
+	req, err := http.NewRequest(http.MethodPost, "https://"+f.r.AdminAddr()+"/config/reload", nil)
+	require.NoError(f.t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := client.Do(req)
+	require.NoError(f.t, err)
+	return resp.StatusCode, readAll(f.t, resp)
+}
+
+// Replicas whose admin listeners speak TLS share their prefixes over
+// https://, each checking the other's certificate against
+// admin_tls.peer_ca_file; a replica that does not trust its peer's
+// certificate sends it nothing (its posts fail, and are counted).
+func TestReplicasSharePrefixesOverTLS(t *testing.T) {
+	files, pool := adminTLS(t)
+	overTLS := func(peerCA string) func(*config.Config) {
+		return func(c *config.Config) {
+			c.AdminTLS = files
+			c.AdminTLS.PeerCAFile = peerCA
+			for i, p := range c.Router.PrefixAffinity.Peers {
+				c.Router.PrefixAffinity.Peers[i] = strings.Replace(p, "http://", "https://", 1)
+			}
+		}
+	}
+	a, b := sharingReplicas(t, true, overTLS(files.CertFile))
+	converseVia([]*fleet{a, b}, 5, 4, nil)
+	require.Eventually(t, func() bool {
+		return b.r.PrefixesLearned() == a.r.Prefixes.Recorded() && a.r.PrefixesLearned() == b.r.Prefixes.Recorded()
+	}, 15*time.Second, 2*time.Millisecond, "each replica took in the other's records over TLS")
+	assert.NotZero(t, a.r.Prefixes.Recorded())
+	a.assertIdle()
+	b.assertIdle()
+
+	other, _ := writeCert(t, t.TempDir(), 9) // a CA that did not sign the peers' certificate
+	a, b = sharingReplicas(t, true, overTLS(other.CertFile))
+	converseVia([]*fleet{a, b}, 5, 4, nil)
+	require.NotZero(t, a.r.Prefixes.Recorded())
+	page := func(f *fleet) string {
+		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+		defer client.CloseIdleConnections()
+		resp, err := client.Get("https://" + f.r.AdminAddr() + "/metrics")
+		require.NoError(t, err)
+		return readAll(t, resp)
+	}
+	failed := fmt.Sprintf(`fastroute_prefix_shared_records_total{peer="https://%s",outcome="failed"} `, b.r.AdminAddr())
+	require.Eventually(t, func() bool {
+		p := page(a)
+		return strings.Contains(p, failed) && !strings.Contains(p, failed+"0\n")
+	}, 15*time.Second, 10*time.Millisecond, "a's posts to a peer it does not trust fail")
+	assert.Zero(t, b.r.PrefixesLearned(), "nothing reached b")
+}
