@@ -4,7 +4,9 @@
 // and the tokens its answers report over a minute, order its requests in
 // the wait queue, name the only models it may use and expire. A key is checked
 // against SHA-256 digests, so the set keeps no key and a check takes the
-// same time however much of a wrong key is right. Checks, admissions and
+// same time however much of a wrong key is right. An entry may name a
+// client certificate instead of a key (mutual TLS): a request without a
+// key, on a connection whose client showed that certificate, is its. Checks, admissions and
 // releases lock and allocate nothing; a reload swaps the set whole.
 package apikeys
 
@@ -15,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +29,11 @@ import (
 type Entry struct {
 	Name string
 	Key  string
+	// Cert, set in place of Key, names the client certificate whose
+	// requests are the entry's ("cert:NAME" in the file): its subject's
+	// common name, else its first URI name (a SPIFFE ID), else its first
+	// DNS name, as the access log names it.
+	Cert string
 	// MaxInflight caps the key's requests in flight at once (0: no cap).
 	MaxInflight int
 	// TokensPerMinute caps the tokens the key's answers may report over a
@@ -59,13 +67,16 @@ const maxNameBytes = 64
 // "priority=P", "models=a;b" and "expires=T", separated by spaces or
 // tabs; blank lines and lines starting with # are skipped. A name is 1 to
 // 64 letters, digits, '.', '_' or '-'; a key at least MinKeyBytes of
-// printable ASCII without spaces. Errors give the line and the field, and
+// printable ASCII without spaces, or "cert:" and a client certificate's
+// name (Entry.Cert), printable ASCII with %20 for a space (and %25 for a
+// %). Errors give the line and the field, and
 // quote nothing but a model name: a key written in the wrong place is
 // never shown.
 func Parse(data []byte) ([]Entry, error) {
 	var entries []Entry
 	names := map[string]int{}
 	digests := map[[sha256.Size]byte]int{}
+	certs := map[string]int{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	for n := 1; sc.Scan(); n++ {
@@ -80,11 +91,19 @@ func Parse(data []byte) ([]Entry, error) {
 		if first, ok := names[e.Name]; ok {
 			return nil, fmt.Errorf("line %d: its name is line %d's too", n, first)
 		}
-		d := sha256.Sum256([]byte(e.Key))
-		if first, ok := digests[d]; ok {
-			return nil, fmt.Errorf("line %d: its key is line %d's too", n, first)
+		if e.Cert != "" {
+			if first, ok := certs[e.Cert]; ok {
+				return nil, fmt.Errorf("line %d: its certificate is line %d's too", n, first)
+			}
+			certs[e.Cert] = n
+		} else {
+			d := sha256.Sum256([]byte(e.Key))
+			if first, ok := digests[d]; ok {
+				return nil, fmt.Errorf("line %d: its key is line %d's too", n, first)
+			}
+			digests[d] = n
 		}
-		names[e.Name], digests[d] = n, n
+		names[e.Name] = n
 		entries = append(entries, e)
 	}
 	if err := sc.Err(); err != nil {
@@ -104,11 +123,17 @@ func parseLine(fields []string) (Entry, error) {
 	if !validName(e.Name) {
 		return Entry{}, fmt.Errorf("the name (field 1) is not 1 to %d letters, digits, '.', '_' or '-'", maxNameBytes)
 	}
-	if len(e.Key) < MinKeyBytes {
+	if cert, ok := strings.CutPrefix(e.Key, certPrefix); ok {
+		name, err := url.PathUnescape(cert)
+		if err != nil || name == "" {
+			return Entry{}, errors.New("the key (field 2) is cert: without a certificate's name (%20 for a space, %25 for a %)")
+		}
+		e.Key, e.Cert = "", name
+	} else if len(e.Key) < MinKeyBytes {
 		return Entry{}, fmt.Errorf("the key (field 2) is shorter than %d characters", MinKeyBytes)
 	}
-	for i := 0; i < len(e.Key); i++ {
-		if c := e.Key[i]; c <= ' ' || c > '~' {
+	for i := 0; i < len(fields[1]); i++ {
+		if c := fields[1][i]; c <= ' ' || c > '~' {
 			return Entry{}, errors.New("the key (field 2) holds a character that is not printable ASCII")
 		}
 	}
@@ -142,6 +167,9 @@ func parseLine(fields []string) (Entry, error) {
 	}
 	return e, nil
 }
+
+// certPrefix marks a keys file's KEY field that names a client certificate.
+const certPrefix = "cert:"
 
 // parseExpiry reads an expires= time, in UTC: a date (midnight UTC) or
 // an RFC 3339 time.
@@ -436,9 +464,11 @@ func (w *window) secondsUntilBelow(sec, limit uint64) uint64 {
 	return windowSeconds
 }
 
-// set is one version of the keys: by digest, and the clients by name.
+// set is one version of the keys: by digest, by certificate, and the
+// clients by name.
 type set struct {
 	byDigest map[[sha256.Size]byte]*Client
+	byCert   map[string]*Client
 	clients  []*Client // sorted by name
 }
 
@@ -463,7 +493,7 @@ func (k *Keys) Set(entries []Entry) {
 			old[c.name] = c
 		}
 	}
-	next := &set{byDigest: make(map[[sha256.Size]byte]*Client, len(entries))}
+	next := &set{byDigest: make(map[[sha256.Size]byte]*Client, len(entries)), byCert: map[string]*Client{}}
 	for _, e := range entries {
 		c := old[e.Name]
 		if c == nil {
@@ -487,7 +517,11 @@ func (k *Keys) Set(entries []Entry) {
 		} else {
 			c.expires.Store(e.Expires.UnixNano())
 		}
-		next.byDigest[sha256.Sum256([]byte(e.Key))] = c
+		if e.Cert != "" {
+			next.byCert[e.Cert] = c
+		} else {
+			next.byDigest[sha256.Sum256([]byte(e.Key))] = c
+		}
 		next.clients = append(next.clients, c)
 	}
 	slices.SortFunc(next.clients, func(a, b *Client) int { return strings.Compare(a.name, b.name) })
@@ -506,6 +540,16 @@ func (k *Keys) Lookup(key []byte) *Client {
 		}
 	}
 	k.refused.Add(1)
+	return nil
+}
+
+// LookupCert returns the client of the entry that names the client
+// certificate name; nil when none does (not counted: the request may
+// still present a key, or be refused by Lookup).
+func (k *Keys) LookupCert(name string) *Client {
+	if s := k.cur.Load(); s != nil && name != "" {
+		return s.byCert[name]
+	}
 	return nil
 }
 

@@ -66,6 +66,41 @@ func TestParseRefusesBadLinesWithoutQuotingAKey(t *testing.T) {
 	}
 }
 
+// An entry may name a client certificate instead of a key ("cert:NAME",
+// %20 for a space): found by LookupCert, never by a key that spells it.
+func TestAnEntryMayNameAClientCertificate(t *testing.T) {
+	entries, err := Parse([]byte("summarizer cert:spiffe://example.org/ns/batch/sa/summarizer max_inflight=8\n" +
+		"alice cert:Alice%20Smith\nteam-a " + keyA + "\n"))
+	require.NoError(t, err)
+	assert.Equal(t, []Entry{
+		{Name: "summarizer", Cert: "spiffe://example.org/ns/batch/sa/summarizer", MaxInflight: 8},
+		{Name: "alice", Cert: "Alice Smith"},
+		{Name: "team-a", Key: keyA},
+	}, entries)
+	var k Keys
+	k.Set(entries)
+	assert.Equal(t, "summarizer", k.LookupCert("spiffe://example.org/ns/batch/sa/summarizer").Name())
+	assert.Equal(t, "alice", k.LookupCert("Alice Smith").Name())
+	assert.Nil(t, k.LookupCert("spiffe://example.org/ns/batch/sa/other"))
+	assert.Nil(t, k.LookupCert(""))
+	assert.Nil(t, k.LookupCert(keyA), "a key is no certificate")
+	assert.Nil(t, k.Lookup([]byte("cert:Alice Smith")), "nor is a certificate's name a key")
+	assert.Nil(t, k.Lookup([]byte("")))
+	assert.Equal(t, uint64(2), k.Refused(), "LookupCert counts nothing")
+
+	for _, tc := range []struct{ file, want string }{
+		{"a cert:\n", "line 1: the key (field 2) is cert: without a certificate's name"},
+		{"a cert:%zz\n", "line 1: the key (field 2) is cert: without a certificate's name"},
+		{"a cert:alice\nb cert:alice\n", "line 2: its certificate is line 1's too"},
+		{"a cert:al\u00e9\n", "line 1: the key (field 2) holds a character that is not printable ASCII"},
+	} {
+		_, err := Parse([]byte(tc.file))
+		assert.ErrorContains(t, err, tc.want, tc.file)
+	}
+	_, err = Parse([]byte("a cert:alice\nb " + keyA + "\nc " + keyB + "\n"))
+	assert.NoError(t, err, "certificate entries and keys side by side")
+}
+
 func TestKeysFindTheirClients(t *testing.T) {
 	var k Keys
 	assert.False(t, k.On())

@@ -617,6 +617,12 @@ func (c *Config) ResolveSecrets(getenv func(string) string) error {
 		if c.APIKeys, err = apikeys.Parse(data); err != nil {
 			return keyErr("api_keys_file", "%s: %v", c.APIKeysFile, err)
 		}
+		for _, e := range c.APIKeys {
+			if e.Cert != "" && c.TLS.ClientCAFile == "" {
+				return keyErr("api_keys_file", "%s: %s names a client certificate, and tls.client_ca_file is not set: no client shows one",
+					c.APIKeysFile, e.Name)
+			}
+		}
 	}
 	if c.AdminToken, err = resolveSecret("admin_token", c.AdminToken, c.AdminTokenFile, AdminTokenEnv, getenv); err != nil {
 		return err

@@ -2,9 +2,13 @@ package router
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -572,4 +576,72 @@ func TestAKeysRequestsPerMinuteRefusesItOnceReached(t *testing.T) {
 	assert.Contains(t, listing, `"requests_per_minute":2`)
 	assert.Contains(t, listing, `"recent_requests":2`)
 	f.assertIdle()
+}
+
+// An api_keys_file entry may name a client certificate in place of a key
+// ("cert:NAME", the name the access log gives the certificate): a request
+// that presents no key, over mutual TLS with that certificate, is the
+// entry's, with its caps; one that presents a key is the key's; a
+// certificate no entry names still needs a key. Such an entry without
+// tls.client_ca_file stops the start.
+func TestAnEntryMayNameAClientCertificate(t *testing.T) {
+	server, pool := writeCert(t, t.TempDir(), 1)
+	spiffe := "spiffe://example.org/ns/batch/sa/summarizer"
+	service, _ := writeCertWith(t, t.TempDir(), 22, func(c *x509.Certificate) {
+		u, err := url.Parse(spiffe)
+		require.NoError(t, err)
+		c.Subject, c.URIs = pkix.Name{}, []*url.URL{u}
+	})
+	alice, _ := writeCertWith(t, t.TempDir(), 20, func(c *x509.Certificate) { c.Subject = pkix.Name{CommonName: "Alice Smith"} })
+	bob, _ := writeCertWith(t, t.TempDir(), 21, func(c *x509.Certificate) { c.Subject = pkix.Name{CommonName: "bob"} })
+	var bundle []byte
+	for _, c := range []config.TLS{service, alice, bob} {
+		pem, err := os.ReadFile(c.CertFile)
+		require.NoError(t, err)
+		bundle = append(bundle, pem...)
+	}
+	files := server
+	files.ClientCAFile = filepath.Join(t.TempDir(), "clients.pem")
+	require.NoError(t, os.WriteFile(files.ClientCAFile, bundle, 0o600))
+	keys := keysFile(t, "summarizer cert:"+spiffe+" max_inflight=4", "alice cert:Alice%20Smith", "team-a "+teamAKey)
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.TLS, c.APIKeysFile = files, keys })
+
+	post := func(as config.TLS, key string) int {
+		t.Helper()
+		pair, err := tls.LoadX509KeyPair(as.CertFile, as.KeyFile)
+		require.NoError(t, err)
+		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}}}
+		defer client.CloseIdleConnections()
+		req, err := http.NewRequest(http.MethodPost, "https://"+f.r.Addr()+"/v1/chat/completions", strings.NewReader(chatBody))
+		require.NoError(t, err)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		readAll(t, resp)
+		return resp.StatusCode
+	}
+	admitted := func(name string) string {
+		return metric(t, f, `fastroute_api_key_requests_total{api_key="`+name+`",outcome="admitted"}`)
+	}
+	assert.Equal(t, http.StatusOK, post(service, ""))
+	assert.Equal(t, http.StatusOK, post(service, ""))
+	assert.Equal(t, http.StatusOK, post(alice, ""), "a name with a space, written %%20")
+	assert.Equal(t, http.StatusUnauthorized, post(bob, ""), "a certificate no entry names: a key is needed")
+	assert.Equal(t, http.StatusOK, post(bob, teamAKey))
+	assert.Equal(t, http.StatusOK, post(service, teamAKey), "a key presented is the key's")
+	assert.Equal(t, http.StatusUnauthorized, post(service, "cert:"+spiffe), "a certificate's name is no key")
+	assert.Equal(t, "2", admitted("summarizer"))
+	assert.Equal(t, "1", admitted("alice"))
+	assert.Equal(t, "2", admitted("team-a"))
+	assert.EqualValues(t, 5, f.mocks[0].Served())
+	f.assertIdle()
+
+	cfg := config.Default()
+	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:1"}}
+	cfg.APIKeysFile = keys
+	_, _, err := Check(cfg)
+	assert.ErrorContains(t, err, "key api_keys_file: "+keys+": summarizer names a client certificate, and tls.client_ca_file is not set")
 }

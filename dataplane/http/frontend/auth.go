@@ -18,8 +18,9 @@ const (
 )
 
 // authenticate finds the client whose API key the request presents
-// (Options.APIKeys), and answers 401 when no client has it or the key
-// expired. The key goes
+// (Options.APIKeys), else, when it presents none, the client whose entry
+// names the certificate its connection's client showed (mutual TLS), and
+// answers 401 when no client has it or the key expired. The key goes
 // no further: the request reaches its worker without it, and with the
 // workers' own key (Options.WorkerAPIKey) when one is set, so a client
 // never holds a key an engine takes and an engine's logs never show a
@@ -31,11 +32,17 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) *apikeys.Client {
 	if key == nil && isWebSocket(h) {
 		key, protocols = subprotocolKey(h.Peek(headerWebSocketProtocol))
 	}
-	c := s.keys.Lookup(key)
+	var c *apikeys.Client
+	if key == nil {
+		c = s.keys.LookupCert(clientCertName(ctx.Conn()))
+	}
+	if c == nil {
+		c = s.keys.Lookup(key)
+	}
 	if c == nil {
 		ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="fastroute"`)
 		writeError(ctx, fasthttp.StatusUnauthorized, "authentication_error",
-			"a valid API key is required: send it as Authorization: Bearer <key> (or x-api-key: <key>)")
+			"a valid API key is required: send it as Authorization: Bearer <key> (or x-api-key: <key>), or show a client certificate the keys file names")
 		return nil
 	}
 	if c.Expired(time.Now) {
