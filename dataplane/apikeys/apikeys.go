@@ -218,6 +218,7 @@ type Client struct {
 	rpm      atomic.Int64             // RequestsPerMinute; 0: no cap
 	priority atomic.Pointer[int64]    // Priority; nil: none
 	models   atomic.Pointer[[]string] // Models; nil: any
+	cert     atomic.Pointer[string]   // Cert; nil: a key
 	expires  atomic.Int64             // Expires in Unix nanoseconds; 0: never
 	inflight atomic.Int64
 	admitted atomic.Uint64
@@ -267,6 +268,15 @@ func (c *Client) Priority() (int64, bool) {
 		return *p, true
 	}
 	return 0, false
+}
+
+// Cert is the name of the client certificate whose requests are the
+// client's ("" for a key's client).
+func (c *Client) Cert() string {
+	if p := c.cert.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // Expires is when the client's key stops opening the router; zero: never.
@@ -511,6 +521,11 @@ func (k *Keys) Set(entries []Entry) {
 			c.models.Store(&e.Models)
 		} else {
 			c.models.Store(nil)
+		}
+		if e.Cert != "" {
+			c.cert.Store(&e.Cert)
+		} else {
+			c.cert.Store(nil)
 		}
 		if e.Expires.IsZero() {
 			c.expires.Store(0)

@@ -638,6 +638,10 @@ func TestAnEntryMayNameAClientCertificate(t *testing.T) {
 	assert.Equal(t, "2", admitted("team-a"))
 	assert.EqualValues(t, 5, f.mocks[0].Served())
 	f.assertIdle()
+	_, listed := adminDo(t, f, "GET", "/api_keys", "", "")
+	assert.Contains(t, listed, `"name":"summarizer","client_cert":"`+spiffe+`"`)
+	assert.Contains(t, listed, `"name":"alice","client_cert":"Alice Smith"`)
+	assert.NotContains(t, listed, teamAKey)
 
 	cfg := config.Default()
 	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:1"}}

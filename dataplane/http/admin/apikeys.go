@@ -8,9 +8,11 @@ import (
 )
 
 // APIKeyInfo is how GET /api_keys shows one client's API key: its name
-// and options, never the key, and its counts.
+// and options, never the key (but the client certificate's name that
+// stands for one), and its counts.
 type APIKeyInfo struct {
 	Name              string     `json:"name"`
+	ClientCert        string     `json:"client_cert,omitempty"`
 	MaxInflight       int64      `json:"max_inflight"`
 	TokensPerMinute   int64      `json:"tokens_per_minute"`
 	RequestsPerMinute int64      `json:"requests_per_minute"`
@@ -46,7 +48,7 @@ func apiKeysJSON(keys *apikeys.Keys, now time.Time) []APIKeyInfo {
 		return out
 	}
 	for _, c := range keys.Clients() {
-		info := APIKeyInfo{Name: c.Name(), MaxInflight: c.MaxInflight(), TokensPerMinute: c.TokensPerMinute(),
+		info := APIKeyInfo{Name: c.Name(), ClientCert: c.Cert(), MaxInflight: c.MaxInflight(), TokensPerMinute: c.TokensPerMinute(),
 			Models: c.Models(), Inflight: c.Inflight(), RecentTokens: c.RecentTokens(now), Admitted: c.Admitted(),
 			PeerRecentTokens: c.PeerTokens(), PeerInflight: c.PeerInflight(),
 			RequestsPerMinute: c.RequestsPerMinute(), RecentRequests: c.RecentRequests(now), PeerRecentRequests: c.PeerRequests()}
