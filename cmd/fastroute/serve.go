@@ -147,6 +147,10 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.BoolVar(&cfg.GenerateRequestIDs, "generate-request-ids", cfg.GenerateRequestIDs, "give each proxied request without an X-Request-Id one made up (sent to its worker, in the access log), and each answer the request's id")
 	fs.BoolVar(&cfg.AddXForwardedFor, "add-x-forwarded-for", cfg.AddXForwardedFor, "append each proxied request's peer address to the X-Forwarded-For its worker gets, so an engine's log names the client")
 	fs.StringVar(&cfg.RealIP.Header, "real-ip-header", cfg.RealIP.Header, "take a request's client address from this header (X-Forwarded-For, X-Real-IP) when it comes from a proxy of --real-ip-from, for the access log and the span")
+	fs.Func("forwarded-client-cert-from", "an IP or CIDR prefix of a proxy (a mesh sidecar terminating mutual TLS) trusted to name its client's certificate in x-forwarded-client-cert (repeatable)", func(v string) error {
+		cfg.ForwardedClientCert.From = append(cfg.ForwardedClientCert.From, v)
+		return nil
+	})
 	fs.Func("real-ip-from", "an IP or CIDR prefix of an HTTP load balancer trusted to set --real-ip-header (repeatable)", func(v string) error {
 		cfg.RealIP.From = append(cfg.RealIP.From, v)
 		return nil

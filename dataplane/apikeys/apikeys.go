@@ -561,9 +561,9 @@ func (k *Keys) Lookup(key []byte) *Client {
 // LookupCert returns the client of the entry that names the client
 // certificate name; nil when none does (not counted: the request may
 // still present a key, or be refused by Lookup).
-func (k *Keys) LookupCert(name string) *Client {
-	if s := k.cur.Load(); s != nil && name != "" {
-		return s.byCert[name]
+func (k *Keys) LookupCert(name []byte) *Client {
+	if s := k.cur.Load(); s != nil && len(name) > 0 {
+		return s.byCert[string(name)]
 	}
 	return nil
 }

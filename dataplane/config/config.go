@@ -120,6 +120,10 @@ type Config struct {
 	// RealIP takes a request's client address from a header that an HTTP
 	// load balancer in front of the router sets.
 	RealIP RealIP `yaml:"real_ip"`
+	// ForwardedClientCert names the proxies (a mesh sidecar that
+	// terminates mutual TLS in front of the router) trusted to name their
+	// client's certificate in Envoy's x-forwarded-client-cert.
+	ForwardedClientCert ForwardedClientCert `yaml:"forwarded_client_cert"`
 	// GenerateRequestIDs gives each proxied request without an
 	// X-Request-Id one made up (32 hex digits), sent to its worker and
 	// written in the access log, and has each answer carry the request's
@@ -222,6 +226,20 @@ type RealIP struct {
 
 // Prefixes returns From as prefixes, a lone IP as the prefix of it alone.
 func (r RealIP) Prefixes() ([]netip.Prefix, error) { return prefixesOf(r.From) }
+
+// ForwardedClientCert, when From is set, takes a request's client
+// certificate from the x-forwarded-client-cert header (Envoy's XFCC: the
+// last element's Subject common name, else its URI, else its DNS name)
+// when the request's connection comes from one of the proxies From (IPs
+// or CIDR prefixes): behind an Envoy or Istio sidecar that terminates
+// mutual TLS, the access log's client_cert and api_keys_file's cert:
+// lines name the client. The header reaches no worker.
+type ForwardedClientCert struct {
+	From []string `yaml:"from"`
+}
+
+// Prefixes returns From as prefixes, a lone IP as the prefix of it alone.
+func (f ForwardedClientCert) Prefixes() ([]netip.Prefix, error) { return prefixesOf(f.From) }
 
 // prefixesOf returns addresses (IPs or CIDR prefixes) as prefixes, a lone
 // IP as the prefix of it alone.
@@ -618,8 +636,8 @@ func (c *Config) ResolveSecrets(getenv func(string) string) error {
 			return keyErr("api_keys_file", "%s: %v", c.APIKeysFile, err)
 		}
 		for _, e := range c.APIKeys {
-			if e.Cert != "" && c.TLS.ClientCAFile == "" {
-				return keyErr("api_keys_file", "%s: %s names a client certificate, and tls.client_ca_file is not set: no client shows one",
+			if e.Cert != "" && c.TLS.ClientCAFile == "" && len(c.ForwardedClientCert.From) == 0 {
+				return keyErr("api_keys_file", "%s: %s names a client certificate, and neither tls.client_ca_file nor forwarded_client_cert.from is set: no client shows one",
 					c.APIKeysFile, e.Name)
 			}
 		}
@@ -730,6 +748,9 @@ func (c *Config) Validate() error {
 		return keyErr("proxy_protocol.from", "%v", err)
 	} else if len(c.ProxyProtocol.From) > 0 && !c.ProxyProtocol.Enabled {
 		return keyErr("proxy_protocol.from", "set, but proxy_protocol.enabled is false")
+	}
+	if _, err := c.ForwardedClientCert.Prefixes(); err != nil {
+		return keyErr("forwarded_client_cert.from", "%v", err)
 	}
 	if err := c.RealIP.check(); err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -647,5 +648,58 @@ func TestAnEntryMayNameAClientCertificate(t *testing.T) {
 	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:1"}}
 	cfg.APIKeysFile = keys
 	_, _, err := Check(cfg)
-	assert.ErrorContains(t, err, "key api_keys_file: "+keys+": summarizer names a client certificate, and tls.client_ca_file is not set")
+	assert.ErrorContains(t, err, "key api_keys_file: "+keys+": summarizer names a client certificate, and neither tls.client_ca_file nor forwarded_client_cert.from is set")
+}
+
+// Behind a mesh sidecar that terminates mutual TLS (forwarded_client_cert
+// from its address), the client's certificate is the one the sidecar's
+// x-forwarded-client-cert names: a cert: line of api_keys_file takes its
+// requests, and the access log names it; the header reaches no worker.
+// From a peer the key does not name, the header names nothing.
+func TestAProxysForwardedClientCertNamesTheClient(t *testing.T) {
+	var forwarded atomic.Value
+	forwarded.Store("")
+	engine := startEngine(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
+		forwarded.Store(strings.Join(r.Header.Values("X-Forwarded-Client-Cert"), " | "))
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"choices":[{"message":{"content":"ok"}}]}`))
+	})
+	spiffe := "spiffe://cluster.local/ns/batch/sa/summarizer"
+	xfcc := `By=spiffe://cluster.local/ns/llm/sa/fastroute;Hash=abc;Subject="";URI=` + spiffe
+	keys := keysFile(t, "summarizer cert:"+spiffe, "team-a "+teamAKey)
+	start := func(from string) (*fleet, *syncBuffer) {
+		var logs syncBuffer
+		f := startFleetLog(t, nil, func(c *config.Config) {
+			c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: engine.URL}}
+			c.APIKeysFile, c.ForwardedClientCert.From, c.Log.Access = keys, []string{from}, "all"
+		}, &logs)
+		return f, &logs
+	}
+	post := func(f *fleet, headers ...string) int {
+		t.Helper()
+		resp := f.post("/v1/chat/completions", chatBody, headers...)
+		readAll(t, resp)
+		return resp.StatusCode
+	}
+
+	f, logs := start("127.0.0.1")
+	assert.Equal(t, http.StatusOK, post(f, "X-Forwarded-Client-Cert", xfcc))
+	assert.Equal(t, "", forwarded.Load(), "the header stays with the router")
+	assert.Equal(t, http.StatusUnauthorized, post(f, "X-Forwarded-Client-Cert", `URI=spiffe://cluster.local/ns/batch/sa/other`))
+	assert.Equal(t, http.StatusUnauthorized, post(f))
+	assert.Equal(t, http.StatusOK, post(f, "Authorization", "Bearer "+teamAKey, "X-Forwarded-Client-Cert", xfcc), "a key presented is the key's")
+	assert.Equal(t, "1", metric(t, f, `fastroute_api_key_requests_total{api_key="summarizer",outcome="admitted"}`))
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), "msg=access") == 2 }, 5*time.Second, 5*time.Millisecond, "%s", logs.String())
+	assert.Equal(t, 2, strings.Count(logs.String(), "client_cert="+spiffe+" "), "the 200s' lines (a 401 has none) name the sidecar's client")
+	f.assertIdle()
+
+	f, _ = start("10.0.0.0/8") // the test's client is 127.0.0.1: no trusted proxy
+	assert.Equal(t, http.StatusUnauthorized, post(f, "X-Forwarded-Client-Cert", xfcc), "a client cannot name its own certificate")
+	assert.Equal(t, http.StatusOK, post(f, "Authorization", "Bearer "+teamAKey, "X-Forwarded-Client-Cert", xfcc))
+	assert.Equal(t, "", forwarded.Load(), "nor does its header reach a worker")
+
+	cfg := config.Default()
+	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:1"}}
+	cfg.ForwardedClientCert.From = []string{"sidecar"}
+	assert.ErrorContains(t, cfg.Validate(), `key forwarded_client_cert.from: "sidecar" is neither an IP nor a CIDR prefix`)
 }

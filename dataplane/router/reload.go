@@ -88,6 +88,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"admin_tls":                   adminTLSApplies,
 		"proxy_protocol":              reflect.DeepEqual(old.ProxyProtocol, cfg.ProxyProtocol),
 		"real_ip":                     reflect.DeepEqual(old.RealIP, cfg.RealIP),
+		"forwarded_client_cert":       slices.Equal(old.ForwardedClientCert.From, cfg.ForwardedClientCert.From),
 		"generate_request_ids":        old.GenerateRequestIDs == cfg.GenerateRequestIDs,
 		"add_x_forwarded_for":         old.AddXForwardedFor == cfg.AddXForwardedFor,
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,

@@ -263,6 +263,9 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		}
 		fo.RealIP = &frontend.RealIP{Header: cfg.RealIP.Header, From: from}
 	}
+	if fo.ForwardedCertFrom, err = cfg.ForwardedClientCert.Prefixes(); err != nil {
+		return nil, err // Validate checked them: not reached
+	}
 	if cfg.TLS.On() {
 		if err := r.cert.load(cfg.TLS, log); err != nil {
 			return nil, err

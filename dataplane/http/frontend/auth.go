@@ -34,7 +34,8 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) *apikeys.Client {
 	}
 	var c *apikeys.Client
 	if key == nil {
-		c = s.keys.LookupCert(clientCertName(ctx.Conn()))
+		var buf [certNameBytes]byte
+		c = s.keys.LookupCert(s.certName(ctx, buf[:0]))
 	}
 	if c == nil {
 		c = s.keys.Lookup(key)
@@ -67,6 +68,10 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) *apikeys.Client {
 }
 
 var authorizationKey = []byte(headerAuthorization)
+
+// certNameBytes is the room a request's check keeps for a certificate's
+// name with escapes (certName): a longer one costs an allocation.
+const certNameBytes = 256
 
 // headerWebSocketProtocol lists the subprotocols a WebSocket client offers.
 const headerWebSocketProtocol = "Sec-WebSocket-Protocol"

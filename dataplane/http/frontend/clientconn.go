@@ -39,13 +39,14 @@ func newClientConn(c net.Conn, tlsConfig *tls.Config) *clientConn {
 // them, with no common name), else its first DNS name; "" for none. It is
 // worked out at the connection's first request (its handshake is over by
 // then) and kept: every request on a connection has the same client.
-func clientCertName(c net.Conn) string {
+// Empty for none.
+func clientCertName(c net.Conn) []byte {
 	cc, ok := c.(*clientConn)
 	if !ok {
-		return ""
+		return nil
 	}
 	if !cc.certNamed {
-		cc.certName, cc.certNamed = peerCertName(cc.Conn), true
+		cc.certName, cc.certNamed = []byte(peerCertName(cc.Conn)), true
 	}
 	return cc.certName
 }
@@ -95,7 +96,7 @@ type clientConn struct {
 	source    net.Addr
 	// The client as its certificate names it (clientCertName), once
 	// certNamed.
-	certName  string
+	certName  []byte
 	certNamed bool
 	// The requests it carried, this one included (Server.serve counts
 	// them; a connection serves one request at a time).

@@ -142,7 +142,7 @@ type exchange struct {
 	status     int
 	firstByte  time.Duration
 	bytes      int64
-	clientCert string // the client as its certificate names it (mutual TLS: clientCertName); "" for none
+	clientCert []byte // the client as its certificate names it (Server.certName); empty for none
 
 	forwardedFor []byte // the X-Forwarded-For sent on (AddXForwardedFor): addForwardedFor's scratch
 }
@@ -173,7 +173,12 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 		if ex.clientAt, ok = ex.s.clientOf(ctx); !ok {
 			ex.peer = ctx.RemoteAddr()
 		}
-		ex.clientCert = clientCertName(ctx.Conn())
+		ex.clientCert = append(ex.clientCert[:0], ex.s.certName(ctx, ex.clientCert[:0])...)
+	}
+	if ex.s.opts.ForwardedCertFrom != nil {
+		// The client's certificate, as a proxy named it, stays with the
+		// router, as its API key does.
+		ctx.Request.Header.Del(headerForwardedClientCert)
 	}
 	ex.traceRequest(ctx, start)
 	if ex.s.opts.AddXForwardedFor {
@@ -1233,8 +1238,8 @@ func (ex *exchange) logAccess(o outcome, total time.Duration) {
 		attrs[n] = slog.Float64("first_token_ms", float64(ex.firstToken.Microseconds())/1000)
 		n++
 	}
-	if ex.clientCert != "" { // who the client's certificate says it is
-		attrs[n] = slog.String("client_cert", ex.clientCert)
+	if len(ex.clientCert) > 0 { // who the client's certificate says it is
+		attrs[n] = slog.String("client_cert", string(ex.clientCert))
 		n++
 	}
 	if ex.key != nil { // the name of the client's API key, never the key, and what the answer said it used
