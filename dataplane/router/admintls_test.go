@@ -79,11 +79,7 @@ func TestTheAdminListenerSpeaksTLS(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "8", serial, "the certificate read last stays")
 
-	f.r.SetConfigSource(func() (config.Config, error) {
-		c := f.r.CurrentConfig()
-		c.AdminTLS = config.AdminTLS{}
-		return c, nil
-	})
+	f.reloadsWith(func(c *config.Config) { c.AdminTLS = config.AdminTLS{} })
 	code, msg = f.reloadOverTLS(pool, "s3cret")
 	require.Equal(t, http.StatusOK, code, msg)
 	assert.Contains(t, msg, `"need_restart":["admin_tls"]`)

@@ -60,11 +60,8 @@ func (f *fleet) postOn(conf *tls.Config) (status int, resumed bool, err error) {
 // file that does not load refuses the reload and the lists read last stay.
 func TestRevokedClientCertificatesAreRefused(t *testing.T) {
 	server, pool := writeCert(t, t.TempDir(), 1)
-	root := testpki.Root(t, "clients' root")
-	issuing := root.Intermediate("clients' issuing CA", 100)
-	alice := issuing.Client("alice", 20, issuing)
-	bob := issuing.Client("bob", 21, issuing)
-	carol := root.Client("carol", 22)
+	pki := testpki.NewTwoTier(t, "clients' root", "clients' issuing CA")
+	root, issuing, alice, bob, carol := pki.Root, pki.Issuing, pki.Alice, pki.Bob, pki.Carol
 	now := time.Now()
 	lists := func(rootRevokes []int64, issuingRevokes ...int64) string {
 		return testpki.WriteFile(t, "crl.pem", testpki.CRLPEM(root.CRL(now.Add(-time.Hour), now.Add(time.Hour), rootRevokes...)),
@@ -155,11 +152,7 @@ func TestRevokedClientCertificatesAreRefused(t *testing.T) {
 	f.assertIdle()
 
 	// Dropped by a reload: no revocation checked, no refusal counted.
-	f.r.SetConfigSource(func() (config.Config, error) {
-		c := f.r.CurrentConfig()
-		c.TLS.ClientCRLFile = ""
-		return c, nil
-	})
+	f.reloadsWith(func(c *config.Config) { c.TLS.ClientCRLFile = "" })
 	code, body = adminDo(t, f, "POST", "/config/reload", "", "")
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Contains(t, body, "tls.client_crl_file dropped")

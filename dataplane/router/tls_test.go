@@ -186,6 +186,16 @@ func TestReloadRotatesTheCertificate(t *testing.T) {
 	assert.ErrorContains(t, err, "key tls: open ")
 }
 
+// reloadsWith has f's next reload read its running config with edit
+// applied.
+func (f *fleet) reloadsWith(edit func(*config.Config)) {
+	f.r.SetConfigSource(func() (config.Config, error) {
+		c := f.r.CurrentConfig()
+		edit(&c)
+		return c, nil
+	})
+}
+
 // postAs sends one chat request over TLS on a connection of its own,
 // trusting pool, with the client certificate of as (nil: none), and
 // returns its status; an error when the handshake or the request failed.
@@ -284,11 +294,7 @@ func TestClientsMustShowACertificateTheClientCAsSigned(t *testing.T) {
 	require.NoError(t, err, "the CAs read last stay")
 	assert.Equal(t, http.StatusOK, code)
 
-	f.r.SetConfigSource(func() (config.Config, error) {
-		c := f.r.CurrentConfig()
-		c.TLS.ClientCAFile = ""
-		return c, nil
-	})
+	f.reloadsWith(func(c *config.Config) { c.TLS.ClientCAFile = "" })
 	code, body = adminDo(t, f, "POST", "/config/reload", "", "")
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Contains(t, body, "no client certificate asked")
@@ -345,11 +351,7 @@ func TestOptionalClientCertificates(t *testing.T) {
 	assert.Contains(t, lines[1], `client_cert="fastroute test"`)
 	assert.EqualValues(t, 2, f.mocks[0].Served())
 
-	f.r.SetConfigSource(func() (config.Config, error) {
-		c := f.r.CurrentConfig()
-		c.TLS.ClientAuth = config.ClientAuthRequire
-		return c, nil
-	})
+	f.reloadsWith(func(c *config.Config) { c.TLS.ClientAuth = config.ClientAuthRequire })
 	code, body := adminDo(t, f, "POST", "/config/reload", "", "")
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Contains(t, body, `tls.client_auth=\"require\"`)

@@ -42,6 +42,15 @@ func TestAContainersOwnCgroupV2Limit(t *testing.T) {
 	assert.Equal(t, filepath.Join(root, "sys/fs/cgroup/memory.max"), lim.File)
 }
 
+// readLimit reads the limit of the cgroup files describe, which sets one.
+func readLimit(t *testing.T, files map[string]string) Limit {
+	t.Helper()
+	lim, ok, err := Read(filetree.Write(t, files))
+	require.NoError(t, err)
+	require.True(t, ok)
+	return lim
+}
+
 // On the host's namespace the limit may be set on a parent (a slice)
 // rather than on the service's own cgroup: the tightest counts.
 func TestTheTightestOfTheCgroupAndItsAncestors(t *testing.T) {
@@ -51,21 +60,17 @@ func TestTheTightestOfTheCgroupAndItsAncestors(t *testing.T) {
 		"sys/fs/cgroup/system.slice/memory.max":                "1073741824\n",
 		"sys/fs/cgroup/system.slice/router.service/memory.max": "max\n",
 	}
-	lim, ok, err := Read(filetree.Write(t, files))
-	require.NoError(t, err)
-	require.True(t, ok)
+	lim := readLimit(t, files)
 	assert.Equal(t, int64(1<<30), lim.Bytes, "the slice's")
 	assert.True(t, strings.HasSuffix(lim.File, "system.slice/memory.max"), lim.File)
 
 	files["sys/fs/cgroup/system.slice/router.service/memory.max"] = "268435456\n"
-	lim, ok, err = Read(filetree.Write(t, files))
-	require.NoError(t, err)
-	require.True(t, ok)
+	lim = readLimit(t, files)
 	assert.Equal(t, int64(256<<20), lim.Bytes, "the service's own, tighter")
 
 	files["sys/fs/cgroup/system.slice/memory.max"] = "max\n"
 	files["sys/fs/cgroup/system.slice/router.service/memory.max"] = "max\n"
-	_, ok, err = Read(filetree.Write(t, files))
+	_, ok, err := Read(filetree.Write(t, files))
 	require.NoError(t, err)
 	assert.False(t, ok, "none set")
 }
@@ -82,20 +87,16 @@ func TestMemoryHighIsALimitToo(t *testing.T) {
 		"sys/fs/cgroup/system.slice/router.service/memory.max":  "max\n",
 		"sys/fs/cgroup/system.slice/router.service/memory.high": "805306368\n",
 	}
-	lim, ok, err := Read(filetree.Write(t, files))
-	require.NoError(t, err)
-	require.True(t, ok)
+	lim := readLimit(t, files)
 	assert.Equal(t, int64(768<<20), lim.Bytes, "the service's memory.high, under the slice's memory.max")
 	assert.True(t, strings.HasSuffix(lim.File, "router.service/memory.high"), lim.File)
 
 	files["sys/fs/cgroup/system.slice/memory.high"] = "536870912\n"
-	lim, ok, err = Read(filetree.Write(t, files))
-	require.NoError(t, err)
-	require.True(t, ok)
+	lim = readLimit(t, files)
 	assert.Equal(t, int64(512<<20), lim.Bytes, "the slice's memory.high, tighter still")
 
 	files["sys/fs/cgroup/system.slice/router.service/memory.high"] = "lots\n"
-	_, _, err = Read(filetree.Write(t, files))
+	_, _, err := Read(filetree.Write(t, files))
 	assert.ErrorContains(t, err, "router.service/memory.high: \"lots\" is not a limit in bytes")
 }
 

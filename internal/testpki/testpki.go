@@ -46,6 +46,25 @@ func (a *Authority) Intermediate(name string, serial int64) *Authority {
 	return &Authority{Cert: parse(a.tb, der), key: key, tb: a.tb}
 }
 
+// TwoTier is a two-tier PKI: a root, an issuing CA it signs (serial 100),
+// two clients the issuing CA signs (Alice, serial 20, and Bob, 21) and one
+// the root signs itself (Carol, 22).
+type TwoTier struct {
+	Root, Issuing     *Authority
+	Alice, Bob, Carol *Leaf
+}
+
+// NewTwoTier makes a TwoTier of CAs named root and issuing.
+func NewTwoTier(tb testing.TB, root, issuing string) TwoTier {
+	tb.Helper()
+	p := TwoTier{Root: Root(tb, root)}
+	p.Issuing = p.Root.Intermediate(issuing, 100)
+	p.Alice = p.Issuing.Client("alice", 20, p.Issuing)
+	p.Bob = p.Issuing.Client("bob", 21, p.Issuing)
+	p.Carol = p.Root.Client("carol", 22)
+	return p
+}
+
 // Leaf is a client certificate and its key, as PEM, and the chain it is
 // shown with (the intermediate CAs between it and its root), leaf first.
 type Leaf struct {

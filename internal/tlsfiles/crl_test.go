@@ -26,11 +26,8 @@ func refusal(t *testing.T, err error) string {
 // leaf against its intermediate's, the intermediate against the root's; the
 // root, trusted by being in the CA file, is not looked up.
 func TestChainsAreCheckedAgainstTheirIssuersCRLs(t *testing.T) {
-	root := testpki.Root(t, "root CA")
-	inter := root.Intermediate("issuing CA", 100)
-	alice := inter.Client("alice", 20, inter)
-	bob := inter.Client("bob", 21, inter)
-	direct := root.Client("carol", 22)
+	pki := testpki.NewTwoTier(t, "root CA", "issuing CA")
+	root, inter, alice, bob, direct := pki.Root, pki.Issuing, pki.Alice, pki.Bob, pki.Carol
 	now := time.Now()
 	hour := time.Hour
 	file := testpki.WriteFile(t, "crl.pem",
