@@ -790,6 +790,9 @@ func (c *Config) Validate() error {
 	if c.Router.PrefixAffinity.Advertise != "" && len(c.Discovery.Etcd.Endpoints) == 0 {
 		return keyErr("router.prefix_affinity.advertise", "needs discovery.etcd.endpoints, where replicas find each other")
 	}
+	if adv := c.Router.PrefixAffinity.Advertise; adv != "" && c.AdminTLS.On() != strings.HasPrefix(adv, "https://") {
+		return keyErr("router.prefix_affinity.advertise", "%q does not say what the admin listener speaks: https:// with admin_tls set, http:// without", adv)
+	}
 	if p := c.Router.LoRAPlacement; p != "off" && p != "rendezvous" {
 		return keyErr("router.lora_placement", "%q is not off or rendezvous", p)
 	}
