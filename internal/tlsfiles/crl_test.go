@@ -43,6 +43,12 @@ func TestChainsAreCheckedAgainstTheirIssuersCRLs(t *testing.T) {
 		return [][]*x509.Certificate{append(append([]*x509.Certificate{}, l.Chain...), root.Cert)}
 	}
 	assert.NoError(t, crls.Check(chain(alice), now))
+	assert.NoError(t, crls.Check(chain(alice), now), "again, the lists' signatures known good")
+	// A CA of the same name with another key (which the root signed too):
+	// the issuing CA's list is not its, however often it was found good.
+	twin := root.Intermediate("issuing CA", 101)
+	err = crls.Check(chain(twin.Client("mallory", 30, twin)), now)
+	assert.Equal(t, CRLSignature, refusal(t, err))
 	assert.NoError(t, crls.Check(chain(direct), now), "signed by the root itself")
 	assert.NoError(t, crls.Check(nil, now), "no certificate shown (client_auth optional)")
 	assert.NoError(t, crls.Check([][]*x509.Certificate{{root.Cert}}, now), "a trusted CA's own certificate")
@@ -136,4 +142,23 @@ func TestRevocationFilesAreReadWithClearErrors(t *testing.T) {
 	}
 	_, err = ReadRevocations("key k", "/no/such/file", cas)
 	assert.ErrorContains(t, err, "key k: open /no/such/file")
+}
+
+// BenchmarkCheck checks a client's chain of two links (leaf, issuing CA)
+// against the lists, as every handshake does.
+func BenchmarkCheck(b *testing.B) {
+	pki := testpki.NewTwoTier(b, "root CA", "issuing CA")
+	now := time.Now()
+	file := testpki.WriteFile(b, "crl.pem",
+		testpki.CRLPEM(pki.Root.CRL(now.Add(-time.Hour), now.Add(time.Hour), 7)),
+		testpki.CRLPEM(pki.Issuing.CRL(now.Add(-time.Hour), now.Add(time.Hour), 21)))
+	crls, err := ReadRevocations("key k", file, []*x509.Certificate{pki.Root.Cert})
+	require.NoError(b, err)
+	chains := [][]*x509.Certificate{append(append([]*x509.Certificate{}, pki.Alice.Chain...), pki.Root.Cert)}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := crls.Check(chains, now); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
