@@ -24,9 +24,10 @@ test-nonvml:
 
 ## bench: the micro-benchmarks of pickers, the selection core, the GPU refresh,
 ## the parse of an engine's metrics page, the check of a client's API key,
-## a model alias's and mirror's draw, and a traced request's span.
+## a model alias's and mirror's draw, a traced request's span, and the
+## check of a client's certificate chain against the revocation lists.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/engine ./dataplane/loops/weights ./dataplane/apikeys ./dataplane/aliases ./dataplane/mirrors ./dataplane/tracing
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pickers ./dataplane ./affinity ./lora ./telemetry/nvml ./telemetry/engine ./dataplane/loops/weights ./dataplane/apikeys ./dataplane/aliases ./dataplane/mirrors ./dataplane/tracing ./internal/tlsfiles
 
 ## bench-e2e: fastroute, nginx (least_conn), HAProxy (leastconn), direct and
 ## the three floor proxies (the least a Go proxy costs: bench/floor),
