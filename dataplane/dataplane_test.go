@@ -1170,7 +1170,7 @@ func TestUpdateChangesARunningWorkersSpec(t *testing.T) {
 	assert.Equal(t, 4, w.Spec().MaxInflight)
 	assert.True(t, w.Spec().Backup)
 	assert.Same(t, before.Engine(), w.Engine(), "its engine's reading kept")
-	_, relayed := w.Relayed()
+	relayed := w.Relayed().Tokens
 	assert.EqualValues(t, 7, relayed, "the tokens relayed from its engine go on counting")
 
 	_, err = reg.Update(1, func(s *WorkerSpec) { s.MaxInflight = -1 })

@@ -1321,11 +1321,12 @@ func TestAnEngineOfUnknownBatchIsPricedForItsKindsBatch(t *testing.T) {
 	require.NoError(t, sel.Select(&Request{WorkerID: 3}, &res))
 	w3.AddRelayedTokens(5)
 	w3.AddRelayedTokens(-3) // a usage that says fewer tokens than were counted
-	inFlight, tokens := w3.Relayed()
+	counts := w3.Relayed()
+	inFlight, tokens := counts.InFlight, counts.Tokens
 	assert.EqualValues(t, 1, inFlight)
 	assert.EqualValues(t, 5, tokens)
 	res.Release()
-	inFlight, _ = w3.Relayed()
+	inFlight = w3.Relayed().InFlight
 	assert.Zero(t, inFlight)
 }
 

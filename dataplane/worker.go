@@ -517,20 +517,14 @@ func (w *Worker) AddRelayedGaps(n int64, d time.Duration) {
 	}
 }
 
-// RelayedGaps returns the gaps between two tokens of the streams relayed
-// from w while it CountsTokens, and their time in all (counters): from
-// them the router's own reading of its engine gives its speed at once
-// (engine.Target.RelayedGaps).
-func (w *Worker) RelayedGaps() (gaps uint64, spanned time.Duration) {
-	return w.occ.gaps.Load(), time.Duration(w.occ.gapNanos.Load())
-}
-
-// Relayed returns what the router sees of w: its requests in flight and
-// the tokens relayed from it while it CountsTokens (a counter): the
-// router's own reading of an engine that gives no metrics
-// (engine.Target.Relayed).
-func (w *Worker) Relayed() (inFlight int64, tokens uint64) {
-	return w.occ.n.Load(), w.occ.relayed.Load()
+// Relayed returns what the router sees of w: its requests in flight, the
+// tokens relayed from it while it CountsTokens, and the gaps between two
+// tokens of those streams and their time in all (counters): the router's
+// own reading of an engine that gives no metrics, whose speed the gaps
+// give at once (engine.Target.Relayed).
+func (w *Worker) Relayed() engine.RelayedCounts {
+	return engine.RelayedCounts{InFlight: w.occ.n.Load(), Tokens: w.occ.relayed.Load(),
+		Gaps: w.occ.gaps.Load(), Spanned: time.Duration(w.occ.gapNanos.Load())}
 }
 
 // Adapters returns the LoRA adapters w holds, each once, sorted: those

@@ -754,7 +754,7 @@ func TestSGLangOverSimulatedEngines(t *testing.T) {
 	assert.EqualValues(t, 4, f.mocks[0].Served(), "each room prefilled on the prefill engine")
 	assert.EqualValues(t, 4, f.r.Frontend.Metrics().Phase("prefill", "ok"))
 	f.assertIdle()
-	assert.Eventually(t, func() bool { _, prefilled := prefillW.Relayed(); return prefilled == 4 }, 5*time.Second, 5*time.Millisecond,
+	assert.Eventually(t, func() bool { return prefillW.Relayed().Tokens == 4 }, 5*time.Second, 5*time.Millisecond,
 		"each prefill's one token, from its usage")
 }
 
@@ -793,8 +793,8 @@ func TestDisaggregationOverSimulatedEngines(t *testing.T) {
 	assert.EqualValues(t, 8, m.Phase("prefill", "ok"))
 	assert.EqualValues(t, 8, m.Phase("decode", "ok"))
 	assert.Equal(t, strconv.Itoa(8), strconv.FormatInt(f.mocks[0].Served(), 10), "every prompt prefilled on the prefill engine")
-	_, prefilled := prefillW.Relayed()
-	_, decoded := decodeW.Relayed()
+	prefilled := prefillW.Relayed().Tokens
+	decoded := decodeW.Relayed().Tokens
 	assert.EqualValues(t, 8, prefilled, "a prefill leg's one token, from its usage")
 	assert.EqualValues(t, 64, decoded, "the streams' events")
 }

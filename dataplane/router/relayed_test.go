@@ -39,17 +39,18 @@ func TestAnEngineWithoutMetricsIsReadByTheRouter(t *testing.T) {
 	assert.Equal(t, "vllm", f.workerInfo(1)["engine_source"])
 
 	// The tokens of a whole answer (its usage) and of a stream (its events).
-	_, before := w2.Relayed()
+	before := w2.Relayed().Tokens
 	resp, body := f.send(http.MethodPost, "/v1/chat/completions", `{"model":"mock-model","max_tokens":5,"messages":[]}`, "x-worker-id", "2")
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	resp, body = f.send(http.MethodPost, "/v1/completions", `{"model":"mock-model","max_tokens":6,"stream":true,"prompt":"hi"}`, "x-worker-id", "2")
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
-	_, after := w2.Relayed()
+	after := w2.Relayed().Tokens
 	assert.EqualValues(t, 11, after-before)
 	// The stream's gaps between tokens, as the router relayed them, give
 	// the slow engine's speed from the next reading on (about 60 tokens
 	// a second a request: a 16 ms step), a second before one is learned.
-	gaps, spanned := w2.RelayedGaps()
+	counts := w2.Relayed()
+	gaps, spanned := counts.Gaps, counts.Spanned
 	// Six tokens, five gaps; fewer where tokens came in one read with the
 	// first (the gaps within the first read are not timed).
 	assert.True(t, gaps >= 3 && gaps <= 5, "%d gaps", gaps)
@@ -80,7 +81,7 @@ func TestAnEngineWithoutMetricsIsReadByTheRouter(t *testing.T) {
 	assert.Less(t, s2.TokenRate, s1.TokenRate/3, "the slow engine's speed, learned from the tokens relayed")
 	assert.GreaterOrEqual(t, s2.Slots, s1.Slots, "priced for at least the other engine's batch")
 	assert.Equal(t, s2.Slots, f.workerInfo(2)["engine_slots"], "GET /workers shows the batch it is priced for")
-	_, tokens := w1.Relayed()
+	tokens := w1.Relayed().Tokens
 	assert.Zero(t, tokens, "an engine that gives metrics is read from them")
 
 	// Two requests held on the fast engine: it is still the cheaper, where

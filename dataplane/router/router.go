@@ -508,8 +508,7 @@ func (r *Router) startEngines(log *slog.Logger) {
 			out := make([]engine.Target, len(all))
 			for i, w := range all {
 				s := w.Spec()
-				out[i] = engine.Target{ID: s.ID, URL: s.BaseURL() + s.MetricsPath, Slots: s.MaxInflight, Socket: s.Socket(), Relayed: w.Relayed,
-					RelayedGaps: w.RelayedGaps}
+				out[i] = engine.Target{ID: s.ID, URL: s.BaseURL() + s.MetricsPath, Slots: s.MaxInflight, Socket: s.Socket(), Relayed: w.Relayed}
 			}
 			return out
 		},

@@ -880,8 +880,8 @@ func TestAWorkerWithoutMetricsIsReadByTheRouter(t *testing.T) {
 			tokens.Add(100)
 		}
 	}()
-	generating := func() (int64, uint64) { return 2, tokens.Load() }
-	still := func() (int64, uint64) { return 2, 7 }
+	generating := func() RelayedCounts { return RelayedCounts{InFlight: 2, Tokens: tokens.Load()} }
+	still := func() RelayedCounts { return RelayedCounts{InFlight: 2, Tokens: 7} }
 	targets := []Target{
 		{ID: 1, URL: srv.URL + "/404", Relayed: generating},
 		{ID: 2, URL: srv.URL + "/501", Relayed: still},

@@ -32,16 +32,22 @@ type Target struct {
 	// Socket is the unix socket URL's connections are dialed to ("":
 	// URL's host).
 	Socket string
-	// Relayed, when set, says what the router itself sees of the worker:
-	// its requests in flight and the tokens of the answers it relayed
-	// from it (a counter). A worker whose engine gives no metrics (its
-	// page answers 404 or 501, or holds no engine's load series) is read
-	// from it instead: a Reading of DialectRouter.
-	Relayed func() (inFlight int64, tokens uint64)
-	// RelayedGaps, with Relayed, says how many gaps between two tokens of
-	// the streams relayed from the worker the router saw, and their time
-	// in all (counters): its reading's TokenGaps and TokenGapSeconds.
-	RelayedGaps func() (gaps uint64, spanned time.Duration)
+	// Relayed, when set, says what the router itself sees of the worker
+	// (RelayedCounts). A worker whose engine gives no metrics (its page
+	// answers 404 or 501, or holds no engine's load series) is read from
+	// it instead: a Reading of DialectRouter.
+	Relayed func() RelayedCounts
+}
+
+// RelayedCounts is what the router itself sees of a worker: its requests
+// in flight, and counters of the tokens of the answers it relayed from it
+// and of the gaps between two tokens of its streams, and their time in
+// all (a reading's TokenGaps and TokenGapSeconds).
+type RelayedCounts struct {
+	InFlight int64
+	Tokens   uint64
+	Gaps     uint64
+	Spanned  time.Duration
 }
 
 // DialectRouter is the Dialect of a reading the router took of a worker
@@ -153,7 +159,7 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 		if st == nil || st.URL != tg.URL || st.Socket != tg.Socket {
 			st = &target{Target: tg, reason: "no reading yet", client: s.socketClient(tg.Socket)}
 		}
-		st.Slots, st.Relayed, st.RelayedGaps = tg.Slots, tg.Relayed, tg.RelayedGaps
+		st.Slots, st.Relayed = tg.Slots, tg.Relayed
 		keep[tg.ID] = st
 		// A reading whose next scrape is still under way is not withdrawn:
 		// an engine busy enough to answer its metrics page slowly (more
@@ -259,13 +265,9 @@ func (s *Scraper) scrape(ctx context.Context, st *target) {
 // tokens count once it ended, so its requests are never taken for
 // stalled. The caller holds mu.
 func (s *Scraper) readRelayed(st *target) {
-	inFlight, tokens := st.Relayed()
-	r := Reading{At: time.Now(), Dialect: DialectRouter, Running: float64(inFlight), Tokens: float64(tokens),
-		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1, TokenGapSeconds: -1, TokenGaps: -1}
-	if st.RelayedGaps != nil {
-		gaps, spanned := st.RelayedGaps()
-		r.TokenGaps, r.TokenGapSeconds = float64(gaps), spanned.Seconds()
-	}
+	c := st.Relayed()
+	r := Reading{At: time.Now(), Dialect: DialectRouter, Running: float64(c.InFlight), Tokens: float64(c.Tokens),
+		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1, TokenGaps: float64(c.Gaps), TokenGapSeconds: c.Spanned.Seconds()}
 	stats := st.relayed.Observe(r, st.Slots)
 	stats.StillFor = 0
 	st.last, st.lastAt = &stats, r.At

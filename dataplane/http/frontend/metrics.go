@@ -397,7 +397,7 @@ func writeEngineCosts(w *metrics.Writer, workers []*dataplane.Worker) {
 	const relayed = "fastroute_worker_relayed_tokens_total"
 	w.Header(relayed, "counter", "Tokens of the answers the router relayed from a worker whose engine gives no metrics, from which it learns the engine's speed itself (an engine's own counter serves for the others).")
 	for _, wk := range workers {
-		if _, tokens := wk.Relayed(); tokens > 0 || wk.CountsTokens() {
+		if tokens := wk.Relayed().Tokens; tokens > 0 || wk.CountsTokens() {
 			w.Sample(relayed, float64(tokens), "worker", strconv.FormatUint(wk.ID(), 10))
 		}
 	}
