@@ -51,14 +51,6 @@ const userHZ = 100
 // /proc/self and are left out where it cannot be read (outside Linux).
 func Process() Collector {
 	build, _ := ReadBuild()
-	samples := []metrics.Sample{
-		{Name: "/memory/classes/heap/objects:bytes"},
-		{Name: "/memory/classes/heap/unused:bytes"},
-		{Name: "/memory/classes/total:bytes"},
-		{Name: "/gc/cycles/total:gc-cycles"},
-		{Name: "/memory/classes/heap/stacks:bytes"},
-		{Name: "/gc/gomemlimit:bytes"},
-	}
 	return func(w *Writer) {
 		modified := "false"
 		if build.Modified {
@@ -84,12 +76,43 @@ func Process() Collector {
 		// Client_golang's name: about one per open client connection, so
 		// dashboards that know it show the router's connections.
 		w.Single("go_goroutines", "gauge", "Number of goroutines that currently exist.", float64(runtime.NumGoroutine()))
-		metrics.Read(samples) // no stop of the world, unlike runtime.ReadMemStats
-		w.Single("go_memstats_heap_inuse_bytes", "gauge", "Number of heap bytes that are in use.", float64(samples[0].Value.Uint64()+samples[1].Value.Uint64()))
-		w.Single("go_memstats_sys_bytes", "gauge", "Number of bytes obtained from system.", float64(samples[2].Value.Uint64()))
-		w.Single("go_memstats_stack_inuse_bytes", "gauge", "Number of bytes in use by the stack allocator.", float64(samples[4].Value.Uint64()))
-		w.Single("go_gc_gomemlimit_bytes", "gauge", "Go runtime memory limit configured by the user, otherwise math.MaxInt64. This value is set by the GOMEMLIMIT environment variable, and the runtime/debug.SetMemoryLimit function.", float64(samples[5].Value.Uint64()))
-		w.Single("go_gc_cycles_total", "counter", "Garbage collection cycles completed.", float64(samples[3].Value.Uint64()))
+		writeRuntimeFamilies(w)
+	}
+}
+
+// runtimeFamilies are the families read from runtime/metrics, each the
+// sum of its samples (all uint64s), under client_golang's names.
+var runtimeFamilies = []struct {
+	name, typ, help string
+	samples         []string
+}{
+	{"go_memstats_heap_inuse_bytes", "gauge", "Number of heap bytes that are in use.",
+		[]string{"/memory/classes/heap/objects:bytes", "/memory/classes/heap/unused:bytes"}},
+	{"go_memstats_sys_bytes", "gauge", "Number of bytes obtained from system.", []string{"/memory/classes/total:bytes"}},
+	{"go_memstats_stack_inuse_bytes", "gauge", "Number of bytes in use by the stack allocator.", []string{"/memory/classes/heap/stacks:bytes"}},
+	{"go_gc_gomemlimit_bytes", "gauge", "Go runtime memory limit configured by the user, otherwise math.MaxInt64. This value is set by the GOMEMLIMIT environment variable, and the runtime/debug.SetMemoryLimit function.",
+		[]string{"/gc/gomemlimit:bytes"}},
+	{"go_gc_cycles_total", "counter", "Garbage collection cycles completed.", []string{"/gc/cycles/total:gc-cycles"}},
+}
+
+// writeRuntimeFamilies reads runtimeFamilies' samples (no stop of the
+// world, unlike runtime.ReadMemStats) into a slice of this scrape's own,
+// since scrapes may run at once, and writes the families.
+func writeRuntimeFamilies(w *Writer) {
+	var samples []metrics.Sample
+	for _, f := range runtimeFamilies {
+		for _, name := range f.samples {
+			samples = append(samples, metrics.Sample{Name: name})
+		}
+	}
+	metrics.Read(samples)
+	for _, f := range runtimeFamilies {
+		var sum uint64
+		for range f.samples {
+			sum += samples[0].Value.Uint64()
+			samples = samples[1:]
+		}
+		w.Single(f.name, f.typ, f.help, float64(sum))
 	}
 }
 
