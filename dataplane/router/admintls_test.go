@@ -50,6 +50,8 @@ func TestTheAdminListenerSpeaksTLS(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusUnauthorized, code, "the token is asked for as before")
 	assert.Equal(t, "7", serial)
+	assert.Contains(t, adminPage(t, f, pool, "s3cret", "/metrics"),
+		`fastroute_tls_certificate_expiry_timestamp_seconds{certificate="admin_tls"} `+expiryOf(t, files.CertFile)+"\n")
 	resp, err := http.Get("http://" + f.r.AdminAddr() + "/metrics")
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
@@ -94,6 +96,20 @@ func TestTheAdminListenerSpeaksTLS(t *testing.T) {
 	cfg.AdminTLS = config.AdminTLS{PeerCAFile: "/no/such/ca.pem"}
 	_, _, err = Check(cfg)
 	assert.ErrorContains(t, err, "key admin_tls.peer_ca_file: open /no/such/ca.pem")
+}
+
+// adminPage GETs path from f's admin listener over TLS with token,
+// trusting pool, and returns the page.
+func adminPage(t *testing.T, f *fleet, pool *x509.CertPool, token, path string) string {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	defer client.CloseIdleConnections()
+	req, err := http.NewRequest(http.MethodGet, "https://"+f.r.AdminAddr()+path, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	return readAll(t, resp)
 }
 
 // reloadOverTLS posts /config/reload to f's admin listener over TLS.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -94,6 +95,10 @@ func TestRevokedClientCertificatesAreRefused(t *testing.T) {
 	assert.EqualValues(t, 3, served())
 	assert.Equal(t, "1", refusals("revoked"))
 	assert.Equal(t, "0", refusals("no_crl"))
+	next := strconv.FormatFloat(float64(now.Add(time.Hour).Unix()), 'g', -1, 64)
+	assert.Equal(t, next, metric(t, f, `fastroute_tls_client_crl_next_update_timestamp_seconds{issuer="CN=clients' root"}`))
+	assert.Equal(t, next, metric(t, f, `fastroute_tls_client_crl_next_update_timestamp_seconds{issuer="CN=clients' issuing CA"}`))
+	assert.Equal(t, expiryOf(t, server.CertFile), metric(t, f, `fastroute_tls_certificate_expiry_timestamp_seconds{certificate="tls"}`))
 
 	// Reloaded with alice revoked: her resumed session is refused too.
 	f.r.SetConfigSource(func() (config.Config, error) { return f.r.CurrentConfig(), nil })

@@ -2,6 +2,7 @@ package router
 
 import (
 	"cmp"
+	"crypto/tls"
 	"slices"
 
 	"github.com/fastroute/fastroute/dataplane/metrics"
@@ -42,13 +43,7 @@ func (r *Router) stateCollector() metrics.Collector {
 			w.Sample("fastroute_prefix_requests_total", float64(unknown), "outcome", "unknown")
 			w.Single("fastroute_prefix_learned_records_total", "counter", "Prefix records taken in from peer replicas.", float64(r.prefixLearned.Load()))
 		}
-		if conf := r.cert.cur.Load(); conf != nil && conf.VerifyConnection != nil {
-			w.Header("fastroute_tls_client_crl_refusals_total", "counter",
-				"Client handshakes tls.client_crl_file's revocation lists refused, by reason: a certificate of the chain revoked, no CRL of its issuer, its issuer's CRL out of date, or not signed by that issuer.")
-			for i, reason := range crlReasons {
-				w.Sample("fastroute_tls_client_crl_refusals_total", float64(r.cert.refused[i].Load()), "reason", reason)
-			}
-		}
+		r.writeTLSFamilies(w)
 		if c := r.EmbedCache; c != nil {
 			w.Header("fastroute_embedding_cache_hits_total", "counter", "Embedding inputs found in the cache table.")
 			w.Sample("fastroute_embedding_cache_hits_total", float64(c.Hits()))
@@ -58,5 +53,49 @@ func (r *Router) stateCollector() metrics.Collector {
 			w.Sample("fastroute_embedding_cache_keys", float64(c.Len()))
 		}
 
+	}
+}
+
+// writeTLSFamilies writes the families of the certificates and revocation
+// lists the router read (none without TLS): when each certificate expires
+// and when each list is due to be replaced, for alerts before either
+// refuses anyone, and the handshakes the lists refused.
+func (r *Router) writeTLSFamilies(w *metrics.Writer) {
+	type expiry struct {
+		key  string
+		cert *tls.Certificate
+	}
+	var certs []expiry
+	fc := r.cert.cur.Load()
+	if fc != nil {
+		certs = append(certs, expiry{"tls", &fc.conf.Certificates[0]})
+	}
+	certs = append(certs, expiry{"admin_tls", r.adminCert.cur.Load()}, expiry{"worker_tls", r.workerCert.cur.Load()})
+	header := false
+	for _, c := range certs {
+		if c.cert == nil || c.cert.Leaf == nil {
+			continue
+		}
+		if !header {
+			w.Header("fastroute_tls_certificate_expiry_timestamp_seconds", "gauge",
+				"When each certificate the router shows expires (its notAfter), by the config key that names it: tls (the front end's), admin_tls (the admin listener's), worker_tls (its client certificate).")
+			header = true
+		}
+		w.Sample("fastroute_tls_certificate_expiry_timestamp_seconds", float64(c.cert.Leaf.NotAfter.Unix()), "certificate", c.key)
+	}
+	if fc == nil || fc.crls == nil {
+		return
+	}
+	w.Header("fastroute_tls_client_crl_next_update_timestamp_seconds", "gauge",
+		"When each issuer's revocation list of tls.client_crl_file is due to be replaced (its nextUpdate): past it, every client certificate the issuer signed is refused until a current list is read.")
+	for _, u := range fc.crls.NextUpdates() {
+		if !u.Next.IsZero() {
+			w.Sample("fastroute_tls_client_crl_next_update_timestamp_seconds", float64(u.Next.Unix()), "issuer", u.Issuer)
+		}
+	}
+	w.Header("fastroute_tls_client_crl_refusals_total", "counter",
+		"Client handshakes tls.client_crl_file's revocation lists refused, by reason: a certificate of the chain revoked, no CRL of its issuer, its issuer's CRL out of date, or not signed by that issuer.")
+	for i, reason := range crlReasons {
+		w.Sample("fastroute_tls_client_crl_refusals_total", float64(r.cert.refused[i].Load()), "reason", reason)
 	}
 }

@@ -46,7 +46,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			return nil, nil, fmt.Errorf("key workers[%d].id: %d is a worker found on etcd or in DNS; an id is never used twice", i, s.ID)
 		}
 	}
-	var reread *tls.Config // read before anything applies: a bad one refuses the reload
+	var reread *frontConfig // read before anything applies: a bad one refuses the reload
 	if cfg.TLS.On() && old.TLS.On() {
 		var err error
 		if reread, err = r.cert.read(cfg.TLS, r.log); err != nil {

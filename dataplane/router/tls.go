@@ -2,7 +2,6 @@ package router
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"log/slog"
 	"slices"
@@ -54,10 +53,18 @@ func readAdminTLS(t config.AdminTLS) (cert *tls.Certificate, peers *tls.Config, 
 // revocation lists when set. New handshakes get what the last read gave;
 // connections open keep theirs.
 type frontTLS struct {
-	cur atomic.Pointer[tls.Config]
+	cur atomic.Pointer[frontConfig]
 	// refused counts the handshakes the revocation lists refused, by
 	// reason (crlReasons), across reloads.
 	refused [len(crlReasons)]atomic.Int64
+}
+
+// frontConfig is one reading of the front end's TLS files: the
+// configuration handshakes get, and the revocation lists it checks
+// clients' chains against (nil: none).
+type frontConfig struct {
+	conf *tls.Config
+	crls *tlsfiles.Revocations
 }
 
 // crlReasons are the reasons a client's certificate chain is refused for
@@ -71,14 +78,15 @@ var crlReasons = [...]string{tlsfiles.Revoked, tlsfiles.NoCRL, tlsfiles.CRLOutda
 // optional, and against t's revocation lists when t names them (at every
 // handshake, a resumed session's included: one resumed after a reload
 // that revoked its certificate is refused; revocationCheck).
-func (f *frontTLS) read(t config.TLS, log *slog.Logger) (*tls.Config, error) {
+func (f *frontTLS) read(t config.TLS, log *slog.Logger) (*frontConfig, error) {
 	cert, err := tlsfiles.Pair("key tls", t.CertFile, t.KeyFile)
 	if err != nil {
 		return nil, err
 	}
 	conf := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}, Certificates: []tls.Certificate{*cert}}
+	fc := &frontConfig{conf: conf}
 	if t.ClientCAFile == "" {
-		return conf, nil
+		return fc, nil
 	}
 	cas, err := tlsfiles.Certificates("key tls.client_ca_file", t.ClientCAFile)
 	if err != nil {
@@ -90,23 +98,19 @@ func (f *frontTLS) read(t config.TLS, log *slog.Logger) (*tls.Config, error) {
 		conf.ClientAuth = tls.VerifyClientCertIfGiven
 	}
 	if t.ClientCRLFile != "" {
-		if conf.VerifyConnection, err = f.revocationCheck(t.ClientCRLFile, cas, log); err != nil {
+		if fc.crls, err = tlsfiles.ReadRevocations("key tls.client_crl_file", t.ClientCRLFile, cas); err != nil {
 			return nil, err
 		}
+		conf.VerifyConnection = f.revocationCheck(fc.crls, t.ClientCRLFile, log)
 	}
-	return conf, nil
+	return fc, nil
 }
 
-// revocationCheck reads crlFile's revocation lists of the client CAs cas
-// (and their intermediates) and returns the check of each handshake
-// against them: f counts its refusals, and the first refused for a fault
+// revocationCheck returns the check of each handshake against crls, read
+// from crlFile: f counts its refusals, and the first refused for a fault
 // of the lists is logged on log, once a reason. A list already out of
 // date is logged now.
-func (f *frontTLS) revocationCheck(crlFile string, cas []*x509.Certificate, log *slog.Logger) (func(tls.ConnectionState) error, error) {
-	crls, err := tlsfiles.ReadRevocations("key tls.client_crl_file", crlFile, cas)
-	if err != nil {
-		return nil, err
-	}
+func (f *frontTLS) revocationCheck(crls *tlsfiles.Revocations, crlFile string, log *slog.Logger) func(tls.ConnectionState) error {
 	for _, issuer := range crls.Expired(time.Now()) {
 		log.Warn("tls.client_crl_file: a revocation list is out of date; every client certificate its issuer signed is refused until a current one is read (SIGHUP)",
 			"file", crlFile, "issuer", issuer)
@@ -129,16 +133,16 @@ func (f *frontTLS) revocationCheck(crlFile string, cas []*x509.Certificate, log 
 			}
 		}
 		return err
-	}, nil
+	}
 }
 
 // load reads t's files (read) into the configuration new handshakes get.
 func (f *frontTLS) load(t config.TLS, log *slog.Logger) error {
-	conf, err := f.read(t, log)
+	fc, err := f.read(t, log)
 	if err != nil {
 		return err
 	}
-	f.cur.Store(conf)
+	f.cur.Store(fc)
 	return nil
 }
 
@@ -149,7 +153,7 @@ func (f *frontTLS) serverConfig() *tls.Config {
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"http/1.1"},
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			return f.cur.Load(), nil
+			return f.cur.Load().conf, nil
 		},
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -131,6 +132,18 @@ func TestHTTPSWorkersAreSpokenToOverMutualTLS(t *testing.T) {
 		assert.Equal(t, []string{"0", "0"}, []string{connect, transport}, "worker %s", id)
 	}
 	f.assertIdle()
+	assert.Equal(t, expiryOf(t, c.client.CertFile), metric(t, f, `fastroute_tls_certificate_expiry_timestamp_seconds{certificate="worker_tls"}`),
+		"the client certificate's notAfter")
+	assert.Empty(t, metric(t, f, `fastroute_tls_certificate_expiry_timestamp_seconds{certificate="tls"}`), "no front end TLS, no line")
+}
+
+// expiryOf is the notAfter of the PEM certificate in file (its key beside
+// it), as a metric's value reads.
+func expiryOf(t *testing.T, file string) string {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(file, strings.TrimSuffix(file, "cert.pem")+"key.pem")
+	require.NoError(t, err)
+	return strconv.FormatFloat(float64(pair.Leaf.NotAfter.Unix()), 'g', -1, 64)
 }
 
 // A worker the router cannot speak TLS with is unreachable: one whose

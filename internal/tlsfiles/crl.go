@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"crypto/x509"
 	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -107,6 +109,24 @@ func (r *Revocations) Issuers() int { return len(r.byIssuer) }
 
 // Revoked is how many serial numbers r's CRLs revoke in all.
 func (r *Revocations) Revoked() int { return r.revoked }
+
+// NextUpdates returns each issuer's name and when its list says the next
+// one is due (zero: it says not), sorted by issuer: past that, Check
+// refuses every certificate the issuer signed.
+func (r *Revocations) NextUpdates() []IssuerUpdate {
+	out := make([]IssuerUpdate, 0, len(r.byIssuer))
+	for _, c := range r.byIssuer {
+		out = append(out, IssuerUpdate{Issuer: c.list.Issuer.String(), Next: c.list.NextUpdate})
+	}
+	slices.SortFunc(out, func(a, b IssuerUpdate) int { return strings.Compare(a.Issuer, b.Issuer) })
+	return out
+}
+
+// IssuerUpdate is an issuer's name and its list's nextUpdate.
+type IssuerUpdate struct {
+	Issuer string
+	Next   time.Time
+}
 
 // Expired lists the issuers whose CRL is past its nextUpdate at now, or
 // not valid before a thisUpdate still to come: Check refuses every

@@ -38,6 +38,8 @@ func TestChainsAreCheckedAgainstTheirIssuersCRLs(t *testing.T) {
 	assert.Equal(t, 2, crls.Issuers())
 	assert.Equal(t, 2, crls.Revoked())
 	assert.Empty(t, crls.Expired(now))
+	next := now.Add(hour).Truncate(time.Second).UTC()
+	assert.Equal(t, []IssuerUpdate{{"CN=issuing CA", next}, {"CN=root CA", next}}, crls.NextUpdates(), "by issuer")
 
 	chain := func(l *testpki.Leaf) [][]*x509.Certificate {
 		return [][]*x509.Certificate{append(append([]*x509.Certificate{}, l.Chain...), root.Cert)}
