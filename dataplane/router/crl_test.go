@@ -105,7 +105,7 @@ func TestRevokedClientCertificatesAreRefused(t *testing.T) {
 	copyFile(t, lists(nil, 20), files.ClientCRLFile)
 	code, body := adminDo(t, f, "POST", "/config/reload", "", "")
 	require.Equal(t, http.StatusOK, code, body)
-	assert.Contains(t, body, `tls.client_crl_file=\"`+files.ClientCRLFile+`\" read again`)
+	assert.Contains(t, body, `tls.client_crl_file=\"`+files.ClientCRLFile+`\" read again (lists of 2 issuers, revoked: 1)`)
 	_, _, err = f.postOn(aliceConf)
 	assert.Error(t, err, "alice's resumed session: refused")
 	code, _, err = f.postOn(crlClient(t, pool, bob))

@@ -177,8 +177,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			if cfg.TLS.ClientAuth != old.TLS.ClientAuth {
 				applied = append(applied, fmt.Sprintf("tls.client_auth=%q", cfg.TLS.ClientAuth))
 			}
-			if cfg.TLS.ClientCRLFile != "" {
-				applied = append(applied, fmt.Sprintf("tls.client_crl_file=%q read again", cfg.TLS.ClientCRLFile))
+			if crls := reread.crls; crls != nil {
+				applied = append(applied, fmt.Sprintf("tls.client_crl_file=%q read again (lists of %d issuers, revoked: %d)",
+					cfg.TLS.ClientCRLFile, crls.Issuers(), crls.Revoked()))
 			} else if old.TLS.ClientCRLFile != "" {
 				applied = append(applied, "tls.client_crl_file dropped: no revocation checked")
 			}

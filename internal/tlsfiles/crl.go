@@ -103,8 +103,7 @@ func signedByItsCA(list *x509.RevocationList, cas []*x509.Certificate) error {
 	return nil
 }
 
-// Issuers is how many issuers' CRLs r holds; Revoked how many serial
-// numbers they revoke in all.
+// Issuers is how many issuers' CRLs r holds.
 func (r *Revocations) Issuers() int { return len(r.byIssuer) }
 
 // Revoked is how many serial numbers r's CRLs revoke in all.

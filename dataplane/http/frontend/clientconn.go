@@ -36,10 +36,9 @@ func newClientConn(c net.Conn, tlsConfig *tls.Config) *clientConn {
 // clientCertName names the client of c by the certificate it showed in
 // its TLS handshake (tls.client_ca_file checked it): its subject's common
 // name, else its first URI name (a SPIFFE ID, as service meshes issue
-// them, with no common name), else its first DNS name; "" for none. It is
-// worked out at the connection's first request (its handshake is over by
-// then) and kept: every request on a connection has the same client.
-// Empty for none.
+// them, with no common name), else its first DNS name; empty for none. It
+// is worked out at the connection's first request (its handshake is over
+// by then) and kept: every request on a connection has the same client.
 func clientCertName(c net.Conn) []byte {
 	cc, ok := c.(*clientConn)
 	if !ok {
