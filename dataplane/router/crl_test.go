@@ -135,8 +135,9 @@ func TestRevokedClientCertificatesAreRefused(t *testing.T) {
 	assert.Equal(t, "2", refusals("no_crl"))
 	assert.Equal(t, 1, strings.Count(logs.String(), "reason=no_crl"), "a fault of the lists is logged once: %s", logs.String())
 	assert.Equal(t, 0, strings.Count(logs.String(), "reason=revoked"), "a revoked client is not logged above debug")
-	copyFile(t, testpki.WriteFile(t, "old.pem", testpki.CRLPEM(root.CRL(now.Add(-time.Hour), now.Add(time.Hour))),
-		testpki.CRLPEM(issuing.CRL(now.Add(-2*time.Hour), now.Add(-time.Hour)))), files.ClientCRLFile)
+	outdated := testpki.WriteFile(t, "old.pem", testpki.CRLPEM(root.CRL(now.Add(-time.Hour), now.Add(time.Hour))),
+		testpki.CRLPEM(issuing.CRL(now.Add(-2*time.Hour), now.Add(-time.Hour))))
+	copyFile(t, outdated, files.ClientCRLFile)
 	code, body = adminDo(t, f, "POST", "/config/reload", "", "")
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Contains(t, logs.String(), `issuer="CN=clients' issuing CA"`, "an out-of-date list is logged as it is read")
@@ -166,13 +167,19 @@ func TestRevokedClientCertificatesAreRefused(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 	assert.Empty(t, refusals("revoked"))
 
+	// Started with an out-of-date list: one warning, as the files are read.
+	var startLogs syncBuffer
+	files.ClientCRLFile = outdated
+	startFleetLog(t, mocks(1, 1, 0), func(c *config.Config) { c.TLS = files }, &startLogs)
+	assert.Equal(t, 1, strings.Count(startLogs.String(), "a revocation list is out of date"), "%s", startLogs.String())
+
 	cfg := config.Default()
 	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:1"}}
 	cfg.TLS = server
-	cfg.TLS.ClientCRLFile = files.ClientCRLFile
+	cfg.TLS.ClientCRLFile = testpki.WriteFile(t, "none.pem", []byte("no CRL here"))
 	assert.ErrorContains(t, cfg.Validate(), "key tls.client_crl_file: set, but tls.client_ca_file is not")
 	cfg.TLS.ClientCAFile = files.ClientCAFile
 	_, _, err = Check(cfg)
-	assert.ErrorContains(t, err, "key tls.client_crl_file: "+files.ClientCRLFile+" holds no CRL")
+	assert.ErrorContains(t, err, "key tls.client_crl_file: "+cfg.TLS.ClientCRLFile+" holds no CRL")
 	assert.False(t, strings.Contains(fmt.Sprint(err), "no CRL here"), "the file's content is not echoed")
 }

@@ -115,12 +115,13 @@ type Restored struct {
 // and reads its state file. It returns cfg with the secrets read, and what
 // the state file would restore at start.
 func Check(cfg config.Config) (checked config.Config, restored Restored, err error) {
-	cfg, st, err := check(cfg)
+	cfg, st, err := check(cfg, slog.Default())
 	return cfg, Restored{Workers: st.added(cfg.Workers), DNSDrained: len(st.DNSDrained), DNSOff: !cfg.Discovery.DNS.On(), Down: len(st.Down)}, err
 }
 
-// check is Check, returning the state file's state (empty without one).
-func check(cfg config.Config) (config.Config, adminState, error) {
+// check is Check, returning the state file's state (empty without one);
+// what it warns of (a revocation list out of date) goes to log.
+func check(cfg config.Config, log *slog.Logger) (config.Config, adminState, error) {
 	var none adminState
 	if err := cfg.Validate(); err != nil {
 		return cfg, none, err
@@ -130,7 +131,7 @@ func check(cfg config.Config) (config.Config, adminState, error) {
 	}
 	if cfg.TLS.On() {
 		var front frontTLS
-		if _, err := front.read(cfg.TLS, slog.Default()); err != nil {
+		if _, err := front.read(cfg.TLS, log); err != nil {
 			return cfg, none, err
 		}
 	}
@@ -159,7 +160,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	if log == nil {
 		log = slog.Default()
 	}
-	cfg, state, err := check(cfg)
+	cfg, state, err := check(cfg, slog.New(slog.DiscardHandler)) // what it warns of, loading the files again below does
 	if err != nil {
 		return nil, err
 	}
