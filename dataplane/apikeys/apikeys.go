@@ -2,12 +2,13 @@
 // (api_keys_file): each has a name, which the metrics and the access log
 // show in its place, and may cap the requests it has in flight at once
 // and the tokens its answers report over a minute, order its requests in
-// the wait queue, name the only models it may use and expire. A key is checked
-// against SHA-256 digests, so the set keeps no key and a check takes the
-// same time however much of a wrong key is right. An entry may name a
-// client certificate instead of a key (mutual TLS): a request without a
-// key, on a connection whose client showed that certificate, is its. Checks, admissions and
-// releases lock and allocate nothing; a reload swaps the set whole.
+// the wait queue, name the only models it may use and expire. A key is
+// checked against SHA-256 digests, so the set keeps no key and a check
+// takes the same time however much of a wrong key is right. An entry may
+// name a client certificate instead of a key (mutual TLS): a request
+// without a key, from a client that showed that certificate, is its.
+// Checks, admissions and releases lock and allocate nothing; a reload
+// swaps the set whole.
 package apikeys
 
 import (
