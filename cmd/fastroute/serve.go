@@ -136,9 +136,11 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.StringVar(&cfg.TLS.ClientCAFile, "tls-client-ca-file", cfg.TLS.ClientCAFile, "PEM CA certificates: every client must show a certificate they signed (mutual TLS; with --tls-cert-file)")
 	fs.StringVar(&cfg.TLS.ClientAuth, "tls-client-auth", cfg.TLS.ClientAuth, "require (default): a client without a certificate the --tls-client-ca-file CAs signed is refused; optional: one without any gets in")
 	fs.StringVar(&cfg.TLS.ClientCRLFile, "tls-client-crl-file", cfg.TLS.ClientCRLFile, "certificate revocation lists (PEM, or one DER CRL) of the --tls-client-ca-file CAs and their intermediates: a revoked client, or one whose issuer's CRL is missing or expired, is refused")
+	fs.StringVar(&cfg.TLS.MinVersion, "tls-min-version", cfg.TLS.MinVersion, "the oldest TLS version clients may speak: 1.2 (default) or 1.3")
 	fs.StringVar(&cfg.AdminTLS.CertFile, "admin-tls-cert-file", cfg.AdminTLS.CertFile, "PEM certificate chain: the admin listener speaks TLS (HTTPS; with --admin-tls-key-file)")
 	fs.StringVar(&cfg.AdminTLS.KeyFile, "admin-tls-key-file", cfg.AdminTLS.KeyFile, "PEM private key of --admin-tls-cert-file")
 	fs.StringVar(&cfg.AdminTLS.PeerCAFile, "admin-tls-peer-ca-file", cfg.AdminTLS.PeerCAFile, "PEM CA certificates the admin listeners of https:// peer replicas (prefix sharing) are checked against, instead of the system's roots")
+	fs.StringVar(&cfg.AdminTLS.MinVersion, "admin-tls-min-version", cfg.AdminTLS.MinVersion, "the oldest TLS version the admin listener's clients may speak: 1.2 (default) or 1.3")
 	fs.BoolVar(&cfg.ProxyProtocol.Enabled, "proxy-protocol", cfg.ProxyProtocol.Enabled, "connections to --listen begin with a PROXY protocol header (v1 or v2, from a load balancer) naming the client's address; one without is closed")
 	fs.Func("proxy-protocol-from", "an IP or CIDR prefix whose connections carry the PROXY protocol header; others are served under their own address (repeatable; none: every connection)", func(v string) error {
 		cfg.ProxyProtocol.From = append(cfg.ProxyProtocol.From, v)

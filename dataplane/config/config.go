@@ -4,6 +4,7 @@ package config
 import (
 	"bytes"
 	"cmp"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -166,6 +167,26 @@ type TLS struct {
 	// intermediate's, is revoked, or whose issuer's CRL is missing,
 	// expired or not signed by it, fails its handshake (nginx's ssl_crl).
 	ClientCRLFile string `yaml:"client_crl_file"`
+	// MinVersion is the oldest TLS version clients may speak: "1.2" (the
+	// default, "" too) or "1.3" (nginx's ssl_protocols TLSv1.3).
+	MinVersion string `yaml:"min_version"`
+}
+
+// TLSVersion is a min_version key's value as crypto/tls names it: TLS 1.3
+// for "1.3", else TLS 1.2.
+func TLSVersion(v string) uint16 {
+	if v == "1.3" {
+		return tls.VersionTLS13
+	}
+	return tls.VersionTLS12
+}
+
+// checkTLSVersion says what is wrong with a min_version key's value v.
+func checkTLSVersion(key, v string) error {
+	if v != "" && v != "1.2" && v != "1.3" {
+		return keyErr(key, "%q is not 1.2 or 1.3", v)
+	}
+	return nil
 }
 
 // The values of tls.client_auth.
@@ -187,6 +208,9 @@ type AdminTLS struct {
 	CertFile   string `yaml:"cert_file"`
 	KeyFile    string `yaml:"key_file"`
 	PeerCAFile string `yaml:"peer_ca_file"`
+	// MinVersion is the oldest TLS version the admin listener's clients
+	// may speak, as TLS.MinVersion.
+	MinVersion string `yaml:"min_version"`
 }
 
 // On reports whether the admin listener speaks TLS.
@@ -729,6 +753,12 @@ func (c *Config) Validate() error {
 	}
 	if (c.AdminTLS.CertFile == "") != (c.AdminTLS.KeyFile == "") {
 		return keyErr("admin_tls", "set cert_file and key_file together")
+	}
+	if err := checkTLSVersion("tls.min_version", c.TLS.MinVersion); err != nil {
+		return err
+	}
+	if err := checkTLSVersion("admin_tls.min_version", c.AdminTLS.MinVersion); err != nil {
+		return err
 	}
 	if c.TLS.ClientCAFile != "" && !c.TLS.On() {
 		return keyErr("tls.client_ca_file", "set, but tls.cert_file is not: clients speak plain HTTP, with no certificate to show")

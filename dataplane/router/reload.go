@@ -54,7 +54,8 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		}
 	}
 	var adminCert *tls.Certificate // read again while the admin listener speaks TLS; its peers' CAs need a restart
-	adminTLSApplies := old.AdminTLS.On() == cfg.AdminTLS.On() && old.AdminTLS.PeerCAFile == cfg.AdminTLS.PeerCAFile
+	adminTLSApplies := old.AdminTLS.On() == cfg.AdminTLS.On() && old.AdminTLS.PeerCAFile == cfg.AdminTLS.PeerCAFile &&
+		old.AdminTLS.MinVersion == cfg.AdminTLS.MinVersion
 	if adminTLSApplies && cfg.AdminTLS.On() {
 		var err error
 		if adminCert, _, err = readAdminTLS(cfg.AdminTLS); err != nil {
@@ -172,6 +173,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if reread != nil {
 		r.cert.cur.Store(reread)
 		applied = append(applied, "tls certificate read again")
+		if cfg.TLS.MinVersion != old.TLS.MinVersion {
+			applied = append(applied, fmt.Sprintf("tls.min_version=%q", cfg.TLS.MinVersion))
+		}
 		if cfg.TLS.ClientCAFile != "" {
 			applied = append(applied, fmt.Sprintf("tls.client_ca_file=%q read again", cfg.TLS.ClientCAFile))
 			if cfg.TLS.ClientAuth != old.TLS.ClientAuth {

@@ -311,7 +311,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	}
 	if adminCert != nil {
 		r.adminCert.cur.Store(adminCert)
-		r.admin.TLSConfig = r.adminCert.adminServerConfig()
+		r.admin.TLSConfig = r.adminCert.adminServerConfig(config.TLSVersion(cfg.AdminTLS.MinVersion))
 	}
 	if err := r.startDiscovery(log); err != nil {
 		r.ln.Close()

@@ -20,10 +20,11 @@ type certificate struct {
 }
 
 // adminServerConfig is the admin listener's TLS configuration (admin_tls):
-// TLS 1.2 and later, each handshake with the certificate read last.
-func (c *certificate) adminServerConfig() *tls.Config {
+// TLS min (a crypto/tls version) and later, each handshake with the
+// certificate read last.
+func (c *certificate) adminServerConfig(min uint16) *tls.Config {
 	return &tls.Config{
-		MinVersion:     tls.VersionTLS12,
+		MinVersion:     min,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.cur.Load(), nil },
 	}
 }
@@ -72,18 +73,19 @@ type frontConfig struct {
 // labels them.
 var crlReasons = [...]string{tlsfiles.Revoked, tlsfiles.NoCRL, tlsfiles.CRLOutdated, tlsfiles.CRLSignature}
 
-// read reads t's files into a configuration: TLS 1.2 and later, HTTP/1.1
-// inside, t's certificate, and a client certificate checked against t's
-// client CAs when t names them, required unless t's client_auth is
-// optional, and against t's revocation lists when t names them (at every
-// handshake, a resumed session's included: one resumed after a reload
-// that revoked its certificate is refused; revocationCheck).
+// read reads t's files into a configuration: TLS t.MinVersion and later,
+// HTTP/1.1 inside, t's certificate, and a client certificate checked
+// against t's client CAs when t names them, required unless t's
+// client_auth is optional, and against t's revocation lists when t names
+// them (at every handshake, a resumed session's included: one resumed
+// after a reload that revoked its certificate is refused;
+// revocationCheck).
 func (f *frontTLS) read(t config.TLS, log *slog.Logger) (*frontConfig, error) {
 	cert, err := tlsfiles.Pair("key tls", t.CertFile, t.KeyFile)
 	if err != nil {
 		return nil, err
 	}
-	conf := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}, Certificates: []tls.Certificate{*cert}}
+	conf := &tls.Config{MinVersion: config.TLSVersion(t.MinVersion), NextProtos: []string{"http/1.1"}, Certificates: []tls.Certificate{*cert}}
 	fc := &frontConfig{conf: conf}
 	if t.ClientCAFile == "" {
 		return fc, nil

@@ -370,3 +370,38 @@ func TestOptionalClientCertificates(t *testing.T) {
 	cfg.TLS.ClientCAFile, cfg.TLS.ClientAuth = alice.CertFile, "maybe"
 	assert.ErrorContains(t, cfg.Validate(), `key tls.client_auth: "maybe" is not require or optional`)
 }
+
+// tls.min_version 1.3 refuses a client that speaks TLS 1.2 at most, and a
+// reload sets it back; admin_tls.min_version does the same for the admin
+// listener (a restart changes it there).
+func TestTheOldestTLSVersionIsTheConfigs(t *testing.T) {
+	files, pool := writeCert(t, t.TempDir(), 1)
+	files.MinVersion = "1.3"
+	admin, adminPool := adminTLS(t)
+	admin.MinVersion = "1.3"
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.TLS, c.AdminTLS = files, admin })
+	dial := func(addr string, pool *x509.CertPool, maxVersion uint16) error {
+		c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, MaxVersion: maxVersion})
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	assert.Error(t, dial(f.r.Addr(), pool, tls.VersionTLS12), "a TLS 1.2 client: refused")
+	assert.NoError(t, dial(f.r.Addr(), pool, tls.VersionTLS13))
+	assert.Error(t, dial(f.r.AdminAddr(), adminPool, tls.VersionTLS12), "the admin listener's too")
+	assert.NoError(t, dial(f.r.AdminAddr(), adminPool, tls.VersionTLS13))
+
+	f.reloadsWith(func(c *config.Config) { c.TLS.MinVersion = "1.2" })
+	code, body := f.reloadOverTLS(adminPool, "")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `tls.min_version=\"1.2\"`)
+	assert.NoError(t, dial(f.r.Addr(), pool, tls.VersionTLS12), "from the next handshake on")
+
+	cfg := config.Default()
+	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:1"}}
+	cfg.TLS.MinVersion = "1.1"
+	assert.ErrorContains(t, cfg.Validate(), `key tls.min_version: "1.1" is not 1.2 or 1.3`)
+	cfg.TLS.MinVersion, cfg.AdminTLS.MinVersion = "", "tls13"
+	assert.ErrorContains(t, cfg.Validate(), `key admin_tls.min_version: "tls13" is not 1.2 or 1.3`)
+}
