@@ -24,19 +24,32 @@ func adminTLS(t *testing.T) (config.AdminTLS, *x509.CertPool) {
 	return config.AdminTLS{CertFile: files.CertFile, KeyFile: files.KeyFile}, pool
 }
 
-// adminGet GETs path from f's admin listener over TLS, trusting pool; it
-// returns the status and the serial number of the certificate shown.
-func adminGet(t *testing.T, f *fleet, pool *x509.CertPool, path string) (int, string, error) {
+// adminTLSDo sends method path to f's admin listener over TLS, trusting
+// pool, with token (none: ""), and returns the status, the page and the
+// serial number of the certificate the listener showed; an error when the
+// handshake or the request failed.
+func adminTLSDo(t *testing.T, f *fleet, pool *x509.CertPool, method, path, token string) (int, string, string, error) {
 	t.Helper()
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 	defer client.CloseIdleConnections()
-	resp, err := client.Get("https://" + f.r.AdminAddr() + path)
-	if err != nil {
-		return 0, "", err
+	req, err := http.NewRequest(method, "https://"+f.r.AdminAddr()+path, nil)
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, resp.TLS.PeerCertificates[0].SerialNumber.String(), nil
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", "", err
+	}
+	return resp.StatusCode, readAll(t, resp), resp.TLS.PeerCertificates[0].SerialNumber.String(), nil
+}
+
+// adminGet GETs path from f's admin listener over TLS (adminTLSDo), with
+// no token, and returns the status and the certificate's serial number.
+func adminGet(t *testing.T, f *fleet, pool *x509.CertPool, path string) (int, string, error) {
+	t.Helper()
+	code, _, serial, err := adminTLSDo(t, f, pool, http.MethodGet, path, "")
+	return code, serial, err
 }
 
 // With admin_tls the admin listener speaks HTTPS only (a plain request is
@@ -98,31 +111,22 @@ func TestTheAdminListenerSpeaksTLS(t *testing.T) {
 	assert.ErrorContains(t, err, "key admin_tls.peer_ca_file: open /no/such/ca.pem")
 }
 
-// adminPage GETs path from f's admin listener over TLS with token,
-// trusting pool, and returns the page.
+// adminPage GETs path from f's admin listener over TLS with token
+// (adminTLSDo) and returns the page.
 func adminPage(t *testing.T, f *fleet, pool *x509.CertPool, token, path string) string {
 	t.Helper()
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
-	defer client.CloseIdleConnections()
-	req, err := http.NewRequest(http.MethodGet, "https://"+f.r.AdminAddr()+path, nil)
+	_, page, _, err := adminTLSDo(t, f, pool, http.MethodGet, path, token)
 	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := client.Do(req)
-	require.NoError(t, err)
-	return readAll(t, resp)
+	return page
 }
 
-// reloadOverTLS posts /config/reload to f's admin listener over TLS.
+// reloadOverTLS posts /config/reload to f's admin listener over TLS
+// (adminTLSDo).
 func (f *fleet) reloadOverTLS(pool *x509.CertPool, token string) (int, string) {
 	f.t.Helper()
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
-	defer client.CloseIdleConnections()
-	req, err := http.NewRequest(http.MethodPost, "https://"+f.r.AdminAddr()+"/config/reload", nil)
+	code, body, _, err := adminTLSDo(f.t, f, pool, http.MethodPost, "/config/reload", token)
 	require.NoError(f.t, err)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := client.Do(req)
-	require.NoError(f.t, err)
-	return resp.StatusCode, readAll(f.t, resp)
+	return code, body
 }
 
 // Replicas whose admin listeners speak TLS share their prefixes over
@@ -153,16 +157,9 @@ func TestReplicasSharePrefixesOverTLS(t *testing.T) {
 	a, b = sharingReplicas(t, true, overTLS(other.CertFile))
 	converseVia([]*fleet{a, b}, 5, 4, nil)
 	require.NotZero(t, a.r.Prefixes.Recorded())
-	page := func(f *fleet) string {
-		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
-		defer client.CloseIdleConnections()
-		resp, err := client.Get("https://" + f.r.AdminAddr() + "/metrics")
-		require.NoError(t, err)
-		return readAll(t, resp)
-	}
 	failed := fmt.Sprintf(`fastroute_prefix_shared_records_total{peer="https://%s",outcome="failed"} `, b.r.AdminAddr())
 	require.Eventually(t, func() bool {
-		p := page(a)
+		p := adminPage(t, a, pool, "", "/metrics")
 		return strings.Contains(p, failed) && !strings.Contains(p, failed+"0\n")
 	}, 15*time.Second, 10*time.Millisecond, "a's posts to a peer it does not trust fail")
 	assert.Zero(t, b.r.PrefixesLearned(), "nothing reached b")
