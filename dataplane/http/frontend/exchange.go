@@ -173,6 +173,8 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 		if ex.clientAt, ok = ex.s.clientOf(ctx); !ok {
 			ex.peer = ctx.RemoteAddr()
 		}
+		// The name's own buffer is certName's scratch too: an escaped
+		// name it unescapes there is copied onto itself.
 		ex.clientCert = append(ex.clientCert[:0], ex.s.certName(ctx, ex.clientCert[:0])...)
 	}
 	if ex.s.opts.ForwardedCertFrom != nil {
