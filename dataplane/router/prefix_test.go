@@ -340,8 +340,12 @@ func TestReplicasShareThePrefixesTheyRecord(t *testing.T) {
 	taken, passed, unknown := b.r.Selector.PrefixRouted()
 	assert.Equal(t, [3]uint64{10, 0, 0}, [3]uint64{taken, passed, unknown}, "replica b knew every conversation it saw from a's records")
 	assert.NotZero(t, a.r.Prefixes.Recorded())
-	_, page := adminDo(t, a, "GET", "/metrics", "", "")
-	assert.Contains(t, page, fmt.Sprintf(`fastroute_prefix_shared_records_total{peer="http://%s",outcome="sent"} %d`, b.r.AdminAddr(), a.r.Prefixes.Recorded()))
+	sent := fmt.Sprintf(`fastroute_prefix_shared_records_total{peer="http://%s",outcome="sent"} %d`, b.r.AdminAddr(), a.r.Prefixes.Recorded())
+	var page string
+	require.Eventually(t, func() bool { // counted when b's 204 is back, after b took the records in
+		_, page = adminDo(t, a, "GET", "/metrics", "", "")
+		return strings.Contains(page, sent)
+	}, 5*time.Second, 10*time.Millisecond, "%s", sent)
 	assert.Contains(t, page, fmt.Sprintf(`fastroute_prefix_learned_records_total %d`, b.r.Prefixes.Recorded()))
 	a.assertIdle()
 	b.assertIdle()
