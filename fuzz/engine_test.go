@@ -2,7 +2,6 @@ package fuzz
 
 import (
 	"math"
-	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +37,7 @@ func FuzzEngineMetricsPage(f *testing.F) {
 	f.Add("sglang:num_running_reqs 4\nsglang:num_queue_reqs 0\nsglang:inter_token_latency_seconds_sum 0\n"+
 		"sglang:inter_token_latency_seconds_count 12\n", 0.0, int64(0))
 	f.Fuzz(func(t *testing.T, page string, tokensStep float64, occupancy int64) {
-		r, err := engine.Parse(strings.NewReader(page), time.Unix(1000, 0))
+		r, err := engine.Parse([]byte(page), time.Unix(1000, 0))
 		if err != nil {
 			return
 		}

@@ -30,6 +30,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/fastroute/fastroute/discovery"
 	"github.com/fastroute/fastroute/discovery/dns"
+	"github.com/fastroute/fastroute/internal/dialer"
 	"github.com/fastroute/fastroute/telemetry/cpu"
 	"github.com/fastroute/fastroute/telemetry/engine"
 	"github.com/fastroute/fastroute/telemetry/nvml"
@@ -504,6 +505,7 @@ func (r *Router) startEngines(log *slog.Logger) {
 	reg := r.Registry
 	r.Engines = engine.New(engine.Options{
 		Interval: e.Interval, Timeout: e.Timeout, Logger: log, APIKey: r.Config.WorkerAPIKey, TLS: r.workerTLS, StallAfter: e.StallAfter,
+		Dial: (&dialer.Dialer{CacheTime: dataplane.NameCacheTime}).Dial,
 		Targets: func() []engine.Target {
 			all := reg.All()
 			out := make([]engine.Target, len(all))

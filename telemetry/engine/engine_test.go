@@ -228,13 +228,13 @@ llamacpp:requests_deferred 3
 
 func TestParseVLLM(t *testing.T) {
 	at := time.Unix(100, 0)
-	r, err := Parse(strings.NewReader(vllmPage), at)
+	r, err := Parse([]byte(vllmPage), at)
 	require.NoError(t, err)
 	assert.Equal(t, Reading{At: at, Dialect: "vllm", Running: 5, Waiting: 4, KVUsage: 0.91, Tokens: 1234,
 		Adapters: []string{"chat-lora", "sql-lora"}, PrefixQueries: 10000, PrefixHits: 4000, PrefixHitRate: -1,
 		TokenGapSeconds: 3.5, TokenGaps: 150}, r, "the inter-token latency's current name wins over the deprecated one")
 
-	r, err = Parse(strings.NewReader(vllmV0Page), at)
+	r, err = Parse([]byte(vllmV0Page), at)
 	require.NoError(t, err)
 	assert.Equal(t, 0.5, r.KVUsage, "the V0 name of the KV cache usage")
 	assert.Equal(t, [2]float64{1, 40}, [2]float64{r.TokenGapSeconds, r.TokenGaps}, "the time per output token of vLLM before 0.11")
@@ -266,18 +266,18 @@ func TestParseVLLMSleepState(t *testing.T) {
 			require.Contains(t, page, e[0])
 			page = strings.Replace(page, e[0], e[1], 1)
 		}
-		r, err := Parse(strings.NewReader(page), time.Now())
+		r, err := Parse([]byte(page), time.Now())
 		require.NoError(t, err, c.name)
 		assert.Equal(t, c.asleep, r.Asleep, c.name)
 		assert.Equal(t, 5.0, r.Running, c.name)
 	}
-	r, err := Parse(strings.NewReader(vllmV0Page), time.Now())
+	r, err := Parse([]byte(vllmV0Page), time.Now())
 	require.NoError(t, err)
 	assert.False(t, r.Asleep, "no sleep state gauge")
 }
 
 func TestParseSGLang(t *testing.T) {
-	r, err := Parse(strings.NewReader(sglangPage), time.Unix(1, 0))
+	r, err := Parse([]byte(sglangPage), time.Unix(1, 0))
 	require.NoError(t, err)
 	assert.Equal(t, "sglang", r.Dialect)
 	assert.Equal(t, 12.0, r.Running)
@@ -296,7 +296,7 @@ func TestParseSGLang(t *testing.T) {
 
 func TestParseTRTLLM(t *testing.T) {
 	at := time.Unix(9, 0)
-	r, err := Parse(strings.NewReader(trtllmPage), at)
+	r, err := Parse([]byte(trtllmPage), at)
 	require.NoError(t, err)
 	assert.Equal(t, Reading{At: at, Dialect: "trtllm", Running: 7, Waiting: 3, KVUsage: 0.47, Tokens: 98304, MaxRunning: 64,
 		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: 0.61, TokenGapSeconds: -1, TokenGaps: -1}, r)
@@ -312,51 +312,45 @@ func TestParseTRTLLM(t *testing.T) {
 			requestsOnly.WriteString(line)
 		}
 	}
-	_, err = Parse(strings.NewReader(requestsOnly.String()), at)
+	_, err = Parse([]byte(requestsOnly.String()), at)
 	assert.ErrorIs(t, err, ErrNoLoadSeries)
-	_, err = Parse(strings.NewReader(strings.Replace(trtllmPage, "} 64.0", "} 1e300", 1)), at)
+	_, err = Parse([]byte(strings.Replace(trtllmPage, "} 64.0", "} 1e300", 1)), at)
 	assert.ErrorContains(t, err, "trtllm_max_num_active_requests is 1e+300; want a count of requests")
 }
 
 func TestParseTGI(t *testing.T) {
 	at := time.Unix(11, 0)
-	r, err := Parse(strings.NewReader(tgiPage), at)
+	r, err := Parse([]byte(tgiPage), at)
 	require.NoError(t, err)
 	assert.Equal(t, Reading{At: at, Dialect: "tgi", Running: 4, Waiting: 2, Tokens: 8123,
 		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1, TokenGapSeconds: 1.1, TokenGaps: 44}, r)
-	_, err = Parse(strings.NewReader(strings.Replace(tgiPage, "_sum 8123", "_sum -1", 1)), at)
+	_, err = Parse([]byte(strings.Replace(tgiPage, "_sum 8123", "_sum -1", 1)), at)
 	assert.ErrorContains(t, err, "tgi_request_generated_tokens_sum is -1; want a counter's value")
-	_, err = Parse(strings.NewReader(strings.Replace(tgiPage, "_duration_count 44", "_duration_count NaN", 1)), at)
+	_, err = Parse([]byte(strings.Replace(tgiPage, "_duration_count 44", "_duration_count NaN", 1)), at)
 	assert.ErrorContains(t, err, "tgi_request_mean_time_per_token_duration_count is NaN; want a histogram's sum or count")
 }
 
 func TestParseLlamaCpp(t *testing.T) {
 	at := time.Unix(7, 0)
-	r, err := Parse(strings.NewReader(llamacppPage), at)
+	r, err := Parse([]byte(llamacppPage), at)
 	require.NoError(t, err)
 	assert.Equal(t, Reading{At: at, Dialect: "llamacpp", Running: 2, Waiting: 3, KVUsage: 0.35, Tokens: 2048,
 		PrefixQueries: -1, PrefixHits: -1, PrefixHitRate: -1, TokenGapSeconds: -1, TokenGaps: -1}, r)
 	// Recent builds report no KV cache series.
 	recent := strings.Replace(llamacppPage, "llamacpp:kv_cache_usage_ratio 0.35", "", 1)
-	r, err = Parse(strings.NewReader(recent), at)
+	r, err = Parse([]byte(recent), at)
 	require.NoError(t, err)
 	assert.Zero(t, r.KVUsage)
 	assert.Equal(t, 2.0, r.Running)
-	_, err = Parse(strings.NewReader(strings.Replace(llamacppPage, "llamacpp:requests_deferred 3", "llamacpp:requests_deferred -3", 1)), at)
+	_, err = Parse([]byte(strings.Replace(llamacppPage, "llamacpp:requests_deferred 3", "llamacpp:requests_deferred -3", 1)), at)
 	assert.ErrorContains(t, err, "llamacpp:requests_deferred is -3; want a count of requests")
 }
 
 func TestParseRefusesPagesWithoutLoad(t *testing.T) {
-	_, err := Parse(strings.NewReader("# TYPE up gauge\nup 1\n"), time.Now())
+	_, err := Parse([]byte("# TYPE up gauge\nup 1\n"), time.Now())
 	assert.ErrorIs(t, err, ErrNoLoadSeries)
-	_, err = Parse(strings.NewReader("vllm:num_requests_running{ 3\n"), time.Now())
+	_, err = Parse([]byte("vllm:num_requests_running{ 3\n"), time.Now())
 	assert.Error(t, err, "malformed text")
-	// A page over MaxPageBytes (its load series first) fails unread past the bound.
-	pad := strings.NewReader(strings.Repeat("# pad\n", (MaxPageBytes+1<<20)/6))
-	_, err = Parse(io.MultiReader(strings.NewReader(vllmPage), pad), time.Now())
-	assert.ErrorIs(t, err, ErrPageTooLarge)
-	assert.LessOrEqual(t, pad.Size()-int64(pad.Len())+int64(len(vllmPage)), int64(MaxPageBytes+64<<10),
-		"read no further than the bound")
 }
 
 // A value no engine reports fails the reading, named: the worker is then
@@ -389,14 +383,14 @@ func TestParseRefusesValuesNoEngineReports(t *testing.T) {
 		require.Contains(t, c.page, c.line)
 		name, _, _ := strings.Cut(c.line, " ")
 		page := strings.Replace(c.page, c.line, name+" "+c.value, 1)
-		_, err := Parse(strings.NewReader(page), time.Now())
+		_, err := Parse([]byte(page), time.Now())
 		require.Error(t, err, "%s %s", name, c.value)
 		assert.Contains(t, err.Error(), c.want)
 	}
 	// The bounds themselves are values engines report.
 	page := strings.Replace(sglangPage, sgMax, "sglang:max_running_requests 1048576", 1)
 	page = strings.Replace(page, sgWaiting, "sglang:num_queue_reqs 0", 1)
-	r, err := Parse(strings.NewReader(page), time.Now())
+	r, err := Parse([]byte(page), time.Now())
 	require.NoError(t, err)
 	assert.Equal(t, 1048576.0, r.MaxRunning)
 }
@@ -432,9 +426,9 @@ func bigVLLMPage() string {
 func TestParseReadsOnlyTheSeriesItNeeds(t *testing.T) {
 	page := bigVLLMPage()
 	at := time.Unix(100, 0)
-	r, err := Parse(strings.NewReader(page), at)
+	r, err := Parse([]byte(page), at)
 	require.NoError(t, err)
-	alone, err := Parse(strings.NewReader(vllmPage), at)
+	alone, err := Parse([]byte(vllmPage), at)
 	require.NoError(t, err)
 	assert.Equal(t, alone, r)
 
@@ -467,8 +461,10 @@ func BenchmarkParseVLLMPage(b *testing.B) {
 	page := bigVLLMPage()
 	b.SetBytes(int64(len(page)))
 	b.ReportAllocs()
+	body := make([]byte, len(page)) // a scrape's answer, which Parse edits
 	for b.Loop() {
-		if _, err := Parse(strings.NewReader(page), time.Time{}); err != nil {
+		copy(body, page)
+		if _, err := Parse(body, time.Time{}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -946,4 +942,84 @@ func TestAWorkerWithoutMetricsIsReadByTheRouter(t *testing.T) {
 	require.Eventually(t, func() bool { st, _ := s.get(7); return st != nil && st.Dialect == "vllm" }, 5*time.Second, 10*time.Millisecond)
 	_, without = sc.Counts()
 	assert.Equal(t, 6, without)
+}
+
+// A scrape follows a redirect (an engine whose /metrics answers 307 to
+// /metrics/, as vLLM's mounted Prometheus app once did), asks for the
+// page uncompressed (the engine's API server spends no CPU on gzip every
+// interval), and fails on a page over MaxPageBytes, read no further.
+func TestAScrapeFollowsRedirectsAndBoundsThePage(t *testing.T) {
+	var encodings sync.Map
+	var bigSent atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		encodings.Store(r.Header.Get("Accept-Encoding"), true)
+		switch r.URL.Path {
+		case "/metrics":
+			http.Redirect(w, r, "/metrics/", http.StatusTemporaryRedirect)
+		case "/metrics/":
+			_, _ = io.WriteString(w, vllmPage)
+		case "/loop":
+			http.Redirect(w, r, "/loop", http.StatusFound)
+		case "/big":
+			_, _ = io.WriteString(w, vllmPage)
+			pad := []byte(strings.Repeat("# pad\n", 1<<14))
+			for bigSent.Load() < MaxPageBytes+8<<20 {
+				n, err := w.Write(pad)
+				bigSent.Add(int64(n))
+				if err != nil {
+					return
+				}
+			}
+		}
+	}))
+	defer srv.Close()
+	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
+	sc := New(Options{Timeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Publish: s.publish,
+		Targets: func() []Target {
+			return []Target{{ID: 1, URL: srv.URL + "/metrics"}, {ID: 2, URL: srv.URL + "/loop"}, {ID: 3, URL: srv.URL + "/big"}}
+		}})
+	sc.Prime(context.Background())
+
+	st, _ := s.get(1)
+	require.NotNil(t, st, "read through the redirect")
+	assert.Equal(t, 5.0, st.Running)
+	encodings.Range(func(k, _ any) bool { assert.Empty(t, k, "Accept-Encoding"); return true })
+	for id, want := range map[uint64]string{2: "status 302", 3: ErrPageTooLarge.Error()} {
+		st, n := s.get(id)
+		assert.Nil(t, st)
+		assert.Positive(t, n)
+		info := map[string]any{}
+		sc.Describe(id, info)
+		assert.Contains(t, info["engine_reason"], want, "worker %d", id)
+	}
+	assert.Less(t, bigSent.Load(), int64(MaxPageBytes+8<<20), "the page was not read to its end")
+}
+
+// When Run ends, a scrape under way (of an engine slow to answer its
+// metrics) ends with it, not at its timeout, and its connection closes.
+func TestRunEndsTheScrapesUnderWay(t *testing.T) {
+	asked, gone, release := make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked <- struct{}{}
+		select {
+		case <-r.Context().Done(): // the scraper hung up
+			close(gone)
+		case <-release: // the test failed
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	sc := New(Options{Timeout: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Publish: func(uint64, *Stats) {},
+		Targets: func() []Target { return []Target{{ID: 1, URL: srv.URL + "/metrics"}} }})
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sc.Run(ctx); close(done) }()
+	<-asked
+	stop()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still waits for its scrape")
+	}
+	<-gone
 }

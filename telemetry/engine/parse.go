@@ -11,7 +11,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"slices"
 	"strings"
@@ -122,12 +121,6 @@ const MaxPageBytes = 16 << 20
 // ErrPageTooLarge fails a scrape whose page is over MaxPageBytes.
 var ErrPageTooLarge = fmt.Errorf("metrics page larger than %d MiB", MaxPageBytes>>20)
 
-// pages are the buffers Parse reads pages into; one grown past
-// keptPageBytes is left to the collector.
-var pages = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-const keptPageBytes = 1 << 20
-
 // parsers are the text parsers Parse uses: one keeps its read buffer from
 // page to page.
 var parsers = sync.Pool{New: func() any {
@@ -135,27 +128,14 @@ var parsers = sync.Pool{New: func() any {
 	return &p
 }}
 
-// Parse reads a Prometheus text page of vLLM, SGLang, trtllm-serve, TGI or llama.cpp taken at
-// at. Only the lines of the series it reads reach the text parser
-// (keepRead).
-func Parse(in io.Reader, at time.Time) (Reading, error) {
-	page := pages.Get().(*bytes.Buffer)
-	defer func() {
-		if page.Cap() <= keptPageBytes {
-			pages.Put(page)
-		}
-	}()
-	page.Reset()
-	n, err := page.ReadFrom(io.LimitReader(in, MaxPageBytes+1))
-	if err != nil {
-		return Reading{}, err
-	}
-	if n > MaxPageBytes {
-		return Reading{}, ErrPageTooLarge
-	}
+// Parse reads a Prometheus text page of vLLM, SGLang, trtllm-serve, TGI
+// or llama.cpp taken at at. Only the lines of the series it reads reach
+// the text parser: it moves them to page's front (keepRead), so page is
+// not left as it was.
+func Parse(page []byte, at time.Time) (Reading, error) {
 	p := parsers.Get().(*expfmt.TextParser)
 	defer parsers.Put(p)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(keepRead(page.Bytes())))
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(keepRead(page)))
 	if err != nil {
 		return Reading{}, err
 	}

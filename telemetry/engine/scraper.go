@@ -7,10 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // StaleAfter is how many intervals a reading stays valid while no scrape of
@@ -78,6 +79,9 @@ type Options struct {
 	// TLS is the configuration of scrapes of https:// workers (nil: the
 	// system's roots).
 	TLS *tls.Config
+	// Dial connects to a worker's host:port over TCP (nil: fasthttp's
+	// dialer).
+	Dial func(addr string, timeout time.Duration) (net.Conn, error)
 	// StallAfter, when positive, marks an engine's Stats Stalled once it
 	// has had requests running for that long without generating a token
 	// (Stats.StillFor).
@@ -87,22 +91,23 @@ type Options struct {
 // Scraper polls every target's metrics concurrently each interval.
 type Scraper struct {
 	o         Options
-	client    *http.Client // keeps its connections alive; a socket's target has its own
-	mu        sync.Mutex   // guards state; never taken on the request path
+	client    *fasthttp.Client // keeps its connections alive; a socket's target has its own
+	mu        sync.Mutex       // guards state; never taken on the request path
 	state     map[uint64]*target
 	fallbacks atomic.Uint64
+	conns     openConns
 }
 
 type target struct {
 	Target
-	busy    atomic.Bool  // a scrape is under way
-	learner Learner      // guarded by Scraper.mu
-	relayed Learner      // of the router's own readings (DialectRouter); guarded by Scraper.mu
-	last    *Stats       // last published, nil when stale; guarded by Scraper.mu
-	lastAt  time.Time    // time of the last good reading
-	reason  string       // why there is no fresh reading ("" when there is)
-	stalled bool         // the last reading's Stats.Stalled, for the log's changes; guarded by Scraper.mu
-	client  *http.Client // Socket's; nil: the Scraper's
+	busy    atomic.Bool          // a scrape is under way
+	learner Learner              // guarded by Scraper.mu
+	relayed Learner              // of the router's own readings (DialectRouter); guarded by Scraper.mu
+	last    *Stats               // last published, nil when stale; guarded by Scraper.mu
+	lastAt  time.Time            // time of the last good reading
+	reason  string               // why there is no fresh reading ("" when there is)
+	stalled bool                 // the last reading's Stats.Stalled, for the log's changes; guarded by Scraper.mu
+	client  *fasthttp.HostClient // Socket's; nil: the Scraper's
 }
 
 // New returns a Scraper; Run starts it.
@@ -116,7 +121,16 @@ func New(o Options) *Scraper {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	return &Scraper{o: o, client: newClient(o.Timeout, o.TLS, nil), state: map[uint64]*target{}}
+	if o.Dial == nil {
+		o.Dial = fasthttp.DialTimeout
+	}
+	s := &Scraper{o: o, state: map[uint64]*target{}, conns: openConns{set: map[*openConn]struct{}{}}}
+	s.client = &fasthttp.Client{Name: "fastroute-metrics", ReadTimeout: o.Timeout, WriteTimeout: o.Timeout,
+		MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxPageBytes, MaxIdleConnDuration: time.Minute, TLSConfig: o.TLS,
+		DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {
+			return s.conns.track(o.Dial(addr, timeout))
+		}}
+	return s
 }
 
 // Prime scrapes every target once and returns when each of those scrapes
@@ -130,12 +144,12 @@ func (s *Scraper) Prime(ctx context.Context) {
 	round.Wait()
 }
 
-// Run polls every Interval until ctx ends, then waits for scrapes under way
-// and closes the connections they kept alive.
+// Run polls every Interval until ctx ends, then closes the scrapes'
+// connections, which ends the scrapes under way, and waits for them.
 func (s *Scraper) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	defer s.closeIdle()
 	defer wg.Wait()
+	defer s.conns.closeAll()
 	t := time.NewTicker(s.o.Interval)
 	defer t.Stop()
 	for {
@@ -185,45 +199,73 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 	s.mu.Unlock()
 }
 
-// closeIdle closes the connections the scrapes kept alive: once the
-// scraper stopped, each would stay open, with two goroutines of Go's
-// transport, until its worker or the idle timeout closed it.
-func (s *Scraper) closeIdle() {
-	s.client.CloseIdleConnections()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, st := range s.state {
-		if st.client != nil {
-			st.client.CloseIdleConnections()
-		}
+// openConns are the scrapes' connections, open until closeAll: fasthttp's
+// client takes no context, so a scrape under way when Run ends (of an
+// engine slow to answer its metrics) ends by its connection's close, not
+// at its timeout.
+type openConns struct {
+	mu     sync.Mutex
+	set    map[*openConn]struct{}
+	closed bool
+}
+
+type openConn struct {
+	net.Conn
+	in *openConns
+}
+
+// track keeps c until it is closed; once closeAll ran, it closes c and
+// refuses it.
+func (o *openConns) track(c net.Conn, err error) (net.Conn, error) {
+	if err != nil {
+		return nil, err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		_ = c.Close()
+		return nil, errScraperStopped
+	}
+	oc := &openConn{Conn: c, in: o}
+	o.set[oc] = struct{}{}
+	return oc, nil
+}
+
+func (c *openConn) Close() error {
+	c.in.mu.Lock()
+	delete(c.in.set, c)
+	c.in.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// closeAll closes every connection, idle or in use, and any dialed after.
+func (o *openConns) closeAll() {
+	o.mu.Lock()
+	o.closed = true
+	all := o.set
+	o.set = nil
+	o.mu.Unlock()
+	for c := range all {
+		_ = c.Conn.Close()
 	}
 }
+
+var errScraperStopped = errors.New("the scraper stopped")
 
 // socketClient is a client whose connections go to the unix socket sock,
 // or nil for none.
-func (s *Scraper) socketClient(sock string) *http.Client {
+func (s *Scraper) socketClient(sock string) *fasthttp.HostClient {
 	if sock == "" {
 		return nil
 	}
-	var d net.Dialer
-	return newClient(s.o.Timeout, nil, func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", sock) })
-}
-
-// newClient is a scrape client that keeps its connections alive, speaks
-// TLS to https:// URLs by tlsConf and dials with dial (nil: the URL's
-// host, by Go's dialer).
-func newClient(timeout time.Duration, tlsConf *tls.Config, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Client {
-	return &http.Client{Timeout: timeout, Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute,
-		TLSClientConfig: tlsConf, DialContext: dial}}
+	return &fasthttp.HostClient{Addr: "localhost", Name: s.client.Name, ReadTimeout: s.o.Timeout, WriteTimeout: s.o.Timeout,
+		MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxPageBytes, MaxIdleConnDuration: time.Minute,
+		Dial: func(string) (net.Conn, error) { return s.conns.track(net.DialTimeout("unix", sock, s.o.Timeout)) }}
 }
 
 func (s *Scraper) scrape(ctx context.Context, st *target) {
 	defer st.busy.Store(false)
-	client := s.client
-	if st.client != nil {
-		client = st.client
-	}
-	r, err := s.fetch(ctx, client, st.URL)
+	r, err := s.fetch(st)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
@@ -274,28 +316,51 @@ func (s *Scraper) readRelayed(st *target) {
 	s.o.Publish(st.ID, st.last)
 }
 
-func (s *Scraper) fetch(ctx context.Context, client *http.Client, url string) (Reading, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return Reading{}, err
+// fetch reads st's page, following redirects, within Timeout.
+func (s *Scraper) fetch(st *target) (Reading, error) {
+	var client interface {
+		DoDeadline(*fasthttp.Request, *fasthttp.Response, time.Time) error
+	} = s.client
+	if st.client != nil {
+		client = st.client
 	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	url := st.URL
+	req.SetRequestURI(url)
 	if s.o.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+s.o.APIKey)
+		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+s.o.APIKey)
 	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return Reading{}, err
+	deadline := time.Now().Add(s.o.Timeout)
+	for hops := 0; ; hops++ {
+		if err := client.DoDeadline(req, resp, deadline); err != nil {
+			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+				return Reading{}, ErrPageTooLarge
+			}
+			return Reading{}, err
+		}
+		if !fasthttp.StatusCodeIsRedirect(resp.StatusCode()) || hops == maxRedirects {
+			break
+		}
+		location := resp.Header.Peek(fasthttp.HeaderLocation)
+		if len(location) == 0 {
+			break
+		}
+		req.URI().UpdateBytes(location)
 	}
-	defer resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusOK:
-	case http.StatusNotFound, http.StatusNotImplemented:
-		return Reading{}, fmt.Errorf("GET %s: status %d: %w", url, resp.StatusCode, errNoMetrics)
+	switch resp.StatusCode() {
+	case fasthttp.StatusOK:
+	case fasthttp.StatusNotFound, fasthttp.StatusNotImplemented:
+		return Reading{}, fmt.Errorf("GET %s: status %d: %w", url, resp.StatusCode(), errNoMetrics)
 	default:
-		return Reading{}, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+		return Reading{}, fmt.Errorf("GET %s: status %d", url, resp.StatusCode())
 	}
-	return Parse(resp.Body, time.Now())
+	return Parse(resp.Body(), time.Now())
 }
+
+// maxRedirects is how many redirects a scrape follows.
+const maxRedirects = 3
 
 // note records why a target has no fresh reading ("" when it has one),
 // counting and logging each change once. The caller holds mu.
