@@ -140,6 +140,7 @@ func bindFlags(fs *flag.FlagSet, cfg *config.Config, workers *workerFlags) {
 	fs.StringVar(&cfg.AdminTLS.CertFile, "admin-tls-cert-file", cfg.AdminTLS.CertFile, "PEM certificate chain: the admin listener speaks TLS (HTTPS; with --admin-tls-key-file)")
 	fs.StringVar(&cfg.AdminTLS.KeyFile, "admin-tls-key-file", cfg.AdminTLS.KeyFile, "PEM private key of --admin-tls-cert-file")
 	fs.StringVar(&cfg.AdminTLS.PeerCAFile, "admin-tls-peer-ca-file", cfg.AdminTLS.PeerCAFile, "PEM CA certificates the admin listeners of https:// peer replicas (prefix sharing) are checked against, instead of the system's roots")
+	fs.StringVar(&cfg.AdminTLS.ClientCAFile, "admin-tls-client-ca-file", cfg.AdminTLS.ClientCAFile, "PEM CA certificates: every client of the admin listener must show a certificate they signed (mutual TLS; replicas show theirs to their peers)")
 	fs.StringVar(&cfg.AdminTLS.MinVersion, "admin-tls-min-version", cfg.AdminTLS.MinVersion, "the oldest TLS version the admin listener's clients may speak: 1.2 (default) or 1.3")
 	fs.BoolVar(&cfg.ProxyProtocol.Enabled, "proxy-protocol", cfg.ProxyProtocol.Enabled, "connections to --listen begin with a PROXY protocol header (v1 or v2, from a load balancer) naming the client's address; one without is closed")
 	fs.Func("proxy-protocol-from", "an IP or CIDR prefix whose connections carry the PROXY protocol header; others are served under their own address (repeatable; none: every connection)", func(v string) error {

@@ -203,11 +203,15 @@ func (t TLS) On() bool { return t.CertFile != "" }
 // a reload reads again (a rotated certificate). PeerCAFile, when set,
 // holds the CA certificates the admin listeners of https:// peer replicas
 // (router.prefix_affinity's peers, or those found on etcd) must show a
-// certificate of; empty: the system's roots.
+// certificate of; empty: the system's roots. ClientCAFile, when set,
+// holds the CA certificates every client of the admin listener must show
+// a certificate of (mutual TLS); replicas show their admin certificate to
+// the peers they post to.
 type AdminTLS struct {
-	CertFile   string `yaml:"cert_file"`
-	KeyFile    string `yaml:"key_file"`
-	PeerCAFile string `yaml:"peer_ca_file"`
+	CertFile     string `yaml:"cert_file"`
+	KeyFile      string `yaml:"key_file"`
+	PeerCAFile   string `yaml:"peer_ca_file"`
+	ClientCAFile string `yaml:"client_ca_file"`
 	// MinVersion is the oldest TLS version the admin listener's clients
 	// may speak, as TLS.MinVersion.
 	MinVersion string `yaml:"min_version"`
@@ -759,6 +763,9 @@ func (c *Config) Validate() error {
 	}
 	if err := checkTLSVersion("admin_tls.min_version", c.AdminTLS.MinVersion); err != nil {
 		return err
+	}
+	if c.AdminTLS.ClientCAFile != "" && !c.AdminTLS.On() {
+		return keyErr("admin_tls.client_ca_file", "set, but admin_tls.cert_file is not: admin clients speak plain HTTP, with no certificate to show")
 	}
 	if c.TLS.ClientCAFile != "" && !c.TLS.On() {
 		return keyErr("tls.client_ca_file", "set, but tls.cert_file is not: clients speak plain HTTP, with no certificate to show")

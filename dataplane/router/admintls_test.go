@@ -13,6 +13,7 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/internal/testpki"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -30,7 +31,17 @@ func adminTLS(t *testing.T) (config.AdminTLS, *x509.CertPool) {
 // handshake or the request failed.
 func adminTLSDo(t *testing.T, f *fleet, pool *x509.CertPool, method, path, token string) (int, string, string, error) {
 	t.Helper()
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	return adminTLSDoAs(t, f, pool, nil, method, path, token)
+}
+
+// adminTLSDoAs is adminTLSDo from a client that shows cert (nil: none).
+func adminTLSDoAs(t *testing.T, f *fleet, pool *x509.CertPool, cert *tls.Certificate, method, path, token string) (int, string, string, error) {
+	t.Helper()
+	conf := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if cert != nil {
+		conf.Certificates = []tls.Certificate{*cert}
+	}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: conf}}
 	defer client.CloseIdleConnections()
 	req, err := http.NewRequest(method, "https://"+f.r.AdminAddr()+path, nil)
 	require.NoError(t, err)
@@ -109,6 +120,45 @@ func TestTheAdminListenerSpeaksTLS(t *testing.T) {
 	cfg.AdminTLS = config.AdminTLS{PeerCAFile: "/no/such/ca.pem"}
 	_, _, err = Check(cfg)
 	assert.ErrorContains(t, err, "key admin_tls.peer_ca_file: open /no/such/ca.pem")
+	cfg.AdminTLS = config.AdminTLS{ClientCAFile: files.CertFile}
+	assert.ErrorContains(t, cfg.Validate(), "key admin_tls.client_ca_file: set, but admin_tls.cert_file is not")
+	cfg.AdminTLS, _ = adminTLS(t) // files' key was overwritten above
+	cfg.AdminTLS.ClientCAFile = "/no/such/ca.pem"
+	_, _, err = Check(cfg)
+	assert.ErrorContains(t, err, "key admin_tls.client_ca_file: open /no/such/ca.pem")
+}
+
+// With admin_tls.client_ca_file every client of the admin listener shows a
+// certificate that CA signed (mutual TLS), its token asked for as before:
+// one without a certificate, or with another CA's, gets no answer. A
+// reload that changes the CAs needs a restart.
+func TestTheAdminListenerAsksForClientCertificates(t *testing.T) {
+	files, pool := adminTLS(t)
+	clientCA := testpki.Root(t, "admin clients")
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) {
+		c.AdminTLS, c.AdminToken = files, "s3cret"
+		c.AdminTLS.ClientCAFile = testpki.WriteFile(t, "admin-clients.pem", testpki.CertPEM(clientCA.Cert))
+	})
+	operator := clientCA.Client("operator", 2).Pair()
+	code, _, _, err := adminTLSDoAs(t, f, pool, &operator, http.MethodGet, "/workers", "s3cret")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code)
+	code, _, _, err = adminTLSDoAs(t, f, pool, &operator, http.MethodGet, "/workers", "")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusUnauthorized, code, "the token is asked for as before")
+	_, _, _, err = adminTLSDo(t, f, pool, http.MethodGet, "/workers", "s3cret")
+	assert.Error(t, err, "no client certificate")
+	stranger := testpki.Root(t, "other").Client("operator", 2).Pair()
+	_, _, _, err = adminTLSDoAs(t, f, pool, &stranger, http.MethodGet, "/workers", "s3cret")
+	assert.Error(t, err, "a certificate another CA signed")
+
+	f.reloadsWith(func(c *config.Config) { c.AdminTLS.ClientCAFile = "" })
+	code, msg, _, err := adminTLSDoAs(t, f, pool, &operator, http.MethodPost, "/config/reload", "s3cret")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code, msg)
+	assert.Contains(t, msg, `"need_restart":["admin_tls"]`)
+	_, _, _, err = adminTLSDo(t, f, pool, http.MethodGet, "/workers", "s3cret")
+	assert.Error(t, err, "still asked for until a restart")
 }
 
 // adminPage GETs path from f's admin listener over TLS with token
@@ -152,6 +202,15 @@ func TestReplicasSharePrefixesOverTLS(t *testing.T) {
 	assert.NotZero(t, a.r.Prefixes.Recorded())
 	a.assertIdle()
 	b.assertIdle()
+
+	// Each asks its clients for a certificate its CA signed: each shows
+	// its admin certificate to the other.
+	a, b = sharingReplicas(t, true, overTLS(files.CertFile), func(c *config.Config) { c.AdminTLS.ClientCAFile = files.CertFile })
+	converseVia([]*fleet{a, b}, 5, 4, nil)
+	require.Eventually(t, func() bool {
+		return b.r.PrefixesLearned() == a.r.Prefixes.Recorded() && a.r.PrefixesLearned() == b.r.Prefixes.Recorded()
+	}, 15*time.Second, 2*time.Millisecond, "each replica took in the other's records over mutual TLS")
+	assert.NotZero(t, a.r.Prefixes.Recorded())
 
 	other, _ := writeCert(t, t.TempDir(), 9) // a CA that did not sign the peers' certificate
 	a, b = sharingReplicas(t, true, overTLS(other.CertFile))

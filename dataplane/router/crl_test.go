@@ -24,9 +24,7 @@ import (
 // sessions, so that a second connection resumes the first's session.
 func crlClient(t *testing.T, pool *x509.CertPool, leaf *testpki.Leaf) *tls.Config {
 	t.Helper()
-	pair, err := tls.X509KeyPair(leaf.CertPEM, leaf.KeyPEM)
-	require.NoError(t, err)
-	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{pair},
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{leaf.Pair()},
 		ClientSessionCache: tls.NewLRUClientSessionCache(4)}
 }
 

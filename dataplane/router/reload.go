@@ -53,14 +53,15 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			return nil, nil, err
 		}
 	}
-	var adminCert *tls.Certificate // read again while the admin listener speaks TLS; its peers' CAs need a restart
+	var adminCert *tls.Certificate // read again while the admin listener speaks TLS; its peers' and clients' CAs need a restart
 	adminTLSApplies := old.AdminTLS.On() == cfg.AdminTLS.On() && old.AdminTLS.PeerCAFile == cfg.AdminTLS.PeerCAFile &&
-		old.AdminTLS.MinVersion == cfg.AdminTLS.MinVersion
+		old.AdminTLS.ClientCAFile == cfg.AdminTLS.ClientCAFile && old.AdminTLS.MinVersion == cfg.AdminTLS.MinVersion
 	if adminTLSApplies && cfg.AdminTLS.On() {
-		var err error
-		if adminCert, _, err = readAdminTLS(cfg.AdminTLS); err != nil {
+		files, err := readAdminTLS(cfg.AdminTLS)
+		if err != nil {
 			return nil, nil, err
 		}
+		adminCert = files.cert
 	}
 	// worker_tls's client certificate is read again unless the way workers'
 	// certificates are checked changed too: that waits for a restart, and

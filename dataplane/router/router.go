@@ -136,7 +136,7 @@ func check(cfg config.Config, log *slog.Logger) (config.Config, adminState, erro
 			return cfg, none, err
 		}
 	}
-	if _, _, err := readAdminTLS(cfg.AdminTLS); err != nil {
+	if _, err := readAdminTLS(cfg.AdminTLS); err != nil {
 		return cfg, none, err
 	}
 	var c certificate
@@ -165,7 +165,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	if err != nil {
 		return nil, err
 	}
-	adminCert, peerTLS, err := readAdminTLS(cfg.AdminTLS)
+	adminFiles, err := readAdminTLS(cfg.AdminTLS)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +201,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		if len(pa.Peers) > 0 || pa.Advertise != "" {
 			r.Prefixes.Share(prefixshare.JournalKeys)
 			r.PrefixShare = prefixshare.New(prefixshare.Options{Prefixes: r.Prefixes, Peers: pa.Peers, Self: pa.Advertise,
-				Token: cfg.AdminToken, Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), TLS: peerTLS, Logger: log})
+				Token: cfg.AdminToken, Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), TLS: r.adminCert.peerConfig(adminFiles.peerRoots), Logger: log})
 			r.Metrics.Register(r.PrefixShare.Collector())
 		}
 	}
@@ -310,9 +310,9 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		// handler's panic) goes to the router's log, in its format.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	if adminCert != nil {
-		r.adminCert.cur.Store(adminCert)
-		r.admin.TLSConfig = r.adminCert.adminServerConfig(config.TLSVersion(cfg.AdminTLS.MinVersion))
+	if adminFiles.cert != nil {
+		r.adminCert.cur.Store(adminFiles.cert)
+		r.admin.TLSConfig = r.adminCert.adminServerConfig(config.TLSVersion(cfg.AdminTLS.MinVersion), adminFiles.clientCAs)
 	}
 	if err := r.startDiscovery(log); err != nil {
 		r.ln.Close()

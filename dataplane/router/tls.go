@@ -2,6 +2,7 @@ package router
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"slices"
@@ -21,31 +22,60 @@ type certificate struct {
 
 // adminServerConfig is the admin listener's TLS configuration (admin_tls):
 // TLS min (a crypto/tls version) and later, each handshake with the
-// certificate read last.
-func (c *certificate) adminServerConfig(min uint16) *tls.Config {
-	return &tls.Config{
+// certificate read last, and with clientCAs (admin_tls.client_ca_file) a
+// client certificate they signed required of every client.
+func (c *certificate) adminServerConfig(min uint16, clientCAs *x509.CertPool) *tls.Config {
+	conf := &tls.Config{
 		MinVersion:     min,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.cur.Load(), nil },
 	}
+	if clientCAs != nil {
+		conf.ClientCAs, conf.ClientAuth = clientCAs, tls.RequireAndVerifyClientCert
+	}
+	return conf
 }
 
-// readAdminTLS reads admin_tls's files: the admin listener's certificate
-// (nil: none) and the configuration of connections to https:// peer
-// replicas (nil: Go's default, the system's roots).
-func readAdminTLS(t config.AdminTLS) (cert *tls.Certificate, peers *tls.Config, err error) {
+// peerConfig is the configuration of posts to https:// peer replicas:
+// their certificates checked against roots (nil: the system's), and this
+// admin listener's certificate, as read last, shown to a peer that asks
+// for one (its admin_tls.client_ca_file); none without admin_tls.
+func (c *certificate) peerConfig(roots *x509.CertPool) *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if cert := c.cur.Load(); cert != nil {
+				return cert, nil
+			}
+			return &tls.Certificate{}, nil // none to show: the peer decides
+		}}
+}
+
+// adminFiles is what admin_tls's files hold: the admin listener's
+// certificate (nil: none), the CAs peer replicas' certificates are
+// checked against (nil: the system's roots), and those its clients'
+// certificates must be signed by (nil: none asked for).
+type adminFiles struct {
+	cert                 *tls.Certificate
+	peerRoots, clientCAs *x509.CertPool
+}
+
+// readAdminTLS reads admin_tls's files.
+func readAdminTLS(t config.AdminTLS) (files adminFiles, err error) {
 	if t.On() {
-		if cert, err = tlsfiles.Pair("key admin_tls", t.CertFile, t.KeyFile); err != nil {
-			return nil, nil, err
+		if files.cert, err = tlsfiles.Pair("key admin_tls", t.CertFile, t.KeyFile); err != nil {
+			return adminFiles{}, err
 		}
 	}
 	if t.PeerCAFile != "" {
-		roots, err := tlsfiles.Roots("key admin_tls.peer_ca_file", t.PeerCAFile)
-		if err != nil {
-			return nil, nil, err
+		if files.peerRoots, err = tlsfiles.Roots("key admin_tls.peer_ca_file", t.PeerCAFile); err != nil {
+			return adminFiles{}, err
 		}
-		peers = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}
 	}
-	return cert, peers, nil
+	if t.ClientCAFile != "" {
+		if files.clientCAs, err = tlsfiles.Roots("key admin_tls.client_ca_file", t.ClientCAFile); err != nil {
+			return adminFiles{}, err
+		}
+	}
+	return files, nil
 }
 
 // frontTLS is the front end's TLS configuration, read again by a reload:

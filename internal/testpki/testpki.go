@@ -8,6 +8,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -94,6 +95,14 @@ func (a *Authority) Client(name string, serial int64, intermediates ...*Authorit
 		l.CertPEM = append(l.CertPEM, CertPEM(i.Cert)...)
 	}
 	return l
+}
+
+// Pair is l as a certificate a TLS client shows: its chain and key.
+func (l *Leaf) Pair() tls.Certificate {
+	l.tb.Helper()
+	pair, err := tls.X509KeyPair(l.CertPEM, l.KeyPEM)
+	require.NoError(l.tb, err)
+	return pair
 }
 
 // Files writes l's certificate chain and key to a new directory and
