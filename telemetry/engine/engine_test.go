@@ -1023,3 +1023,38 @@ func TestRunEndsTheScrapesUnderWay(t *testing.T) {
 	}
 	<-gone
 }
+
+// A page whose lines of the series Parse reads are those of the last one
+// (an idle engine's: its counters still, its gauges the same) gives the
+// last reading at its own time, parsed not again: without an allocation.
+// One that moved is parsed; one that failed is not kept.
+func TestAnUnchangedPageIsNotParsedAgain(t *testing.T) {
+	var st target
+	scrape := func(page string, at time.Time) (Reading, error) { return st.parse([]byte(page), at) }
+	t0 := time.Unix(100, 0)
+	first, err := scrape(bigVLLMPage(), t0)
+	require.NoError(t, err)
+	again, err := scrape(strings.Replace(bigVLLMPage(), "process_cpu_seconds_total", "process_cpu_seconds_total_x", 1), t0.Add(time.Second))
+	require.NoError(t, err)
+	want := first
+	want.At = t0.Add(time.Second)
+	assert.Equal(t, want, again, "a series Parse does not read moved: the same reading")
+
+	page := []byte(bigVLLMPage())
+	body := make([]byte, len(page))
+	assert.Zero(t, testing.AllocsPerRun(50, func() {
+		copy(body, page)
+		if _, err := st.parse(body, t0); err != nil {
+			t.Fatal(err)
+		}
+	}), "an unchanged page is not parsed")
+
+	running := `vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0`
+	moved, err := scrape(strings.Replace(bigVLLMPage(), running, strings.Replace(running, "3.0", "9.0", 1), 1), t0)
+	require.NoError(t, err)
+	assert.Equal(t, first.Running+6, moved.Running)
+
+	_, err = scrape(strings.Replace(bigVLLMPage(), running, running+".0", 1), t0)
+	assert.Error(t, err)
+	assert.Nil(t, st.kept, "a page that failed is not kept")
+}

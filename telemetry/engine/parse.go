@@ -133,9 +133,14 @@ var parsers = sync.Pool{New: func() any {
 // the text parser: it moves them to page's front (keepRead), so page is
 // not left as it was.
 func Parse(page []byte, at time.Time) (Reading, error) {
+	return parseKept(keepRead(page), at)
+}
+
+// parseKept parses the lines keepRead kept of a page.
+func parseKept(kept []byte, at time.Time) (Reading, error) {
 	p := parsers.Get().(*expfmt.TextParser)
 	defer parsers.Put(p)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(keepRead(page)))
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(kept))
 	if err != nil {
 		return Reading{}, err
 	}

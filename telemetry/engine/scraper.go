@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -108,6 +109,12 @@ type target struct {
 	reason  string               // why there is no fresh reading ("" when there is)
 	stalled bool                 // the last reading's Stats.Stalled, for the log's changes; guarded by Scraper.mu
 	client  *fasthttp.HostClient // Socket's; nil: the Scraper's
+	// kept is what Parse read of the last page that parsed (the lines of
+	// the series it reads), and parsed what it read there: a page whose
+	// lines are the same (an idle engine's) is not parsed again. Used by
+	// the scrape under way only.
+	kept   []byte
+	parsed Reading
 }
 
 // New returns a Scraper; Run starts it.
@@ -356,7 +363,25 @@ func (s *Scraper) fetch(st *target) (Reading, error) {
 	default:
 		return Reading{}, fmt.Errorf("GET %s: status %d", url, resp.StatusCode())
 	}
-	return Parse(resp.Body(), time.Now())
+	return st.parse(resp.Body(), time.Now())
+}
+
+// parse is Parse, but a page whose lines of the series Parse reads are
+// those of st's last page that parsed gives that page's reading, at at.
+func (st *target) parse(page []byte, at time.Time) (Reading, error) {
+	kept := keepRead(page)
+	if st.kept != nil && bytes.Equal(kept, st.kept) {
+		r := st.parsed
+		r.At = at
+		return r, nil
+	}
+	r, err := parseKept(kept, at)
+	if err != nil {
+		st.kept = nil
+		return r, err
+	}
+	st.kept, st.parsed = append(st.kept[:0], kept...), r
+	return r, nil
 }
 
 // maxRedirects is how many redirects a scrape follows.
