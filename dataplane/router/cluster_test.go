@@ -312,8 +312,7 @@ func TestReplicasFindEachOtherOnEtcdToSharePrefixes(t *testing.T) {
 	admin := freeAdminAddrs(t, 2)
 	replica := func(i int) *fleet {
 		return clusterRouter(t, e, prefix, func(c *config.Config) {
-			prefixAffinity(true)(c)
-			c.Telemetry.Engine.Enabled = false // the slack in requests in flight, as sharingReplicas says why
+			prefixByInFlight(true)(c)
 			c.AdminListen = admin[i]
 			c.Router.PrefixAffinity.Advertise = "http://" + admin[i]
 			c.Router.PrefixAffinity.ShareInterval = 5 * time.Millisecond

@@ -34,6 +34,19 @@ func prefixAffinity(on bool) func(*config.Config) {
 	}
 }
 
+// prefixByInFlight is prefixAffinity(on) with a holder's slack counted in
+// requests in flight: engine telemetry off. The tests that count where
+// each turn went need it: on a loaded machine the speeds learned of
+// identical mock engines came out up to 4x apart, and the engine-priced
+// slack then passed a holder (that rule has its own tests in package
+// dataplane).
+func prefixByInFlight(on bool) func(*config.Config) {
+	return func(c *config.Config) {
+		prefixAffinity(on)(c)
+		c.Telemetry.Engine.Enabled = false
+	}
+}
+
 // converse runs conversations of turns each, one request a turn, every
 // turn repeating the conversation so far as a chat client does; it
 // returns the workers each conversation's turns went to.
@@ -94,7 +107,7 @@ func (f *fleet) cacheHits() float64 {
 // asked for again where it is. Conversations that share nothing spread
 // as the mode has them.
 func TestConversationsStayWhereTheirPrefixIs(t *testing.T) {
-	on := startFleet(t, cachingEngines(3), prefixAffinity(true))
+	on := startFleet(t, cachingEngines(3), prefixByInFlight(true))
 	assert.Len(t, stayedPut(t, on.converse(5, 4)), 3, "the first turns went round the workers")
 	taken, passed, unknown := on.r.Selector.PrefixRouted()
 	assert.Equal(t, [3]uint64{15, 0, 5}, [3]uint64{taken, passed, unknown}, "each first turn is new; every later one goes to its holder")
@@ -103,7 +116,7 @@ func TestConversationsStayWhereTheirPrefixIs(t *testing.T) {
 	assert.Contains(t, page, `fastroute_prefix_requests_total{outcome="unknown"} 5`)
 	on.assertIdle()
 
-	off := startFleet(t, cachingEngines(3), prefixAffinity(false))
+	off := startFleet(t, cachingEngines(3), prefixByInFlight(false))
 	moved := 0
 	for _, workers := range off.converse(5, 4) {
 		for _, w := range workers[1:] {
@@ -123,7 +136,7 @@ func TestConversationsStayWhereTheirPrefixIs(t *testing.T) {
 // parts, SGLang's /generate's text. A prompt of token ids, an embedding and a short prompt are not
 // keyed, and route as the mode has them.
 func TestEachRouteKeysItsPrompt(t *testing.T) {
-	f := startFleet(t, cachingEngines(3), prefixAffinity(true))
+	f := startFleet(t, cachingEngines(3), prefixByInFlight(true))
 	long := strings.Repeat("a long shared document, read again and again; ", 8)
 	for _, c := range []struct{ path, first, next string }{
 		{"/v1/completions", `{"model":"mock-model","prompt":%q}`, `{"model":"mock-model","prompt":%q}`},
@@ -178,7 +191,7 @@ func TestABusyHolderLosesTheTurn(t *testing.T) {
 		engines[i].Tokens = 50
 	}
 	f := startFleet(t, engines, func(c *config.Config) {
-		prefixAffinity(true)(c)
+		prefixByInFlight(true)(c)
 		c.Router.PrefixAffinity.Slack = 1
 	})
 	body := `{"model":"mock-model","messages":[{"role":"user","content":"` + strings.Repeat("the same long question ", 12) + `"}]}`
@@ -270,17 +283,13 @@ func freeAdminAddrs(t *testing.T, n int) []string {
 
 // sharingReplicas starts two routers with prefix affinity in front of the
 // same three caching engines; with share, each sends what it records to
-// the other. They read no engine metrics, so that the slack is in
-// requests in flight: engines alike, measured under a loaded machine's
-// stalls, can read several times apart in speed, and a holder read as
-// much slower is passed even when idle (withinSlack), which is not what
-// these tests are about. tweaks apply last to each replica's config.
+// the other. Their slack is in requests in flight (prefixByInFlight).
+// tweaks apply last to each replica's config.
 func sharingReplicas(t *testing.T, share bool, tweaks ...func(*config.Config)) (a, b *fleet) {
 	admin := freeAdminAddrs(t, 2)
 	replica := func(i int, workers []dataplane.WorkerSpec) func(*config.Config) {
 		return func(c *config.Config) {
-			prefixAffinity(true)(c)
-			c.Telemetry.Engine.Enabled = false
+			prefixByInFlight(true)(c)
 			c.AdminListen = admin[i]
 			c.Router.PrefixAffinity.ShareInterval = 5 * time.Millisecond
 			if share {
