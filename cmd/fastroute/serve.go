@@ -391,8 +391,9 @@ const memoryLimitCheck = 30 * time.Second
 // runCheck reads the config of serve's flags (--config and the others) as
 // serve would, files and certificates included, and starts nothing (as
 // nginx -t): before a reload or an upgrade, say. It writes a line saying
-// what would run to out, and with --print the config itself, secrets
-// redacted.
+// what would run to out, a line for each certificate the router would
+// show (its subject, and when it expires), and with --print the config
+// itself, secrets redacted.
 func runCheck(args []string, out io.Writer) error {
 	serveArgs := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--print" || a == "-print" })
 	show := len(serveArgs) < len(args)
@@ -400,7 +401,7 @@ func runCheck(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg, restoring, err := router.Check(cfg)
+	cfg, checked, err := router.Check(cfg)
 	if err != nil {
 		return err
 	}
@@ -412,22 +413,43 @@ func runCheck(args []string, out io.Writer) error {
 		_, _ = out.Write(text)
 	}
 	restored := ""
-	if restoring.Workers > 0 {
-		restored = fmt.Sprintf(" and %d from state_file", restoring.Workers)
+	if checked.Workers > 0 {
+		restored = fmt.Sprintf(" and %d from state_file", checked.Workers)
 	}
 	switch {
-	case restoring.DNSDrained == 0:
-	case restoring.DNSOff:
-		restored += fmt.Sprintf("; state_file's %d drained DNS addresses dropped (discovery.dns is off)", restoring.DNSDrained)
+	case checked.DNSDrained == 0:
+	case checked.DNSOff:
+		restored += fmt.Sprintf("; state_file's %d drained DNS addresses dropped (discovery.dns is off)", checked.DNSDrained)
 	default:
-		restored += fmt.Sprintf("; %d drained DNS addresses held from state_file", restoring.DNSDrained)
+		restored += fmt.Sprintf("; %d drained DNS addresses held from state_file", checked.DNSDrained)
 	}
-	if restoring.Down > 0 {
-		restored += fmt.Sprintf("; %d workers kept down from state_file", restoring.Down)
+	if checked.Down > 0 {
+		restored += fmt.Sprintf("; %d workers kept down from state_file", checked.Down)
 	}
-	_, err = fmt.Fprintf(out, "config ok: listen %s, admin_listen %s, mode %s, %d workers%s\n",
-		cfg.Listen, cfg.AdminListen, cfg.Router.Mode, len(cfg.Workers), restored)
-	return err
+	if _, err := fmt.Fprintf(out, "config ok: listen %s, admin_listen %s, mode %s, %d workers%s\n",
+		cfg.Listen, cfg.AdminListen, cfg.Router.Mode, len(cfg.Workers), restored); err != nil {
+		return err
+	}
+	for _, c := range checked.Certificates {
+		if _, err := fmt.Fprintf(out, "certificate %s: %s, valid until %s (%s)\n", c.Key, c.Leaf.Subject,
+			c.Leaf.NotAfter.UTC().Format(time.RFC3339), timeLeft(time.Until(c.Leaf.NotAfter))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// timeLeft says how long a certificate with left to run has: days, hours
+// under two days, or that it expired (a check does not fail for it: the
+// router would start, and its clients refuse the certificate).
+func timeLeft(left time.Duration) string {
+	switch {
+	case left <= 0:
+		return "EXPIRED"
+	case left < 48*time.Hour:
+		return fmt.Sprintf("%.0fh left", left.Hours())
+	}
+	return fmt.Sprintf("%d days left", int(left.Hours()/24))
 }
 
 // listenVia returns the router's Listen: a listener of the process this

@@ -25,6 +25,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/router"
 	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/fastroute/fastroute/internal/syncbuf"
+	"github.com/fastroute/fastroute/internal/testpki"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -167,6 +168,23 @@ func TestCheckReadsTheConfigAsServeWould(t *testing.T) {
 	out.Reset()
 	require.NoError(t, runCheck([]string{"--config", conf, "--state-file", downs}, &out))
 	assert.Contains(t, out.String(), ", 1 workers; 2 workers kept down from state_file\n")
+
+	// Each certificate the router would show, and when it expires.
+	ca := testpki.Root(t, "ca")
+	front, _ := ca.ClientUntil("front", 2, time.Now().Add(90*24*time.Hour+time.Hour)).Files()
+	frontKey := strings.Replace(front, "cert.pem", "key.pem", 1)
+	adminCert, adminKey := ca.ClientUntil("admin", 3, time.Now().Add(5*time.Hour)).Files()
+	old := ca.ClientUntil("worker client", 4, time.Now().Add(-24*time.Hour))
+	workerCert, workerKey := old.Files()
+	out.Reset()
+	require.NoError(t, runCheck([]string{"--config", conf, "--tls-cert-file", front, "--tls-key-file", frontKey,
+		"--admin-tls-cert-file", adminCert, "--admin-tls-key-file", adminKey,
+		"--worker-tls-cert-file", workerCert, "--worker-tls-key-file", workerKey}, &out))
+	assert.Contains(t, out.String(), "certificate tls: CN=front, valid until ")
+	assert.Contains(t, out.String(), " (90 days left)\n")
+	assert.Contains(t, out.String(), "certificate admin_tls: CN=admin, valid until ")
+	assert.Contains(t, out.String(), " (5h left)\n")
+	assert.Contains(t, out.String(), "certificate worker_tls: CN=worker client, valid until "+old.Cert.NotAfter.UTC().Format(time.RFC3339)+" (EXPIRED)\n")
 
 	notPEM := file("not.pem", "hello\n")
 	for name, tc := range map[string]struct{ yaml, err string }{

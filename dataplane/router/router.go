@@ -5,6 +5,7 @@ package router
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -110,20 +111,44 @@ type Restored struct {
 	Down int
 }
 
+// Checked is what Check found: what the state file would restore at
+// start, and the certificates the router would show.
+type Checked struct {
+	Restored
+	Certificates []Shown
+}
+
+// Shown is a certificate the router would show: the config key that names
+// it (tls: the front end's; admin_tls: the admin listener's; worker_tls:
+// its client certificate to workers), and its leaf.
+type Shown struct {
+	Key  string
+	Leaf *x509.Certificate
+}
+
 // Check reads cfg as Start would, and starts nothing: it validates it,
 // reads the files its secrets and clients' API keys are in, loads its
 // TLS certificates and CA files (the front end's, the workers', etcd's)
 // and reads its state file. It returns cfg with the secrets read, and what
-// the state file would restore at start.
-func Check(cfg config.Config) (checked config.Config, restored Restored, err error) {
-	cfg, st, err := check(cfg, slog.Default())
-	return cfg, Restored{Workers: st.added(cfg.Workers), DNSDrained: len(st.DNSDrained), DNSOff: !cfg.Discovery.DNS.On(), Down: len(st.Down)}, err
+// it found.
+func Check(cfg config.Config) (config.Config, Checked, error) {
+	cfg, found, err := check(cfg, slog.Default())
+	st := found.state
+	return cfg, Checked{Certificates: found.certs,
+		Restored: Restored{Workers: st.added(cfg.Workers), DNSDrained: len(st.DNSDrained), DNSOff: !cfg.Discovery.DNS.On(), Down: len(st.Down)}}, err
 }
 
-// check is Check, returning the state file's state (empty without one);
-// what it warns of (a revocation list out of date) goes to log.
-func check(cfg config.Config, log *slog.Logger) (config.Config, adminState, error) {
-	var none adminState
+// checkedFiles is what check read: the state file's state (empty without
+// one) and the certificates the config names.
+type checkedFiles struct {
+	state adminState
+	certs []Shown
+}
+
+// check is Check; what it warns of (a revocation list out of date) goes
+// to log.
+func check(cfg config.Config, log *slog.Logger) (config.Config, checkedFiles, error) {
+	var none, found checkedFiles
 	if err := cfg.Validate(); err != nil {
 		return cfg, none, err
 	}
@@ -132,16 +157,26 @@ func check(cfg config.Config, log *slog.Logger) (config.Config, adminState, erro
 	}
 	if cfg.TLS.On() {
 		var front frontTLS
-		if _, err := front.read(cfg.TLS, log); err != nil {
+		fc, err := front.read(cfg.TLS, log)
+		if err != nil {
 			return cfg, none, err
 		}
+		found.certs = append(found.certs, Shown{"tls", fc.conf.Certificates[0].Leaf})
 	}
-	if _, err := readAdminTLS(cfg.AdminTLS); err != nil {
+	admin, err := readAdminTLS(cfg.AdminTLS)
+	if err != nil {
 		return cfg, none, err
+	}
+	if admin.cert != nil {
+		found.certs = append(found.certs, Shown{"admin_tls", admin.cert.Leaf})
 	}
 	var c certificate
-	if _, err := readClientCertificate(cfg.WorkerTLS); err != nil {
+	client, err := readClientCertificate(cfg.WorkerTLS)
+	if err != nil {
 		return cfg, none, err
+	}
+	if client != nil {
+		found.certs = append(found.certs, Shown{"worker_tls", client.Leaf})
 	}
 	if _, err := c.workerConfig(cfg.WorkerTLS); err != nil {
 		return cfg, none, err
@@ -150,10 +185,10 @@ func check(cfg config.Config, log *slog.Logger) (config.Config, adminState, erro
 		return cfg, none, err
 	}
 	if cfg.StateFile == "" {
-		return cfg, none, nil
+		return cfg, found, nil
 	}
-	st, err := readState(cfg.StateFile)
-	return cfg, st, err
+	found.state, err = readState(cfg.StateFile)
+	return cfg, found, err
 }
 
 // StartWith is Start with the listeners opened by listen.
@@ -161,7 +196,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	if log == nil {
 		log = slog.Default()
 	}
-	cfg, state, err := check(cfg, slog.New(slog.DiscardHandler)) // what it warns of, loading the files again below does
+	cfg, found, err := check(cfg, slog.New(slog.DiscardHandler)) // what it warns of, loading the files again below does
 	if err != nil {
 		return nil, err
 	}
@@ -287,7 +322,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	if err := r.newDNS(log); err != nil {
 		return nil, err
 	}
-	if err := r.restoreState(state); err != nil {
+	if err := r.restoreState(found.state); err != nil {
 		return nil, err
 	}
 

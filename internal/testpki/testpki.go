@@ -78,11 +78,20 @@ type Leaf struct {
 }
 
 // Client is a client certificate named name that a signs, of serial
-// number serial; the intermediates of its chain follow it in CertPEM.
+// number serial, valid an hour either side of now; the intermediates of
+// its chain follow it in CertPEM.
 func (a *Authority) Client(name string, serial int64, intermediates ...*Authority) *Leaf {
 	a.tb.Helper()
+	return a.ClientUntil(name, serial, time.Now().Add(time.Hour), intermediates...)
+}
+
+// ClientUntil is Client valid until notAfter (from two hours before it).
+func (a *Authority) ClientUntil(name string, serial int64, notAfter time.Time, intermediates ...*Authority) *Leaf {
+	a.tb.Helper()
 	key := NewKey(a.tb)
-	der, err := x509.CreateCertificate(rand.Reader, template(name, serial, false), a.Cert, &key.PublicKey, a.key)
+	tmpl := template(name, serial, false)
+	tmpl.NotBefore, tmpl.NotAfter = notAfter.Add(-2*time.Hour), notAfter
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.Cert, &key.PublicKey, a.key)
 	require.NoError(a.tb, err)
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	require.NoError(a.tb, err)
