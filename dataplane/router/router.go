@@ -139,9 +139,10 @@ func Check(cfg config.Config) (config.Config, Checked, error) {
 }
 
 // checkedFiles is what check read: the state file's state (empty without
-// one) and the certificates the config names.
+// one), admin_tls's files, and the certificates the config names.
 type checkedFiles struct {
 	state adminState
+	admin adminFiles
 	certs []Shown
 }
 
@@ -163,12 +164,12 @@ func check(cfg config.Config, log *slog.Logger) (config.Config, checkedFiles, er
 		}
 		found.certs = append(found.certs, Shown{"tls", fc.conf.Certificates[0].Leaf})
 	}
-	admin, err := readAdminTLS(cfg.AdminTLS)
-	if err != nil {
+	var err error
+	if found.admin, err = readAdminTLS(cfg.AdminTLS); err != nil {
 		return cfg, none, err
 	}
-	if admin.cert != nil {
-		found.certs = append(found.certs, Shown{"admin_tls", admin.cert.Leaf})
+	if found.admin.cert != nil {
+		found.certs = append(found.certs, Shown{"admin_tls", found.admin.cert.Leaf})
 	}
 	var c certificate
 	client, err := readClientCertificate(cfg.WorkerTLS)
@@ -200,10 +201,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	if err != nil {
 		return nil, err
 	}
-	adminFiles, err := readAdminTLS(cfg.AdminTLS)
-	if err != nil {
-		return nil, err
-	}
+	adminFiles := found.admin
 	reg := dataplane.NewRegistry()
 	for _, spec := range cfg.Workers {
 		if _, err := reg.Add(spec); err != nil {

@@ -40,13 +40,16 @@ func (c *certificate) adminServerConfig(min uint16, clientCAs *x509.CertPool) *t
 // admin listener's certificate, as read last, shown to a peer that asks
 // for one (its admin_tls.client_ca_file); none without admin_tls.
 func (c *certificate) peerConfig(roots *x509.CertPool) *tls.Config {
-	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots,
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			if cert := c.cur.Load(); cert != nil {
-				return cert, nil
-			}
-			return &tls.Certificate{}, nil // none to show: the peer decides
-		}}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, GetClientCertificate: c.show}
+}
+
+// show is the certificate a client shows a server that asks for one: c's,
+// as read last, or none (the server decides).
+func (c *certificate) show(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	if cert := c.cur.Load(); cert != nil {
+		return cert, nil
+	}
+	return &tls.Certificate{}, nil
 }
 
 // adminFiles is what admin_tls's files hold: the admin listener's
@@ -208,17 +211,12 @@ func readClientCertificate(t config.WorkerTLS) (*tls.Certificate, error) {
 // front end gives each worker a cache of its own).
 func (c *certificate) workerConfig(t config.WorkerTLS) (*tls.Config, error) {
 	conf := &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		NextProtos:         []string{"http/1.1"},
-		ServerName:         t.ServerName,
-		InsecureSkipVerify: t.InsecureSkipVerify,
-		ClientSessionCache: tls.NewLRUClientSessionCache(0),
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			if cert := c.cur.Load(); cert != nil {
-				return cert, nil
-			}
-			return &tls.Certificate{}, nil // none: the worker decides
-		},
+		MinVersion:           tls.VersionTLS12,
+		NextProtos:           []string{"http/1.1"},
+		ServerName:           t.ServerName,
+		InsecureSkipVerify:   t.InsecureSkipVerify,
+		ClientSessionCache:   tls.NewLRUClientSessionCache(0),
+		GetClientCertificate: c.show,
 	}
 	if t.CAFile != "" {
 		roots, err := tlsfiles.Roots("key worker_tls.ca_file", t.CAFile)
