@@ -4,7 +4,6 @@ package router
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -79,10 +78,7 @@ type Router struct {
 	ln, adminLn   net.Listener
 	admin         *http.Server
 	gpu           *nvml.Collector
-	cert          frontTLS    // the front end's, with tls set
-	adminCert     certificate // the admin listener's, with admin_tls set
-	workerCert    certificate // worker_tls's client certificate
-	workerTLS     *tls.Config // of every connection to an https:// worker
+	*tlsState     // what the TLS files hold, as the start's check read them
 	cancel        context.CancelFunc
 	loops         sync.WaitGroup // health and telemetry goroutines
 }
@@ -139,48 +135,44 @@ func Check(cfg config.Config) (config.Config, Checked, error) {
 }
 
 // checkedFiles is what check read: the state file's state (empty without
-// one), admin_tls's files, and the certificates the config names.
+// one), the TLS files, and the certificates the config names.
 type checkedFiles struct {
 	state adminState
-	admin adminFiles
+	tls   *tlsState
 	certs []Shown
 }
 
-// check is Check; what it warns of (a revocation list out of date) goes
-// to log.
+// check is Check; what it warns of (a revocation list out of date,
+// workers' certificates left unchecked) goes to log.
 func check(cfg config.Config, log *slog.Logger) (config.Config, checkedFiles, error) {
-	var none, found checkedFiles
+	var none checkedFiles
+	found := checkedFiles{tls: &tlsState{}}
 	if err := cfg.Validate(); err != nil {
 		return cfg, none, err
 	}
 	if err := cfg.ResolveSecrets(os.Getenv); err != nil {
 		return cfg, none, err
 	}
+	ts := found.tls
 	if cfg.TLS.On() {
-		var front frontTLS
-		fc, err := front.read(cfg.TLS, log)
-		if err != nil {
+		if err := ts.cert.load(cfg.TLS, log); err != nil {
 			return cfg, none, err
 		}
-		found.certs = append(found.certs, Shown{"tls", fc.conf.Certificates[0].Leaf})
+		found.certs = append(found.certs, Shown{"tls", ts.cert.cur.Load().conf.Certificates[0].Leaf})
 	}
 	var err error
-	if found.admin, err = readAdminTLS(cfg.AdminTLS); err != nil {
+	if ts.adminFiles, err = readAdminTLS(cfg.AdminTLS); err != nil {
 		return cfg, none, err
 	}
-	if found.admin.cert != nil {
-		found.certs = append(found.certs, Shown{"admin_tls", found.admin.cert.Leaf})
+	if cert := ts.adminFiles.cert; cert != nil {
+		ts.adminCert.cur.Store(cert)
+		found.certs = append(found.certs, Shown{"admin_tls", cert.Leaf})
 	}
-	var c certificate
-	client, err := readClientCertificate(cfg.WorkerTLS)
-	if err != nil {
+	if err := ts.startWorkerTLS(cfg.WorkerTLS, log); err != nil {
 		return cfg, none, err
 	}
-	if client != nil {
+	if client := ts.workerCert.cur.Load(); client != nil {
 		found.certs = append(found.certs, Shown{"worker_tls", client.Leaf})
-	}
-	if _, err := c.workerConfig(cfg.WorkerTLS); err != nil {
-		return cfg, none, err
 	}
 	if _, err := discovery.TLSConfig(etcdOptions(cfg.Discovery.Etcd, nil)); err != nil {
 		return cfg, none, err
@@ -197,11 +189,10 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	if log == nil {
 		log = slog.Default()
 	}
-	cfg, found, err := check(cfg, slog.New(slog.DiscardHandler)) // what it warns of, loading the files again below does
+	cfg, found, err := check(cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	adminFiles := found.admin
 	reg := dataplane.NewRegistry()
 	for _, spec := range cfg.Workers {
 		if _, err := reg.Add(spec); err != nil {
@@ -222,7 +213,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	}
 	aff := cfg.Router.SessionAffinity
 	affMode, _ := affinity.ParseMode(aff.Mode) // Validate checked it
-	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, log: log,
+	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, log: log, tlsState: found.tls,
 		Sessions:  affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions}),
 		Responses: affinity.NewTable(storedResponses)}
 	if n := cfg.Router.EmbeddingCacheSize; n > 0 {
@@ -234,7 +225,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		if len(pa.Peers) > 0 || pa.Advertise != "" {
 			r.Prefixes.Share(prefixshare.JournalKeys)
 			r.PrefixShare = prefixshare.New(prefixshare.Options{Prefixes: r.Prefixes, Peers: pa.Peers, Self: pa.Advertise,
-				Token: cfg.AdminToken, Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), TLS: r.adminCert.peerConfig(adminFiles.peerRoots), Logger: log})
+				Token: cfg.AdminToken, Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), TLS: r.adminCert.peerConfig(r.adminFiles.peerRoots), Logger: log})
 			r.Metrics.Register(r.PrefixShare.Collector())
 		}
 	}
@@ -268,9 +259,6 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	if err != nil {
 		return nil, err // Validate checked them: not reached
 	}
-	if err := r.startWorkerTLS(cfg.WorkerTLS, log); err != nil {
-		return nil, err
-	}
 	fo.WorkerTLS = r.workerTLS
 	if cfg.Tracing.On() {
 		if r.Tracer, err = tracing.New(cfg.Tracing, tracing.Options{Logger: log}); err != nil {
@@ -302,9 +290,6 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		return nil, err // Validate checked them: not reached
 	}
 	if cfg.TLS.On() {
-		if err := r.cert.load(cfg.TLS, log); err != nil {
-			return nil, err
-		}
 		fo.TLS = r.cert.serverConfig()
 	}
 	r.Frontend = frontend.New(fo)
@@ -343,9 +328,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		// handler's panic) goes to the router's log, in its format.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	if adminFiles.cert != nil {
-		r.adminCert.cur.Store(adminFiles.cert)
-		r.admin.TLSConfig = r.adminCert.adminServerConfig(config.TLSVersion(cfg.AdminTLS.MinVersion), adminFiles.clientCAs)
+	if cfg.AdminTLS.On() {
+		r.admin.TLSConfig = r.adminCert.adminServerConfig(config.TLSVersion(cfg.AdminTLS.MinVersion), r.adminFiles.clientCAs)
 	}
 	if err := r.startDiscovery(log); err != nil {
 		r.ln.Close()

@@ -13,6 +13,17 @@ import (
 	"github.com/fastroute/fastroute/internal/tlsfiles"
 )
 
+// tlsState is what the config's TLS files hold, as the router uses them:
+// read by the check a start begins with, and again (what a reload
+// applies) by a reload.
+type tlsState struct {
+	cert       frontTLS    // the front end's, with tls set
+	adminFiles adminFiles  // admin_tls's as the start read them: its CAs hold until a restart; its certificate is adminCert's
+	adminCert  certificate // the admin listener's, with admin_tls set
+	workerCert certificate // worker_tls's client certificate
+	workerTLS  *tls.Config // of every connection to an https:// worker
+}
+
 // certificate is a certificate read again by a reload (nil: none):
 // worker_tls's client certificate, or the admin listener's. A rotated
 // certificate serves new handshakes at once; connections open keep theirs.
@@ -230,13 +241,13 @@ func (c *certificate) workerConfig(t config.WorkerTLS) (*tls.Config, error) {
 
 // startWorkerTLS reads worker_tls's files into the configuration of
 // connections to https:// workers.
-func (r *Router) startWorkerTLS(t config.WorkerTLS, log *slog.Logger) error {
+func (ts *tlsState) startWorkerTLS(t config.WorkerTLS, log *slog.Logger) error {
 	cert, err := readClientCertificate(t)
 	if err != nil {
 		return err
 	}
-	r.workerCert.cur.Store(cert)
-	if r.workerTLS, err = r.workerCert.workerConfig(t); err != nil {
+	ts.workerCert.cur.Store(cert)
+	if ts.workerTLS, err = ts.workerCert.workerConfig(t); err != nil {
 		return err
 	}
 	if t.InsecureSkipVerify {
