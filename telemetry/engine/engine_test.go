@@ -945,12 +945,20 @@ func TestAWorkerWithoutMetricsIsReadByTheRouter(t *testing.T) {
 }
 
 // A scrape follows a redirect (an engine whose /metrics answers 307 to
-// /metrics/, as vLLM's mounted Prometheus app once did), asks for the
-// page uncompressed (the engine's API server spends no CPU on gzip every
-// interval), and fails on a page over MaxPageBytes, read no further.
+// /metrics/, as vLLM's mounted Prometheus app once did) within the
+// worker's host, never to another (the worker's API key would go with
+// it), asks for the page uncompressed (the engine's API server spends no
+// CPU on gzip every interval), and fails on a page over MaxPageBytes, read
+// no further.
 func TestAScrapeFollowsRedirectsAndBoundsThePage(t *testing.T) {
 	var encodings sync.Map
 	var bigSent atomic.Int64
+	var elsewhere atomic.Int64
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+		_, _ = io.WriteString(w, vllmPage)
+	}))
+	defer other.Close()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		encodings.Store(r.Header.Get("Accept-Encoding"), true)
 		switch r.URL.Path {
@@ -960,6 +968,8 @@ func TestAScrapeFollowsRedirectsAndBoundsThePage(t *testing.T) {
 			_, _ = io.WriteString(w, vllmPage)
 		case "/loop":
 			http.Redirect(w, r, "/loop", http.StatusFound)
+		case "/away":
+			http.Redirect(w, r, other.URL+"/metrics", http.StatusFound)
 		case "/big":
 			_, _ = io.WriteString(w, vllmPage)
 			pad := []byte(strings.Repeat("# pad\n", 1<<14))
@@ -974,9 +984,10 @@ func TestAScrapeFollowsRedirectsAndBoundsThePage(t *testing.T) {
 	}))
 	defer srv.Close()
 	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
-	sc := New(Options{Timeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Publish: s.publish,
+	sc := New(Options{Timeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Publish: s.publish, APIKey: "k",
 		Targets: func() []Target {
-			return []Target{{ID: 1, URL: srv.URL + "/metrics"}, {ID: 2, URL: srv.URL + "/loop"}, {ID: 3, URL: srv.URL + "/big"}}
+			return []Target{{ID: 1, URL: srv.URL + "/metrics"}, {ID: 2, URL: srv.URL + "/loop"}, {ID: 3, URL: srv.URL + "/big"},
+				{ID: 4, URL: srv.URL + "/away"}}
 		}})
 	sc.Prime(context.Background())
 
@@ -984,7 +995,7 @@ func TestAScrapeFollowsRedirectsAndBoundsThePage(t *testing.T) {
 	require.NotNil(t, st, "read through the redirect")
 	assert.Equal(t, 5.0, st.Running)
 	encodings.Range(func(k, _ any) bool { assert.Empty(t, k, "Accept-Encoding"); return true })
-	for id, want := range map[uint64]string{2: "status 302", 3: ErrPageTooLarge.Error()} {
+	for id, want := range map[uint64]string{2: "status 302", 3: ErrPageTooLarge.Error(), 4: "redirected to " + other.URL + "/metrics, not " + srv.URL + ": not followed"} {
 		st, n := s.get(id)
 		assert.Nil(t, st)
 		assert.Positive(t, n)
@@ -993,6 +1004,7 @@ func TestAScrapeFollowsRedirectsAndBoundsThePage(t *testing.T) {
 		assert.Contains(t, info["engine_reason"], want, "worker %d", id)
 	}
 	assert.Less(t, bigSent.Load(), int64(MaxPageBytes+8<<20), "the page was not read to its end")
+	assert.Zero(t, elsewhere.Load(), "nothing asked of another host")
 }
 
 // When Run ends, a scrape under way (of an engine slow to answer its

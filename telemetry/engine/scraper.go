@@ -340,6 +340,7 @@ func (s *Scraper) fetch(st *target) (Reading, error) {
 		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+s.o.APIKey)
 	}
 	deadline := time.Now().Add(s.o.Timeout)
+	origin := string(req.URI().Scheme()) + "://" + string(req.URI().Host())
 	for hops := 0; ; hops++ {
 		if err := client.DoDeadline(req, resp, deadline); err != nil {
 			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
@@ -355,6 +356,10 @@ func (s *Scraper) fetch(st *target) (Reading, error) {
 			break
 		}
 		req.URI().UpdateBytes(location)
+		if string(req.URI().Scheme())+"://"+string(req.URI().Host()) != origin {
+			// The worker's API key goes to the worker alone.
+			return Reading{}, fmt.Errorf("GET %s: redirected to %s, not %s: not followed", url, location, origin)
+		}
 	}
 	switch resp.StatusCode() {
 	case fasthttp.StatusOK:
@@ -384,7 +389,8 @@ func (st *target) parse(page []byte, at time.Time) (Reading, error) {
 	return r, nil
 }
 
-// maxRedirects is how many redirects a scrape follows.
+// maxRedirects is how many redirects a scrape follows, each to the
+// worker's own scheme, host and port.
 const maxRedirects = 3
 
 // note records why a target has no fresh reading ("" when it has one),
