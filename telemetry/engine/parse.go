@@ -264,7 +264,8 @@ var read = func() map[string]bool {
 }()
 
 // keepRead moves to the front of page, in order, the lines Parse reads:
-// the # HELP and # TYPE lines and the samples of the series it reads, and
+// the # TYPE lines and the samples of the series it reads (not their
+// # HELP lines, text the parser would copy and nothing reads), and
 // any sample whose name it cannot tell (a quoted name), left to the
 // parser. It returns them. A vLLM page is mostly histograms and process
 // metrics Parse does not read, which the parser then never builds.
@@ -286,12 +287,12 @@ func keepRead(page []byte) []byte {
 
 // seriesOf returns the series name a line of a text page is about, nil when
 // it is a sample whose name it cannot tell; ok is false for a line about
-// no series (blank, or a comment other than # HELP and # TYPE).
+// no series that Parse reads (blank, or a comment other than # TYPE).
 func seriesOf(line []byte) (name []byte, ok bool) {
 	line = trimBlanks(line)
 	if len(line) > 0 && line[0] == '#' {
 		word, rest := token(line[1:])
-		if string(word) != "HELP" && string(word) != "TYPE" {
+		if string(word) != "TYPE" {
 			return nil, false
 		}
 		name, _ = token(rest)
