@@ -392,8 +392,9 @@ const memoryLimitCheck = 30 * time.Second
 // serve would, files and certificates included, and starts nothing (as
 // nginx -t): before a reload or an upgrade, say. It writes a line saying
 // what would run to out, a line for each certificate the router would
-// show (its subject, and when it expires), and with --print the config
-// itself, secrets redacted.
+// show (its subject, and when it expires) and for each revocation list
+// (when it is due to be replaced: past that, its issuer's clients are
+// refused), and with --print the config itself, secrets redacted.
 func runCheck(args []string, out io.Writer) error {
 	serveArgs := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--print" || a == "-print" })
 	show := len(serveArgs) < len(args)
@@ -436,12 +437,22 @@ func runCheck(args []string, out io.Writer) error {
 			return err
 		}
 	}
+	for _, l := range checked.RevocationLists {
+		due := "no next update"
+		if !l.Next.IsZero() {
+			due = fmt.Sprintf("next update %s (%s)", l.Next.UTC().Format(time.RFC3339), timeLeft(time.Until(l.Next)))
+		}
+		if _, err := fmt.Fprintf(out, "revocation list of %s (tls.client_crl_file): %s\n", l.Issuer, due); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
-// timeLeft says how long a certificate with left to run has: days, hours
-// under two days, or that it expired (a check does not fail for it: the
-// router would start, and its clients refuse the certificate).
+// timeLeft says how long a certificate or revocation list with left to
+// run has: days, hours under two days, or that it expired (a check does
+// not fail for it: the router would start; a client refuses an expired
+// certificate, and the router the clients of an out-of-date list).
 func timeLeft(left time.Duration) string {
 	switch {
 	case left <= 0:

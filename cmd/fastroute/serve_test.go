@@ -185,6 +185,16 @@ func TestCheckReadsTheConfigAsServeWould(t *testing.T) {
 	assert.Contains(t, out.String(), "certificate admin_tls: CN=admin, valid until ")
 	assert.Contains(t, out.String(), " (5h left)\n")
 	assert.Contains(t, out.String(), "certificate worker_tls: CN=worker client, valid until "+old.Cert.NotAfter.UTC().Format(time.RFC3339)+" (EXPIRED)\n")
+	assert.NotContains(t, out.String(), "revocation list")
+
+	// And each issuer's revocation list, and when it is due.
+	now := time.Now()
+	next := now.Add(3 * 24 * time.Hour).Add(time.Hour)
+	crls := testpki.WriteFile(t, "crls.pem", testpki.CRLPEM(ca.CRL(now.Add(-time.Hour), next, 9)))
+	out.Reset()
+	require.NoError(t, runCheck([]string{"--config", conf, "--tls-cert-file", front, "--tls-key-file", frontKey,
+		"--tls-client-ca-file", testpki.WriteFile(t, "ca.pem", testpki.CertPEM(ca.Cert)), "--tls-client-crl-file", crls}, &out))
+	assert.Contains(t, out.String(), "revocation list of CN=ca (tls.client_crl_file): next update "+next.UTC().Truncate(time.Second).Format(time.RFC3339)+" (3 days left)\n")
 
 	notPEM := file("not.pem", "hello\n")
 	for name, tc := range map[string]struct{ yaml, err string }{

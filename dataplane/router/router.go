@@ -31,6 +31,7 @@ import (
 	"github.com/fastroute/fastroute/discovery"
 	"github.com/fastroute/fastroute/discovery/dns"
 	"github.com/fastroute/fastroute/internal/dialer"
+	"github.com/fastroute/fastroute/internal/tlsfiles"
 	"github.com/fastroute/fastroute/telemetry/cpu"
 	"github.com/fastroute/fastroute/telemetry/engine"
 	"github.com/fastroute/fastroute/telemetry/nvml"
@@ -108,10 +109,12 @@ type Restored struct {
 }
 
 // Checked is what Check found: what the state file would restore at
-// start, and the certificates the router would show.
+// start, the certificates the router would show, and when each issuer's
+// revocation list of tls.client_crl_file is due to be replaced.
 type Checked struct {
 	Restored
-	Certificates []Shown
+	Certificates    []Shown
+	RevocationLists []tlsfiles.IssuerUpdate
 }
 
 // Shown is a certificate the router would show: the config key that names
@@ -129,9 +132,16 @@ type Shown struct {
 // it found.
 func Check(cfg config.Config) (config.Config, Checked, error) {
 	cfg, found, err := check(cfg, slog.Default())
+	if err != nil {
+		return cfg, Checked{}, err
+	}
 	st := found.state
-	return cfg, Checked{Certificates: found.certs,
-		Restored: Restored{Workers: st.added(cfg.Workers), DNSDrained: len(st.DNSDrained), DNSOff: !cfg.Discovery.DNS.On(), Down: len(st.Down)}}, err
+	checked := Checked{Certificates: found.certs,
+		Restored: Restored{Workers: st.added(cfg.Workers), DNSDrained: len(st.DNSDrained), DNSOff: !cfg.Discovery.DNS.On(), Down: len(st.Down)}}
+	if fc := found.tls.cert.cur.Load(); fc != nil && fc.crls != nil {
+		checked.RevocationLists = fc.crls.NextUpdates()
+	}
+	return cfg, checked, nil
 }
 
 // checkedFiles is what check read: the state file's state (empty without
