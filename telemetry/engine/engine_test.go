@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -1069,4 +1070,33 @@ func TestAnUnchangedPageIsNotParsedAgain(t *testing.T) {
 	_, err = scrape(strings.Replace(bigVLLMPage(), running, running+".0", 1), t0)
 	assert.Error(t, err)
 	assert.Nil(t, st.kept, "a page that failed is not kept")
+}
+
+// An engine closes a kept-alive connection once it idled for its
+// keep-alive timeout (uvicorn's 5 s, vLLM's and SGLang's): a scrape after
+// a longer interval finds it closed, and is made again on a new one, not
+// failed.
+func TestAScrapeOnAConnectionTheEngineClosedIsMadeAgain(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, vllmPage)
+	}))
+	srv.Config.IdleTimeout = 50 * time.Millisecond
+	var conns atomic.Int64
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
+	sc := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Publish: s.publish,
+		Targets: func() []Target { return []Target{{ID: 1, URL: srv.URL + "/metrics"}} }})
+	for range 4 {
+		sc.Prime(context.Background()) // the reading of the last went stale meanwhile
+		st, _ := s.get(1)
+		require.NotNil(t, st, "every scrape reads the page")
+		time.Sleep(200 * time.Millisecond) // past the engine's keep-alive
+	}
+	assert.GreaterOrEqual(t, conns.Load(), int64(4), "the engine closed each idle connection")
 }

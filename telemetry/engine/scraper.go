@@ -132,8 +132,11 @@ func New(o Options) *Scraper {
 		o.Dial = fasthttp.DialTimeout
 	}
 	s := &Scraper{o: o, state: map[uint64]*target{}, conns: openConns{set: map[*openConn]struct{}{}}}
+	// A scrape on a kept-alive connection its engine closed (past its
+	// keep-alive timeout: uvicorn's 5 s, with an interval longer than
+	// that) is made again on a new one, once, as Go's client did.
 	s.client = &fasthttp.Client{Name: "fastroute-metrics", ReadTimeout: o.Timeout, WriteTimeout: o.Timeout,
-		MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxPageBytes, MaxIdleConnDuration: time.Minute, TLSConfig: o.TLS,
+		MaxIdemponentCallAttempts: 2, MaxResponseBodySize: MaxPageBytes, MaxIdleConnDuration: time.Minute, TLSConfig: o.TLS,
 		DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {
 			return s.conns.track(o.Dial(addr, timeout))
 		}}
@@ -266,7 +269,7 @@ func (s *Scraper) socketClient(sock string) *fasthttp.HostClient {
 		return nil
 	}
 	return &fasthttp.HostClient{Addr: "localhost", Name: s.client.Name, ReadTimeout: s.o.Timeout, WriteTimeout: s.o.Timeout,
-		MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxPageBytes, MaxIdleConnDuration: time.Minute,
+		MaxIdemponentCallAttempts: 2, MaxResponseBodySize: MaxPageBytes, MaxIdleConnDuration: time.Minute,
 		Dial: func(string) (net.Conn, error) { return s.conns.track(net.DialTimeout("unix", sock, s.o.Timeout)) }}
 }
 

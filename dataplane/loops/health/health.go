@@ -64,8 +64,11 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 	}
 	c := &Checker{
 		reg: reg, opts: opts, failures: map[uint64]int{}, sockets: map[string]*fasthttp.HostClient{},
+		// A probe on a kept-alive connection its worker closed (past its
+		// keep-alive timeout: uvicorn's 5 s, so with probes further apart
+		// than that) is made again on a new one, once.
 		client: &fasthttp.Client{Name: "fastroute-health", ReadTimeout: opts.Timeout, WriteTimeout: opts.Timeout,
-			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes, TLSConfig: opts.TLS,
+			MaxIdemponentCallAttempts: 2, MaxResponseBodySize: MaxAnswerBytes, TLSConfig: opts.TLS,
 			// Both address families: a worker on an IPv6 address, or a name
 			// with only AAAA records, is reachable; a name is looked up again
 			// every dataplane.NameCacheTime, its addresses raced.
@@ -207,7 +210,7 @@ func (c *Checker) clientOf(w *dataplane.WorkerSpec) interface {
 	hc := c.sockets[sock]
 	if hc == nil {
 		hc = &fasthttp.HostClient{Addr: w.Host(), Name: c.client.Name, ReadTimeout: c.client.ReadTimeout, WriteTimeout: c.client.WriteTimeout,
-			MaxIdemponentCallAttempts: 1, MaxResponseBodySize: MaxAnswerBytes,
+			MaxIdemponentCallAttempts: 2, MaxResponseBodySize: MaxAnswerBytes,
 			Dial: func(string) (net.Conn, error) { return net.DialTimeout("unix", sock, c.opts.Timeout) }}
 		c.sockets[sock] = hc
 	}

@@ -174,3 +174,26 @@ func TestAWorkersHealthPathReplacesTheFleets(t *testing.T) {
 	bad := dataplane.WorkerSpec{ID: 3, URL: ollama.URL, HealthPath: "api/version"}
 	assert.ErrorContains(t, bad.Normalize(), `health_path: "api/version" must start with /`)
 }
+
+// An engine closes a kept-alive connection once it idled for its
+// keep-alive timeout (uvicorn's 5 s, vLLM's and SGLang's): with probes
+// further apart than that, each finds its connection closed, and is made
+// again on a new one, not failed.
+func TestAProbeOnAConnectionTheWorkerClosedIsMadeAgain(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	}))
+	srv.Config.IdleTimeout = 50 * time.Millisecond
+	srv.Start()
+	defer srv.Close()
+	reg := dataplane.NewRegistry()
+	_, err := reg.AddUnprobed(dataplane.WorkerSpec{ID: 1, URL: srv.URL})
+	require.NoError(t, err)
+	c := New(reg, Options{Interval: time.Second, Path: "/health", UnhealthyAfter: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	w, _ := reg.Get(1)
+	for i := range 4 {
+		c.CheckOnce()
+		require.True(t, w.Healthy(), "probe %d", i)
+		time.Sleep(200 * time.Millisecond) // past the worker's keep-alive
+	}
+}
