@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -466,6 +467,26 @@ func BenchmarkParseVLLMPage(b *testing.B) {
 	for b.Loop() {
 		copy(body, page)
 		if _, err := Parse(body, time.Time{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParseUnchangedVLLMPage reads the page of BenchmarkParseVLLMPage
+// as a scrape does when it is the last one again (an idle engine's): its
+// lines of the series read are compared, not parsed.
+func BenchmarkParseUnchangedVLLMPage(b *testing.B) {
+	page := []byte(bigVLLMPage())
+	var st target
+	if _, err := st.parse(slices.Clone(page), time.Time{}); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(page)))
+	b.ReportAllocs()
+	body := make([]byte, len(page))
+	for b.Loop() {
+		copy(body, page)
+		if _, err := st.parse(body, time.Time{}); err != nil {
 			b.Fatal(err)
 		}
 	}
