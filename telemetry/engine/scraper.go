@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fastroute/fastroute/internal/workerclient"
 	"github.com/valyala/fasthttp"
 )
 
@@ -132,14 +133,9 @@ func New(o Options) *Scraper {
 		o.Dial = fasthttp.DialTimeout
 	}
 	s := &Scraper{o: o, state: map[uint64]*target{}, conns: openConns{set: map[*openConn]struct{}{}}}
-	// A scrape on a kept-alive connection its engine closed (past its
-	// keep-alive timeout: uvicorn's 5 s, with an interval longer than
-	// that) is made again on a new one, once, as Go's client did.
-	s.client = &fasthttp.Client{Name: "fastroute-metrics", ReadTimeout: o.Timeout, WriteTimeout: o.Timeout,
-		MaxIdemponentCallAttempts: 2, MaxResponseBodySize: MaxPageBytes, MaxIdleConnDuration: time.Minute, TLSConfig: o.TLS,
-		DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {
-			return s.conns.track(o.Dial(addr, timeout))
-		}}
+	s.client = workerclient.TCP(s.clientOptions(), o.TLS, func(addr string, timeout time.Duration) (net.Conn, error) {
+		return s.conns.track(o.Dial(addr, timeout))
+	})
 	return s
 }
 
@@ -268,9 +264,14 @@ func (s *Scraper) socketClient(sock string) *fasthttp.HostClient {
 	if sock == "" {
 		return nil
 	}
-	return &fasthttp.HostClient{Addr: "localhost", Name: s.client.Name, ReadTimeout: s.o.Timeout, WriteTimeout: s.o.Timeout,
-		MaxIdemponentCallAttempts: 2, MaxResponseBodySize: MaxPageBytes, MaxIdleConnDuration: time.Minute,
-		Dial: func(string) (net.Conn, error) { return s.conns.track(net.DialTimeout("unix", sock, s.o.Timeout)) }}
+	return workerclient.Socket(s.clientOptions(), "localhost", func(string) (net.Conn, error) {
+		return s.conns.track(net.DialTimeout("unix", sock, s.o.Timeout))
+	})
+}
+
+// clientOptions are the scrapes' clients': a page over MaxPageBytes fails.
+func (s *Scraper) clientOptions() workerclient.Options {
+	return workerclient.Options{Name: "fastroute-metrics", Timeout: s.o.Timeout, MaxBody: MaxPageBytes, IdleFor: time.Minute}
 }
 
 func (s *Scraper) scrape(ctx context.Context, st *target) {

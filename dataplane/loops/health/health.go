@@ -14,6 +14,7 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/internal/dialer"
+	"github.com/fastroute/fastroute/internal/workerclient"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 )
@@ -64,15 +65,10 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 	}
 	c := &Checker{
 		reg: reg, opts: opts, failures: map[uint64]int{}, sockets: map[string]*fasthttp.HostClient{},
-		// A probe on a kept-alive connection its worker closed (past its
-		// keep-alive timeout: uvicorn's 5 s, so with probes further apart
-		// than that) is made again on a new one, once.
-		client: &fasthttp.Client{Name: "fastroute-health", ReadTimeout: opts.Timeout, WriteTimeout: opts.Timeout,
-			MaxIdemponentCallAttempts: 2, MaxResponseBodySize: MaxAnswerBytes, TLSConfig: opts.TLS,
-			// Both address families: a worker on an IPv6 address, or a name
-			// with only AAAA records, is reachable; a name is looked up again
-			// every dataplane.NameCacheTime, its addresses raced.
-			DialTimeout: (&dialer.Dialer{CacheTime: dataplane.NameCacheTime}).Dial},
+		// Both address families: a worker on an IPv6 address, or a name
+		// with only AAAA records, is reachable; a name is looked up again
+		// every dataplane.NameCacheTime, its addresses raced.
+		client: workerclient.TCP(probeClient(opts), opts.TLS, (&dialer.Dialer{CacheTime: dataplane.NameCacheTime}).Dial),
 	}
 	reg.Subscribe(c.workerChanged)
 	return c
@@ -209,9 +205,7 @@ func (c *Checker) clientOf(w *dataplane.WorkerSpec) interface {
 	defer c.mu.Unlock()
 	hc := c.sockets[sock]
 	if hc == nil {
-		hc = &fasthttp.HostClient{Addr: w.Host(), Name: c.client.Name, ReadTimeout: c.client.ReadTimeout, WriteTimeout: c.client.WriteTimeout,
-			MaxIdemponentCallAttempts: 2, MaxResponseBodySize: MaxAnswerBytes,
-			Dial: func(string) (net.Conn, error) { return net.DialTimeout("unix", sock, c.opts.Timeout) }}
+		hc = workerclient.Socket(probeClient(c.opts), w.Host(), func(string) (net.Conn, error) { return net.DialTimeout("unix", sock, c.opts.Timeout) })
 		c.sockets[sock] = hc
 	}
 	return hc
@@ -266,4 +260,10 @@ func (c *Checker) models(w *dataplane.WorkerSpec) *dataplane.Advertised {
 		}
 	}
 	return out
+}
+
+// probeClient is the probes' clients' options: an answer over
+// MaxAnswerBytes fails.
+func probeClient(opts Options) workerclient.Options {
+	return workerclient.Options{Name: "fastroute-health", Timeout: opts.Timeout, MaxBody: MaxAnswerBytes}
 }
