@@ -16,6 +16,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// probing is a Checker of o (probes at /health, logs discarded) over a
+// registry of one worker, id 1, at url.
+func probing(t *testing.T, url string, o Options) (*Checker, *dataplane.Registry, *dataplane.Worker) {
+	t.Helper()
+	reg := dataplane.NewRegistry()
+	w, err := reg.AddUnprobed(dataplane.WorkerSpec{ID: 1, URL: url})
+	require.NoError(t, err)
+	o.Path, o.Logger = "/health", slog.New(slog.NewTextHandler(io.Discard, nil))
+	return New(reg, o), reg, w
+}
+
 // A worker whose probes fail UnhealthyAfter times in a row leaves
 // rotation and comes back at its first good probe; the models it lists
 // are learned; the failures of a removed worker are forgotten.
@@ -32,13 +43,9 @@ func TestProbesMarkWorkersAndLearnModels(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	reg := dataplane.NewRegistry()
-	_, err := reg.AddUnprobed(dataplane.WorkerSpec{ID: 1, URL: srv.URL})
-	require.NoError(t, err)
-	c := New(reg, Options{Interval: 100 * time.Millisecond, Path: "/health", UnhealthyAfter: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	c, reg, w := probing(t, srv.URL, Options{Interval: 100 * time.Millisecond, UnhealthyAfter: 2})
 
 	c.CheckOnce()
-	w, _ := reg.Get(1)
 	assert.True(t, w.Healthy(), "routable after its first good probe")
 	assert.Equal(t, []string{"base-m"}, w.Advertised().Models)
 	assert.Equal(t, []string{"lora-a"}, w.Advertised().Adapters)
@@ -99,11 +106,7 @@ func TestProbesLearnContextLengths(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	reg := dataplane.NewRegistry()
-	_, err := reg.AddUnprobed(dataplane.WorkerSpec{ID: 1, URL: srv.URL})
-	require.NoError(t, err)
-	c := New(reg, Options{Interval: time.Second, Path: "/health", UnhealthyAfter: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	w, _ := reg.Get(1)
+	c, _, w := probing(t, srv.URL, Options{Interval: time.Second, UnhealthyAfter: 2})
 	for _, l := range []struct {
 		listing string
 		context int
@@ -133,12 +136,8 @@ func TestAProbeReadsNoMoreThanItsBound(t *testing.T) {
 		_, _ = io.WriteString(w, "ok")
 	}))
 	defer srv.Close()
-	reg := dataplane.NewRegistry()
-	_, err := reg.AddUnprobed(dataplane.WorkerSpec{ID: 1, URL: srv.URL})
-	require.NoError(t, err)
-	c := New(reg, Options{Interval: time.Second, Path: "/health", UnhealthyAfter: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	c, _, w := probing(t, srv.URL, Options{Interval: time.Second, UnhealthyAfter: 2})
 	c.CheckOnce()
-	w, _ := reg.Get(1)
 	assert.True(t, w.Healthy())
 	assert.Empty(t, w.Advertised().Models)
 }
@@ -186,11 +185,7 @@ func TestAProbeOnAConnectionTheWorkerClosedIsMadeAgain(t *testing.T) {
 	srv.Config.IdleTimeout = 50 * time.Millisecond
 	srv.Start()
 	defer srv.Close()
-	reg := dataplane.NewRegistry()
-	_, err := reg.AddUnprobed(dataplane.WorkerSpec{ID: 1, URL: srv.URL})
-	require.NoError(t, err)
-	c := New(reg, Options{Interval: time.Second, Path: "/health", UnhealthyAfter: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	w, _ := reg.Get(1)
+	c, _, w := probing(t, srv.URL, Options{Interval: time.Second, UnhealthyAfter: 1})
 	for i := range 4 {
 		c.CheckOnce()
 		require.True(t, w.Healthy(), "probe %d", i)
