@@ -530,7 +530,9 @@ func demoSleep(client *http.Client, base string, reg *dataplane.Registry, worker
 				return fmt.Errorf("%s: status %d", path, resp.StatusCode)
 			}
 			for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-				if w, ok := reg.Get(worker); ok && w.Asleep() == asleep {
+				// Seen: its flag, and out of (or back in) the routable
+				// snapshot the registry publishes just after the flag.
+				if w, ok := reg.Get(worker); ok && w.Asleep() == asleep && reg.Snapshot().Has(worker) != asleep {
 					return nil
 				}
 				if time.Now().After(deadline) {

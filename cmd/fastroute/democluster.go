@@ -160,9 +160,11 @@ func demoDownEverywhere(client *http.Client, from, to *router.Router, worker uin
 			if err := demoPatch(client, on.AdminAddr(), worker, body); err != nil {
 				return err
 			}
+			// Taken: out of (or back in) the routable snapshot, which the
+			// registry publishes just after it marks the worker.
 			return waitFor(5*time.Second, fmt.Sprintf("the other replica did not take worker %d's down mark within 5s", worker), func() bool {
 				w, ok := seen.Registry.Get(worker)
-				return ok && w.Down() == down
+				return ok && w.Down() == down && seen.Registry.Snapshot().Has(worker) != down
 			})
 		}
 	}
