@@ -55,7 +55,9 @@ func TestASleepingEngineIsOutOfRotation(t *testing.T) {
 	assert.Equal(t, "0", metric(t, f, `fastroute_worker_asleep{worker="1"}`))
 
 	engine("/sleep?level=1")
-	require.Eventually(t, func() bool { return asleep()[1] }, 5*time.Second, 10*time.Millisecond,
+	// The flag, then the routable snapshot the registry publishes just
+	// after it: the requests below are routed on the snapshot.
+	require.Eventually(t, func() bool { return asleep()[1] && !f.r.Registry.Snapshot().Has(1) }, 5*time.Second, 10*time.Millisecond,
 		"GET /workers shows the engine asleep")
 	assert.Equal(t, "1", metric(t, f, `fastroute_worker_asleep{worker="1"}`))
 	assert.Equal(t, "0", metric(t, f, `fastroute_worker_asleep{worker="2"}`))
@@ -71,7 +73,7 @@ func TestASleepingEngineIsOutOfRotation(t *testing.T) {
 	assert.True(t, f.mocks[0].Asleep())
 
 	engine("/wake_up")
-	require.Eventually(t, func() bool { return !asleep()[1] }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return !asleep()[1] && f.r.Registry.Snapshot().Has(1) }, 5*time.Second, 10*time.Millisecond,
 		"GET /workers shows the engine awake")
 	workers := map[string]int{}
 	for range 8 {
