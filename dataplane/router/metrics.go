@@ -2,7 +2,6 @@ package router
 
 import (
 	"cmp"
-	"crypto/tls"
 	"slices"
 
 	"github.com/fastroute/fastroute/dataplane/metrics"
@@ -61,28 +60,14 @@ func (r *Router) stateCollector() metrics.Collector {
 // and when each list is due to be replaced, for alerts before either
 // refuses anyone, and the handshakes the lists refused.
 func (r *Router) writeTLSFamilies(w *metrics.Writer) {
-	type expiry struct {
-		key  string
-		cert *tls.Certificate
+	if certs := r.shown(); len(certs) > 0 {
+		w.Header("fastroute_tls_certificate_expiry_timestamp_seconds", "gauge",
+			"When each certificate the router shows expires (its notAfter), by the config key that names it: tls (the front end's), admin_tls (the admin listener's), worker_tls (its client certificate).")
+		for _, c := range certs {
+			w.Sample("fastroute_tls_certificate_expiry_timestamp_seconds", float64(c.Leaf.NotAfter.Unix()), "certificate", c.Key)
+		}
 	}
-	var certs []expiry
 	fc := r.cert.cur.Load()
-	if fc != nil {
-		certs = append(certs, expiry{"tls", &fc.conf.Certificates[0]})
-	}
-	certs = append(certs, expiry{"admin_tls", r.adminCert.cur.Load()}, expiry{"worker_tls", r.workerCert.cur.Load()})
-	header := false
-	for _, c := range certs {
-		if c.cert == nil || c.cert.Leaf == nil {
-			continue
-		}
-		if !header {
-			w.Header("fastroute_tls_certificate_expiry_timestamp_seconds", "gauge",
-				"When each certificate the router shows expires (its notAfter), by the config key that names it: tls (the front end's), admin_tls (the admin listener's), worker_tls (its client certificate).")
-			header = true
-		}
-		w.Sample("fastroute_tls_certificate_expiry_timestamp_seconds", float64(c.cert.Leaf.NotAfter.Unix()), "certificate", c.key)
-	}
 	if fc == nil || fc.crls == nil {
 		return
 	}

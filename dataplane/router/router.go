@@ -136,7 +136,7 @@ func Check(cfg config.Config) (config.Config, Checked, error) {
 		return cfg, Checked{}, err
 	}
 	st := found.state
-	checked := Checked{Certificates: found.certs,
+	checked := Checked{Certificates: found.tls.shown(),
 		Restored: Restored{Workers: st.added(cfg.Workers), DNSDrained: len(st.DNSDrained), DNSOff: !cfg.Discovery.DNS.On(), Down: len(st.Down)}}
 	if fc := found.tls.cert.cur.Load(); fc != nil && fc.crls != nil {
 		checked.RevocationLists = fc.crls.NextUpdates()
@@ -145,11 +145,10 @@ func Check(cfg config.Config) (config.Config, Checked, error) {
 }
 
 // checkedFiles is what check read: the state file's state (empty without
-// one), the TLS files, and the certificates the config names.
+// one) and the TLS files.
 type checkedFiles struct {
 	state adminState
 	tls   *tlsState
-	certs []Shown
 }
 
 // check is Check; what it warns of (a revocation list out of date,
@@ -168,21 +167,14 @@ func check(cfg config.Config, log *slog.Logger) (config.Config, checkedFiles, er
 		if err := ts.cert.load(cfg.TLS, log); err != nil {
 			return cfg, none, err
 		}
-		found.certs = append(found.certs, Shown{"tls", ts.cert.cur.Load().conf.Certificates[0].Leaf})
 	}
 	var err error
 	if ts.adminFiles, err = readAdminTLS(cfg.AdminTLS); err != nil {
 		return cfg, none, err
 	}
-	if cert := ts.adminFiles.cert; cert != nil {
-		ts.adminCert.cur.Store(cert)
-		found.certs = append(found.certs, Shown{"admin_tls", cert.Leaf})
-	}
+	ts.adminCert.cur.Store(ts.adminFiles.cert)
 	if err := ts.startWorkerTLS(cfg.WorkerTLS, log); err != nil {
 		return cfg, none, err
-	}
-	if client := ts.workerCert.cur.Load(); client != nil {
-		found.certs = append(found.certs, Shown{"worker_tls", client.Leaf})
 	}
 	if _, err := discovery.TLSConfig(etcdOptions(cfg.Discovery.Etcd, nil)); err != nil {
 		return cfg, none, err

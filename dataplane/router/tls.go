@@ -24,6 +24,27 @@ type tlsState struct {
 	workerTLS  *tls.Config // of every connection to an https:// worker
 }
 
+// shown returns the certificates the router shows, as read last, by the
+// config key that names each (Shown): what fastroute check lists and the
+// expiry metrics give. One without its parsed leaf (GODEBUG
+// x509keypairleaf=0) is left out.
+func (ts *tlsState) shown() []Shown {
+	var front *tls.Certificate
+	if fc := ts.cert.cur.Load(); fc != nil {
+		front = &fc.conf.Certificates[0]
+	}
+	var out []Shown
+	for _, c := range [...]struct {
+		key  string
+		cert *tls.Certificate
+	}{{"tls", front}, {"admin_tls", ts.adminCert.cur.Load()}, {"worker_tls", ts.workerCert.cur.Load()}} {
+		if c.cert != nil && c.cert.Leaf != nil {
+			out = append(out, Shown{c.key, c.cert.Leaf})
+		}
+	}
+	return out
+}
+
 // certificate is a certificate read again by a reload (nil: none):
 // worker_tls's client certificate, or the admin listener's. A rotated
 // certificate serves new handshakes at once; connections open keep theirs.
