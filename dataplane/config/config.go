@@ -681,15 +681,20 @@ func (c *Config) ResolveSecrets(getenv func(string) string) error {
 			return keyErr("tracing.headers", "%v", err)
 		}
 	}
-	if c.AdminToken != "" {
-		return nil
-	}
-	host, _, _ := net.SplitHostPort(c.AdminListen)
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+	if c.AdminToken == "" && OffHost(c.AdminListen) {
 		return keyErr("admin_listen", "%s is reachable from other hosts and no admin token is set (admin_token, admin_token_file or %s)",
 			c.AdminListen, AdminTokenEnv)
 	}
 	return nil
+}
+
+// OffHost reports whether a listener on address (host:port) is reachable
+// from other hosts: its host is not localhost or a loopback address. The
+// admin listener is not run there without a token.
+func OffHost(address string) bool {
+	host, _, _ := net.SplitHostPort(address)
+	ip := net.ParseIP(host)
+	return host != "localhost" && (ip == nil || !ip.IsLoopback())
 }
 
 // resolveSecret returns the secret of config key key: its value, else the
@@ -855,9 +860,7 @@ func (c *Config) Validate() error {
 			return keyErr("discovery.dns", "%v", err)
 		}
 	}
-	switch c.Log.Access {
-	case "off", "all", "errors":
-	default:
+	if _, ok := frontend.ParseAccess(c.Log.Access); !ok {
 		return keyErr("log.access", "%q is not off, all or errors", c.Log.Access)
 	}
 	if c.Log.Format != "text" && c.Log.Format != "json" {

@@ -11,6 +11,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 )
 
@@ -19,7 +20,9 @@ import (
 // old spec's in-flight requests finish on it), and router.mode,
 // router.busy_threshold, router.retries, router.prefix_affinity's slack
 // and peers (reloadablePrefixes), the clients' API keys (api_keys_file,
-// read again), the front end's certificate, client CAs and revocation
+// read again), the admin token and the workers' API key (admin_token,
+// worker_api_key, from their files or the environment again), log.access,
+// the front end's certificate, client CAs and revocation
 // lists (tls, read again), the admin listener's certificate (admin_tls,
 // read again) and worker_tls's client certificate (read again) for new
 // requests and connections. Streams in
@@ -37,6 +40,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		return nil, nil, err
 	}
 	old := r.Config
+	if cfg.AdminToken == "" && config.OffHost(old.AdminListen) { // a new admin_listen waits for a restart
+		return nil, nil, fmt.Errorf("key admin_token: the admin listener runs on %s, reachable from other hosts, and this config sets no admin token (admin_token, admin_token_file or %s)",
+			old.AdminListen, config.AdminTokenEnv)
+	}
 	static := map[uint64]bool{}
 	for _, s := range old.Workers {
 		static[s.ID] = true
@@ -83,8 +90,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
-		"admin_token": old.AdminToken == cfg.AdminToken, "metrics_public": old.MetricsPublic == cfg.MetricsPublic,
-		"worker_api_key":              old.WorkerAPIKey == cfg.WorkerAPIKey,
+		"metrics_public":              old.MetricsPublic == cfg.MetricsPublic,
 		"api_keys_share_interval":     old.APIKeysShareInterval == cfg.APIKeysShareInterval,
 		"tls":                         old.TLS.On() == cfg.TLS.On(),
 		"admin_tls":                   adminTLSApplies,
@@ -105,7 +111,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.retry_statuses":       slices.Equal(old.Router.RetryStatuses, cfg.Router.RetryStatuses),
 		"discovery":                   reflect.DeepEqual(old.Discovery, cfg.Discovery),
 		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": old.Health == cfg.Health,
-		"limits": old.Limits == cfg.Limits, "routes": slices.Equal(old.Routes, cfg.Routes), "log": old.Log == cfg.Log,
+		"limits": old.Limits == cfg.Limits, "routes": slices.Equal(old.Routes, cfg.Routes), "log.format": old.Log.Format == cfg.Log.Format,
 		"cors_allowed_origins": slices.Equal(old.CORSAllowedOrigins, cfg.CORSAllowedOrigins),
 		"tracing":              tracingApplies,
 		"worker_tls":           workerTLSApplies,
@@ -167,6 +173,21 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.APIKeys.Set(cfg.APIKeys)
 		applied = append(applied, fmt.Sprintf("api_keys_file=%q (%d keys)", cfg.APIKeysFile, len(cfg.APIKeys)))
 	}
+	// The secrets apply to the next request that sends or checks one (never
+	// said: only that they changed).
+	if cfg.AdminToken != old.AdminToken {
+		r.adminToken.Set(cfg.AdminToken)
+		applied = append(applied, "admin_token changed")
+	}
+	if cfg.WorkerAPIKey != old.WorkerAPIKey {
+		r.workerKey.Set(cfg.WorkerAPIKey)
+		applied = append(applied, "worker_api_key changed")
+	}
+	if cfg.Log.Access != old.Log.Access {
+		access, _ := frontend.ParseAccess(cfg.Log.Access) // Validate checked it
+		r.Frontend.SetAccess(access)
+		applied = append(applied, fmt.Sprintf("log.access=%s", cfg.Log.Access))
+	}
 	if cfg.ShutdownDelay != old.ShutdownDelay {
 		applied = append(applied, fmt.Sprintf("shutdown_delay=%v", cfg.ShutdownDelay))
 	}
@@ -213,7 +234,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if prefixesApply {
 		next.Router.PrefixAffinity = cfg.Router.PrefixAffinity
 	}
-	next.Workers, next.ShutdownDelay = cfg.Workers, cfg.ShutdownDelay
+	next.Workers, next.ShutdownDelay, next.Log.Access = cfg.Workers, cfg.ShutdownDelay, cfg.Log.Access
+	next.AdminToken, next.AdminTokenFile = cfg.AdminToken, cfg.AdminTokenFile
+	next.WorkerAPIKey, next.WorkerAPIKeyFile = cfg.WorkerAPIKey, cfg.WorkerAPIKeyFile
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
 	next.ModelAliases, next.ModelMirrors = cfg.ModelAliases, cfg.ModelMirrors
 	if reread != nil {

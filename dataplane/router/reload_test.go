@@ -1,9 +1,12 @@
 package router
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -143,4 +146,110 @@ func TestReloadAppliesThePrefixSlackAndPeers(t *testing.T) {
 	assert.Empty(t, applied)
 	assert.Equal(t, []string{"router.prefix_affinity"}, needRestart, "started without sharing: peers need a restart")
 	assert.Nil(t, alone.r.PrefixShare)
+}
+
+// A reload applies new secrets (read from their files again) and a new
+// access log setting to the next request, and never says the secrets.
+func TestAReloadRotatesTheSecretsAndTheAccessLog(t *testing.T) {
+	const oldEngineKey, newEngineKey = "sk-engine-old-5f1c", "sk-engine-new-9a2e"
+	dir := t.TempDir()
+	adminFile, engineFile := filepath.Join(dir, "admin-token"), filepath.Join(dir, "engine-key")
+	require.NoError(t, os.WriteFile(adminFile, []byte("admin-old-77\n"), 0o600))
+	require.NoError(t, os.WriteFile(engineFile, []byte(oldEngineKey+"\n"), 0o600))
+	opts := mocks(2, 4, 20*time.Millisecond) // worker 1 takes the old engine key, worker 2 the new one
+	opts[0].APIKey, opts[1].APIKey = oldEngineKey, newEngineKey
+	var logs syncBuffer
+	f := startFleetLog(t, opts, func(c *config.Config) {
+		c.AdminTokenFile, c.WorkerAPIKeyFile = adminFile, engineFile
+		c.APIKeysFile = keysFile(t, "team-a "+teamAKey)
+	}, &logs)
+	source := func() (config.Config, error) { // as the file and flags read again: the secrets' files, not their values
+		c := f.r.CurrentConfig()
+		c.AdminToken, c.WorkerAPIKey = "", ""
+		return c, nil
+	}
+	f.r.SetConfigSource(source)
+	ask := func(worker string) int {
+		resp, body := f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+teamAKey, "x-worker-id", worker)
+		if resp.StatusCode == http.StatusOK {
+			assert.Contains(t, body, `"choices"`)
+		}
+		return resp.StatusCode
+	}
+	listed := func(id uint64) bool {
+		w, ok := f.r.Registry.Get(id)
+		return ok && len(w.Advertised().Models) > 0
+	}
+	require.Eventually(t, func() bool { return listed(1) }, 5*time.Second, 10*time.Millisecond, "worker 1 lists its models to the old key")
+	assert.Equal(t, http.StatusOK, ask("1"))
+	assert.Equal(t, http.StatusUnauthorized, ask("2"), "worker 2 takes only the new key")
+	assert.False(t, listed(2), "nor lists its models to the old one")
+	assert.NotContains(t, logs.String(), "log=access", "no access log yet")
+
+	// A stream that began with the access log off ends without a line.
+	stream := f.post("/v1/chat/completions", streamBody, "Authorization", "Bearer "+teamAKey, "x-worker-id", "1")
+	require.Equal(t, http.StatusOK, stream.StatusCode)
+	first, err := bufio.NewReader(stream.Body).ReadString('\n')
+	require.NoError(t, err)
+	require.Contains(t, first, "data:")
+
+	require.NoError(t, os.WriteFile(adminFile, []byte("admin-new-88\n"), 0o600))
+	require.NoError(t, os.WriteFile(engineFile, []byte(newEngineKey+"\n"), 0o600))
+	next, err := source()
+	require.NoError(t, err)
+	next.Log.Access = "all"
+	f.r.SetConfigSource(func() (config.Config, error) { return next, nil })
+	code, body := adminDo(t, f, "POST", "/config/reload", "", "admin-old-77")
+	require.Equal(t, http.StatusOK, code, body)
+	var answer struct{ Applied, NeedRestart []string }
+	require.NoError(t, json.Unmarshal([]byte(strings.ReplaceAll(body, "need_restart", "NeedRestart")), &answer))
+	assert.Equal(t, []string{"api_keys_file=\"" + f.r.CurrentConfig().APIKeysFile + "\" (1 keys)", "admin_token changed",
+		"worker_api_key changed", "log.access=all"}, answer.Applied)
+	assert.Empty(t, answer.NeedRestart)
+
+	readAll(t, stream)
+	code, _ = adminDo(t, f, "GET", "/workers", "", "admin-old-77")
+	assert.Equal(t, http.StatusUnauthorized, code, "the old admin token is refused")
+	code, _ = adminDo(t, f, "GET", "/workers", "", "admin-new-88")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Equal(t, http.StatusUnauthorized, ask("1"), "worker 1 takes only the old key, which the router no longer sends")
+	assert.Equal(t, http.StatusOK, ask("2"))
+	require.Eventually(t, func() bool { return listed(2) }, 5*time.Second, 10*time.Millisecond, "the probes send the new key")
+	assert.Regexp(t, `log=access .*path=/v1/chat/completions status=200 .* worker=2 `, logs.String(), "the access log is on")
+	assert.NotRegexp(t, `log=access .*status=200 .* worker=1 `, logs.String(), "not for the stream that began before")
+	code, running := adminDo(t, f, "GET", "/config", "", "admin-new-88")
+	require.Equal(t, http.StatusOK, code, running)
+	assert.Contains(t, running, "access: all")
+
+	next.Log.Access = "errors"
+	code, body = adminDo(t, f, "POST", "/config/reload", "", "admin-new-88")
+	require.Equal(t, http.StatusOK, code, body)
+	lines := strings.Count(logs.String(), "log=access")
+	assert.Equal(t, http.StatusOK, ask("2"))
+	assert.Equal(t, lines, strings.Count(logs.String(), "log=access"), "errors only: no line for a 200")
+	assert.Equal(t, http.StatusUnauthorized, ask("1"))
+	assert.Equal(t, lines+1, strings.Count(logs.String(), "log=access"), "a line for the 401")
+
+	for _, secret := range []string{"admin-old-77", "admin-new-88", oldEngineKey, newEngineKey} {
+		assert.NotContains(t, logs.String(), secret)
+		assert.NotContains(t, body, secret)
+		assert.NotContains(t, running, secret)
+	}
+	f.assertIdle()
+}
+
+// An admin listener reachable from other hosts keeps a token: a reload
+// whose config has none is refused, even when it also moves admin_listen
+// to loopback (which waits for a restart).
+func TestAReloadKeepsTheAdminTokenOffLoopback(t *testing.T) {
+	t.Setenv(config.AdminTokenEnv, "")
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.AdminListen, c.AdminToken = "0.0.0.0:0", "s3cret" })
+	next := f.r.CurrentConfig()
+	next.AdminToken, next.AdminListen = "", "127.0.0.1:0"
+	_, _, err := f.r.Reload(next)
+	require.ErrorContains(t, err, "key admin_token: the admin listener runs on 0.0.0.0:0, reachable from other hosts, and this config sets no admin token")
+	code, _ := adminDo(t, f, "GET", "/workers", "", "")
+	assert.Equal(t, http.StatusUnauthorized, code, "the token still holds")
+	code, _ = adminDo(t, f, "GET", "/workers", "", "s3cret")
+	assert.Equal(t, http.StatusOK, code)
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/tracing"
 	"github.com/fastroute/fastroute/discovery"
 	"github.com/fastroute/fastroute/discovery/dns"
+	"github.com/fastroute/fastroute/internal/bearer"
 	"github.com/fastroute/fastroute/internal/dialer"
 	"github.com/fastroute/fastroute/internal/tlsfiles"
 	"github.com/fastroute/fastroute/telemetry/cpu"
@@ -71,17 +72,20 @@ type Router struct {
 	// tracing.otlp_endpoint is set.
 	Tracer *tracing.Tracer
 
-	log           *slog.Logger
-	prefixLearned atomic.Uint64 // prefix records taken from peer replicas
-	upgrading     atomic.Bool   // an upgrade's new process starts: admin changes are refused (BeginUpgrade)
-	reloadMu      sync.Mutex    // one reload at a time; guards Config and source
-	source        func() (config.Config, error)
-	ln, adminLn   net.Listener
-	admin         *http.Server
-	gpu           *nvml.Collector
-	*tlsState     // what the TLS files hold, as the start's check read them
-	cancel        context.CancelFunc
-	loops         sync.WaitGroup // health and telemetry goroutines
+	log *slog.Logger
+	// adminToken and workerKey are admin_token and worker_api_key as they
+	// run: a reload sets them anew.
+	adminToken, workerKey bearer.Token
+	prefixLearned         atomic.Uint64 // prefix records taken from peer replicas
+	upgrading             atomic.Bool   // an upgrade's new process starts: admin changes are refused (BeginUpgrade)
+	reloadMu              sync.Mutex    // one reload at a time; guards Config and source
+	source                func() (config.Config, error)
+	ln, adminLn           net.Listener
+	admin                 *http.Server
+	gpu                   *nvml.Collector
+	*tlsState             // what the TLS files hold, as the start's check read them
+	cancel                context.CancelFunc
+	loops                 sync.WaitGroup // health and telemetry goroutines
 }
 
 // Start validates cfg, registers its workers and opens both listeners.
@@ -218,6 +222,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, log: log, tlsState: found.tls,
 		Sessions:  affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions}),
 		Responses: affinity.NewTable(storedResponses)}
+	r.adminToken.Set(cfg.AdminToken)
+	r.workerKey.Set(cfg.WorkerAPIKey)
 	if n := cfg.Router.EmbeddingCacheSize; n > 0 {
 		r.EmbedCache = affinity.NewCache(n)
 	}
@@ -227,7 +233,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		if len(pa.Peers) > 0 || pa.Advertise != "" {
 			r.Prefixes.Share(prefixshare.JournalKeys)
 			r.PrefixShare = prefixshare.New(prefixshare.Options{Prefixes: r.Prefixes, Peers: pa.Peers, Self: pa.Advertise,
-				Token: cfg.AdminToken, Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), TLS: r.adminCert.peerConfig(r.adminFiles.peerRoots), Logger: log})
+				Token: &r.adminToken, Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), TLS: r.adminCert.peerConfig(r.adminFiles.peerRoots), Logger: log})
 			r.Metrics.Register(r.PrefixShare.Collector())
 		}
 	}
@@ -250,7 +256,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		MaxRequestsPerConnection: cfg.Limits.MaxRequestsPerConnection,
 		Routes:                   cfg.Routes, CORSOrigins: cfg.CORSAllowedOrigins, Disagg: disaggOptions(cfg.Router.Disaggregation),
 		QueueSize: cfg.Router.Queue.Size, QueueTimeout: cfg.Router.Queue.Timeout, RetryStatuses: cfg.Router.RetryStatuses,
-		APIKeys: &r.APIKeys, WorkerAPIKey: cfg.WorkerAPIKey,
+		APIKeys: &r.APIKeys, WorkerAPIKey: &r.workerKey,
 	}
 	r.APIKeys.Set(cfg.APIKeys)
 	modelAliases, err := aliases.New(cfg.ModelAliases)
@@ -269,9 +275,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		fo.Tracer = r.Tracer
 		r.Metrics.Register(r.Tracer.Collector())
 	}
-	if cfg.Log.Access != "off" {
-		fo.AccessLog, fo.AccessErrorsOnly = log.With("log", "access"), cfg.Log.Access == "errors"
-	}
+	fo.AccessLog = log.With("log", "access")
+	fo.Access, _ = frontend.ParseAccess(cfg.Log.Access) // Validate checked it
 	if cfg.ProxyProtocol.Enabled {
 		from, err := cfg.ProxyProtocol.Prefixes()
 		if err != nil {
@@ -299,7 +304,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.Frontend.SetMirrors(modelMirrors)
 	r.Health = health.New(reg, health.Options{
 		Interval: cfg.Health.Interval, Timeout: cfg.Health.Timeout, Path: cfg.Health.Path, UnhealthyAfter: cfg.Health.UnhealthyAfter,
-		Logger: log, APIKey: cfg.WorkerAPIKey, TLS: r.workerTLS,
+		Logger: log, APIKey: &r.workerKey, TLS: r.workerTLS,
 	})
 	r.Metrics.Register(r.Frontend.Metrics().Collector(func() string { return string(r.CurrentConfig().Router.Mode) }, reg))
 	r.Metrics.Register(r.stateCollector())
@@ -319,7 +324,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		return nil, fmt.Errorf("admin_listen %s: %w", cfg.AdminListen, err)
 	}
 	r.admin = &http.Server{
-		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: cfg.AdminToken,
+		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: &r.adminToken,
 			MetricsPublic: cfg.MetricsPublic, Logger: log, Reload: r.ReloadFromSource, Probe: r.probeSoon,
 			Config:   func() ([]byte, error) { return r.CurrentConfig().RedactedYAML() },
 			Describe: r.describe, Drain: r.drainWorker, SetDown: r.setWorkerDown, LearnPrefixes: r.learnPrefixes(), APIKeys: &r.APIKeys,
@@ -523,7 +528,7 @@ func (r *Router) startEngines(log *slog.Logger) {
 	}
 	reg := r.Registry
 	r.Engines = engine.New(engine.Options{
-		Interval: e.Interval, Timeout: e.Timeout, Logger: log, APIKey: r.Config.WorkerAPIKey, TLS: r.workerTLS, StallAfter: e.StallAfter,
+		Interval: e.Interval, Timeout: e.Timeout, Logger: log, APIKey: &r.workerKey, TLS: r.workerTLS, StallAfter: e.StallAfter,
 		Dial: (&dialer.Dialer{CacheTime: dataplane.NameCacheTime}).Dial,
 		Targets: func() []engine.Target {
 			all := reg.All()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/bench/mockworker"
+	"github.com/fastroute/fastroute/internal/bearer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -1006,7 +1007,7 @@ func TestAScrapeFollowsRedirectsAndBoundsThePage(t *testing.T) {
 	}))
 	defer srv.Close()
 	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
-	sc := New(Options{Timeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Publish: s.publish, APIKey: "k",
+	sc := New(Options{Timeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Publish: s.publish, APIKey: bearer.New("k"),
 		Targets: func() []Target {
 			return []Target{{ID: 1, URL: srv.URL + "/metrics"}, {ID: 2, URL: srv.URL + "/loop"}, {ID: 3, URL: srv.URL + "/big"},
 				{ID: 4, URL: srv.URL + "/away"}}

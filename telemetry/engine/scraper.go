@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fastroute/fastroute/internal/bearer"
 	"github.com/fastroute/fastroute/internal/workerclient"
 	"github.com/valyala/fasthttp"
 )
@@ -76,8 +77,8 @@ type Options struct {
 	// the scraping goroutines, one call per worker at a time.
 	Publish func(id uint64, st *Stats)
 	// APIKey, when set, goes as "Authorization: Bearer <key>" on every
-	// scrape.
-	APIKey string
+	// scrape; a reload may change it.
+	APIKey *bearer.Token
 	// TLS is the configuration of scrapes of https:// workers (nil: the
 	// system's roots).
 	TLS *tls.Config
@@ -340,8 +341,8 @@ func (s *Scraper) fetch(st *target) (Reading, error) {
 	defer fasthttp.ReleaseResponse(resp)
 	url := st.URL
 	req.SetRequestURI(url)
-	if s.o.APIKey != "" {
-		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+s.o.APIKey)
+	if auth := s.o.APIKey.Header(); auth != nil {
+		req.Header.SetBytesV(fasthttp.HeaderAuthorization, auth)
 	}
 	deadline := time.Now().Add(s.o.Timeout)
 	origin := string(req.URI().Scheme()) + "://" + string(req.URI().Host())

@@ -6,7 +6,6 @@
 package admin
 
 import (
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/loops/prefixshare"
 	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/internal/bearer"
 )
 
 // WorkerInfo is how GET /workers shows one worker.
@@ -68,7 +68,7 @@ type WorkerInfo struct {
 type Options struct {
 	Registry *dataplane.Registry
 	Metrics  *metrics.Set
-	Token    string // bearer token every route needs; empty = open
+	Token    *bearer.Token // bearer token every route needs (a reload may change it); nil or empty: open
 	// MetricsPublic leaves GET /metrics open when a token is set.
 	MetricsPublic bool
 	Logger        *slog.Logger // admin writes are logged here (default slog.Default)
@@ -466,17 +466,13 @@ func pathID(w http.ResponseWriter, r *http.Request) (uint64, bool) {
 	return id, true
 }
 
-// guard refuses every request without the bearer token when one is set
+// guard refuses every request without the bearer token while one is set
 // (GET /metrics too, unless MetricsPublic). The comparison takes constant
 // time.
 func (o Options) guard(h http.Handler) http.Handler {
-	if o.Token == "" {
-		return h
-	}
-	want := []byte("Bearer " + o.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		open := o.MetricsPublic && r.URL.Path == "/metrics" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
-		if !open && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		open := !o.Token.IsSet() || o.MetricsPublic && r.URL.Path == "/metrics" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
+		if !open && !o.Token.Matches([]byte(r.Header.Get("Authorization"))) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="fastroute-admin"`)
 			writeError(w, http.StatusUnauthorized, "the admin listener needs Authorization: Bearer <admin token>")
 			return

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/internal/bearer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -40,7 +41,7 @@ func TestTokenAndDrainAnswers(t *testing.T) {
 	reg := dataplane.NewRegistry()
 	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://127.0.0.1:1"})
 	require.NoError(t, err)
-	srv := httptest.NewServer(Handler(Options{Registry: reg, Metrics: &metrics.Set{}, Token: "s3cret", MetricsPublic: true,
+	srv := httptest.NewServer(Handler(Options{Registry: reg, Metrics: &metrics.Set{}, Token: bearer.New("s3cret"), MetricsPublic: true,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Drain: func(id uint64) error {
 			if id == 1 {
@@ -180,7 +181,7 @@ func TestWritesRefusedWhileTheRouterSaysWhy(t *testing.T) {
 	require.NoError(t, err)
 	var why atomic.Value
 	why.Store("an upgrade is under way")
-	srv := httptest.NewServer(Handler(Options{Registry: reg, Metrics: &metrics.Set{}, Token: "s3cret",
+	srv := httptest.NewServer(Handler(Options{Registry: reg, Metrics: &metrics.Set{}, Token: bearer.New("s3cret"),
 		Logger: slog.New(slog.DiscardHandler), WritesRefused: func() string { return why.Load().(string) },
 		Reload: func() ([]string, []string, error) { return nil, nil, nil }}))
 	defer srv.Close()

@@ -65,7 +65,7 @@ func (ex *exchange) applyAlias(ctx *fasthttp.RequestCtx) bool {
 		}
 		ctx.Request.SetBodyRaw(ex.aliased)
 	}
-	if ex.s.access != nil {
+	if ex.logged != AccessOff {
 		ex.alias = append(ex.alias[:0], ex.req.Model...)
 	}
 	ex.req.Model = append(ex.req.Model[:0], to...)

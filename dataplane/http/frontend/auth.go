@@ -61,8 +61,8 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) *apikeys.Client {
 	default:
 		h.SetBytesV(headerWebSocketProtocol, protocols)
 	}
-	if s.workerAuth != nil {
-		h.SetCanonical(authorizationKey, s.workerAuth)
+	if auth := s.opts.WorkerAPIKey.Header(); auth != nil {
+		h.SetCanonical(authorizationKey, auth)
 	}
 	return c
 }

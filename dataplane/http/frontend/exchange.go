@@ -133,7 +133,8 @@ type exchange struct {
 	stop   atomic.Uint32 // why the upstream calls stop early (stopHungUp, stopPrefill); 0: they run
 
 	// For the access log.
-	path       []byte // copied only while the access log is on, as are method, peer, clientAt, requestID and clientCert
+	logged     Access // which requests get an access line, as it was when this one began
+	path       []byte // copied only while the access log is on for this request, as are method, peer, clientAt, requestID and clientCert
 	method     []byte
 	peer       net.Addr       // the connection's peer, where it has no IP address (clientAt is not valid)
 	clientAt   netip.AddrPort // the client's address (Server.clientOf), for the span too
@@ -165,7 +166,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 	if ex.s.opts.GenerateRequestIDs {
 		stampRequestID(ctx)
 	}
-	if ex.s.access != nil {
+	if ex.logged = Access(ex.s.access.Load()); ex.logged != AccessOff {
 		ex.path = append(ex.path[:0], ctx.Path()...)
 		ex.method = append(ex.method[:0], ctx.Method()...)
 		ex.requestID = append(ex.requestID[:0], ctx.Request.Header.Peek(headerRequestID)...)
@@ -1199,8 +1200,8 @@ func (ex *exchange) clientText() string {
 // logAccess writes the request's access line: with log.access all every
 // request, with errors those answered 400 or above or that did not end well.
 func (ex *exchange) logAccess(o outcome, total time.Duration) {
-	log := ex.s.access
-	if log == nil || (ex.s.opts.AccessErrorsOnly && ex.status < 400 && (o == outcomeOK || o == outcomeQuery)) {
+	log := ex.s.opts.AccessLog
+	if ex.logged == AccessOff || (ex.logged == AccessErrors && ex.status < 400 && (o == outcomeOK || o == outcomeQuery)) {
 		return
 	}
 	worker, attempts := ex.tried(o)

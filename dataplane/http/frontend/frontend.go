@@ -30,6 +30,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/http/hangup"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/tracing"
+	"github.com/fastroute/fastroute/internal/bearer"
 	"github.com/fastroute/fastroute/internal/dialer"
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
@@ -77,10 +78,10 @@ type Options struct {
 	// answers (cors). None: no CORS, a preflight is a 405, and answers
 	// carry what their workers sent.
 	CORSOrigins []string
-	// AccessLog gets one line per request (nil: no access log); with
-	// AccessErrorsOnly only those answered 400 or above or cut.
-	AccessLog        *slog.Logger
-	AccessErrorsOnly bool
+	// AccessLog gets the access lines (nil: none, whatever Access says);
+	// Access says which requests get one (SetAccess changes it).
+	AccessLog *slog.Logger
+	Access    Access
 	// Disagg splits generation requests between prefill and decode workers.
 	Disagg Disagg
 	// QueueSize requests that find every worker they may go to busy wait,
@@ -101,8 +102,9 @@ type Options struct {
 	// reload.
 	APIKeys *apikeys.Keys
 	// WorkerAPIKey replaces a client's key on the requests it sends to
-	// workers while APIKeys is on ("": its request goes without one).
-	WorkerAPIKey string
+	// workers while APIKeys is on (nil or empty: its request goes without
+	// one); a reload may change it.
+	WorkerAPIKey *bearer.Token
 	// RetryStatuses are worker answer statuses that move the request to
 	// another worker (within Retries) when the answer, read whole first,
 	// is at most AnswerBufferBytes; the last worker's answer goes to the
@@ -134,44 +136,43 @@ type Options struct {
 
 // Server is the request front end.
 type Server struct {
-	opts       Options
-	sel        *dataplane.Selector
-	reg        *dataplane.Registry
-	upstreams  *xsync.MapOf[*dataplane.Worker, *upstream]
-	conns      *xsync.MapOf[net.Conn, struct{}] // open client connections, each watched for its hang-up (clientConn.watch)
-	upConns    *xsync.MapOf[net.Conn, struct{}] // open upstream connections
-	exchanges  sync.Pool
-	parsers    fastjson.ParserPool
-	metrics    *Metrics
-	queue      *waitQueue                          // requests waiting for a busy worker; nil: none wait
-	retryOn    [600]bool                           // answer statuses retried on another worker (Options.RetryStatuses)
-	routes     map[string]struct{}                 // proxied paths outside /v1/
-	cors       *cors                               // nil: off
-	access     *slog.Logger                        // nil: no access log
-	keys       *apikeys.Keys                       // clients' API keys; nil: none
-	workerAuth []byte                              // Authorization value of requests to workers while keys are on; nil: none
-	retries    atomic.Int64                        // router.retries, reloadable
-	budget     atomic.Pointer[RetryBudget]         // router.retry_budget, reloadable; nil: none
-	holding    atomic.Int64                        // requests holding a worker, counted while a budget is set (holdWorker)
-	retrying   atomic.Int64                        // of those, the ones on a retry (mayRetry)
-	aliases    atomic.Pointer[aliases.Table]       // model aliases (SetAliases); nil: none
-	mirrors    atomic.Pointer[mirrors.Table]       // model mirrors (SetMirrors); nil: none
-	copies     sync.Pool                           // *mirrorCopy
-	copying    *xsync.MapOf[*mirrorCopy, struct{}] // the mirrors' copies in flight, for Shutdown to cut
-	serves     func(model []byte) bool             // sel.Serves, made once (a fallback alias's test of its targets)
-	hangups    *hangup.Watcher[exchange]           // nil: client hang-ups are noticed only on write
-	upCloses   *hangup.Watcher[trackedConn]        // workers' closes of their connections (trackedConn.watchCloses); nil: none watched
-	takeovers  atomic.Int64                        // client connections taken over from fasthttp (takeOver), until closed or served by it again
-	tunnels    atomic.Int64                        // WebSocket sessions open (relayTunnel)
-	closing    atomic.Bool                         // Shutdown began: a taken-over connection's answer is its last (keepAfter)
-	withdrawn  atomic.Bool                         // GET /health answers 503 (Withdraw)
-	srv        *fasthttp.Server
-	gate       atomic.Pointer[gate] // the listener's, once Serve began
-	fullSaid   atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
-	proxySaid  atomic.Int64         // when a connection refused for its PROXY protocol header was last logged (Unix ns)
-	log        *slog.Logger
-	dial       func(addr string, timeout time.Duration) (net.Conn, error) // names.Dial; tests count dials
-	names      *dialer.Dialer                                             // connects to workers, their names looked up every NameCacheTime, their addresses raced (Happy Eyeballs)
+	opts      Options
+	sel       *dataplane.Selector
+	reg       *dataplane.Registry
+	upstreams *xsync.MapOf[*dataplane.Worker, *upstream]
+	conns     *xsync.MapOf[net.Conn, struct{}] // open client connections, each watched for its hang-up (clientConn.watch)
+	upConns   *xsync.MapOf[net.Conn, struct{}] // open upstream connections
+	exchanges sync.Pool
+	parsers   fastjson.ParserPool
+	metrics   *Metrics
+	queue     *waitQueue                          // requests waiting for a busy worker; nil: none wait
+	retryOn   [600]bool                           // answer statuses retried on another worker (Options.RetryStatuses)
+	routes    map[string]struct{}                 // proxied paths outside /v1/
+	cors      *cors                               // nil: off
+	access    atomic.Int32                        // which requests get an access line (Access), reloadable
+	keys      *apikeys.Keys                       // clients' API keys; nil: none
+	retries   atomic.Int64                        // router.retries, reloadable
+	budget    atomic.Pointer[RetryBudget]         // router.retry_budget, reloadable; nil: none
+	holding   atomic.Int64                        // requests holding a worker, counted while a budget is set (holdWorker)
+	retrying  atomic.Int64                        // of those, the ones on a retry (mayRetry)
+	aliases   atomic.Pointer[aliases.Table]       // model aliases (SetAliases); nil: none
+	mirrors   atomic.Pointer[mirrors.Table]       // model mirrors (SetMirrors); nil: none
+	copies    sync.Pool                           // *mirrorCopy
+	copying   *xsync.MapOf[*mirrorCopy, struct{}] // the mirrors' copies in flight, for Shutdown to cut
+	serves    func(model []byte) bool             // sel.Serves, made once (a fallback alias's test of its targets)
+	hangups   *hangup.Watcher[exchange]           // nil: client hang-ups are noticed only on write
+	upCloses  *hangup.Watcher[trackedConn]        // workers' closes of their connections (trackedConn.watchCloses); nil: none watched
+	takeovers atomic.Int64                        // client connections taken over from fasthttp (takeOver), until closed or served by it again
+	tunnels   atomic.Int64                        // WebSocket sessions open (relayTunnel)
+	closing   atomic.Bool                         // Shutdown began: a taken-over connection's answer is its last (keepAfter)
+	withdrawn atomic.Bool                         // GET /health answers 503 (Withdraw)
+	srv       *fasthttp.Server
+	gate      atomic.Pointer[gate] // the listener's, once Serve began
+	fullSaid  atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
+	proxySaid atomic.Int64         // when a connection refused for its PROXY protocol header was last logged (Unix ns)
+	log       *slog.Logger
+	dial      func(addr string, timeout time.Duration) (net.Conn, error) // names.Dial; tests count dials
+	names     *dialer.Dialer                                             // connects to workers, their names looked up every NameCacheTime, their addresses raced (Happy Eyeballs)
 }
 
 // New returns a Server; call Serve to start it.
@@ -196,15 +197,12 @@ func New(opts Options) *Server {
 		metrics:   newMetrics(),
 		queue:     newWaitQueue(opts.QueueSize, opts.QueueTimeout),
 		log:       opts.Logger,
-		access:    opts.AccessLog,
 		names:     &dialer.Dialer{CacheTime: cmp.Or(opts.NameCacheTime, dataplane.NameCacheTime)},
 		cors:      newCORS(opts.CORSOrigins),
 		keys:      opts.APIKeys,
 	}
 	s.dial = s.names.Dial
-	if opts.WorkerAPIKey != "" {
-		s.workerAuth = []byte("Bearer " + opts.WorkerAPIKey)
-	}
+	s.SetAccess(opts.Access)
 	s.exchanges.New = func() any {
 		ex := &exchange{s: s}
 		ex.beginStreamFn, ex.runTakenFn, ex.runTunnelFn = ex.beginStream, ex.runTaken, ex.runTunnel

@@ -16,6 +16,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/apikeys"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/tracing"
+	"github.com/fastroute/fastroute/internal/bearer"
 	"github.com/stretchr/testify/require"
 )
 
@@ -147,7 +148,7 @@ func TestAProxiedRequestAllocatesOnlyFasthttpsFirstByte(t *testing.T) {
 		{"plain", Options{}, roundTripRequest, nil, nil},
 		// The key is checked and taken off, the workers' put on, a slot
 		// of the client's taken and given back: nothing more allocated.
-		{"with API keys", Options{APIKeys: &keys, WorkerAPIKey: "sk-engine-0123456789"}, withKey, nil, nil},
+		{"with API keys", Options{APIKeys: &keys, WorkerAPIKey: bearer.New("sk-engine-0123456789")}, withKey, nil, nil},
 		// The model is an alias: a target drawn, the body rewritten into
 		// the exchange's buffer.
 		{"with a model alias", Options{}, roundTripRequest, alias, nil},

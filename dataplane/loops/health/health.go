@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
+	"github.com/fastroute/fastroute/internal/bearer"
 	"github.com/fastroute/fastroute/internal/dialer"
 	"github.com/fastroute/fastroute/internal/workerclient"
 	"github.com/valyala/fasthttp"
@@ -31,8 +32,9 @@ type Options struct {
 	UnhealthyAfter int
 	Logger         *slog.Logger
 	// APIKey, when set, goes as "Authorization: Bearer <key>" on every
-	// probe (an engine started with --api-key lists its models only then).
-	APIKey string
+	// probe (an engine started with --api-key lists its models only then);
+	// a reload may change it.
+	APIKey *bearer.Token
 	// TLS is the configuration of probes to https:// workers (default:
 	// the system's roots).
 	TLS *tls.Config
@@ -183,8 +185,8 @@ func (c *Checker) get(w *dataplane.WorkerSpec, path string) (status int, body []
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(w.BaseURL() + path)
-	if c.opts.APIKey != "" {
-		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+c.opts.APIKey)
+	if auth := c.opts.APIKey.Header(); auth != nil {
+		req.Header.SetBytesV(fasthttp.HeaderAuthorization, auth)
 	}
 	if err = c.clientOf(w).DoTimeout(req, resp, c.opts.Timeout); err != nil {
 		return 0, nil, err

@@ -23,6 +23,7 @@ import (
 
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/internal/bearer"
 )
 
 // Path is the admin route that takes a peer's records.
@@ -48,8 +49,8 @@ type Options struct {
 	// out of what SetPeers is given.
 	Self string
 	// Token goes as "Authorization: Bearer <token>" (the replicas share
-	// their admin token); empty: none.
-	Token    string
+	// their admin token; a reload may change it); nil or empty: none.
+	Token    *bearer.Token
 	Interval time.Duration
 	// Timeout bounds one post to a peer.
 	Timeout time.Duration
@@ -228,8 +229,8 @@ func (l *Loop) post(ctx context.Context, url string, batch []byte) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/octet-stream")
-	if l.opts.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+l.opts.Token)
+	if auth := l.opts.Token.Header(); auth != nil {
+		req.Header.Set("Authorization", string(auth))
 	}
 	resp, err := l.client.Do(req)
 	if err != nil {

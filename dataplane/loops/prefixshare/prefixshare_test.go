@@ -13,6 +13,7 @@ import (
 
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/internal/bearer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -62,7 +63,7 @@ func TestRecordsReachThePeer(t *testing.T) {
 	t.Cleanup(srv.Close)
 	mine := affinity.NewPrefixes(1024)
 	mine.Share(JournalKeys)
-	l := New(Options{Prefixes: mine, Peers: []string{srv.URL + "/"}, Token: "s3cret", Interval: time.Millisecond, Timeout: time.Second})
+	l := New(Options{Prefixes: mine, Peers: []string{srv.URL + "/"}, Token: bearer.New("s3cret"), Interval: time.Millisecond, Timeout: time.Second})
 	run(t, l)
 
 	keys := []uint64{0xAAAA_0000_0000_0001, 0xBBBB_0000_0000_0002, 0xCCCC_0000_0000_0003}
