@@ -410,6 +410,18 @@ func TestContextAndStallFlags(t *testing.T) {
 	assert.ErrorContains(t, err, "telemetry.engine.stall_after")
 }
 
+// The size limits take units as the config's keys do; a bad size is
+// refused naming the flag.
+func TestSizeFlags(t *testing.T) {
+	cfg, err := loadServeConfig([]string{"--max-body-bytes", "2MiB", "--answer-buffer-bytes", "64KiB", "--max-header-bytes", "10MB"})
+	require.NoError(t, err)
+	assert.Equal(t, config.Size(2<<20), cfg.Limits.MaxBodyBytes)
+	assert.Equal(t, config.Size(64<<10), cfg.Limits.AnswerBufferBytes)
+	assert.Equal(t, config.Size(10_000_000), cfg.Limits.MaxHeaderBytes)
+	_, err = loadServeConfig([]string{"--max-body-bytes", "lots"})
+	assert.ErrorContains(t, err, `invalid value "lots" for flag -max-body-bytes`)
+}
+
 // The prefill queue bound of disaggregation has its flag; off by default.
 func TestMaxPrefillQueueFlag(t *testing.T) {
 	cfg, err := loadServeConfig([]string{"--disagg-protocol", "vllm-nixl", "--disagg-max-prefill-queue", "2"})

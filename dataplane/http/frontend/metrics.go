@@ -214,10 +214,6 @@ func (m *Metrics) Retries() uint64 { return m.retries.Value() }
 // moved past a worker that answered 404.
 func (m *Metrics) SearchMoves() uint64 { return m.searchMoves.Value() }
 
-// ContextMoves returns how many times a request moved past a worker that
-// refused it as longer than its context.
-func (m *Metrics) ContextMoves() uint64 { return m.contextMoves.Value() }
-
 // moved counts a request moved on an answer, as why says.
 func (m *Metrics) moved(why moveKind) {
 	switch why {
