@@ -7,6 +7,7 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 const app, evil = "https://app.example", "https://evil.example"
@@ -22,6 +23,19 @@ func TestWithoutCORSTheWorkersHeadersPass(t *testing.T) {
 	resp, body := f.send("POST", "/v1/chat/completions", chatBody, "Origin", app)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
 	assert.Equal(t, []string{"*"}, resp.Header.Values("Access-Control-Allow-Origin"), "the worker's, as sent")
+
+	// A reload turns CORS on for the next request.
+	cfg := f.r.CurrentConfig()
+	cfg.CORSAllowedOrigins = []string{app}
+	applied, needRestart, err := f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"cors_allowed_origins=[" + app + "]"}, applied)
+	assert.Empty(t, needRestart)
+	resp, _ = f.send("OPTIONS", "/v1/chat/completions", "", preflight(app)...)
+	assert.Equal(t, http.StatusNoContent, resp.StatusCode)
+	resp, body = f.send("POST", "/v1/chat/completions", chatBody, "Origin", evil)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Empty(t, resp.Header.Values("Access-Control-Allow-Origin"), "the router's policy now: the worker's header dropped, evil not allowed")
 	f.assertIdle()
 }
 

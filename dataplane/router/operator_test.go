@@ -196,6 +196,20 @@ func TestRoutesBeyondTheFirstThree(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
 	assert.Contains(t, readAll(t, resp), `no route \"/nope\"`)
 
+	// A reload changes the routes for the next request.
+	cfg := f.r.CurrentConfig()
+	cfg.Routes = []string{"/nope", "/v1/unload_lora_adapter"}
+	applied, needRestart, err := f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"routes=[/nope /v1/unload_lora_adapter]"}, applied)
+	assert.Empty(t, needRestart)
+	resp = f.post("/nope", `{}`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), `"path":"/nope"`)
+	resp = f.post("/custom/infer", `{}`)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	readAll(t, resp)
+
 	// vLLM's runtime adapter loading changes the one worker picked: refused
 	// (any method), unless the routes key names it.
 	served := func() (n uint64) {
@@ -496,8 +510,8 @@ func TestHandOverAdminStopsAcceptingAdminConnections(t *testing.T) {
 }
 
 // With generate_request_ids, the access log names the id the answer
-// carries, made up for a request that came without one; a reload names a
-// change to the key as needing a restart.
+// carries, made up for a request that came without one; a reload turns it
+// off for the next request.
 func TestGeneratedRequestIDsReachTheAccessLog(t *testing.T) {
 	var logs syncBuffer
 	f := startFleetLog(t, mocks(1, 3, 0), func(c *config.Config) {
@@ -511,10 +525,15 @@ func TestGeneratedRequestIDsReachTheAccessLog(t *testing.T) {
 	require.Regexp(t, `^[0-9a-f]{32}$`, id)
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "request_id="+id) }, 5*time.Second, 5*time.Millisecond,
 		"the access log names the request's id: %s", logs.String())
-	cfg := f.r.Config
+	cfg := f.r.CurrentConfig()
 	cfg.GenerateRequestIDs = false
-	_, needRestart, err := f.r.Reload(cfg)
+	applied, needRestart, err := f.r.Reload(cfg)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"generate_request_ids"}, needRestart)
+	assert.Equal(t, []string{"generate_request_ids=false"}, applied)
+	assert.Empty(t, needRestart)
+	resp = f.post("/v1/chat/completions", chatBody)
+	readAll(t, resp)
+	require.Equal(t, 200, resp.StatusCode)
+	assert.Empty(t, resp.Header.Get("X-Request-Id"), "none made up after the reload")
 	f.assertIdle()
 }

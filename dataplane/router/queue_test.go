@@ -208,6 +208,17 @@ func TestAnAnswerOfARetryStatusMovesTheRequest(t *testing.T) {
 		codes[resp.StatusCode]++
 	}
 	assert.Equal(t, map[int]int{200: 2, 500: 2}, codes, "without retry_statuses a 500 reaches the client")
+	cfg := h.r.CurrentConfig()
+	cfg.Router.RetryStatuses = []int{500}
+	applied, needRestart, err := h.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.retry_statuses=[500]"}, applied)
+	assert.Empty(t, needRestart)
+	for range 4 {
+		resp := h.post("/v1/chat/completions", chatBody)
+		text := readAll(t, resp)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, "a reload's retry_statuses move the next requests: %s", text)
+	}
 	h.assertIdle()
 }
 

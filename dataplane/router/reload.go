@@ -11,7 +11,6 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
-	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 )
 
@@ -97,8 +96,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"proxy_protocol":              reflect.DeepEqual(old.ProxyProtocol, cfg.ProxyProtocol),
 		"real_ip":                     reflect.DeepEqual(old.RealIP, cfg.RealIP),
 		"forwarded_client_cert":       slices.Equal(old.ForwardedClientCert.From, cfg.ForwardedClientCert.From),
-		"generate_request_ids":        old.GenerateRequestIDs == cfg.GenerateRequestIDs,
-		"add_x_forwarded_for":         old.AddXForwardedFor == cfg.AddXForwardedFor,
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"pid_file":                    old.PIDFile == cfg.PIDFile,
 		"state_file":                  old.StateFile == cfg.StateFile,
@@ -108,13 +105,11 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.prefix_affinity":      prefixesApply,
 		"router.disaggregation":       old.Router.Disaggregation == cfg.Router.Disaggregation,
 		"router.queue":                old.Router.Queue == cfg.Router.Queue,
-		"router.retry_statuses":       slices.Equal(old.Router.RetryStatuses, cfg.Router.RetryStatuses),
 		"discovery":                   reflect.DeepEqual(old.Discovery, cfg.Discovery),
 		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": old.Health == cfg.Health,
-		"limits": old.Limits == cfg.Limits, "routes": slices.Equal(old.Routes, cfg.Routes), "log.format": old.Log.Format == cfg.Log.Format,
-		"cors_allowed_origins": slices.Equal(old.CORSAllowedOrigins, cfg.CORSAllowedOrigins),
-		"tracing":              tracingApplies,
-		"worker_tls":           workerTLSApplies,
+		"limits": old.Limits == cfg.Limits, "log.format": old.Log.Format == cfg.Log.Format,
+		"tracing":    tracingApplies,
+		"worker_tls": workerTLSApplies,
 	} {
 		if !same {
 			needRestart = append(needRestart, key)
@@ -183,10 +178,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.workerKey.Set(cfg.WorkerAPIKey)
 		applied = append(applied, "worker_api_key changed")
 	}
-	if cfg.Log.Access != old.Log.Access {
-		access, _ := frontend.ParseAccess(cfg.Log.Access) // Validate checked it
-		r.Frontend.SetAccess(access)
-		applied = append(applied, fmt.Sprintf("log.access=%s", cfg.Log.Access))
+	if changed := policyChanges(old, cfg); len(changed) > 0 {
+		r.Frontend.SetPolicy(frontendPolicy(cfg))
+		applied = append(applied, changed...)
 	}
 	if cfg.ShutdownDelay != old.ShutdownDelay {
 		applied = append(applied, fmt.Sprintf("shutdown_delay=%v", cfg.ShutdownDelay))
@@ -234,7 +228,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if prefixesApply {
 		next.Router.PrefixAffinity = cfg.Router.PrefixAffinity
 	}
-	next.Workers, next.ShutdownDelay, next.Log.Access = cfg.Workers, cfg.ShutdownDelay, cfg.Log.Access
+	next.Workers, next.ShutdownDelay = cfg.Workers, cfg.ShutdownDelay
+	next.Routes, next.CORSAllowedOrigins, next.Router.RetryStatuses = cfg.Routes, cfg.CORSAllowedOrigins, cfg.Router.RetryStatuses
+	next.GenerateRequestIDs, next.AddXForwardedFor, next.Log.Access = cfg.GenerateRequestIDs, cfg.AddXForwardedFor, cfg.Log.Access
 	next.AdminToken, next.AdminTokenFile = cfg.AdminToken, cfg.AdminTokenFile
 	next.WorkerAPIKey, next.WorkerAPIKeyFile = cfg.WorkerAPIKey, cfg.WorkerAPIKeyFile
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
@@ -255,6 +251,28 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	r.saveStateLocked() // the config may name a worker the admin API added
 	r.log.Info("config reloaded", "applied", applied, "need_restart", needRestart)
 	return applied, needRestart, nil
+}
+
+// policyChanges says which keys of the front end's policy (frontendPolicy)
+// differ between old and cfg.
+func policyChanges(old, cfg config.Config) (changed []string) {
+	for _, c := range []struct {
+		key  string
+		same bool
+		now  any
+	}{
+		{"routes", slices.Equal(old.Routes, cfg.Routes), cfg.Routes},
+		{"cors_allowed_origins", slices.Equal(old.CORSAllowedOrigins, cfg.CORSAllowedOrigins), cfg.CORSAllowedOrigins},
+		{"router.retry_statuses", slices.Equal(old.Router.RetryStatuses, cfg.Router.RetryStatuses), cfg.Router.RetryStatuses},
+		{"generate_request_ids", old.GenerateRequestIDs == cfg.GenerateRequestIDs, cfg.GenerateRequestIDs},
+		{"add_x_forwarded_for", old.AddXForwardedFor == cfg.AddXForwardedFor, cfg.AddXForwardedFor},
+		{"log.access", old.Log.Access == cfg.Log.Access, cfg.Log.Access},
+	} {
+		if !c.same {
+			changed = append(changed, fmt.Sprintf("%s=%v", c.key, c.now))
+		}
+	}
+	return changed
 }
 
 // reloadablePrefixes returns cfg with the keys of router.prefix_affinity

@@ -254,8 +254,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		FirstByteTimeout: cfg.Limits.FirstByteTimeout, StreamIdleTimeout: cfg.Limits.StreamIdleTimeout,
 		AnswerBufferBytes: int(cfg.Limits.AnswerBufferBytes), MaxConnections: cfg.Limits.MaxConnections, Logger: log,
 		MaxRequestsPerConnection: cfg.Limits.MaxRequestsPerConnection,
-		Routes:                   cfg.Routes, CORSOrigins: cfg.CORSAllowedOrigins, Disagg: disaggOptions(cfg.Router.Disaggregation),
-		QueueSize: cfg.Router.Queue.Size, QueueTimeout: cfg.Router.Queue.Timeout, RetryStatuses: cfg.Router.RetryStatuses,
+		Policy:                   frontendPolicy(cfg), Disagg: disaggOptions(cfg.Router.Disaggregation),
+		QueueSize: cfg.Router.Queue.Size, QueueTimeout: cfg.Router.Queue.Timeout,
 		APIKeys: &r.APIKeys, WorkerAPIKey: &r.workerKey,
 	}
 	r.APIKeys.Set(cfg.APIKeys)
@@ -276,7 +276,6 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		r.Metrics.Register(r.Tracer.Collector())
 	}
 	fo.AccessLog = log.With("log", "access")
-	fo.Access, _ = frontend.ParseAccess(cfg.Log.Access) // Validate checked it
 	if cfg.ProxyProtocol.Enabled {
 		from, err := cfg.ProxyProtocol.Prefixes()
 		if err != nil {
@@ -284,8 +283,6 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		}
 		fo.ProxyProtocol = &frontend.ProxyProtocol{From: from}
 	}
-	fo.GenerateRequestIDs = cfg.GenerateRequestIDs
-	fo.AddXForwardedFor = cfg.AddXForwardedFor
 	if cfg.RealIP.Header != "" {
 		from, err := cfg.RealIP.Prefixes()
 		if err != nil {
@@ -608,4 +605,12 @@ func disaggOptions(d config.Disaggregation) frontend.Disagg {
 // retryBudget is the front end's form of router.retry_budget.
 func retryBudget(b config.RetryBudget) frontend.RetryBudget {
 	return frontend.RetryBudget{Percent: b.Percent, MinRetries: int64(b.MinRetries)}
+}
+
+// frontendPolicy is what the front end takes of cfg that a reload may
+// change of how it treats requests.
+func frontendPolicy(cfg config.Config) frontend.Policy {
+	access, _ := frontend.ParseAccess(cfg.Log.Access) // Validate checked it
+	return frontend.Policy{Routes: cfg.Routes, CORSOrigins: cfg.CORSAllowedOrigins, RetryStatuses: cfg.Router.RetryStatuses,
+		GenerateRequestIDs: cfg.GenerateRequestIDs, AddXForwardedFor: cfg.AddXForwardedFor, Access: access}
 }

@@ -211,11 +211,16 @@ func TestBodyAndHeadersReachTheWorker(t *testing.T) {
 	assert.Equal(t, `{"ok":true}`, readAll(t, resp))
 	assert.Equal(t, body, string(<-got))
 	assert.Equal(t, "kept | 203.0.113.7, 127.0.0.1", <-gotHeader, "the router's peer appended")
-	cfg := g.r.Config
+	cfg := g.r.CurrentConfig()
 	cfg.AddXForwardedFor = false
-	_, needRestart, err := g.r.Reload(cfg)
+	applied, needRestart, err := g.r.Reload(cfg)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"add_x_forwarded_for"}, needRestart)
+	assert.Equal(t, []string{"add_x_forwarded_for=false"}, applied)
+	assert.Empty(t, needRestart)
+	resp = g.post("/v1/chat/completions", body, "x-custom", "kept", "X-Forwarded-For", "203.0.113.7")
+	assert.Equal(t, `{"ok":true}`, readAll(t, resp))
+	assert.Equal(t, body, string(<-got))
+	assert.Equal(t, "kept | 203.0.113.7", <-gotHeader, "a reload stops the append for the next request")
 	g.assertIdle()
 }
 

@@ -65,7 +65,7 @@ func (ex *exchange) applyAlias(ctx *fasthttp.RequestCtx) bool {
 		}
 		ctx.Request.SetBodyRaw(ex.aliased)
 	}
-	if ex.logged != AccessOff {
+	if ex.pol.Access != AccessOff {
 		ex.alias = append(ex.alias[:0], ex.req.Model...)
 	}
 	ex.req.Model = append(ex.req.Model[:0], to...)

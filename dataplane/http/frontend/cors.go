@@ -110,7 +110,7 @@ func dropAccessControl(h *fasthttp.ResponseHeader) {
 
 // markCORS gives ctx's answer its CORS headers, when the policy is on.
 func (s *Server) markCORS(ctx *fasthttp.RequestCtx) {
-	if s.cors != nil {
-		s.cors.mark(&ctx.Request.Header, &ctx.Response.Header)
+	if c := s.policy.Load().cors; c != nil {
+		c.mark(&ctx.Request.Header, &ctx.Response.Header)
 	}
 }

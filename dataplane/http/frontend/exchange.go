@@ -58,6 +58,7 @@ var http11 = []byte("HTTP/1.1")
 // ends it from the goroutine that sends it (sendStream).
 type exchange struct {
 	s       *Server
+	pol     *policy // the front end's policy as this request began
 	rt      route
 	start   time.Time
 	req     dataplane.Request
@@ -133,7 +134,6 @@ type exchange struct {
 	stop   atomic.Uint32 // why the upstream calls stop early (stopHungUp, stopPrefill); 0: they run
 
 	// For the access log.
-	logged     Access // which requests get an access line, as it was when this one began
 	path       []byte // copied only while the access log is on for this request, as are method, peer, clientAt, requestID and clientCert
 	method     []byte
 	peer       net.Addr       // the connection's peer, where it has no IP address (clientAt is not valid)
@@ -163,10 +163,11 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 		pre.done, pre.err = nil, nil
 	}
 	ex.picked, ex.status, ex.firstByte, ex.bytes = false, 0, 0, 0
-	if ex.s.opts.GenerateRequestIDs {
+	ex.pol = ex.s.policy.Load()
+	if ex.pol.GenerateRequestIDs {
 		stampRequestID(ctx)
 	}
-	if ex.logged = Access(ex.s.access.Load()); ex.logged != AccessOff {
+	if ex.pol.Access != AccessOff {
 		ex.path = append(ex.path[:0], ctx.Path()...)
 		ex.method = append(ex.method[:0], ctx.Method()...)
 		ex.requestID = append(ex.requestID[:0], ctx.Request.Header.Peek(headerRequestID)...)
@@ -184,7 +185,7 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 		ctx.Request.Header.Del(headerForwardedClientCert)
 	}
 	ex.traceRequest(ctx, start)
-	if ex.s.opts.AddXForwardedFor {
+	if ex.pol.AddXForwardedFor {
 		ex.forwardedFor = addForwardedFor(&ctx.Request.Header, ctx.RemoteAddr(), ex.forwardedFor)
 	}
 }
@@ -859,7 +860,7 @@ func (ex *exchange) movesOn(w *dataplane.Worker) moveKind {
 	switch tries := ex.req.Attempts(); {
 	case st == fasthttp.StatusNotFound && ex.req.Searching() && tries < dataplane.MaxAttempts-1:
 		why = moveSearch
-	case st >= 0 && st < len(s.retryOn) && s.retryOn[st] && ex.req.WorkerID == 0 && int64(tries) < s.retries.Load():
+	case st >= 0 && st < len(ex.pol.retryOn) && ex.pol.retryOn[st] && ex.req.WorkerID == 0 && int64(tries) < s.retries.Load():
 		why = moveStatus
 	case st == fasthttp.StatusBadRequest && ex.req.WorkerID == 0 && tries < dataplane.MaxAttempts-1 && w.ContextLen() > 0:
 		why = moveContext
@@ -904,11 +905,11 @@ func (ex *exchange) copyHeaders(ctx *fasthttp.RequestCtx, u *upstream) {
 	// Envoy send theirs: the engine's software and version stay behind it
 	// (X-Fastroute-Worker names the worker).
 	ctx.Response.Header.SetServerBytes(nil)
-	if ex.s.cors != nil {
+	if ex.pol.cors != nil {
 		dropAccessControl(&ctx.Response.Header)
 	}
 	ctx.Response.Header.SetCanonical(servedByKey, u.idHeader)
-	if ex.s.opts.GenerateRequestIDs {
+	if ex.pol.GenerateRequestIDs {
 		answerRequestID(ctx)
 	}
 }
@@ -1201,7 +1202,7 @@ func (ex *exchange) clientText() string {
 // request, with errors those answered 400 or above or that did not end well.
 func (ex *exchange) logAccess(o outcome, total time.Duration) {
 	log := ex.s.opts.AccessLog
-	if ex.logged == AccessOff || (ex.logged == AccessErrors && ex.status < 400 && (o == outcomeOK || o == outcomeQuery)) {
+	if ex.pol.Access == AccessOff || (ex.pol.Access == AccessErrors && ex.status < 400 && (o == outcomeOK || o == outcomeQuery)) {
 		return
 	}
 	worker, attempts := ex.tried(o)

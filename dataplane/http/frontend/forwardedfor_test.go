@@ -61,7 +61,7 @@ func TestXForwardedForEndsWithThePeer(t *testing.T) {
 		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
 		return err == nil
 	})
-	reg, _, url := serveOne(t, broken, Options{AddXForwardedFor: true, Retries: 1}, nil)
+	reg, _, url := serveOne(t, broken, Options{Policy: Policy{AddXForwardedFor: true}, Retries: 1}, nil)
 	_, err := reg.Add(dataplane.WorkerSpec{ID: 2, URL: "http://" + answering})
 	require.NoError(t, err)
 	// sent returns the lines each attempt's worker got, the last one the
@@ -103,7 +103,7 @@ func TestXForwardedForEndsWithThePeer(t *testing.T) {
 		require.Eventually(t, func() bool { return w.Occupancy() == 0 }, 2*time.Second, 10*time.Millisecond)
 	}
 
-	_, _, behind := serveOne(t, answering, Options{AddXForwardedFor: true,
+	_, _, behind := serveOne(t, answering, Options{Policy: Policy{AddXForwardedFor: true},
 		ProxyProtocol: &ProxyProtocol{From: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}}, nil)
 	require.Equal(t, http.StatusOK, forwardedThrough(t, behind, "PROXY TCP4 192.0.2.9 10.0.0.1 5555 8000\r\n", "X-Forwarded-For: 203.0.113.7"))
 	assert.Equal(t, []string{"203.0.113.7, 192.0.2.9"}, <-seen, "the balancer's client is the peer")

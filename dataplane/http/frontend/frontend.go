@@ -70,18 +70,12 @@ type Options struct {
 	// carries before its answer closes it (0: no limit).
 	MaxRequestsPerConnection int
 	Logger                   *slog.Logger
-	// Routes are extra paths proxied like the OpenAI ones (beyond every
-	// POST under /v1/ and the engines' own routes).
-	Routes []string
-	// CORSOrigins are the origins whose browsers may call the front end
-	// ("*": any): the router answers their preflights and marks its
-	// answers (cors). None: no CORS, a preflight is a 405, and answers
-	// carry what their workers sent.
-	CORSOrigins []string
-	// AccessLog gets the access lines (nil: none, whatever Access says);
-	// Access says which requests get one (SetAccess changes it).
+	// Policy is what a reload may change of how requests are treated
+	// (SetPolicy).
+	Policy Policy
+	// AccessLog gets the access lines (nil: none, whatever Policy.Access
+	// says).
 	AccessLog *slog.Logger
-	Access    Access
 	// Disagg splits generation requests between prefill and decode workers.
 	Disagg Disagg
 	// QueueSize requests that find every worker they may go to busy wait,
@@ -105,22 +99,10 @@ type Options struct {
 	// workers while APIKeys is on (nil or empty: its request goes without
 	// one); a reload may change it.
 	WorkerAPIKey *bearer.Token
-	// RetryStatuses are worker answer statuses that move the request to
-	// another worker (within Retries) when the answer, read whole first,
-	// is at most AnswerBufferBytes; the last worker's answer goes to the
-	// client as it is.
-	RetryStatuses []int
 	// ProxyProtocol, when set, has connections from a load balancer
 	// begin with a PROXY protocol header naming the client's address;
 	// nil: none does.
 	ProxyProtocol *ProxyProtocol
-	// GenerateRequestIDs gives each proxied request that came without an
-	// X-Request-Id one made up, sent to its worker, and has every answer to
-	// a proxied request carry the request's id (stampRequestID).
-	GenerateRequestIDs bool
-	// AddXForwardedFor appends each proxied request's peer address to the
-	// X-Forwarded-For its worker gets (addForwardedFor).
-	AddXForwardedFor bool
 	// RealIP, when set, takes a request's client address from a header
 	// that the HTTP load balancers it trusts set; nil: the connection's.
 	RealIP *RealIP
@@ -146,10 +128,7 @@ type Server struct {
 	parsers   fastjson.ParserPool
 	metrics   *Metrics
 	queue     *waitQueue                          // requests waiting for a busy worker; nil: none wait
-	retryOn   [600]bool                           // answer statuses retried on another worker (Options.RetryStatuses)
-	routes    map[string]struct{}                 // proxied paths outside /v1/
-	cors      *cors                               // nil: off
-	access    atomic.Int32                        // which requests get an access line (Access), reloadable
+	policy    atomic.Pointer[policy]              // what a reload may change of how requests are treated (SetPolicy)
 	keys      *apikeys.Keys                       // clients' API keys; nil: none
 	retries   atomic.Int64                        // router.retries, reloadable
 	budget    atomic.Pointer[RetryBudget]         // router.retry_budget, reloadable; nil: none
@@ -198,11 +177,9 @@ func New(opts Options) *Server {
 		queue:     newWaitQueue(opts.QueueSize, opts.QueueTimeout),
 		log:       opts.Logger,
 		names:     &dialer.Dialer{CacheTime: cmp.Or(opts.NameCacheTime, dataplane.NameCacheTime)},
-		cors:      newCORS(opts.CORSOrigins),
 		keys:      opts.APIKeys,
 	}
 	s.dial = s.names.Dial
-	s.SetAccess(opts.Access)
 	s.exchanges.New = func() any {
 		ex := &exchange{s: s}
 		ex.beginStreamFn, ex.runTakenFn, ex.runTunnelFn = ex.beginStream, ex.runTaken, ex.runTunnel
@@ -228,17 +205,9 @@ func New(opts Options) *Server {
 	if w, err := hangup.New(workerClosed); err == nil {
 		s.upCloses = w
 	}
-	s.routes = map[string]struct{}{}
-	for _, r := range append(slices.Clone(engineRoutes), opts.Routes...) {
-		s.routes[r] = struct{}{}
-	}
+	s.SetPolicy(opts.Policy)
 	s.retries.Store(int64(opts.Retries))
 	s.SetRetryBudget(opts.RetryBudget)
-	for _, st := range opts.RetryStatuses {
-		if st >= 0 && st < len(s.retryOn) {
-			s.retryOn[st] = true
-		}
-	}
 	s.srv = &fasthttp.Server{
 		Handler:            s.serve,
 		Name:               "fastroute",
@@ -521,7 +490,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 // Handle routes one request. While clients' API keys are on, every
 // request but a CORS preflight and GET /health must present one.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
-	if s.cors != nil && s.cors.preflight(ctx) {
+	if c := s.policy.Load().cors; c != nil && c.preflight(ctx) {
 		return
 	}
 	path := ctx.Path()
@@ -581,7 +550,7 @@ var workerStatePaths = map[string]struct{}{"/v1/load_lora_adapter": {}, "/v1/unl
 // the request's API key (nil: none).
 func (s *Server) other(ctx *fasthttp.RequestCtx, client *apikeys.Client) {
 	path := ctx.Path()
-	_, extra := s.routes[string(path)]
+	_, extra := s.policy.Load().routes[string(path)]
 	_, changesWorker := workerStatePaths[string(path)]
 	switch {
 	case changesWorker && !extra:

@@ -34,7 +34,7 @@ func TestRequestIDsAreMadeUpAndAnswered(t *testing.T) {
 		}
 		return err == nil
 	})
-	_, _, url := serveOne(t, addr, Options{GenerateRequestIDs: true}, nil)
+	_, _, url := serveOne(t, addr, Options{Policy: Policy{GenerateRequestIDs: true}}, nil)
 	c, err := net.Dial("tcp", strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions"))
 	require.NoError(t, err)
 	defer c.Close()

@@ -160,7 +160,7 @@ func TestAProxiedRequestAllocatesOnlyFasthttpsFirstByte(t *testing.T) {
 		// Traced in a trace of its own (sample ratio 1).
 		{"traced in a new trace", Options{Tracer: tracers[1]}, roundTripRequest, nil, nil},
 		// The peer appended to the client's X-Forwarded-For.
-		{"adding X-Forwarded-For", Options{AddXForwardedFor: true}, forwarded, nil, nil},
+		{"adding X-Forwarded-For", Options{Policy: Policy{AddXForwardedFor: true}}, forwarded, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := newRoundTripper(t, tc.opts)

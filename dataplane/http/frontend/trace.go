@@ -48,7 +48,7 @@ func (ex *exchange) traceRequest(ctx *fasthttp.RequestCtx, start time.Time) {
 		return
 	}
 	sp := &rec.Span
-	if ex.logged != AccessOff {
+	if ex.pol.Access != AccessOff {
 		sp.Client = ex.clientAt // begin found it for the access log
 	} else {
 		sp.Client, _ = ex.s.clientOf(ctx)
