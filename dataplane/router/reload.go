@@ -20,14 +20,16 @@ import (
 // router.busy_threshold, router.retries, router.prefix_affinity's slack
 // and peers (reloadablePrefixes), the clients' API keys (api_keys_file,
 // read again), the admin token and the workers' API key (admin_token,
-// worker_api_key, from their files or the environment again), log.access,
-// the front end's certificate, client CAs and revocation
+// worker_api_key, from their files or the environment again), the front
+// end's policy (frontendPolicy: routes, CORS, retry statuses, request ids,
+// X-Forwarded-For, log.access), health's thresholds and ejections, the
+// front end's certificate, client CAs and revocation
 // lists (tls, read again), the admin listener's certificate (admin_tls,
 // read again) and worker_tls's client certificate (read again) for new
 // requests and connections. Streams in
 // flight are untouched. A config that fails validation is refused with the
 // same error as at start, and nothing changes. Keys that a running router
-// cannot change (listeners, limits, telemetry, health, affinity) are
+// cannot change (listeners, limits, telemetry, health probes, affinity) are
 // reported in needRestart and keep their old values.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
@@ -86,6 +88,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// headers changed too.
 	tracingApplies := old.Tracing.OTLPEndpoint == cfg.Tracing.OTLPEndpoint && old.Tracing.ServiceName == cfg.Tracing.ServiceName &&
 		maps.Equal(old.Tracing.Headers, cfg.Tracing.Headers)
+	// Health's thresholds and ejections apply unless the way probes are
+	// made (interval, timeout, path) changed too.
+	healthApplies := old.Health.Interval == cfg.Health.Interval && old.Health.Timeout == cfg.Health.Timeout && old.Health.Path == cfg.Health.Path
 	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
@@ -106,7 +111,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.disaggregation":       old.Router.Disaggregation == cfg.Router.Disaggregation,
 		"router.queue":                old.Router.Queue == cfg.Router.Queue,
 		"discovery":                   reflect.DeepEqual(old.Discovery, cfg.Discovery),
-		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": old.Health == cfg.Health,
+		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": healthApplies,
 		"limits": old.Limits == cfg.Limits, "log.format": old.Log.Format == cfg.Log.Format,
 		"tracing":    tracingApplies,
 		"worker_tls": workerTLSApplies,
@@ -182,6 +187,12 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Frontend.SetPolicy(frontendPolicy(cfg))
 		applied = append(applied, changed...)
 	}
+	if h := cfg.Health; healthApplies && h != old.Health {
+		r.Registry.SetEjectPolicy(ejectPolicy(h))
+		r.Health.SetUnhealthyAfter(h.UnhealthyAfter)
+		applied = append(applied, fmt.Sprintf("health.unhealthy_after=%d health.eject_after=%d health.eject_time=%v health.eject_max=%v",
+			h.UnhealthyAfter, h.EjectAfter, h.EjectTime, h.EjectMax))
+	}
 	if cfg.ShutdownDelay != old.ShutdownDelay {
 		applied = append(applied, fmt.Sprintf("shutdown_delay=%v", cfg.ShutdownDelay))
 	}
@@ -240,6 +251,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	if tracingApplies {
 		next.Tracing = cfg.Tracing
+	}
+	if healthApplies {
+		next.Health = cfg.Health
 	}
 	if workerTLSApplies {
 		next.WorkerTLS = cfg.WorkerTLS

@@ -253,3 +253,51 @@ func TestAReloadKeepsTheAdminTokenOffLoopback(t *testing.T) {
 	code, _ = adminDo(t, f, "GET", "/workers", "", "s3cret")
 	assert.Equal(t, http.StatusOK, code)
 }
+
+// A reload applies health's thresholds and ejections (unless the way
+// probes are made changed too): a worker failing every request is ejected
+// once eject_after comes down to its streak, and one failing its probes
+// leaves rotation once unhealthy_after does.
+func TestAReloadAppliesHealthThresholds(t *testing.T) {
+	opts := mocks(3, 1, 0)
+	opts[0].FailRate = 1 // worker 1 answers every request 500
+	f := startFleet(t, opts, func(c *config.Config) {
+		c.Health.EjectAfter, c.Health.UnhealthyAfter = 1000, 1000
+		c.Workers[2].HealthPath = "/no-such-probe" // worker 3's probes fail (404)
+	})
+	failOn1 := func() {
+		resp := f.post("/v1/chat/completions", chatBody, "x-worker-id", "1")
+		readAll(t, resp)
+		require.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+	}
+	w1, _ := f.r.Registry.Get(1)
+	w3, _ := f.r.Registry.Get(3)
+	for range 3 {
+		failOn1()
+	}
+	time.Sleep(350 * time.Millisecond) // three probe rounds
+	until, _ := w1.Ejected()
+	assert.True(t, until.IsZero(), "three failures are far from eject_after 1000")
+	assert.True(t, w3.Healthy(), "three failed probes are far from unhealthy_after 1000")
+
+	next := f.r.CurrentConfig()
+	next.Health.EjectAfter, next.Health.UnhealthyAfter = 4, 2
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"health.unhealthy_after=2 health.eject_after=4 health.eject_time=5s health.eject_max=5m0s"}, applied)
+	assert.Empty(t, needRestart)
+	failOn1()
+	until, _ = w1.Ejected()
+	assert.False(t, until.IsZero(), "the fourth failure in a row ejects it")
+	require.Eventually(t, func() bool { return !w3.Healthy() }, 5*time.Second, 10*time.Millisecond, "the next probe takes worker 3 out")
+	assert.Equal(t, 4, f.r.CurrentConfig().Health.EjectAfter)
+
+	// A new probe interval waits for a restart, and the whole key with it.
+	next.Health.EjectAfter, next.Health.Interval = 9, time.Second
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Empty(t, applied)
+	assert.Equal(t, []string{"health"}, needRestart)
+	assert.Equal(t, 4, f.r.CurrentConfig().Health.EjectAfter)
+	f.assertIdle()
+}

@@ -205,8 +205,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 			return nil, fmt.Errorf("worker %d: %w", spec.ID, err)
 		}
 	}
-	h := cfg.Health
-	reg.SetEjectPolicy(dataplane.EjectPolicy{After: h.EjectAfter, Base: h.EjectTime, Max: h.EjectMax})
+	reg.SetEjectPolicy(ejectPolicy(cfg.Health))
 	sel, err := dataplane.NewSelector(reg, cfg.Router.Mode, cfg.Router.BusyThreshold)
 	if err == nil {
 		err = sel.SetPolicy(cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.CPURatio)
@@ -613,4 +612,9 @@ func frontendPolicy(cfg config.Config) frontend.Policy {
 	access, _ := frontend.ParseAccess(cfg.Log.Access) // Validate checked it
 	return frontend.Policy{Routes: cfg.Routes, CORSOrigins: cfg.CORSAllowedOrigins, RetryStatuses: cfg.Router.RetryStatuses,
 		GenerateRequestIDs: cfg.GenerateRequestIDs, AddXForwardedFor: cfg.AddXForwardedFor, Access: access}
+}
+
+// ejectPolicy is the passive health check health's keys set.
+func ejectPolicy(h config.Health) dataplane.EjectPolicy {
+	return dataplane.EjectPolicy{After: h.EjectAfter, Base: h.EjectTime, Max: h.EjectMax}
 }

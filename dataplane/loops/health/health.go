@@ -92,6 +92,14 @@ func (c *Checker) workerChanged(w *dataplane.Worker, change dataplane.Change) {
 	c.opts.Logger.Info("drained worker removed", "worker", w.ID())
 }
 
+// SetUnhealthyAfter changes how many failed probes in a row take a worker
+// out of rotation, from the next probe on (a reload).
+func (c *Checker) SetUnhealthyAfter(n int) {
+	c.mu.Lock()
+	c.opts.UnhealthyAfter = n
+	c.mu.Unlock()
+}
+
 // Run probes every Interval until ctx ends, then closes the connections
 // the probes kept alive.
 func (c *Checker) Run(ctx context.Context) {
