@@ -698,6 +698,17 @@ func TestAProxysForwardedClientCertNamesTheClient(t *testing.T) {
 	assert.Equal(t, http.StatusOK, post(f, "Authorization", "Bearer "+teamAKey, "X-Forwarded-Client-Cert", xfcc))
 	assert.Equal(t, "", forwarded.Load(), "nor does its header reach a worker")
 
+	// A reload that trusts the client's address (a sidecar moved there)
+	// applies to the next request.
+	next := f.r.CurrentConfig()
+	next.ForwardedClientCert.From = []string{"10.0.0.0/8", "127.0.0.1"}
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{fmt.Sprintf("api_keys_file=%q (2 keys)", keys), "forwarded_client_cert.from=[10.0.0.0/8 127.0.0.1]"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Equal(t, http.StatusOK, post(f, "X-Forwarded-Client-Cert", xfcc))
+	f.assertIdle()
+
 	cfg := config.Default()
 	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:1"}}
 	cfg.ForwardedClientCert.From = []string{"sidecar"}

@@ -91,7 +91,8 @@ func TestRealIPNamesTheClientBehindAnHTTPBalancer(t *testing.T) {
 }
 
 // real_ip takes a header name and the balancers' IPs or CIDR prefixes, the
-// one with the other; a reload names a change to it as needing a restart.
+// one with the other; a reload applies a change to the next request (a
+// balancer replaced), and refuses a bad one.
 func TestRealIPConfig(t *testing.T) {
 	for _, tc := range []struct {
 		ri  config.RealIP
@@ -113,10 +114,26 @@ func TestRealIPConfig(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.err)
 		}
 	}
-	f := startFleet(t, mocks(1, 1, 0), nil)
-	cfg := f.r.Config
-	cfg.RealIP = config.RealIP{Header: "X-Forwarded-For", From: []string{"127.0.0.1"}}
-	_, needRestart, err := f.r.Reload(cfg)
+	var logs syncBuffer
+	f := startFleetLog(t, mocks(1, 1, 0), func(c *config.Config) { c.Log.Access = "all" }, &logs)
+	lastClient := func() string {
+		ans := f.sendWithLines("X-Forwarded-For: 203.0.113.7")
+		require.True(t, strings.HasPrefix(ans, "HTTP/1.1 200 "), "%q", ans)
+		clients := accessClients(&logs)
+		require.NotEmpty(t, clients)
+		return clients[len(clients)-1]
+	}
+	assert.True(t, strings.HasPrefix(lastClient(), "127.0.0.1:"), "no balancer trusted")
+	cfg := f.r.CurrentConfig()
+	cfg.RealIP = config.RealIP{Header: "X-Forwarded-For"}
+	_, _, err := f.r.Reload(cfg)
+	require.ErrorContains(t, err, "key real_ip.from: names no proxy")
+	assert.True(t, strings.HasPrefix(lastClient(), "127.0.0.1:"), "a refused reload changes nothing")
+	cfg.RealIP.From = []string{"127.0.0.1"}
+	applied, needRestart, err := f.r.Reload(cfg)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"real_ip"}, needRestart)
+	assert.Equal(t, []string{`real_ip={header: "X-Forwarded-For", from: [127.0.0.1]}`}, applied)
+	assert.Empty(t, needRestart)
+	assert.Equal(t, "203.0.113.7", lastClient(), "the header of the balancer the reload trusts")
+	f.assertIdle()
 }

@@ -22,7 +22,8 @@ import (
 // read again), the admin token and the workers' API key (admin_token,
 // worker_api_key, from their files or the environment again), the front
 // end's policy (frontendPolicy: routes, CORS, retry statuses, request ids,
-// X-Forwarded-For, log.access), health's thresholds and ejections, the
+// X-Forwarded-For, log.access, the balancers and sidecars trusted), health's
+// thresholds and ejections, the
 // front end's certificate, client CAs and revocation
 // lists (tls, read again), the admin listener's certificate (admin_tls,
 // read again) and worker_tls's client certificate (read again) for new
@@ -99,8 +100,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"tls":                         old.TLS.On() == cfg.TLS.On(),
 		"admin_tls":                   adminTLSApplies,
 		"proxy_protocol":              reflect.DeepEqual(old.ProxyProtocol, cfg.ProxyProtocol),
-		"real_ip":                     reflect.DeepEqual(old.RealIP, cfg.RealIP),
-		"forwarded_client_cert":       slices.Equal(old.ForwardedClientCert.From, cfg.ForwardedClientCert.From),
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"pid_file":                    old.PIDFile == cfg.PIDFile,
 		"state_file":                  old.StateFile == cfg.StateFile,
@@ -242,6 +241,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next.Workers, next.ShutdownDelay = cfg.Workers, cfg.ShutdownDelay
 	next.Routes, next.CORSAllowedOrigins, next.Router.RetryStatuses = cfg.Routes, cfg.CORSAllowedOrigins, cfg.Router.RetryStatuses
 	next.GenerateRequestIDs, next.AddXForwardedFor, next.Log.Access = cfg.GenerateRequestIDs, cfg.AddXForwardedFor, cfg.Log.Access
+	next.RealIP, next.ForwardedClientCert = cfg.RealIP, cfg.ForwardedClientCert
 	next.AdminToken, next.AdminTokenFile = cfg.AdminToken, cfg.AdminTokenFile
 	next.WorkerAPIKey, next.WorkerAPIKeyFile = cfg.WorkerAPIKey, cfg.WorkerAPIKeyFile
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
@@ -281,6 +281,8 @@ func policyChanges(old, cfg config.Config) (changed []string) {
 		{"generate_request_ids", old.GenerateRequestIDs == cfg.GenerateRequestIDs, cfg.GenerateRequestIDs},
 		{"add_x_forwarded_for", old.AddXForwardedFor == cfg.AddXForwardedFor, cfg.AddXForwardedFor},
 		{"log.access", old.Log.Access == cfg.Log.Access, cfg.Log.Access},
+		{"real_ip", reflect.DeepEqual(old.RealIP, cfg.RealIP), fmt.Sprintf("{header: %q, from: %v}", cfg.RealIP.Header, cfg.RealIP.From)},
+		{"forwarded_client_cert.from", slices.Equal(old.ForwardedClientCert.From, cfg.ForwardedClientCert.From), cfg.ForwardedClientCert.From},
 	} {
 		if !c.same {
 			changed = append(changed, fmt.Sprintf("%s=%v", c.key, c.now))

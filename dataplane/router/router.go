@@ -282,16 +282,6 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		}
 		fo.ProxyProtocol = &frontend.ProxyProtocol{From: from}
 	}
-	if cfg.RealIP.Header != "" {
-		from, err := cfg.RealIP.Prefixes()
-		if err != nil {
-			return nil, err // Validate checked them: not reached
-		}
-		fo.RealIP = &frontend.RealIP{Header: cfg.RealIP.Header, From: from}
-	}
-	if fo.ForwardedCertFrom, err = cfg.ForwardedClientCert.Prefixes(); err != nil {
-		return nil, err // Validate checked them: not reached
-	}
 	if cfg.TLS.On() {
 		fo.TLS = r.cert.serverConfig()
 	}
@@ -607,11 +597,17 @@ func retryBudget(b config.RetryBudget) frontend.RetryBudget {
 }
 
 // frontendPolicy is what the front end takes of cfg that a reload may
-// change of how it treats requests.
+// change of how it treats requests. Validate checked what it reads.
 func frontendPolicy(cfg config.Config) frontend.Policy {
-	access, _ := frontend.ParseAccess(cfg.Log.Access) // Validate checked it
-	return frontend.Policy{Routes: cfg.Routes, CORSOrigins: cfg.CORSAllowedOrigins, RetryStatuses: cfg.Router.RetryStatuses,
+	access, _ := frontend.ParseAccess(cfg.Log.Access)
+	p := frontend.Policy{Routes: cfg.Routes, CORSOrigins: cfg.CORSAllowedOrigins, RetryStatuses: cfg.Router.RetryStatuses,
 		GenerateRequestIDs: cfg.GenerateRequestIDs, AddXForwardedFor: cfg.AddXForwardedFor, Access: access}
+	if cfg.RealIP.Header != "" {
+		from, _ := cfg.RealIP.Prefixes()
+		p.RealIP = &frontend.RealIP{Header: cfg.RealIP.Header, From: from}
+	}
+	p.ForwardedCertFrom, _ = cfg.ForwardedClientCert.Prefixes()
+	return p
 }
 
 // ejectPolicy is the passive health check health's keys set.

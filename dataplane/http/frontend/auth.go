@@ -35,7 +35,7 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) *apikeys.Client {
 	var c *apikeys.Client
 	if key == nil {
 		var buf [certNameBytes]byte
-		c = s.keys.LookupCert(s.certName(ctx, buf[:0]))
+		c = s.keys.LookupCert(s.policy.Load().certName(ctx, buf[:0]))
 	}
 	if c == nil {
 		c = s.keys.Lookup(key)

@@ -137,13 +137,13 @@ type exchange struct {
 	path       []byte // copied only while the access log is on for this request, as are method, peer, clientAt, requestID and clientCert
 	method     []byte
 	peer       net.Addr       // the connection's peer, where it has no IP address (clientAt is not valid)
-	clientAt   netip.AddrPort // the client's address (Server.clientOf), for the span too
+	clientAt   netip.AddrPort // the client's address (policy.clientOf), for the span too
 	requestID  []byte         // the request's X-Request-Id: the client's, or one made up (GenerateRequestIDs)
 	picked     bool           // res names this request's worker (it may name an earlier one's)
 	status     int
 	firstByte  time.Duration
 	bytes      int64
-	clientCert []byte // the client as its certificate names it (Server.certName); empty for none
+	clientCert []byte // the client as its certificate names it (policy.certName); empty for none
 
 	forwardedFor []byte // the X-Forwarded-For sent on (AddXForwardedFor): addForwardedFor's scratch
 }
@@ -172,14 +172,14 @@ func (ex *exchange) begin(ctx *fasthttp.RequestCtx, rt route, start time.Time) {
 		ex.method = append(ex.method[:0], ctx.Method()...)
 		ex.requestID = append(ex.requestID[:0], ctx.Request.Header.Peek(headerRequestID)...)
 		var ok bool
-		if ex.clientAt, ok = ex.s.clientOf(ctx); !ok {
+		if ex.clientAt, ok = ex.pol.clientOf(ctx); !ok {
 			ex.peer = ctx.RemoteAddr()
 		}
 		// The name's own buffer is certName's scratch too: an escaped
 		// name it unescapes there is copied onto itself.
-		ex.clientCert = append(ex.clientCert[:0], ex.s.certName(ctx, ex.clientCert[:0])...)
+		ex.clientCert = append(ex.clientCert[:0], ex.pol.certName(ctx, ex.clientCert[:0])...)
 	}
-	if ex.s.opts.ForwardedCertFrom != nil {
+	if ex.pol.ForwardedCertFrom != nil {
 		// The client's certificate, as a proxy named it, stays with the
 		// router, as its API key does.
 		ctx.Request.Header.Del(headerForwardedClientCert)

@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -103,13 +102,6 @@ type Options struct {
 	// begin with a PROXY protocol header naming the client's address;
 	// nil: none does.
 	ProxyProtocol *ProxyProtocol
-	// RealIP, when set, takes a request's client address from a header
-	// that the HTTP load balancers it trusts set; nil: the connection's.
-	RealIP *RealIP
-	// ForwardedCertFrom, when set, are the proxies (a mesh sidecar that
-	// terminates mutual TLS) whose x-forwarded-client-cert names their
-	// client's certificate (certName); that header goes to no worker.
-	ForwardedCertFrom []netip.Prefix
 	// Tracer, when set, traces the requests it samples: each gets the
 	// router's span, whose id its worker sees as the traceparent's parent
 	// (traceRequest); nil: traceparent headers pass untouched.

@@ -1,6 +1,9 @@
 package frontend
 
-import "slices"
+import (
+	"net/netip"
+	"slices"
+)
 
 // Policy is what a reload may change of how the front end treats
 // requests (SetPolicy). A request keeps the policy in force when it
@@ -30,6 +33,13 @@ type Policy struct {
 	// Access says which requests get an access line (none without
 	// Options.AccessLog).
 	Access Access
+	// RealIP, when set, takes a request's client address from a header
+	// that the HTTP load balancers it trusts set; nil: the connection's.
+	RealIP *RealIP
+	// ForwardedCertFrom, when set, are the proxies (a mesh sidecar that
+	// terminates mutual TLS) whose x-forwarded-client-cert names their
+	// client's certificate (certName); that header goes to no worker.
+	ForwardedCertFrom []netip.Prefix
 }
 
 // policy is a Policy made ready for the request path.

@@ -80,15 +80,15 @@ func parseHop(b []byte) (netip.AddrPort, bool) {
 // one that connection's PROXY protocol header named), or the one a trusted
 // balancer's header names (RealIP). False: the connection has no IP
 // address.
-func (s *Server) clientOf(ctx *fasthttp.RequestCtx) (netip.AddrPort, bool) {
+func (p *policy) clientOf(ctx *fasthttp.RequestCtx) (netip.AddrPort, bool) {
 	peer, ok := peerOf(ctx.RemoteAddr())
 	if !ok {
 		return netip.AddrPort{}, false
 	}
-	if s.opts.RealIP == nil {
+	if p.RealIP == nil {
 		return peer, true
 	}
-	return s.opts.RealIP.client(&ctx.Request.Header, peer), true
+	return p.RealIP.client(&ctx.Request.Header, peer), true
 }
 
 // appendClient appends a client address as the access log shows it: the

@@ -51,7 +51,7 @@ func (ex *exchange) traceRequest(ctx *fasthttp.RequestCtx, start time.Time) {
 	if ex.pol.Access != AccessOff {
 		sp.Client = ex.clientAt // begin found it for the access log
 	} else {
-		sp.Client, _ = ex.s.clientOf(ctx)
+		sp.Client, _ = ex.pol.clientOf(ctx)
 	}
 	sp.Method = methodName(ctx.Method())
 	sp.Name = sp.Method

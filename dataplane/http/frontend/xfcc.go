@@ -13,14 +13,14 @@ const headerForwardedClientCert = "X-Forwarded-Client-Cert"
 
 // certName names a request's client by its certificate (empty: none):
 // the one its connection's TLS handshake showed (clientCertName), else, on
-// a connection from a proxy of Options.ForwardedCertFrom, the one that
+// a connection from a proxy of Policy.ForwardedCertFrom, the one that
 // proxy's x-forwarded-client-cert names (forwardedCertName, with buf for
 // an escaped name). A client elsewhere cannot name a certificate there.
-func (s *Server) certName(ctx *fasthttp.RequestCtx, buf []byte) []byte {
-	if name := clientCertName(ctx.Conn()); len(name) > 0 || s.opts.ForwardedCertFrom == nil {
+func (p *policy) certName(ctx *fasthttp.RequestCtx, buf []byte) []byte {
+	if name := clientCertName(ctx.Conn()); len(name) > 0 || p.ForwardedCertFrom == nil {
 		return name
 	}
-	if peer, ok := peerOf(ctx.RemoteAddr()); !ok || !within(s.opts.ForwardedCertFrom, peer.Addr()) {
+	if peer, ok := peerOf(ctx.RemoteAddr()); !ok || !within(p.ForwardedCertFrom, peer.Addr()) {
 		return nil
 	}
 	return forwardedCertName(ctx.Request.Header.Peek(headerForwardedClientCert), buf)
