@@ -106,11 +106,11 @@ func (s *Selector) SetRouting(rt Routing) {
 	}
 }
 
-// SetPrefixSlack changes Routing.PrefixSlack for the requests routed
-// from now on (a reload).
-func (s *Selector) SetPrefixSlack(slack int64) {
+// Reroute changes the routing policy for the requests routed from now on
+// (a reload): change edits a copy of the one in force, whose tables stay.
+func (s *Selector) Reroute(change func(rt *Routing)) {
 	rt := *s.routing.Load()
-	rt.PrefixSlack = slack
+	change(&rt)
 	s.routing.Store(&rt)
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/pickers"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -340,6 +341,15 @@ func TestPrefillPoolEmptyFallbacksAndShortPrompts(t *testing.T) {
 	resp = f.post("/v1/chat/completions", pdBody)
 	assert.Equal(t, 503, resp.StatusCode)
 	assert.Contains(t, readAll(t, resp), "no routable worker serves the prefill phase")
+	next := f.r.CurrentConfig() // a reload changes the fallback for the next request
+	next.Router.Disaggregation.Fallback = config.FallbackAggr
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.disaggregation.fallback=aggregated"}, applied)
+	assert.Empty(t, needRestart)
+	resp = f.post("/v1/chat/completions", pdBody)
+	assert.Equal(t, 200, resp.StatusCode)
+	readAll(t, resp)
 	f.assertIdle()
 
 	// min_prefill_tokens: a short prompt runs whole on a decode worker.
@@ -348,6 +358,21 @@ func TestPrefillPoolEmptyFallbacksAndShortPrompts(t *testing.T) {
 	})
 	readAll(t, f.post("/v1/chat/completions", pdBody))
 	assert.Empty(t, prefill.received())
+	next = f.r.CurrentConfig() // lowered by a reload: the next prompt splits
+	next.Router.Disaggregation.MinPrefillTokens = 0
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.disaggregation.min_prefill_tokens=0"}, applied)
+	assert.Empty(t, needRestart)
+	readAll(t, f.post("/v1/chat/completions", pdBody))
+	assert.Len(t, prefill.received(), 1)
+	next.Router.Disaggregation.MinPrefillTokens, next.Router.Disaggregation.Protocol = 1000, config.DisaggSGLang
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Empty(t, applied, "a new protocol holds the key back")
+	assert.Equal(t, []string{"router.disaggregation"}, needRestart)
+	readAll(t, f.post("/v1/chat/completions", pdBody))
+	assert.Len(t, prefill.received(), 2, "still split")
 	// Named workers: the phase headers, checked against the roles.
 	resp = f.post("/v1/chat/completions", pdBody, "x-prefill-worker-id", "2")
 	assert.Equal(t, 400, resp.StatusCode)
@@ -355,7 +380,7 @@ func TestPrefillPoolEmptyFallbacksAndShortPrompts(t *testing.T) {
 	resp = f.post("/v1/chat/completions", pdBody, "x-prefill-worker-id", "1", "x-decode-worker-id", "2")
 	assert.Equal(t, 200, resp.StatusCode)
 	readAll(t, resp)
-	assert.Len(t, prefill.received(), 1, "a named prefill worker splits even a short prompt")
+	assert.Len(t, prefill.received(), 3, "a named prefill worker splits")
 	f.assertIdle()
 }
 
@@ -834,5 +859,32 @@ func TestASplitRequestsAccessLineNamesItsRequestID(t *testing.T) {
 	}
 	assert.Contains(t, access[2], "ran_whole=no_prefill_worker")
 	assert.NotContains(t, access[2], "prefill_worker=")
+	f.assertIdle()
+}
+
+// A reload gives a phase's pool a picker of its own from the next request
+// on: round robin over the two decode workers alternates.
+func TestAReloadChangesAPhasesPicker(t *testing.T) {
+	prefill, decode1, decode2 := startEngine(t, vllmPrefill), startEngine(t, sseDecode), startEngine(t, sseDecode)
+	f := startPD(t, config.DisaggVLLM, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode1.URL},
+		{dataplane.RoleDecode, decode2.URL}}, func(c *config.Config) { c.Router.Disaggregation.DecodeMode = pickers.ModeRandom })
+	next := f.r.CurrentConfig()
+	next.Router.Disaggregation.DecodeMode = pickers.ModeRoundRobin
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.disaggregation.decode_mode=round-robin"}, applied)
+	assert.Empty(t, needRestart)
+	var served []string
+	for range 12 {
+		resp := f.post("/v1/chat/completions", pdBody)
+		require.Equal(t, 200, resp.StatusCode)
+		readAll(t, resp)
+		served = append(served, resp.Header.Get("x-fastroute-worker"))
+	}
+	for i := 2; i < len(served); i++ {
+		assert.Equal(t, served[i-2], served[i], "round robin over two decode workers alternates: %v", served)
+	}
+	assert.NotEqual(t, served[0], served[1], "%v", served)
+	assert.Len(t, prefill.received(), 12)
 	f.assertIdle()
 }

@@ -23,8 +23,9 @@ import (
 // worker_api_key, from their files or the environment again), the front
 // end's policy (frontendPolicy: routes, CORS, retry statuses, request ids,
 // X-Forwarded-For, log.access, the balancers and sidecars trusted), health's
-// thresholds and ejections, the
-// front end's certificate, client CAs and revocation
+// thresholds and ejections, the routing knobs (routingKnobs: session
+// affinity's mode and header, LoRA placement, disaggregation's bounds and
+// fallback) and the phases' pickers, the front end's certificate, client CAs and revocation
 // lists (tls, read again), the admin listener's certificate (admin_tls,
 // read again) and worker_tls's client certificate (read again) for new
 // requests and connections. Streams in
@@ -89,6 +90,12 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// headers changed too.
 	tracingApplies := old.Tracing.OTLPEndpoint == cfg.Tracing.OTLPEndpoint && old.Tracing.ServiceName == cfg.Tracing.ServiceName &&
 		maps.Equal(old.Tracing.Headers, cfg.Tracing.Headers)
+	// Session affinity's mode and header apply unless the table's bounds
+	// changed too; disaggregation's pickers, bounds and fallback unless its
+	// protocol did.
+	affinityApplies := old.Router.SessionAffinity.TTL == cfg.Router.SessionAffinity.TTL &&
+		old.Router.SessionAffinity.MaxSessions == cfg.Router.SessionAffinity.MaxSessions
+	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
 	// Health's thresholds and ejections apply unless the way probes are
 	// made (interval, timeout, path) changed too.
 	healthApplies := old.Health.Interval == cfg.Health.Interval && old.Health.Timeout == cfg.Health.Timeout && old.Health.Path == cfg.Health.Path
@@ -103,11 +110,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"pid_file":                    old.PIDFile == cfg.PIDFile,
 		"state_file":                  old.StateFile == cfg.StateFile,
-		"router.session_affinity":     old.Router.SessionAffinity == cfg.Router.SessionAffinity,
+		"router.session_affinity":     affinityApplies,
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
-		"router.lora_placement":       old.Router.LoRAPlacement == cfg.Router.LoRAPlacement,
 		"router.prefix_affinity":      prefixesApply,
-		"router.disaggregation":       old.Router.Disaggregation == cfg.Router.Disaggregation,
+		"router.disaggregation":       disaggApplies,
 		"router.queue":                old.Router.Queue == cfg.Router.Queue,
 		"discovery":                   reflect.DeepEqual(old.Discovery, cfg.Discovery),
 		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": healthApplies,
@@ -138,7 +144,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	if pa := cfg.Router.PrefixAffinity; prefixesApply {
 		if pa.Slack != old.Router.PrefixAffinity.Slack {
-			r.Selector.SetPrefixSlack(int64(pa.Slack))
+			r.Selector.Reroute(func(rt *dataplane.Routing) { rt.PrefixSlack = int64(pa.Slack) })
 			applied = append(applied, fmt.Sprintf("router.prefix_affinity.slack=%d", pa.Slack))
 		}
 		if !slices.Equal(pa.Peers, old.Router.PrefixAffinity.Peers) {
@@ -184,6 +190,15 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	if changed := policyChanges(old, cfg); len(changed) > 0 {
 		r.Frontend.SetPolicy(frontendPolicy(cfg))
+		applied = append(applied, changed...)
+	}
+	if changed := routingChanges(old, cfg, affinityApplies, disaggApplies); len(changed) > 0 {
+		routed := routedConfig(old, cfg, affinityApplies, disaggApplies)
+		d := routed.Router.Disaggregation
+		if err := r.Selector.SetPhaseModes(d.PrefillMode, d.DecodeMode); err != nil {
+			return nil, needRestart, err // Validate checked them: not reached
+		}
+		r.Selector.Reroute(func(rt *dataplane.Routing) { routingKnobs(routed, rt) })
 		applied = append(applied, changed...)
 	}
 	if h := cfg.Health; healthApplies && h != old.Health {
@@ -255,6 +270,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if healthApplies {
 		next.Health = cfg.Health
 	}
+	next.Router = routedConfig(next, cfg, affinityApplies, disaggApplies).Router
 	if workerTLSApplies {
 		next.WorkerTLS = cfg.WorkerTLS
 	}
@@ -267,28 +283,69 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	return applied, needRestart, nil
 }
 
-// policyChanges says which keys of the front end's policy (frontendPolicy)
-// differ between old and cfg.
-func policyChanges(old, cfg config.Config) (changed []string) {
-	for _, c := range []struct {
-		key  string
-		same bool
-		now  any
-	}{
-		{"routes", slices.Equal(old.Routes, cfg.Routes), cfg.Routes},
-		{"cors_allowed_origins", slices.Equal(old.CORSAllowedOrigins, cfg.CORSAllowedOrigins), cfg.CORSAllowedOrigins},
-		{"router.retry_statuses", slices.Equal(old.Router.RetryStatuses, cfg.Router.RetryStatuses), cfg.Router.RetryStatuses},
-		{"generate_request_ids", old.GenerateRequestIDs == cfg.GenerateRequestIDs, cfg.GenerateRequestIDs},
-		{"add_x_forwarded_for", old.AddXForwardedFor == cfg.AddXForwardedFor, cfg.AddXForwardedFor},
-		{"log.access", old.Log.Access == cfg.Log.Access, cfg.Log.Access},
-		{"real_ip", reflect.DeepEqual(old.RealIP, cfg.RealIP), fmt.Sprintf("{header: %q, from: %v}", cfg.RealIP.Header, cfg.RealIP.From)},
-		{"forwarded_client_cert.from", slices.Equal(old.ForwardedClientCert.From, cfg.ForwardedClientCert.From), cfg.ForwardedClientCert.From},
-	} {
+// keyChange is a config key compared between the running config and a
+// reload's: whether it stayed the same, and its new value.
+type keyChange struct {
+	key  string
+	same bool
+	now  any
+}
+
+// changes says which of keys changed, each as key=value.
+func changes(keys ...keyChange) (changed []string) {
+	for _, c := range keys {
 		if !c.same {
 			changed = append(changed, fmt.Sprintf("%s=%v", c.key, c.now))
 		}
 	}
 	return changed
+}
+
+// policyChanges says which keys of the front end's policy (frontendPolicy)
+// differ between old and cfg.
+func policyChanges(old, cfg config.Config) []string {
+	return changes(
+		keyChange{"routes", slices.Equal(old.Routes, cfg.Routes), cfg.Routes},
+		keyChange{"cors_allowed_origins", slices.Equal(old.CORSAllowedOrigins, cfg.CORSAllowedOrigins), cfg.CORSAllowedOrigins},
+		keyChange{"router.retry_statuses", slices.Equal(old.Router.RetryStatuses, cfg.Router.RetryStatuses), cfg.Router.RetryStatuses},
+		keyChange{"generate_request_ids", old.GenerateRequestIDs == cfg.GenerateRequestIDs, cfg.GenerateRequestIDs},
+		keyChange{"add_x_forwarded_for", old.AddXForwardedFor == cfg.AddXForwardedFor, cfg.AddXForwardedFor},
+		keyChange{"log.access", old.Log.Access == cfg.Log.Access, cfg.Log.Access},
+		keyChange{"real_ip", reflect.DeepEqual(old.RealIP, cfg.RealIP), fmt.Sprintf("{header: %q, from: %v}", cfg.RealIP.Header, cfg.RealIP.From)},
+		keyChange{"forwarded_client_cert.from", slices.Equal(old.ForwardedClientCert.From, cfg.ForwardedClientCert.From), cfg.ForwardedClientCert.From},
+	)
+}
+
+// routingChanges says which keys routingKnobs and the phases' pickers
+// read differ between old and cfg, where they apply (affinity: session
+// affinity's mode and header; disagg: disaggregation's pickers, bounds and
+// fallback).
+func routingChanges(old, cfg config.Config, affinity, disagg bool) []string {
+	oa, na := old.Router.SessionAffinity, cfg.Router.SessionAffinity
+	od, nd := old.Router.Disaggregation, cfg.Router.Disaggregation
+	return changes(
+		keyChange{"router.session_affinity.mode", !affinity || oa.Mode == na.Mode, na.Mode},
+		keyChange{"router.session_affinity.header", !affinity || oa.Header == na.Header, na.Header},
+		keyChange{"router.lora_placement", old.Router.LoRAPlacement == cfg.Router.LoRAPlacement, cfg.Router.LoRAPlacement},
+		keyChange{"router.disaggregation.prefill_mode", !disagg || od.PrefillMode == nd.PrefillMode, nd.PrefillMode},
+		keyChange{"router.disaggregation.decode_mode", !disagg || od.DecodeMode == nd.DecodeMode, nd.DecodeMode},
+		keyChange{"router.disaggregation.min_prefill_tokens", !disagg || od.MinPrefillTokens == nd.MinPrefillTokens, nd.MinPrefillTokens},
+		keyChange{"router.disaggregation.max_prefill_queue", !disagg || od.MaxPrefillQueue == nd.MaxPrefillQueue, nd.MaxPrefillQueue},
+		keyChange{"router.disaggregation.fallback", !disagg || od.Fallback == nd.Fallback, nd.Fallback},
+	)
+}
+
+// routedConfig is old with the keys routingChanges compares taken from
+// cfg where they apply.
+func routedConfig(old, cfg config.Config, affinity, disagg bool) config.Config {
+	if affinity {
+		old.Router.SessionAffinity = cfg.Router.SessionAffinity
+	}
+	old.Router.LoRAPlacement = cfg.Router.LoRAPlacement
+	if disagg {
+		old.Router.Disaggregation = cfg.Router.Disaggregation
+	}
+	return old
 }
 
 // reloadablePrefixes returns cfg with the keys of router.prefix_affinity

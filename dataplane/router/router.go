@@ -217,7 +217,6 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		return nil, err
 	}
 	aff := cfg.Router.SessionAffinity
-	affMode, _ := affinity.ParseMode(aff.Mode) // Validate checked it
 	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, log: log, tlsState: found.tls,
 		Sessions:  affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions}),
 		Responses: affinity.NewTable(storedResponses)}
@@ -236,15 +235,11 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 			r.Metrics.Register(r.PrefixShare.Collector())
 		}
 	}
-	sel.SetRouting(dataplane.Routing{
-		Sessions: r.Sessions, SessionMode: affMode, SessionHeader: aff.Header, EmbedCache: r.EmbedCache, Responses: r.Responses,
+	rt := dataplane.Routing{Sessions: r.Sessions, EmbedCache: r.EmbedCache, Responses: r.Responses,
 		Prefixes: r.Prefixes, PrefixSlack: int64(pa.Slack), PrefixBlock: pa.BlockBytes, PrefixBlocks: pa.MaxBlocks,
-		PlaceAdapters:    cfg.Router.LoRAPlacement == "rendezvous",
-		MinPrefillTokens: cfg.Router.Disaggregation.MinPrefillTokens,
-		MaxPrefillQueue:  cfg.Router.Disaggregation.MaxPrefillQueue,
-		PrefillFallback:  cfg.Router.Disaggregation.Fallback == config.FallbackAggr,
-		DecodePrefills:   cfg.Router.Disaggregation.Protocol == config.DisaggVLLM,
-	})
+		DecodePrefills: cfg.Router.Disaggregation.Protocol == config.DisaggVLLM}
+	routingKnobs(cfg, &rt)
+	sel.SetRouting(rt)
 	fo := frontend.Options{
 		Selector: sel, Retries: cfg.Router.Retries, RetryBudget: retryBudget(cfg.Router.RetryBudget),
 		MaxBodyBytes: int(cfg.Limits.MaxBodyBytes), MaxHeaderBytes: int(cfg.Limits.MaxHeaderBytes),
@@ -613,4 +608,15 @@ func frontendPolicy(cfg config.Config) frontend.Policy {
 // ejectPolicy is the passive health check health's keys set.
 func ejectPolicy(h config.Health) dataplane.EjectPolicy {
 	return dataplane.EjectPolicy{After: h.EjectAfter, Base: h.EjectTime, Max: h.EjectMax}
+}
+
+// routingKnobs sets the keys of rt a reload may change: session
+// affinity's mode and header, LoRA placement and disaggregation's bounds
+// and fallback. Validate checked what it reads.
+func routingKnobs(cfg config.Config, rt *dataplane.Routing) {
+	aff, d := cfg.Router.SessionAffinity, cfg.Router.Disaggregation
+	rt.SessionMode, _ = affinity.ParseMode(aff.Mode)
+	rt.SessionHeader = aff.Header
+	rt.PlaceAdapters = cfg.Router.LoRAPlacement == "rendezvous"
+	rt.MinPrefillTokens, rt.MaxPrefillQueue, rt.PrefillFallback = d.MinPrefillTokens, d.MaxPrefillQueue, d.Fallback == config.FallbackAggr
 }

@@ -292,6 +292,53 @@ func TestUnheldAdaptersArePlacedAlikeByReplicas(t *testing.T) {
 	resp := off.post("/v1/chat/completions", `{"model":"adapter-1","messages":[]}`)
 	assert.Equal(t, 404, resp.StatusCode)
 	readAll(t, resp)
+
+	// A reload places them from the next request on.
+	next := off.r.CurrentConfig()
+	placed(&next)
+	applied, needRestart, err := off.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.lora_placement=rendezvous"}, applied)
+	assert.Empty(t, needRestart)
+	body := `{"model":"adapter-1","messages":[]}`
+	assert.Equal(t, a.servedBy("/v1/chat/completions", body), off.servedBy("/v1/chat/completions", body))
+	off.assertIdle()
+}
+
+// A reload changes session affinity's header and mode for the next
+// request; its table's bounds wait for a restart, holding the key back.
+func TestAReloadChangesSessionAffinity(t *testing.T) {
+	f := startFleet(t, mocks(3, 1, 0), affinityMode("soft"))
+	workers := func(header string) map[string]bool {
+		seen := map[string]bool{}
+		for range 6 {
+			seen[f.servedBy("/v1/chat/completions", chatBody, header, "conversation-7")] = true
+		}
+		return seen
+	}
+	assert.Len(t, workers("x-conversation"), 3, "not the session header: round robin")
+	next := f.r.CurrentConfig()
+	next.Router.SessionAffinity.Header = "x-conversation"
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.session_affinity.header=x-conversation"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Len(t, workers("x-conversation"), 1, "pinned by the new header")
+
+	next.Router.SessionAffinity.Mode = "off"
+	applied, _, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.session_affinity.mode=off"}, applied)
+	assert.Len(t, workers("x-conversation"), 3, "off: round robin again")
+
+	next.Router.SessionAffinity.Mode, next.Router.SessionAffinity.TTL = "soft", time.Hour
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Empty(t, applied)
+	assert.Equal(t, []string{"router.session_affinity"}, needRestart)
+	assert.Len(t, workers("x-conversation"), 3, "held back with the ttl")
+	assert.Equal(t, "off", f.r.CurrentConfig().Router.SessionAffinity.Mode)
+	f.assertIdle()
 }
 
 // OpenAI's prompt_cache_key (chat completions, the Responses API), or an
