@@ -130,8 +130,15 @@ func TestAdminWritesAreLogged(t *testing.T) {
 	assert.NotContains(t, out, "s3cret")
 }
 
+// shutdown_timeout (here as a reload set it) bounds the drain.
 func TestShutdownTimeoutCutsStreamsStillOpen(t *testing.T) {
-	f := startFleet(t, mocks(1, 200, 20*time.Millisecond), func(c *config.Config) { c.ShutdownTimeout = 300 * time.Millisecond })
+	f := startFleet(t, mocks(1, 200, 20*time.Millisecond), func(c *config.Config) { c.ShutdownTimeout = time.Minute })
+	next := f.r.CurrentConfig()
+	next.ShutdownTimeout = 300 * time.Millisecond
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"shutdown_timeout=300ms"}, applied)
+	assert.Empty(t, needRestart)
 	resp := f.post("/v1/chat/completions", streamBody) // 4 s of stream
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	start := time.Now()

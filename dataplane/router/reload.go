@@ -107,7 +107,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"tls":                         old.TLS.On() == cfg.TLS.On(),
 		"admin_tls":                   adminTLSApplies,
 		"proxy_protocol":              reflect.DeepEqual(old.ProxyProtocol, cfg.ProxyProtocol),
-		"shutdown_timeout":            old.ShutdownTimeout == cfg.ShutdownTimeout,
 		"pid_file":                    old.PIDFile == cfg.PIDFile,
 		"state_file":                  old.StateFile == cfg.StateFile,
 		"router.session_affinity":     affinityApplies,
@@ -207,9 +206,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		applied = append(applied, fmt.Sprintf("health.unhealthy_after=%d health.eject_after=%d health.eject_time=%v health.eject_max=%v",
 			h.UnhealthyAfter, h.EjectAfter, h.EjectTime, h.EjectMax))
 	}
-	if cfg.ShutdownDelay != old.ShutdownDelay {
-		applied = append(applied, fmt.Sprintf("shutdown_delay=%v", cfg.ShutdownDelay))
-	}
+	applied = append(applied, changes(
+		keyChange{"shutdown_delay", cfg.ShutdownDelay == old.ShutdownDelay, cfg.ShutdownDelay},
+		keyChange{"shutdown_timeout", cfg.ShutdownTimeout == old.ShutdownTimeout, cfg.ShutdownTimeout})...)
 	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
 	if reread != nil {
 		r.cert.cur.Store(reread)
@@ -253,7 +252,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if prefixesApply {
 		next.Router.PrefixAffinity = cfg.Router.PrefixAffinity
 	}
-	next.Workers, next.ShutdownDelay = cfg.Workers, cfg.ShutdownDelay
+	next.Workers, next.ShutdownDelay, next.ShutdownTimeout = cfg.Workers, cfg.ShutdownDelay, cfg.ShutdownTimeout
 	next.Routes, next.CORSAllowedOrigins, next.Router.RetryStatuses = cfg.Routes, cfg.CORSAllowedOrigins, cfg.Router.RetryStatuses
 	next.GenerateRequestIDs, next.AddXForwardedFor, next.Log.Access = cfg.GenerateRequestIDs, cfg.AddXForwardedFor, cfg.Log.Access
 	next.RealIP, next.ForwardedClientCert = cfg.RealIP, cfg.ForwardedClientCert
