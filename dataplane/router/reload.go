@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
@@ -96,6 +97,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	affinityApplies := old.Router.SessionAffinity.TTL == cfg.Router.SessionAffinity.TTL &&
 		old.Router.SessionAffinity.MaxSessions == cfg.Router.SessionAffinity.MaxSessions
 	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
+	// An engine's stall bound applies unless another telemetry key changed
+	// too (or engine metrics were off at start: nothing reads it).
+	stallApplies := reflect.DeepEqual(withStall(old.Telemetry, cfg.Telemetry.Engine.StallAfter), cfg.Telemetry) &&
+		(r.Engines != nil || old.Telemetry.Engine.StallAfter == cfg.Telemetry.Engine.StallAfter)
 	// Health's thresholds and ejections apply unless the way probes are
 	// made (interval, timeout, path) changed too.
 	healthApplies := old.Health.Interval == cfg.Health.Interval && old.Health.Timeout == cfg.Health.Timeout && old.Health.Path == cfg.Health.Path
@@ -115,7 +120,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.disaggregation":       disaggApplies,
 		"router.queue":                old.Router.Queue == cfg.Router.Queue,
 		"discovery":                   reflect.DeepEqual(old.Discovery, cfg.Discovery),
-		"telemetry":                   reflect.DeepEqual(old.Telemetry, cfg.Telemetry), "health": healthApplies,
+		"telemetry":                   stallApplies, "health": healthApplies,
 		"limits": old.Limits == cfg.Limits, "log.format": old.Log.Format == cfg.Log.Format,
 		"tracing":    tracingApplies,
 		"worker_tls": workerTLSApplies,
@@ -200,6 +205,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Selector.Reroute(func(rt *dataplane.Routing) { routingKnobs(routed, rt) })
 		applied = append(applied, changed...)
 	}
+	if stall := cfg.Telemetry.Engine.StallAfter; stallApplies && stall != old.Telemetry.Engine.StallAfter {
+		r.Engines.SetStallAfter(stall)
+		applied = append(applied, fmt.Sprintf("telemetry.engine.stall_after=%v", stall))
+	}
 	if h := cfg.Health; healthApplies && h != old.Health {
 		r.Registry.SetEjectPolicy(ejectPolicy(h))
 		r.Health.SetUnhealthyAfter(h.UnhealthyAfter)
@@ -269,6 +278,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if healthApplies {
 		next.Health = cfg.Health
 	}
+	if stallApplies {
+		next.Telemetry = cfg.Telemetry
+	}
 	next.Router = routedConfig(next, cfg, affinityApplies, disaggApplies).Router
 	if workerTLSApplies {
 		next.WorkerTLS = cfg.WorkerTLS
@@ -332,6 +344,12 @@ func routingChanges(old, cfg config.Config, affinity, disagg bool) []string {
 		keyChange{"router.disaggregation.max_prefill_queue", !disagg || od.MaxPrefillQueue == nd.MaxPrefillQueue, nd.MaxPrefillQueue},
 		keyChange{"router.disaggregation.fallback", !disagg || od.Fallback == nd.Fallback, nd.Fallback},
 	)
+}
+
+// withStall is t with the engine stall bound stall.
+func withStall(t config.Telemetry, stall time.Duration) config.Telemetry {
+	t.Engine.StallAfter = stall
+	return t
 }
 
 // routedConfig is old with the keys routingChanges compares taken from

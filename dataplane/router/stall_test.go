@@ -17,7 +17,8 @@ import (
 // telemetry.engine.stall_after (a hung engine whose /health still answers
 // 200) leaves rotation, and comes back once it generates again: its
 // requests go to the other worker meanwhile, and one naming it is refused
-// saying why. Off (0) by default, where the same engine stays in.
+// saying why. Off (0) by default, where the same engine stays in until a
+// reload sets the bound.
 func TestAStalledEngineIsOutOfRotation(t *testing.T) {
 	var running, tokens atomic.Int64
 	tokens.Store(100)
@@ -44,6 +45,20 @@ func TestAStalledEngineIsOutOfRotation(t *testing.T) {
 			assert.Equal(t, false, worker1()["stalled"], "stall_after 0: never taken out")
 			resp, body := f.send("POST", "/v1/chat/completions", chatBody, "x-worker-id", "1")
 			assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+			next := f.r.CurrentConfig()
+			next.Telemetry.Engine.StallAfter = 300 * time.Millisecond
+			applied, needRestart, err := f.r.Reload(next)
+			require.NoError(t, err)
+			assert.Equal(t, []string{"telemetry.engine.stall_after=300ms"}, applied)
+			assert.Empty(t, needRestart)
+			require.Eventually(t, func() bool { return worker1()["stalled"] == true }, 5*time.Second, 10*time.Millisecond,
+				"the next reading judges it by the reload's bound")
+			next.Telemetry.Engine.StallAfter, next.Telemetry.Engine.Interval = time.Minute, time.Second
+			applied, needRestart, err = f.r.Reload(next)
+			require.NoError(t, err)
+			assert.Empty(t, applied)
+			assert.Equal(t, []string{"telemetry"}, needRestart, "a new interval holds the key back")
+			assert.Equal(t, 300*time.Millisecond, f.r.CurrentConfig().Telemetry.Engine.StallAfter)
 			continue
 		}
 		require.Eventually(t, func() bool { return worker1()["stalled"] == true }, 5*time.Second, 10*time.Millisecond,

@@ -87,7 +87,7 @@ type Options struct {
 	Dial func(addr string, timeout time.Duration) (net.Conn, error)
 	// StallAfter, when positive, marks an engine's Stats Stalled once it
 	// has had requests running for that long without generating a token
-	// (Stats.StillFor).
+	// (Stats.StillFor); SetStallAfter changes it.
 	StallAfter time.Duration
 }
 
@@ -99,6 +99,7 @@ type Scraper struct {
 	state     map[uint64]*target
 	fallbacks atomic.Uint64
 	conns     openConns
+	stall     atomic.Int64 // StallAfter as it is now, in nanoseconds
 }
 
 type target struct {
@@ -134,11 +135,16 @@ func New(o Options) *Scraper {
 		o.Dial = fasthttp.DialTimeout
 	}
 	s := &Scraper{o: o, state: map[uint64]*target{}, conns: openConns{set: map[*openConn]struct{}{}}}
+	s.SetStallAfter(o.StallAfter)
 	s.client = workerclient.TCP(s.clientOptions(), o.TLS, func(addr string, timeout time.Duration) (net.Conn, error) {
 		return s.conns.track(o.Dial(addr, timeout))
 	})
 	return s
 }
+
+// SetStallAfter changes Options.StallAfter from the next reading on (a
+// reload): an engine still is marked stalled, or back, by the new bound.
+func (s *Scraper) SetStallAfter(d time.Duration) { s.stall.Store(int64(d)) }
 
 // Prime scrapes every target once and returns when each of those scrapes
 // ended (each within Timeout), so that a router taking requests after it
@@ -295,7 +301,8 @@ func (s *Scraper) scrape(ctx context.Context, st *target) {
 		return
 	}
 	stats := st.learner.Observe(r, st.Slots)
-	stats.Stalled = s.o.StallAfter > 0 && stats.StillFor >= s.o.StallAfter
+	stall := time.Duration(s.stall.Load())
+	stats.Stalled = stall > 0 && stats.StillFor >= stall
 	if stats.Stalled != st.stalled {
 		if stats.Stalled {
 			s.o.Logger.Warn("engine stalled: requests running, no token generated; out of rotation", "worker", st.ID,
