@@ -83,6 +83,17 @@ func TestMetricsPublicOpensMetricsAlone(t *testing.T) {
 	assert.Equal(t, http.StatusUnauthorized, code)
 	code, _ = adminDo(t, f, "POST", "/metrics", "", "")
 	assert.Equal(t, http.StatusUnauthorized, code, "only reads of /metrics are open")
+
+	next := f.r.CurrentConfig() // a reload closes it again
+	next.MetricsPublic = false
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"metrics_public=false"}, applied)
+	assert.Empty(t, needRestart)
+	code, _ = adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Equal(t, http.StatusUnauthorized, code)
+	code, _ = adminDo(t, f, "GET", "/metrics", "", "s3cret")
+	assert.Equal(t, http.StatusOK, code)
 }
 
 func TestAdminTokenFromFileOrEnvironment(t *testing.T) {

@@ -107,7 +107,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
-		"metrics_public":              old.MetricsPublic == cfg.MetricsPublic,
 		"api_keys_share_interval":     old.APIKeysShareInterval == cfg.APIKeysShareInterval,
 		"tls":                         old.TLS.On() == cfg.TLS.On(),
 		"admin_tls":                   adminTLSApplies,
@@ -188,6 +187,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.adminToken.Set(cfg.AdminToken)
 		applied = append(applied, "admin_token changed")
 	}
+	if cfg.MetricsPublic != old.MetricsPublic {
+		r.metricsPublic.Store(cfg.MetricsPublic)
+		applied = append(applied, fmt.Sprintf("metrics_public=%v", cfg.MetricsPublic))
+	}
 	if cfg.WorkerAPIKey != old.WorkerAPIKey {
 		r.workerKey.Set(cfg.WorkerAPIKey)
 		applied = append(applied, "worker_api_key changed")
@@ -265,7 +268,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next.Routes, next.CORSAllowedOrigins, next.Router.RetryStatuses = cfg.Routes, cfg.CORSAllowedOrigins, cfg.Router.RetryStatuses
 	next.GenerateRequestIDs, next.AddXForwardedFor, next.Log.Access = cfg.GenerateRequestIDs, cfg.AddXForwardedFor, cfg.Log.Access
 	next.RealIP, next.ForwardedClientCert = cfg.RealIP, cfg.ForwardedClientCert
-	next.AdminToken, next.AdminTokenFile = cfg.AdminToken, cfg.AdminTokenFile
+	next.AdminToken, next.AdminTokenFile, next.MetricsPublic = cfg.AdminToken, cfg.AdminTokenFile, cfg.MetricsPublic
 	next.WorkerAPIKey, next.WorkerAPIKeyFile = cfg.WorkerAPIKey, cfg.WorkerAPIKeyFile
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
 	next.ModelAliases, next.ModelMirrors = cfg.ModelAliases, cfg.ModelMirrors

@@ -76,6 +76,7 @@ type Router struct {
 	// adminToken and workerKey are admin_token and worker_api_key as they
 	// run: a reload sets them anew.
 	adminToken, workerKey bearer.Token
+	metricsPublic         atomic.Bool   // metrics_public as it runs
 	prefixLearned         atomic.Uint64 // prefix records taken from peer replicas
 	upgrading             atomic.Bool   // an upgrade's new process starts: admin changes are refused (BeginUpgrade)
 	reloadMu              sync.Mutex    // one reload at a time; guards Config and source
@@ -221,6 +222,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		Sessions:  affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions}),
 		Responses: affinity.NewTable(storedResponses)}
 	r.adminToken.Set(cfg.AdminToken)
+	r.metricsPublic.Store(cfg.MetricsPublic)
 	r.workerKey.Set(cfg.WorkerAPIKey)
 	if n := cfg.Router.EmbeddingCacheSize; n > 0 {
 		r.EmbedCache = affinity.NewCache(n)
@@ -306,7 +308,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	}
 	r.admin = &http.Server{
 		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: &r.adminToken,
-			MetricsPublic: cfg.MetricsPublic, Logger: log, Reload: r.ReloadFromSource, Probe: r.probeSoon,
+			MetricsPublic: &r.metricsPublic, Logger: log, Reload: r.ReloadFromSource, Probe: r.probeSoon,
 			Config:   func() ([]byte, error) { return r.CurrentConfig().RedactedYAML() },
 			Describe: r.describe, Drain: r.drainWorker, SetDown: r.setWorkerDown, LearnPrefixes: r.learnPrefixes(), APIKeys: &r.APIKeys,
 			WritesRefused: r.writesRefused,

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
@@ -69,8 +70,9 @@ type Options struct {
 	Registry *dataplane.Registry
 	Metrics  *metrics.Set
 	Token    *bearer.Token // bearer token every route needs (a reload may change it); nil or empty: open
-	// MetricsPublic leaves GET /metrics open when a token is set.
-	MetricsPublic bool
+	// MetricsPublic, while set, leaves GET /metrics open when a token is
+	// set (a reload may change it); nil: never.
+	MetricsPublic *atomic.Bool
 	Logger        *slog.Logger // admin writes are logged here (default slog.Default)
 	// Describe adds fields to a worker's JSON (telemetry age, say); may be nil.
 	Describe func(w *dataplane.Worker, info map[string]any)
@@ -471,7 +473,7 @@ func pathID(w http.ResponseWriter, r *http.Request) (uint64, bool) {
 // time.
 func (o Options) guard(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		open := !o.Token.IsSet() || o.MetricsPublic && r.URL.Path == "/metrics" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
+		open := !o.Token.IsSet() || o.MetricsPublic != nil && o.MetricsPublic.Load() && r.URL.Path == "/metrics" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
 		if !open && !o.Token.Matches([]byte(r.Header.Get("Authorization"))) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="fastroute-admin"`)
 			writeError(w, http.StatusUnauthorized, "the admin listener needs Authorization: Bearer <admin token>")

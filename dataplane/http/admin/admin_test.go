@@ -41,7 +41,7 @@ func TestTokenAndDrainAnswers(t *testing.T) {
 	reg := dataplane.NewRegistry()
 	_, err := reg.Add(dataplane.WorkerSpec{ID: 1, URL: "http://127.0.0.1:1"})
 	require.NoError(t, err)
-	srv := httptest.NewServer(Handler(Options{Registry: reg, Metrics: &metrics.Set{}, Token: bearer.New("s3cret"), MetricsPublic: true,
+	srv := httptest.NewServer(Handler(Options{Registry: reg, Metrics: &metrics.Set{}, Token: bearer.New("s3cret"), MetricsPublic: public(),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Drain: func(id uint64) error {
 			if id == 1 {
@@ -260,4 +260,11 @@ func mustJSON(t *testing.T, v any) string {
 	b, err := json.Marshal(v)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// public is a MetricsPublic that is set.
+func public() *atomic.Bool {
+	var on atomic.Bool
+	on.Store(true)
+	return &on
 }
