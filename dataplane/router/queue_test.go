@@ -74,10 +74,48 @@ func TestABusyWorkerQueuesTheNextRequest(t *testing.T) {
 	f.assertIdle()
 }
 
+// A reload's larger queue holds more waiters, from the next arrival on.
+func TestAReloadResizesTheQueue(t *testing.T) {
+	f := queued(t, 1, 1, 5*time.Second)
+	next := f.r.CurrentConfig()
+	next.Router.Queue.Size = 2
+	applied, _, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.queue.size=2 router.queue.timeout=5s"}, applied)
+	first := f.post("/v1/chat/completions", streamBody)
+	require.Equal(t, http.StatusOK, first.StatusCode)
+	waiters := make(chan *http.Response, 2)
+	for range 2 {
+		go func() { waiters <- f.post("/v1/chat/completions", chatBody) }()
+	}
+	require.Eventually(t, func() bool { return metric(t, f, "fastroute_queued_requests") == "2" }, 2*time.Second, 5*time.Millisecond,
+		"two wait where one did")
+	readAll(t, first)
+	for range 2 {
+		resp := <-waiters
+		body := readAll(t, resp)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	}
+	assert.Equal(t, "0", metric(t, f, "fastroute_queue_full_total"))
+	f.assertIdle()
+}
+
 // A request still waiting at the queue's timeout gets the 429 it would have
-// had at once, saying how long it waited.
+// had at once, saying how long it waited (the timeout here a reload's; a
+// queue is turned on or off only at a restart).
 func TestAQueuedRequestTimesOut(t *testing.T) {
-	f := queued(t, 1, 4, 150*time.Millisecond)
+	f := queued(t, 1, 4, time.Minute)
+	next := f.r.CurrentConfig()
+	next.Router.Queue.Timeout = 150 * time.Millisecond
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.queue.size=4 router.queue.timeout=150ms"}, applied)
+	assert.Empty(t, needRestart)
+	next.Router.Queue.Size = 0
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Empty(t, applied)
+	assert.Equal(t, []string{"router.queue"}, needRestart)
 	first := f.post("/v1/chat/completions", streamBody)
 	start := time.Now()
 	resp := f.post("/v1/chat/completions", chatBody)

@@ -101,6 +101,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// too (or engine metrics were off at start: nothing reads it).
 	stallApplies := reflect.DeepEqual(withStall(old.Telemetry, cfg.Telemetry.Engine.StallAfter), cfg.Telemetry) &&
 		(r.Engines != nil || old.Telemetry.Engine.StallAfter == cfg.Telemetry.Engine.StallAfter)
+	// The wait queue's size and timeout apply while it stays on: only a
+	// restart turns it on or off.
+	queueApplies := old.Router.Queue == cfg.Router.Queue || old.Router.Queue.Size > 0 && cfg.Router.Queue.Size > 0
 	// Health's thresholds and ejections apply unless the way probes are
 	// made (interval, timeout, path) changed too.
 	healthApplies := old.Health.Interval == cfg.Health.Interval && old.Health.Timeout == cfg.Health.Timeout && old.Health.Path == cfg.Health.Path
@@ -117,7 +120,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
 		"router.prefix_affinity":      prefixesApply,
 		"router.disaggregation":       disaggApplies,
-		"router.queue":                old.Router.Queue == cfg.Router.Queue,
+		"router.queue":                queueApplies,
 		"discovery":                   reflect.DeepEqual(old.Discovery, cfg.Discovery),
 		"telemetry":                   stallApplies, "health": healthApplies,
 		"limits": old.Limits == cfg.Limits, "log.format": old.Log.Format == cfg.Log.Format,
@@ -212,6 +215,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Engines.SetStallAfter(stall)
 		applied = append(applied, fmt.Sprintf("telemetry.engine.stall_after=%v", stall))
 	}
+	if q := cfg.Router.Queue; queueApplies && q != old.Router.Queue && r.Frontend.SetQueue(q.Size, q.Timeout) {
+		applied = append(applied, fmt.Sprintf("router.queue.size=%d router.queue.timeout=%v", q.Size, q.Timeout))
+	}
 	if h := cfg.Health; healthApplies && h != old.Health {
 		r.Registry.SetEjectPolicy(ejectPolicy(h))
 		r.Health.SetUnhealthyAfter(h.UnhealthyAfter)
@@ -280,6 +286,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	if healthApplies {
 		next.Health = cfg.Health
+	}
+	if queueApplies {
+		next.Router.Queue = cfg.Router.Queue
 	}
 	if stallApplies {
 		next.Telemetry = cfg.Telemetry

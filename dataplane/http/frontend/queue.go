@@ -33,11 +33,11 @@ import (
 // while nobody waits; while some do, an ended request takes the queue's
 // lock to wake one.
 type waitQueue struct {
-	size    int64
-	timeout time.Duration
+	timeout atomic.Int64 // how long a request waits, in nanoseconds
 	waiting atomic.Int64 // requests in the queue, waiting or trying their pick
 
 	mu    sync.Mutex
+	size  int64   // how many may wait
 	heap  waiters // the waiters asleep, best first
 	seq   uint64  // arrivals, for the order among equal priorities and turns
 	spare int64   // wake-ups that found every waiter awake (trying its pick), for the next to sleep
@@ -103,7 +103,27 @@ func newWaitQueue(size int, timeout time.Duration) *waitQueue {
 	if size <= 0 {
 		return nil
 	}
-	return &waitQueue{size: int64(size), timeout: timeout}
+	q := &waitQueue{size: int64(size)}
+	q.timeout.Store(int64(timeout))
+	return q
+}
+
+// SetQueue changes the wait queue's size and timeout for the requests that
+// enter it from now on (a reload; those waiting keep their deadlines, and
+// a smaller size refuses arrivals until fewer wait). It reports false, and
+// changes nothing, on a front end that runs without a queue
+// (Options.QueueSize 0) or for a size of 0: a queue is turned on or off
+// only at start.
+func (s *Server) SetQueue(size int, timeout time.Duration) bool {
+	q := s.queue
+	if q == nil || size <= 0 {
+		return false
+	}
+	q.mu.Lock()
+	q.size = int64(size)
+	q.mu.Unlock()
+	q.timeout.Store(int64(timeout))
+	return true
 }
 
 // ended is told of every request that released its reservation: it wakes
@@ -265,8 +285,8 @@ func (ex *exchange) awaitSlot(first error) error {
 		return errQueueFull
 	}
 	defer q.leave(w)
-	start := time.Now()
-	deadline := start.Add(q.timeout)
+	start, timeout := time.Now(), time.Duration(q.timeout.Load())
+	deadline := start.Add(timeout)
 	if ex.queueTimer == nil {
 		ex.queueTimer = time.NewTimer(queueRecheck)
 	}
@@ -276,7 +296,7 @@ func (ex *exchange) awaitSlot(first error) error {
 		left := time.Until(deadline)
 		if left <= 0 {
 			m.queueTimeouts.Inc()
-			return errWaitedOut(q.timeout, err)
+			return errWaitedOut(timeout, err)
 		}
 		if asleep {
 			t.Reset(min(left, queueRecheck))
