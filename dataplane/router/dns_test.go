@@ -157,3 +157,58 @@ func TestStateFileKeepsHandDrainsOfDNSWorkers(t *testing.T) {
 		"back in DNS, it is a worker again")
 	g.assertIdle()
 }
+
+// A reload changes the names discovery.dns looks up, from the next round
+// on: a name added brings its workers, one dropped takes its workers
+// away. Its other keys, or a list emptied, wait for a restart.
+func TestAReloadChangesTheDNSNames(t *testing.T) {
+	srv, err := fakedns.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.Close() })
+	port := mocksOnOnePort(t, "127.0.0.1", "127.0.0.2")
+	srv.Set("a.fastroute.test", "127.0.0.1")
+	srv.Set("b.fastroute.test", "127.0.0.2")
+	nameA, nameB := "a.fastroute.test.:"+strconv.Itoa(port), "b.fastroute.test.:"+strconv.Itoa(port)
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Discovery.DNS = config.DNS{Names: []string{nameA}, Interval: 50 * time.Millisecond, Server: srv.Addr(), Scheme: "http"}
+	})
+	one, two := dns.ID(net.JoinHostPort("127.0.0.1", strconv.Itoa(port))), dns.ID(net.JoinHostPort("127.0.0.2", strconv.Itoa(port)))
+	has := func(id uint64) bool { w, ok := f.r.Registry.Get(id); return ok && !w.Draining() }
+	require.True(t, has(one))
+	require.False(t, has(two))
+
+	next := f.r.CurrentConfig()
+	next.Discovery.DNS.Names = []string{nameA, nameB}
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"discovery.dns.names=[" + nameA + " " + nameB + "]"}, applied)
+	assert.Empty(t, needRestart)
+	require.Eventually(t, func() bool { return has(two) }, 5*time.Second, 10*time.Millisecond, "the name added brings its worker")
+
+	next.Discovery.DNS.Names = []string{nameB}
+	_, _, err = f.r.Reload(next)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(one); return !ok }, 5*time.Second, 10*time.Millisecond,
+		"the name dropped takes its worker away")
+	assert.True(t, has(two))
+	_, text := adminDo(t, f, http.MethodGet, "/metrics", "", "")
+	assert.NotContains(t, text, `name="`+nameA+`"`, "a dropped name leaves the metrics")
+
+	for _, change := range []func(c *config.Config){
+		func(c *config.Config) { c.Discovery.DNS.Names, c.Discovery.DNS.Interval = []string{nameA}, time.Second },
+		func(c *config.Config) { c.Discovery.DNS.Names = nil },
+	} {
+		cfg := f.r.CurrentConfig()
+		change(&cfg)
+		applied, needRestart, err = f.r.Reload(cfg)
+		require.NoError(t, err)
+		assert.Empty(t, applied)
+		assert.Equal(t, []string{"discovery"}, needRestart)
+	}
+	time.Sleep(200 * time.Millisecond) // four rounds
+	assert.True(t, has(two))
+	_, ok := f.r.Registry.Get(one)
+	assert.False(t, ok, "held back: the names stay [b]")
+	assert.Equal(t, []string{nameB}, f.r.CurrentConfig().Discovery.DNS.Names)
+	f.assertIdle()
+}

@@ -101,6 +101,11 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// too (or engine metrics were off at start: nothing reads it).
 	stallApplies := reflect.DeepEqual(withStall(old.Telemetry, cfg.Telemetry.Engine.StallAfter), cfg.Telemetry) &&
 		(r.Engines != nil || old.Telemetry.Engine.StallAfter == cfg.Telemetry.Engine.StallAfter)
+	// discovery.dns's names apply while the router looks names up and will
+	// go on (a list emptied turns it off: a restart) and nothing else of
+	// discovery changed.
+	dnsNamesApply := reflect.DeepEqual(old.Discovery, cfg.Discovery) ||
+		r.DNS != nil && len(cfg.Discovery.DNS.Names) > 0 && reflect.DeepEqual(withDNSNames(old.Discovery, cfg.Discovery.DNS.Names), cfg.Discovery)
 	// The wait queue's size and timeout apply while it stays on: only a
 	// restart turns it on or off.
 	queueApplies := old.Router.Queue == cfg.Router.Queue || old.Router.Queue.Size > 0 && cfg.Router.Queue.Size > 0
@@ -121,7 +126,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.prefix_affinity":      prefixesApply,
 		"router.disaggregation":       disaggApplies,
 		"router.queue":                queueApplies,
-		"discovery":                   reflect.DeepEqual(old.Discovery, cfg.Discovery),
+		"discovery":                   dnsNamesApply,
 		"telemetry":                   stallApplies, "health": healthApplies,
 		"limits": old.Limits == cfg.Limits, "log.format": old.Log.Format == cfg.Log.Format,
 		"tracing":    tracingApplies,
@@ -215,6 +220,12 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Engines.SetStallAfter(stall)
 		applied = append(applied, fmt.Sprintf("telemetry.engine.stall_after=%v", stall))
 	}
+	if names := cfg.Discovery.DNS.Names; dnsNamesApply && !slices.Equal(names, old.Discovery.DNS.Names) {
+		if err := r.DNS.SetNames(names); err != nil {
+			return nil, needRestart, err // Validate checked them: not reached
+		}
+		applied = append(applied, fmt.Sprintf("discovery.dns.names=%v", names))
+	}
 	if q := cfg.Router.Queue; queueApplies && q != old.Router.Queue && r.Frontend.SetQueue(q.Size, q.Timeout) {
 		applied = append(applied, fmt.Sprintf("router.queue.size=%d router.queue.timeout=%v", q.Size, q.Timeout))
 	}
@@ -290,6 +301,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if queueApplies {
 		next.Router.Queue = cfg.Router.Queue
 	}
+	if dnsNamesApply {
+		next.Discovery = cfg.Discovery
+	}
 	if stallApplies {
 		next.Telemetry = cfg.Telemetry
 	}
@@ -356,6 +370,12 @@ func routingChanges(old, cfg config.Config, affinity, disagg bool) []string {
 		keyChange{"router.disaggregation.max_prefill_queue", !disagg || od.MaxPrefillQueue == nd.MaxPrefillQueue, nd.MaxPrefillQueue},
 		keyChange{"router.disaggregation.fallback", !disagg || od.Fallback == nd.Fallback, nd.Fallback},
 	)
+}
+
+// withDNSNames is d with discovery.dns's names names.
+func withDNSNames(d config.Discovery, names []string) config.Discovery {
+	d.DNS.Names = names
+	return d
 }
 
 // withStall is t with the engine stall bound stall.

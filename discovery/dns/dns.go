@@ -74,7 +74,7 @@ const (
 
 // Watcher keeps a Target in step with the addresses of Options.Names.
 type Watcher struct {
-	o        Options
+	o        Options // its Names guarded by mu (SetNames)
 	target   discovery.Target
 	resolver *net.Resolver
 	// putting makes a worker's put (putAddr: its hold checked, the put,
@@ -169,7 +169,10 @@ func (w *Watcher) Run(ctx context.Context) {
 // addresses no name holds any more drained. A name whose lookup fails
 // keeps its workers; one that does not exist (NXDOMAIN) has none.
 func (w *Watcher) Sync(ctx context.Context) {
-	for _, n := range w.o.Names {
+	w.mu.Lock()
+	names := w.o.Names
+	w.mu.Unlock()
+	for _, n := range names {
 		found, err := w.lookup(ctx, n)
 		if err != nil {
 			w.setFailing(n, err)
@@ -181,10 +184,33 @@ func (w *Watcher) Sync(ctx context.Context) {
 			ids = append(ids, w.putAddr(a))
 		}
 		w.mu.Lock()
-		w.names[n] = ids
+		if slices.Contains(w.o.Names, n) { // not dropped by SetNames meanwhile
+			w.names[n] = ids
+		}
 		w.mu.Unlock()
 	}
 	w.drainGone()
+}
+
+// SetNames replaces the names looked up (a reload), from the next round
+// on: a name added is looked up then, and the workers only a dropped name
+// held are drained then. An invalid name refuses the whole list.
+func (w *Watcher) SetNames(names []string) error {
+	o := w.o
+	o.Names = names
+	if err := o.Check(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.o.Names = slices.Clone(names)
+	for n := range w.names {
+		if !slices.Contains(names, n) {
+			delete(w.names, n)
+			delete(w.failing, n)
+		}
+	}
+	return nil
 }
 
 // lookup returns the addresses (ip:port) of name: a host:port's host's

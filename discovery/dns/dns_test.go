@@ -69,6 +69,35 @@ func startDNS(t *testing.T) *fakedns.Server {
 	return srv
 }
 
+// SetNames changes the names of the next round: a name dropped takes its
+// workers away, and a failing one its metric; an invalid list changes
+// nothing.
+func TestSetNamesChangesTheNextRound(t *testing.T) {
+	srv := startDNS(t)
+	srv.Set("a.fastroute.test", "10.0.0.1")
+	srv.Set("b.fastroute.test", "10.0.0.2")
+	srv.Fail("c.fastroute.test")
+	rec := &recorder{live: map[uint64]dataplane.WorkerSpec{}}
+	w, err := New(Options{Names: []string{"a.fastroute.test.:8000", "c.fastroute.test.:8000"}, Interval: time.Second, Server: srv.Addr(),
+		Scheme: "http", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, rec)
+	require.NoError(t, err)
+	ctx := context.Background()
+	w.Sync(ctx)
+	assert.Equal(t, []string{"http://10.0.0.1:8000"}, rec.urls())
+	assert.Contains(t, metrics.Text(w.Collector()), `fastroute_dns_discovery_up{name="c.fastroute.test.:8000"} 0`)
+
+	assert.ErrorContains(t, w.SetNames([]string{"b.fastroute.test.:8000", "no-port"}), `names[1]: "no-port" is not host:port`)
+	w.Sync(ctx)
+	assert.Equal(t, []string{"http://10.0.0.1:8000"}, rec.urls(), "a refused list changes nothing")
+
+	require.NoError(t, w.SetNames([]string{"b.fastroute.test.:8000"}))
+	assert.Equal(t, []string{"http://10.0.0.1:8000"}, rec.urls(), "nothing changes before the next round")
+	w.Sync(ctx)
+	assert.Equal(t, []string{"http://10.0.0.2:8000"}, rec.urls())
+	assert.Equal(t, []uint64{ID("10.0.0.1:8000")}, rec.drained)
+	assert.NotContains(t, metrics.Text(w.Collector()), "c.fastroute.test", "a dropped name leaves the metric")
+}
+
 // Every address a name resolves to is a worker on the name's port, with
 // the template's fields and an id of its address. An address that leaves
 // the answer is drained; a lookup that fails keeps the name's workers (and
