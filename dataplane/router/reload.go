@@ -15,25 +15,25 @@ import (
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 )
 
-// Reload applies a new config to the running router: workers added,
-// removed (drained: in-flight requests finish) or changed (replaced; the
-// old spec's in-flight requests finish on it), and router.mode,
-// router.busy_threshold, router.retries, router.prefix_affinity's slack
-// and peers (reloadablePrefixes), the clients' API keys (api_keys_file,
-// read again), the admin token and the workers' API key (admin_token,
-// worker_api_key, from their files or the environment again), the front
-// end's policy (frontendPolicy: routes, CORS, retry statuses, request ids,
-// X-Forwarded-For, log.access, the balancers and sidecars trusted), health's
-// thresholds and ejections, the routing knobs (routingKnobs: session
-// affinity's mode and header, LoRA placement, disaggregation's bounds and
-// fallback) and the phases' pickers, the front end's certificate, client CAs and revocation
-// lists (tls, read again), the admin listener's certificate (admin_tls,
-// read again) and worker_tls's client certificate (read again) for new
-// requests and connections. Streams in
-// flight are untouched. A config that fails validation is refused with the
-// same error as at start, and nothing changes. Keys that a running router
-// cannot change (listeners, limits, telemetry, health probes, affinity) are
-// reported in needRestart and keep their old values.
+// Reload applies a new config to the running router, for the requests and
+// connections that begin from then on (streams in flight are untouched):
+// workers added, removed (drained: in-flight requests finish) or changed
+// (replaced; the old spec's in-flight requests finish on it), and every
+// key a running router can change: the routing policy (router.mode,
+// busy_threshold, cpu_ratio, retries and their budget, prefix affinity's
+// slack and peers: reloadablePrefixes, the routing knobs: routingKnobs,
+// and the phases' pickers), the front end's policy (frontendPolicy), the
+// wait queue's bounds while it stays on, health's thresholds and
+// ejections, the engines' stall bound, DNS discovery's names, the secrets
+// and the clients' API keys (read again from their files or the
+// environment), the certificates and revocation lists (tls, admin_tls's
+// certificate, worker_tls's client certificate: read again), aliases,
+// mirrors, tracing's sample ratio, metrics_public and the shutdown keys. A
+// config that fails validation is refused with the same error as at
+// start, and nothing changes. A key a running router cannot change (a
+// listener, limits, a table's size, a loop's interval), or one whose
+// field that cannot change changed beside those that can (which holds the
+// whole key back), is named in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
