@@ -196,13 +196,13 @@ func (w *Watcher) Sync(ctx context.Context) {
 // on: a name added is looked up then, and the workers only a dropped name
 // held are drained then. An invalid name refuses the whole list.
 func (w *Watcher) SetNames(names []string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	o := w.o
 	o.Names = names
 	if err := o.Check(); err != nil {
 		return err
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.o.Names = slices.Clone(names)
 	for n := range w.names {
 		if !slices.Contains(names, n) {
