@@ -43,7 +43,7 @@ func (r *Router) stateCollector() metrics.Collector {
 			w.Single("fastroute_prefix_learned_records_total", "counter", "Prefix records taken in from peer replicas.", float64(r.prefixLearned.Load()))
 		}
 		r.writeTLSFamilies(w)
-		if c := r.EmbedCache; c != nil {
+		if c := r.Selector.Routing().EmbedCache; c != nil {
 			w.Header("fastroute_embedding_cache_hits_total", "counter", "Embedding inputs found in the cache table.")
 			w.Sample("fastroute_embedding_cache_hits_total", float64(c.Hits()))
 			w.Header("fastroute_embedding_cache_misses_total", "counter", "Embedding inputs not found in the cache table.")

@@ -22,7 +22,8 @@ import (
 // key a running router can change: the routing policy (router.mode,
 // busy_threshold, cpu_ratio, retries and their budget, prefix affinity's
 // slack and peers: reloadablePrefixes, the routing knobs: routingKnobs,
-// and the phases' pickers), the front end's policy (frontendPolicy), the
+// the phases' pickers, and the embedding cache's size: a new, empty
+// table), the front end's policy (frontendPolicy), the
 // wait queue's bounds while it stays on, health's thresholds and
 // ejections, the engines' stall bound, DNS discovery's names, the secrets
 // and the clients' API keys (read again from their files or the
@@ -115,19 +116,18 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
-		"api_keys_share_interval":     old.APIKeysShareInterval == cfg.APIKeysShareInterval,
-		"tls":                         old.TLS.On() == cfg.TLS.On(),
-		"admin_tls":                   adminTLSApplies,
-		"proxy_protocol":              reflect.DeepEqual(old.ProxyProtocol, cfg.ProxyProtocol),
-		"pid_file":                    old.PIDFile == cfg.PIDFile,
-		"state_file":                  old.StateFile == cfg.StateFile,
-		"router.session_affinity":     affinityApplies,
-		"router.embedding_cache_size": old.Router.EmbeddingCacheSize == cfg.Router.EmbeddingCacheSize,
-		"router.prefix_affinity":      prefixesApply,
-		"router.disaggregation":       disaggApplies,
-		"router.queue":                queueApplies,
-		"discovery":                   dnsNamesApply,
-		"telemetry":                   stallApplies, "health": healthApplies,
+		"api_keys_share_interval": old.APIKeysShareInterval == cfg.APIKeysShareInterval,
+		"tls":                     old.TLS.On() == cfg.TLS.On(),
+		"admin_tls":               adminTLSApplies,
+		"proxy_protocol":          reflect.DeepEqual(old.ProxyProtocol, cfg.ProxyProtocol),
+		"pid_file":                old.PIDFile == cfg.PIDFile,
+		"state_file":              old.StateFile == cfg.StateFile,
+		"router.session_affinity": affinityApplies,
+		"router.prefix_affinity":  prefixesApply,
+		"router.disaggregation":   disaggApplies,
+		"router.queue":            queueApplies,
+		"discovery":               dnsNamesApply,
+		"telemetry":               stallApplies, "health": healthApplies,
 		"limits": old.Limits == cfg.Limits, "log.format": old.Log.Format == cfg.Log.Format,
 		"tracing":    tracingApplies,
 		"worker_tls": workerTLSApplies,
@@ -226,6 +226,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		}
 		applied = append(applied, fmt.Sprintf("discovery.dns.names=%v", names))
 	}
+	if n := cfg.Router.EmbeddingCacheSize; n != old.Router.EmbeddingCacheSize {
+		r.Selector.Reroute(func(rt *dataplane.Routing) { rt.EmbedCache = embedCache(n) })
+		applied = append(applied, fmt.Sprintf("router.embedding_cache_size=%d (the table starts empty)", n))
+	}
 	if q := cfg.Router.Queue; queueApplies && q != old.Router.Queue && r.Frontend.SetQueue(q.Size, q.Timeout) {
 		applied = append(applied, fmt.Sprintf("router.queue.size=%d router.queue.timeout=%v", q.Size, q.Timeout))
 	}
@@ -276,7 +280,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 
 	next := old // what runs now: the applied keys new, the others as they were
 	next.Router.Mode, next.Router.BusyThreshold, next.Router.Retries = cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.Retries
-	next.Router.RetryBudget = cfg.Router.RetryBudget
+	next.Router.RetryBudget, next.Router.EmbeddingCacheSize = cfg.Router.RetryBudget, cfg.Router.EmbeddingCacheSize
 	next.Router.CPURatio = cfg.Router.CPURatio
 	if prefixesApply {
 		next.Router.PrefixAffinity = cfg.Router.PrefixAffinity

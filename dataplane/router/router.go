@@ -53,8 +53,6 @@ type Router struct {
 	// Responses holds where each stored response of the Responses API is
 	// (storedResponses).
 	Responses *affinity.Table
-	// EmbedCache is nil when router.embedding_cache_size is 0.
-	EmbedCache *affinity.Cache
 	// Prefixes is nil while router.prefix_affinity is off.
 	Prefixes *affinity.Prefixes
 	// PrefixShare sends what Prefixes records anew to the peer replicas;
@@ -224,9 +222,6 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.adminToken.Set(cfg.AdminToken)
 	r.metricsPublic.Store(cfg.MetricsPublic)
 	r.workerKey.Set(cfg.WorkerAPIKey)
-	if n := cfg.Router.EmbeddingCacheSize; n > 0 {
-		r.EmbedCache = affinity.NewCache(n)
-	}
 	pa := cfg.Router.PrefixAffinity
 	if pa.Enabled {
 		r.Prefixes = affinity.NewPrefixes(pa.TableSize)
@@ -237,7 +232,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 			r.Metrics.Register(r.PrefixShare.Collector())
 		}
 	}
-	rt := dataplane.Routing{Sessions: r.Sessions, EmbedCache: r.EmbedCache, Responses: r.Responses,
+	rt := dataplane.Routing{Sessions: r.Sessions, EmbedCache: embedCache(cfg.Router.EmbeddingCacheSize), Responses: r.Responses,
 		Prefixes: r.Prefixes, PrefixSlack: int64(pa.Slack), PrefixBlock: pa.BlockBytes, PrefixBlocks: pa.MaxBlocks,
 		DecodePrefills: cfg.Router.Disaggregation.Protocol == config.DisaggVLLM}
 	routingKnobs(cfg, &rt)
@@ -621,4 +616,13 @@ func routingKnobs(cfg config.Config, rt *dataplane.Routing) {
 	rt.SessionHeader = aff.Header
 	rt.PlaceAdapters = cfg.Router.LoRAPlacement == "rendezvous"
 	rt.MinPrefillTokens, rt.MaxPrefillQueue, rt.PrefillFallback = d.MinPrefillTokens, d.MaxPrefillQueue, d.Fallback == config.FallbackAggr
+}
+
+// embedCache is the embedding cache table of router.embedding_cache_size
+// keys; nil for 0 (off).
+func embedCache(keys int) *affinity.Cache {
+	if keys <= 0 {
+		return nil
+	}
+	return affinity.NewCache(keys)
 }

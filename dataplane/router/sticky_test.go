@@ -166,6 +166,31 @@ func TestEmbeddingCachePrefersTheWorkerThatServedTheInputs(t *testing.T) {
 	_, metrics := adminDo(t, f, "GET", "/metrics", "", "")
 	assert.Contains(t, metrics, "\nfastroute_embedding_cache_hits_total 15\n")
 	assert.Contains(t, metrics, "\nfastroute_embedding_cache_misses_total 8\n")
+
+	// A reload turns it off (nothing steered, no metrics), and on again
+	// with a table that starts empty.
+	next := f.r.CurrentConfig()
+	next.Router.EmbeddingCacheSize = 0
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.embedding_cache_size=0 (the table starts empty)"}, applied)
+	assert.Empty(t, needRestart)
+	seen = map[string]bool{}
+	for range 6 {
+		seen[f.servedBy("/v1/embeddings", `{"model":"mock-model","input":"alpha"}`)] = true
+	}
+	assert.Len(t, seen, 3, "off: round robin")
+	_, metrics = adminDo(t, f, "GET", "/metrics", "", "")
+	assert.NotContains(t, metrics, "fastroute_embedding_cache_hits_total")
+	next.Router.EmbeddingCacheSize = 1024
+	_, _, err = f.r.Reload(next)
+	require.NoError(t, err)
+	holder = f.servedBy("/v1/embeddings", `{"model":"mock-model","input":"alpha"}`)
+	for range 3 {
+		assert.Equal(t, holder, f.servedBy("/v1/embeddings", `{"model":"mock-model","input":"alpha"}`))
+	}
+	_, metrics = adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, metrics, "\nfastroute_embedding_cache_keys 1\n", "a new table")
 	f.assertIdle()
 }
 
