@@ -471,7 +471,8 @@ func (w *Worker) SetAdvertised(a Advertised) bool {
 func (w *Worker) Engine() *engine.Stats { return w.engine.Load() }
 
 // SetEngine stores a copy of the engine's latest Stats (nil: none fresh),
-// stamped with the worker's occupancy now so later dispatches count on top.
+// stamped with the worker's occupancy now (or as its scrape left, when
+// larger: Stats.Occupancy) so later dispatches count on top.
 // It reports whether the worker's routing changed: the adapters the engine
 // runs, or whether it sleeps or stalled (the registry must republish for
 // its LoRA groups and its candidates to follow). A worker without a fresh

@@ -633,6 +633,10 @@ func TestCost(t *testing.T) {
 	transit.Prepare(3)
 	c, _ = transit.Cost(3)
 	assert.InDelta(t, 4.0/40, c, 1e-9, "two of the router's three not taken in yet by the engine: all three count")
+	ended := Stats{Reading: Reading{Running: 1}, Slots: 4, TokenRate: 10, Occupancy: 1}
+	ended.Prepare(0)
+	c, _ = ended.Cost(0)
+	assert.InDelta(t, 1.0/40, c, 1e-9, "the router's one request as the scrape left, ended as it came back: no one else's, idle")
 	st.KVUsage = 0.9
 	st.Prepare(5)
 	c, _ = st.Cost(5)
@@ -965,6 +969,43 @@ func TestAWorkerWithoutMetricsIsReadByTheRouter(t *testing.T) {
 	require.Eventually(t, func() bool { st, _ := s.get(7); return st != nil && st.Dialect == "vllm" }, 5*time.Second, 10*time.Millisecond)
 	_, without = sc.Counts()
 	assert.Equal(t, 6, without)
+}
+
+// A reading is stamped with the router's requests in flight as its scrape
+// left: a request that ends while the engine writes its page, still
+// counted there, is the router's, not another client's. Stamped only as
+// the reading came back, an idle engine looked one request busier until
+// its next reading (two replicas' demo passed an idle prefix holder so).
+func TestAReadingCountsTheRequestsInFlightAsItsScrapeLeft(t *testing.T) {
+	var inFlight atomic.Int64
+	inFlight.Store(2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inFlight.Store(0) // the router's two requests end while the page is written
+		_, _ = io.WriteString(w, vllmPage)
+	}))
+	defer srv.Close()
+	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
+	sc := New(Options{Interval: time.Hour, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Targets: func() []Target {
+			return []Target{{ID: 1, URL: srv.URL + "/metrics", Relayed: func() RelayedCounts { return RelayedCounts{InFlight: inFlight.Load()} }}}
+		}, Publish: s.publish})
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sc.Run(runCtx); close(done) }()
+	defer func() { stop(); <-done }()
+	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil }, 5*time.Second, 5*time.Millisecond)
+	st, _ := s.get(1)
+	assert.EqualValues(t, 2, st.Occupancy, "in flight as the scrape left")
+	cp := *st
+	cp.Prepare(inFlight.Load())
+	assert.EqualValues(t, 2, cp.Occupancy, "the larger count kept")
+	withTwo, _ := cp.Cost(0)
+	cp = *st
+	cp.Occupancy = 0
+	cp.Prepare(0)
+	withNone, _ := cp.Cost(0)
+	// The page: 5 running and 4 waiting; the router's 2 among them.
+	assert.InDelta(t, 8.0/10, withTwo/withNone, 1e-9, "7 others' and one more, not 9 and one")
 }
 
 // A scrape follows a redirect (an engine whose /metrics answers 307 to

@@ -27,8 +27,13 @@ type Stats struct {
 	// RateFromGaps says TokenRate is the engine's own mean gap between
 	// tokens inverted, not yet learned.
 	RateFromGaps bool
-	// Occupancy is the router's in-flight count on the worker when the
-	// reading arrived: later dispatches and completions are the difference.
+	// Occupancy is the router's in-flight count on the worker that the
+	// reading is taken to hold: the larger of its count when the scrape
+	// was sent (the scraper sets it) and when the reading arrived
+	// (Prepare's argument); later dispatches and completions are the
+	// difference. A request that ended while the scrape was under way may
+	// still be in the engine's counts: taken for another client's, it made
+	// an idle engine look busy until its next reading.
 	Occupancy int64
 	// PrefixHitRatio is the share of prompt tokens the engine found in its
 	// prefix cache lately: over the last window of a second or more in
@@ -53,17 +58,18 @@ type Stats struct {
 	scale  float64 // KV penalty / (Capacity, else StandIn); 0 while both are unknown
 }
 
-// Prepare stamps the router's occupancy at the reading and precomputes the
+// Prepare stamps the router's occupancy as the reading arrived (kept
+// when the count at its scrape's sending was larger) and precomputes the
 // cost's terms, so Cost is an add and a multiply. Call it once, before the
 // Stats are published.
 func (s *Stats) Prepare(occupancy int64) {
-	s.Occupancy = occupancy
+	s.Occupancy = max(s.Occupancy, occupancy)
 	// The engine's requests beyond the router's own at the reading (other
 	// routers' and clients'): never below none. An engine that shows
 	// fewer than the router has in flight has not taken them all in yet
 	// (sent, not yet queued): the router's own requests count whole, or
 	// a worker just sent two would look idle until its next reading.
-	s.queued = max(0, s.Running+s.Waiting-float64(occupancy))
+	s.queued = max(0, s.Running+s.Waiting-float64(s.Occupancy))
 	s.scale = 0
 	c := s.Capacity()
 	if c == 0 {
@@ -127,7 +133,7 @@ type Learner struct {
 }
 
 // Observe adds a reading and returns the Stats it leads to; the caller sets
-// Occupancy. fixedSlots, when positive, replaces the learned batch size.
+// Occupancy (the router's requests in flight as the scrape left). fixedSlots, when positive, replaces the learned batch size.
 func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 	l.slots = max(l.slots, r.Running)
 	// A queue behind the same running count in two readings in a row: the

@@ -283,6 +283,10 @@ func (s *Scraper) clientOptions() workerclient.Options {
 
 func (s *Scraper) scrape(ctx context.Context, st *target) {
 	defer st.busy.Store(false)
+	var sent int64 // the router's requests in flight as the scrape leaves (Stats.Occupancy)
+	if st.Relayed != nil {
+		sent = st.Relayed().InFlight
+	}
 	r, err := s.fetch(st)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -301,6 +305,7 @@ func (s *Scraper) scrape(ctx context.Context, st *target) {
 		return
 	}
 	stats := st.learner.Observe(r, st.Slots)
+	stats.Occupancy = sent
 	stall := time.Duration(s.stall.Load())
 	stats.Stalled = stall > 0 && stats.StillFor >= stall
 	if stats.Stalled != st.stalled {
