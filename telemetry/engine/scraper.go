@@ -200,7 +200,11 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 			s.o.Publish(st.ID, nil)
 		}
 		if st.busy.CompareAndSwap(false, true) {
-			wg.Go(func() { s.scrape(ctx, st) })
+			var sent int64 // the router's requests in flight as the scrape leaves (Stats.Occupancy)
+			if st.Relayed != nil {
+				sent = st.Relayed().InFlight
+			}
+			wg.Go(func() { s.scrape(ctx, st, sent) })
 		}
 	}
 	for id, st := range s.state {
@@ -281,12 +285,10 @@ func (s *Scraper) clientOptions() workerclient.Options {
 	return workerclient.Options{Name: "fastroute-metrics", Timeout: s.o.Timeout, MaxBody: MaxPageBytes, IdleFor: time.Minute}
 }
 
-func (s *Scraper) scrape(ctx context.Context, st *target) {
+// scrape reads st's engine and publishes what it learned; sent is the
+// router's requests in flight on the worker as it left (Stats.Occupancy).
+func (s *Scraper) scrape(ctx context.Context, st *target, sent int64) {
 	defer st.busy.Store(false)
-	var sent int64 // the router's requests in flight as the scrape leaves (Stats.Occupancy)
-	if st.Relayed != nil {
-		sent = st.Relayed().InFlight
-	}
 	r, err := s.fetch(st)
 	s.mu.Lock()
 	defer s.mu.Unlock()
