@@ -133,7 +133,8 @@ type Learner struct {
 }
 
 // Observe adds a reading and returns the Stats it leads to; the caller sets
-// Occupancy (the router's requests in flight as the scrape left). fixedSlots, when positive, replaces the learned batch size.
+// Occupancy (the router's requests in flight as the scrape left).
+// fixedSlots, when positive, replaces the learned batch size.
 func (l *Learner) Observe(r Reading, fixedSlots int) Stats {
 	l.slots = max(l.slots, r.Running)
 	// A queue behind the same running count in two readings in a row: the
