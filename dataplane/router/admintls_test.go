@@ -131,13 +131,15 @@ func TestTheAdminListenerSpeaksTLS(t *testing.T) {
 // With admin_tls.client_ca_file every client of the admin listener shows a
 // certificate that CA signed (mutual TLS), its token asked for as before:
 // one without a certificate, or with another CA's, gets no answer. A
-// reload that changes the CAs needs a restart.
+// reload that changes the CAs needs a restart, and says so: a new file
+// name, or a file replaced under its name.
 func TestTheAdminListenerAsksForClientCertificates(t *testing.T) {
 	files, pool := adminTLS(t)
 	clientCA := testpki.Root(t, "admin clients")
+	caFile := testpki.WriteFile(t, "admin-clients.pem", testpki.CertPEM(clientCA.Cert))
 	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) {
 		c.AdminTLS, c.AdminToken = files, "s3cret"
-		c.AdminTLS.ClientCAFile = testpki.WriteFile(t, "admin-clients.pem", testpki.CertPEM(clientCA.Cert))
+		c.AdminTLS.ClientCAFile = caFile
 	})
 	operator := clientCA.Client("operator", 2).Pair()
 	code, _, _, err := adminTLSDoAs(t, f, pool, &operator, http.MethodGet, "/workers", "s3cret")
@@ -152,8 +154,30 @@ func TestTheAdminListenerAsksForClientCertificates(t *testing.T) {
 	_, _, _, err = adminTLSDoAs(t, f, pool, &stranger, http.MethodGet, "/workers", "s3cret")
 	assert.Error(t, err, "a certificate another CA signed")
 
-	f.reloadsWith(func(c *config.Config) { c.AdminTLS.ClientCAFile = "" })
+	// The bundle replaced in place (a CA rollover): not applied, and said.
+	nextCA := testpki.Root(t, "admin clients 2")
+	require.NoError(t, os.WriteFile(caFile, testpki.CertPEM(nextCA.Cert), 0o600))
+	f.reloadsWith(func(*config.Config) {})
 	code, msg, _, err := adminTLSDoAs(t, f, pool, &operator, http.MethodPost, "/config/reload", "s3cret")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code, msg)
+	assert.Contains(t, msg, `"need_restart":["admin_tls"]`)
+	assert.NotContains(t, msg, "admin_tls certificate read again", "the certificate waits with its CAs")
+	code, _, _, err = adminTLSDoAs(t, f, pool, &operator, http.MethodGet, "/workers", "s3cret")
+	require.NoError(t, err, "the CAs of the start still hold")
+	assert.Equal(t, http.StatusOK, code)
+	next := nextCA.Client("operator", 2).Pair()
+	_, _, _, err = adminTLSDoAs(t, f, pool, &next, http.MethodGet, "/workers", "s3cret")
+	assert.Error(t, err, "the new CA's clients wait for a restart")
+	require.NoError(t, os.WriteFile(caFile, testpki.CertPEM(clientCA.Cert), 0o600))
+	code, msg, _, err = adminTLSDoAs(t, f, pool, &operator, http.MethodPost, "/config/reload", "s3cret")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code, msg)
+	assert.Contains(t, msg, "admin_tls certificate read again", "the same CAs again: the certificate applies")
+	assert.NotContains(t, msg, `"admin_tls"]`)
+
+	f.reloadsWith(func(c *config.Config) { c.AdminTLS.ClientCAFile = "" })
+	code, msg, _, err = adminTLSDoAs(t, f, pool, &operator, http.MethodPost, "/config/reload", "s3cret")
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code, msg)
 	assert.Contains(t, msg, `"need_restart":["admin_tls"]`)
@@ -222,4 +246,14 @@ func TestReplicasSharePrefixesOverTLS(t *testing.T) {
 		return strings.Contains(p, failed) && !strings.Contains(p, failed+"0\n")
 	}, 15*time.Second, 10*time.Millisecond, "a's posts to a peer it does not trust fail")
 	assert.Zero(t, b.r.PrefixesLearned(), "nothing reached b")
+
+	// The peer CA file replaced in place by the CA that did sign the peer's
+	// certificate: a restart applies it, and a reload says so.
+	trusted, err := os.ReadFile(files.CertFile)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(other.CertFile, trusted, 0o600))
+	a.reloadsWith(func(*config.Config) {})
+	code, msg := a.reloadOverTLS(pool, "")
+	require.Equal(t, http.StatusOK, code, msg)
+	assert.Contains(t, msg, `"need_restart":["admin_tls"]`)
 }

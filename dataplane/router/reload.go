@@ -28,7 +28,8 @@ import (
 // ejections, the engines' stall bound, DNS discovery's names, the secrets
 // and the clients' API keys (read again from their files or the
 // environment), the certificates and revocation lists (tls, admin_tls's
-// certificate, worker_tls's client certificate: read again), aliases,
+// certificate while its CA files hold what the start read, worker_tls's
+// client certificate: read again), aliases,
 // mirrors, tracing's sample ratio, metrics_public and the shutdown keys. A
 // config that fails validation is refused with the same error as at
 // start, and nothing changes. A key a running router cannot change (a
@@ -73,7 +74,13 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		if err != nil {
 			return nil, nil, err
 		}
-		adminCert = files.cert
+		// A CA file replaced under its name needs a restart as a new name
+		// does (the start's pools hold): said, not left for a handshake to
+		// show, and the certificate waits with it.
+		adminTLSApplies = files.clientCAs.Equal(r.adminFiles.clientCAs) && files.peerRoots.Equal(r.adminFiles.peerRoots)
+		if adminTLSApplies {
+			adminCert = files.cert
+		}
 	}
 	// worker_tls's client certificate is read again unless the way workers'
 	// certificates are checked changed too: that waits for a restart, and
