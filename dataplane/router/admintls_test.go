@@ -185,6 +185,26 @@ func TestTheAdminListenerAsksForClientCertificates(t *testing.T) {
 	assert.Error(t, err, "still asked for until a restart")
 }
 
+// A replica whose admin listener speaks plain HTTP may still post to
+// https:// peers, checked against admin_tls.peer_ca_file: that file
+// replaced under its name needs a restart too, and a reload says so.
+func TestAPeerCAFileReplacedNeedsARestartWithoutAdminTLS(t *testing.T) {
+	first, _ := writeCert(t, t.TempDir(), 7)
+	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.AdminTLS.PeerCAFile = first.CertFile })
+	applied, needRestart, err := f.r.Reload(f.r.CurrentConfig())
+	require.NoError(t, err)
+	assert.Empty(t, applied)
+	assert.Empty(t, needRestart, "the same CA")
+	next, _ := writeCert(t, t.TempDir(), 8)
+	pem, err := os.ReadFile(next.CertFile)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(first.CertFile, pem, 0o600))
+	applied, needRestart, err = f.r.Reload(f.r.CurrentConfig())
+	require.NoError(t, err)
+	assert.Empty(t, applied)
+	assert.Equal(t, []string{"admin_tls"}, needRestart, "another CA under the same name")
+}
+
 // adminPage GETs path from f's admin listener over TLS with token
 // (adminTLSDo) and returns the page.
 func adminPage(t *testing.T, f *fleet, pool *x509.CertPool, token, path string) string {

@@ -69,7 +69,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	var adminCert *tls.Certificate // read again while the admin listener speaks TLS; its peers' and clients' CAs need a restart
 	adminTLSApplies := old.AdminTLS.On() == cfg.AdminTLS.On() && old.AdminTLS.PeerCAFile == cfg.AdminTLS.PeerCAFile &&
 		old.AdminTLS.ClientCAFile == cfg.AdminTLS.ClientCAFile && old.AdminTLS.MinVersion == cfg.AdminTLS.MinVersion
-	if adminTLSApplies && cfg.AdminTLS.On() {
+	if adminTLSApplies { // its files, whichever are set: peer_ca_file goes without the listener's TLS too
 		files, err := readAdminTLS(cfg.AdminTLS)
 		if err != nil {
 			return nil, nil, err
