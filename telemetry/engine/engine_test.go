@@ -814,6 +814,57 @@ func TestScraperCountsEachLossOfAReadingOnce(t *testing.T) {
 	assert.Equal(t, 2, without)
 }
 
+// A reading that said its engine sleeps is held past staleness (a sleeping
+// engine's health answers 200: withdrawn, it put the worker back in
+// rotation), for AsleepHeldFor intervals; an awake engine's goes at
+// StaleAfter.
+func TestAnAsleepReadingIsHeldWhenItsScrapesFail(t *testing.T) {
+	asleep, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 1})
+	require.NoError(t, err)
+	defer asleep.Close()
+	awake, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 2})
+	require.NoError(t, err)
+	defer awake.Close()
+	resp, err := post(context.Background(), asleep.URL()+"/sleep?level=1", "")
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
+	const interval = 20 * time.Millisecond // stale after 60 ms, held asleep for 2 s
+	sc := New(Options{Interval: interval, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Targets: func() []Target {
+			return []Target{{ID: 1, URL: asleep.URL() + "/metrics"}, {ID: 2, URL: awake.URL() + "/metrics"}}
+		}, Publish: s.publish})
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sc.Run(runCtx); close(done) }()
+	defer func() { stop(); <-done }()
+	require.Eventually(t, func() bool {
+		st1, _ := s.get(1)
+		st2, _ := s.get(2)
+		return st1 != nil && st1.Asleep && st2 != nil && !st2.Asleep
+	}, 5*time.Second, 10*time.Millisecond)
+
+	require.NoError(t, asleep.Close())
+	require.NoError(t, awake.Close())
+	require.Eventually(t, func() bool { st, _ := s.get(2); return st == nil }, 5*time.Second, 5*time.Millisecond,
+		"the awake engine's reading goes stale and is withdrawn")
+	time.Sleep(10 * interval)
+	st, _ := s.get(1)
+	require.NotNil(t, st, "the asleep engine's reading is held past staleness")
+	assert.True(t, st.Asleep)
+	info := map[string]any{}
+	sc.Describe(1, info)
+	assert.Contains(t, info["engine_reason"], "connection refused", "why it is not fresh: its scrapes fail")
+	assert.Greater(t, info["engine_age_seconds"], (StaleAfter * interval).Seconds())
+	require.Eventually(t, func() bool { st, _ := s.get(1); return st == nil }, 10*time.Second, 10*time.Millisecond,
+		"withdrawn after AsleepHeldFor intervals: its health probes judge it then")
+	info = map[string]any{}
+	sc.Describe(1, info)
+	assert.Equal(t, "none", info["engine_source"])
+}
+
 func post(ctx context.Context, url, body string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	if err != nil {

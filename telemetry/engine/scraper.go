@@ -22,6 +22,17 @@ import (
 // routing falls back to the router's own signals.
 const StaleAfter = 3
 
+// AsleepHeldFor is how many intervals a reading that said its engine
+// sleeps stays while no scrape of it is under way. A sleeping engine's
+// health answers 200, so a worker whose reading went was back in rotation
+// and met the engine's refusals, while the likelier cause of a lost
+// reading is the router's own: a scrape that failed once, or a loaded
+// host that ran none for a few intervals. Waking takes a call to the
+// engine that the next good reading shows; bounded, so that an engine
+// woken whose metrics then fail is routed on its health probes after that
+// time (5 s at DefaultInterval).
+const AsleepHeldFor = 100
+
 // Defaults of Options.
 const (
 	DefaultInterval = 50 * time.Millisecond
@@ -73,7 +84,8 @@ type Options struct {
 	// Targets lists the engines to poll; it is called once per tick.
 	Targets func() []Target
 	// Publish hands over a worker's new Stats, or nil when its reading
-	// went stale or a scrape failed before any reading. It is called from
+	// went stale (one that said its engine sleeps after AsleepHeldFor
+	// intervals) or a scrape failed before any reading. It is called from
 	// the scraping goroutines, one call per worker at a time.
 	Publish func(id uint64, st *Stats)
 	// APIKey, when set, goes as "Authorization: Bearer <key>" on every
@@ -194,10 +206,16 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 		// timeout) would otherwise lose its reading between every two
 		// scrapes, and with it the fleet its engine costs. A scrape that
 		// fails, or times out, leaves it to go at the next tick.
-		if st.last != nil && now.Sub(st.lastAt) > StaleAfter*s.o.Interval && !st.busy.Load() {
-			st.last = nil
-			s.note(st, "reading is stale")
-			s.o.Publish(st.ID, nil)
+		if st.last != nil && !st.busy.Load() {
+			switch age := now.Sub(st.lastAt); {
+			case age <= StaleAfter*s.o.Interval:
+			case st.last.Asleep && age <= AsleepHeldFor*s.o.Interval:
+				// Held: the failed scrapes' reason stands.
+			default:
+				st.last = nil
+				s.note(st, "reading is stale")
+				s.o.Publish(st.ID, nil)
+			}
 		}
 		if st.busy.CompareAndSwap(false, true) {
 			var sent int64 // the router's requests in flight as the scrape leaves (Stats.Occupancy)
@@ -444,10 +462,13 @@ func (s *Scraper) Describe(id uint64, info map[string]any) {
 	}
 	l := st.last
 	info["engine_source"] = l.Dialect
-	if l.Dialect == DialectRouter {
-		info["engine_reason"] = st.reason // why the router reads it itself; its KV cache is unseen
-	} else {
+	if l.Dialect != DialectRouter {
 		info["engine_kv_usage"] = l.KVUsage
+	}
+	if st.reason != "" {
+		// Why the router reads it itself (its KV cache unseen), or why the
+		// reading is not fresh: a scrape failed, or one held asleep.
+		info["engine_reason"] = st.reason
 	}
 	info["engine_running"] = l.Running
 	info["engine_waiting"] = l.Waiting
