@@ -84,11 +84,15 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	// worker_tls's client certificate is read again unless the way workers'
 	// certificates are checked changed too: that waits for a restart, and
-	// the whole key with it.
+	// the whole key with it, a CA file replaced under its name included.
 	workerTLSApplies := old.WorkerTLS.Verification() == cfg.WorkerTLS.Verification()
 	var workerCert *tls.Certificate
 	if workerTLSApplies {
-		var err error
+		roots, err := readWorkerRoots(cfg.WorkerTLS)
+		if err != nil {
+			return nil, nil, err
+		}
+		workerTLSApplies = roots.Equal(r.workerTLS.RootCAs)
 		if workerCert, err = readClientCertificate(cfg.WorkerTLS); err != nil {
 			return nil, nil, err
 		}

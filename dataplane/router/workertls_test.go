@@ -186,7 +186,8 @@ func TestAWorkerTheRouterCannotSpeakTLSWithIsUnreachable(t *testing.T) {
 // A reload reads worker_tls's client certificate again: a worker that
 // refused the router's certificate takes the one the files hold now. A
 // reload that changes how workers' certificates are checked waits for a
-// restart, and one whose certificate does not load is refused.
+// restart (a CA file replaced under its name included), and one whose
+// certificate does not load is refused.
 func TestAReloadReadsTheWorkersClientCertificateAgain(t *testing.T) {
 	c := newWorkerCerts(t)
 	dir := t.TempDir()
@@ -217,6 +218,22 @@ func TestAReloadReadsTheWorkersClientCertificateAgain(t *testing.T) {
 	assert.Contains(t, needRestart, "worker_tls")
 	assert.NotContains(t, applied, "worker_tls client certificate read again", "the whole key waits")
 	assert.Empty(t, f.r.CurrentConfig().WorkerTLS.ServerName)
+
+	// The CA file replaced under its name (a CA rollover) needs a restart
+	// as a new name does, and says so; put back, the key applies again.
+	trusted, err := os.ReadFile(c.server.CertFile)
+	require.NoError(t, err)
+	other, _ := writeCert(t, t.TempDir(), 21)
+	copyFile(t, other.CertFile, c.server.CertFile)
+	applied, needRestart, err = f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"worker_tls"}, needRestart)
+	assert.NotContains(t, applied, "worker_tls client certificate read again", "the whole key waits")
+	require.NoError(t, os.WriteFile(c.server.CertFile, trusted, 0o600))
+	applied, needRestart, err = f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Empty(t, needRestart)
+	assert.Contains(t, applied, "worker_tls client certificate read again")
 
 	bad := cfg
 	bad.WorkerTLS.KeyFile = c.server.KeyFile // another certificate's key
