@@ -64,9 +64,10 @@ func adminGet(t *testing.T, f *fleet, pool *x509.CertPool, path string) (int, st
 }
 
 // With admin_tls the admin listener speaks HTTPS only (a plain request is
-// refused), with its token as before; a reload reads its certificate again
-// (a rotated one serves the next handshake), refuses a pair that does not
-// load, and leaves turning it off to a restart.
+// refused), with its token as before, offering HTTP/2; a reload reads its
+// certificate again (a rotated one serves the next handshake), applies a
+// new min_version, refuses a pair that does not load, and leaves turning
+// it off to a restart.
 func TestTheAdminListenerSpeaksTLS(t *testing.T) {
 	files, pool := adminTLS(t)
 	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.AdminTLS, c.AdminToken = files, "s3cret" })
@@ -81,6 +82,7 @@ func TestTheAdminListenerSpeaksTLS(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "plain HTTP to the TLS listener: %s", body)
+	assert.Equal(t, "h2", adminProtocol(t, f, pool, tls.VersionTLS13), "HTTP/2 offered, as net/http does")
 
 	f.r.SetConfigSource(func() (config.Config, error) { return f.r.CurrentConfig(), nil })
 	rotated, rotatedPool := writeCert(t, t.TempDir(), 8)
@@ -95,6 +97,15 @@ func TestTheAdminListenerSpeaksTLS(t *testing.T) {
 	_, serial, err = adminGet(t, f, pool, "/metrics")
 	require.NoError(t, err)
 	assert.Equal(t, "8", serial)
+
+	// A new min_version applies to the next handshake.
+	assert.Equal(t, "h2", adminProtocol(t, f, pool, tls.VersionTLS12))
+	f.reloadsWith(func(c *config.Config) { c.AdminTLS.MinVersion = "1.3" })
+	code, msg = f.reloadOverTLS(pool, "s3cret")
+	require.Equal(t, http.StatusOK, code, msg)
+	assert.Contains(t, msg, `admin_tls.min_version=\"1.3\"`)
+	assert.Empty(t, adminProtocol(t, f, pool, tls.VersionTLS12), "a TLS 1.2 client is refused")
+	assert.Equal(t, "h2", adminProtocol(t, f, pool, tls.VersionTLS13))
 
 	require.NoError(t, os.WriteFile(files.KeyFile, []byte("not a key"), 0o600))
 	code, msg = f.reloadOverTLS(pool, "s3cret")
@@ -131,8 +142,8 @@ func TestTheAdminListenerSpeaksTLS(t *testing.T) {
 // With admin_tls.client_ca_file every client of the admin listener shows a
 // certificate that CA signed (mutual TLS), its token asked for as before:
 // one without a certificate, or with another CA's, gets no answer. A
-// reload that changes the CAs needs a restart, and says so: a new file
-// name, or a file replaced under its name.
+// reload applies new CAs to the next handshake: a file replaced under its
+// name (a CA rollover), or none (no certificate asked).
 func TestTheAdminListenerAsksForClientCertificates(t *testing.T) {
 	files, pool := adminTLS(t)
 	clientCA := testpki.Root(t, "admin clients")
@@ -154,55 +165,88 @@ func TestTheAdminListenerAsksForClientCertificates(t *testing.T) {
 	_, _, _, err = adminTLSDoAs(t, f, pool, &stranger, http.MethodGet, "/workers", "s3cret")
 	assert.Error(t, err, "a certificate another CA signed")
 
-	// The bundle replaced in place (a CA rollover): not applied, and said.
+	// A client that resumes its sessions: its second connection resumed.
+	resuming := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		RootCAs: pool, Certificates: []tls.Certificate{operator}, ClientSessionCache: tls.NewLRUClientSessionCache(4)}}}
+	defer resuming.CloseIdleConnections()
+	resumed := func() (bool, error) {
+		resuming.CloseIdleConnections() // a new connection each time
+		resp, err := resuming.Get("https://" + f.r.AdminAddr() + "/health")
+		if err != nil {
+			return false, err
+		}
+		defer resp.Body.Close()
+		_, err = io.ReadAll(resp.Body)
+		return resp.TLS.DidResume, err
+	}
+	_, err = resumed()
+	require.NoError(t, err)
+	did, err := resumed()
+	require.NoError(t, err)
+	require.True(t, did, "the client's second connection resumed its session")
+
+	// The bundle replaced in place by the next CA's (a CA rollover): the
+	// next handshake asks for the new CA's certificates.
 	nextCA := testpki.Root(t, "admin clients 2")
 	require.NoError(t, os.WriteFile(caFile, testpki.CertPEM(nextCA.Cert), 0o600))
 	f.reloadsWith(func(*config.Config) {})
 	code, msg, _, err := adminTLSDoAs(t, f, pool, &operator, http.MethodPost, "/config/reload", "s3cret")
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code, msg)
-	assert.Contains(t, msg, `"need_restart":["admin_tls"]`)
-	assert.NotContains(t, msg, "admin_tls certificate read again", "the certificate waits with its CAs")
-	code, _, _, err = adminTLSDoAs(t, f, pool, &operator, http.MethodGet, "/workers", "s3cret")
-	require.NoError(t, err, "the CAs of the start still hold")
-	assert.Equal(t, http.StatusOK, code)
+	assert.Contains(t, msg, `admin_tls.client_ca_file=\"`+caFile+`\" read again`)
+	assert.Contains(t, msg, `"need_restart":[]`)
 	next := nextCA.Client("operator", 2).Pair()
-	_, _, _, err = adminTLSDoAs(t, f, pool, &next, http.MethodGet, "/workers", "s3cret")
-	assert.Error(t, err, "the new CA's clients wait for a restart")
-	require.NoError(t, os.WriteFile(caFile, testpki.CertPEM(clientCA.Cert), 0o600))
-	code, msg, _, err = adminTLSDoAs(t, f, pool, &operator, http.MethodPost, "/config/reload", "s3cret")
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, code, msg)
-	assert.Contains(t, msg, "admin_tls certificate read again", "the same CAs again: the certificate applies")
-	assert.NotContains(t, msg, `"admin_tls"]`)
+	code, _, _, err = adminTLSDoAs(t, f, pool, &next, http.MethodGet, "/workers", "s3cret")
+	require.NoError(t, err, "the new CA's clients are served")
+	assert.Equal(t, http.StatusOK, code)
+	_, _, _, err = adminTLSDoAs(t, f, pool, &operator, http.MethodGet, "/workers", "s3cret")
+	assert.Error(t, err, "the old CA's are refused")
+	_, err = resumed()
+	assert.Error(t, err, "nor can one resume its way in")
 
 	f.reloadsWith(func(c *config.Config) { c.AdminTLS.ClientCAFile = "" })
-	code, msg, _, err = adminTLSDoAs(t, f, pool, &operator, http.MethodPost, "/config/reload", "s3cret")
+	code, msg, _, err = adminTLSDoAs(t, f, pool, &next, http.MethodPost, "/config/reload", "s3cret")
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code, msg)
-	assert.Contains(t, msg, `"need_restart":["admin_tls"]`)
-	_, _, _, err = adminTLSDo(t, f, pool, http.MethodGet, "/workers", "s3cret")
-	assert.Error(t, err, "still asked for until a restart")
+	assert.Contains(t, msg, "admin_tls.client_ca_file dropped: no client certificate asked")
+	code, _, _, err = adminTLSDo(t, f, pool, http.MethodGet, "/workers", "s3cret")
+	require.NoError(t, err, "no certificate asked for")
+	assert.Equal(t, http.StatusOK, code)
 }
 
 // A replica whose admin listener speaks plain HTTP may still post to
-// https:// peers, checked against admin_tls.peer_ca_file: that file
-// replaced under its name needs a restart too, and a reload says so.
-func TestAPeerCAFileReplacedNeedsARestartWithoutAdminTLS(t *testing.T) {
+// https:// peers, checked against admin_tls.peer_ca_file: a reload reads
+// that file again (it says so), and refuses one that no longer parses.
+func TestAReloadReadsThePeerCAFileAgainWithoutAdminTLS(t *testing.T) {
 	first, _ := writeCert(t, t.TempDir(), 7)
 	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.AdminTLS.PeerCAFile = first.CertFile })
 	applied, needRestart, err := f.r.Reload(f.r.CurrentConfig())
 	require.NoError(t, err)
-	assert.Empty(t, applied)
-	assert.Empty(t, needRestart, "the same CA")
-	next, _ := writeCert(t, t.TempDir(), 8)
-	pem, err := os.ReadFile(next.CertFile)
+	assert.Equal(t, []string{`admin_tls.peer_ca_file="` + first.CertFile + `" read again`}, applied)
+	assert.Empty(t, needRestart)
+	require.NoError(t, os.WriteFile(first.CertFile, []byte("not a certificate"), 0o600))
+	_, _, err = f.r.Reload(f.r.CurrentConfig())
+	require.ErrorContains(t, err, "key admin_tls.peer_ca_file")
+	cfg := f.r.CurrentConfig()
+	cfg.AdminTLS.PeerCAFile = ""
+	applied, needRestart, err = f.r.Reload(cfg)
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(first.CertFile, pem, 0o600))
-	applied, needRestart, err = f.r.Reload(f.r.CurrentConfig())
-	require.NoError(t, err)
-	assert.Empty(t, applied)
-	assert.Equal(t, []string{"admin_tls"}, needRestart, "another CA under the same name")
+	assert.Equal(t, []string{"admin_tls.peer_ca_file dropped: peers' certificates checked against the system's roots"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Empty(t, f.r.CurrentConfig().AdminTLS.PeerCAFile)
+}
+
+// adminProtocol is what a handshake with f's admin listener of a client
+// trusting pool, speaking TLS up to version max, negotiated ("h2",
+// "http/1.1"), or "" when it failed.
+func adminProtocol(t *testing.T, f *fleet, pool *x509.CertPool, max uint16) string {
+	t.Helper()
+	c, err := tls.Dial("tcp", f.r.AdminAddr(), &tls.Config{RootCAs: pool, MaxVersion: max, NextProtos: []string{"h2", "http/1.1"}})
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	return c.ConnectionState().NegotiatedProtocol
 }
 
 // adminPage GETs path from f's admin listener over TLS with token
@@ -268,12 +312,18 @@ func TestReplicasSharePrefixesOverTLS(t *testing.T) {
 	assert.Zero(t, b.r.PrefixesLearned(), "nothing reached b")
 
 	// The peer CA file replaced in place by the CA that did sign the peer's
-	// certificate: a restart applies it, and a reload says so.
+	// certificate: a reload applies it to the next post.
 	trusted, err := os.ReadFile(files.CertFile)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(other.CertFile, trusted, 0o600))
 	a.reloadsWith(func(*config.Config) {})
 	code, msg := a.reloadOverTLS(pool, "")
 	require.Equal(t, http.StatusOK, code, msg)
-	assert.Contains(t, msg, `"need_restart":["admin_tls"]`)
+	assert.Contains(t, msg, `"need_restart":[]`)
+	assert.Contains(t, msg, "admin_tls.peer_ca_file=")
+	recorded := a.r.Prefixes.Recorded()
+	converseVia([]*fleet{a}, 5, 4, nil)
+	require.Greater(t, a.r.Prefixes.Recorded(), recorded)
+	require.Eventually(t, func() bool { return b.r.PrefixesLearned() == a.r.Prefixes.Recorded()-recorded }, 15*time.Second, 2*time.Millisecond,
+		"b takes in a's new records once a trusts it")
 }

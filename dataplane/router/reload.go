@@ -28,8 +28,8 @@ import (
 // ejections, the engines' stall bound, DNS discovery's names, the secrets
 // and the clients' API keys (read again from their files or the
 // environment), the certificates and revocation lists (tls, admin_tls's
-// certificate while its CA files hold what the start read, worker_tls's
-// client certificate: read again), aliases,
+// certificate and CAs, worker_tls's client certificate while its CA file
+// holds what the start read: read again), aliases,
 // mirrors, tracing's sample ratio, metrics_public and the shutdown keys. A
 // config that fails validation is refused with the same error as at
 // start, and nothing changes. A key a running router cannot change (a
@@ -66,21 +66,17 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			return nil, nil, err
 		}
 	}
-	var adminCert *tls.Certificate // read again while the admin listener speaks TLS; its peers' and clients' CAs need a restart
-	adminTLSApplies := old.AdminTLS.On() == cfg.AdminTLS.On() && old.AdminTLS.PeerCAFile == cfg.AdminTLS.PeerCAFile &&
-		old.AdminTLS.ClientCAFile == cfg.AdminTLS.ClientCAFile && old.AdminTLS.MinVersion == cfg.AdminTLS.MinVersion
-	if adminTLSApplies { // its files, whichever are set: peer_ca_file goes without the listener's TLS too
+	// admin_tls applies but for turning the listener's TLS on or off: its
+	// files, whichever are set (peer_ca_file goes without the listener's
+	// TLS too), read before anything applies.
+	var adminRead *adminFiles
+	adminTLSApplies := old.AdminTLS.On() == cfg.AdminTLS.On()
+	if adminTLSApplies {
 		files, err := readAdminTLS(cfg.AdminTLS)
 		if err != nil {
 			return nil, nil, err
 		}
-		// A CA file replaced under its name needs a restart as a new name
-		// does (the start's pools hold): said, not left for a handshake to
-		// show, and the certificate waits with it.
-		adminTLSApplies = files.clientCAs.Equal(r.adminFiles.clientCAs) && files.peerRoots.Equal(r.adminFiles.peerRoots)
-		if adminTLSApplies {
-			adminCert = files.cert
-		}
+		adminRead = &files
 	}
 	// worker_tls's client certificate is read again unless the way workers'
 	// certificates are checked changed too: that waits for a restart, and
@@ -275,9 +271,8 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			applied = append(applied, "tls.client_ca_file dropped: no client certificate asked")
 		}
 	}
-	if adminCert != nil {
-		r.adminCert.cur.Store(adminCert)
-		applied = append(applied, "admin_tls certificate read again")
+	if adminRead != nil {
+		applied = append(applied, r.applyAdminTLS(old.AdminTLS, cfg.AdminTLS, *adminRead)...)
 	}
 	workerCertApplies := workerTLSApplies && (cfg.WorkerTLS.CertFile != "" || old.WorkerTLS.CertFile != "")
 	if workerCertApplies {

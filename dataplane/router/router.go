@@ -171,11 +171,11 @@ func check(cfg config.Config, log *slog.Logger) (config.Config, checkedFiles, er
 			return cfg, none, err
 		}
 	}
-	var err error
-	if ts.adminFiles, err = readAdminTLS(cfg.AdminTLS); err != nil {
+	adminFiles, err := readAdminTLS(cfg.AdminTLS)
+	if err != nil {
 		return cfg, none, err
 	}
-	ts.adminCert.cur.Store(ts.adminFiles.cert)
+	ts.useAdminTLS(cfg.AdminTLS, adminFiles)
 	if err := ts.startWorkerTLS(cfg.WorkerTLS, log); err != nil {
 		return cfg, none, err
 	}
@@ -228,7 +228,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		if len(pa.Peers) > 0 || pa.Advertise != "" {
 			r.Prefixes.Share(prefixshare.JournalKeys)
 			r.PrefixShare = prefixshare.New(prefixshare.Options{Prefixes: r.Prefixes, Peers: pa.Peers, Self: pa.Advertise,
-				Token: &r.adminToken, Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), TLS: r.adminCert.peerConfig(r.adminFiles.peerRoots), Logger: log})
+				Token: &r.adminToken, Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), TLS: r.adminCert.peerConfig(r.peerRoots), Logger: log})
 			r.Metrics.Register(r.PrefixShare.Collector())
 		}
 	}
@@ -314,7 +314,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	if cfg.AdminTLS.On() {
-		r.admin.TLSConfig = r.adminCert.adminServerConfig(config.TLSVersion(cfg.AdminTLS.MinVersion), r.adminFiles.clientCAs)
+		r.admin.TLSConfig = r.adminListenerConfig()
 	}
 	if err := r.startDiscovery(log); err != nil {
 		r.ln.Close()

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync/atomic"
@@ -17,11 +18,17 @@ import (
 // read by the check a start begins with, and again (what a reload
 // applies) by a reload.
 type tlsState struct {
-	cert       frontTLS    // the front end's, with tls set
-	adminFiles adminFiles  // admin_tls's as the start read them: its CAs hold until a restart; its certificate is adminCert's
-	adminCert  certificate // the admin listener's, with admin_tls set
-	workerCert certificate // worker_tls's client certificate
-	workerTLS  *tls.Config // of every connection to an https:// worker
+	cert      frontTLS    // the front end's, with tls set
+	adminCert certificate // the admin listener's, with admin_tls set
+	// adminServer is the configuration each handshake of the admin
+	// listener gets (admin_tls as read last; nil: the listener speaks
+	// plain HTTP), and peerRoots the CAs peers' certificates are checked
+	// against (nil: the system's), as read last; reloads write it, one at
+	// a time.
+	adminServer atomic.Pointer[tls.Config]
+	peerRoots   *x509.CertPool
+	workerCert  certificate // worker_tls's client certificate
+	workerTLS   *tls.Config // of every connection to an https:// worker
 }
 
 // shown returns the certificates the router shows, as read last, by the
@@ -52,19 +59,43 @@ type certificate struct {
 	cur atomic.Pointer[tls.Certificate]
 }
 
-// adminServerConfig is the admin listener's TLS configuration (admin_tls):
-// TLS min (a crypto/tls version) and later, each handshake with the
-// certificate read last, and with clientCAs (admin_tls.client_ca_file) a
-// client certificate they signed required of every client.
-func (c *certificate) adminServerConfig(min uint16, clientCAs *x509.CertPool) *tls.Config {
+// adminHandshakeConfig is the configuration of the admin listener's
+// handshakes (admin_tls): TLS min (a crypto/tls version) and later,
+// HTTP/2 or HTTP/1.1 inside, the certificate read last, and with clientCAs
+// (admin_tls.client_ca_file) a client certificate they signed required of
+// every client.
+func (c *certificate) adminHandshakeConfig(min uint16, clientCAs *x509.CertPool) *tls.Config {
 	conf := &tls.Config{
 		MinVersion:     min,
+		NextProtos:     []string{"h2", "http/1.1"},
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.cur.Load(), nil },
 	}
 	if clientCAs != nil {
 		conf.ClientCAs, conf.ClientAuth = clientCAs, tls.RequireAndVerifyClientCert
 	}
 	return conf
+}
+
+// adminListenerConfig is the configuration the admin listener takes: each
+// handshake gets adminServer as read last (a reload may change its
+// version, its client CAs or whether it asks for a certificate at all).
+func (ts *tlsState) adminListenerConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return ts.adminServer.Load(), nil
+		},
+	}
+}
+
+// useAdminTLS makes files, read from t, what the admin listener's next
+// handshakes and the router's next connections to peers use.
+func (ts *tlsState) useAdminTLS(t config.AdminTLS, files adminFiles) {
+	ts.adminCert.cur.Store(files.cert)
+	if t.On() {
+		ts.adminServer.Store(ts.adminCert.adminHandshakeConfig(config.TLSVersion(t.MinVersion), files.clientCAs))
+	}
+	ts.peerRoots = files.peerRoots
 }
 
 // peerConfig is the configuration of posts to https:// peer replicas:
@@ -111,6 +142,35 @@ func readAdminTLS(t config.AdminTLS) (files adminFiles, err error) {
 		}
 	}
 	return files, nil
+}
+
+// applyAdminTLS makes files, read from t (the running config's was old),
+// what the admin listener's next handshakes and the next posts to peers
+// use, and says what changed. The caller holds reloadMu.
+func (r *Router) applyAdminTLS(old, t config.AdminTLS, files adminFiles) (applied []string) {
+	if r.PrefixShare != nil && !files.peerRoots.Equal(r.peerRoots) {
+		r.PrefixShare.SetTLS(r.adminCert.peerConfig(files.peerRoots))
+	}
+	r.useAdminTLS(t, files)
+	if t.On() {
+		applied = append(applied, "admin_tls certificate read again")
+		if t.MinVersion != old.MinVersion {
+			applied = append(applied, fmt.Sprintf("admin_tls.min_version=%q", t.MinVersion))
+		}
+	}
+	switch {
+	case t.ClientCAFile != "":
+		applied = append(applied, fmt.Sprintf("admin_tls.client_ca_file=%q read again", t.ClientCAFile))
+	case old.ClientCAFile != "":
+		applied = append(applied, "admin_tls.client_ca_file dropped: no client certificate asked")
+	}
+	switch {
+	case t.PeerCAFile != "":
+		applied = append(applied, fmt.Sprintf("admin_tls.peer_ca_file=%q read again", t.PeerCAFile))
+	case old.PeerCAFile != "":
+		applied = append(applied, "admin_tls.peer_ca_file dropped: peers' certificates checked against the system's roots")
+	}
+	return applied
 }
 
 // frontTLS is the front end's TLS configuration, read again by a reload:

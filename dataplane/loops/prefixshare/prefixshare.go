@@ -63,8 +63,8 @@ type Options struct {
 // Loop is the sender. Its counters are read by its Collector.
 type Loop struct {
 	opts    Options
-	client  *http.Client
-	lost    atomic.Uint64 // keys the journal lost before they were read
+	client  atomic.Pointer[http.Client] // SetTLS replaces it
+	lost    atomic.Uint64               // keys the journal lost before they were read
 	senders sync.WaitGroup
 
 	mu            sync.Mutex // guards what follows (the tick, SetPeers, Collector)
@@ -87,12 +87,25 @@ func New(o Options) *Loop {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	// A transport of its own, whose kept connections close when Run ends.
-	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.TLSClientConfig = o.TLS
-	l := &Loop{opts: o, client: &http.Client{Timeout: o.Timeout, Transport: transport}}
+	l := &Loop{opts: o}
+	l.client.Store(l.newClient(o.TLS))
 	l.SetStatic(o.Peers)
 	return l
+}
+
+// newClient is a client of its own transport, whose kept connections
+// close when Run ends, speaking TLS under conf to https:// peers.
+func (l *Loop) newClient(conf *tls.Config) *http.Client {
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.TLSClientConfig = conf
+	return &http.Client{Timeout: l.opts.Timeout, Transport: transport}
+}
+
+// SetTLS replaces Options.TLS (a reload: new peer CAs): the next post
+// connects under conf, and the connections kept under the old one close
+// (one in use when it ends its post, at its idle timeout).
+func (l *Loop) SetTLS(conf *tls.Config) {
+	l.client.Swap(l.newClient(conf)).CloseIdleConnections()
 }
 
 // SetPeers sets the replicas found besides the configured ones (Self left
@@ -179,7 +192,7 @@ func (l *Loop) Run(ctx context.Context) {
 			}
 			l.mu.Unlock()
 			l.senders.Wait()
-			l.client.CloseIdleConnections()
+			l.client.Load().CloseIdleConnections()
 			return
 		case <-t.C:
 		}
@@ -232,7 +245,7 @@ func (l *Loop) post(ctx context.Context, url string, batch []byte) error {
 	if auth := l.opts.Token.Header(); auth != nil {
 		req.Header.Set("Authorization", string(auth))
 	}
-	resp, err := l.client.Do(req)
+	resp, err := l.client.Load().Do(req)
 	if err != nil {
 		return err
 	}
