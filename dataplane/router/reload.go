@@ -23,7 +23,8 @@ import (
 // busy_threshold, cpu_ratio, retries and their budget, prefix affinity's
 // slack and peers: reloadablePrefixes, the routing knobs: routingKnobs,
 // the phases' pickers, and the embedding cache's size: a new, empty
-// table), the front end's policy (frontendPolicy), the
+// table), the front end's policy (frontendPolicy: the limits of an
+// exchange with a worker among them), the
 // wait queue's bounds while it stays on, health's thresholds and
 // ejections, the engines' stall bound, DNS discovery's names, the secrets
 // and the clients' API keys (read again from their files or the
@@ -33,7 +34,8 @@ import (
 // mirrors, tracing's sample ratio, metrics_public and the shutdown keys. A
 // config that fails validation is refused with the same error as at
 // start, and nothing changes. A key a running router cannot change (a
-// listener, limits, a table's size, a loop's interval), or one whose
+// listener, a client connection's limits, a table's size, a loop's
+// interval), or one whose
 // field that cannot change changed beside those that can (which holds the
 // whole key back), is named in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
@@ -121,6 +123,13 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// made (interval, timeout, path) changed too.
 	healthApplies := old.Health.Interval == cfg.Health.Interval && old.Health.Timeout == cfg.Health.Timeout && old.Health.Path == cfg.Health.Path
 	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
+	// The limits of an exchange with a worker apply (with the front end's
+	// policy: policed) unless a client connection's changed too.
+	limitsApply := old.Limits.Fixed() == cfg.Limits.Fixed()
+	policed := cfg
+	if !limitsApply {
+		policed.Limits = old.Limits
+	}
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
 		"api_keys_share_interval": old.APIKeysShareInterval == cfg.APIKeysShareInterval,
@@ -135,7 +144,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.queue":            queueApplies,
 		"discovery":               dnsNamesApply,
 		"telemetry":               stallApplies, "health": healthApplies,
-		"limits": old.Limits == cfg.Limits, "log.format": old.Log.Format == cfg.Log.Format,
+		"limits": limitsApply, "log.format": old.Log.Format == cfg.Log.Format,
 		"tracing":    tracingApplies,
 		"worker_tls": workerTLSApplies,
 	} {
@@ -210,8 +219,8 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.workerKey.Set(cfg.WorkerAPIKey)
 		applied = append(applied, "worker_api_key changed")
 	}
-	if changed := policyChanges(old, cfg); len(changed) > 0 {
-		r.Frontend.SetPolicy(frontendPolicy(cfg))
+	if changed := policyChanges(old, policed); len(changed) > 0 {
+		r.Frontend.SetPolicy(frontendPolicy(policed))
 		applied = append(applied, changed...)
 	}
 	if changed := routingChanges(old, cfg, affinityApplies, disaggApplies); len(changed) > 0 {
@@ -294,7 +303,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next.Workers, next.ShutdownDelay, next.ShutdownTimeout = cfg.Workers, cfg.ShutdownDelay, cfg.ShutdownTimeout
 	next.Routes, next.CORSAllowedOrigins, next.Router.RetryStatuses = cfg.Routes, cfg.CORSAllowedOrigins, cfg.Router.RetryStatuses
 	next.GenerateRequestIDs, next.AddXForwardedFor, next.Log.Access = cfg.GenerateRequestIDs, cfg.AddXForwardedFor, cfg.Log.Access
-	next.RealIP, next.ForwardedClientCert = cfg.RealIP, cfg.ForwardedClientCert
+	next.RealIP, next.ForwardedClientCert, next.Limits = cfg.RealIP, cfg.ForwardedClientCert, policed.Limits
 	next.AdminToken, next.AdminTokenFile, next.MetricsPublic = cfg.AdminToken, cfg.AdminTokenFile, cfg.MetricsPublic
 	next.WorkerAPIKey, next.WorkerAPIKeyFile = cfg.WorkerAPIKey, cfg.WorkerAPIKeyFile
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
@@ -351,6 +360,7 @@ func changes(keys ...keyChange) (changed []string) {
 // policyChanges says which keys of the front end's policy (frontendPolicy)
 // differ between old and cfg.
 func policyChanges(old, cfg config.Config) []string {
+	ol, nl := old.Limits, cfg.Limits
 	return changes(
 		keyChange{"routes", slices.Equal(old.Routes, cfg.Routes), cfg.Routes},
 		keyChange{"cors_allowed_origins", slices.Equal(old.CORSAllowedOrigins, cfg.CORSAllowedOrigins), cfg.CORSAllowedOrigins},
@@ -360,6 +370,11 @@ func policyChanges(old, cfg config.Config) []string {
 		keyChange{"log.access", old.Log.Access == cfg.Log.Access, cfg.Log.Access},
 		keyChange{"real_ip", reflect.DeepEqual(old.RealIP, cfg.RealIP), fmt.Sprintf("{header: %q, from: %v}", cfg.RealIP.Header, cfg.RealIP.From)},
 		keyChange{"forwarded_client_cert.from", slices.Equal(old.ForwardedClientCert.From, cfg.ForwardedClientCert.From), cfg.ForwardedClientCert.From},
+		keyChange{"limits.connect_timeout", ol.ConnectTimeout == nl.ConnectTimeout, nl.ConnectTimeout},
+		keyChange{"limits.first_byte_timeout", ol.FirstByteTimeout == nl.FirstByteTimeout, nl.FirstByteTimeout},
+		keyChange{"limits.stream_idle_timeout", ol.StreamIdleTimeout == nl.StreamIdleTimeout, nl.StreamIdleTimeout},
+		keyChange{"limits.answer_buffer_bytes", ol.AnswerBufferBytes == nl.AnswerBufferBytes, nl.AnswerBufferBytes},
+		keyChange{"limits.max_requests_per_connection", ol.MaxRequestsPerConnection == nl.MaxRequestsPerConnection, nl.MaxRequestsPerConnection},
 	)
 }
 

@@ -88,6 +88,56 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	f.assertIdle()
 }
 
+// A reload applies the limits of each exchange with a worker and the
+// requests a client connection carries from the next request on; a change
+// to a client connection's own bounds (the listener's) holds the whole key
+// back.
+func TestAReloadAppliesTheLimitsOfAnExchange(t *testing.T) {
+	stalled := startFaultServer(t, stall)
+	serving, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 2})
+	require.NoError(t, err)
+	t.Cleanup(func() { serving.Close() })
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Health.Interval = time.Hour
+		c.Limits.FirstByteTimeout = 300 * time.Millisecond
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://" + stalled.addr()}, {ID: 2, URL: serving.URL()}}
+	})
+	waited := func() time.Duration {
+		start := time.Now()
+		resp := f.post("/v1/chat/completions", chatBody, "x-worker-id", "1")
+		body := readAll(t, resp)
+		require.Equal(t, http.StatusGatewayTimeout, resp.StatusCode, body)
+		return time.Since(start)
+	}
+	closes := func() bool {
+		resp := f.post("/v1/chat/completions", chatBody, "x-worker-id", "2")
+		body := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		return resp.Close
+	}
+	assert.Less(t, waited(), 1200*time.Millisecond)
+	assert.False(t, closes(), "no limit on a connection's requests")
+
+	cfg := f.r.CurrentConfig()
+	cfg.Limits.FirstByteTimeout, cfg.Limits.MaxRequestsPerConnection = 1200*time.Millisecond, 1
+	applied, needRestart, err := f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"limits.first_byte_timeout=1.2s", "limits.max_requests_per_connection=1"}, applied)
+	assert.Empty(t, needRestart)
+	assert.GreaterOrEqual(t, waited(), 1200*time.Millisecond, "the new first_byte_timeout")
+	assert.True(t, closes(), "the answer closes a connection that carried its one request")
+
+	held := cfg
+	held.Limits.FirstByteTimeout, held.Limits.MaxBodyBytes = 300*time.Millisecond, 1<<20
+	applied, needRestart, err = f.r.Reload(held)
+	require.NoError(t, err)
+	assert.Empty(t, applied)
+	assert.Equal(t, []string{"limits"}, needRestart)
+	assert.Equal(t, cfg.Limits, f.r.CurrentConfig().Limits, "the whole key keeps its running value")
+	assert.GreaterOrEqual(t, waited(), 1200*time.Millisecond)
+	f.assertIdle()
+}
+
 func TestReloadRefusesABadConfigAndKeepsServing(t *testing.T) {
 	f := startFleet(t, mocks(1, 1, 0), nil)
 	bad := f.r.CurrentConfig()

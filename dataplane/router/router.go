@@ -241,11 +241,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		Selector: sel, Retries: cfg.Router.Retries, RetryBudget: retryBudget(cfg.Router.RetryBudget),
 		MaxBodyBytes: int(cfg.Limits.MaxBodyBytes), MaxHeaderBytes: int(cfg.Limits.MaxHeaderBytes),
 		ReadTimeout: cfg.Limits.ReadTimeout, WriteTimeout: cfg.Limits.WriteTimeout,
-		IdleTimeout: cfg.Limits.IdleTimeout, ConnectTimeout: cfg.Limits.ConnectTimeout,
-		FirstByteTimeout: cfg.Limits.FirstByteTimeout, StreamIdleTimeout: cfg.Limits.StreamIdleTimeout,
-		AnswerBufferBytes: int(cfg.Limits.AnswerBufferBytes), MaxConnections: cfg.Limits.MaxConnections, Logger: log,
-		MaxRequestsPerConnection: cfg.Limits.MaxRequestsPerConnection,
-		Policy:                   frontendPolicy(cfg), Disagg: disaggOptions(cfg.Router.Disaggregation),
+		IdleTimeout: cfg.Limits.IdleTimeout, MaxConnections: cfg.Limits.MaxConnections, Logger: log,
+		Policy: frontendPolicy(cfg), Disagg: disaggOptions(cfg.Router.Disaggregation),
 		QueueSize: cfg.Router.Queue.Size, QueueTimeout: cfg.Router.Queue.Timeout,
 		APIKeys: &r.APIKeys, WorkerAPIKey: &r.workerKey,
 	}
@@ -599,6 +596,9 @@ func frontendPolicy(cfg config.Config) frontend.Policy {
 		p.RealIP = &frontend.RealIP{Header: cfg.RealIP.Header, From: from}
 	}
 	p.ForwardedCertFrom, _ = cfg.ForwardedClientCert.Prefixes()
+	l := cfg.Limits
+	p.Limits = frontend.Limits{ConnectTimeout: l.ConnectTimeout, FirstByteTimeout: l.FirstByteTimeout, StreamIdleTimeout: l.StreamIdleTimeout,
+		AnswerBufferBytes: int(l.AnswerBufferBytes), MaxRequestsPerConnection: l.MaxRequestsPerConnection}
 	return p
 }
 

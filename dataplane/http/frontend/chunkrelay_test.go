@@ -76,7 +76,7 @@ func TestARelayedStreamTakesAnyFramingFromItsWorker(t *testing.T) {
 		}
 		return events
 	})
-	reg, _, url := serveOne(t, addr, Options{StreamIdleTimeout: 5 * time.Second}, nil)
+	reg, _, url := serveOne(t, addr, Options{Policy: Policy{Limits: Limits{StreamIdleTimeout: 5 * time.Second}}}, nil)
 
 	for i, wantBody := range []string{want, "data: a\n\n", want} {
 		got, err := postStream(t, url)
@@ -97,7 +97,7 @@ func TestABrokenChunkEndsTheStreamWithAnErrorEvent(t *testing.T) {
 	addr := rawWorker(t, 20*time.Millisecond, func(int) []string {
 		return []string{sseHead + "9\r\ndata: a\n\n\r\n", "zz\r\n"}
 	})
-	reg, s, url := serveOne(t, addr, Options{StreamIdleTimeout: 5 * time.Second}, nil)
+	reg, s, url := serveOne(t, addr, Options{Policy: Policy{Limits: Limits{StreamIdleTimeout: 5 * time.Second}}}, nil)
 	got, err := postStream(t, url)
 	require.Error(t, err, "cut for the client")
 	before, event, ok := strings.Cut(got, "\n\ndata: {\"error\":")
@@ -128,7 +128,7 @@ func TestARelayedStreamWaitsForASlowClient(t *testing.T) {
 		_, err := io.WriteString(c, strings.Join(pieces, ""))
 		return err == nil
 	})
-	reg, _, url := serveOne(t, addr, Options{StreamIdleTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}, nil)
+	reg, _, url := serveOne(t, addr, Options{WriteTimeout: 5 * time.Second, Policy: Policy{Limits: Limits{StreamIdleTimeout: 5 * time.Second}}}, nil)
 
 	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 		return rc.Control(func(fd uintptr) {
@@ -166,7 +166,7 @@ func TestARelayedSilentStreamIsCutOneIdleGapAfterItsLastBytes(t *testing.T) {
 		<-release // silent from here
 		return false
 	})
-	reg, s, url := serveOne(t, addr, Options{StreamIdleTimeout: idle}, nil)
+	reg, s, url := serveOne(t, addr, Options{Policy: Policy{Limits: Limits{StreamIdleTimeout: idle}}}, nil)
 	start := time.Now()
 	got, err := postStream(t, url)
 	took := time.Since(start)
@@ -194,7 +194,7 @@ func TestAWorkerThatClosesRightAfterAChunkBreaksTheStreamAtOnce(t *testing.T) {
 		_, _ = io.WriteString(c, "9\r\ndata: b\n\n\r\n")
 		return false // closed at once
 	})
-	reg, _, url := serveOne(t, addr, Options{StreamIdleTimeout: 10 * time.Second}, nil)
+	reg, _, url := serveOne(t, addr, Options{Policy: Policy{Limits: Limits{StreamIdleTimeout: 10 * time.Second}}}, nil)
 	for range 10 { // the close comes with the last bytes in most tries, not all
 		start := time.Now()
 		got, err := postStream(t, url)

@@ -138,7 +138,7 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 		pre.prepare(ctx, u, w, body, &ex.rankBuf)
 		pre.res.Dispatched()
 		t := time.Now()
-		err := pre.send(u, ex.token, t, s.opts.FirstByteTimeout, &ex.stop)
+		err := pre.send(u, ex.token, t, &ex.pol.Limits, &ex.stop)
 		if err == nil {
 			u.stats.answered(pre.resp.StatusCode(), time.Since(t))
 			if ok, moved := ex.prefilled(ctx, w, start); !moved {
@@ -175,7 +175,7 @@ func (ex *exchange) prefillVLLM(ctx *fasthttp.RequestCtx) bool {
 func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, start time.Time) (ok, moved bool) {
 	s, pre := ex.s, ex.prefillLeg()
 	var err error
-	pre.answer, err = pre.readAll(pre.answer[:0], s.opts.AnswerBufferBytes)
+	pre.answer, err = pre.readAll(pre.answer[:0], ex.pol.AnswerBufferBytes)
 	status := pre.resp.StatusCode()
 	pre.endConn(ex.token)
 	pre.res.Release()
@@ -189,7 +189,7 @@ func (ex *exchange) prefilled(ctx *fasthttp.RequestCtx, w *dataplane.Worker, sta
 	case errors.Is(err, errAnswerTooLarge): // the worker answered: the limit is the router's
 		s.reportAnswer(w, true)
 		return ex.answerPrefill(ctx, fasthttp.StatusBadGateway, "upstream_error",
-			fmt.Sprintf("prefill worker %d answered more than limits.answer_buffer_bytes (%d bytes)", w.ID(), s.opts.AnswerBufferBytes), outcomeUpstreamError), false
+			fmt.Sprintf("prefill worker %d answered more than limits.answer_buffer_bytes (%d bytes)", w.ID(), ex.pol.AnswerBufferBytes), outcomeUpstreamError), false
 	case err != nil:
 		s.statsOf(w).failed(failCut)
 		s.reportAnswer(w, false)
@@ -267,12 +267,12 @@ func (ex *exchange) bootstrapPrefill(pre *prefillLeg, w *dataplane.Worker) {
 	defer close(pre.done)
 	start, u := time.Now(), s.upstreamOf(w)
 	pre.res.Dispatched()
-	err := pre.send(u, ex.token, start, s.opts.FirstByteTimeout, &ex.stop)
+	err := pre.send(u, ex.token, start, &ex.pol.Limits, &ex.stop)
 	status, cut := 0, false
 	if err == nil {
 		status = pre.resp.StatusCode()
 		u.stats.answered(status, time.Since(start))
-		pre.answer, err = pre.readAll(pre.answer[:0], s.opts.AnswerBufferBytes)
+		pre.answer, err = pre.readAll(pre.answer[:0], ex.pol.AnswerBufferBytes)
 		cut = err != nil && !errors.Is(err, errAnswerTooLarge)
 		if err == nil && status >= fasthttp.StatusBadRequest {
 			err = fmt.Errorf("answered %d: %s", status, excerpt(pre.answer))
@@ -303,7 +303,7 @@ func (ex *exchange) bootstrapPrefill(pre *prefillLeg, w *dataplane.Worker) {
 	}
 	s.reportAnswer(w, status > 0 && status < fasthttp.StatusInternalServerError)
 	s.metrics.phases[phasePrefill][outcomeUpstreamError].Inc()
-	pre.err = fmt.Errorf("prefill worker %d failed: %s", w.ID(), s.failureReason(w.ID(), err))
+	pre.err = fmt.Errorf("prefill worker %d failed: %s", w.ID(), ex.failureReason(w.ID(), err))
 	if ex.stop.CompareAndSwap(0, stopPrefill) {
 		ex.cut(ex.token) // the decode request waits for a prefill that will never come
 	}
@@ -374,7 +374,7 @@ func (ex *exchange) prefillLeg() *prefillLeg {
 // prefillFailed answers a prefill that got no whole answer from any
 // prefill worker tried.
 func (ex *exchange) prefillFailed(ctx *fasthttp.RequestCtx, w *dataplane.Worker, err, retryErr error) bool {
-	msg := fmt.Sprintf("prefill worker %d %s: %s", w.ID(), failedHow(err), ex.s.failureReason(w.ID(), err))
+	msg := fmt.Sprintf("prefill worker %d %s: %s", w.ID(), failedHow(err), ex.failureReason(w.ID(), err))
 	switch {
 	case retryErr == errRetryBudget:
 		msg += "; " + retryErr.Error()

@@ -454,7 +454,7 @@ func (ex *exchange) dispatch(ctx *fasthttp.RequestCtx) (streamed bool) {
 		ex.res.Dispatched()
 		t := time.Now()
 		ex.sent = t.Sub(ex.start)
-		err := ex.send(u, ex.token, t, s.opts.FirstByteTimeout, &ex.stop)
+		err := ex.send(u, ex.token, t, &ex.pol.Limits, &ex.stop)
 		if err == nil {
 			ex.headCame(u, w, t)
 			if why := ex.movesOn(w); why != stays {
@@ -616,7 +616,7 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.
 	body := ex.resp.BodyStream()
 	ex.sse = bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream)
 	n := ex.resp.Header.ContentLength()
-	if body != nil && (ex.stream || ex.sse || n < 0 || n > ex.s.opts.AnswerBufferBytes) {
+	if body != nil && (ex.stream || ex.sse || n < 0 || n > ex.pol.AnswerBufferBytes) {
 		// From here a client that leaves is noticed by fasthttp's next
 		// write of a chunk.
 		ex.unwatch()
@@ -809,7 +809,7 @@ func (ex *exchange) recordStored(doc []byte, key string) {
 // limits.answer_buffer_bytes (respond, movesOn). False: the answer
 // broke, and the client got an error.
 func (ex *exchange) readWhole(ctx *fasthttp.RequestCtx, w *dataplane.Worker) bool {
-	b, err := ex.readAll(ex.answer[:0], ex.s.opts.AnswerBufferBytes)
+	b, err := ex.readAll(ex.answer[:0], ex.pol.AnswerBufferBytes)
 	if err != nil {
 		ex.answer = b[:0]
 		ctx.Response.ResetBody()
@@ -868,7 +868,7 @@ func (ex *exchange) movesOn(w *dataplane.Worker) moveKind {
 		return stays
 	}
 	n := ex.resp.Header.ContentLength()
-	if n < 0 || n > s.opts.AnswerBufferBytes || bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream) {
+	if n < 0 || n > ex.pol.AnswerBufferBytes || bytes.HasPrefix(ex.resp.Header.ContentType(), eventStream) {
 		return stays
 	}
 	return why
@@ -975,7 +975,7 @@ func (ex *exchange) errorEvent(err error) []byte {
 	if isTimeout(err) {
 		status, typ = fasthttp.StatusGatewayTimeout, "upstream_timeout"
 		msg = fmt.Sprintf("worker %d sent nothing for %v (limits.stream_idle_timeout); the stream is cut",
-			ex.res.Worker().ID(), ex.s.opts.StreamIdleTimeout)
+			ex.res.Worker().ID(), ex.pol.StreamIdleTimeout)
 	}
 	var b errorBody
 	b.Error.Message, b.Error.Type, b.Error.Code = msg, typ, status
@@ -1008,7 +1008,7 @@ func (ex *exchange) failSplit(ctx *fasthttp.RequestCtx, err error) {
 
 // fail answers a dispatch that got no response from any worker tried.
 func (ex *exchange) fail(ctx *fasthttp.RequestCtx, worker uint64, err, retryErr error) {
-	reason, how := ex.s.failureReason(worker, err), failedHow(err)
+	reason, how := ex.failureReason(worker, err), failedHow(err)
 	if perr := ex.s.sel.Unanswered(&ex.req, worker, how+" ("+reason+")"); perr != nil {
 		writeSelectError(ctx, perr) // a hard session's pinned worker is gone
 		ex.status = ctx.Response.StatusCode()
@@ -1298,12 +1298,12 @@ func failedHow(err error) string {
 // its first byte, whose deadline depends on limits.stream_idle_timeout; an
 // answer that could not be read is logged whole, since what the worker
 // sent is for the operator, not the client.
-func (s *Server) failureReason(worker uint64, err error) string {
+func (ex *exchange) failureReason(worker uint64, err error) string {
 	broke, inAnswer := errors.AsType[*answerBroke](err)
 	switch {
 	case inAnswer && broke.unreadable:
-		s.log.Warn("a worker's answer could not be read", "worker", worker, "err", err)
-	case inAnswer && isTimeout(err) && s.opts.StreamIdleTimeout > 0: // each read after the first had its own deadline
+		ex.s.log.Warn("a worker's answer could not be read", "worker", worker, "err", err)
+	case inAnswer && isTimeout(err) && ex.pol.StreamIdleTimeout > 0: // each read after the first had its own deadline
 		return "nothing more came within limits.stream_idle_timeout"
 	case inAnswer && isTimeout(err):
 		return "the whole answer did not come within limits.first_byte_timeout"

@@ -46,29 +46,18 @@ type Options struct {
 	ReadTimeout    time.Duration // client request read (headers and body)
 	WriteTimeout   time.Duration // client response write
 	IdleTimeout    time.Duration // keep-alive idle
-	ConnectTimeout time.Duration // dial to a worker
 	// NameCacheTime is how long a worker's host name's addresses are used
 	// before it is looked up again (0: dataplane.NameCacheTime).
 	NameCacheTime time.Duration
 	// DialsPerWorker bounds the connects in flight to one worker (0:
 	// DefaultDialsPerWorker); the others wait their turn (up to
-	// FirstByteTimeout) instead of all racing for its accept queue.
-	DialsPerWorker    int
-	FirstByteTimeout  time.Duration // a worker's response headers
-	StreamIdleTimeout time.Duration // gap between two reads of a worker's answer
-	// AnswerBufferBytes is the largest non-streamed answer read whole
-	// before it is sent (0: DefaultAnswerBufferBytes); a larger one, or one
-	// of unknown length, is passed through as it comes. A prefill answer
-	// over it fails the request.
-	AnswerBufferBytes int
+	// Policy.FirstByteTimeout) instead of all racing for its accept queue.
+	DialsPerWorker int
 	// MaxConnections bounds the client connections open at once (0:
 	// DefaultMaxConnections()): beyond, new ones wait in the listen queue
 	// until one closes.
 	MaxConnections int
-	// MaxRequestsPerConnection is how many requests a client connection
-	// carries before its answer closes it (0: no limit).
-	MaxRequestsPerConnection int
-	Logger                   *slog.Logger
+	Logger         *slog.Logger
 	// Policy is what a reload may change of how requests are treated
 	// (SetPolicy).
 	Policy Policy
@@ -153,9 +142,6 @@ func New(opts Options) *Server {
 	}
 	if opts.MaxConnections <= 0 {
 		opts.MaxConnections = DefaultMaxConnections()
-	}
-	if opts.AnswerBufferBytes <= 0 {
-		opts.AnswerBufferBytes = DefaultAnswerBufferBytes
 	}
 	s := &Server{
 		opts:      opts,
@@ -471,7 +457,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		return // the answer is sent from the take-over (runTaken, beginStream)
 	}
 	s.markCORS(ctx)
-	if s.closing.Load() || (cc != nil && cc.spent(s.opts.MaxRequestsPerConnection)) {
+	if s.closing.Load() || (cc != nil && cc.spent(s.policy.Load().MaxRequestsPerConnection)) {
 		closeAfter(&ctx.Response.Header)
 	}
 	if cc != nil && s.keepsAlive(ctx) {

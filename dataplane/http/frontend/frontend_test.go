@@ -3,6 +3,7 @@ package frontend
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -168,7 +169,9 @@ func serveOne(t testing.TB, addr string, opts Options, dial func(string, time.Du
 	require.NoError(t, err)
 	opts.Selector, err = dataplane.NewSelector(reg, pickers.ModeRoundRobin, 0)
 	require.NoError(t, err)
-	opts.ConnectTimeout, opts.FirstByteTimeout, opts.Logger = 2*time.Second, 5*time.Second, slog.New(slog.DiscardHandler)
+	opts.Policy.ConnectTimeout = cmp.Or(opts.Policy.ConnectTimeout, 2*time.Second)
+	opts.Policy.FirstByteTimeout = cmp.Or(opts.Policy.FirstByteTimeout, 5*time.Second)
+	opts.Logger = slog.New(slog.DiscardHandler)
 	s := New(opts)
 	if dial != nil {
 		s.dial = dial
@@ -198,7 +201,7 @@ func TestStreamedAnswersEndHoweverFramed(t *testing.T) {
 		}
 		return []string{sse + "9\r\ndata: a\n\n\r\n", "9\r\ndata: b\n\n\r\n", "0\r\n\r\n"}
 	})
-	reg, s, url := serveOne(t, addr, Options{StreamIdleTimeout: 5 * time.Second}, nil)
+	reg, s, url := serveOne(t, addr, Options{Policy: Policy{Limits: Limits{StreamIdleTimeout: 5 * time.Second}}}, nil)
 
 	for i := 0; i < 4; i++ {
 		resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
@@ -284,15 +287,16 @@ func (c *deadlineConn) Read(p []byte) (int, error) { return 1, nil }
 // earlier than asked.
 func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 	dc := &deadlineConn{}
-	tc := &trackedConn{Conn: dc, idle: 8 * time.Second}
+	tc := &trackedConn{Conn: dc}
+	const idle = 8 * time.Second
 	tc.init(dc)
 	first := time.Now().Add(80 * time.Second)
-	require.NoError(t, tc.arm(first, 10*time.Second))
+	require.NoError(t, tc.arm(first, 10*time.Second, idle))
 	assert.Equal(t, 1, dc.calls, "one call sets both deadlines")
 	assert.False(t, dc.rd.Before(first))
 	for range 100 { // short answers: one read each
 		d := time.Now().Add(80 * time.Second)
-		require.NoError(t, tc.arm(d, 10*time.Second))
+		require.NoError(t, tc.arm(d, 10*time.Second, idle))
 		_, _ = tc.Read(make([]byte, 1))
 		assert.False(t, dc.rd.Before(d), "never earlier than asked")
 		assert.False(t, dc.wd.Before(d))
@@ -300,7 +304,7 @@ func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 	assert.Equal(t, 1, dc.calls, "no deadline call per request")
 
 	later := time.Now().Add(200 * time.Second) // a longer wait than the one set
-	require.NoError(t, tc.arm(later, 25*time.Second))
+	require.NoError(t, tc.arm(later, 25*time.Second, idle))
 	assert.Equal(t, 2, dc.calls)
 
 	for range 50 { // a stream: reads after the first wait up to idle
@@ -309,7 +313,7 @@ func TestUpstreamDeadlinesAreCoarse(t *testing.T) {
 	assert.Equal(t, 3, dc.calls, "one idle deadline for reads in quick succession")
 	assert.WithinDuration(t, time.Now().Add(9*time.Second), dc.rd, time.Second)
 
-	require.NoError(t, tc.arm(time.Time{}, 0))
+	require.NoError(t, tc.arm(time.Time{}, 0, 0))
 	assert.True(t, dc.rd.IsZero() && dc.wd.IsZero(), "no limit clears both")
 }
 
@@ -375,8 +379,7 @@ func TestASilentStreamIsCutOneIdleGapAfterItsLastBytes(t *testing.T) {
 	worker, tc := upstreamPair(t)
 	c := &upCall{conn: tc, connOf: &upstream{hc: &fasthttp.HostClient{}}, br: bufio.NewReaderSize(tc, 4096)}
 	const idle = 400 * time.Millisecond
-	tc.idle = idle
-	require.NoError(t, tc.arm(time.Time{}, 0))
+	require.NoError(t, tc.arm(time.Time{}, 0, idle))
 	_, err := worker.Write([]byte("head"))
 	require.NoError(t, err)
 	_, err = c.br.Peek(4) // the answer's first read
@@ -627,7 +630,7 @@ func clientPair(t *testing.T) (peer net.Conn, cc *clientConn) {
 // connection (no idle deadline) and whose accepted end plays the worker.
 func upstreamPair(t *testing.T) (worker net.Conn, tc *trackedConn) {
 	conn, worker := loopbackPair(t, func(ln net.Listener) (net.Conn, error) { return ln.Accept() })
-	tc = newTrackedConn(conn, xsync.NewMapOf[net.Conn, struct{}](), 0)
+	tc = newTrackedConn(conn, xsync.NewMapOf[net.Conn, struct{}]())
 	t.Cleanup(func() { _ = tc.Close() })
 	return worker, tc
 }
@@ -1152,7 +1155,7 @@ func TestAnAnswerOverTheBufferPassesThroughAsItComes(t *testing.T) {
 		return err == nil
 	})
 	var toClient atomic.Int32
-	reg, _, url := serveOne(t, addr, Options{AnswerBufferBytes: limit}, nil,
+	reg, _, url := serveOne(t, addr, Options{Policy: Policy{Limits: Limits{AnswerBufferBytes: limit}}}, nil,
 		func(_ *Server, ln net.Listener) net.Listener { return writeCounter{ln, &toClient} })
 	client := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(client.CloseIdleConnections)
@@ -1666,10 +1669,7 @@ func TestAnAnswerThatStallsNamesItsDeadline(t *testing.T) {
 		200 * time.Millisecond: "worker 1 broke its answer: nothing more came within limits.stream_idle_timeout",
 		0:                      "worker 1 broke its answer: the whole answer did not come within limits.first_byte_timeout",
 	} {
-		reg, _, url := serveOne(t, addr, Options{StreamIdleTimeout: idle}, nil, func(s *Server, ln net.Listener) net.Listener {
-			s.opts.FirstByteTimeout = 600 * time.Millisecond
-			return ln
-		})
+		reg, _, url := serveOne(t, addr, Options{Policy: Policy{Limits: Limits{StreamIdleTimeout: idle, FirstByteTimeout: 600 * time.Millisecond}}}, nil)
 		resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m"}`))
 		require.NoError(t, err)
 		body, _ := io.ReadAll(resp.Body)

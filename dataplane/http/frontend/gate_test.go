@@ -300,7 +300,7 @@ func TestADrainServesTheRequestsOnTheirWay(t *testing.T) {
 // keep it alive.
 func TestAConnectionCarriesMaxRequests(t *testing.T) {
 	addr := streamOrPlainWorker(t)
-	reg, _, url := serveOne(t, addr, Options{MaxRequestsPerConnection: 3}, nil)
+	reg, _, url := serveOne(t, addr, Options{Policy: Policy{Limits: Limits{MaxRequestsPerConnection: 3}}}, nil)
 	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
 	for _, last := range []string{"plain", "stream"} {
 		c, err := net.Dial("tcp", front)

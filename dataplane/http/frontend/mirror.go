@@ -26,6 +26,7 @@ type mirrorCopy struct {
 	req     dataplane.Request
 	res     dataplane.Reservation
 	rule    *mirrors.Rule
+	pol     *policy // the policy in force as its request began
 	uri     []byte
 	body    []byte // the client's body naming the shadow model
 	rankBuf []byte
@@ -59,7 +60,7 @@ func (ex *exchange) mirror(ctx *fasthttp.RequestCtx, t *mirrors.Table) {
 		r.Done(mirrors.Skipped)
 		return
 	}
-	c.rule = r
+	c.rule, c.pol = r, ex.pol
 	c.stop.Store(0)
 	c.own.Reset()
 	ctx.Request.Header.CopyTo(&c.own.Header) // without the client's API key (authenticate)
@@ -72,7 +73,7 @@ func (ex *exchange) mirror(ctx *fasthttp.RequestCtx, t *mirrors.Table) {
 // sendCopy sends a copy, drops its answer and counts how it ended.
 func (s *Server) sendCopy(c *mirrorCopy) {
 	c.rule.Done(s.runCopy(c))
-	c.rule = nil
+	c.rule, c.pol = nil, nil
 	s.copying.Delete(c)
 	if cap(c.body) > rewrittenBodyKept {
 		c.body = nil
@@ -104,7 +105,7 @@ func (s *Server) runCopy(c *mirrorCopy) mirrors.Outcome {
 	c.upCall.prepare(u, w, c.uri, c.body, nil, c.res.Rank(), &c.rankBuf)
 	c.res.Dispatched()
 	t := time.Now()
-	err := c.send(u, copyToken, t, s.opts.FirstByteTimeout, &c.stop)
+	err := c.send(u, copyToken, t, &c.pol.Limits, &c.stop)
 	if err != nil {
 		if c.stop.Load() == 0 {
 			u.stats.failed(failureOf(err))

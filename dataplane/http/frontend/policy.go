@@ -3,6 +3,7 @@ package frontend
 import (
 	"net/netip"
 	"slices"
+	"time"
 )
 
 // Policy is what a reload may change of how the front end treats
@@ -40,6 +41,24 @@ type Policy struct {
 	// terminates mutual TLS) whose x-forwarded-client-cert names their
 	// client's certificate (certName); that header goes to no worker.
 	ForwardedCertFrom []netip.Prefix
+	Limits
+}
+
+// Limits are the bounds of a request's exchange with its worker and of a
+// client connection's requests that a reload may change (a connection to
+// a worker dialed before keeps the connect timeout it was dialed with).
+type Limits struct {
+	ConnectTimeout    time.Duration // dial to a worker
+	FirstByteTimeout  time.Duration // a worker's response headers
+	StreamIdleTimeout time.Duration // gap between two reads of a worker's answer
+	// AnswerBufferBytes is the largest non-streamed answer read whole
+	// before it is sent (0: DefaultAnswerBufferBytes); a larger one, or one
+	// of unknown length, is passed through as it comes. A prefill answer
+	// over it fails the request.
+	AnswerBufferBytes int
+	// MaxRequestsPerConnection is how many requests a client connection
+	// carries before its answer closes it (0: no limit).
+	MaxRequestsPerConnection int
 }
 
 // policy is a Policy made ready for the request path.
@@ -54,6 +73,9 @@ type policy struct {
 func (s *Server) SetPolicy(p Policy) {
 	if s.opts.AccessLog == nil {
 		p.Access = AccessOff
+	}
+	if p.AnswerBufferBytes <= 0 {
+		p.AnswerBufferBytes = DefaultAnswerBufferBytes
 	}
 	ready := &policy{Policy: p, routes: map[string]struct{}{}, cors: newCORS(p.CORSOrigins)}
 	for _, r := range append(slices.Clone(engineRoutes), p.Routes...) {

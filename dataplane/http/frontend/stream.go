@@ -106,7 +106,7 @@ func (ex *exchange) sendStream(c, conn net.Conn, keep, framed bool) {
 // carried limits.max_requests_per_connection requests.
 func (s *Server) keepAfter(ctx *fasthttp.RequestCtx, c net.Conn) bool {
 	cc, _ := ctx.Conn().(*clientConn)
-	return cc != nil && cc.gate != nil && !cc.spent(s.opts.MaxRequestsPerConnection) && !cc.pipelined(c) && s.keepsAlive(ctx)
+	return cc != nil && cc.gate != nil && !cc.spent(s.policy.Load().MaxRequestsPerConnection) && !cc.pipelined(c) && s.keepsAlive(ctx)
 }
 
 // keepsAlive says the answer to ctx's request leaves its connection open

@@ -137,8 +137,7 @@ func (ex *exchange) refusalMoves(w *dataplane.Worker, status int) bool {
 // limits.first_byte_timeout of start. An error after the answer's first
 // byte is an answerBroke: the worker got the request.
 func (ex *exchange) handshake(ctx *fasthttp.RequestCtx, u *upstream, w *dataplane.Worker, up net.Conn, upgrade []byte, start time.Time) (*bufio.Reader, error) {
-	s := ex.s
-	if d := s.opts.FirstByteTimeout; d > 0 {
+	if d := ex.pol.FirstByteTimeout; d > 0 {
 		_ = up.SetDeadline(start.Add(d))
 	}
 	ex.prepare(ctx, u, w)
@@ -157,7 +156,7 @@ func (ex *exchange) handshake(ctx *fasthttp.RequestCtx, u *upstream, w *dataplan
 	if _, err := upIn.Peek(1); err != nil {
 		return nil, err
 	}
-	if err := ex.resp.ReadLimitBody(upIn, s.opts.AnswerBufferBytes); err != nil {
+	if err := ex.resp.ReadLimitBody(upIn, ex.pol.AnswerBufferBytes); err != nil {
 		return nil, &answerBroke{err: err}
 	}
 	_ = up.SetDeadline(time.Time{})
@@ -195,7 +194,7 @@ func (ex *exchange) relayTunnel(ctx *fasthttp.RequestCtx, c, up net.Conn, upIn *
 	s.upConns.Store(up, struct{}{})
 	st.open.Add(1)
 	s.tunnels.Add(1)
-	t := tunnel{idle: s.opts.StreamIdleTimeout}
+	t := tunnel{idle: ex.pol.StreamIdleTimeout}
 	t.last.Store(time.Now().UnixNano())
 	opening := ctx.Response.Header.AppendBytes(nil)
 	if n := upIn.Buffered(); n > 0 {

@@ -127,7 +127,6 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 		spec := w.Spec()
 		host := spec.Host()
 		stats := newWorkerStats()
-		dialTimeout, queueTimeout := s.opts.ConnectTimeout, s.opts.FirstByteTimeout
 		// Connections go to the spec's address (fasthttp's would take
 		// port 80 for an https:// URL that names none), or its socket.
 		addr, dial := spec.Address(), s.dial
@@ -139,10 +138,11 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 		}
 		turns := make(chan struct{}, cmp.Or(s.opts.DialsPerWorker, DefaultDialsPerWorker))
 		connect := func() (net.Conn, error) {
-			if err := takeTurn(turns, queueTimeout); err != nil {
+			lim := &s.policy.Load().Limits // as in force now
+			if err := takeTurn(turns, lim.FirstByteTimeout); err != nil {
 				return nil, err
 			}
-			c, err := dialAside(dial, addr, dialTimeout)
+			c, err := dialAside(dial, addr, lim.ConnectTimeout)
 			<-turns
 			if err == nil {
 				stats.connects.Inc()
@@ -164,7 +164,7 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 				if err != nil {
 					return nil, err
 				}
-				tc := newTrackedConn(c, s.upConns, s.opts.StreamIdleTimeout)
+				tc := newTrackedConn(c, s.upConns)
 				tc.stats = stats
 				stats.open.Add(1)
 				tc.watchCloses(s.upCloses)
@@ -308,10 +308,10 @@ func began(err error) bool {
 // send writes c.up on a pooled connection of u and reads the answer's
 // headers, leaving its body to stream: an error other than answerBroke
 // means no byte of an answer came back, so the request may move to another
-// worker (retryable). The first
-// byte must come within firstByte of start, the time the caller took
-// before (0: no limit); once bytes flow the
-// connection's idle deadline takes over (trackedConn). token marks the
+// worker (retryable). The first byte must come within lim's
+// FirstByteTimeout of start, the time the caller took before (0: no
+// limit); once bytes flow the connection's idle deadline, lim's
+// StreamIdleTimeout, takes over (trackedConn). token marks the
 // connection as the caller's until endConn, so that cut (from another
 // goroutine, once stop is set) closes this connection and no other.
 //
@@ -320,13 +320,13 @@ func began(err error) bool {
 // timeout ran out): the request then goes again on another connection to
 // the same worker, until one that was never used before fails too. So a
 // worker's restart costs no request and no mark against its health.
-func (c *upCall) send(u *upstream, token uint32, start time.Time, firstByte time.Duration, stop *atomic.Uint32) error {
+func (c *upCall) send(u *upstream, token uint32, start time.Time, lim *Limits, stop *atomic.Uint32) error {
 	var deadline time.Time
-	if firstByte > 0 {
-		deadline = start.Add(firstByte)
+	if lim.FirstByteTimeout > 0 {
+		deadline = start.Add(lim.FirstByteTimeout)
 	}
 	for {
-		reused, err := c.sendOn(u, token, deadline, firstByte/8, stop)
+		reused, err := c.sendOn(u, token, deadline, lim, stop)
 		if err == nil || !reused || isTimeout(err) || began(err) || stop.Load() != 0 {
 			return err
 		}
@@ -334,8 +334,9 @@ func (c *upCall) send(u *upstream, token uint32, start time.Time, firstByte time
 }
 
 // sendOn is one try of send on one connection, due by deadline or up to
-// slack later; reused says the connection had carried a request before.
-func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, slack time.Duration, stop *atomic.Uint32) (reused bool, err error) {
+// an eighth of lim's FirstByteTimeout later; reused says the connection
+// had carried a request before.
+func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, lim *Limits, stop *atomic.Uint32) (reused bool, err error) {
 	h, tc, err := u.conns.acquire()
 	if err != nil {
 		return false, err
@@ -348,7 +349,7 @@ func (c *upCall) sendOn(u *upstream, token uint32, deadline time.Time, slack tim
 		c.endConn(token)
 		return reused, errStopped
 	}
-	if err = tc.arm(deadline, slack); err == nil {
+	if err = tc.arm(deadline, lim.FirstByteTimeout/8, lim.StreamIdleTimeout); err == nil {
 		bw := u.hc.AcquireWriter(tc)
 		// A client's Connection: close is for its own connection, and so
 		// is its protocol: an HTTP/1.0 client's request goes as HTTP/1.1,
@@ -522,9 +523,9 @@ func (c *upCall) readAll(dst []byte, limit int) ([]byte, error) {
 type trackedConn struct {
 	net.Conn
 	set    *xsync.MapOf[net.Conn, struct{}]
-	idle   time.Duration
-	rd, wd time.Time // the read and write deadlines set on Conn
-	reads  int       // reads of the current answer
+	idle   time.Duration // the current request's stream_idle_timeout (arm)
+	rd, wd time.Time     // the read and write deadlines set on Conn
+	reads  int           // reads of the current answer
 	// Of the current answer (arm resets them): a byte of it came, and the
 	// error a read of it returned.
 	answered bool
@@ -554,8 +555,8 @@ const (
 	connDead               // closed in the pool: its worker closed it (workerClosed)
 )
 
-func newTrackedConn(c net.Conn, set *xsync.MapOf[net.Conn, struct{}], idle time.Duration) *trackedConn {
-	tc := &trackedConn{Conn: c, set: set, idle: idle}
+func newTrackedConn(c net.Conn, set *xsync.MapOf[net.Conn, struct{}]) *trackedConn {
+	tc := &trackedConn{Conn: c, set: set}
 	tc.init(c)
 	tc.sock = tc.raw
 	if t, ok := c.(*tls.Conn); ok {
@@ -587,9 +588,10 @@ func coarse(cur, want time.Time, slack time.Duration) (next time.Time, ok bool) 
 
 // arm starts a request on the connection: its write and its answer's first
 // byte are due by deadline (zero: no limit), or up to slack later (an
-// eighth of the first-byte timeout).
-func (c *trackedConn) arm(deadline time.Time, slack time.Duration) error {
-	c.reads, c.waitLapsed, c.answered, c.readErr = 0, false, false, nil
+// eighth of the first-byte timeout), and each later read of its answer
+// within idle of the one before (zero: no limit).
+func (c *trackedConn) arm(deadline time.Time, slack, idle time.Duration) error {
+	c.reads, c.waitLapsed, c.answered, c.readErr, c.idle = 0, false, false, nil, idle
 	rd, rok := coarse(c.rd, deadline, slack)
 	wd, wok := coarse(c.wd, deadline, slack)
 	switch {
