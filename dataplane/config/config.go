@@ -321,8 +321,8 @@ type WorkerTLS struct {
 	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
 }
 
-// Verification is what a reload does not change: the roots, the name
-// checked and whether certificates are checked at all.
+// Verification is how workers' certificates are checked: the roots, the
+// name checked and whether they are checked at all.
 func (t WorkerTLS) Verification() WorkerTLS {
 	t.CertFile, t.KeyFile = "", ""
 	return t

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"crypto/tls"
 	"fmt"
 	"maps"
 	"os"
@@ -29,8 +28,8 @@ import (
 // ejections, the engines' stall bound, DNS discovery's names, the secrets
 // and the clients' API keys (read again from their files or the
 // environment), the certificates and revocation lists (tls, admin_tls's
-// certificate and CAs, worker_tls's client certificate while its CA file
-// holds what the start read: read again), aliases,
+// certificate and CAs, worker_tls's client certificate and the way
+// workers' certificates are checked: read again), aliases,
 // mirrors, tracing's sample ratio, metrics_public and the shutdown keys. A
 // config that fails validation is refused with the same error as at
 // start, and nothing changes. A key a running router cannot change (a
@@ -80,20 +79,20 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		}
 		adminRead = &files
 	}
-	// worker_tls's client certificate is read again unless the way workers'
-	// certificates are checked changed too: that waits for a restart, and
-	// the whole key with it, a CA file replaced under its name included.
-	workerTLSApplies := old.WorkerTLS.Verification() == cfg.WorkerTLS.Verification()
-	var workerCert *tls.Certificate
-	if workerTLSApplies {
-		roots, err := readWorkerRoots(cfg.WorkerTLS)
-		if err != nil {
-			return nil, nil, err
-		}
-		workerTLSApplies = roots.Equal(r.workerTLS.RootCAs)
-		if workerCert, err = readClientCertificate(cfg.WorkerTLS); err != nil {
-			return nil, nil, err
-		}
+	// worker_tls's files, read before anything applies: its client
+	// certificate, and a new configuration of the connections to workers
+	// when the way their certificates are checked changed (a CA file
+	// replaced under its name included).
+	workerCert, err := readClientCertificate(cfg.WorkerTLS)
+	if err != nil {
+		return nil, nil, err
+	}
+	workerTLS, err := r.workerCert.workerConfig(cfg.WorkerTLS)
+	if err != nil {
+		return nil, nil, err
+	}
+	if old.WorkerTLS.Verification() == cfg.WorkerTLS.Verification() && workerTLS.RootCAs.Equal(r.workerTLS.RootCAs) {
+		workerTLS = nil // as it is
 	}
 	// Prefix affinity's slack and peers apply unless another of its keys
 	// changed too: that one waits for a restart, and the whole key with it.
@@ -145,8 +144,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"discovery":               dnsNamesApply,
 		"telemetry":               stallApplies, "health": healthApplies,
 		"limits": limitsApply, "log.format": old.Log.Format == cfg.Log.Format,
-		"tracing":    tracingApplies,
-		"worker_tls": workerTLSApplies,
+		"tracing": tracingApplies,
 	} {
 		if !same {
 			needRestart = append(needRestart, key)
@@ -283,15 +281,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if adminRead != nil {
 		applied = append(applied, r.applyAdminTLS(old.AdminTLS, cfg.AdminTLS, *adminRead)...)
 	}
-	workerCertApplies := workerTLSApplies && (cfg.WorkerTLS.CertFile != "" || old.WorkerTLS.CertFile != "")
-	if workerCertApplies {
-		r.workerCert.cur.Store(workerCert)
-		if workerCert != nil {
-			applied = append(applied, "worker_tls client certificate read again")
-		} else {
-			applied = append(applied, "worker_tls client certificate dropped")
-		}
-	}
+	applied = append(applied, r.applyWorkerTLS(old.WorkerTLS, cfg.WorkerTLS, workerCert, workerTLS)...)
 
 	next := old // what runs now: the applied keys new, the others as they were
 	next.Router.Mode, next.Router.BusyThreshold, next.Router.Retries = cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.Retries
@@ -327,9 +317,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		next.Telemetry = cfg.Telemetry
 	}
 	next.Router = routedConfig(next, cfg, affinityApplies, disaggApplies).Router
-	if workerTLSApplies {
-		next.WorkerTLS = cfg.WorkerTLS
-	}
+	next.WorkerTLS = cfg.WorkerTLS
 	if adminTLSApplies {
 		next.AdminTLS = cfg.AdminTLS
 	}

@@ -173,6 +173,45 @@ func (r *Router) applyAdminTLS(old, t config.AdminTLS, files adminFiles) (applie
 	return applied
 }
 
+// applyWorkerTLS makes cert, read from t (the running config's was old),
+// the client certificate the next connections to workers show, and conf
+// (nil: as it is) their configuration: the front end's, the health
+// probes' and the engine scrapes'. It says what changed. The caller holds
+// reloadMu.
+func (r *Router) applyWorkerTLS(old, t config.WorkerTLS, cert *tls.Certificate, conf *tls.Config) (applied []string) {
+	switch {
+	case cert != nil:
+		applied = append(applied, "worker_tls client certificate read again")
+	case old.CertFile != "":
+		applied = append(applied, "worker_tls client certificate dropped")
+	}
+	r.workerCert.cur.Store(cert)
+	if conf == nil {
+		return applied
+	}
+	r.workerTLS = conf
+	r.Frontend.SetWorkerTLS(conf)
+	r.Health.SetTLS(conf)
+	if r.Engines != nil {
+		r.Engines.SetTLS(conf)
+	}
+	if t.CAFile != "" {
+		applied = append(applied, fmt.Sprintf("worker_tls.ca_file=%q read again", t.CAFile))
+	} else if old.CAFile != "" {
+		applied = append(applied, "worker_tls.ca_file dropped: workers' certificates checked against the system's roots")
+	}
+	if t.ServerName != old.ServerName {
+		applied = append(applied, fmt.Sprintf("worker_tls.server_name=%q", t.ServerName))
+	}
+	if t.InsecureSkipVerify != old.InsecureSkipVerify {
+		applied = append(applied, fmt.Sprintf("worker_tls.insecure_skip_verify=%v", t.InsecureSkipVerify))
+		if t.InsecureSkipVerify {
+			r.log.Warn("worker_tls.insecure_skip_verify: https:// workers' certificates are not checked")
+		}
+	}
+	return applied
+}
+
 // frontTLS is the front end's TLS configuration, read again by a reload:
 // its certificate, and with tls.client_ca_file the CAs whose certificate
 // every client must show (mutual TLS), checked against tls.client_crl_file's

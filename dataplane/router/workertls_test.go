@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -184,10 +185,8 @@ func TestAWorkerTheRouterCannotSpeakTLSWithIsUnreachable(t *testing.T) {
 }
 
 // A reload reads worker_tls's client certificate again: a worker that
-// refused the router's certificate takes the one the files hold now. A
-// reload that changes how workers' certificates are checked waits for a
-// restart (a CA file replaced under its name included), and one whose
-// certificate does not load is refused.
+// refused the router's certificate takes the one the files hold now; one
+// whose certificate does not load is refused.
 func TestAReloadReadsTheWorkersClientCertificateAgain(t *testing.T) {
 	c := newWorkerCerts(t)
 	dir := t.TempDir()
@@ -204,36 +203,12 @@ func TestAReloadReadsTheWorkersClientCertificateAgain(t *testing.T) {
 	cfg := f.r.CurrentConfig()
 	applied, needRestart, err := f.r.Reload(cfg)
 	require.NoError(t, err)
-	assert.Contains(t, applied, "worker_tls client certificate read again")
-	assert.NotContains(t, needRestart, "worker_tls")
+	assert.Equal(t, []string{"worker_tls client certificate read again"}, applied, "the CAs as they were: nothing else")
+	assert.Empty(t, needRestart)
 	require.Eventually(t, func() bool {
 		resp, _ := f.send(http.MethodPost, "/v1/chat/completions", chatBody)
 		return resp.StatusCode == http.StatusOK
 	}, 5*time.Second, 50*time.Millisecond, "new connections show the certificate read again")
-
-	changed := cfg
-	changed.WorkerTLS.ServerName = "vllm.internal"
-	applied, needRestart, err = f.r.Reload(changed)
-	require.NoError(t, err)
-	assert.Contains(t, needRestart, "worker_tls")
-	assert.NotContains(t, applied, "worker_tls client certificate read again", "the whole key waits")
-	assert.Empty(t, f.r.CurrentConfig().WorkerTLS.ServerName)
-
-	// The CA file replaced under its name (a CA rollover) needs a restart
-	// as a new name does, and says so; put back, the key applies again.
-	trusted, err := os.ReadFile(c.server.CertFile)
-	require.NoError(t, err)
-	other, _ := writeCert(t, t.TempDir(), 21)
-	copyFile(t, other.CertFile, c.server.CertFile)
-	applied, needRestart, err = f.r.Reload(cfg)
-	require.NoError(t, err)
-	assert.Equal(t, []string{"worker_tls"}, needRestart)
-	assert.NotContains(t, applied, "worker_tls client certificate read again", "the whole key waits")
-	require.NoError(t, os.WriteFile(c.server.CertFile, trusted, 0o600))
-	applied, needRestart, err = f.r.Reload(cfg)
-	require.NoError(t, err)
-	assert.Empty(t, needRestart)
-	assert.Contains(t, applied, "worker_tls client certificate read again")
 
 	bad := cfg
 	bad.WorkerTLS.KeyFile = c.server.KeyFile // another certificate's key
@@ -242,6 +217,54 @@ func TestAReloadReadsTheWorkersClientCertificateAgain(t *testing.T) {
 	assert.Equal(t, old.KeyFile, f.r.CurrentConfig().WorkerTLS.KeyFile)
 	resp, text = f.send(http.MethodPost, "/v1/chat/completions", chatBody)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, text)
+	f.assertIdle()
+}
+
+// A reload applies how workers' certificates are checked to the next
+// connection of the front end, the health probes and the engine scrapes:
+// a CA file replaced under its name (a CA rollover) makes a worker whose
+// certificate the new CA signed reachable, a server name its certificate
+// does not carry makes it unreachable again, and a CA file that does not
+// load is refused.
+func TestAReloadAppliesTheWorkersCAs(t *testing.T) {
+	c := newWorkerCerts(t)
+	other, _ := writeCert(t, t.TempDir(), 21)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	copyFile(t, other.CertFile, caFile)
+	f := startFleet(t, tlsMocks(1, workerTLSConf(t, c.server, "")), func(cfg *config.Config) {
+		cfg.WorkerTLS = config.WorkerTLS{CAFile: caFile}
+		cfg.Health.EjectAfter = 0
+	})
+	w1, _ := f.r.Registry.Get(1)
+	resp, text := f.send(http.MethodPost, "/v1/chat/completions", chatBody, "x-worker-id", "1")
+	require.GreaterOrEqual(t, resp.StatusCode, 500, "the worker's certificate is not trusted: %s", text)
+	require.Eventually(t, func() bool { return !w1.Healthy() }, 5*time.Second, 10*time.Millisecond, "its probes fail")
+
+	copyFile(t, c.server.CertFile, caFile)
+	cfg := f.r.CurrentConfig()
+	applied, needRestart, err := f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{`worker_tls.ca_file="` + caFile + `" read again`}, applied)
+	assert.Empty(t, needRestart)
+	require.Eventually(t, func() bool { return w1.Healthy() && w1.Engine() != nil }, 5*time.Second, 10*time.Millisecond,
+		"the probes and the scrapes trust it")
+	resp, text = f.send(http.MethodPost, "/v1/chat/completions", chatBody, "x-worker-id", "1")
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the front end's new connection trusts it: %s", text)
+
+	named := cfg
+	named.WorkerTLS.ServerName = "vllm.internal"
+	applied, needRestart, err = f.r.Reload(named)
+	require.NoError(t, err)
+	assert.Equal(t, []string{`worker_tls.ca_file="` + caFile + `" read again`, `worker_tls.server_name="vllm.internal"`}, applied)
+	assert.Empty(t, needRestart)
+	assert.Equal(t, "vllm.internal", f.r.CurrentConfig().WorkerTLS.ServerName)
+	require.Eventually(t, func() bool { return !w1.Healthy() && w1.Engine() == nil }, 5*time.Second, 10*time.Millisecond,
+		"the probes and the scrapes check the certificate for the new name on their next connections")
+
+	require.NoError(t, os.WriteFile(caFile, []byte("not a certificate"), 0o600))
+	_, _, err = f.r.Reload(cfg)
+	require.ErrorContains(t, err, "key worker_tls.ca_file")
+	assert.Equal(t, "vllm.internal", f.r.CurrentConfig().WorkerTLS.ServerName, "nothing applied")
 	f.assertIdle()
 }
 

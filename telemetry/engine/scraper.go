@@ -106,8 +106,8 @@ type Options struct {
 // Scraper polls every target's metrics concurrently each interval.
 type Scraper struct {
 	o         Options
-	client    *fasthttp.Client // keeps its connections alive; a socket's target has its own
-	mu        sync.Mutex       // guards state; never taken on the request path
+	client    atomic.Pointer[fasthttp.Client] // keeps its connections alive; a socket's target has its own; SetTLS replaces it
+	mu        sync.Mutex                      // guards state; never taken on the request path
 	state     map[uint64]*target
 	fallbacks atomic.Uint64
 	conns     openConns
@@ -148,10 +148,23 @@ func New(o Options) *Scraper {
 	}
 	s := &Scraper{o: o, state: map[uint64]*target{}, conns: openConns{set: map[*openConn]struct{}{}}}
 	s.SetStallAfter(o.StallAfter)
-	s.client = workerclient.TCP(s.clientOptions(), o.TLS, func(addr string, timeout time.Duration) (net.Conn, error) {
-		return s.conns.track(o.Dial(addr, timeout))
-	})
+	s.client.Store(s.tcpClient(o.TLS))
 	return s
+}
+
+// tcpClient is a client of the engines over TCP, speaking TLS under conf
+// to https:// ones.
+func (s *Scraper) tcpClient(conf *tls.Config) *fasthttp.Client {
+	return workerclient.TCP(s.clientOptions(), conf, func(addr string, timeout time.Duration) (net.Conn, error) {
+		return s.conns.track(s.o.Dial(addr, timeout))
+	})
+}
+
+// SetTLS replaces Options.TLS (a reload): the next scrape of an https://
+// engine connects under conf, and the connections kept under the old one
+// close (one in use when its scrape ends, at its idle timeout).
+func (s *Scraper) SetTLS(conf *tls.Config) {
+	s.client.Swap(s.tcpClient(conf)).CloseIdleConnections()
 }
 
 // SetStallAfter changes Options.StallAfter from the next reading on (a
@@ -364,7 +377,7 @@ func (s *Scraper) readRelayed(st *target) {
 func (s *Scraper) fetch(st *target) (Reading, error) {
 	var client interface {
 		DoDeadline(*fasthttp.Request, *fasthttp.Response, time.Time) error
-	} = s.client
+	} = s.client.Load()
 	if st.client != nil {
 		client = st.client
 	}

@@ -76,7 +76,7 @@ type Options struct {
 	TLS *tls.Config
 	// WorkerTLS is the configuration of connections to https:// workers,
 	// each given its host as the server name unless it names one (nil:
-	// the system's roots).
+	// the system's roots); SetWorkerTLS replaces it.
 	WorkerTLS *tls.Config
 	// APIKeys, when on, are the keys clients must present (authenticate),
 	// each with its caps (requests in flight, tokens and requests a
@@ -110,6 +110,7 @@ type Server struct {
 	metrics   *Metrics
 	queue     *waitQueue                          // requests waiting for a busy worker; nil: none wait
 	policy    atomic.Pointer[policy]              // what a reload may change of how requests are treated (SetPolicy)
+	workerTLS atomic.Pointer[tls.Config]          // Options.WorkerTLS, or what a reload replaced it with (SetWorkerTLS)
 	keys      *apikeys.Keys                       // clients' API keys; nil: none
 	retries   atomic.Int64                        // router.retries, reloadable
 	budget    atomic.Pointer[RetryBudget]         // router.retry_budget, reloadable; nil: none
@@ -184,6 +185,7 @@ func New(opts Options) *Server {
 		s.upCloses = w
 	}
 	s.SetPolicy(opts.Policy)
+	s.workerTLS.Store(opts.WorkerTLS)
 	s.retries.Store(int64(opts.Retries))
 	s.SetRetryBudget(opts.RetryBudget)
 	s.srv = &fasthttp.Server{

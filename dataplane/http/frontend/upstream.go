@@ -134,7 +134,8 @@ func (s *Server) upstreamOf(w *dataplane.Worker) *upstream {
 		case sock != "":
 			dial = func(_ string, timeout time.Duration) (net.Conn, error) { return net.DialTimeout("unix", sock, timeout) }
 		case spec.TLS():
-			dial = tlsDialer(s.dial, workerTLS(s.opts.WorkerTLS, spec.Hostname()))
+			confs := &workerTLSConfs{hostname: spec.Hostname()}
+			dial = tlsDialer(s.dial, func() *tls.Config { return confs.of(s.workerTLS.Load()) })
 		}
 		turns := make(chan struct{}, cmp.Or(s.opts.DialsPerWorker, DefaultDialsPerWorker))
 		connect := func() (net.Conn, error) {
@@ -221,10 +222,34 @@ func workerTLS(conf *tls.Config, hostname string) *tls.Config {
 // workerSessions is the TLS sessions kept per worker for resumption.
 const workerSessions = 16
 
-// tlsDialer returns dial followed by a TLS handshake under conf, both
-// within the dial's timeout. A handshake that fails fails the connect (a
-// worker whose certificate is not trusted is unreachable), closed.
-func tlsDialer(dial func(string, time.Duration) (net.Conn, error), conf *tls.Config) func(string, time.Duration) (net.Conn, error) {
+// SetWorkerTLS replaces Options.WorkerTLS (a reload): the next connection
+// to an https:// worker is made under conf, with a session cache of its
+// own (a session resumed would skip checks conf may have changed); those
+// open keep theirs.
+func (s *Server) SetWorkerTLS(conf *tls.Config) { s.workerTLS.Store(conf) }
+
+// workerTLSConfs is the configuration of one worker's connections
+// (workerTLS), made again from the front end's when a reload replaced it.
+type workerTLSConfs struct {
+	hostname string
+	cur      atomic.Pointer[[2]*tls.Config] // the front end's, and the worker's made from it
+}
+
+// of returns the worker's configuration made from base.
+func (w *workerTLSConfs) of(base *tls.Config) *tls.Config {
+	if p := w.cur.Load(); p != nil && p[0] == base {
+		return p[1]
+	}
+	conf := workerTLS(base, w.hostname)
+	w.cur.Store(&[2]*tls.Config{base, conf})
+	return conf
+}
+
+// tlsDialer returns dial followed by a TLS handshake under the
+// configuration conf returns, both within the dial's timeout. A handshake
+// that fails fails the connect (a worker whose certificate is not trusted
+// is unreachable), closed.
+func tlsDialer(dial func(string, time.Duration) (net.Conn, error), conf func() *tls.Config) func(string, time.Duration) (net.Conn, error) {
 	return func(addr string, timeout time.Duration) (net.Conn, error) {
 		start := time.Now()
 		c, err := dial(addr, timeout)
@@ -234,7 +259,7 @@ func tlsDialer(dial func(string, time.Duration) (net.Conn, error), conf *tls.Con
 		if timeout > 0 {
 			_ = c.SetDeadline(start.Add(timeout))
 		}
-		tc := tls.Client(c, conf)
+		tc := tls.Client(c, conf())
 		if err := tc.Handshake(); err != nil {
 			_ = c.Close()
 			return nil, &net.OpError{Op: "dial", Net: "tcp+tls", Addr: c.RemoteAddr(), Err: err}

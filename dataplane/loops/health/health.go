@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
@@ -51,7 +52,8 @@ const MaxAnswerBytes = 4 << 20
 type Checker struct {
 	reg      *dataplane.Registry
 	opts     Options
-	client   *fasthttp.Client
+	client   atomic.Pointer[fasthttp.Client] // of the workers over TCP; SetTLS replaces it
+	dial     fasthttp.DialFuncWithTimeout
 	sockets  map[string]*fasthttp.HostClient // the clients of workers on unix sockets, by path
 	failures map[uint64]int
 	mu       sync.Mutex // guards failures between Run and CheckOnce callers, and sockets
@@ -70,10 +72,18 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 		// Both address families: a worker on an IPv6 address, or a name
 		// with only AAAA records, is reachable; a name is looked up again
 		// every dataplane.NameCacheTime, its addresses raced.
-		client: workerclient.TCP(probeClient(opts), opts.TLS, (&dialer.Dialer{CacheTime: dataplane.NameCacheTime}).Dial),
+		dial: (&dialer.Dialer{CacheTime: dataplane.NameCacheTime}).Dial,
 	}
+	c.client.Store(workerclient.TCP(probeClient(opts), opts.TLS, c.dial))
 	reg.Subscribe(c.workerChanged)
 	return c
+}
+
+// SetTLS replaces Options.TLS (a reload): the next probe of an https://
+// worker connects under conf, and the connections kept under the old one
+// close (one in use when its probe ends, at its idle timeout).
+func (c *Checker) SetTLS(conf *tls.Config) {
+	c.client.Swap(workerclient.TCP(probeClient(c.opts), conf, c.dial)).CloseIdleConnections()
 }
 
 // workerChanged forgets the probe failures of a worker that left the
@@ -119,7 +129,7 @@ func (c *Checker) Run(ctx context.Context) {
 // closeIdle closes the probes' idle connections, over TCP and to the
 // workers on unix sockets.
 func (c *Checker) closeIdle() {
-	c.client.CloseIdleConnections()
+	c.client.Load().CloseIdleConnections()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, hc := range c.sockets {
@@ -209,7 +219,7 @@ func (c *Checker) clientOf(w *dataplane.WorkerSpec) interface {
 } {
 	sock := w.Socket()
 	if sock == "" {
-		return c.client
+		return c.client.Load()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
