@@ -40,3 +40,16 @@ func Socket(o Options, host string, dial fasthttp.DialFunc) *fasthttp.HostClient
 	return &fasthttp.HostClient{Addr: host, Name: o.Name, ReadTimeout: o.Timeout, WriteTimeout: o.Timeout, MaxIdleConnDuration: o.IdleFor,
 		MaxIdemponentCallAttempts: attempts, MaxResponseBodySize: o.MaxBody, Dial: dial}
 }
+
+// Retire closes the idle connections of c, a client a new one replaced,
+// now and again once every call under way on it has ended (each within
+// timeout): a connection in use as it was replaced is closed then, not
+// left open to its idle timeout (a minute for the engine scrapes).
+func Retire(c interface{ CloseIdleConnections() }, timeout time.Duration) {
+	c.CloseIdleConnections()
+	time.AfterFunc(timeout+retireMargin, c.CloseIdleConnections)
+}
+
+// retireMargin is how long after its timeout a call may take to give its
+// connection back.
+const retireMargin = time.Second

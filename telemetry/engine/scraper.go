@@ -162,9 +162,9 @@ func (s *Scraper) tcpClient(conf *tls.Config) *fasthttp.Client {
 
 // SetTLS replaces Options.TLS (a reload): the next scrape of an https://
 // engine connects under conf, and the connections kept under the old one
-// close (one in use when its scrape ends, at its idle timeout).
+// close (workerclient.Retire).
 func (s *Scraper) SetTLS(conf *tls.Config) {
-	s.client.Swap(s.tcpClient(conf)).CloseIdleConnections()
+	workerclient.Retire(s.client.Swap(s.tcpClient(conf)), s.o.Timeout)
 }
 
 // SetStallAfter changes Options.StallAfter from the next reading on (a

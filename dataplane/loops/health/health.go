@@ -81,9 +81,9 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 
 // SetTLS replaces Options.TLS (a reload): the next probe of an https://
 // worker connects under conf, and the connections kept under the old one
-// close (one in use when its probe ends, at its idle timeout).
+// close (workerclient.Retire).
 func (c *Checker) SetTLS(conf *tls.Config) {
-	c.client.Swap(workerclient.TCP(probeClient(c.opts), conf, c.dial)).CloseIdleConnections()
+	workerclient.Retire(c.client.Swap(workerclient.TCP(probeClient(c.opts), conf, c.dial)), c.opts.Timeout)
 }
 
 // workerChanged forgets the probe failures of a worker that left the

@@ -24,6 +24,7 @@ import (
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/internal/bearer"
+	"github.com/fastroute/fastroute/internal/workerclient"
 )
 
 // Path is the admin route that takes a peer's records.
@@ -103,9 +104,9 @@ func (l *Loop) newClient(conf *tls.Config) *http.Client {
 
 // SetTLS replaces Options.TLS (a reload: new peer CAs): the next post
 // connects under conf, and the connections kept under the old one close
-// (one in use when it ends its post, at its idle timeout).
+// (workerclient.Retire).
 func (l *Loop) SetTLS(conf *tls.Config) {
-	l.client.Swap(l.newClient(conf)).CloseIdleConnections()
+	workerclient.Retire(l.client.Swap(l.newClient(conf)), l.opts.Timeout)
 }
 
 // SetPeers sets the replicas found besides the configured ones (Self left
