@@ -24,8 +24,9 @@ import (
 // the phases' pickers, and the embedding cache's size: a new, empty
 // table), the front end's policy (frontendPolicy: the limits of an
 // exchange with a worker among them), the
-// wait queue's bounds while it stays on, health's thresholds and
-// ejections, the engines' stall bound, DNS discovery's names, the secrets
+// wait queue's bounds while it stays on, health's keys (its thresholds
+// and ejections, the probes' interval, timeout and path), the engines'
+// stall bound, DNS discovery's names, the secrets
 // and the clients' API keys (read again from their files or the
 // environment), the certificates and revocation lists (tls, admin_tls's
 // certificate and CAs, worker_tls's client certificate and the way
@@ -118,9 +119,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// The wait queue's size and timeout apply while it stays on: only a
 	// restart turns it on or off.
 	queueApplies := old.Router.Queue == cfg.Router.Queue || old.Router.Queue.Size > 0 && cfg.Router.Queue.Size > 0
-	// Health's thresholds and ejections apply unless the way probes are
-	// made (interval, timeout, path) changed too.
-	healthApplies := old.Health.Interval == cfg.Health.Interval && old.Health.Timeout == cfg.Health.Timeout && old.Health.Path == cfg.Health.Path
 	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
 	// The limits of an exchange with a worker apply (with the front end's
 	// policy: policed) unless a client connection's changed too.
@@ -142,9 +140,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.disaggregation":   disaggApplies,
 		"router.queue":            queueApplies,
 		"discovery":               dnsNamesApply,
-		"telemetry":               stallApplies, "health": healthApplies,
-		"limits": limitsApply, "log.format": old.Log.Format == cfg.Log.Format,
-		"tracing": tracingApplies,
+		"telemetry":               stallApplies,
+		"limits":                  limitsApply,
+		"log.format":              old.Log.Format == cfg.Log.Format,
+		"tracing":                 tracingApplies,
 	} {
 		if !same {
 			needRestart = append(needRestart, key)
@@ -247,9 +246,13 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if q := cfg.Router.Queue; queueApplies && q != old.Router.Queue && r.Frontend.SetQueue(q.Size, q.Timeout) {
 		applied = append(applied, fmt.Sprintf("router.queue.size=%d router.queue.timeout=%v", q.Size, q.Timeout))
 	}
-	if h := cfg.Health; healthApplies && h != old.Health {
+	if h, o := cfg.Health, old.Health; h != o {
 		r.Registry.SetEjectPolicy(ejectPolicy(h))
 		r.Health.SetUnhealthyAfter(h.UnhealthyAfter)
+		if h.Interval != o.Interval || h.Timeout != o.Timeout || h.Path != o.Path {
+			r.Health.SetProbes(h.Interval, h.Timeout, h.Path)
+			applied = append(applied, fmt.Sprintf("health.interval=%v health.timeout=%v health.path=%q", h.Interval, h.Timeout, h.Path))
+		}
 		applied = append(applied, fmt.Sprintf("health.unhealthy_after=%d health.eject_after=%d health.eject_time=%v health.eject_max=%v",
 			h.UnhealthyAfter, h.EjectAfter, h.EjectTime, h.EjectMax))
 	}
@@ -304,9 +307,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if tracingApplies {
 		next.Tracing = cfg.Tracing
 	}
-	if healthApplies {
-		next.Health = cfg.Health
-	}
+	next.Health = cfg.Health
 	if queueApplies {
 		next.Router.Queue = cfg.Router.Queue
 	}

@@ -304,10 +304,10 @@ func TestAReloadKeepsTheAdminTokenOffLoopback(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 }
 
-// A reload applies health's thresholds and ejections (unless the way
-// probes are made changed too): a worker failing every request is ejected
-// once eject_after comes down to its streak, and one failing its probes
-// leaves rotation once unhealthy_after does.
+// A reload applies health's keys: a worker failing every request is
+// ejected once eject_after comes down to its streak, one failing its
+// probes leaves rotation once unhealthy_after does, and a new interval and
+// path make the next round.
 func TestAReloadAppliesHealthThresholds(t *testing.T) {
 	opts := mocks(3, 1, 0)
 	opts[0].FailRate = 1 // worker 1 answers every request 500
@@ -342,12 +342,21 @@ func TestAReloadAppliesHealthThresholds(t *testing.T) {
 	require.Eventually(t, func() bool { return !w3.Healthy() }, 5*time.Second, 10*time.Millisecond, "the next probe takes worker 3 out")
 	assert.Equal(t, 4, f.r.CurrentConfig().Health.EjectAfter)
 
-	// A new probe interval waits for a restart, and the whole key with it.
-	next.Health.EjectAfter, next.Health.Interval = 9, time.Second
+	// The probes' interval and path apply from the next round.
+	w2, _ := f.r.Registry.Get(2)
+	require.True(t, w2.Healthy())
+	probed := next.Health
+	next.Health.Interval, next.Health.Path = 20*time.Millisecond, "/no-such-path"
 	applied, needRestart, err = f.r.Reload(next)
 	require.NoError(t, err)
-	assert.Empty(t, applied)
-	assert.Equal(t, []string{"health"}, needRestart)
-	assert.Equal(t, 4, f.r.CurrentConfig().Health.EjectAfter)
+	assert.Equal(t, []string{`health.interval=20ms health.timeout=` + next.Health.Timeout.String() + ` health.path="/no-such-path"`,
+		"health.unhealthy_after=2 health.eject_after=4 health.eject_time=5s health.eject_max=5m0s"}, applied)
+	assert.Empty(t, needRestart)
+	require.Eventually(t, func() bool { return !w2.Healthy() }, 5*time.Second, 5*time.Millisecond, "its probes at the new path fail")
+	next.Health = probed
+	_, _, err = f.r.Reload(next)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return w2.Healthy() }, 5*time.Second, 5*time.Millisecond, "and pass at the old one again")
+	assert.Equal(t, probed, f.r.CurrentConfig().Health)
 	f.assertIdle()
 }

@@ -56,7 +56,8 @@ type Checker struct {
 	dial     fasthttp.DialFuncWithTimeout
 	sockets  map[string]*fasthttp.HostClient // the clients of workers on unix sockets, by path
 	failures map[uint64]int
-	mu       sync.Mutex // guards failures between Run and CheckOnce callers, and sockets
+	retick   chan struct{} // SetProbes gave a new interval
+	mu       sync.Mutex    // guards failures between Run and CheckOnce callers, sockets and opts
 }
 
 // New returns a Checker over reg.
@@ -68,7 +69,7 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 		opts.Timeout = opts.Interval
 	}
 	c := &Checker{
-		reg: reg, opts: opts, failures: map[uint64]int{}, sockets: map[string]*fasthttp.HostClient{},
+		reg: reg, opts: opts, failures: map[uint64]int{}, sockets: map[string]*fasthttp.HostClient{}, retick: make(chan struct{}, 1),
 		// Both address families: a worker on an IPv6 address, or a name
 		// with only AAAA records, is reachable; a name is looked up again
 		// every dataplane.NameCacheTime, its addresses raced.
@@ -83,7 +84,47 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 // worker connects under conf, and the connections kept under the old one
 // close (workerclient.Retire).
 func (c *Checker) SetTLS(conf *tls.Config) {
-	workerclient.Retire(c.client.Swap(workerclient.TCP(probeClient(c.opts), conf, c.dial)), c.opts.Timeout)
+	c.mu.Lock()
+	c.opts.TLS = conf
+	c.mu.Unlock()
+	c.renewClients()
+}
+
+// SetProbes changes Options.Interval, Timeout (0: the interval) and Path
+// (a reload): the next round of probes goes one new interval after the
+// last (not after the old interval's wait), within the new timeout, to the
+// new path.
+func (c *Checker) SetProbes(interval, timeout time.Duration, path string) {
+	if timeout <= 0 {
+		timeout = interval
+	}
+	c.mu.Lock()
+	retimed := timeout != c.opts.Timeout
+	c.opts.Interval, c.opts.Timeout, c.opts.Path = interval, timeout, path
+	c.mu.Unlock()
+	if retimed { // the clients' own read and write timeouts
+		c.renewClients()
+	}
+	select {
+	case c.retick <- struct{}{}:
+	default: // Run has one to read already
+	}
+}
+
+// renewClients replaces the probes' clients with ones made under the
+// options as they are now, the old ones retired (workerclient.Retire):
+// the client of the workers over TCP now, those of the workers on unix
+// sockets as each is next probed.
+func (c *Checker) renewClients() {
+	c.mu.Lock()
+	opts, sockets := c.opts, c.sockets
+	c.sockets = map[string]*fasthttp.HostClient{}
+	old := c.client.Swap(workerclient.TCP(probeClient(opts), opts.TLS, c.dial))
+	c.mu.Unlock()
+	workerclient.Retire(old, opts.Timeout)
+	for _, hc := range sockets {
+		workerclient.Retire(hc, opts.Timeout)
+	}
 }
 
 // workerChanged forgets the probe failures of a worker that left the
@@ -113,17 +154,37 @@ func (c *Checker) SetUnhealthyAfter(n int) {
 // Run probes every Interval until ctx ends, then closes the connections
 // the probes kept alive.
 func (c *Checker) Run(ctx context.Context) {
-	t := time.NewTicker(c.opts.Interval)
+	t := time.NewTicker(c.interval())
 	defer t.Stop()
 	defer c.closeIdle()
 	for {
 		c.CheckOnce()
-		select {
-		case <-ctx.Done():
+		if !c.wait(ctx, t) {
 			return
-		case <-t.C:
 		}
 	}
+}
+
+// wait waits for t's next tick, reset to a new interval from now when
+// SetProbes gives one; false when ctx ended first.
+func (c *Checker) wait(ctx context.Context, t *time.Ticker) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-c.retick:
+			t.Reset(c.interval())
+		case <-t.C:
+			return true
+		}
+	}
+}
+
+// interval is Options.Interval as it is now.
+func (c *Checker) interval() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.opts.Interval
 }
 
 // closeIdle closes the probes' idle connections, over TCP and to the
@@ -139,6 +200,9 @@ func (c *Checker) closeIdle() {
 
 // CheckOnce probes every registered worker once, in parallel.
 func (c *Checker) CheckOnce() {
+	c.mu.Lock()
+	probePath, timeout := c.opts.Path, c.opts.Timeout
+	c.mu.Unlock()
 	workers := c.reg.All()
 	ok := make([]bool, len(workers))
 	models := make([]*dataplane.Advertised, len(workers))
@@ -151,13 +215,13 @@ func (c *Checker) CheckOnce() {
 		go func() {
 			defer wg.Done()
 			spec := w.Spec()
-			path := c.opts.Path
+			path := probePath
 			if spec.HealthPath != "" {
 				path = spec.HealthPath
 			}
-			ok[i] = c.probe(spec, path)
+			ok[i] = c.probe(spec, path, timeout)
 			if ok[i] {
-				models[i] = c.models(spec)
+				models[i] = c.models(spec, timeout)
 			}
 		}()
 	}
@@ -198,7 +262,7 @@ func (c *Checker) CheckOnce() {
 
 // get fetches path of w within the probe timeout, with the API key if
 // set.
-func (c *Checker) get(w *dataplane.WorkerSpec, path string) (status int, body []byte, err error) {
+func (c *Checker) get(w *dataplane.WorkerSpec, path string, timeout time.Duration) (status int, body []byte, err error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -206,7 +270,7 @@ func (c *Checker) get(w *dataplane.WorkerSpec, path string) (status int, body []
 	if auth := c.opts.APIKey.Header(); auth != nil {
 		req.Header.SetBytesV(fasthttp.HeaderAuthorization, auth)
 	}
-	if err = c.clientOf(w).DoTimeout(req, resp, c.opts.Timeout); err != nil {
+	if err = c.clientOf(w).DoTimeout(req, resp, timeout); err != nil {
 		return 0, nil, err
 	}
 	return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil
@@ -225,14 +289,15 @@ func (c *Checker) clientOf(w *dataplane.WorkerSpec) interface {
 	defer c.mu.Unlock()
 	hc := c.sockets[sock]
 	if hc == nil {
-		hc = workerclient.Socket(probeClient(c.opts), w.Host(), func(string) (net.Conn, error) { return net.DialTimeout("unix", sock, c.opts.Timeout) })
+		timeout := c.opts.Timeout
+		hc = workerclient.Socket(probeClient(c.opts), w.Host(), func(string) (net.Conn, error) { return net.DialTimeout("unix", sock, timeout) })
 		c.sockets[sock] = hc
 	}
 	return hc
 }
 
-func (c *Checker) probe(w *dataplane.WorkerSpec, path string) bool {
-	status, _, err := c.get(w, path)
+func (c *Checker) probe(w *dataplane.WorkerSpec, path string, timeout time.Duration) bool {
+	status, _, err := c.get(w, path, timeout)
 	if err != nil || status != fasthttp.StatusOK {
 		c.opts.Logger.Debug("health probe failed", "url", w.URL, "path", path, "status", status, "err", err)
 		return false
@@ -252,8 +317,8 @@ func contextLen(entry *fastjson.Value) int {
 
 // models reads an OpenAI /v1/models answer: entries with a parent are LoRA
 // adapters, the others base models. Nil when unreadable.
-func (c *Checker) models(w *dataplane.WorkerSpec) *dataplane.Advertised {
-	status, body, err := c.get(w, "/v1/models")
+func (c *Checker) models(w *dataplane.WorkerSpec, timeout time.Duration) *dataplane.Advertised {
+	status, body, err := c.get(w, "/v1/models", timeout)
 	if err != nil || status != fasthttp.StatusOK {
 		return nil
 	}

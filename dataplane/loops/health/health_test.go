@@ -1,6 +1,7 @@
 package health
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -191,4 +192,42 @@ func TestAProbeOnAConnectionTheWorkerClosedIsMadeAgain(t *testing.T) {
 		require.True(t, w.Healthy(), "probe %d", i)
 		time.Sleep(200 * time.Millisecond) // past the worker's keep-alive
 	}
+}
+
+// SetProbes applies a new interval at once (the next round one new
+// interval after the last, not after the old interval's wait), a new path
+// and a new timeout, longer or shorter, to the next round.
+func TestSetProbesAppliesToTheNextRound(t *testing.T) {
+	var slow atomic.Bool
+	var atHealth, atReady atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+			atHealth.Add(1)
+		case "/ready":
+			atReady.Add(1)
+			if slow.Load() {
+				time.Sleep(300 * time.Millisecond)
+			}
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	c, _, w := probing(t, srv.URL, Options{Interval: time.Hour, Timeout: 100 * time.Millisecond, UnhealthyAfter: 1})
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	defer func() { stop(); <-done }()
+	require.Eventually(t, func() bool { return atHealth.Load() == 1 && w.Healthy() }, 5*time.Second, 5*time.Millisecond, "the first round")
+
+	c.SetProbes(20*time.Millisecond, 0, "/ready")
+	require.Eventually(t, func() bool { return atReady.Load() >= 3 }, 5*time.Second, 5*time.Millisecond,
+		"rounds every 20 ms from now, not an hour after the first")
+	assert.EqualValues(t, 1, atHealth.Load(), "at the new path")
+
+	slow.Store(true)
+	require.Eventually(t, func() bool { return !w.Healthy() }, 5*time.Second, 5*time.Millisecond, "300 ms is over the timeout of 20 ms (the interval)")
+	c.SetProbes(20*time.Millisecond, 2*time.Second, "/ready")
+	require.Eventually(t, func() bool { return w.Healthy() }, 5*time.Second, 5*time.Millisecond,
+		"within the new timeout (the client's own read timeout too: the start's 100 ms would cut it)")
 }
