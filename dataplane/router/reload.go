@@ -6,7 +6,6 @@ import (
 	"os"
 	"reflect"
 	"slices"
-	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
@@ -25,8 +24,8 @@ import (
 // table), the front end's policy (frontendPolicy: the limits of an
 // exchange with a worker among them), the
 // wait queue's bounds while it stays on, health's keys (its thresholds
-// and ejections, the probes' interval, timeout and path), the engines'
-// stall bound, DNS discovery's names, the secrets
+// and ejections, the probes' interval, timeout and path), the engine
+// scrapes' interval, timeout and stall bound, DNS discovery's names, the secrets
 // and the clients' API keys (read again from their files or the
 // environment), the certificates and revocation lists (tls, admin_tls's
 // certificate and CAs, worker_tls's client certificate and the way
@@ -34,8 +33,8 @@ import (
 // mirrors, tracing's sample ratio, metrics_public and the shutdown keys. A
 // config that fails validation is refused with the same error as at
 // start, and nothing changes. A key a running router cannot change (a
-// listener, a client connection's limits, a table's size, a loop's
-// interval), or one whose
+// listener, a client connection's limits, a table's size, a sharing,
+// discovery or GPU/CPU reading loop's interval), or one whose
 // field that cannot change changed beside those that can (which holds the
 // whole key back), is named in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
@@ -107,10 +106,11 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	affinityApplies := old.Router.SessionAffinity.TTL == cfg.Router.SessionAffinity.TTL &&
 		old.Router.SessionAffinity.MaxSessions == cfg.Router.SessionAffinity.MaxSessions
 	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
-	// An engine's stall bound applies unless another telemetry key changed
-	// too (or engine metrics were off at start: nothing reads it).
-	stallApplies := reflect.DeepEqual(withStall(old.Telemetry, cfg.Telemetry.Engine.StallAfter), cfg.Telemetry) &&
-		(r.Engines != nil || old.Telemetry.Engine.StallAfter == cfg.Telemetry.Engine.StallAfter)
+	// The engine scrapes' interval, timeout and stall bound apply unless
+	// another telemetry key changed too (or engine metrics were off at
+	// start: nothing reads them).
+	oe, ne := old.Telemetry.Engine, cfg.Telemetry.Engine
+	engineApplies := reflect.DeepEqual(withEngineTiming(old.Telemetry, ne), cfg.Telemetry) && (r.Engines != nil || oe == ne)
 	// discovery.dns's names apply while the router looks names up and will
 	// go on (a list emptied turns it off: a restart) and nothing else of
 	// discovery changed.
@@ -140,7 +140,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.disaggregation":   disaggApplies,
 		"router.queue":            queueApplies,
 		"discovery":               dnsNamesApply,
-		"telemetry":               stallApplies,
+		"telemetry":               engineApplies,
 		"limits":                  limitsApply,
 		"log.format":              old.Log.Format == cfg.Log.Format,
 		"tracing":                 tracingApplies,
@@ -229,9 +229,13 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Selector.Reroute(func(rt *dataplane.Routing) { routingKnobs(routed, rt) })
 		applied = append(applied, changed...)
 	}
-	if stall := cfg.Telemetry.Engine.StallAfter; stallApplies && stall != old.Telemetry.Engine.StallAfter {
-		r.Engines.SetStallAfter(stall)
-		applied = append(applied, fmt.Sprintf("telemetry.engine.stall_after=%v", stall))
+	if engineApplies && ne.StallAfter != oe.StallAfter {
+		r.Engines.SetStallAfter(ne.StallAfter)
+		applied = append(applied, fmt.Sprintf("telemetry.engine.stall_after=%v", ne.StallAfter))
+	}
+	if engineApplies && (ne.Interval != oe.Interval || ne.Timeout != oe.Timeout) {
+		r.Engines.SetTiming(ne.Interval, ne.Timeout)
+		applied = append(applied, fmt.Sprintf("telemetry.engine.interval=%v telemetry.engine.timeout=%v", ne.Interval, ne.Timeout))
 	}
 	if names := cfg.Discovery.DNS.Names; dnsNamesApply && !slices.Equal(names, old.Discovery.DNS.Names) {
 		if err := r.DNS.SetNames(names); err != nil {
@@ -314,7 +318,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if dnsNamesApply {
 		next.Discovery = cfg.Discovery
 	}
-	if stallApplies {
+	if engineApplies {
 		next.Telemetry = cfg.Telemetry
 	}
 	next.Router = routedConfig(next, cfg, affinityApplies, disaggApplies).Router
@@ -392,9 +396,9 @@ func withDNSNames(d config.Discovery, names []string) config.Discovery {
 	return d
 }
 
-// withStall is t with the engine stall bound stall.
-func withStall(t config.Telemetry, stall time.Duration) config.Telemetry {
-	t.Engine.StallAfter = stall
+// withEngineTiming is t with e's scrape interval, timeout and stall bound.
+func withEngineTiming(t config.Telemetry, e config.Engine) config.Telemetry {
+	t.Engine.Interval, t.Engine.Timeout, t.Engine.StallAfter = e.Interval, e.Timeout, e.StallAfter
 	return t
 }
 

@@ -914,6 +914,43 @@ func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
 		"a scrape that timed out leaves the reading to go")
 }
 
+// SetTiming applies a new interval at once (the next tick one new
+// interval after the last, not after the old interval's wait) and a new
+// timeout, longer or shorter, to the next scrape: the client's own read
+// timeout with it.
+func TestSetTimingAppliesToTheNextScrape(t *testing.T) {
+	var delay, scrapes atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scrapes.Add(1)
+		select {
+		case <-time.After(time.Duration(delay.Load())):
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, vllmPage)
+	}))
+	defer srv.Close()
+	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
+	sc := New(Options{Interval: time.Hour, Timeout: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Targets: func() []Target { return []Target{{ID: 1, URL: srv.URL + "/metrics"}} }, Publish: s.publish})
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sc.Run(runCtx); close(done) }()
+	defer func() { stop(); <-done }()
+	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil }, 5*time.Second, 5*time.Millisecond, "the first tick")
+
+	sc.SetTiming(20*time.Millisecond, 100*time.Millisecond)
+	require.Eventually(t, func() bool { return scrapes.Load() >= 4 }, 5*time.Second, 5*time.Millisecond,
+		"ticks every 20 ms from now, not an hour after the first")
+
+	delay.Store(int64(300 * time.Millisecond)) // past the timeout of 100 ms
+	require.Eventually(t, func() bool { st, _ := s.get(1); return st == nil }, 5*time.Second, 5*time.Millisecond,
+		"its scrapes time out, and the reading goes stale after three intervals of 20 ms")
+	sc.SetTiming(20*time.Millisecond, 2*time.Second)
+	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil }, 5*time.Second, 5*time.Millisecond,
+		"within the new timeout (the client's own read timeout too: the start's 100 ms would cut it)")
+}
+
 // A worker whose engine says it gives no metrics (its page answers 404 or
 // 501, or holds no engine's load series) is read by the router itself:
 // its requests in flight and the tokens relayed from it, from which its

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -105,9 +106,10 @@ type Options struct {
 
 // Scraper polls every target's metrics concurrently each interval.
 type Scraper struct {
-	o         Options
+	o         Options                         // its Interval, Timeout and TLS as they are now (SetTiming, SetTLS) guarded by mu
 	client    atomic.Pointer[fasthttp.Client] // keeps its connections alive; a socket's target has its own; SetTLS replaces it
-	mu        sync.Mutex                      // guards state; never taken on the request path
+	retick    chan struct{}                   // SetTiming gave a new interval
+	mu        sync.Mutex                      // guards state and o; never taken on the request path
 	state     map[uint64]*target
 	fallbacks atomic.Uint64
 	conns     openConns
@@ -124,6 +126,7 @@ type target struct {
 	reason  string               // why there is no fresh reading ("" when there is)
 	stalled bool                 // the last reading's Stats.Stalled, for the log's changes; guarded by Scraper.mu
 	client  *fasthttp.HostClient // Socket's; nil: the Scraper's
+	timeout time.Duration        // the Timeout client was made with
 	// kept is what Parse read of the last page that parsed (the lines of
 	// the series it reads), and parsed what it read there: a page whose
 	// lines are the same (an idle engine's) is not parsed again. Used by
@@ -146,17 +149,18 @@ func New(o Options) *Scraper {
 	if o.Dial == nil {
 		o.Dial = fasthttp.DialTimeout
 	}
-	s := &Scraper{o: o, state: map[uint64]*target{}, conns: openConns{set: map[*openConn]struct{}{}}}
+	s := &Scraper{o: o, state: map[uint64]*target{}, conns: openConns{set: map[*openConn]struct{}{}}, retick: make(chan struct{}, 1)}
 	s.SetStallAfter(o.StallAfter)
-	s.client.Store(s.tcpClient(o.TLS))
+	s.client.Store(s.tcpClient())
 	return s
 }
 
-// tcpClient is a client of the engines over TCP, speaking TLS under conf
-// to https:// ones.
-func (s *Scraper) tcpClient(conf *tls.Config) *fasthttp.Client {
-	return workerclient.TCP(s.clientOptions(), conf, func(addr string, timeout time.Duration) (net.Conn, error) {
-		return s.conns.track(s.o.Dial(addr, timeout))
+// tcpClient is a client of the engines over TCP, speaking TLS to https://
+// ones, under the options as they are now. The caller holds mu, or is New.
+func (s *Scraper) tcpClient() *fasthttp.Client {
+	dial := s.o.Dial
+	return workerclient.TCP(s.clientOptions(), s.o.TLS, func(addr string, timeout time.Duration) (net.Conn, error) {
+		return s.conns.track(dial(addr, timeout))
 	})
 }
 
@@ -164,7 +168,42 @@ func (s *Scraper) tcpClient(conf *tls.Config) *fasthttp.Client {
 // engine connects under conf, and the connections kept under the old one
 // close (workerclient.Retire).
 func (s *Scraper) SetTLS(conf *tls.Config) {
-	workerclient.Retire(s.client.Swap(s.tcpClient(conf)), s.o.Timeout)
+	s.mu.Lock()
+	s.o.TLS = conf
+	s.renewClient(s.o.Timeout)
+	s.mu.Unlock()
+}
+
+// SetTiming changes Options.Interval and Timeout (0: their defaults) (a
+// reload): the next tick comes one new interval after the last (not after
+// the rest of the old interval's wait), a reading goes stale after
+// StaleAfter new intervals, and each scrape from the next on waits the
+// new timeout.
+func (s *Scraper) SetTiming(interval, timeout time.Duration) {
+	s.mu.Lock()
+	was := s.o.Timeout
+	s.o.Interval, s.o.Timeout = cmp.Or(interval, DefaultInterval), cmp.Or(timeout, DefaultTimeout)
+	s.renewClient(max(was, s.o.Timeout)) // its own read and write timeouts; a socket's, at its next scrape (tick)
+	s.mu.Unlock()
+	select {
+	case s.retick <- struct{}{}:
+	default: // Run has one to read already
+	}
+}
+
+// renewClient replaces the client of the engines over TCP with one made
+// under the options as they are now, the old one retired once its scrapes
+// under way ended, each within timeout (workerclient.Retire). The caller
+// holds mu.
+func (s *Scraper) renewClient(timeout time.Duration) {
+	workerclient.Retire(s.client.Swap(s.tcpClient()), timeout)
+}
+
+// interval is Options.Interval as it is now.
+func (s *Scraper) interval() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.o.Interval
 }
 
 // SetStallAfter changes Options.StallAfter from the next reading on (a
@@ -188,14 +227,27 @@ func (s *Scraper) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer s.conns.closeAll()
-	t := time.NewTicker(s.o.Interval)
+	t := time.NewTicker(s.interval())
 	defer t.Stop()
 	for {
 		s.tick(ctx, &wg, time.Now())
+		if !s.wait(ctx, t) {
+			return
+		}
+	}
+}
+
+// wait waits for t's next tick, reset to a new interval from now when
+// SetTiming gives one; false when ctx ended first.
+func (s *Scraper) wait(ctx context.Context, t *time.Ticker) bool {
+	for {
 		select {
 		case <-ctx.Done():
-			return
+			return false
+		case <-s.retick:
+			t.Reset(s.interval())
 		case <-t.C:
+			return true
 		}
 	}
 }
@@ -209,7 +261,7 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 	for _, tg := range targets {
 		st := s.state[tg.ID]
 		if st == nil || st.URL != tg.URL || st.Socket != tg.Socket {
-			st = &target{Target: tg, reason: "no reading yet", client: s.socketClient(tg.Socket)}
+			st = &target{Target: tg, reason: "no reading yet", client: s.socketClient(tg.Socket), timeout: s.o.Timeout}
 		}
 		st.Slots, st.Relayed = tg.Slots, tg.Relayed
 		keep[tg.ID] = st
@@ -231,11 +283,16 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 			}
 		}
 		if st.busy.CompareAndSwap(false, true) {
+			if st.client != nil && st.timeout != s.o.Timeout { // none of its scrapes under way
+				workerclient.Retire(st.client, st.timeout)
+				st.client, st.timeout = s.socketClient(st.Socket), s.o.Timeout
+			}
 			var sent int64 // the router's requests in flight as the scrape leaves (Stats.Occupancy)
 			if st.Relayed != nil {
 				sent = st.Relayed().InFlight
 			}
-			wg.Go(func() { s.scrape(ctx, st, sent) })
+			timeout := s.o.Timeout
+			wg.Go(func() { s.scrape(ctx, st, sent, timeout) })
 		}
 	}
 	for id, st := range s.state {
@@ -301,26 +358,29 @@ func (o *openConns) closeAll() {
 var errScraperStopped = errors.New("the scraper stopped")
 
 // socketClient is a client whose connections go to the unix socket sock,
-// or nil for none.
+// or nil for none. The caller holds mu, or is New.
 func (s *Scraper) socketClient(sock string) *fasthttp.HostClient {
 	if sock == "" {
 		return nil
 	}
+	timeout := s.o.Timeout
 	return workerclient.Socket(s.clientOptions(), "localhost", func(string) (net.Conn, error) {
-		return s.conns.track(net.DialTimeout("unix", sock, s.o.Timeout))
+		return s.conns.track(net.DialTimeout("unix", sock, timeout))
 	})
 }
 
 // clientOptions are the scrapes' clients': a page over MaxPageBytes fails.
+// The caller holds mu, or is New.
 func (s *Scraper) clientOptions() workerclient.Options {
 	return workerclient.Options{Name: "fastroute-metrics", Timeout: s.o.Timeout, MaxBody: MaxPageBytes, IdleFor: time.Minute}
 }
 
-// scrape reads st's engine and publishes what it learned; sent is the
-// router's requests in flight on the worker as it left (Stats.Occupancy).
-func (s *Scraper) scrape(ctx context.Context, st *target, sent int64) {
+// scrape reads st's engine within timeout and publishes what it learned;
+// sent is the router's requests in flight on the worker as it left
+// (Stats.Occupancy).
+func (s *Scraper) scrape(ctx context.Context, st *target, sent int64, timeout time.Duration) {
 	defer st.busy.Store(false)
-	r, err := s.fetch(st)
+	r, err := s.fetch(st, timeout)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
@@ -373,8 +433,8 @@ func (s *Scraper) readRelayed(st *target) {
 	s.o.Publish(st.ID, st.last)
 }
 
-// fetch reads st's page, following redirects, within Timeout.
-func (s *Scraper) fetch(st *target) (Reading, error) {
+// fetch reads st's page, following redirects, within timeout.
+func (s *Scraper) fetch(st *target, timeout time.Duration) (Reading, error) {
 	var client interface {
 		DoDeadline(*fasthttp.Request, *fasthttp.Response, time.Time) error
 	} = s.client.Load()
@@ -389,7 +449,7 @@ func (s *Scraper) fetch(st *target) (Reading, error) {
 	if auth := s.o.APIKey.Header(); auth != nil {
 		req.Header.SetBytesV(fasthttp.HeaderAuthorization, auth)
 	}
-	deadline := time.Now().Add(s.o.Timeout)
+	deadline := time.Now().Add(timeout)
 	origin := string(req.URI().Scheme()) + "://" + string(req.URI().Host())
 	for hops := 0; ; hops++ {
 		if err := client.DoDeadline(req, resp, deadline); err != nil {
