@@ -16,27 +16,26 @@ import (
 // Reload applies a new config to the running router, for the requests and
 // connections that begin from then on (streams in flight are untouched):
 // workers added, removed (drained: in-flight requests finish) or changed
-// (replaced; the old spec's in-flight requests finish on it), and every
-// key a running router can change: the routing policy (router.mode,
+// (replaced; the old spec's in-flight requests finish on it), and every key
+// a running router can change: the routing policy (router.mode,
 // busy_threshold, cpu_ratio, retries and their budget, prefix affinity's
-// slack and peers: reloadablePrefixes, the routing knobs: routingKnobs,
-// the phases' pickers, and the embedding cache's size: a new, empty
-// table), the front end's policy (frontendPolicy: the limits of an
-// exchange with a worker among them), the
-// wait queue's bounds while it stays on, health's keys (its thresholds
-// and ejections, the probes' interval, timeout and path), the engine
-// scrapes' interval, timeout and stall bound, DNS discovery's names, the secrets
-// and the clients' API keys (read again from their files or the
-// environment), the certificates and revocation lists (tls, admin_tls's
-// certificate and CAs, worker_tls's client certificate and the way
-// workers' certificates are checked: read again), aliases,
-// mirrors, tracing's sample ratio, metrics_public and the shutdown keys. A
-// config that fails validation is refused with the same error as at
-// start, and nothing changes. A key a running router cannot change (a
-// listener, a client connection's limits, a table's size, a sharing,
-// discovery or GPU/CPU reading loop's interval), or one whose
-// field that cannot change changed beside those that can (which holds the
-// whole key back), is named in needRestart and keeps its old value.
+// slack and peers: reloadablePrefixes, the routing knobs: routingKnobs, the
+// phases' pickers, and the embedding cache's size: a new, empty table), the
+// front end's policy (frontendPolicy: the limits of an exchange with a
+// worker among them), the wait queue's bounds while it stays on, health's
+// keys (its thresholds and ejections, the probes' interval, timeout and
+// path), the engine scrapes' interval, timeout and stall bound, DNS
+// discovery's names, the secrets and the clients' API keys (read again from
+// their files or the environment), the certificates and revocation lists
+// (tls, admin_tls's certificate and CAs, worker_tls's client certificate and
+// the way workers' certificates are checked: read again), aliases, mirrors,
+// tracing's sample ratio, metrics_public and the shutdown keys. A config
+// that fails validation is refused with the same error as at start, and
+// nothing changes. A key a running router cannot change (a listener, a
+// client connection's limits, a table's size, a sharing, discovery or
+// GPU/CPU reading loop's interval), or one whose field that cannot change
+// changed beside those that can (which holds the whole key back), is named
+// in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()

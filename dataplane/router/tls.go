@@ -349,21 +349,14 @@ func (c *certificate) workerConfig(t config.WorkerTLS) (*tls.Config, error) {
 		ClientSessionCache:   tls.NewLRUClientSessionCache(0),
 		GetClientCertificate: c.show,
 	}
-	roots, err := readWorkerRoots(t)
-	if err != nil {
-		return nil, err
+	if t.CAFile != "" {
+		roots, err := tlsfiles.Roots("key worker_tls.ca_file", t.CAFile)
+		if err != nil {
+			return nil, err
+		}
+		conf.RootCAs = roots
 	}
-	conf.RootCAs = roots
 	return conf, nil
-}
-
-// readWorkerRoots reads the CAs workers' certificates are checked against
-// (worker_tls.ca_file; nil: the system's).
-func readWorkerRoots(t config.WorkerTLS) (*x509.CertPool, error) {
-	if t.CAFile == "" {
-		return nil, nil
-	}
-	return tlsfiles.Roots("key worker_tls.ca_file", t.CAFile)
 }
 
 // startWorkerTLS reads worker_tls's files into the configuration of

@@ -1,9 +1,11 @@
-// Package every runs a function at a fixed interval until a context ends:
-// the loop of the periodic sweeps and lookups.
+// Package every runs a function at an interval until a context ends: the
+// loop of the periodic sweeps and lookups (Tick), and of the health probes
+// and engine scrapes, whose interval a reload may change (Period).
 package every
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,6 +19,53 @@ func Tick(ctx context.Context, d time.Duration, f func()) {
 			return
 		case <-t.C:
 			f()
+		}
+	}
+}
+
+// Period is an interval a reload may change (Set) while Loop runs on it.
+type Period struct {
+	d     atomic.Int64  // nanoseconds
+	reset chan struct{} // Set gave a new one
+}
+
+// NewPeriod returns a Period of d.
+func NewPeriod(d time.Duration) *Period {
+	p := &Period{reset: make(chan struct{}, 1)}
+	p.d.Store(int64(d))
+	return p
+}
+
+// Get returns the period as it is now.
+func (p *Period) Get() time.Duration { return time.Duration(p.d.Load()) }
+
+// Set changes the period to d: Loop's next call comes d from now, not
+// after the rest of the old period's wait (an hour's, going to a second).
+func (p *Period) Set(d time.Duration) {
+	p.d.Store(int64(d))
+	select {
+	case p.reset <- struct{}{}:
+	default: // Loop has one to read already
+	}
+}
+
+// Loop calls f at once, then every period (as Set leaves it) until ctx
+// ends.
+func (p *Period) Loop(ctx context.Context, f func()) {
+	t := time.NewTicker(p.Get())
+	defer t.Stop()
+	for {
+		f()
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.reset:
+				t.Reset(p.Get())
+			case <-t.C:
+				break wait
+			}
 		}
 	}
 }

@@ -873,14 +873,14 @@ func post(ctx context.Context, url, body string) (*http.Response, error) {
 	return http.DefaultClient.Do(req)
 }
 
-// An engine that answers its metrics page more slowly than a reading stays
-// fresh (busy, within the scrape's timeout) keeps its reading between two
-// scrapes instead of losing it each time; one whose scrape times out loses
-// it.
-func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
-	var delay atomic.Int64
-	delay.Store(int64(300 * time.Millisecond))
+// slowPage serves vllmPage delay after each request (one that gives up
+// ends it), counting them in requests (nil: not counted), and returns its
+// URL.
+func slowPage(t *testing.T, delay, requests *atomic.Int64) string {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if requests != nil {
+			requests.Add(1)
+		}
 		select {
 		case <-time.After(time.Duration(delay.Load())):
 		case <-r.Context().Done():
@@ -888,16 +888,34 @@ func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, vllmPage)
 	}))
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	return srv.URL + "/metrics"
+}
+
+// scraping runs a Scraper of o (logs discarded) of one target, id 1 at
+// url, publishing to the sink it returns, until the test ends.
+func scraping(t *testing.T, url string, o Options) (*Scraper, *sink) {
 	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
-	// Fresh for 3 intervals of 50 ms; a scrape takes 300 ms. (A tick held
-	// back over 150 ms past a scrape's end would still withdraw it.)
-	sc := New(Options{Interval: 50 * time.Millisecond, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Targets: func() []Target { return []Target{{ID: 1, URL: srv.URL + "/metrics"}} }, Publish: s.publish})
+	o.Logger, o.Publish = slog.New(slog.NewTextHandler(io.Discard, nil)), s.publish
+	o.Targets = func() []Target { return []Target{{ID: 1, URL: url}} }
+	sc := New(o)
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { sc.Run(runCtx); close(done) }()
-	defer func() { stop(); <-done }()
+	t.Cleanup(func() { stop(); <-done })
+	return sc, s
+}
+
+// An engine that answers its metrics page more slowly than a reading stays
+// fresh (busy, within the scrape's timeout) keeps its reading between two
+// scrapes instead of losing it each time; one whose scrape times out loses
+// it.
+func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
+	var delay atomic.Int64
+	delay.Store(int64(300 * time.Millisecond))
+	// Fresh for 3 intervals of 50 ms; a scrape takes 300 ms. (A tick held
+	// back over 150 ms past a scrape's end would still withdraw it.)
+	_, s := scraping(t, slowPage(t, &delay, nil), Options{Interval: 50 * time.Millisecond, Timeout: time.Second})
 	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil }, 5*time.Second, 5*time.Millisecond)
 	withdrawn := 0
 	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
@@ -915,28 +933,12 @@ func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
 }
 
 // SetTiming applies a new interval at once (the next tick one new
-// interval after the last, not after the old interval's wait) and a new
+// interval from then, not after the old interval's wait) and a new
 // timeout, longer or shorter, to the next scrape: the client's own read
 // timeout with it.
 func TestSetTimingAppliesToTheNextScrape(t *testing.T) {
 	var delay, scrapes atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		scrapes.Add(1)
-		select {
-		case <-time.After(time.Duration(delay.Load())):
-		case <-r.Context().Done():
-			return
-		}
-		_, _ = io.WriteString(w, vllmPage)
-	}))
-	defer srv.Close()
-	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
-	sc := New(Options{Interval: time.Hour, Timeout: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Targets: func() []Target { return []Target{{ID: 1, URL: srv.URL + "/metrics"}} }, Publish: s.publish})
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { sc.Run(runCtx); close(done) }()
-	defer func() { stop(); <-done }()
+	sc, s := scraping(t, slowPage(t, &delay, &scrapes), Options{Interval: time.Hour, Timeout: 100 * time.Millisecond})
 	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil }, 5*time.Second, 5*time.Millisecond, "the first tick")
 
 	sc.SetTiming(20*time.Millisecond, 100*time.Millisecond)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fastroute/fastroute/internal/bearer"
+	"github.com/fastroute/fastroute/internal/every"
 	"github.com/fastroute/fastroute/internal/workerclient"
 	"github.com/valyala/fasthttp"
 )
@@ -24,14 +25,14 @@ import (
 const StaleAfter = 3
 
 // AsleepHeldFor is how many intervals a reading that said its engine
-// sleeps stays while no scrape of it is under way. A sleeping engine's
-// health answers 200, so a worker whose reading went was back in rotation
-// and met the engine's refusals, while the likelier cause of a lost
-// reading is the router's own: a scrape that failed once, or a loaded
-// host that ran none for a few intervals. Waking takes a call to the
-// engine that the next good reading shows; bounded, so that an engine
-// woken whose metrics then fail is routed on its health probes after that
-// time (5 s at DefaultInterval).
+// sleeps stays while no scrape of it is under way (StaleAfter for any
+// other). A sleeping engine's health answers 200: withdrawn, the reading
+// put the worker back in rotation to meet the engine's refusals, while the
+// likelier cause of a lost reading is the router's own (a scrape that
+// failed once, a loaded host that ran none for a few intervals). A
+// wake-up, a call to the engine, shows in the next good reading; bounded,
+// so that an engine woken whose metrics then fail is judged by its health
+// probes after that time (5 s at DefaultInterval).
 const AsleepHeldFor = 100
 
 // Defaults of Options.
@@ -106,9 +107,9 @@ type Options struct {
 
 // Scraper polls every target's metrics concurrently each interval.
 type Scraper struct {
-	o         Options                         // its Interval, Timeout and TLS as they are now (SetTiming, SetTLS) guarded by mu
+	o         Options                         // its Timeout and TLS as they are now (SetTiming, SetTLS) guarded by mu
+	every     *every.Period                   // Options.Interval as it is now (SetTiming)
 	client    atomic.Pointer[fasthttp.Client] // keeps its connections alive; a socket's target has its own; SetTLS replaces it
-	retick    chan struct{}                   // SetTiming gave a new interval
 	mu        sync.Mutex                      // guards state and o; never taken on the request path
 	state     map[uint64]*target
 	fallbacks atomic.Uint64
@@ -149,7 +150,7 @@ func New(o Options) *Scraper {
 	if o.Dial == nil {
 		o.Dial = fasthttp.DialTimeout
 	}
-	s := &Scraper{o: o, state: map[uint64]*target{}, conns: openConns{set: map[*openConn]struct{}{}}, retick: make(chan struct{}, 1)}
+	s := &Scraper{o: o, state: map[uint64]*target{}, conns: openConns{set: map[*openConn]struct{}{}}, every: every.NewPeriod(o.Interval)}
 	s.SetStallAfter(o.StallAfter)
 	s.client.Store(s.tcpClient())
 	return s
@@ -175,20 +176,16 @@ func (s *Scraper) SetTLS(conf *tls.Config) {
 }
 
 // SetTiming changes Options.Interval and Timeout (0: their defaults) (a
-// reload): the next tick comes one new interval after the last (not after
-// the rest of the old interval's wait), a reading goes stale after
-// StaleAfter new intervals, and each scrape from the next on waits the
-// new timeout.
+// reload): the next tick comes one new interval from now (every.Period),
+// a reading goes stale after StaleAfter new intervals, and each scrape
+// from the next on waits the new timeout.
 func (s *Scraper) SetTiming(interval, timeout time.Duration) {
 	s.mu.Lock()
 	was := s.o.Timeout
-	s.o.Interval, s.o.Timeout = cmp.Or(interval, DefaultInterval), cmp.Or(timeout, DefaultTimeout)
+	s.o.Timeout = cmp.Or(timeout, DefaultTimeout)
 	s.renewClient(max(was, s.o.Timeout)) // its own read and write timeouts; a socket's, at its next scrape (tick)
 	s.mu.Unlock()
-	select {
-	case s.retick <- struct{}{}:
-	default: // Run has one to read already
-	}
+	s.every.Set(cmp.Or(interval, DefaultInterval))
 }
 
 // renewClient replaces the client of the engines over TCP with one made
@@ -197,13 +194,6 @@ func (s *Scraper) SetTiming(interval, timeout time.Duration) {
 // holds mu.
 func (s *Scraper) renewClient(timeout time.Duration) {
 	workerclient.Retire(s.client.Swap(s.tcpClient()), timeout)
-}
-
-// interval is Options.Interval as it is now.
-func (s *Scraper) interval() time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.o.Interval
 }
 
 // SetStallAfter changes Options.StallAfter from the next reading on (a
@@ -227,35 +217,13 @@ func (s *Scraper) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer s.conns.closeAll()
-	t := time.NewTicker(s.interval())
-	defer t.Stop()
-	for {
-		s.tick(ctx, &wg, time.Now())
-		if !s.wait(ctx, t) {
-			return
-		}
-	}
-}
-
-// wait waits for t's next tick, reset to a new interval from now when
-// SetTiming gives one; false when ctx ended first.
-func (s *Scraper) wait(ctx context.Context, t *time.Ticker) bool {
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-s.retick:
-			t.Reset(s.interval())
-		case <-t.C:
-			return true
-		}
-	}
+	s.every.Loop(ctx, func() { s.tick(ctx, &wg, time.Now()) })
 }
 
 // tick starts a scrape of every target that has none under way and
 // withdraws readings gone stale.
 func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
-	targets := s.o.Targets()
+	targets, interval := s.o.Targets(), s.every.Get()
 	s.mu.Lock()
 	keep := make(map[uint64]*target, len(targets))
 	for _, tg := range targets {
@@ -273,8 +241,8 @@ func (s *Scraper) tick(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 		// fails, or times out, leaves it to go at the next tick.
 		if st.last != nil && !st.busy.Load() {
 			switch age := now.Sub(st.lastAt); {
-			case age <= StaleAfter*s.o.Interval:
-			case st.last.Asleep && age <= AsleepHeldFor*s.o.Interval:
+			case age <= StaleAfter*interval:
+			case st.last.Asleep && age <= AsleepHeldFor*interval:
 				// Held: the failed scrapes' reason stands.
 			default:
 				st.last = nil

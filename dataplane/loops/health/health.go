@@ -16,6 +16,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/internal/bearer"
 	"github.com/fastroute/fastroute/internal/dialer"
+	"github.com/fastroute/fastroute/internal/every"
 	"github.com/fastroute/fastroute/internal/workerclient"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -56,7 +57,7 @@ type Checker struct {
 	dial     fasthttp.DialFuncWithTimeout
 	sockets  map[string]*fasthttp.HostClient // the clients of workers on unix sockets, by path
 	failures map[uint64]int
-	retick   chan struct{} // SetProbes gave a new interval
+	every    *every.Period // Options.Interval as it is now (SetProbes)
 	mu       sync.Mutex    // guards failures between Run and CheckOnce callers, sockets and opts
 }
 
@@ -69,7 +70,7 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 		opts.Timeout = opts.Interval
 	}
 	c := &Checker{
-		reg: reg, opts: opts, failures: map[uint64]int{}, sockets: map[string]*fasthttp.HostClient{}, retick: make(chan struct{}, 1),
+		reg: reg, opts: opts, failures: map[uint64]int{}, sockets: map[string]*fasthttp.HostClient{}, every: every.NewPeriod(opts.Interval),
 		// Both address families: a worker on an IPv6 address, or a name
 		// with only AAAA records, is reachable; a name is looked up again
 		// every dataplane.NameCacheTime, its addresses raced.
@@ -86,44 +87,42 @@ func New(reg *dataplane.Registry, opts Options) *Checker {
 func (c *Checker) SetTLS(conf *tls.Config) {
 	c.mu.Lock()
 	c.opts.TLS = conf
+	timeout := c.opts.Timeout
 	c.mu.Unlock()
-	c.renewClients()
+	c.renewClients(timeout)
 }
 
 // SetProbes changes Options.Interval, Timeout (0: the interval) and Path
-// (a reload): the next round of probes goes one new interval after the
-// last (not after the old interval's wait), within the new timeout, to the
-// new path.
+// (a reload): the next round of probes goes one new interval from now
+// (every.Period), within the new timeout, to the new path.
 func (c *Checker) SetProbes(interval, timeout time.Duration, path string) {
 	if timeout <= 0 {
 		timeout = interval
 	}
 	c.mu.Lock()
-	retimed := timeout != c.opts.Timeout
-	c.opts.Interval, c.opts.Timeout, c.opts.Path = interval, timeout, path
+	was := c.opts.Timeout
+	c.opts.Timeout, c.opts.Path = timeout, path
 	c.mu.Unlock()
-	if retimed { // the clients' own read and write timeouts
-		c.renewClients()
+	if timeout != was { // the clients' own read and write timeouts
+		c.renewClients(max(was, timeout))
 	}
-	select {
-	case c.retick <- struct{}{}:
-	default: // Run has one to read already
-	}
+	c.every.Set(interval)
 }
 
 // renewClients replaces the probes' clients with ones made under the
-// options as they are now, the old ones retired (workerclient.Retire):
-// the client of the workers over TCP now, those of the workers on unix
-// sockets as each is next probed.
-func (c *Checker) renewClients() {
+// options as they are now, the old ones retired once their probes under
+// way ended, each within timeout (workerclient.Retire): the client of the
+// workers over TCP now, those of the workers on unix sockets as each is
+// next probed.
+func (c *Checker) renewClients(timeout time.Duration) {
 	c.mu.Lock()
 	opts, sockets := c.opts, c.sockets
 	c.sockets = map[string]*fasthttp.HostClient{}
 	old := c.client.Swap(workerclient.TCP(probeClient(opts), opts.TLS, c.dial))
 	c.mu.Unlock()
-	workerclient.Retire(old, opts.Timeout)
+	workerclient.Retire(old, timeout)
 	for _, hc := range sockets {
-		workerclient.Retire(hc, opts.Timeout)
+		workerclient.Retire(hc, timeout)
 	}
 }
 
@@ -154,37 +153,8 @@ func (c *Checker) SetUnhealthyAfter(n int) {
 // Run probes every Interval until ctx ends, then closes the connections
 // the probes kept alive.
 func (c *Checker) Run(ctx context.Context) {
-	t := time.NewTicker(c.interval())
-	defer t.Stop()
 	defer c.closeIdle()
-	for {
-		c.CheckOnce()
-		if !c.wait(ctx, t) {
-			return
-		}
-	}
-}
-
-// wait waits for t's next tick, reset to a new interval from now when
-// SetProbes gives one; false when ctx ended first.
-func (c *Checker) wait(ctx context.Context, t *time.Ticker) bool {
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-c.retick:
-			t.Reset(c.interval())
-		case <-t.C:
-			return true
-		}
-	}
-}
-
-// interval is Options.Interval as it is now.
-func (c *Checker) interval() time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.opts.Interval
+	c.every.Loop(ctx, c.CheckOnce)
 }
 
 // closeIdle closes the probes' idle connections, over TCP and to the
