@@ -5,6 +5,8 @@
 // engine's keep-alive timeout, uvicorn's 5 s, when requests are further
 // apart than that) made again on a new connection, once, as Go's client
 // does; fasthttp's, with one attempt, fails it. The requests are GETs.
+// Retire closes the connections of a client a reload replaced, one of
+// these or the prefix posts' to peers.
 package workerclient
 
 import (
