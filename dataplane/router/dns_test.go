@@ -160,7 +160,8 @@ func TestStateFileKeepsHandDrainsOfDNSWorkers(t *testing.T) {
 
 // A reload changes the names discovery.dns looks up, from the next round
 // on: a name added brings its workers, one dropped takes its workers
-// away. Its other keys, or a list emptied, wait for a restart.
+// away; and its interval, from the reload. Its other keys, or a list
+// emptied, wait for a restart.
 func TestAReloadChangesTheDNSNames(t *testing.T) {
 	srv, err := fakedns.Start()
 	require.NoError(t, err)
@@ -194,8 +195,27 @@ func TestAReloadChangesTheDNSNames(t *testing.T) {
 	_, text := adminDo(t, f, http.MethodGet, "/metrics", "", "")
 	assert.NotContains(t, text, `name="`+nameA+`"`, "a dropped name leaves the metrics")
 
+	// The interval applies from the reload: an hour's round does not see
+	// the record change, a round of 20 ms given then does.
+	next.Discovery.DNS.Interval = time.Hour
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"discovery.dns.interval=1h0m0s"}, applied)
+	assert.Empty(t, needRestart)
+	srv.Set("b.fastroute.test", "127.0.0.1", "127.0.0.2")
+	time.Sleep(300 * time.Millisecond) // six rounds of the old interval
+	assert.False(t, has(one), "no round within the hour")
+	next.Discovery.DNS.Interval = 20 * time.Millisecond
+	_, _, err = f.r.Reload(next)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return has(one) }, 5*time.Second, 10*time.Millisecond, "the next round is 20 ms from the reload")
+	srv.Set("b.fastroute.test", "127.0.0.2")
+	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(one); return !ok }, 5*time.Second, 10*time.Millisecond)
+
 	for _, change := range []func(c *config.Config){
-		func(c *config.Config) { c.Discovery.DNS.Names, c.Discovery.DNS.Interval = []string{nameA}, time.Second },
+		func(c *config.Config) {
+			c.Discovery.DNS.Names, c.Discovery.DNS.Family = []string{nameA}, dns.PreferIPv6
+		},
 		func(c *config.Config) { c.Discovery.DNS.Names = nil },
 	} {
 		cfg := f.r.CurrentConfig()
@@ -205,7 +225,7 @@ func TestAReloadChangesTheDNSNames(t *testing.T) {
 		assert.Empty(t, applied)
 		assert.Equal(t, []string{"discovery"}, needRestart)
 	}
-	time.Sleep(200 * time.Millisecond) // four rounds
+	time.Sleep(200 * time.Millisecond) // ten rounds
 	assert.True(t, has(two))
 	_, ok := f.r.Registry.Get(one)
 	assert.False(t, ok, "held back: the names stay [b]")

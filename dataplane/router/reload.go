@@ -19,23 +19,23 @@ import (
 // (replaced; the old spec's in-flight requests finish on it), and every key
 // a running router can change: the routing policy (router.mode,
 // busy_threshold, cpu_ratio, retries and their budget, prefix affinity's
-// slack and peers: reloadablePrefixes, the routing knobs: routingKnobs, the
-// phases' pickers, and the embedding cache's size: a new, empty table), the
-// front end's policy (frontendPolicy: the limits of an exchange with a
-// worker among them), the wait queue's bounds while it stays on, health's
-// keys (its thresholds and ejections, the probes' interval, timeout and
-// path), the engine scrapes' interval, timeout and stall bound, DNS
-// discovery's names, the secrets and the clients' API keys (read again from
-// their files or the environment), the certificates and revocation lists
-// (tls, admin_tls's certificate and CAs, worker_tls's client certificate and
-// the way workers' certificates are checked: read again), aliases, mirrors,
-// tracing's sample ratio, metrics_public and the shutdown keys. A config
-// that fails validation is refused with the same error as at start, and
-// nothing changes. A key a running router cannot change (a listener, a
-// client connection's limits, a table's size, a sharing, discovery or
-// GPU/CPU reading loop's interval), or one whose field that cannot change
-// changed beside those that can (which holds the whole key back), is named
-// in needRestart and keeps its old value.
+// slack, peers and share interval: reloadablePrefixes, the routing knobs:
+// routingKnobs, the phases' pickers, and the embedding cache's size: a new,
+// empty table), the front end's policy (frontendPolicy: the limits of an
+// exchange with a worker among them), the wait queue's bounds while it stays
+// on, health's keys (its thresholds and ejections, the probes' interval,
+// timeout and path), the engine scrapes' interval, timeout and stall bound,
+// DNS discovery's names and interval, the secrets and the clients' API keys
+// (read again from their files or the environment), the certificates and
+// revocation lists (tls, admin_tls's certificate and CAs, worker_tls's
+// client certificate and the way workers' certificates are checked: read
+// again), aliases, mirrors, tracing's sample ratio, metrics_public and the
+// shutdown keys. A config that fails validation is refused with the same
+// error as at start, and nothing changes. A key a running router cannot
+// change (a listener, a client connection's limits, a table's size, the API
+// keys' sharing and the GPU/CPU readers' intervals), or one whose field that
+// cannot change changed beside those that can (which holds the whole key
+// back), is named in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
@@ -110,11 +110,11 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// start: nothing reads them).
 	oe, ne := old.Telemetry.Engine, cfg.Telemetry.Engine
 	engineApplies := reflect.DeepEqual(withEngineTiming(old.Telemetry, ne), cfg.Telemetry) && (r.Engines != nil || oe == ne)
-	// discovery.dns's names apply while the router looks names up and will
-	// go on (a list emptied turns it off: a restart) and nothing else of
-	// discovery changed.
-	dnsNamesApply := reflect.DeepEqual(old.Discovery, cfg.Discovery) ||
-		r.DNS != nil && len(cfg.Discovery.DNS.Names) > 0 && reflect.DeepEqual(withDNSNames(old.Discovery, cfg.Discovery.DNS.Names), cfg.Discovery)
+	// discovery.dns's names and interval apply while the router looks names
+	// up and will go on (a list emptied turns it off: a restart) and nothing
+	// else of discovery changed.
+	dnsRoundsApply := reflect.DeepEqual(old.Discovery, cfg.Discovery) ||
+		r.DNS != nil && len(cfg.Discovery.DNS.Names) > 0 && reflect.DeepEqual(withDNSRounds(old.Discovery, cfg.Discovery.DNS), cfg.Discovery)
 	// The wait queue's size and timeout apply while it stays on: only a
 	// restart turns it on or off.
 	queueApplies := old.Router.Queue == cfg.Router.Queue || old.Router.Queue.Size > 0 && cfg.Router.Queue.Size > 0
@@ -138,7 +138,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.prefix_affinity":  prefixesApply,
 		"router.disaggregation":   disaggApplies,
 		"router.queue":            queueApplies,
-		"discovery":               dnsNamesApply,
+		"discovery":               dnsRoundsApply,
 		"telemetry":               engineApplies,
 		"limits":                  limitsApply,
 		"log.format":              old.Log.Format == cfg.Log.Format,
@@ -173,6 +173,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		if !slices.Equal(pa.Peers, old.Router.PrefixAffinity.Peers) {
 			r.PrefixShare.SetStatic(pa.Peers)
 			applied = append(applied, fmt.Sprintf("router.prefix_affinity.peers=%v", pa.Peers))
+		}
+		if pa.ShareInterval != old.Router.PrefixAffinity.ShareInterval {
+			r.PrefixShare.SetInterval(pa.ShareInterval)
+			applied = append(applied, fmt.Sprintf("router.prefix_affinity.share_interval=%v", pa.ShareInterval))
 		}
 	}
 	if tracingApplies && r.Tracer != nil && cfg.Tracing.SampleRatio != old.Tracing.SampleRatio {
@@ -236,11 +240,15 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Engines.SetTiming(ne.Interval, ne.Timeout)
 		applied = append(applied, fmt.Sprintf("telemetry.engine.interval=%v telemetry.engine.timeout=%v", ne.Interval, ne.Timeout))
 	}
-	if names := cfg.Discovery.DNS.Names; dnsNamesApply && !slices.Equal(names, old.Discovery.DNS.Names) {
+	if names := cfg.Discovery.DNS.Names; dnsRoundsApply && !slices.Equal(names, old.Discovery.DNS.Names) {
 		if err := r.DNS.SetNames(names); err != nil {
 			return nil, needRestart, err // Validate checked them: not reached
 		}
 		applied = append(applied, fmt.Sprintf("discovery.dns.names=%v", names))
+	}
+	if iv := cfg.Discovery.DNS.Interval; dnsRoundsApply && iv != old.Discovery.DNS.Interval {
+		r.DNS.SetInterval(iv)
+		applied = append(applied, fmt.Sprintf("discovery.dns.interval=%v", iv))
 	}
 	if n := cfg.Router.EmbeddingCacheSize; n != old.Router.EmbeddingCacheSize {
 		r.Selector.Reroute(func(rt *dataplane.Routing) { rt.EmbedCache = embedCache(n) })
@@ -314,7 +322,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if queueApplies {
 		next.Router.Queue = cfg.Router.Queue
 	}
-	if dnsNamesApply {
+	if dnsRoundsApply {
 		next.Discovery = cfg.Discovery
 	}
 	if engineApplies {
@@ -389,9 +397,9 @@ func routingChanges(old, cfg config.Config, affinity, disagg bool) []string {
 	)
 }
 
-// withDNSNames is d with discovery.dns's names names.
-func withDNSNames(d config.Discovery, names []string) config.Discovery {
-	d.DNS.Names = names
+// withDNSRounds is d with the names and interval of dns.
+func withDNSRounds(d config.Discovery, dns config.DNS) config.Discovery {
+	d.DNS.Names, d.DNS.Interval = dns.Names, dns.Interval
 	return d
 }
 
@@ -416,15 +424,15 @@ func routedConfig(old, cfg config.Config, affinity, disagg bool) config.Config {
 
 // reloadablePrefixes returns cfg with the keys of router.prefix_affinity
 // a reload applies set to the running values: slack while prefix affinity
-// is on, and peers while the replica shares (it was started with peers or
-// an address to advertise). The config equals old when nothing else
-// changed.
+// is on, and peers and share_interval while the replica shares (it was
+// started with peers or an address to advertise). The config equals old
+// when nothing else changed.
 func (r *Router) reloadablePrefixes(old, cfg config.PrefixAffinity) config.PrefixAffinity {
 	if r.Prefixes != nil {
 		cfg.Slack = old.Slack
 	}
 	if r.PrefixShare != nil {
-		cfg.Peers = old.Peers
+		cfg.Peers, cfg.ShareInterval = old.Peers, old.ShareInterval
 	}
 	return cfg
 }

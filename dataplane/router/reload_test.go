@@ -171,9 +171,11 @@ func TestReloadAppliesThePrefixSlackAndPeers(t *testing.T) {
 	next := f.r.CurrentConfig()
 	next.Router.PrefixAffinity.Slack = 1
 	next.Router.PrefixAffinity.Peers = []string{"http://" + gone[1], "http://" + gone[2]}
+	next.Router.PrefixAffinity.ShareInterval = 5 * time.Millisecond
 	applied, needRestart, err := f.r.Reload(next)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"router.prefix_affinity.slack=1", fmt.Sprintf("router.prefix_affinity.peers=[http://%s http://%s]", gone[1], gone[2])}, applied)
+	assert.Equal(t, []string{"router.prefix_affinity.slack=1", fmt.Sprintf("router.prefix_affinity.peers=[http://%s http://%s]", gone[1], gone[2]),
+		"router.prefix_affinity.share_interval=5ms"}, applied)
 	assert.Empty(t, needRestart)
 	assert.Equal(t, int64(1), f.r.Selector.Routing().PrefixSlack)
 	assert.Equal(t, []string{"http://" + gone[1], "http://" + gone[2]}, f.r.PrefixShare.Peers())

@@ -74,7 +74,8 @@ const (
 
 // Watcher keeps a Target in step with the addresses of Options.Names.
 type Watcher struct {
-	o        Options // its Names guarded by mu (SetNames)
+	o        Options       // its Names guarded by mu (SetNames)
+	every    *every.Period // Options.Interval as it is now (SetInterval)
 	target   discovery.Target
 	resolver *net.Resolver
 	// putting makes a worker's put (putAddr: its hold checked, the put,
@@ -99,7 +100,7 @@ func New(o Options, t discovery.Target) (*Watcher, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	w := &Watcher{o: o, target: t, names: map[string][]uint64{}, put: map[uint64]string{}, held: map[uint64]string{}, refused: map[uint64]bool{}, failing: map[string]bool{}}
+	w := &Watcher{o: o, target: t, every: every.NewPeriod(o.Interval), names: map[string][]uint64{}, put: map[uint64]string{}, held: map[uint64]string{}, refused: map[uint64]bool{}, failing: map[string]bool{}}
 	w.resolver = net.DefaultResolver
 	if o.Server != "" {
 		var d net.Dialer
@@ -161,7 +162,16 @@ func ID(addr string) uint64 {
 // Run looks the names up every Interval until ctx ends (Sync looks them
 // up at once).
 func (w *Watcher) Run(ctx context.Context) {
-	every.Tick(ctx, w.o.Interval, func() { w.Sync(ctx) })
+	w.every.Tick(ctx, func() { w.Sync(ctx) })
+}
+
+// SetInterval changes Options.Interval (a reload): the next round comes d
+// from now (every.Period), each lookup within it (at most 5 s). A d that
+// is not positive is ignored (Options.Check refuses it at start).
+func (w *Watcher) SetInterval(d time.Duration) {
+	if d > 0 {
+		w.every.Set(d)
+	}
 }
 
 // Sync is one round: each name looked up (each within an Interval, at
@@ -218,7 +228,7 @@ func (w *Watcher) SetNames(names []string) error {
 // ports, each host's of the family Options.Family takes. A name that does
 // not exist has none; an error is a lookup that failed.
 func (w *Watcher) lookup(ctx context.Context, name string) ([]netip.AddrPort, error) {
-	ctx, cancel := context.WithTimeout(ctx, min(w.o.Interval, 5*time.Second))
+	ctx, cancel := context.WithTimeout(ctx, min(w.every.Get(), 5*time.Second))
 	defer cancel()
 	host, port, err := net.SplitHostPort(name)
 	if err != nil { // an SRV name (Check)

@@ -52,20 +52,23 @@ func (p *Period) Set(d time.Duration) {
 // Loop calls f at once, then every period (as Set leaves it) until ctx
 // ends.
 func (p *Period) Loop(ctx context.Context, f func()) {
+	f()
+	p.Tick(ctx, f)
+}
+
+// Tick calls f every period (as Set leaves it) until ctx ends; the first
+// call is a period from now.
+func (p *Period) Tick(ctx context.Context, f func()) {
 	t := time.NewTicker(p.Get())
 	defer t.Stop()
 	for {
-		f()
-	wait:
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-p.reset:
-				t.Reset(p.Get())
-			case <-t.C:
-				break wait
-			}
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.reset:
+			t.Reset(p.Get())
+		case <-t.C:
+			f()
 		}
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/fastroute/fastroute/affinity"
 	"github.com/fastroute/fastroute/dataplane/metrics"
 	"github.com/fastroute/fastroute/internal/bearer"
+	"github.com/fastroute/fastroute/internal/every"
 	"github.com/fastroute/fastroute/internal/workerclient"
 )
 
@@ -65,6 +66,7 @@ type Options struct {
 type Loop struct {
 	opts    Options
 	client  atomic.Pointer[http.Client] // SetTLS replaces it
+	every   *every.Period               // Options.Interval as it is now (SetInterval)
 	lost    atomic.Uint64               // keys the journal lost before they were read
 	senders sync.WaitGroup
 
@@ -88,7 +90,7 @@ func New(o Options) *Loop {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	l := &Loop{opts: o}
+	l := &Loop{opts: o, every: every.NewPeriod(o.Interval)}
 	l.client.Store(l.newClient(o.TLS))
 	l.SetStatic(o.Peers)
 	return l
@@ -180,41 +182,43 @@ func (l *Loop) Run(ctx context.Context) {
 		l.senders.Go(func() { l.send(ctx, p) })
 	}
 	l.mu.Unlock()
-	t := time.NewTicker(l.opts.Interval)
-	defer t.Stop()
 	var buf []byte
-	for {
-		select {
-		case <-ctx.Done():
-			l.mu.Lock()
-			l.stopped = true
-			for _, p := range l.peers {
-				close(p.batches)
-			}
-			l.mu.Unlock()
-			l.senders.Wait()
-			l.client.Load().CloseIdleConnections()
-			return
-		case <-t.C:
-		}
-		var lost uint64
-		buf, lost = l.opts.Prefixes.Changed(buf[:0])
-		l.lost.Add(lost)
-		if len(buf) == 0 {
-			continue
-		}
-		batch := bytes.Clone(buf) // the senders read it while buf is refilled
-		l.mu.Lock()
-		for _, p := range l.peers {
-			select {
-			case p.batches <- batch:
-			default:
-				p.dropped.Add(uint64(len(batch) / affinity.PrefixRecordBytes))
-			}
-		}
-		l.mu.Unlock()
+	l.every.Tick(ctx, func() { buf = l.share(buf[:0]) })
+	l.mu.Lock()
+	l.stopped = true
+	for _, p := range l.peers {
+		close(p.batches)
 	}
+	l.mu.Unlock()
+	l.senders.Wait()
+	l.client.Load().CloseIdleConnections()
 }
+
+// share reads the journal's records into buf and hands them, as one batch,
+// to every peer's sender (one whose queue is full drops it, counted), and
+// returns buf to read the next ones into.
+func (l *Loop) share(buf []byte) []byte {
+	buf, lost := l.opts.Prefixes.Changed(buf)
+	l.lost.Add(lost)
+	if len(buf) == 0 {
+		return buf
+	}
+	batch := bytes.Clone(buf) // the senders read it while buf is refilled
+	l.mu.Lock()
+	for _, p := range l.peers {
+		select {
+		case p.batches <- batch:
+		default:
+			p.dropped.Add(uint64(len(batch) / affinity.PrefixRecordBytes))
+		}
+	}
+	l.mu.Unlock()
+	return buf
+}
+
+// SetInterval changes Options.Interval (a reload): the next read of the
+// journal comes d from now (every.Period).
+func (l *Loop) SetInterval(d time.Duration) { l.every.Set(d) }
 
 // send posts p's batches in turn until its queue is closed.
 func (l *Loop) send(ctx context.Context, p *peer) {

@@ -133,3 +133,20 @@ func TestSetPeersFollowsTheReplicasFound(t *testing.T) {
 	assert.Equal(t, int64(1), found.learned.Load(), "a replica gone gets nothing more")
 	assert.NotContains(t, page(l), foundSrv.URL)
 }
+
+// SetInterval applies at once: records an hour's interval would keep
+// reach the peer a new interval after it.
+func TestSetIntervalAppliesAtOnce(t *testing.T) {
+	peer := &peerTable{prefixes: affinity.NewPrefixes(1024)}
+	srv := httptest.NewServer(peer)
+	t.Cleanup(srv.Close)
+	mine := affinity.NewPrefixes(1024)
+	mine.Share(JournalKeys)
+	l := New(Options{Prefixes: mine, Peers: []string{srv.URL}, Interval: time.Hour, Timeout: time.Second})
+	run(t, l)
+	mine.Record([]uint64{0xAAAA_0000_0000_0001, 0xBBBB_0000_0000_0002}, 7)
+	time.Sleep(50 * time.Millisecond)
+	assert.Zero(t, peer.learned.Load(), "the journal is read once an hour")
+	l.SetInterval(time.Millisecond)
+	require.Eventually(t, func() bool { return peer.learned.Load() == 2 }, 5*time.Second, time.Millisecond)
+}
