@@ -24,18 +24,19 @@ import (
 // empty table), the front end's policy (frontendPolicy: the limits of an
 // exchange with a worker among them), the wait queue's bounds while it stays
 // on, health's keys (its thresholds and ejections, the probes' interval,
-// timeout and path), the engine scrapes' interval, timeout and stall bound,
-// DNS discovery's names and interval, the secrets and the clients' API keys
-// (read again from their files or the environment), the certificates and
-// revocation lists (tls, admin_tls's certificate and CAs, worker_tls's
-// client certificate and the way workers' certificates are checked: read
-// again), aliases, mirrors, tracing's sample ratio, metrics_public and the
-// shutdown keys. A config that fails validation is refused with the same
-// error as at start, and nothing changes. A key a running router cannot
-// change (a listener, a client connection's limits, a table's size, the API
-// keys' sharing and the GPU/CPU readers' intervals), or one whose field that
-// cannot change changed beside those that can (which holds the whole key
-// back), is named in needRestart and keeps its old value.
+// timeout and path), the GPU/CPU readers' interval, the engine scrapes'
+// interval, timeout and stall bound, DNS discovery's names and interval, the
+// secrets and the clients' API keys (read again from their files or the
+// environment), the certificates and revocation lists (tls, admin_tls's
+// certificate and CAs, worker_tls's client certificate and the way workers'
+// certificates are checked: read again), aliases, mirrors, tracing's sample
+// ratio, metrics_public and the shutdown keys. A config that fails
+// validation is refused with the same error as at start, and nothing
+// changes. A key a running router cannot change (a listener, a client
+// connection's limits, a table's size, the API keys' sharing interval), or
+// one whose field that cannot change changed beside those that can (which
+// holds the whole key back), is named in needRestart and keeps its old
+// value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
@@ -105,11 +106,12 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	affinityApplies := old.Router.SessionAffinity.TTL == cfg.Router.SessionAffinity.TTL &&
 		old.Router.SessionAffinity.MaxSessions == cfg.Router.SessionAffinity.MaxSessions
 	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
-	// The engine scrapes' interval, timeout and stall bound apply unless
-	// another telemetry key changed too (or engine metrics were off at
-	// start: nothing reads them).
+	// The GPU/CPU readers' interval and the engine scrapes' interval,
+	// timeout and stall bound apply unless another telemetry key changed
+	// too (or what reads one was off at start).
 	oe, ne := old.Telemetry.Engine, cfg.Telemetry.Engine
-	engineApplies := reflect.DeepEqual(withEngineTiming(old.Telemetry, ne), cfg.Telemetry) && (r.Engines != nil || oe == ne)
+	telemetryApplies := reflect.DeepEqual(withTelemetryTiming(old.Telemetry, cfg.Telemetry), cfg.Telemetry) &&
+		(r.Engines != nil || oe == ne) && (r.Weights != nil || old.Telemetry.Interval == cfg.Telemetry.Interval)
 	// discovery.dns's names and interval apply while the router looks names
 	// up and will go on (a list emptied turns it off: a restart) and nothing
 	// else of discovery changed.
@@ -139,7 +141,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.disaggregation":   disaggApplies,
 		"router.queue":            queueApplies,
 		"discovery":               dnsRoundsApply,
-		"telemetry":               engineApplies,
+		"telemetry":               telemetryApplies,
 		"limits":                  limitsApply,
 		"log.format":              old.Log.Format == cfg.Log.Format,
 		"tracing":                 tracingApplies,
@@ -232,11 +234,15 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Selector.Reroute(func(rt *dataplane.Routing) { routingKnobs(routed, rt) })
 		applied = append(applied, changed...)
 	}
-	if engineApplies && ne.StallAfter != oe.StallAfter {
+	if iv := cfg.Telemetry.Interval; telemetryApplies && iv != old.Telemetry.Interval {
+		r.Weights.SetInterval(iv)
+		applied = append(applied, fmt.Sprintf("telemetry.interval=%v", iv))
+	}
+	if telemetryApplies && ne.StallAfter != oe.StallAfter {
 		r.Engines.SetStallAfter(ne.StallAfter)
 		applied = append(applied, fmt.Sprintf("telemetry.engine.stall_after=%v", ne.StallAfter))
 	}
-	if engineApplies && (ne.Interval != oe.Interval || ne.Timeout != oe.Timeout) {
+	if telemetryApplies && (ne.Interval != oe.Interval || ne.Timeout != oe.Timeout) {
 		r.Engines.SetTiming(ne.Interval, ne.Timeout)
 		applied = append(applied, fmt.Sprintf("telemetry.engine.interval=%v telemetry.engine.timeout=%v", ne.Interval, ne.Timeout))
 	}
@@ -325,7 +331,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if dnsRoundsApply {
 		next.Discovery = cfg.Discovery
 	}
-	if engineApplies {
+	if telemetryApplies {
 		next.Telemetry = cfg.Telemetry
 	}
 	next.Router = routedConfig(next, cfg, affinityApplies, disaggApplies).Router
@@ -403,9 +409,11 @@ func withDNSRounds(d config.Discovery, dns config.DNS) config.Discovery {
 	return d
 }
 
-// withEngineTiming is t with e's scrape interval, timeout and stall bound.
-func withEngineTiming(t config.Telemetry, e config.Engine) config.Telemetry {
-	t.Engine.Interval, t.Engine.Timeout, t.Engine.StallAfter = e.Interval, e.Timeout, e.StallAfter
+// withTelemetryTiming is t with next's GPU/CPU reading interval and its
+// engine scrapes' interval, timeout and stall bound.
+func withTelemetryTiming(t, next config.Telemetry) config.Telemetry {
+	t.Interval = next.Interval
+	t.Engine.Interval, t.Engine.Timeout, t.Engine.StallAfter = next.Engine.Interval, next.Engine.Timeout, next.Engine.StallAfter
 	return t
 }
 

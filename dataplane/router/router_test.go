@@ -772,7 +772,8 @@ func TestStartRefusesBadConfig(t *testing.T) {
 // CPU collector reads this machine's /proc, both CPU workers read the same
 // cgroup directory and so see the same idle share, so requests split by
 // capacity (1 : 0.25); GET /workers shows the weight source and telemetry
-// age; a GPU worker without NVML says why it keeps its static capacity.
+// age; a GPU worker without NVML says why it keeps its static capacity; a
+// reload's interval applies.
 // Engine telemetry is off: this test is about the device weights.
 func TestWeightedModeFollowsTelemetry(t *testing.T) {
 	cg := t.TempDir()
@@ -819,6 +820,17 @@ func TestWeightedModeFollowsTelemetry(t *testing.T) {
 		"\nfastroute_telemetry_fallbacks_total "} {
 		assert.Contains(t, body, name)
 	}
+
+	// A reload's interval applies from then: read once an hour, the
+	// readings age (at 20 ms they never did past a second).
+	next := f.r.CurrentConfig()
+	next.Telemetry.Interval = time.Hour
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Contains(t, applied, "telemetry.interval=1h0m0s") // and worker 3, drained by hand, back
+	assert.Empty(t, needRestart)
+	require.Eventually(t, func() bool { age, _ := f.workerInfo(1)["telemetry_age_seconds"].(float64); return age > 1 },
+		5*time.Second, 20*time.Millisecond)
 	f.assertIdle()
 }
 

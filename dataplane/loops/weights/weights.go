@@ -13,6 +13,7 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/metrics"
+	"github.com/fastroute/fastroute/internal/every"
 )
 
 // StaleAfter is how many poll periods a reading stays valid; an older one
@@ -64,7 +65,8 @@ func clamp01(v float64) float64 { return min(max(v, 0), 1) }
 // Loop owns the weight computation. Tick and Run are meant for one goroutine;
 // Describe and the metrics collector may run concurrently with them.
 type Loop struct {
-	opts Options
+	opts  Options
+	every *every.Period // Options.Interval as it is now (SetInterval)
 
 	mu        sync.Mutex // guards origins; never taken on the request path
 	origins   map[uint64]Origin
@@ -80,20 +82,20 @@ func New(o Options) *Loop {
 	if o.Interval <= 0 {
 		o.Interval = 250 * time.Millisecond
 	}
-	return &Loop{opts: o, origins: map[uint64]Origin{}, errs: make([]string, len(o.Sources)), fallbacks: metrics.NewCounter()}
+	return &Loop{opts: o, every: every.NewPeriod(o.Interval), origins: map[uint64]Origin{}, errs: make([]string, len(o.Sources)), fallbacks: metrics.NewCounter()}
 }
 
 // Run ticks every Interval until ctx ends.
 func (l *Loop) Run(ctx context.Context) {
-	t := time.NewTicker(l.opts.Interval)
-	defer t.Stop()
-	for {
-		l.Tick(time.Now())
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	l.every.Loop(ctx, func() { l.Tick(time.Now()) })
+}
+
+// SetInterval changes Options.Interval (a reload): the next tick comes d
+// from now (every.Period), and a reading goes stale after StaleAfter new
+// intervals. A d that is not positive is ignored.
+func (l *Loop) SetInterval(d time.Duration) {
+	if d > 0 {
+		l.every.Set(d)
 	}
 }
 
@@ -104,7 +106,7 @@ func (l *Loop) Tick(now time.Time) {
 	for i, src := range l.opts.Sources {
 		l.noteErr(&l.errs[i], src.Name(), src.Refresh(now, workers))
 	}
-	staleBefore := now.Add(-StaleAfter * l.opts.Interval)
+	staleBefore := now.Add(-StaleAfter * l.every.Get())
 	l.mu.Lock()
 	// A fresh map: workers that left the registry drop out of it.
 	next := make(map[uint64]Origin, len(workers))
