@@ -166,13 +166,8 @@ func (w *Watcher) Run(ctx context.Context) {
 }
 
 // SetInterval changes Options.Interval (a reload): the next round comes d
-// from now (every.Period), each lookup within it (at most 5 s). A d that
-// is not positive is ignored (Options.Check refuses it at start).
-func (w *Watcher) SetInterval(d time.Duration) {
-	if d > 0 {
-		w.every.Set(d)
-	}
-}
+// from now (every.Period), each lookup within it (at most 5 s).
+func (w *Watcher) SetInterval(d time.Duration) { w.every.Set(d) }
 
 // Sync is one round: each name looked up (each within an Interval, at
 // most 5 s), the workers of the addresses found put, and those of

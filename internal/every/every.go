@@ -11,16 +11,7 @@ import (
 
 // Tick calls f every d until ctx ends; the first call is d from now.
 func Tick(ctx context.Context, d time.Duration, f func()) {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			f()
-		}
-	}
+	NewPeriod(d).Tick(ctx, f)
 }
 
 // Period is an interval a reload may change (Set) while Loop runs on it.
@@ -41,7 +32,11 @@ func (p *Period) Get() time.Duration { return time.Duration(p.d.Load()) }
 
 // Set changes the period to d: Loop's next call comes d from now, not
 // after the rest of the old period's wait (an hour's, going to a second).
+// A d that is not positive is ignored (a ticker takes none).
 func (p *Period) Set(d time.Duration) {
+	if d <= 0 {
+		return
+	}
 	p.d.Store(int64(d))
 	select {
 	case p.reset <- struct{}{}:

@@ -47,6 +47,8 @@ func TestAPeriodSetAppliesAtOnce(t *testing.T) {
 	assert.Eventually(t, func() bool { return calls.Load() == 1 }, 2*time.Second, time.Millisecond, "the first call at once")
 	time.Sleep(50 * time.Millisecond)
 	assert.EqualValues(t, 1, calls.Load(), "the next an hour away")
+	p.Set(0)
+	assert.Equal(t, time.Hour, p.Get(), "no period of 0: ignored")
 	p.Set(10 * time.Millisecond)
 	assert.Equal(t, 10*time.Millisecond, p.Get())
 	assert.Eventually(t, func() bool { return calls.Load() >= 4 }, 2*time.Second, time.Millisecond, "every 10 ms from the Set")

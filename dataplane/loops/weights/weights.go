@@ -92,12 +92,8 @@ func (l *Loop) Run(ctx context.Context) {
 
 // SetInterval changes Options.Interval (a reload): the next tick comes d
 // from now (every.Period), and a reading goes stale after StaleAfter new
-// intervals. A d that is not positive is ignored.
-func (l *Loop) SetInterval(d time.Duration) {
-	if d > 0 {
-		l.every.Set(d)
-	}
-}
+// intervals.
+func (l *Loop) SetInterval(d time.Duration) { l.every.Set(d) }
 
 // Tick refreshes the sources, recomputes every worker's weight as of now
 // and republishes the registry snapshot.
