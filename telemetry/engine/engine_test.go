@@ -708,18 +708,11 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 			}
 		}()
 	}
-	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
-	sc := New(Options{Interval: 20 * time.Millisecond, Timeout: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Targets: func() []Target {
-			return []Target{{ID: 1, URL: busy.URL() + "/metrics"}, {ID: 2, URL: sg.URL() + "/metrics"}, {ID: 3, URL: plain.URL() + "/nope"},
-				{ID: 4, URL: llama.URL() + "/metrics"}, {ID: 5, URL: trt.URL() + "/metrics"},
-				{ID: 6, URL: tgi.URL() + "/metrics"}}
-		},
-		Publish: s.publish})
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { sc.Run(runCtx); close(done) }()
-	defer func() { stop(); <-done }()
+	sc, s := scraping(t, Options{Interval: 20 * time.Millisecond, Timeout: 200 * time.Millisecond, Targets: func() []Target {
+		return []Target{{ID: 1, URL: busy.URL() + "/metrics"}, {ID: 2, URL: sg.URL() + "/metrics"}, {ID: 3, URL: plain.URL() + "/nope"},
+			{ID: 4, URL: llama.URL() + "/metrics"}, {ID: 5, URL: trt.URL() + "/metrics"},
+			{ID: 6, URL: tgi.URL() + "/metrics"}}
+	}})
 
 	require.Eventually(t, func() bool {
 		st, _ := s.get(1)
@@ -780,17 +773,11 @@ func TestScraperCountsEachLossOfAReadingOnce(t *testing.T) {
 	vllm, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 1})
 	require.NoError(t, err)
 	defer vllm.Close()
-	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
 	targets := atomic.Pointer[[]Target]{}
 	targets.Store(&[]Target{{ID: 3, URL: plain.URL() + "/nope"}})
 	// 100 ms apart, a reading goes stale after 300 ms without a scrape:
 	// more than a loaded machine takes for one over loopback.
-	sc := New(Options{Interval: 100 * time.Millisecond, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Targets: func() []Target { return *targets.Load() }, Publish: s.publish})
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { sc.Run(runCtx); close(done) }()
-	defer func() { stop(); <-done }()
+	sc, s := scraping(t, Options{Interval: 100 * time.Millisecond, Timeout: time.Second, Targets: func() []Target { return *targets.Load() }})
 	require.Eventually(t, func() bool {
 		info := map[string]any{}
 		sc.Describe(3, info)
@@ -830,16 +817,10 @@ func TestAnAsleepReadingIsHeldWhenItsScrapesFail(t *testing.T) {
 	require.NoError(t, resp.Body.Close())
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 
-	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
 	const interval = 20 * time.Millisecond // stale after 60 ms, held asleep for 2 s
-	sc := New(Options{Interval: interval, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Targets: func() []Target {
-			return []Target{{ID: 1, URL: asleep.URL() + "/metrics"}, {ID: 2, URL: awake.URL() + "/metrics"}}
-		}, Publish: s.publish})
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { sc.Run(runCtx); close(done) }()
-	defer func() { stop(); <-done }()
+	sc, s := scraping(t, Options{Interval: interval, Timeout: time.Second, Targets: func() []Target {
+		return []Target{{ID: 1, URL: asleep.URL() + "/metrics"}, {ID: 2, URL: awake.URL() + "/metrics"}}
+	}})
 	require.Eventually(t, func() bool {
 		st1, _ := s.get(1)
 		st2, _ := s.get(2)
@@ -892,12 +873,16 @@ func slowPage(t *testing.T, delay, requests *atomic.Int64) string {
 	return srv.URL + "/metrics"
 }
 
-// scraping runs a Scraper of o (logs discarded) of one target, id 1 at
-// url, publishing to the sink it returns, until the test ends.
-func scraping(t *testing.T, url string, o Options) (*Scraper, *sink) {
+// one is the targets of a Scraper of one engine, id 1, at url.
+func one(url string) func() []Target {
+	return func() []Target { return []Target{{ID: 1, URL: url}} }
+}
+
+// scraping runs a Scraper of o (logs discarded), publishing to the sink
+// it returns, until the test ends.
+func scraping(t *testing.T, o Options) (*Scraper, *sink) {
 	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
 	o.Logger, o.Publish = slog.New(slog.NewTextHandler(io.Discard, nil)), s.publish
-	o.Targets = func() []Target { return []Target{{ID: 1, URL: url}} }
 	sc := New(o)
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -915,7 +900,7 @@ func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
 	delay.Store(int64(300 * time.Millisecond))
 	// Fresh for 3 intervals of 50 ms; a scrape takes 300 ms. (A tick held
 	// back over 150 ms past a scrape's end would still withdraw it.)
-	_, s := scraping(t, slowPage(t, &delay, nil), Options{Interval: 50 * time.Millisecond, Timeout: time.Second})
+	_, s := scraping(t, Options{Interval: 50 * time.Millisecond, Timeout: time.Second, Targets: one(slowPage(t, &delay, nil))})
 	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil }, 5*time.Second, 5*time.Millisecond)
 	withdrawn := 0
 	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
@@ -938,7 +923,7 @@ func TestASlowMetricsPageKeepsItsReading(t *testing.T) {
 // timeout with it.
 func TestSetTimingAppliesToTheNextScrape(t *testing.T) {
 	var delay, scrapes atomic.Int64
-	sc, s := scraping(t, slowPage(t, &delay, &scrapes), Options{Interval: time.Hour, Timeout: 100 * time.Millisecond})
+	sc, s := scraping(t, Options{Interval: time.Hour, Timeout: 100 * time.Millisecond, Targets: one(slowPage(t, &delay, &scrapes))})
 	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil }, 5*time.Second, 5*time.Millisecond, "the first tick")
 
 	sc.SetTiming(20*time.Millisecond, 100*time.Millisecond)
@@ -1004,13 +989,7 @@ func TestAWorkerWithoutMetricsIsReadByTheRouter(t *testing.T) {
 		{ID: 6, URL: srv.URL + "/404"}, // nothing relayed to read
 		{ID: 7, URL: srv.URL + "/later", Relayed: still},
 	}
-	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
-	sc := New(Options{Interval: 50 * time.Millisecond, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Targets: func() []Target { return targets }, Publish: s.publish, StallAfter: 100 * time.Millisecond})
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { sc.Run(runCtx); close(done) }()
-	defer func() { stop(); <-done }()
+	sc, s := scraping(t, Options{Interval: 50 * time.Millisecond, Timeout: time.Second, Targets: func() []Target { return targets }, StallAfter: 100 * time.Millisecond})
 
 	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil && st.TokenRate > 0 }, 5*time.Second, 10*time.Millisecond,
 		"a speed learned from the relayed tokens over a window of a second")
@@ -1074,15 +1053,9 @@ func TestAReadingCountsTheRequestsInFlightAsItsScrapeLeft(t *testing.T) {
 		_, _ = io.WriteString(w, vllmPage)
 	}))
 	defer srv.Close()
-	s := &sink{last: map[uint64]*Stats{}, seen: map[uint64]int{}}
-	sc := New(Options{Interval: time.Hour, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Targets: func() []Target {
-			return []Target{{ID: 1, URL: srv.URL + "/metrics", Relayed: func() RelayedCounts { return RelayedCounts{InFlight: inFlight.Load()} }}}
-		}, Publish: s.publish})
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { sc.Run(runCtx); close(done) }()
-	defer func() { stop(); <-done }()
+	_, s := scraping(t, Options{Interval: time.Hour, Timeout: time.Second, Targets: func() []Target {
+		return []Target{{ID: 1, URL: srv.URL + "/metrics", Relayed: func() RelayedCounts { return RelayedCounts{InFlight: inFlight.Load()} }}}
+	}})
 	require.Eventually(t, func() bool { st, _ := s.get(1); return st != nil }, 5*time.Second, 5*time.Millisecond)
 	st, _ := s.get(1)
 	assert.EqualValues(t, 2, st.Occupancy, "in flight as the scrape left")

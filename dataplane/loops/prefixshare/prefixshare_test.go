@@ -49,6 +49,20 @@ func (p *peerTable) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func page(l *Loop) string { return metrics.Text(l.Collector()) }
 
+// serve serves p over loopback until the test ends and returns its URL.
+func serve(t *testing.T, p *peerTable) string {
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// journaled is a table whose records a Loop reads (Share).
+func journaled() *affinity.Prefixes {
+	p := affinity.NewPrefixes(1024)
+	p.Share(JournalKeys)
+	return p
+}
+
 func run(t *testing.T, l *Loop) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -59,11 +73,8 @@ func run(t *testing.T, l *Loop) {
 // What the table records anew reaches the peer's table, with the token.
 func TestRecordsReachThePeer(t *testing.T) {
 	peer := &peerTable{prefixes: affinity.NewPrefixes(1024)}
-	srv := httptest.NewServer(peer)
-	t.Cleanup(srv.Close)
-	mine := affinity.NewPrefixes(1024)
-	mine.Share(JournalKeys)
-	l := New(Options{Prefixes: mine, Peers: []string{srv.URL + "/"}, Token: bearer.New("s3cret"), Interval: time.Millisecond, Timeout: time.Second})
+	url, mine := serve(t, peer), journaled()
+	l := New(Options{Prefixes: mine, Peers: []string{url + "/"}, Token: bearer.New("s3cret"), Interval: time.Millisecond, Timeout: time.Second})
 	run(t, l)
 
 	keys := []uint64{0xAAAA_0000_0000_0001, 0xBBBB_0000_0000_0002, 0xCCCC_0000_0000_0003}
@@ -73,7 +84,7 @@ func TestRecordsReachThePeer(t *testing.T) {
 	assert.Equal(t, [2]uint64{7, 3}, [2]uint64{w, uint64(blocks)})
 	assert.Equal(t, "Bearer s3cret", peer.auth.Load())
 	require.Eventually(t, func() bool {
-		return strings.Contains(page(l), `fastroute_prefix_shared_records_total{peer="`+srv.URL+`/",outcome="sent"} 3`)
+		return strings.Contains(page(l), `fastroute_prefix_shared_records_total{peer="`+url+`/",outcome="sent"} 3`)
 	}, 5*time.Second, time.Millisecond)
 	assert.Contains(t, page(l), "fastroute_prefix_recorded_keys_total 3")
 }
@@ -84,12 +95,8 @@ func TestRecordsReachThePeer(t *testing.T) {
 func TestASlowPeerDropsOnlyItsOwnBatches(t *testing.T) {
 	slow := &peerTable{prefixes: affinity.NewPrefixes(1024), hold: make(chan struct{})}
 	fast := &peerTable{prefixes: affinity.NewPrefixes(1024)}
-	slowSrv, fastSrv := httptest.NewServer(slow), httptest.NewServer(fast)
-	t.Cleanup(slowSrv.Close)
-	t.Cleanup(fastSrv.Close)
-	mine := affinity.NewPrefixes(1024)
-	mine.Share(JournalKeys)
-	l := New(Options{Prefixes: mine, Peers: []string{slowSrv.URL, fastSrv.URL}, Interval: time.Millisecond, Timeout: 10 * time.Second})
+	slowURL, fastURL, mine := serve(t, slow), serve(t, fast), journaled()
+	l := New(Options{Prefixes: mine, Peers: []string{slowURL, fastURL}, Interval: time.Millisecond, Timeout: 10 * time.Second})
 	run(t, l)
 
 	const batches = queued + 4 // one in flight, queued waiting, the rest dropped
@@ -97,13 +104,13 @@ func TestASlowPeerDropsOnlyItsOwnBatches(t *testing.T) {
 		mine.Record([]uint64{uint64(i+1)<<32 | uint64(i)}, 1)
 		require.Eventually(t, func() bool { return fast.learned.Load() == int64(i+1) }, 5*time.Second, time.Millisecond)
 	}
-	assert.Contains(t, page(l), `fastroute_prefix_shared_records_total{peer="`+slowSrv.URL+`",outcome="dropped"} 3`)
+	assert.Contains(t, page(l), `fastroute_prefix_shared_records_total{peer="`+slowURL+`",outcome="dropped"} 3`)
 	close(slow.hold)
 	require.Eventually(t, func() bool { return slow.learned.Load() == queued+1 }, 5*time.Second, time.Millisecond)
 	// The sender counts a batch sent when the 204 is back, after the peer
 	// took it in.
 	require.Eventually(t, func() bool {
-		return strings.Contains(page(l), `fastroute_prefix_shared_records_total{peer="`+fastSrv.URL+`",outcome="sent"} 8`)
+		return strings.Contains(page(l), `fastroute_prefix_shared_records_total{peer="`+fastURL+`",outcome="sent"} 8`)
 	}, 5*time.Second, time.Millisecond)
 }
 
@@ -111,38 +118,31 @@ func TestASlowPeerDropsOnlyItsOwnBatches(t *testing.T) {
 // address left out; one gone gets nothing more.
 func TestSetPeersFollowsTheReplicasFound(t *testing.T) {
 	static, found := &peerTable{prefixes: affinity.NewPrefixes(1024)}, &peerTable{prefixes: affinity.NewPrefixes(1024)}
-	staticSrv, foundSrv := httptest.NewServer(static), httptest.NewServer(found)
-	t.Cleanup(staticSrv.Close)
-	t.Cleanup(foundSrv.Close)
+	staticURL, foundURL, mine := serve(t, static), serve(t, found), journaled()
 	const self = "http://127.0.0.1:1"
-	mine := affinity.NewPrefixes(1024)
-	mine.Share(JournalKeys)
-	l := New(Options{Prefixes: mine, Peers: []string{staticSrv.URL}, Self: self, Interval: time.Millisecond, Timeout: time.Second})
+	l := New(Options{Prefixes: mine, Peers: []string{staticURL}, Self: self, Interval: time.Millisecond, Timeout: time.Second})
 	run(t, l)
 
-	l.SetPeers([]string{self, foundSrv.URL, staticSrv.URL})
-	assert.Equal(t, []string{staticSrv.URL, foundSrv.URL}, l.Peers())
+	l.SetPeers([]string{self, foundURL, staticURL})
+	assert.Equal(t, []string{staticURL, foundURL}, l.Peers())
 	mine.Record([]uint64{0xAAAA_0000_0000_0001}, 1)
 	require.Eventually(t, func() bool { return static.learned.Load() == 1 && found.learned.Load() == 1 }, 5*time.Second, time.Millisecond)
 	assert.NotContains(t, page(l), self, "not sent to itself")
 
 	l.SetPeers([]string{self})
-	assert.Equal(t, []string{staticSrv.URL}, l.Peers())
+	assert.Equal(t, []string{staticURL}, l.Peers())
 	mine.Record([]uint64{0xBBBB_0000_0000_0002}, 1)
 	require.Eventually(t, func() bool { return static.learned.Load() == 2 }, 5*time.Second, time.Millisecond, "the configured peer stays")
 	assert.Equal(t, int64(1), found.learned.Load(), "a replica gone gets nothing more")
-	assert.NotContains(t, page(l), foundSrv.URL)
+	assert.NotContains(t, page(l), foundURL)
 }
 
 // SetInterval applies at once: records an hour's interval would keep
 // reach the peer a new interval after it.
 func TestSetIntervalAppliesAtOnce(t *testing.T) {
 	peer := &peerTable{prefixes: affinity.NewPrefixes(1024)}
-	srv := httptest.NewServer(peer)
-	t.Cleanup(srv.Close)
-	mine := affinity.NewPrefixes(1024)
-	mine.Share(JournalKeys)
-	l := New(Options{Prefixes: mine, Peers: []string{srv.URL}, Interval: time.Hour, Timeout: time.Second})
+	mine := journaled()
+	l := New(Options{Prefixes: mine, Peers: []string{serve(t, peer)}, Interval: time.Hour, Timeout: time.Second})
 	run(t, l)
 	mine.Record([]uint64{0xAAAA_0000_0000_0001, 0xBBBB_0000_0000_0002}, 7)
 	time.Sleep(50 * time.Millisecond)
