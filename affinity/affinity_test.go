@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -86,6 +87,26 @@ func TestTTLExpiresIdleSessionsOnly(t *testing.T) {
 	clock.advance(11 * time.Second)
 	assert.Equal(t, 1, tb.Tick())
 	assert.Zero(t, tb.Len())
+}
+
+// SetTTL expires by the new TTL from the next sweep, and Run sweeps at
+// the new one's period from then on (an hour's TTL swept every 10 s).
+func TestSetTTLAppliesToTheNextSweep(t *testing.T) {
+	tb, clock := newTable(time.Hour, 10)
+	tb.Put([]byte("a"), Pin{Worker: 1})
+	clock.advance(2 * time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { tb.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	tb.SetTTL(time.Second)
+	assert.Equal(t, time.Second, tb.TTL())
+	assert.Eventually(t, func() bool { return tb.Len() == 0 }, 2*time.Second, 10*time.Millisecond,
+		"idle 2 s past a 1 s TTL, swept every 100 ms")
+	_, expired := tb.Evictions()
+	assert.EqualValues(t, 1, expired)
+	tb.SetTTL(0) // not a TTL: ignored
+	assert.Equal(t, time.Second, tb.TTL())
 }
 
 func TestMaxSessionsEvictsTheOldestCreated(t *testing.T) {

@@ -73,6 +73,8 @@ type Options struct {
 // sessions earlier, if it is still there.
 type Table struct {
 	opts    Options
+	ttl     atomic.Int64  // nanoseconds: opts.TTL until SetTTL
+	sweep   *every.Period // how often Run ticks: sweepEvery(ttl)
 	m       *xsync.MapOf[uint64, *session]
 	ring    []atomic.Uint64 // session hashes by creation slot
 	next    atomic.Uint64   // next creation slot
@@ -99,9 +101,31 @@ func NewTable(opts Options) *Table {
 	if opts.MaxSessions <= 0 {
 		opts.MaxSessions = 100000
 	}
-	t := &Table{opts: opts, m: xsync.NewMapOfWithHasher[uint64, *session](rehash), ring: make([]atomic.Uint64, opts.MaxSessions)}
+	t := &Table{opts: opts, m: xsync.NewMapOfWithHasher[uint64, *session](rehash), ring: make([]atomic.Uint64, opts.MaxSessions),
+		sweep: every.NewPeriod(sweepEvery(opts.TTL))}
+	t.ttl.Store(int64(opts.TTL))
 	t.clock.Store(opts.Now().UnixNano())
 	return t
+}
+
+// SetTTL changes the idle time after which a pin expires: the next Tick
+// expires by it (a shorter one drops the sessions idle longer at once), and
+// Run ticks at its new period from then on.
+func (t *Table) SetTTL(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t.ttl.Store(int64(d))
+	t.sweep.Set(sweepEvery(d))
+}
+
+// TTL is the idle time after which a pin expires.
+func (t *Table) TTL() time.Duration { return time.Duration(t.ttl.Load()) }
+
+// sweepEvery is Run's period for a TTL: a tenth of it, within 100ms..10s.
+// It is also the granularity of the sessions' idle clock.
+func sweepEvery(ttl time.Duration) time.Duration {
+	return min(max(ttl/10, 100*time.Millisecond), 10*time.Second)
 }
 
 // rehash is the map's hasher: keys are xxhash values already, so mixing in
@@ -195,7 +219,7 @@ func (t *Table) WorkerLeft(worker uint64) {
 func (t *Table) Tick() int {
 	now := t.opts.Now().UnixNano()
 	t.clock.Store(now)
-	cutoff := now - int64(t.opts.TTL)
+	cutoff := now - t.ttl.Load()
 	var stale []uint64
 	t.m.Range(func(h uint64, s *session) bool {
 		if s.used.Load() < cutoff {
@@ -210,9 +234,9 @@ func (t *Table) Tick() int {
 	return int(t.expired.Load() - before)
 }
 
-// Run ticks every interval until ctx ends.
-func (t *Table) Run(ctx context.Context, interval time.Duration) {
-	every.Tick(ctx, interval, func() { t.Tick() })
+// Run ticks until ctx ends, every tenth of the TTL (within 100ms..10s).
+func (t *Table) Run(ctx context.Context) {
+	t.sweep.Tick(ctx, func() { t.Tick() })
 }
 
 // Len returns the number of sessions held.

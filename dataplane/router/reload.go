@@ -20,23 +20,23 @@ import (
 // a running router can change: the routing policy (router.mode,
 // busy_threshold, cpu_ratio, retries and their budget, prefix affinity's
 // slack, peers and share interval: reloadablePrefixes, the routing knobs:
-// routingKnobs, the phases' pickers, and the embedding cache's size: a new,
-// empty table), the front end's policy (frontendPolicy: the limits of an
-// exchange with a worker among them), the wait queue's bounds while it stays
-// on, health's keys (its thresholds and ejections, the probes' interval,
-// timeout and path), the GPU/CPU readers' interval, the engine scrapes'
-// interval, timeout and stall bound, DNS discovery's names and interval, the
-// secrets and the clients' API keys (read again from their files or the
-// environment), the certificates and revocation lists (tls, admin_tls's
-// certificate and CAs, worker_tls's client certificate and the way workers'
-// certificates are checked: read again), aliases, mirrors, tracing's sample
-// ratio, metrics_public and the shutdown keys. A config that fails
-// validation is refused with the same error as at start, and nothing
-// changes. A key a running router cannot change (a listener, a client
-// connection's limits, a table's size, the API keys' sharing interval), or
-// one whose field that cannot change changed beside those that can (which
-// holds the whole key back), is named in needRestart and keeps its old
-// value.
+// routingKnobs, session affinity's TTL, the phases' pickers, and the
+// embedding cache's size: a new, empty table), the front end's policy
+// (frontendPolicy: the limits of an exchange with a worker among them), the
+// wait queue's bounds while it stays on, health's keys (its thresholds and
+// ejections, the probes' interval, timeout and path), the GPU/CPU readers'
+// interval, the engine scrapes' interval, timeout and stall bound, DNS
+// discovery's names and interval, the secrets and the clients' API keys
+// (read again from their files or the environment), the certificates and
+// revocation lists (tls, admin_tls's certificate and CAs, worker_tls's
+// client certificate and the way workers' certificates are checked: read
+// again), aliases, mirrors, tracing's sample ratio, metrics_public and the
+// shutdown keys. A config that fails validation is refused with the same
+// error as at start, and nothing changes. A key a running router cannot
+// change (a listener, a client connection's limits, a table's size, the API
+// keys' sharing interval), or one whose field that cannot change changed
+// beside those that can (which holds the whole key back), is named in
+// needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
@@ -100,11 +100,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// headers changed too.
 	tracingApplies := old.Tracing.OTLPEndpoint == cfg.Tracing.OTLPEndpoint && old.Tracing.ServiceName == cfg.Tracing.ServiceName &&
 		maps.Equal(old.Tracing.Headers, cfg.Tracing.Headers)
-	// Session affinity's mode and header apply unless the table's bounds
-	// changed too; disaggregation's pickers, bounds and fallback unless its
-	// protocol did.
-	affinityApplies := old.Router.SessionAffinity.TTL == cfg.Router.SessionAffinity.TTL &&
-		old.Router.SessionAffinity.MaxSessions == cfg.Router.SessionAffinity.MaxSessions
+	// Session affinity's mode, header and TTL apply unless the table's
+	// size changed too; disaggregation's pickers, bounds and fallback unless
+	// its protocol did.
+	affinityApplies := old.Router.SessionAffinity.MaxSessions == cfg.Router.SessionAffinity.MaxSessions
 	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
 	// The GPU/CPU readers' interval and the engine scrapes' interval,
 	// timeout and stall bound apply unless another telemetry key changed
@@ -233,6 +232,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		}
 		r.Selector.Reroute(func(rt *dataplane.Routing) { routingKnobs(routed, rt) })
 		applied = append(applied, changed...)
+	}
+	if ttl := cfg.Router.SessionAffinity.TTL; affinityApplies && ttl != old.Router.SessionAffinity.TTL {
+		r.Sessions.SetTTL(ttl)
+		applied = append(applied, fmt.Sprintf("router.session_affinity.ttl=%v", ttl))
 	}
 	if iv := cfg.Telemetry.Interval; telemetryApplies && iv != old.Telemetry.Interval {
 		r.Weights.SetInterval(iv)

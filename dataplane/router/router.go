@@ -349,8 +349,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	}()
 	r.loops.Go(func() { r.Health.Run(ctx) })
 	r.loops.Go(func() { reg.Run(ctx, cfg.Health.Interval) })
-	r.loops.Go(func() { r.Sessions.Run(ctx, sweepEvery(aff.TTL)) })
-	r.loops.Go(func() { r.Responses.Run(ctx, sweepEvery(storedResponses.TTL)) })
+	r.loops.Go(func() { r.Sessions.Run(ctx) })
+	r.loops.Go(func() { r.Responses.Run(ctx) })
 	if r.Weights != nil {
 		r.loops.Go(func() { r.Weights.Run(ctx) })
 	}
@@ -556,17 +556,11 @@ func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
 	}
 }
 
-// sweepEvery is the session sweeper's period: a tenth of the TTL, within
-// 100ms..10s. It is also the granularity of the sessions' idle clock.
 // storedResponses bounds the table of where stored responses are: an id
 // unused for a day, or created 65,536 ids ago, is forgotten, and the next
 // request naming it searches the workers for it. (vLLM keeps a stored
 // response until it restarts.)
 var storedResponses = affinity.Options{TTL: 24 * time.Hour, MaxSessions: 1 << 16}
-
-func sweepEvery(ttl time.Duration) time.Duration {
-	return min(max(ttl/10, 100*time.Millisecond), 10*time.Second)
-}
 
 // disaggOptions maps the config's disaggregation keys onto the front end's.
 func disaggOptions(d config.Disaggregation) frontend.Disagg {

@@ -331,7 +331,8 @@ func TestUnheldAdaptersArePlacedAlikeByReplicas(t *testing.T) {
 }
 
 // A reload changes session affinity's header and mode for the next
-// request; its table's bounds wait for a restart, holding the key back.
+// request, its TTL from the next sweep; its table's size waits for a
+// restart, holding the key back.
 func TestAReloadChangesSessionAffinity(t *testing.T) {
 	f := startFleet(t, mocks(3, 1, 0), affinityMode("soft"))
 	workers := func(header string) map[string]bool {
@@ -356,13 +357,30 @@ func TestAReloadChangesSessionAffinity(t *testing.T) {
 	assert.Equal(t, []string{"router.session_affinity.mode=off"}, applied)
 	assert.Len(t, workers("x-conversation"), 3, "off: round robin again")
 
-	next.Router.SessionAffinity.Mode, next.Router.SessionAffinity.TTL = "soft", time.Hour
+	next.Router.SessionAffinity.Mode, next.Router.SessionAffinity.MaxSessions = "soft", 10
 	applied, needRestart, err = f.r.Reload(next)
 	require.NoError(t, err)
 	assert.Empty(t, applied)
 	assert.Equal(t, []string{"router.session_affinity"}, needRestart)
-	assert.Len(t, workers("x-conversation"), 3, "held back with the ttl")
+	assert.Len(t, workers("x-conversation"), 3, "held back with the table's size")
 	assert.Equal(t, "off", f.r.CurrentConfig().Router.SessionAffinity.Mode)
+
+	// The TTL applies from the next sweep: the idle pins of a ten-minute
+	// one go within a sweep of a 200 ms one (swept every 100 ms).
+	next.Router.SessionAffinity.MaxSessions = f.r.CurrentConfig().Router.SessionAffinity.MaxSessions
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.session_affinity.mode=soft"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Len(t, workers("x-conversation"), 1, "pinned again")
+	require.Equal(t, 1, f.r.Sessions.Len())
+	next.Router.SessionAffinity.TTL = 200 * time.Millisecond
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.session_affinity.ttl=200ms"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Eventually(t, func() bool { return f.r.Sessions.Len() == 0 }, 2*time.Second, 10*time.Millisecond)
+	assert.Equal(t, 200*time.Millisecond, f.r.CurrentConfig().Router.SessionAffinity.TTL)
 	f.assertIdle()
 }
 
