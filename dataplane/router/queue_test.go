@@ -100,9 +100,53 @@ func TestAReloadResizesTheQueue(t *testing.T) {
 	f.assertIdle()
 }
 
+// A reload turns the queue on (the next request that finds its worker
+// busy waits, where it had a 429 at once) and off (the next has a 429 at
+// once; one waiting keeps its place and is served when the slot frees).
+func TestAReloadTurnsTheQueueOnAndOff(t *testing.T) {
+	f := queued(t, 1, 0, 0)
+	first := f.post("/v1/chat/completions", streamBody)
+	require.Equal(t, http.StatusOK, first.StatusCode)
+	busy := f.post("/v1/chat/completions", chatBody)
+	text := readAll(t, busy)
+	assert.Equal(t, http.StatusTooManyRequests, busy.StatusCode, "no queue: a 429 at once")
+	assert.NotContains(t, text, "queue")
+
+	next := f.r.CurrentConfig()
+	next.Router.Queue = config.Queue{Size: 1, Timeout: 5 * time.Second}
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.queue.size=1 router.queue.timeout=5s"}, applied)
+	assert.Empty(t, needRestart)
+	waiter := make(chan *http.Response, 1)
+	go func() { waiter <- f.post("/v1/chat/completions", chatBody) }()
+	require.Eventually(t, func() bool { return metric(t, f, "fastroute_queued_requests") == "1" }, 2*time.Second, 5*time.Millisecond,
+		"the queue is on: it waits")
+
+	next.Router.Queue.Size = 0
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.queue.size=0 router.queue.timeout=5s"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Equal(t, 0, f.r.CurrentConfig().Router.Queue.Size)
+	start := time.Now()
+	busy = f.post("/v1/chat/completions", chatBody)
+	text = readAll(t, busy)
+	assert.Equal(t, http.StatusTooManyRequests, busy.StatusCode, "off again: a 429 at once")
+	assert.NotContains(t, text, "queue")
+	assert.Less(t, time.Since(start), 300*time.Millisecond, "not after a wait")
+
+	readAll(t, first)
+	resp := <-waiter
+	body := readAll(t, resp)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "the waiter kept its place: %s", body)
+	assert.Equal(t, "0", metric(t, f, "fastroute_queued_requests"))
+	assert.Equal(t, "0", metric(t, f, "fastroute_queue_full_total"))
+	f.assertIdle()
+}
+
 // A request still waiting at the queue's timeout gets the 429 it would have
-// had at once, saying how long it waited (the timeout here a reload's; a
-// queue is turned on or off only at a restart).
+// had at once, saying how long it waited (the timeout here a reload's).
 func TestAQueuedRequestTimesOut(t *testing.T) {
 	f := queued(t, 1, 4, time.Minute)
 	next := f.r.CurrentConfig()
@@ -111,11 +155,6 @@ func TestAQueuedRequestTimesOut(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"router.queue.size=4 router.queue.timeout=150ms"}, applied)
 	assert.Empty(t, needRestart)
-	next.Router.Queue.Size = 0
-	applied, needRestart, err = f.r.Reload(next)
-	require.NoError(t, err)
-	assert.Empty(t, applied)
-	assert.Equal(t, []string{"router.queue"}, needRestart)
 	first := f.post("/v1/chat/completions", streamBody)
 	start := time.Now()
 	resp := f.post("/v1/chat/completions", chatBody)

@@ -23,7 +23,7 @@ import (
 // routingKnobs, session affinity's TTL, the phases' pickers, and the
 // embedding cache's size: a new, empty table), the front end's policy
 // (frontendPolicy: the limits of an exchange with a worker among them), the
-// wait queue's bounds while it stays on, health's keys (its thresholds and
+// wait queue (turned on or off too), health's keys (its thresholds and
 // ejections, the probes' interval, timeout and path), the GPU/CPU readers'
 // interval, the engine scrapes' interval, timeout and stall bound, DNS
 // discovery's names and interval, the secrets and the clients' API keys
@@ -116,9 +116,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// else of discovery changed.
 	dnsRoundsApply := reflect.DeepEqual(old.Discovery, cfg.Discovery) ||
 		r.DNS != nil && len(cfg.Discovery.DNS.Names) > 0 && reflect.DeepEqual(withDNSRounds(old.Discovery, cfg.Discovery.DNS), cfg.Discovery)
-	// The wait queue's size and timeout apply while it stays on: only a
-	// restart turns it on or off.
-	queueApplies := old.Router.Queue == cfg.Router.Queue || old.Router.Queue.Size > 0 && cfg.Router.Queue.Size > 0
 	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
 	// The limits of an exchange with a worker apply (with the front end's
 	// policy: policed) unless a client connection's changed too.
@@ -138,7 +135,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.session_affinity": affinityApplies,
 		"router.prefix_affinity":  prefixesApply,
 		"router.disaggregation":   disaggApplies,
-		"router.queue":            queueApplies,
 		"discovery":               dnsRoundsApply,
 		"telemetry":               telemetryApplies,
 		"limits":                  limitsApply,
@@ -263,7 +259,8 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Selector.Reroute(func(rt *dataplane.Routing) { rt.EmbedCache = embedCache(n) })
 		applied = append(applied, fmt.Sprintf("router.embedding_cache_size=%d (the table starts empty)", n))
 	}
-	if q := cfg.Router.Queue; queueApplies && q != old.Router.Queue && r.Frontend.SetQueue(q.Size, q.Timeout) {
+	if q := cfg.Router.Queue; q != old.Router.Queue {
+		r.Frontend.SetQueue(q.Size, q.Timeout)
 		applied = append(applied, fmt.Sprintf("router.queue.size=%d router.queue.timeout=%v", q.Size, q.Timeout))
 	}
 	if h, o := cfg.Health, old.Health; h != o {
@@ -328,9 +325,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		next.Tracing = cfg.Tracing
 	}
 	next.Health = cfg.Health
-	if queueApplies {
-		next.Router.Queue = cfg.Router.Queue
-	}
+	next.Router.Queue = cfg.Router.Queue
 	if dnsRoundsApply {
 		next.Discovery = cfg.Discovery
 	}

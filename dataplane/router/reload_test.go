@@ -48,8 +48,9 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	var answer struct{ Applied, NeedRestart []string }
 	require.NoError(t, json.Unmarshal([]byte(strings.ReplaceAll(body, "need_restart", "NeedRestart")), &answer))
 	assert.Equal(t, []string{"router.mode=least-loaded router.busy_threshold=64 router.cpu_ratio=8", "router.retries=1",
-		"router.retry_statuses=[503]", "shutdown_delay=5s", "worker 1 removed (draining)", "worker 2 replaced", "worker 3 added"}, answer.Applied)
-	assert.Equal(t, []string{"limits", "pid_file", "router.prefix_affinity", "router.queue"}, answer.NeedRestart)
+		"router.retry_statuses=[503]", "router.queue.size=8 router.queue.timeout=30s", "shutdown_delay=5s", "worker 1 removed (draining)",
+		"worker 2 replaced", "worker 3 added"}, answer.Applied)
+	assert.Equal(t, []string{"limits", "pid_file", "router.prefix_affinity"}, answer.NeedRestart)
 	assert.Equal(t, 5*time.Second, f.r.CurrentConfig().ShutdownDelay)
 	assert.Contains(t, logs.String(), `msg="config reloaded"`)
 	_, two := adminDo(t, f, "GET", "/workers/2", "", "s3cret")

@@ -378,7 +378,7 @@ func (ex *exchange) readRouting(v *fastjson.Value) error {
 	if rt.WantsPrefixKeys() {
 		ex.readPrompt(rt, v)
 	}
-	if ex.s.queue != nil && !ex.keyPriority { // the body is searched for it only while the queue is on
+	if ex.s.queue.on() && !ex.keyPriority { // the body is searched for it only while the queue is on
 		if p := v.Get("priority"); p != nil {
 			ex.priority, _ = p.Int64() // not an integer: 0, and the worker judges it
 		}

@@ -68,7 +68,7 @@ type Options struct {
 	Disagg Disagg
 	// QueueSize requests that find every worker they may go to busy wait,
 	// each up to QueueTimeout, for one to free a slot, instead of a 429 at
-	// once (0: no queue).
+	// once (0: none wait; SetQueue changes both).
 	QueueSize    int
 	QueueTimeout time.Duration
 	// TLS, when set, has clients speak TLS (HTTP/1.1 inside); nil: plain
@@ -108,7 +108,7 @@ type Server struct {
 	exchanges sync.Pool
 	parsers   fastjson.ParserPool
 	metrics   *Metrics
-	queue     *waitQueue                          // requests waiting for a busy worker; nil: none wait
+	queue     *waitQueue                          // requests waiting for a busy worker (while on)
 	policy    atomic.Pointer[policy]              // what a reload may change of how requests are treated (SetPolicy)
 	workerTLS atomic.Pointer[tls.Config]          // Options.WorkerTLS, or what a reload replaced it with (SetWorkerTLS)
 	keys      *apikeys.Keys                       // clients' API keys; nil: none
@@ -654,7 +654,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt route, response []byte, cl
 	t := time.Now()
 	err = ex.pick()
 	s.metrics.routeTime.Observe(time.Since(t))
-	if err != nil && !query && s.queue != nil && errors.Is(err, dataplane.ErrResourceExhausted) {
+	if err != nil && !query && s.queue.on() && errors.Is(err, dataplane.ErrResourceExhausted) {
 		ex.watchClient(ctx) // a client that leaves the queue is gone at once
 		err = ex.awaitSlot(err)
 		if err != nil {

@@ -80,7 +80,7 @@ type Metrics struct {
 	// Options.MaxConnections), for the scrape.
 	openConnections func() int64
 	maxConnections  int
-	// The wait queue (nil: off): requests in it now, those refused for a
+	// The wait queue: requests in it now, those refused for a
 	// full queue, those displaced from it by a request of lower priority,
 	// those that waited out its timeout, and the wait of those that got a
 	// worker.

@@ -33,11 +33,11 @@ import (
 // while nobody waits; while some do, an ended request takes the queue's
 // lock to wake one.
 type waitQueue struct {
+	size    atomic.Int64 // how many may wait; 0: the queue is off
 	timeout atomic.Int64 // how long a request waits, in nanoseconds
 	waiting atomic.Int64 // requests in the queue, waiting or trying their pick
 
 	mu    sync.Mutex
-	size  int64   // how many may wait
 	heap  waiters // the waiters asleep, best first
 	seq   uint64  // arrivals, for the order among equal priorities and turns
 	spare int64   // wake-ups that found every waiter awake (trying its pick), for the next to sleep
@@ -100,43 +100,36 @@ func (h *waiters) Pop() any {
 const queueRecheck = 50 * time.Millisecond
 
 func newWaitQueue(size int, timeout time.Duration) *waitQueue {
-	if size <= 0 {
-		return nil
-	}
-	q := &waitQueue{size: int64(size)}
+	q := &waitQueue{}
+	q.size.Store(int64(max(size, 0)))
 	q.timeout.Store(int64(timeout))
 	return q
 }
 
+// on says whether requests that find their workers busy wait (a size
+// above 0).
+func (q *waitQueue) on() bool { return q.size.Load() > 0 }
+
 // SetQueue changes the wait queue's size and timeout for the requests that
-// enter it from now on (a reload; those waiting keep their deadlines, and
-// a smaller size refuses arrivals until fewer wait). It reports false, and
-// changes nothing, on a front end that runs without a queue
-// (Options.QueueSize 0) or for a size of 0: a queue is turned on or off
-// only at start.
-func (s *Server) SetQueue(size int, timeout time.Duration) bool {
-	q := s.queue
-	if q == nil || size <= 0 {
-		return false
-	}
-	q.mu.Lock()
-	q.size = int64(size)
-	q.mu.Unlock()
-	q.timeout.Store(int64(timeout))
-	return true
+// enter it from now on (a reload): a size of 0 turns it off, one above 0
+// on. Those waiting keep their places and deadlines; a smaller size (0
+// included) refuses arrivals until fewer wait.
+func (s *Server) SetQueue(size int, timeout time.Duration) {
+	s.queue.timeout.Store(int64(timeout))
+	s.queue.size.Store(int64(max(size, 0)))
 }
 
 // ended is told of every request that released its reservation: it wakes
 // the best waiter asleep, or leaves the wake-up to the next to sleep when
 // every waiter is trying its pick already.
 func (q *waitQueue) ended() {
-	if q == nil || q.waiting.Load() == 0 {
+	if q.waiting.Load() == 0 {
 		return
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.heap) == 0 {
-		q.spare = min(q.spare+1, q.size)
+		q.spare = min(q.spare+1, q.size.Load())
 		return
 	}
 	w := heap.Pop(&q.heap).(*waiter)
@@ -150,12 +143,7 @@ func (q *waitQueue) ended() {
 }
 
 // Waiting returns the requests in the queue now.
-func (q *waitQueue) Waiting() int64 {
-	if q == nil {
-		return 0
-	}
-	return q.waiting.Load()
-}
+func (q *waitQueue) Waiting() int64 { return q.waiting.Load() }
 
 // enter takes w into the queue, asleep, or reports false when the queue is
 // full of requests w does not go before. A full queue's worst waiter
@@ -169,7 +157,7 @@ func (q *waitQueue) enter(w *waiter) bool {
 	case <-w.wake: // a wake-up its last request did not take
 	default:
 	}
-	if q.waiting.Add(1) > q.size {
+	if q.waiting.Add(1) > q.size.Load() {
 		worst := -1
 		for i := range q.heap {
 			if worst < 0 || q.heap.Less(worst, i) {
