@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bufio"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -183,7 +184,7 @@ func TestProxyProtocolTrustsOnlyItsBalancers(t *testing.T) {
 }
 
 // proxy_protocol.from takes IPs and CIDR prefixes, and only with
-// proxy_protocol on; a reload names a change to it as needing a restart.
+// proxy_protocol on.
 func TestProxyProtocolConfig(t *testing.T) {
 	for _, tc := range []struct {
 		pp  config.ProxyProtocol
@@ -203,12 +204,51 @@ func TestProxyProtocolConfig(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.err)
 		}
 	}
+}
+
+// A reload turns proxy_protocol on, off, or changes its from, for the
+// connections accepted from then on: one open before keeps serving as it
+// was accepted.
+func TestAReloadAppliesProxyProtocol(t *testing.T) {
 	f := startFleet(t, mocks(1, 1, 0), nil)
-	cfg := f.r.Config
-	cfg.ProxyProtocol.Enabled = true
-	_, needRestart, err := f.r.Reload(cfg)
+	before, err := net.Dial("tcp", f.r.Addr())
 	require.NoError(t, err)
-	assert.Equal(t, []string{"proxy_protocol"}, needRestart)
-	resp := f.post("/v1/chat/completions", chatBody)
-	assert.Equal(t, http.StatusOK, resp.StatusCode, "still no header expected: %s", readAll(t, resp))
+	defer before.Close()
+	require.NoError(t, before.SetDeadline(time.Now().Add(5*time.Second)))
+	served := func(c net.Conn) string {
+		t.Helper()
+		_, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		require.NoError(t, err)
+		readAll(t, resp)
+		return resp.Status
+	}
+	assert.Equal(t, "200 OK", served(before))
+	header := proxyHeader(t, 2, "198.51.100.9:7000")
+
+	cfg := f.r.CurrentConfig()
+	cfg.ProxyProtocol.Enabled = true
+	applied, needRestart, err := f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"proxy_protocol={enabled: true, from: []}"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Empty(t, f.throughBalancer(nil, false, nil), "a new connection without a header: closed unserved")
+	assert.True(t, strings.HasPrefix(f.throughBalancer(header, false, nil), "HTTP/1.1 200 "))
+	assert.Equal(t, "200 OK", served(before), "a connection accepted before the reload keeps its way")
+
+	cfg.ProxyProtocol.From = []string{"192.0.2.0/24"}
+	applied, _, err = f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"proxy_protocol={enabled: true, from: [192.0.2.0/24]}"}, applied)
+	assert.True(t, strings.HasPrefix(f.throughBalancer(nil, false, nil), "HTTP/1.1 200 "), "loopback is no balancer now")
+
+	cfg.ProxyProtocol = config.ProxyProtocol{}
+	applied, _, err = f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"proxy_protocol={enabled: false, from: []}"}, applied)
+	assert.True(t, strings.HasPrefix(f.throughBalancer(header, false, nil), "HTTP/1.1 400 "), "off: a header is a malformed request")
+	assert.Equal(t, config.ProxyProtocol{}, f.r.CurrentConfig().ProxyProtocol)
+	before.Close()
+	f.assertIdle()
 }

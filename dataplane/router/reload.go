@@ -23,6 +23,7 @@ import (
 // routingKnobs, session affinity's TTL, the phases' pickers, and the
 // embedding cache's size: a new, empty table), the front end's policy
 // (frontendPolicy: the limits of an exchange with a worker among them), the
+// listener's bound on open connections and its PROXY protocol headers, the
 // wait queue (turned on or off too), health's keys (its thresholds and
 // ejections, the probes' interval, timeout and path), the GPU/CPU readers'
 // interval, the engine scrapes' interval, timeout and stall bound, DNS
@@ -129,7 +130,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"api_keys_share_interval": old.APIKeysShareInterval == cfg.APIKeysShareInterval,
 		"tls":                     old.TLS.On() == cfg.TLS.On(),
 		"admin_tls":               adminTLSApplies,
-		"proxy_protocol":          reflect.DeepEqual(old.ProxyProtocol, cfg.ProxyProtocol),
 		"pid_file":                old.PIDFile == cfg.PIDFile,
 		"state_file":              old.StateFile == cfg.StateFile,
 		"router.session_affinity": affinityApplies,
@@ -215,6 +215,14 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if cfg.WorkerAPIKey != old.WorkerAPIKey {
 		r.workerKey.Set(cfg.WorkerAPIKey)
 		applied = append(applied, "worker_api_key changed")
+	}
+	if n := policed.Limits.MaxConnections; n != old.Limits.MaxConnections {
+		r.Frontend.SetMaxConnections(n)
+		applied = append(applied, fmt.Sprintf("limits.max_connections=%d", r.Frontend.MaxConnections()))
+	}
+	if p := cfg.ProxyProtocol; !reflect.DeepEqual(p, old.ProxyProtocol) {
+		r.Frontend.SetProxyProtocol(proxyProtocol(p))
+		applied = append(applied, fmt.Sprintf("proxy_protocol={enabled: %v, from: %v}", p.Enabled, p.From))
 	}
 	if changed := policyChanges(old, policed); len(changed) > 0 {
 		r.Frontend.SetPolicy(frontendPolicy(policed))
@@ -317,6 +325,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next.AdminToken, next.AdminTokenFile, next.MetricsPublic = cfg.AdminToken, cfg.AdminTokenFile, cfg.MetricsPublic
 	next.WorkerAPIKey, next.WorkerAPIKeyFile = cfg.WorkerAPIKey, cfg.WorkerAPIKeyFile
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
+	next.ProxyProtocol = cfg.ProxyProtocol
 	next.ModelAliases, next.ModelMirrors = cfg.ModelAliases, cfg.ModelMirrors
 	if reread != nil {
 		next.TLS = cfg.TLS

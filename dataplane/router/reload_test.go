@@ -14,6 +14,7 @@ import (
 	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/dataplane/http/frontend"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -90,8 +91,9 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 }
 
 // A reload applies the limits of each exchange with a worker and the
-// requests a client connection carries from the next request on; a change
-// to a client connection's own bounds (the listener's) holds the whole key
+// requests a client connection carries from the next request on, the most
+// connections open at once from the next accept; a change to a client
+// connection's own bounds (the listener's server's) holds the whole key
 // back.
 func TestAReloadAppliesTheLimitsOfAnExchange(t *testing.T) {
 	stalled := startFaultServer(t, stall)
@@ -136,6 +138,20 @@ func TestAReloadAppliesTheLimitsOfAnExchange(t *testing.T) {
 	assert.Equal(t, []string{"limits"}, needRestart)
 	assert.Equal(t, cfg.Limits, f.r.CurrentConfig().Limits, "the whole key keeps its running value")
 	assert.GreaterOrEqual(t, waited(), 1200*time.Millisecond)
+
+	// The most client connections open at once apply from the next accept
+	// (the gate's own test has connections wait and come in by them).
+	held = cfg
+	held.Limits.MaxConnections = 5
+	applied, needRestart, err = f.r.Reload(held)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"limits.max_connections=5"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Equal(t, "5", metric(t, f, "fastroute_client_connections_max"))
+	held.Limits.MaxConnections = 0
+	applied, _, err = f.r.Reload(held)
+	require.NoError(t, err)
+	assert.Equal(t, []string{fmt.Sprintf("limits.max_connections=%d", frontend.DefaultMaxConnections())}, applied, "0: the default")
 	f.assertIdle()
 }
 

@@ -264,13 +264,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		r.Metrics.Register(r.Tracer.Collector())
 	}
 	fo.AccessLog = log.With("log", "access")
-	if cfg.ProxyProtocol.Enabled {
-		from, err := cfg.ProxyProtocol.Prefixes()
-		if err != nil {
-			return nil, err // Validate checked them: not reached
-		}
-		fo.ProxyProtocol = &frontend.ProxyProtocol{From: from}
-	}
+	fo.ProxyProtocol = proxyProtocol(cfg.ProxyProtocol)
 	if cfg.TLS.On() {
 		fo.TLS = r.cert.serverConfig()
 	}
@@ -594,6 +588,16 @@ func frontendPolicy(cfg config.Config) frontend.Policy {
 	p.Limits = frontend.Limits{ConnectTimeout: l.ConnectTimeout, FirstByteTimeout: l.FirstByteTimeout, StreamIdleTimeout: l.StreamIdleTimeout,
 		AnswerBufferBytes: int(l.AnswerBufferBytes), MaxRequestsPerConnection: l.MaxRequestsPerConnection}
 	return p
+}
+
+// proxyProtocol is the front end's reading of PROXY protocol headers
+// proxy_protocol asks for (nil: none). Validate checked its prefixes.
+func proxyProtocol(p config.ProxyProtocol) *frontend.ProxyProtocol {
+	if !p.Enabled {
+		return nil
+	}
+	from, _ := p.Prefixes()
+	return &frontend.ProxyProtocol{From: from}
 }
 
 // ejectPolicy is the passive health check health's keys set.

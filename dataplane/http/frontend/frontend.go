@@ -128,9 +128,11 @@ type Server struct {
 	closing   atomic.Bool                         // Shutdown began: a taken-over connection's answer is its last (keepAfter)
 	withdrawn atomic.Bool                         // GET /health answers 503 (Withdraw)
 	srv       *fasthttp.Server
-	gate      atomic.Pointer[gate] // the listener's, once Serve began
-	fullSaid  atomic.Int64         // when the listener stopping at max_connections was last logged (Unix ns)
-	proxySaid atomic.Int64         // when a connection refused for its PROXY protocol header was last logged (Unix ns)
+	gate      atomic.Pointer[gate]          // the listener's, once Serve began
+	maxConns  atomic.Int64                  // limits.max_connections (SetMaxConnections)
+	proxyFrom atomic.Pointer[ProxyProtocol] // proxy_protocol (SetProxyProtocol); nil: off
+	fullSaid  atomic.Int64                  // when the listener stopping at max_connections was last logged (Unix ns)
+	proxySaid atomic.Int64                  // when a connection refused for its PROXY protocol header was last logged (Unix ns)
 	log       *slog.Logger
 	dial      func(addr string, timeout time.Duration) (net.Conn, error) // names.Dial; tests count dials
 	names     *dialer.Dialer                                             // connects to workers, their names looked up every NameCacheTime, their addresses raced (Happy Eyeballs)
@@ -140,9 +142,6 @@ type Server struct {
 func New(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
-	}
-	if opts.MaxConnections <= 0 {
-		opts.MaxConnections = DefaultMaxConnections()
 	}
 	s := &Server{
 		opts:      opts,
@@ -159,13 +158,15 @@ func New(opts Options) *Server {
 		keys:      opts.APIKeys,
 	}
 	s.dial = s.names.Dial
+	s.SetMaxConnections(opts.MaxConnections)
+	s.proxyFrom.Store(opts.ProxyProtocol)
 	s.exchanges.New = func() any {
 		ex := &exchange{s: s}
 		ex.beginStreamFn, ex.runTakenFn, ex.runTunnelFn = ex.beginStream, ex.runTaken, ex.runTunnel
 		ex.relay.stepFn = ex.relay.step
 		return ex
 	}
-	s.metrics.openConnections, s.metrics.maxConnections = s.OpenConnections, opts.MaxConnections
+	s.metrics.openConnections, s.metrics.maxConnections = s.OpenConnections, &s.maxConns
 	s.metrics.statsOf = s.statsOf
 	s.metrics.queue = s.queue
 	s.metrics.keys = s.keys
@@ -240,8 +241,8 @@ func (s *Server) Serve(ln net.Listener) error {
 	if idle == 0 { // as fasthttp does
 		idle = s.opts.ReadTimeout
 	}
-	g := newGate(ln, gateOptions{first: s.opts.ReadTimeout, idle: idle, max: int64(s.opts.MaxConnections), drop: s.closeConn,
-		short: s.acceptShort, full: s.connectionsFull, tls: s.opts.TLS, proxy: s.opts.ProxyProtocol, refused: s.proxyRefused})
+	g := newGate(ln, gateOptions{first: s.opts.ReadTimeout, idle: idle, max: &s.maxConns, drop: s.closeConn,
+		short: s.acceptShort, full: s.connectionsFull, tls: s.opts.TLS, proxy: &s.proxyFrom, refused: s.proxyRefused})
 	s.gate.Store(g)
 	return s.srv.Serve(g)
 }
@@ -266,7 +267,7 @@ func (s *Server) connectionsFull() {
 	s.metrics.connectionsFull.Inc()
 	if aMinuteSince(&s.fullSaid) {
 		s.log.Warn("limits.max_connections client connections are open: new ones wait in the listen queue until one closes",
-			"max_connections", s.opts.MaxConnections)
+			"max_connections", s.maxConns.Load())
 	}
 }
 
@@ -280,7 +281,26 @@ func aMinuteSince(last *atomic.Int64) bool {
 }
 
 // MaxConnections returns the most client connections open at once.
-func (s *Server) MaxConnections() int { return s.opts.MaxConnections }
+func (s *Server) MaxConnections() int { return int(s.maxConns.Load()) }
+
+// SetMaxConnections bounds the client connections open at once (0:
+// DefaultMaxConnections()), from the next accept: a larger bound accepts
+// again at once, a smaller one closes none of those open and accepts no
+// more until fewer are open.
+func (s *Server) SetMaxConnections(n int) {
+	if n <= 0 {
+		n = DefaultMaxConnections()
+	}
+	s.maxConns.Store(int64(n))
+	if g := s.gate.Load(); g != nil {
+		g.madeRoom()
+	}
+}
+
+// SetProxyProtocol has the connections accepted from now on read a PROXY
+// protocol header as p says (nil: none does); those open keep what they
+// were accepted with.
+func (s *Server) SetProxyProtocol(p *ProxyProtocol) { s.proxyFrom.Store(p) }
 
 // OpenConnections returns how many client connections are open (accepted,
 // not yet closed).

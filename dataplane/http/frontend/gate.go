@@ -52,13 +52,14 @@ type gateOptions struct {
 	idle  time.Duration                        // and one given back for its next
 	drop  func(net.Conn)                       // closes a connection and forgets it (Server.closeConn)
 	short func(err error, pause time.Duration) // tells of an accept that failed for want of resources (Server.acceptShort)
-	max   int64                                // client connections open at once, at most (limits.max_connections)
+	max   *atomic.Int64                        // client connections open at once, at most (limits.max_connections; Server.SetMaxConnections)
 	full  func()                               // tells of the listener stopped at max (Server.connectionsFull)
 	tls   *tls.Config                          // connections speak TLS (nil: plain HTTP)
 	// proxy has connections from a load balancer begin with a PROXY
-	// protocol header (nil: none does), and refused tells of one that
-	// sent none, or a malformed one (Server.proxyRefused).
-	proxy   *ProxyProtocol
+	// protocol header (nil: none does; Server.SetProxyProtocol), and
+	// refused tells of one that sent none, or a malformed one
+	// (Server.proxyRefused).
+	proxy   *atomic.Pointer[ProxyProtocol]
 	refused func(err error, peer net.Addr)
 }
 
@@ -85,10 +86,7 @@ const (
 func (g *gate) accept() {
 	var pause time.Duration
 	for {
-		if g.open.Load() >= g.max {
-			g.full()
-			g.awaitRoom()
-		}
+		g.holdAtMax()
 		c, err := g.Listener.Accept()
 		if err != nil && resourceShortage(err) {
 			pause = min(max(2*pause, firstAcceptPause), lastAcceptPause)
@@ -108,18 +106,25 @@ func (g *gate) accept() {
 			return
 		}
 		pause = 0
+		g.holdAtMax() // a bound lowered while the accept waited: this one waits too, unserved
 		g.open.Add(1)
 		cc := newClientConn(c, g.tls)
 		cc.gate = g
-		cc.headerDue = g.proxy != nil && g.proxy.expects(c.RemoteAddr())
+		if p := g.proxy.Load(); p != nil {
+			cc.headerDue = p.expects(c.RemoteAddr())
+		}
 		go g.wait(cc, g.first)
 	}
 }
 
-// awaitRoom waits until fewer than max connections are open, or the gate
-// closes (the next accept then fails as closed).
-func (g *gate) awaitRoom() {
-	for g.open.Load() >= g.max {
+// holdAtMax waits, while max connections or more are open, until fewer
+// are or the gate closes.
+func (g *gate) holdAtMax() {
+	if g.open.Load() < g.max.Load() {
+		return
+	}
+	g.full()
+	for g.open.Load() >= g.max.Load() {
 		select {
 		case <-g.room:
 		case <-g.closed:
@@ -131,11 +136,17 @@ func (g *gate) awaitRoom() {
 // closedOne counts a connection of the gate's closed (clientConn.Close),
 // and tells accept of the room it made.
 func (g *gate) closedOne() {
-	if g.open.Add(-1) < g.max {
-		select {
-		case g.room <- struct{}{}:
-		default: // accept has been told already
-		}
+	if g.open.Add(-1) < g.max.Load() {
+		g.madeRoom()
+	}
+}
+
+// madeRoom tells accept that it may accept again (a connection closed, or
+// a larger max).
+func (g *gate) madeRoom() {
+	select {
+	case g.room <- struct{}{}:
+	default: // accept has been told already
 	}
 }
 

@@ -122,7 +122,8 @@ func settledDescriptors(t *testing.T) int {
 // more: the next waits in the listen queue, as HAProxy's maxconn has it,
 // and is served once one closes, however it closes (the client's close of
 // a kept connection, mid-stream or after its stream ended, the router's
-// close of a connection whose request asked for it). The count of open
+// close of a connection whose request asked for it). A new bound applies
+// at the next accept (SetMaxConnections: a reload's). The count of open
 // connections returns to 0.
 func TestMaxConnectionsHoldsTheNextInTheListenQueue(t *testing.T) {
 	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -160,15 +161,17 @@ func TestMaxConnectionsHoldsTheNextInTheListenQueue(t *testing.T) {
 		body, err := io.ReadAll(resp.Body)
 		return string(body), err
 	}
-	queued := func() (net.Conn, *bufio.Reader) {
+	queuedAt := func(open int64) (net.Conn, *bufio.Reader) {
 		t.Helper()
 		c, br := dial("")
 		_, err := answered(c, br, 300*time.Millisecond)
-		require.ErrorIs(t, err, os.ErrDeadlineExceeded, "not accepted while 2 are open")
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded, "not accepted while %d are open", open)
 		assert.NotZero(t, s.metrics.connectionsFull.Value(), "the listener stopped")
-		assert.EqualValues(t, 2, s.OpenConnections())
+		assert.EqualValues(t, open, s.OpenConnections())
 		return c, br
 	}
+	queued := func() (net.Conn, *bufio.Reader) { return queuedAt(2) }
+	queued1 := func() (net.Conn, *bufio.Reader) { return queuedAt(1) }
 
 	// Two kept connections: one served by fasthttp, one whose answer was a
 	// stream (taken over, then given back).
@@ -209,8 +212,20 @@ func TestMaxConnectionsHoldsTheNextInTheListenQueue(t *testing.T) {
 	_, err = cbr.ReadByte()
 	require.ErrorIs(t, err, io.EOF)
 
-	kept.Close()
+	// A bound a reload lowered holds the next connection back; one it
+	// raised lets it in at once, with no other connection closing.
 	closing.Close()
+	s.SetMaxConnections(1)
+	assert.Equal(t, 1, s.MaxConnections())
+	next, nbr = queued1()
+	s.SetMaxConnections(3)
+	body, err = answered(next, nbr, 5*time.Second)
+	require.NoError(t, err, "accepted once the bound was raised")
+	assert.Equal(t, "{}", body)
+	assert.EqualValues(t, 2, s.OpenConnections())
+
+	kept.Close()
+	next.Close()
 	require.Eventually(t, func() bool { return s.OpenConnections() == 0 }, 5*time.Second, 10*time.Millisecond,
 		"every connection counted closed once")
 }

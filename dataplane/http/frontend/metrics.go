@@ -79,7 +79,7 @@ type Metrics struct {
 	// The client connections open and the most (Server.OpenConnections,
 	// Options.MaxConnections), for the scrape.
 	openConnections func() int64
-	maxConnections  int
+	maxConnections  *atomic.Int64
 	// The wait queue: requests in it now, those refused for a
 	// full queue, those displaced from it by a request of lower priority,
 	// those that waited out its timeout, and the wait of those that got a
@@ -291,7 +291,7 @@ func (m *Metrics) Collector(mode func() string, reg *dataplane.Registry) metrics
 			{"fastroute_proxy_protocol_refusals_total", "counter", "Client connections closed unserved for want of the PROXY protocol header they must begin with (none, malformed, or not whole within limits.read_timeout).", float64(m.proxyRefusals.Value())},
 			{"fastroute_accept_shortages_total", "counter", "Accepts of client connections that failed for want of file descriptors or kernel memory (each followed by a pause of 5 ms to 1 s and another accept).", float64(m.acceptShortages.Value())},
 			{"fastroute_client_connections", "gauge", "Client connections open (accepted, not yet closed).", float64(m.openConnections())},
-			{"fastroute_client_connections_max", "gauge", "The most client connections open at once (limits.max_connections); beyond, new ones wait in the listen queue.", float64(m.maxConnections)},
+			{"fastroute_client_connections_max", "gauge", "The most client connections open at once (limits.max_connections); beyond, new ones wait in the listen queue.", float64(m.maxConnections.Load())},
 			{"fastroute_max_connections_reached_total", "counter", "Times the listener stopped accepting with limits.max_connections client connections open.", float64(m.connectionsFull.Value())},
 			{"fastroute_queued_requests", "gauge", "Requests waiting in the router's queue for a busy worker (router.queue).", float64(m.queue.Waiting())},
 			{"fastroute_queue_full_total", "counter", "Requests answered 429 at once because the router's queue was full.", float64(m.queueFull.Value())},
