@@ -320,9 +320,10 @@ func (r *Registry) notify(w *Worker, c Change) {
 	}
 }
 
-// Run sweeps drained workers every interval until ctx ends.
-func (r *Registry) Run(ctx context.Context, interval time.Duration) {
-	every.Tick(ctx, interval, func() { r.SweepDrained() })
+// Run sweeps drained workers every period (a reload may change it) until
+// ctx ends.
+func (r *Registry) Run(ctx context.Context, period *every.Period) {
+	period.Tick(ctx, func() { r.SweepDrained() })
 }
 
 // Snapshot returns the current routable view. It never blocks.

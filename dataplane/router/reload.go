@@ -276,6 +276,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Health.SetUnhealthyAfter(h.UnhealthyAfter)
 		if h.Interval != o.Interval || h.Timeout != o.Timeout || h.Path != o.Path {
 			r.Health.SetProbes(h.Interval, h.Timeout, h.Path)
+			r.drainSweep.Set(h.Interval)
 			applied = append(applied, fmt.Sprintf("health.interval=%v health.timeout=%v health.path=%q", h.Interval, h.Timeout, h.Path))
 		}
 		applied = append(applied, fmt.Sprintf("health.unhealthy_after=%d health.eject_after=%d health.eject_time=%v health.eject_max=%v",

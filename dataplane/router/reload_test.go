@@ -323,6 +323,19 @@ func TestAReloadKeepsTheAdminTokenOffLoopback(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 }
 
+// A worker a reload removed is swept once idle at the health interval the
+// reload gave, not the one the router started with (an hour here).
+func TestARemovedWorkerIsSweptAtTheReloadsHealthInterval(t *testing.T) {
+	f := startFleet(t, mocks(2, 1, 0), func(c *config.Config) { c.Health.Interval = time.Hour })
+	next := f.r.CurrentConfig()
+	next.Health.Interval, next.Workers = 20*time.Millisecond, next.Workers[:1]
+	applied, _, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Contains(t, applied, "worker 2 removed (draining)")
+	assert.Eventually(t, func() bool { _, ok := f.r.Registry.Get(2); return !ok }, 2*time.Second, 10*time.Millisecond)
+	f.assertIdle()
+}
+
 // A reload applies health's keys: a worker failing every request is
 // ejected once eject_after comes down to its streak, one failing its
 // probes leaves rotation once unhealthy_after does, and a new interval and

@@ -32,6 +32,7 @@ import (
 	"github.com/fastroute/fastroute/discovery/dns"
 	"github.com/fastroute/fastroute/internal/bearer"
 	"github.com/fastroute/fastroute/internal/dialer"
+	"github.com/fastroute/fastroute/internal/every"
 	"github.com/fastroute/fastroute/internal/tlsfiles"
 	"github.com/fastroute/fastroute/telemetry/cpu"
 	"github.com/fastroute/fastroute/telemetry/engine"
@@ -85,6 +86,7 @@ type Router struct {
 	*tlsState             // what the TLS files hold, as the start's check read them
 	cancel                context.CancelFunc
 	loops                 sync.WaitGroup // health and telemetry goroutines
+	drainSweep            *every.Period  // how often drained workers are swept: health.interval
 }
 
 // Start validates cfg, registers its workers and opens both listeners.
@@ -218,7 +220,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	aff := cfg.Router.SessionAffinity
 	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, log: log, tlsState: found.tls,
 		Sessions:  affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions}),
-		Responses: affinity.NewTable(storedResponses)}
+		Responses: affinity.NewTable(storedResponses), drainSweep: every.NewPeriod(cfg.Health.Interval)}
 	r.adminToken.Set(cfg.AdminToken)
 	r.metricsPublic.Store(cfg.MetricsPublic)
 	r.workerKey.Set(cfg.WorkerAPIKey)
@@ -342,7 +344,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		}
 	}()
 	r.loops.Go(func() { r.Health.Run(ctx) })
-	r.loops.Go(func() { reg.Run(ctx, cfg.Health.Interval) })
+	r.loops.Go(func() { reg.Run(ctx, r.drainSweep) })
 	r.loops.Go(func() { r.Sessions.Run(ctx) })
 	r.loops.Go(func() { r.Responses.Run(ctx) })
 	if r.Weights != nil {
