@@ -25,6 +25,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/router"
 	"github.com/fastroute/fastroute/internal/every"
+	"github.com/fastroute/fastroute/internal/logformat"
 	"github.com/fastroute/fastroute/internal/memlimit"
 	"github.com/fastroute/fastroute/pickers"
 )
@@ -310,12 +311,8 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	var log *slog.Logger
-	if cfg.Log.Format == "json" {
-		log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	} else {
-		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	}
+	logs := logformat.New(os.Stderr, cfg.Log.Format)
+	log := logs.Logger()
 	followMemoryLimit(log)
 	// Signals are caught from the start: one that comes while the router
 	// starts is handled once it serves (SIGHUP's default would end the
@@ -346,6 +343,7 @@ func runServe(args []string) error {
 		return err
 	}
 	r.SetConfigSource(func() (config.Config, error) { return loadServeConfig(args) })
+	r.FormatLogsWith(logs.Set)
 	if err := upg.Ready(); err != nil {
 		_ = r.Close()
 		return err

@@ -24,6 +24,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/mirrors"
 	"github.com/fastroute/fastroute/dataplane/router"
 	"github.com/fastroute/fastroute/dataplane/tracing"
+	"github.com/fastroute/fastroute/internal/logformat"
 	"github.com/fastroute/fastroute/internal/syncbuf"
 	"github.com/fastroute/fastroute/internal/testpki"
 	"github.com/stretchr/testify/assert"
@@ -325,10 +326,13 @@ func TestSIGHUPReloadsTheConfigFile(t *testing.T) {
 	args := []string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--mode", "round-robin"}
 	cfg, err := loadServeConfig(args)
 	require.NoError(t, err)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var logged syncbuf.Buffer
+	logs := logformat.New(&logged, cfg.Log.Format)
+	log := logs.Logger()
 	r, err := router.Start(cfg, log)
 	require.NoError(t, err)
 	r.SetConfigSource(func() (config.Config, error) { return loadServeConfig(args) })
+	r.FormatLogsWith(logs.Set)
 
 	sig := make(chan os.Signal, 2)
 	returned := make(chan error, 1)
@@ -338,6 +342,14 @@ func TestSIGHUPReloadsTheConfigFile(t *testing.T) {
 	sig <- syscall.SIGHUP
 	require.Eventually(t, func() bool { return r.Registry.Snapshot().Len() == 2 }, 5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, "round-robin", string(r.CurrentConfig().Router.Mode), "flags still override the file on reload")
+	assert.Contains(t, logged.String(), `level=INFO msg="config reloaded"`)
+
+	// A new log.format applies: the reload's own line is in it.
+	write(fmt.Sprintf("log: {format: json}\nworkers:\n  - {id: 1, url: %q}\n  - {id: 2, url: %q}\n", mocks[0].URL(), mocks[1].URL()))
+	sig <- syscall.SIGHUP
+	require.Eventually(t, func() bool { return strings.Contains(logged.String(), `"msg":"config reloaded"`) }, 5*time.Second, 10*time.Millisecond)
+	assert.Contains(t, logged.String(), `"applied":["log.format=json"]`)
+	assert.Equal(t, "json", r.CurrentConfig().Log.Format)
 
 	write("router: {mode: fastest}\n")
 	sig <- syscall.SIGHUP

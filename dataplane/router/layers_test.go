@@ -19,7 +19,7 @@ const module = "github.com/fastroute/fastroute/"
 // its own layer or below. The longest matching prefix names a package's
 // layer.
 var layers = map[string]int{
-	"pickers": 1, "affinity": 1, "lora": 1, "telemetry": 1, "dataplane/metrics": 1, "dataplane/apikeys": 1, "dataplane/aliases": 1, "dataplane/mirrors": 1, "dataplane/tracing": 1, "internal/loopback": 1, "internal/fielderr": 1, "internal/otlpsink": 1, "internal/tlsfiles": 1, "internal/fakedns": 1, "internal/every": 1, "internal/rawsock": 1, "internal/syncbuf": 1, "internal/coloop": 1, "internal/dialer": 1, "internal/memlimit": 1, "internal/filetree": 1, "internal/testpki": 1, "internal/workerclient": 1, "internal/bearer": 1,
+	"pickers": 1, "affinity": 1, "lora": 1, "telemetry": 1, "dataplane/metrics": 1, "dataplane/apikeys": 1, "dataplane/aliases": 1, "dataplane/mirrors": 1, "dataplane/tracing": 1, "internal/loopback": 1, "internal/fielderr": 1, "internal/otlpsink": 1, "internal/tlsfiles": 1, "internal/fakedns": 1, "internal/every": 1, "internal/rawsock": 1, "internal/syncbuf": 1, "internal/coloop": 1, "internal/dialer": 1, "internal/memlimit": 1, "internal/filetree": 1, "internal/testpki": 1, "internal/workerclient": 1, "internal/bearer": 1, "internal/logformat": 1,
 	"dataplane":       2,
 	"dataplane/loops": 3, "discovery": 3,
 	"dataplane/http":   4,

@@ -138,7 +138,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"discovery":               dnsRoundsApply,
 		"telemetry":               telemetryApplies,
 		"limits":                  limitsApply,
-		"log.format":              old.Log.Format == cfg.Log.Format,
+		"log.format":              old.Log.Format == cfg.Log.Format || r.logFormat != nil,
 		"tracing":                 tracingApplies,
 	} {
 		if !same {
@@ -207,6 +207,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if cfg.AdminToken != old.AdminToken {
 		r.adminToken.Set(cfg.AdminToken)
 		applied = append(applied, "admin_token changed")
+	}
+	if f := cfg.Log.Format; f != old.Log.Format && r.logFormat != nil {
+		r.logFormat(f)
+		applied = append(applied, fmt.Sprintf("log.format=%s", f))
 	}
 	if cfg.MetricsPublic != old.MetricsPublic {
 		r.metricsPublic.Store(cfg.MetricsPublic)
@@ -322,6 +326,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next.Workers, next.ShutdownDelay, next.ShutdownTimeout = cfg.Workers, cfg.ShutdownDelay, cfg.ShutdownTimeout
 	next.Routes, next.CORSAllowedOrigins, next.Router.RetryStatuses = cfg.Routes, cfg.CORSAllowedOrigins, cfg.Router.RetryStatuses
 	next.GenerateRequestIDs, next.AddXForwardedFor, next.Log.Access = cfg.GenerateRequestIDs, cfg.AddXForwardedFor, cfg.Log.Access
+	if r.logFormat != nil {
+		next.Log.Format = cfg.Log.Format
+	}
 	next.RealIP, next.ForwardedClientCert, next.Limits = cfg.RealIP, cfg.ForwardedClientCert, policed.Limits
 	next.AdminToken, next.AdminTokenFile, next.MetricsPublic = cfg.AdminToken, cfg.AdminTokenFile, cfg.MetricsPublic
 	next.WorkerAPIKey, next.WorkerAPIKeyFile = cfg.WorkerAPIKey, cfg.WorkerAPIKeyFile
@@ -487,6 +494,15 @@ func (r *Router) reloadWorkers(old, next []dataplane.WorkerSpec) (applied []stri
 	}
 	slices.Sort(applied)
 	return applied
+}
+
+// FormatLogsWith has a reload apply a new log.format by calling set with
+// it (the router's logger was made to follow it: logformat.Switch);
+// without, a new log.format waits for a restart.
+func (r *Router) FormatLogsWith(set func(format string)) {
+	r.reloadMu.Lock()
+	defer r.reloadMu.Unlock()
+	r.logFormat = set
 }
 
 // SetConfigSource sets where ReloadFromSource reads the config (the file

@@ -323,6 +323,28 @@ func TestAReloadKeepsTheAdminTokenOffLoopback(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 }
 
+// A new log.format applies through the setter the router was given
+// (serve's logformat.Switch), and waits for a restart without one.
+func TestAReloadAppliesTheLogFormatThroughItsSetter(t *testing.T) {
+	f := startFleet(t, mocks(1, 1, 0), nil)
+	next := f.r.CurrentConfig()
+	next.Log.Format = "json"
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Empty(t, applied)
+	assert.Equal(t, []string{"log.format"}, needRestart)
+	assert.Equal(t, "text", f.r.CurrentConfig().Log.Format)
+
+	var set []string
+	f.r.FormatLogsWith(func(format string) { set = append(set, format) })
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"log.format=json"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Equal(t, []string{"json"}, set)
+	assert.Equal(t, "json", f.r.CurrentConfig().Log.Format)
+}
+
 // A worker a reload removed is swept once idle at the health interval the
 // reload gave, not the one the router started with (an hour here).
 func TestARemovedWorkerIsSweptAtTheReloadsHealthInterval(t *testing.T) {

@@ -87,6 +87,7 @@ type Router struct {
 	cancel                context.CancelFunc
 	loops                 sync.WaitGroup // health and telemetry goroutines
 	drainSweep            *every.Period  // how often drained workers are swept: health.interval
+	logFormat             func(string)   // sets log.format (FormatLogsWith); nil: a restart's
 }
 
 // Start validates cfg, registers its workers and opens both listeners.
