@@ -26,18 +26,19 @@ import (
 // listener's bound on open connections and its PROXY protocol headers, the
 // wait queue (turned on or off too), health's keys (its thresholds and
 // ejections, the probes' interval, timeout and path), the GPU/CPU readers'
-// interval, the engine scrapes' interval, timeout and stall bound, DNS
-// discovery's names and interval, the secrets and the clients' API keys
-// (read again from their files or the environment), the certificates and
-// revocation lists (tls, admin_tls's certificate and CAs, worker_tls's
-// client certificate and the way workers' certificates are checked: read
-// again), aliases, mirrors, tracing's sample ratio, metrics_public and the
-// shutdown keys. A config that fails validation is refused with the same
-// error as at start, and nothing changes. A key a running router cannot
-// change (a listener, a client connection's limits, a table's size, the API
-// keys' sharing interval), or one whose field that cannot change changed
-// beside those that can (which holds the whole key back), is named in
-// needRestart and keeps its old value.
+// interval, the engine scrapes (turned on or off too: applyEngines), log
+// format (FormatLogsWith), DNS discovery's names and interval, the secrets
+// and the clients' API keys (read again from their files or the
+// environment), the certificates and revocation lists (tls, admin_tls's
+// certificate and CAs, worker_tls's client certificate and the way workers'
+// certificates are checked: read again), aliases, mirrors, tracing's sample
+// ratio, metrics_public and the shutdown keys. A config that fails
+// validation is refused with the same error as at start, and nothing
+// changes. A key a running router cannot change (a listener, a client
+// connection's limits, a table's size, the API keys' sharing interval), or
+// one whose field that cannot change changed beside those that can (which
+// holds the whole key back), is named in needRestart and keeps its old
+// value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
@@ -106,12 +107,11 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// its protocol did.
 	affinityApplies := old.Router.SessionAffinity.MaxSessions == cfg.Router.SessionAffinity.MaxSessions
 	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
-	// The GPU/CPU readers' interval and the engine scrapes' interval,
-	// timeout and stall bound apply unless another telemetry key changed
-	// too (or what reads one was off at start).
-	oe, ne := old.Telemetry.Engine, cfg.Telemetry.Engine
-	telemetryApplies := reflect.DeepEqual(withTelemetryTiming(old.Telemetry, cfg.Telemetry), cfg.Telemetry) &&
-		(r.Engines != nil || oe == ne) && (r.Weights != nil || old.Telemetry.Interval == cfg.Telemetry.Interval)
+	// The GPU/CPU readers' interval applies unless nvml or cpu changed too
+	// (or neither was on at start); telemetry.engine applies whole
+	// (applyEngines).
+	weightsApply := old.Telemetry.NVML == cfg.Telemetry.NVML && old.Telemetry.CPU == cfg.Telemetry.CPU &&
+		(r.Weights != nil || old.Telemetry.Interval == cfg.Telemetry.Interval)
 	// discovery.dns's names and interval apply while the router looks names
 	// up and will go on (a list emptied turns it off: a restart) and nothing
 	// else of discovery changed.
@@ -136,7 +136,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.prefix_affinity":  prefixesApply,
 		"router.disaggregation":   disaggApplies,
 		"discovery":               dnsRoundsApply,
-		"telemetry":               telemetryApplies,
+		"telemetry":               weightsApply,
 		"limits":                  limitsApply,
 		"log.format":              old.Log.Format == cfg.Log.Format || r.logFormat != nil,
 		"tracing":                 tracingApplies,
@@ -245,18 +245,11 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Sessions.SetTTL(ttl)
 		applied = append(applied, fmt.Sprintf("router.session_affinity.ttl=%v", ttl))
 	}
-	if iv := cfg.Telemetry.Interval; telemetryApplies && iv != old.Telemetry.Interval {
+	if iv := cfg.Telemetry.Interval; weightsApply && iv != old.Telemetry.Interval {
 		r.Weights.SetInterval(iv)
 		applied = append(applied, fmt.Sprintf("telemetry.interval=%v", iv))
 	}
-	if telemetryApplies && ne.StallAfter != oe.StallAfter {
-		r.Engines.SetStallAfter(ne.StallAfter)
-		applied = append(applied, fmt.Sprintf("telemetry.engine.stall_after=%v", ne.StallAfter))
-	}
-	if telemetryApplies && (ne.Interval != oe.Interval || ne.Timeout != oe.Timeout) {
-		r.Engines.SetTiming(ne.Interval, ne.Timeout)
-		applied = append(applied, fmt.Sprintf("telemetry.engine.interval=%v telemetry.engine.timeout=%v", ne.Interval, ne.Timeout))
-	}
+	applied = append(applied, r.applyEngines(old.Telemetry.Engine, cfg.Telemetry.Engine)...)
 	if names := cfg.Discovery.DNS.Names; dnsRoundsApply && !slices.Equal(names, old.Discovery.DNS.Names) {
 		if err := r.DNS.SetNames(names); err != nil {
 			return nil, needRestart, err // Validate checked them: not reached
@@ -346,9 +339,10 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if dnsRoundsApply {
 		next.Discovery = cfg.Discovery
 	}
-	if telemetryApplies {
+	if weightsApply {
 		next.Telemetry = cfg.Telemetry
 	}
+	next.Telemetry.Engine = cfg.Telemetry.Engine
 	next.Router = routedConfig(next, cfg, affinityApplies, disaggApplies).Router
 	next.WorkerTLS = cfg.WorkerTLS
 	if adminTLSApplies {
@@ -358,6 +352,35 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	r.saveStateLocked() // the config may name a worker the admin API added
 	r.log.Info("config reloaded", "applied", applied, "need_restart", needRestart)
 	return applied, needRestart, nil
+}
+
+// applyEngines turns the engine scrapes on or off (stopEngines withdraws
+// their readings), or applies a new interval, timeout or stall bound to
+// them, as telemetry.engine changed from oe to ne, and says what changed.
+// While they stay off, ne's keys are only recorded. The caller holds
+// reloadMu.
+func (r *Router) applyEngines(oe, ne config.Engine) (applied []string) {
+	switch l := r.engines.Load(); {
+	case !ne.Enabled:
+		if oe.Enabled {
+			r.stopEngines()
+			applied = append(applied, "telemetry.engine.enabled=false (the workers' readings withdrawn)")
+		}
+	case !oe.Enabled:
+		r.runEngines(ne, false)
+		applied = append(applied, fmt.Sprintf("telemetry.engine.enabled=true telemetry.engine.interval=%v telemetry.engine.timeout=%v telemetry.engine.stall_after=%v",
+			ne.Interval, ne.Timeout, ne.StallAfter))
+	default:
+		if ne.StallAfter != oe.StallAfter {
+			l.SetStallAfter(ne.StallAfter)
+			applied = append(applied, fmt.Sprintf("telemetry.engine.stall_after=%v", ne.StallAfter))
+		}
+		if ne.Interval != oe.Interval || ne.Timeout != oe.Timeout {
+			l.SetTiming(ne.Interval, ne.Timeout)
+			applied = append(applied, fmt.Sprintf("telemetry.engine.interval=%v telemetry.engine.timeout=%v", ne.Interval, ne.Timeout))
+		}
+	}
+	return applied
 }
 
 // keyChange is a config key compared between the running config and a
@@ -422,14 +445,6 @@ func routingChanges(old, cfg config.Config, affinity, disagg bool) []string {
 func withDNSRounds(d config.Discovery, dns config.DNS) config.Discovery {
 	d.DNS.Names, d.DNS.Interval = dns.Names, dns.Interval
 	return d
-}
-
-// withTelemetryTiming is t with next's GPU/CPU reading interval and its
-// engine scrapes' interval, timeout and stall bound.
-func withTelemetryTiming(t, next config.Telemetry) config.Telemetry {
-	t.Interval = next.Interval
-	t.Engine.Interval, t.Engine.Timeout, t.Engine.StallAfter = next.Engine.Interval, next.Engine.Timeout, next.Engine.StallAfter
-	return t
 }
 
 // routedConfig is old with the keys routingChanges compares taken from

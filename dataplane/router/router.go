@@ -48,8 +48,7 @@ type Router struct {
 	Selector *dataplane.Selector
 	Frontend *frontend.Server
 	Health   *health.Checker
-	Weights  *weights.Loop   // nil when telemetry is off
-	Engines  *engine.Scraper // nil when telemetry.engine is off
+	Weights  *weights.Loop // nil when telemetry is off
 	Sessions *affinity.Table
 	// Responses holds where each stored response of the Responses API is
 	// (storedResponses).
@@ -83,11 +82,14 @@ type Router struct {
 	ln, adminLn           net.Listener
 	admin                 *http.Server
 	gpu                   *nvml.Collector
-	*tlsState             // what the TLS files hold, as the start's check read them
+	*tlsState                             // what the TLS files hold, as the start's check read them
+	ctx                   context.Context // the loops': Close cancels it
 	cancel                context.CancelFunc
-	loops                 sync.WaitGroup // health and telemetry goroutines
-	drainSweep            *every.Period  // how often drained workers are swept: health.interval
-	logFormat             func(string)   // sets log.format (FormatLogsWith); nil: a restart's
+	engines               atomic.Pointer[engineLoop] // nil while telemetry.engine is off
+	engineFallbacks       atomic.Uint64              // those of the engine scrapes stopped (stopEngines)
+	loops                 sync.WaitGroup             // health and telemetry goroutines
+	drainSweep            *every.Period              // how often drained workers are swept: health.interval
+	logFormat             func(string)               // sets log.format (FormatLogsWith); nil: a restart's
 }
 
 // Start validates cfg, registers its workers and opens both listeners.
@@ -318,15 +320,15 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	// Nothing can fail from here on: the GPU library, initialised now, is
 	// shut down only by Close.
 	r.startTelemetry(log)
-	r.startEngines(log)
 	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	if r.Engines != nil {
+	r.ctx, r.cancel = ctx, cancel
+	r.registerEngineMetrics()
+	if e := cfg.Telemetry.Engine; e.Enabled {
 		// The engines' first readings before the first request (a
 		// restart in front of busy engines routes its first requests by
 		// their costs); new connections wait in the listener's backlog
 		// meanwhile, a scrape timeout at most.
-		r.Engines.Prime(ctx)
+		r.runEngines(e, true)
 	}
 	go func() {
 		// nil once Close closed the listener; a failure otherwise (the
@@ -350,9 +352,6 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.loops.Go(func() { r.Responses.Run(ctx) })
 	if r.Weights != nil {
 		r.loops.Go(func() { r.Weights.Run(ctx) })
-	}
-	if r.Engines != nil {
-		r.loops.Go(func() { r.Engines.Run(ctx) })
 	}
 	if r.PrefixShare != nil {
 		r.loops.Go(func() { r.PrefixShare.Run(ctx) })
@@ -438,7 +437,10 @@ const spanFlushTimeout = 5 * time.Second
 // requests up to shutdown_timeout and cutting those still open then.
 func (r *Router) Close() error {
 	r.closeDiscovery()
+	r.reloadMu.Lock()
 	r.cancel()
+	r.stopEngines()
+	r.reloadMu.Unlock()
 	r.loops.Wait()
 	if r.gpu != nil {
 		r.gpu.Close()
@@ -489,18 +491,23 @@ func (r *Router) startTelemetry(log *slog.Logger) {
 	r.Metrics.Register(r.Weights.Collector())
 }
 
-// startEngines builds the poller of every worker's engine metrics; each
-// reading lands on its worker (Registry.SetEngine), where the load-aware
-// cost reads it, and takes the worker out of rotation while its engine
-// sleeps or stalled.
-func (r *Router) startEngines(log *slog.Logger) {
-	e := r.Config.Telemetry.Engine
-	if !e.Enabled {
-		return
-	}
+// engineLoop is the engine scrapes as they run: the scraper, the stop of
+// its loop, and the loop's end.
+type engineLoop struct {
+	*engine.Scraper
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// runEngines starts the poller of every worker's engine metrics (after a
+// first round of scrapes when prime is set); each reading lands on its
+// worker (Registry.SetEngine), where the load-aware cost reads it, and
+// takes the worker out of rotation while its engine sleeps or stalled.
+// The caller holds reloadMu, or starts the router.
+func (r *Router) runEngines(e config.Engine, prime bool) {
 	reg := r.Registry
-	r.Engines = engine.New(engine.Options{
-		Interval: e.Interval, Timeout: e.Timeout, Logger: log, APIKey: &r.workerKey, TLS: r.workerTLS, StallAfter: e.StallAfter,
+	s := engine.New(engine.Options{
+		Interval: e.Interval, Timeout: e.Timeout, Logger: r.log, APIKey: &r.workerKey, TLS: r.workerTLS, StallAfter: e.StallAfter,
 		Dial: (&dialer.Dialer{CacheTime: dataplane.NameCacheTime}).Dial,
 		Targets: func() []engine.Target {
 			all := reg.All()
@@ -513,10 +520,47 @@ func (r *Router) startEngines(log *slog.Logger) {
 		},
 		Publish: reg.SetEngine,
 	})
+	ctx, stop := context.WithCancel(r.ctx)
+	l := &engineLoop{Scraper: s, stop: stop, done: make(chan struct{})}
+	if prime {
+		s.Prime(ctx)
+	}
+	r.engines.Store(l)
+	go func() {
+		defer close(l.done)
+		s.Run(ctx)
+	}()
+}
+
+// stopEngines ends the engine scrapes, if they run, and withdraws every
+// worker's reading: each is routed on the router's own signals from then
+// on, and one whose engine slept or stalled is judged by its probes
+// again. The caller holds reloadMu, or closes the router.
+func (r *Router) stopEngines() {
+	l := r.engines.Swap(nil)
+	if l == nil {
+		return
+	}
+	l.stop()
+	<-l.done // its scrapes ended: none publishes after the withdrawal
+	fallbacks, _ := l.Counts()
+	r.engineFallbacks.Add(fallbacks)
+	for _, w := range r.Registry.All() {
+		r.Registry.SetEngine(w.ID(), nil)
+	}
+}
+
+// registerEngineMetrics has the scrape show the engine scrapes' counts
+// while they run; the fallbacks count on across their stops and starts.
+func (r *Router) registerEngineMetrics() {
 	r.Metrics.Register(func(w *metrics.Writer) {
-		fallbacks, without := r.Engines.Counts()
+		l := r.engines.Load()
+		if l == nil {
+			return
+		}
+		fallbacks, without := l.Counts()
 		w.Header("fastroute_engine_fallbacks_total", "counter", "Times a worker lost its fresh engine metrics and was routed on the router's own signals.")
-		w.Sample("fastroute_engine_fallbacks_total", float64(fallbacks))
+		w.Sample("fastroute_engine_fallbacks_total", float64(r.engineFallbacks.Load()+fallbacks))
 		w.Header("fastroute_engine_workers_without_reading", "gauge", "Workers with no fresh engine metrics reading.")
 		w.Sample("fastroute_engine_workers_without_reading", float64(without))
 	})
@@ -542,8 +586,8 @@ func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
 	if r.Weights != nil {
 		r.Weights.Describe(w, info)
 	}
-	if r.Engines != nil {
-		r.Engines.Describe(w.ID(), info)
+	if l := r.engines.Load(); l != nil {
+		l.Describe(w.ID(), info)
 	}
 	if st := w.Engine(); st != nil && st.StandIn > 0 {
 		info["engine_stand_in_capacity"] = st.StandIn

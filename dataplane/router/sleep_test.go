@@ -84,3 +84,54 @@ func TestASleepingEngineIsOutOfRotation(t *testing.T) {
 	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
 	f.assertIdle()
 }
+
+// A reload turns the engine scrapes on (the workers' readings come, a
+// sleeping engine leaves rotation) and off (the readings are withdrawn:
+// every worker is routed on the router's own signals again, the sleeping
+// one judged by its probes, whose /health answers 200).
+func TestAReloadTurnsEngineMetricsOnAndOff(t *testing.T) {
+	f := startFleet(t, mocks(2, 2, 0), func(c *config.Config) {
+		c.Telemetry.Engine.Enabled, c.Telemetry.Engine.Interval = false, 20*time.Millisecond
+	})
+	resp, err := f.client.Post(f.mocks[0].URL()+"/sleep?level=1", "", nil)
+	require.NoError(t, err)
+	readAll(t, resp)
+	time.Sleep(100 * time.Millisecond) // five intervals: no scrape
+	assert.Nil(t, f.workerInfo(1)["engine_source"], "no engine read")
+	assert.True(t, f.r.Registry.Snapshot().Has(1), "the router does not know it sleeps")
+	assert.Empty(t, metric(t, f, "fastroute_engine_workers_without_reading"))
+
+	next := f.r.CurrentConfig()
+	next.Telemetry.Engine.Enabled = true
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"telemetry.engine.enabled=true telemetry.engine.interval=20ms telemetry.engine.timeout=" +
+		next.Telemetry.Engine.Timeout.String() + " telemetry.engine.stall_after=0s"}, applied)
+	assert.Empty(t, needRestart)
+	require.Eventually(t, func() bool { return f.workerInfo(2)["engine_source"] == "vllm" && !f.r.Registry.Snapshot().Has(1) },
+		5*time.Second, 10*time.Millisecond, "read: worker 1 sleeps, out of rotation")
+	assert.Equal(t, true, f.workerInfo(1)["asleep"])
+	assert.Equal(t, "0", metric(t, f, "fastroute_engine_workers_without_reading"))
+	for range 4 {
+		assert.Equal(t, "2", f.servedBy("/v1/chat/completions", chatBody))
+	}
+
+	next.Telemetry.Engine.Enabled = false
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"telemetry.engine.enabled=false (the workers' readings withdrawn)"}, applied)
+	assert.Empty(t, needRestart)
+	assert.True(t, f.r.Registry.Snapshot().Has(1), "back in rotation at once")
+	for _, id := range []uint64{1, 2} {
+		info := f.workerInfo(id)
+		assert.Nil(t, info["engine_source"], "worker %d: no reading", id)
+		assert.Equal(t, false, info["asleep"], "worker %d", id)
+	}
+	assert.Empty(t, metric(t, f, "fastroute_engine_workers_without_reading"))
+	assert.False(t, f.r.CurrentConfig().Telemetry.Engine.Enabled)
+	time.Sleep(100 * time.Millisecond)
+	w2, _ := f.r.Registry.Get(2)
+	assert.Nil(t, w2.Engine(), "no reading published after the withdrawal")
+	assert.True(t, f.r.Registry.Snapshot().Has(1), "still in rotation")
+	f.assertIdle()
+}

@@ -192,8 +192,8 @@ func (r *Router) applyWorkerTLS(old, t config.WorkerTLS, cert *tls.Certificate, 
 	r.workerTLS = conf
 	r.Frontend.SetWorkerTLS(conf)
 	r.Health.SetTLS(conf)
-	if r.Engines != nil {
-		r.Engines.SetTLS(conf)
+	if l := r.engines.Load(); l != nil {
+		l.SetTLS(conf)
 	}
 	if t.CAFile != "" {
 		applied = append(applied, fmt.Sprintf("worker_tls.ca_file=%q read again", t.CAFile))
