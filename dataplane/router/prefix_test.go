@@ -407,7 +407,7 @@ func TestThePrefixRecordsRoute(t *testing.T) {
 func TestAnAbsentPeerLosesOnlyItsRecords(t *testing.T) {
 	gone := freeAdminAddrs(t, 1)[0]
 	f := startFleet(t, cachingEngines(3), func(c *config.Config) {
-		prefixAffinity(true)(c)
+		prefixByInFlight(true)(c) // its turns counted where they went (stayedPut)
 		c.Router.PrefixAffinity.Peers = []string{"http://" + gone}
 		c.Router.PrefixAffinity.ShareInterval = 5 * time.Millisecond
 	})
