@@ -154,7 +154,7 @@ func runDemo(args []string) error {
 	for i, m := range mocks {
 		w, _ := r.Registry.Get(cfg.Workers[i].ID)
 		source := "from telemetry"
-		if src, _ := r.Weights.Origin(w.ID()); src.Static {
+		if src, _ := r.Weights().Origin(w.ID()); src.Static {
 			source = "static capacity: " + src.Reason
 		}
 		fmt.Printf("  worker %d (%s): %d / %d / %d, weight %.3g (%s)\n", w.ID(), w.Spec().Device,

@@ -25,20 +25,20 @@ import (
 // (frontendPolicy: the limits of an exchange with a worker among them), the
 // listener's bound on open connections and its PROXY protocol headers, the
 // wait queue (turned on or off too), health's keys (its thresholds and
-// ejections, the probes' interval, timeout and path), the GPU/CPU readers'
-// interval, the engine scrapes (turned on or off too: applyEngines), log
-// format (FormatLogsWith), DNS discovery's names and interval, the secrets
-// and the clients' API keys (read again from their files or the
-// environment), the certificates and revocation lists (tls, admin_tls's
-// certificate and CAs, worker_tls's client certificate and the way workers'
-// certificates are checked: read again), aliases, mirrors, tracing's sample
-// ratio, metrics_public and the shutdown keys. A config that fails
-// validation is refused with the same error as at start, and nothing
-// changes. A key a running router cannot change (a listener, a client
-// connection's limits, a table's size, the API keys' sharing interval), or
-// one whose field that cannot change changed beside those that can (which
-// holds the whole key back), is named in needRestart and keeps its old
-// value.
+// ejections, the probes' interval, timeout and path), the GPU/CPU readers
+// (turned on or off too: applyWeights), the engine scrapes (turned on or off
+// too: applyEngines), log format (FormatLogsWith), DNS discovery's names and
+// interval, the secrets and the clients' API keys (read again from their
+// files or the environment), the certificates and revocation lists (tls,
+// admin_tls's certificate and CAs, worker_tls's client certificate and the
+// way workers' certificates are checked: read again), aliases, mirrors,
+// tracing's sample ratio, metrics_public and the shutdown keys. A config
+// that fails validation is refused with the same error as at start, and
+// nothing changes. A key a running router cannot change (a listener, a
+// client connection's limits, a table's size, the API keys' sharing
+// interval), or one whose field that cannot change changed beside those that
+// can (which holds the whole key back), is named in needRestart and keeps
+// its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
@@ -107,11 +107,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// its protocol did.
 	affinityApplies := old.Router.SessionAffinity.MaxSessions == cfg.Router.SessionAffinity.MaxSessions
 	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
-	// The GPU/CPU readers' interval applies unless nvml or cpu changed too
-	// (or neither was on at start); telemetry.engine applies whole
-	// (applyEngines).
-	weightsApply := old.Telemetry.NVML == cfg.Telemetry.NVML && old.Telemetry.CPU == cfg.Telemetry.CPU &&
-		(r.Weights != nil || old.Telemetry.Interval == cfg.Telemetry.Interval)
 	// discovery.dns's names and interval apply while the router looks names
 	// up and will go on (a list emptied turns it off: a restart) and nothing
 	// else of discovery changed.
@@ -136,7 +131,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.prefix_affinity":  prefixesApply,
 		"router.disaggregation":   disaggApplies,
 		"discovery":               dnsRoundsApply,
-		"telemetry":               weightsApply,
 		"limits":                  limitsApply,
 		"log.format":              old.Log.Format == cfg.Log.Format || r.logFormat != nil,
 		"tracing":                 tracingApplies,
@@ -245,10 +239,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Sessions.SetTTL(ttl)
 		applied = append(applied, fmt.Sprintf("router.session_affinity.ttl=%v", ttl))
 	}
-	if iv := cfg.Telemetry.Interval; weightsApply && iv != old.Telemetry.Interval {
-		r.Weights.SetInterval(iv)
-		applied = append(applied, fmt.Sprintf("telemetry.interval=%v", iv))
-	}
+	applied = append(applied, r.applyWeights(old.Telemetry, cfg.Telemetry)...)
 	applied = append(applied, r.applyEngines(old.Telemetry.Engine, cfg.Telemetry.Engine)...)
 	if names := cfg.Discovery.DNS.Names; dnsRoundsApply && !slices.Equal(names, old.Discovery.DNS.Names) {
 		if err := r.DNS.SetNames(names); err != nil {
@@ -339,10 +330,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if dnsRoundsApply {
 		next.Discovery = cfg.Discovery
 	}
-	if weightsApply {
-		next.Telemetry = cfg.Telemetry
-	}
-	next.Telemetry.Engine = cfg.Telemetry.Engine
+	next.Telemetry = cfg.Telemetry
 	next.Router = routedConfig(next, cfg, affinityApplies, disaggApplies).Router
 	next.WorkerTLS = cfg.WorkerTLS
 	if adminTLSApplies {
@@ -352,6 +340,24 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	r.saveStateLocked() // the config may name a worker the admin API added
 	r.log.Info("config reloaded", "applied", applied, "need_restart", needRestart)
 	return applied, needRestart, nil
+}
+
+// applyWeights restarts the GPU/CPU weight loop over the readers nt turns
+// on when nvml or cpu changed (stopWeights, runWeights: the workers measured
+// by none keep their static capacity), or applies a new interval to it, and
+// says what changed. While both stay off, nt's interval is only recorded.
+// The caller holds reloadMu.
+func (r *Router) applyWeights(ot, nt config.Telemetry) (applied []string) {
+	if ot.NVML != nt.NVML || ot.CPU != nt.CPU {
+		r.stopWeights()
+		r.runWeights(nt)
+		return []string{fmt.Sprintf("telemetry.nvml=%v telemetry.cpu=%v telemetry.interval=%v", nt.NVML, nt.CPU, nt.Interval)}
+	}
+	if l := r.weights.Load(); l != nil && nt.Interval != ot.Interval {
+		l.SetInterval(nt.Interval)
+		applied = append(applied, fmt.Sprintf("telemetry.interval=%v", nt.Interval))
+	}
+	return applied
 }
 
 // applyEngines turns the engine scrapes on or off (stopEngines withdraws

@@ -48,7 +48,6 @@ type Router struct {
 	Selector *dataplane.Selector
 	Frontend *frontend.Server
 	Health   *health.Checker
-	Weights  *weights.Loop // nil when telemetry is off
 	Sessions *affinity.Table
 	// Responses holds where each stored response of the Responses API is
 	// (storedResponses).
@@ -81,12 +80,13 @@ type Router struct {
 	source                func() (config.Config, error)
 	ln, adminLn           net.Listener
 	admin                 *http.Server
-	gpu                   *nvml.Collector
 	*tlsState                             // what the TLS files hold, as the start's check read them
 	ctx                   context.Context // the loops': Close cancels it
 	cancel                context.CancelFunc
 	engines               atomic.Pointer[engineLoop] // nil while telemetry.engine is off
 	engineFallbacks       atomic.Uint64              // those of the engine scrapes stopped (stopEngines)
+	weights               atomic.Pointer[weightLoop] // nil while telemetry's nvml and cpu are off
+	weightFallbacks       metrics.Counter            // the weight loops', one after another
 	loops                 sync.WaitGroup             // health and telemetry goroutines
 	drainSweep            *every.Period              // how often drained workers are swept: health.interval
 	logFormat             func(string)               // sets log.format (FormatLogsWith); nil: a restart's
@@ -223,7 +223,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	aff := cfg.Router.SessionAffinity
 	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, log: log, tlsState: found.tls,
 		Sessions:  affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions}),
-		Responses: affinity.NewTable(storedResponses), drainSweep: every.NewPeriod(cfg.Health.Interval)}
+		Responses: affinity.NewTable(storedResponses), drainSweep: every.NewPeriod(cfg.Health.Interval),
+		weightFallbacks: metrics.NewCounter()}
 	r.adminToken.Set(cfg.AdminToken)
 	r.metricsPublic.Store(cfg.MetricsPublic)
 	r.workerKey.Set(cfg.WorkerAPIKey)
@@ -318,11 +319,11 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		return nil, err
 	}
 	// Nothing can fail from here on: the GPU library, initialised now, is
-	// shut down only by Close.
-	r.startTelemetry(log)
+	// shut down only by Close (or a reload that turns nvml off).
 	ctx, cancel := context.WithCancel(context.Background())
 	r.ctx, r.cancel = ctx, cancel
-	r.registerEngineMetrics()
+	r.registerTelemetryMetrics()
+	r.runWeights(cfg.Telemetry)
 	if e := cfg.Telemetry.Engine; e.Enabled {
 		// The engines' first readings before the first request (a
 		// restart in front of busy engines routes its first requests by
@@ -350,9 +351,6 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.loops.Go(func() { reg.Run(ctx, r.drainSweep) })
 	r.loops.Go(func() { r.Sessions.Run(ctx) })
 	r.loops.Go(func() { r.Responses.Run(ctx) })
-	if r.Weights != nil {
-		r.loops.Go(func() { r.Weights.Run(ctx) })
-	}
 	if r.PrefixShare != nil {
 		r.loops.Go(func() { r.PrefixShare.Run(ctx) })
 	}
@@ -440,11 +438,9 @@ func (r *Router) Close() error {
 	r.reloadMu.Lock()
 	r.cancel()
 	r.stopEngines()
+	r.stopWeights()
 	r.reloadMu.Unlock()
 	r.loops.Wait()
-	if r.gpu != nil {
-		r.gpu.Close()
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.CurrentConfig().ShutdownTimeout)
 	defer cancel()
 	err := r.Frontend.Shutdown(ctx)
@@ -465,38 +461,97 @@ func (r *Router) Close() error {
 // library behind it.
 var newGPU = nvml.NewSystem
 
-// startTelemetry builds the weight loop over the collectors the config turns
-// on. A GPU library that cannot start is logged once; GPU workers then keep
-// their static capacity and say why in GET /workers.
-func (r *Router) startTelemetry(log *slog.Logger) {
-	t := r.Config.Telemetry
+// running is a loop a reload may start and stop (the weights', the engine
+// scrapes'): the stop of its context, and its end.
+type running struct {
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// start runs loop in a goroutine until end, or until the router closes.
+func (r *Router) start(loop func(ctx context.Context)) running {
+	ctx, stop := context.WithCancel(r.ctx)
+	l := running{stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		loop(ctx)
+	}()
+	return l
+}
+
+// end stops the loop and waits for it to return.
+func (l running) end() {
+	l.stop()
+	<-l.done
+}
+
+// weightLoop is the GPU/CPU weight loop as it runs, with the GPU library
+// it started (nil: none).
+type weightLoop struct {
+	*weights.Loop
+	gpu *nvml.Collector
+	running
+}
+
+// runWeights starts the weight loop over the readers t turns on (none:
+// nothing runs). A GPU library that cannot start is logged once; GPU
+// workers then keep their static capacity and say why in GET /workers.
+// The caller holds reloadMu, or starts the router.
+func (r *Router) runWeights(t config.Telemetry) {
 	if !t.NVML && !t.CPU {
 		return
 	}
-	o := weights.Options{Registry: r.Registry, Interval: t.Interval, Logger: log}
+	o := weights.Options{Registry: r.Registry, Interval: t.Interval, Logger: r.log, Fallbacks: r.weightFallbacks}
+	var gpu *nvml.Collector
 	if t.NVML {
-		gpu := newGPU()
+		gpu = newGPU()
 		if err := gpu.Start(); err != nil {
-			log.Warn("gpu telemetry unavailable; gpu workers keep their static capacity", "err", err)
+			r.log.Warn("gpu telemetry unavailable; gpu workers keep their static capacity", "err", err)
 			o.Sources = append(o.Sources, weights.GPUDown(err.Error()))
+			gpu = nil
 		} else {
-			r.gpu = gpu
 			o.Sources = append(o.Sources, weights.NewGPU(gpu))
 		}
 	}
 	if t.CPU {
 		o.Sources = append(o.Sources, weights.NewCPU(cpu.NewCollector("/")))
 	}
-	r.Weights = weights.New(o)
-	r.Metrics.Register(r.Weights.Collector())
+	l := &weightLoop{Loop: weights.New(o), gpu: gpu}
+	l.running = r.start(l.Run)
+	r.weights.Store(l)
 }
 
-// engineLoop is the engine scrapes as they run: the scraper, the stop of
-// its loop, and the loop's end.
+// stopWeights ends the weight loop, if it runs, shuts its GPU library
+// down, and gives every worker its static capacity back. The caller holds
+// reloadMu, or closes the router.
+func (r *Router) stopWeights() {
+	l := r.weights.Swap(nil)
+	if l == nil {
+		return
+	}
+	l.end() // its last tick ended: none sets a weight after the reset
+	if l.gpu != nil {
+		l.gpu.Close()
+	}
+	for _, w := range r.Registry.All() {
+		w.SetWeight(w.Spec().Capacity)
+	}
+	r.Registry.Republish()
+}
+
+// Weights returns the GPU/CPU weight loop running now; nil while
+// telemetry's nvml and cpu are off.
+func (r *Router) Weights() *weights.Loop {
+	if l := r.weights.Load(); l != nil {
+		return l.Loop
+	}
+	return nil
+}
+
+// engineLoop is the engine scrapes as they run.
 type engineLoop struct {
 	*engine.Scraper
-	stop context.CancelFunc
-	done chan struct{}
+	running
 }
 
 // runEngines starts the poller of every worker's engine metrics (after a
@@ -520,16 +575,10 @@ func (r *Router) runEngines(e config.Engine, prime bool) {
 		},
 		Publish: reg.SetEngine,
 	})
-	ctx, stop := context.WithCancel(r.ctx)
-	l := &engineLoop{Scraper: s, stop: stop, done: make(chan struct{})}
 	if prime {
-		s.Prime(ctx)
+		s.Prime(r.ctx)
 	}
-	r.engines.Store(l)
-	go func() {
-		defer close(l.done)
-		s.Run(ctx)
-	}()
+	r.engines.Store(&engineLoop{Scraper: s, running: r.start(s.Run)})
 }
 
 // stopEngines ends the engine scrapes, if they run, and withdraws every
@@ -541,8 +590,7 @@ func (r *Router) stopEngines() {
 	if l == nil {
 		return
 	}
-	l.stop()
-	<-l.done // its scrapes ended: none publishes after the withdrawal
+	l.end() // its scrapes ended: none publishes after the withdrawal
 	fallbacks, _ := l.Counts()
 	r.engineFallbacks.Add(fallbacks)
 	for _, w := range r.Registry.All() {
@@ -550,10 +598,14 @@ func (r *Router) stopEngines() {
 	}
 }
 
-// registerEngineMetrics has the scrape show the engine scrapes' counts
-// while they run; the fallbacks count on across their stops and starts.
-func (r *Router) registerEngineMetrics() {
+// registerTelemetryMetrics has the scrape show the weight loop's readings
+// and the engine scrapes' counts while they run; their fallbacks count on
+// across their stops and starts.
+func (r *Router) registerTelemetryMetrics() {
 	r.Metrics.Register(func(w *metrics.Writer) {
+		if l := r.weights.Load(); l != nil {
+			l.Collector()(w)
+		}
 		l := r.engines.Load()
 		if l == nil {
 			return
@@ -583,8 +635,8 @@ func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
 	if r.DNS != nil && r.DNS.Known(w.ID()) {
 		info["discovered"] = "dns"
 	}
-	if r.Weights != nil {
-		r.Weights.Describe(w, info)
+	if l := r.weights.Load(); l != nil {
+		l.Describe(w, info)
 	}
 	if l := r.engines.Load(); l != nil {
 		l.Describe(w.ID(), info)

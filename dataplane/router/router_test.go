@@ -831,6 +831,32 @@ func TestWeightedModeFollowsTelemetry(t *testing.T) {
 	assert.Empty(t, needRestart)
 	require.Eventually(t, func() bool { age, _ := f.workerInfo(1)["telemetry_age_seconds"].(float64); return age > 1 },
 		5*time.Second, 20*time.Millisecond)
+
+	// A reload turns the readers off (every worker back at its static
+	// capacity: one read at a tenth of it here, the loop's next read an
+	// hour away) and on again.
+	w2, _ := f.r.Registry.Get(2)
+	w2.SetWeight(0.025)
+	fellBack, err := strconv.Atoi(metric(t, f, "fastroute_telemetry_fallbacks_total"))
+	require.NoError(t, err)
+	next.Telemetry.NVML, next.Telemetry.CPU = false, false
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"telemetry.nvml=false telemetry.cpu=false telemetry.interval=1h0m0s"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Equal(t, 0.25, w2.Weight(), "its static capacity")
+	assert.Nil(t, f.workerInfo(2)["weight_source"])
+	assert.Empty(t, metric(t, f, "fastroute_cpu_idle_ratio"))
+	assert.Empty(t, metric(t, f, "fastroute_telemetry_fallbacks_total"), "shown while a reader runs")
+	next.Telemetry.CPU, next.Telemetry.Interval = true, 20*time.Millisecond
+	applied, _, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"telemetry.nvml=false telemetry.cpu=true telemetry.interval=20ms"}, applied)
+	require.Eventually(t, func() bool { return f.workerInfo(2)["weight_source"] == "telemetry" }, 5*time.Second, 20*time.Millisecond)
+	assert.Equal(t, "static", f.workerInfo(3)["weight_source"], "a GPU worker, no GPU reader")
+	now, err := strconv.Atoi(metric(t, f, "fastroute_telemetry_fallbacks_total"))
+	require.NoError(t, err)
+	assert.Greater(t, now, fellBack, "the new loop's falls back (worker 3's) counted on from the old one's")
 	f.assertIdle()
 }
 

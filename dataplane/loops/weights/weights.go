@@ -51,6 +51,10 @@ type Options struct {
 	Sources  []Source
 	Interval time.Duration
 	Logger   *slog.Logger
+	// Fallbacks counts the workers' falls back to static capacity (the
+	// zero Counter: one of the Loop's own), so that a count can go on
+	// across the loops a process runs one after another.
+	Fallbacks metrics.Counter
 }
 
 // Origin says where a worker's weight came from.
@@ -70,7 +74,7 @@ type Loop struct {
 
 	mu        sync.Mutex // guards origins; never taken on the request path
 	origins   map[uint64]Origin
-	fallbacks metrics.Counter // transitions of a worker to its static capacity
+	fallbacks metrics.Counter // transitions of a worker to its static capacity (Options.Fallbacks)
 	errs      []string        // each source's last refresh error, logged once per change; Tick's alone
 }
 
@@ -82,7 +86,10 @@ func New(o Options) *Loop {
 	if o.Interval <= 0 {
 		o.Interval = 250 * time.Millisecond
 	}
-	return &Loop{opts: o, every: every.NewPeriod(o.Interval), origins: map[uint64]Origin{}, errs: make([]string, len(o.Sources)), fallbacks: metrics.NewCounter()}
+	if o.Fallbacks == (metrics.Counter{}) {
+		o.Fallbacks = metrics.NewCounter()
+	}
+	return &Loop{opts: o, every: every.NewPeriod(o.Interval), origins: map[uint64]Origin{}, errs: make([]string, len(o.Sources)), fallbacks: o.Fallbacks}
 }
 
 // Run ticks every Interval until ctx ends.
