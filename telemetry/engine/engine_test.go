@@ -714,11 +714,18 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 			{ID: 6, URL: tgi.URL() + "/metrics"}}
 	}})
 
-	require.Eventually(t, func() bool {
-		st, _ := s.get(1)
-		return st != nil && st.Running == 2 && st.Waiting == 1 && st.TokenRate > 0
-	}, 5*time.Second, 10*time.Millisecond, "queue seen and speed learned over loopback")
-	st, _ := s.get(1)
+	// reading waits for a reading of engine id that ok accepts and returns
+	// it (read once after the wait, a reading could be withdrawn as stale
+	// meanwhile on a loaded machine).
+	reading := func(id uint64, ok func(*Stats) bool, msg string) *Stats {
+		t.Helper()
+		var st *Stats
+		require.Eventually(t, func() bool { st, _ = s.get(id); return st != nil && ok(st) }, 5*time.Second, 10*time.Millisecond, msg)
+		return st
+	}
+	anyReading := func(*Stats) bool { return true }
+	st := reading(1, func(st *Stats) bool { return st.Running == 2 && st.Waiting == 1 && st.TokenRate > 0 },
+		"queue seen and speed learned over loopback")
 	// Two running at a 2 ms step: at most 500 tokens/s each, less with timer
 	// slack, and half that or less on a loaded machine (seen at 196 with
 	// three busy loops beside this test under -race), which slows the engine
@@ -726,22 +733,18 @@ func TestScraperAgainstSimulatedEngines(t *testing.T) {
 	assert.LessOrEqual(t, st.TokenRate, 550.0)
 	assert.Greater(t, st.TokenRate, 50.0)
 	assert.Equal(t, 2.0, st.Slots)
-	st2, _ := s.get(2)
-	require.NotNil(t, st2)
+	st2 := reading(2, anyReading, "sglang read")
 	assert.Equal(t, "sglang", st2.Dialect)
 	assert.Equal(t, 2.0, st2.Slots, "from sglang:max_running_requests")
-	require.Eventually(t, func() bool { st, _ := s.get(4); return st != nil }, 5*time.Second, 10*time.Millisecond)
-	st4, _ := s.get(4)
+	st4 := reading(4, anyReading, "llama.cpp read")
 	assert.Equal(t, "llamacpp", st4.Dialect)
 	info4 := map[string]any{}
 	sc.Describe(4, info4)
 	assert.Equal(t, "llamacpp", info4["engine_source"])
-	require.Eventually(t, func() bool { st, _ := s.get(5); return st != nil }, 5*time.Second, 10*time.Millisecond)
-	st5, _ := s.get(5)
+	st5 := reading(5, anyReading, "trtllm-serve read")
 	assert.Equal(t, "trtllm", st5.Dialect)
 	assert.Equal(t, 6.0, st5.Slots, "from trtllm_max_num_active_requests")
-	require.Eventually(t, func() bool { st, _ := s.get(6); return st != nil }, 5*time.Second, 10*time.Millisecond)
-	st6, _ := s.get(6)
+	st6 := reading(6, anyReading, "TGI read")
 	assert.Equal(t, "tgi", st6.Dialect)
 
 	info := map[string]any{}
