@@ -30,15 +30,15 @@ import (
 // too: applyEngines), log format (FormatLogsWith), DNS discovery's names and
 // interval, the secrets and the clients' API keys (read again from their
 // files or the environment), the certificates and revocation lists (tls,
-// admin_tls's certificate and CAs, worker_tls's client certificate and the
-// way workers' certificates are checked: read again), aliases, mirrors,
-// tracing's sample ratio, metrics_public and the shutdown keys. A config
-// that fails validation is refused with the same error as at start, and
-// nothing changes. A key a running router cannot change (a listener, a
-// client connection's limits, a table's size, the API keys' sharing
-// interval), or one whose field that cannot change changed beside those that
-// can (which holds the whole key back), is named in needRestart and keeps
-// its old value.
+// turned on or off too: applyListenerTLS, admin_tls's certificate and CAs,
+// worker_tls's client certificate and the way workers' certificates are
+// checked: read again), aliases, mirrors, tracing's sample ratio,
+// metrics_public and the shutdown keys. A config that fails validation is
+// refused with the same error as at start, and nothing changes. A key a
+// running router cannot change (a listener, a client connection's limits, a
+// table's size, the API keys' sharing interval), or one whose field that
+// cannot change changed beside those that can (which holds the whole key
+// back), is named in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
@@ -63,7 +63,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		}
 	}
 	var reread *frontConfig // read before anything applies: a bad one refuses the reload
-	if cfg.TLS.On() && old.TLS.On() {
+	if cfg.TLS.On() {
 		var err error
 		if reread, err = r.cert.read(cfg.TLS, r.log); err != nil {
 			return nil, nil, err
@@ -123,7 +123,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
 		"api_keys_share_interval": old.APIKeysShareInterval == cfg.APIKeysShareInterval,
-		"tls":                     old.TLS.On() == cfg.TLS.On(),
 		"admin_tls":               adminTLSApplies,
 		"pid_file":                old.PIDFile == cfg.PIDFile,
 		"state_file":              old.StateFile == cfg.StateFile,
@@ -274,27 +273,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		keyChange{"shutdown_delay", cfg.ShutdownDelay == old.ShutdownDelay, cfg.ShutdownDelay},
 		keyChange{"shutdown_timeout", cfg.ShutdownTimeout == old.ShutdownTimeout, cfg.ShutdownTimeout})...)
 	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
-	if reread != nil {
-		r.cert.cur.Store(reread)
-		applied = append(applied, "tls certificate read again")
-		if cfg.TLS.MinVersion != old.TLS.MinVersion {
-			applied = append(applied, fmt.Sprintf("tls.min_version=%q", cfg.TLS.MinVersion))
-		}
-		if cfg.TLS.ClientCAFile != "" {
-			applied = append(applied, fmt.Sprintf("tls.client_ca_file=%q read again", cfg.TLS.ClientCAFile))
-			if cfg.TLS.ClientAuth != old.TLS.ClientAuth {
-				applied = append(applied, fmt.Sprintf("tls.client_auth=%q", cfg.TLS.ClientAuth))
-			}
-			if crls := reread.crls; crls != nil {
-				applied = append(applied, fmt.Sprintf("tls.client_crl_file=%q read again (lists of %d issuers, revoked: %d)",
-					cfg.TLS.ClientCRLFile, crls.Issuers(), crls.Revoked()))
-			} else if old.TLS.ClientCRLFile != "" {
-				applied = append(applied, "tls.client_crl_file dropped: no revocation checked")
-			}
-		} else if old.TLS.ClientCAFile != "" {
-			applied = append(applied, "tls.client_ca_file dropped: no client certificate asked")
-		}
-	}
+	applied = append(applied, r.applyListenerTLS(old.TLS, cfg.TLS, reread)...)
 	if adminRead != nil {
 		applied = append(applied, r.applyAdminTLS(old.AdminTLS, cfg.AdminTLS, *adminRead)...)
 	}
@@ -319,9 +298,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
 	next.ProxyProtocol = cfg.ProxyProtocol
 	next.ModelAliases, next.ModelMirrors = cfg.ModelAliases, cfg.ModelMirrors
-	if reread != nil {
-		next.TLS = cfg.TLS
-	}
+	next.TLS = cfg.TLS
 	if tracingApplies {
 		next.Tracing = cfg.Tracing
 	}

@@ -313,15 +313,59 @@ func (f *frontTLS) load(t config.TLS, log *slog.Logger) error {
 }
 
 // serverConfig is the configuration the front end's listener takes: each
-// handshake gets the one last read.
+// handshake gets the one last read (none once a reload turned TLS off: a
+// connection accepted before, its handshake still to come, is refused).
 func (f *frontTLS) serverConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"http/1.1"},
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			return f.cur.Load().conf, nil
+			if fc := f.cur.Load(); fc != nil {
+				return fc.conf, nil
+			}
+			return nil, errListenerTLSOff
 		},
 	}
+}
+
+var errListenerTLSOff = errors.New("tls is off: the listener speaks plain HTTP")
+
+// applyListenerTLS makes fc, read from t (nil: t turns TLS off), what the
+// front end's next handshakes get, turning the listener's TLS on or off
+// for the connections accepted from then on (the old config was old), and
+// says what changed. The caller holds reloadMu.
+func (r *Router) applyListenerTLS(old, t config.TLS, fc *frontConfig) (applied []string) {
+	r.cert.cur.Store(fc)
+	switch {
+	case fc == nil && old.On():
+		r.Frontend.SetListenerTLS(nil)
+		return []string{"tls off: the connections accepted from now on speak plain HTTP"}
+	case fc == nil:
+		return nil
+	case !old.On():
+		r.Frontend.SetListenerTLS(r.cert.serverConfig())
+		applied = append(applied, "tls on: the connections accepted from now on speak TLS")
+	default:
+		applied = append(applied, "tls certificate read again")
+	}
+	if t.MinVersion != old.MinVersion {
+		applied = append(applied, fmt.Sprintf("tls.min_version=%q", t.MinVersion))
+	}
+	if t.ClientCAFile != "" {
+		applied = append(applied, fmt.Sprintf("tls.client_ca_file=%q read again", t.ClientCAFile))
+		if t.ClientAuth != old.ClientAuth {
+			applied = append(applied, fmt.Sprintf("tls.client_auth=%q", t.ClientAuth))
+		}
+		if crls := fc.crls; crls != nil {
+			applied = append(applied, fmt.Sprintf("tls.client_crl_file=%q read again (lists of %d issuers, revoked: %d)",
+				t.ClientCRLFile, crls.Issuers(), crls.Revoked()))
+		} else if old.ClientCRLFile != "" {
+			applied = append(applied, "tls.client_crl_file dropped: no revocation checked")
+		}
+	} else if old.ClientCAFile != "" {
+		applied = append(applied, "tls.client_ca_file dropped: no client certificate asked")
+	}
+	return applied
 }
 
 // readClientCertificate reads t's certificate and key files, or nothing

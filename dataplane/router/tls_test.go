@@ -186,6 +186,65 @@ func TestReloadRotatesTheCertificate(t *testing.T) {
 	assert.ErrorContains(t, err, "key tls: open ")
 }
 
+// A reload turns the listener's TLS on (the connections accepted from
+// then on speak TLS; one accepted before still speaks plain HTTP) and off
+// again (plain HTTP for the next; the certificate's expiry line goes).
+func TestAReloadTurnsTheListenersTLSOnAndOff(t *testing.T) {
+	f := startFleet(t, mocks(1, 1, 0), nil)
+	plain := func() error {
+		c := &http.Client{Timeout: 5 * time.Second}
+		defer c.CloseIdleConnections()
+		resp, err := c.Post("http://"+f.r.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		if err == nil {
+			readAll(t, resp)
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+		}
+		return err
+	}
+	before, err := net.Dial("tcp", f.r.Addr())
+	require.NoError(t, err)
+	defer before.Close()
+	require.NoError(t, before.SetDeadline(time.Now().Add(10*time.Second)))
+	beforeServed := func() int {
+		t.Helper()
+		fmt.Fprintf(before, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+		resp, err := http.ReadResponse(bufio.NewReader(before), nil)
+		require.NoError(t, err)
+		readAll(t, resp)
+		return resp.StatusCode
+	}
+	assert.Equal(t, http.StatusOK, beforeServed())
+
+	files, pool := writeCert(t, t.TempDir(), 1)
+	next := f.r.CurrentConfig()
+	next.TLS = files
+	applied, needRestart, err := f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"tls on: the connections accepted from now on speak TLS"}, applied)
+	assert.Empty(t, needRestart)
+	code, err := f.postAs(pool, nil)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code, "over TLS")
+	assert.Error(t, plain(), "plain HTTP on a new connection")
+	assert.Equal(t, http.StatusOK, beforeServed(), "accepted before: plain HTTP still")
+	assert.Equal(t, expiryOf(t, files.CertFile), metric(t, f, `fastroute_tls_certificate_expiry_timestamp_seconds{certificate="tls"}`))
+
+	next.TLS = config.TLS{}
+	applied, needRestart, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"tls off: the connections accepted from now on speak plain HTTP"}, applied)
+	assert.Empty(t, needRestart)
+	assert.NoError(t, plain())
+	_, err = f.postAs(pool, nil)
+	assert.Error(t, err, "TLS on a new connection")
+	assert.Empty(t, metric(t, f, `fastroute_tls_certificate_expiry_timestamp_seconds{certificate="tls"}`))
+	assert.Equal(t, config.TLS{}, f.r.CurrentConfig().TLS)
+	before.Close()
+	f.assertIdle()
+}
+
 // reloadsWith has f's next reload read its running config with edit
 // applied.
 func (f *fleet) reloadsWith(edit func(*config.Config)) {

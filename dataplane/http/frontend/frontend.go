@@ -131,6 +131,7 @@ type Server struct {
 	gate      atomic.Pointer[gate]          // the listener's, once Serve began
 	maxConns  atomic.Int64                  // limits.max_connections (SetMaxConnections)
 	proxyFrom atomic.Pointer[ProxyProtocol] // proxy_protocol (SetProxyProtocol); nil: off
+	listenTLS atomic.Pointer[tls.Config]    // Options.TLS, or what SetListenerTLS set; nil: plain HTTP
 	fullSaid  atomic.Int64                  // when the listener stopping at max_connections was last logged (Unix ns)
 	proxySaid atomic.Int64                  // when a connection refused for its PROXY protocol header was last logged (Unix ns)
 	log       *slog.Logger
@@ -160,6 +161,7 @@ func New(opts Options) *Server {
 	s.dial = s.names.Dial
 	s.SetMaxConnections(opts.MaxConnections)
 	s.proxyFrom.Store(opts.ProxyProtocol)
+	s.listenTLS.Store(opts.TLS)
 	s.exchanges.New = func() any {
 		ex := &exchange{s: s}
 		ex.beginStreamFn, ex.runTakenFn, ex.runTunnelFn = ex.beginStream, ex.runTaken, ex.runTunnel
@@ -242,7 +244,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		idle = s.opts.ReadTimeout
 	}
 	g := newGate(ln, gateOptions{first: s.opts.ReadTimeout, idle: idle, max: &s.maxConns, drop: s.closeConn,
-		short: s.acceptShort, full: s.connectionsFull, tls: s.opts.TLS, proxy: &s.proxyFrom, refused: s.proxyRefused})
+		short: s.acceptShort, full: s.connectionsFull, tls: &s.listenTLS, proxy: &s.proxyFrom, refused: s.proxyRefused})
 	s.gate.Store(g)
 	return s.srv.Serve(g)
 }
@@ -296,6 +298,10 @@ func (s *Server) SetMaxConnections(n int) {
 		g.madeRoom()
 	}
 }
+
+// SetListenerTLS has the connections accepted from now on speak TLS with
+// conf (nil: plain HTTP); those open keep what they were accepted with.
+func (s *Server) SetListenerTLS(conf *tls.Config) { s.listenTLS.Store(conf) }
 
 // SetProxyProtocol has the connections accepted from now on read a PROXY
 // protocol header as p says (nil: none does); those open keep what they

@@ -54,7 +54,7 @@ type gateOptions struct {
 	short func(err error, pause time.Duration) // tells of an accept that failed for want of resources (Server.acceptShort)
 	max   *atomic.Int64                        // client connections open at once, at most (limits.max_connections; Server.SetMaxConnections)
 	full  func()                               // tells of the listener stopped at max (Server.connectionsFull)
-	tls   *tls.Config                          // connections speak TLS (nil: plain HTTP)
+	tls   *atomic.Pointer[tls.Config]          // connections speak TLS (nil: plain HTTP; Server.SetListenerTLS)
 	// proxy has connections from a load balancer begin with a PROXY
 	// protocol header (nil: none does; Server.SetProxyProtocol), and
 	// refused tells of one that sent none, or a malformed one
@@ -108,7 +108,7 @@ func (g *gate) accept() {
 		pause = 0
 		g.holdAtMax() // a bound lowered while the accept waited: this one waits too, unserved
 		g.open.Add(1)
-		cc := newClientConn(c, g.tls)
+		cc := newClientConn(c, g.tls.Load())
 		cc.gate = g
 		if p := g.proxy.Load(); p != nil {
 			cc.headerDue = p.expects(c.RemoteAddr())
