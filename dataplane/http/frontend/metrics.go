@@ -77,13 +77,13 @@ type Metrics struct {
 	// client connections open.
 	connectionsFull metrics.Counter
 	// The client connections open and the most (Server.OpenConnections,
-	// Options.MaxConnections), for the scrape.
+	// limits.max_connections as it runs: SetMaxConnections), for the
+	// scrape.
 	openConnections func() int64
 	maxConnections  *atomic.Int64
-	// The wait queue: requests in it now, those refused for a
-	// full queue, those displaced from it by a request of lower priority,
-	// those that waited out its timeout, and the wait of those that got a
-	// worker.
+	// The wait queue: requests in it now, those refused for a full queue,
+	// those displaced from it by a request of lower priority, those that
+	// waited out its timeout, and the wait of those that got a worker.
 	queue          *waitQueue
 	queueFull      metrics.Counter
 	queueDisplaced metrics.Counter
