@@ -606,13 +606,17 @@ func (r *Router) registerTelemetryMetrics() {
 		if l := r.weights.Load(); l != nil {
 			l.Collector()(w)
 		}
+		// The stopped loops' count before the running loop: stopEngines
+		// adds a loop's count after it took the loop away, so no loop's
+		// count is in both.
+		stopped := r.engineFallbacks.Load()
 		l := r.engines.Load()
 		if l == nil {
 			return
 		}
 		fallbacks, without := l.Counts()
 		w.Header("fastroute_engine_fallbacks_total", "counter", "Times a worker lost its fresh engine metrics and was routed on the router's own signals.")
-		w.Sample("fastroute_engine_fallbacks_total", float64(r.engineFallbacks.Load()+fallbacks))
+		w.Sample("fastroute_engine_fallbacks_total", float64(stopped+fallbacks))
 		w.Header("fastroute_engine_workers_without_reading", "gauge", "Workers with no fresh engine metrics reading.")
 		w.Sample("fastroute_engine_workers_without_reading", float64(without))
 	})
