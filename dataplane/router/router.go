@@ -437,8 +437,15 @@ func (r *Router) Close() error {
 	r.closeDiscovery()
 	r.reloadMu.Lock()
 	r.cancel()
-	r.stopEngines()
-	r.stopWeights()
+	// The loops end; the workers' readings and weights stay as they are
+	// (stopEngines and stopWeights give them up, for a reload that turns
+	// a reader off).
+	if l := r.engines.Swap(nil); l != nil {
+		l.end()
+	}
+	if l := r.weights.Swap(nil); l != nil {
+		l.end()
+	}
 	r.reloadMu.Unlock()
 	r.loops.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), r.CurrentConfig().ShutdownTimeout)
@@ -493,6 +500,15 @@ type weightLoop struct {
 	running
 }
 
+// end stops the loop, waits for its last tick, and shuts its GPU library
+// down.
+func (l *weightLoop) end() {
+	l.running.end()
+	if l.gpu != nil {
+		l.gpu.Close()
+	}
+}
+
 // runWeights starts the weight loop over the readers t turns on (none:
 // nothing runs). A GPU library that cannot start is logged once; GPU
 // workers then keep their static capacity and say why in GET /workers.
@@ -523,16 +539,13 @@ func (r *Router) runWeights(t config.Telemetry) {
 
 // stopWeights ends the weight loop, if it runs, shuts its GPU library
 // down, and gives every worker its static capacity back. The caller holds
-// reloadMu, or closes the router.
+// reloadMu (a reload).
 func (r *Router) stopWeights() {
 	l := r.weights.Swap(nil)
 	if l == nil {
 		return
 	}
 	l.end() // its last tick ended: none sets a weight after the reset
-	if l.gpu != nil {
-		l.gpu.Close()
-	}
 	for _, w := range r.Registry.All() {
 		w.SetWeight(w.Spec().Capacity)
 	}
@@ -584,7 +597,7 @@ func (r *Router) runEngines(e config.Engine, prime bool) {
 // stopEngines ends the engine scrapes, if they run, and withdraws every
 // worker's reading: each is routed on the router's own signals from then
 // on, and one whose engine slept or stalled is judged by its probes
-// again. The caller holds reloadMu, or closes the router.
+// again. The caller holds reloadMu (a reload).
 func (r *Router) stopEngines() {
 	l := r.engines.Swap(nil)
 	if l == nil {
