@@ -340,7 +340,7 @@ func FuzzRequestParsing(f *testing.F) {
 	stored := affinity.NewTable(affinity.Options{TTL: time.Minute, MaxSessions: 16})
 	stored.Put([]byte("resp_1"), affinity.Pin{Worker: 1, Rank: 1})
 	sel.SetRouting(dataplane.Routing{Responses: stored, Prefixes: affinity.NewPrefixes(64), PrefixBlock: 16, PrefixBlocks: 8})
-	srv := frontend.New(frontend.Options{Selector: sel, MaxBodyBytes: 1 << 20})
+	srv := frontend.New(frontend.Options{Selector: sel, ClientLimits: frontend.ClientLimits{MaxBodyBytes: 1 << 20}})
 	allowed := map[int]bool{200: true, 400: true, 404: true, 405: true, 429: true, 502: true, 503: true}
 	f.Fuzz(func(t *testing.T, body []byte, workerID, rank, query, method, path, contentType string) {
 		var req fasthttp.Request

@@ -584,17 +584,6 @@ type Limits struct {
 	MaxRequestsPerConnection int `yaml:"max_requests_per_connection"`
 }
 
-// Fixed is what a reload does not change of l: the client connections'
-// own bounds (what the listener's server was made with). A reload applies
-// the rest: the bounds of each exchange with a worker and the requests a
-// connection carries from the next request on, the most connections open
-// at once from the next accept.
-func (l Limits) Fixed() Limits {
-	l.ConnectTimeout, l.FirstByteTimeout, l.StreamIdleTimeout = 0, 0, 0
-	l.AnswerBufferBytes, l.MaxRequestsPerConnection, l.MaxConnections = 0, 0, 0
-	return l
-}
-
 // Default returns the configuration of DESIGN.md with no workers.
 func Default() Config {
 	return Config{

@@ -20,6 +20,13 @@ import (
 // router's answer.
 func (f *fleet) sendWithLines(lines ...string) string {
 	f.t.Helper()
+	return f.sendOnNewConnection(chatBody, lines...)
+}
+
+// sendOnNewConnection sends a chat request with body and header lines on
+// a connection of its own, its last, and returns the raw answer.
+func (f *fleet) sendOnNewConnection(body string, lines ...string) string {
+	f.t.Helper()
 	c, err := net.Dial("tcp", f.r.Addr())
 	require.NoError(f.t, err)
 	defer c.Close()
@@ -28,7 +35,7 @@ func (f *fleet) sendWithLines(lines ...string) string {
 	for _, l := range lines {
 		extra += l + "\r\n"
 	}
-	_, err = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n%sConnection: close\r\nContent-Length: %d\r\n\r\n%s", extra, len(chatBody), chatBody)
+	_, err = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n%sConnection: close\r\nContent-Length: %d\r\n\r\n%s", extra, len(body), body)
 	require.NoError(f.t, err)
 	got, _ := io.ReadAll(c)
 	return string(got)

@@ -22,8 +22,10 @@ import (
 // slack, peers and share interval: reloadablePrefixes, the routing knobs:
 // routingKnobs, session affinity's TTL, the phases' pickers, and the
 // embedding cache's size: a new, empty table), the front end's policy
-// (frontendPolicy: the limits of an exchange with a worker among them), the
-// listener's bound on open connections and its PROXY protocol headers, the
+// (frontendPolicy: the limits of an exchange with a worker among them), a
+// client connection's own limits (SetClientLimits: the connections handed
+// to fasthttp from then on), the listener's bound on open connections and
+// its PROXY protocol headers, the
 // wait queue (turned on or off too), health's keys (its thresholds and
 // ejections, the probes' interval, timeout and path), the GPU/CPU readers
 // (turned on or off too: applyWeights), the engine scrapes (turned on or off
@@ -35,8 +37,8 @@ import (
 // checked: read again), aliases, mirrors, tracing's sample ratio,
 // metrics_public and the shutdown keys. A config that fails validation is
 // refused with the same error as at start, and nothing changes. A key a
-// running router cannot change (a listener, a client connection's limits, a
-// table's size, the API keys' sharing interval), or one whose field that
+// running router cannot change (a listener, a table's size, the API keys'
+// sharing interval), or one whose field that
 // cannot change changed beside those that can (which holds the whole key
 // back), is named in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
@@ -113,13 +115,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	dnsRoundsApply := reflect.DeepEqual(old.Discovery, cfg.Discovery) ||
 		r.DNS != nil && len(cfg.Discovery.DNS.Names) > 0 && reflect.DeepEqual(withDNSRounds(old.Discovery, cfg.Discovery.DNS), cfg.Discovery)
 	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
-	// The limits of an exchange with a worker apply (with the front end's
-	// policy: policed) unless a client connection's changed too.
-	limitsApply := old.Limits.Fixed() == cfg.Limits.Fixed()
-	policed := cfg
-	if !limitsApply {
-		policed.Limits = old.Limits
-	}
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
 		"api_keys_share_interval": old.APIKeysShareInterval == cfg.APIKeysShareInterval,
@@ -130,7 +125,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.prefix_affinity":  prefixesApply,
 		"router.disaggregation":   disaggApplies,
 		"discovery":               dnsRoundsApply,
-		"limits":                  limitsApply,
 		"log.format":              old.Log.Format == cfg.Log.Format || r.logFormat != nil,
 		"tracing":                 tracingApplies,
 	} {
@@ -213,7 +207,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.workerKey.Set(cfg.WorkerAPIKey)
 		applied = append(applied, "worker_api_key changed")
 	}
-	if n := policed.Limits.MaxConnections; n != old.Limits.MaxConnections {
+	if n := cfg.Limits.MaxConnections; n != old.Limits.MaxConnections {
 		r.Frontend.SetMaxConnections(n)
 		applied = append(applied, fmt.Sprintf("limits.max_connections=%d", r.Frontend.MaxConnections()))
 	}
@@ -221,9 +215,18 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Frontend.SetProxyProtocol(proxyProtocol(p))
 		applied = append(applied, fmt.Sprintf("proxy_protocol={enabled: %v, from: %v}", p.Enabled, p.From))
 	}
-	if changed := policyChanges(old, policed); len(changed) > 0 {
-		r.Frontend.SetPolicy(frontendPolicy(policed))
+	if changed := policyChanges(old, cfg); len(changed) > 0 {
+		r.Frontend.SetPolicy(frontendPolicy(cfg))
 		applied = append(applied, changed...)
+	}
+	if ol, nl := old.Limits, cfg.Limits; clientLimits(ol) != clientLimits(nl) {
+		r.Frontend.SetClientLimits(clientLimits(nl))
+		applied = append(applied, changes(
+			keyChange{"limits.max_body_bytes", ol.MaxBodyBytes == nl.MaxBodyBytes, nl.MaxBodyBytes},
+			keyChange{"limits.max_header_bytes", ol.MaxHeaderBytes == nl.MaxHeaderBytes, nl.MaxHeaderBytes},
+			keyChange{"limits.read_timeout", ol.ReadTimeout == nl.ReadTimeout, nl.ReadTimeout},
+			keyChange{"limits.write_timeout", ol.WriteTimeout == nl.WriteTimeout, nl.WriteTimeout},
+			keyChange{"limits.idle_timeout", ol.IdleTimeout == nl.IdleTimeout, nl.IdleTimeout})...)
 	}
 	if changed := routingChanges(old, cfg, affinityApplies, disaggApplies); len(changed) > 0 {
 		routed := routedConfig(old, cfg, affinityApplies, disaggApplies)
@@ -292,7 +295,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if r.logFormat != nil {
 		next.Log.Format = cfg.Log.Format
 	}
-	next.RealIP, next.ForwardedClientCert, next.Limits = cfg.RealIP, cfg.ForwardedClientCert, policed.Limits
+	next.RealIP, next.ForwardedClientCert, next.Limits = cfg.RealIP, cfg.ForwardedClientCert, cfg.Limits
 	next.AdminToken, next.AdminTokenFile, next.MetricsPublic = cfg.AdminToken, cfg.AdminTokenFile, cfg.MetricsPublic
 	next.WorkerAPIKey, next.WorkerAPIKeyFile = cfg.WorkerAPIKey, cfg.WorkerAPIKeyFile
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys

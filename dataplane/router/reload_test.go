@@ -34,7 +34,7 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	stream := f.post("/v1/chat/completions", streamBody, "x-worker-id", "1") // 0.5 s of stream on worker 1
 	onTwo := f.post("/v1/chat/completions", streamBody, "x-worker-id", "2")
 
-	// Worker 1 removed, worker 2 changed, worker 3 added; a new mode and retries; a limit that needs a restart.
+	// Worker 1 removed, worker 2 changed, worker 3 added; a new mode and retries; keys that need a restart.
 	next.Workers = []dataplane.WorkerSpec{
 		{ID: 2, URL: f.mocks[1].URL(), Capacity: 2},
 		{ID: 3, URL: extra.URL()},
@@ -49,9 +49,9 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	var answer struct{ Applied, NeedRestart []string }
 	require.NoError(t, json.Unmarshal([]byte(strings.ReplaceAll(body, "need_restart", "NeedRestart")), &answer))
 	assert.Equal(t, []string{"router.mode=least-loaded router.busy_threshold=64 router.cpu_ratio=8", "router.retries=1",
-		"router.retry_statuses=[503]", "router.queue.size=8 router.queue.timeout=30s", "shutdown_delay=5s", "worker 1 removed (draining)",
+		"router.retry_statuses=[503]", "limits.max_body_bytes=1048576", "router.queue.size=8 router.queue.timeout=30s", "shutdown_delay=5s", "worker 1 removed (draining)",
 		"worker 2 replaced", "worker 3 added"}, answer.Applied)
-	assert.Equal(t, []string{"limits", "pid_file", "router.prefix_affinity"}, answer.NeedRestart)
+	assert.Equal(t, []string{"pid_file", "router.prefix_affinity"}, answer.NeedRestart)
 	assert.Equal(t, 5*time.Second, f.r.CurrentConfig().ShutdownDelay)
 	assert.Contains(t, logs.String(), `msg="config reloaded"`)
 	_, two := adminDo(t, f, "GET", "/workers/2", "", "s3cret")
@@ -74,11 +74,12 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	assert.Equal(t, pickers.ModeLeastLoaded, f.r.CurrentConfig().Router.Mode)
 	_, metrics := adminDo(t, f, "GET", "/metrics", "", "s3cret")
 	assert.Contains(t, metrics, `mode="least-loaded"`, "the metrics name the mode running now")
-	assert.Equal(t, config.Size(16<<20), f.r.CurrentConfig().Limits.MaxBodyBytes, "a key that needs a restart keeps its value")
+	assert.Empty(t, f.r.CurrentConfig().PIDFile, "a key that needs a restart keeps its value")
 	code, running := adminDo(t, f, "GET", "/config", "", "s3cret")
 	require.Equal(t, http.StatusOK, code, running)
 	assert.Contains(t, running, "mode: least-loaded", "GET /config shows what runs: the applied keys new")
-	assert.Contains(t, running, "max_body_bytes: 16777216", "and the keys that need a restart as they were")
+	assert.Contains(t, running, "max_body_bytes: 1048576")
+	assert.NotContains(t, running, "fastroute.pid", "and the keys that need a restart as they were")
 	assert.Contains(t, running, "admin_token: <redacted>")
 	assert.NotContains(t, running, "s3cret")
 	code, _ = adminDo(t, f, "GET", "/config", "", "")
@@ -92,9 +93,8 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 
 // A reload applies the limits of each exchange with a worker and the
 // requests a client connection carries from the next request on, the most
-// connections open at once from the next accept; a change to a client
-// connection's own bounds (the listener's server's) holds the whole key
-// back.
+// connections open at once from the next accept, and a client connection's
+// own bounds to the connections accepted from then on.
 func TestAReloadAppliesTheLimitsOfAnExchange(t *testing.T) {
 	stalled := startFaultServer(t, stall)
 	serving, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 2})
@@ -130,18 +130,27 @@ func TestAReloadAppliesTheLimitsOfAnExchange(t *testing.T) {
 	assert.GreaterOrEqual(t, waited(), 1200*time.Millisecond, "the new first_byte_timeout")
 	assert.True(t, closes(), "the answer closes a connection that carried its one request")
 
-	held := cfg
-	held.Limits.FirstByteTimeout, held.Limits.MaxBodyBytes = 300*time.Millisecond, 1<<20
-	applied, needRestart, err = f.r.Reload(held)
+	// A client connection's own bounds apply to the connections accepted
+	// from then on: a body over the new max_body_bytes on a new one is a
+	// 413 that names it.
+	over := `{"model":"mock-model","messages":[{"role":"user","content":"` + strings.Repeat("a", 2000) + `"}]}`
+	assert.Contains(t, f.sendOnNewConnection(over, "x-worker-id: 2"), "200 OK")
+	bounded := cfg
+	bounded.Limits.MaxBodyBytes, bounded.Limits.ReadTimeout = 1<<10, 20*time.Second
+	applied, needRestart, err = f.r.Reload(bounded)
 	require.NoError(t, err)
-	assert.Empty(t, applied)
-	assert.Equal(t, []string{"limits"}, needRestart)
-	assert.Equal(t, cfg.Limits, f.r.CurrentConfig().Limits, "the whole key keeps its running value")
-	assert.GreaterOrEqual(t, waited(), 1200*time.Millisecond)
+	assert.Equal(t, []string{"limits.max_body_bytes=1024", "limits.read_timeout=20s"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Equal(t, bounded.Limits, f.r.CurrentConfig().Limits)
+	refused := f.sendOnNewConnection(over, "x-worker-id: 2")
+	assert.Contains(t, refused, "413 Request Entity Too Large")
+	assert.Contains(t, refused, "limits.max_body_bytes (1024 bytes)")
+	assert.Equal(t, frontend.ClientLimits{MaxBodyBytes: 1 << 10, MaxHeaderBytes: int(cfg.Limits.MaxHeaderBytes), ReadTimeout: 20 * time.Second,
+		WriteTimeout: cfg.Limits.WriteTimeout, IdleTimeout: cfg.Limits.IdleTimeout}, f.r.Frontend.ClientLimits())
 
 	// The most client connections open at once apply from the next accept
 	// (the gate's own test has connections wait and come in by them).
-	held = cfg
+	held := bounded
 	held.Limits.MaxConnections = 5
 	applied, needRestart, err = f.r.Reload(held)
 	require.NoError(t, err)

@@ -245,9 +245,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	sel.SetRouting(rt)
 	fo := frontend.Options{
 		Selector: sel, Retries: cfg.Router.Retries, RetryBudget: retryBudget(cfg.Router.RetryBudget),
-		MaxBodyBytes: int(cfg.Limits.MaxBodyBytes), MaxHeaderBytes: int(cfg.Limits.MaxHeaderBytes),
-		ReadTimeout: cfg.Limits.ReadTimeout, WriteTimeout: cfg.Limits.WriteTimeout,
-		IdleTimeout: cfg.Limits.IdleTimeout, MaxConnections: cfg.Limits.MaxConnections, Logger: log,
+		ClientLimits: clientLimits(cfg.Limits), MaxConnections: cfg.Limits.MaxConnections, Logger: log,
 		Policy: frontendPolicy(cfg), Disagg: disaggOptions(cfg.Router.Disaggregation),
 		QueueSize: cfg.Router.Queue.Size, QueueTimeout: cfg.Router.Queue.Timeout,
 		APIKeys: &r.APIKeys, WorkerAPIKey: &r.workerKey,
@@ -704,6 +702,13 @@ func frontendPolicy(cfg config.Config) frontend.Policy {
 	p.Limits = frontend.Limits{ConnectTimeout: l.ConnectTimeout, FirstByteTimeout: l.FirstByteTimeout, StreamIdleTimeout: l.StreamIdleTimeout,
 		AnswerBufferBytes: int(l.AnswerBufferBytes), MaxRequestsPerConnection: l.MaxRequestsPerConnection}
 	return p
+}
+
+// clientLimits are the bounds of a client connection of l (the front
+// end's ClientLimits).
+func clientLimits(l config.Limits) frontend.ClientLimits {
+	return frontend.ClientLimits{MaxBodyBytes: int(l.MaxBodyBytes), MaxHeaderBytes: int(l.MaxHeaderBytes),
+		ReadTimeout: l.ReadTimeout, WriteTimeout: l.WriteTimeout, IdleTimeout: l.IdleTimeout}
 }
 
 // proxyProtocol is the front end's reading of PROXY protocol headers

@@ -128,7 +128,7 @@ func TestARelayedStreamWaitsForASlowClient(t *testing.T) {
 		_, err := io.WriteString(c, strings.Join(pieces, ""))
 		return err == nil
 	})
-	reg, _, url := serveOne(t, addr, Options{WriteTimeout: 5 * time.Second, Policy: Policy{Limits: Limits{StreamIdleTimeout: 5 * time.Second}}}, nil)
+	reg, _, url := serveOne(t, addr, Options{ClientLimits: ClientLimits{WriteTimeout: 5 * time.Second}, Policy: Policy{Limits: Limits{StreamIdleTimeout: 5 * time.Second}}}, nil)
 
 	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 		return rc.Control(func(fd uintptr) {

@@ -38,14 +38,12 @@ import (
 
 // Options configures a Server.
 type Options struct {
-	Selector       *dataplane.Selector
-	Retries        int
-	RetryBudget    RetryBudget
-	MaxBodyBytes   int
-	MaxHeaderBytes int           // request line and headers (431 above); 0: fasthttp's 4 KiB
-	ReadTimeout    time.Duration // client request read (headers and body)
-	WriteTimeout   time.Duration // client response write
-	IdleTimeout    time.Duration // keep-alive idle
+	Selector    *dataplane.Selector
+	Retries     int
+	RetryBudget RetryBudget
+	// ClientLimits are a client connection's bounds (SetClientLimits
+	// changes them for the connections handed to fasthttp from then on).
+	ClientLimits
 	// NameCacheTime is how long a worker's host name's addresses are used
 	// before it is looked up again (0: dataplane.NameCacheTime).
 	NameCacheTime time.Duration
@@ -127,13 +125,15 @@ type Server struct {
 	tunnels   atomic.Int64                        // WebSocket sessions open (relayTunnel)
 	closing   atomic.Bool                         // Shutdown began: a taken-over connection's answer is its last (keepAfter)
 	withdrawn atomic.Bool                         // GET /health answers 503 (Withdraw)
-	srv       *fasthttp.Server
-	gate      atomic.Pointer[gate]          // the listener's, once Serve began
-	maxConns  atomic.Int64                  // limits.max_connections (SetMaxConnections)
-	proxyFrom atomic.Pointer[ProxyProtocol] // proxy_protocol (SetProxyProtocol); nil: off
-	listenTLS atomic.Pointer[tls.Config]    // Options.TLS, or what SetListenerTLS set; nil: plain HTTP
-	fullSaid  atomic.Int64                  // when the listener stopping at max_connections was last logged (Unix ns)
-	proxySaid atomic.Int64                  // when a connection refused for its PROXY protocol header was last logged (Unix ns)
+	gensMu    sync.Mutex                          // SetClientLimits, Serve and Shutdown over gens
+	gens      []*generation                       // the fasthttp servers with connections, or the current one (under gensMu)
+	current   atomic.Pointer[generation]          // the last of gens: the one the gate's next connections go to
+	gate      atomic.Pointer[gate]                // the listener's, once Serve began
+	maxConns  atomic.Int64                        // limits.max_connections (SetMaxConnections)
+	proxyFrom atomic.Pointer[ProxyProtocol]       // proxy_protocol (SetProxyProtocol); nil: off
+	listenTLS atomic.Pointer[tls.Config]          // Options.TLS, or what SetListenerTLS set; nil: plain HTTP
+	fullSaid  atomic.Int64                        // when the listener stopping at max_connections was last logged (Unix ns)
+	proxySaid atomic.Int64                        // when a connection refused for its PROXY protocol header was last logged (Unix ns)
 	log       *slog.Logger
 	dial      func(addr string, timeout time.Duration) (net.Conn, error) // names.Dial; tests count dials
 	names     *dialer.Dialer                                             // connects to workers, their names looked up every NameCacheTime, their addresses raced (Happy Eyeballs)
@@ -191,35 +191,9 @@ func New(opts Options) *Server {
 	s.workerTLS.Store(opts.WorkerTLS)
 	s.retries.Store(int64(opts.Retries))
 	s.SetRetryBudget(opts.RetryBudget)
-	s.srv = &fasthttp.Server{
-		Handler:            s.serve,
-		Name:               "fastroute",
-		MaxRequestBodySize: opts.MaxBodyBytes,
-		ReadBufferSize:     opts.MaxHeaderBytes,
-		// The read buffer holds the whole header, so it is as large as
-		// max_header_bytes; keep it only while a request is read, not for
-		// every open connection and stream.
-		ReduceMemoryUsage: true,
-		// A response goes in one write up to this size; its writer, like
-		// the read buffer, is lent only while it is written.
-		WriteBufferSize: answerWriteBuffer,
-		// fasthttp's own messages never quote request contents (headers
-		// may carry credentials).
-		SecureErrorLogMessage: true,
-		ReadTimeout:           opts.ReadTimeout,
-		WriteTimeout:          opts.WriteTimeout,
-		IdleTimeout:           opts.IdleTimeout,
-		NoDefaultDate:         true,
-		// Nothing reads a request's RequestCtx.Time: no clock read for it.
-		LazyRequestTime:              true,
-		NoDefaultContentType:         true,
-		CloseOnShutdown:              true,
-		KeepHijackedConns:            true, // a take-over gives them back (giveBack)
-		ErrorHandler:                 s.readError,
-		ConnState:                    s.trackConn,
-		Logger:                       debugLogger{opts.Logger},
-		DisablePreParseMultipartForm: true,
-	}
+	first := s.newGeneration(opts.ClientLimits)
+	s.gens = []*generation{first}
+	s.current.Store(first)
 	return s
 }
 
@@ -239,14 +213,13 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // Serve answers requests on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	idle := s.opts.IdleTimeout
-	if idle == 0 { // as fasthttp does
-		idle = s.opts.ReadTimeout
-	}
-	g := newGate(ln, gateOptions{first: s.opts.ReadTimeout, idle: idle, max: &s.maxConns, drop: s.closeConn,
+	s.gensMu.Lock() // SetClientLimits sets the gate's waits once it is stored
+	l := s.current.Load().limits
+	g := newGate(ln, l.ReadTimeout, l.idle(), gateOptions{max: &s.maxConns, drop: s.closeConn,
 		short: s.acceptShort, full: s.connectionsFull, tls: &s.listenTLS, proxy: &s.proxyFrom, refused: s.proxyRefused})
 	s.gate.Store(g)
-	return s.srv.Serve(g)
+	s.gensMu.Unlock()
+	return s.serveGenerations(g)
 }
 
 // DefaultMaxConnections is the most client connections a front end keeps
@@ -365,7 +338,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		g.stopAccepting()
 		s.settle(ctx, g)
 	}
-	err := s.srv.ShutdownWithContext(ctx)
+	err := s.shutdownGenerations(ctx)
 	if err == nil {
 		err = s.awaitTakeovers(ctx)
 	}
@@ -384,7 +357,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.log.Warn("shutdown timeout: cut the requests still open", "connections", n)
 		// Cut connections end their handlers at once; wait for that.
 		wait, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = s.srv.ShutdownWithContext(wait)
+		err = s.shutdownGenerations(wait)
 		if err == nil {
 			err = s.awaitTakeovers(wait)
 		}
@@ -416,7 +389,7 @@ func (s *Server) settle(ctx context.Context, g *gate) {
 	defer tick.Stop()
 	lingerEnd := time.Now().Add(drainLinger)
 	for !g.closeLingering() || s.takeovers.Load() != 0 ||
-		(s.srv.GetOpenConnectionsCount() > 0 && time.Now().Before(lingerEnd)) {
+		(s.serving() > 0 && time.Now().Before(lingerEnd)) {
 		select {
 		case <-ctx.Done():
 			return
@@ -595,9 +568,10 @@ func (s *Server) storedResponse(ctx *fasthttp.RequestCtx, rest []byte, client *a
 }
 
 // readError answers requests fasthttp could not read (oversize body, bad
-// framing). But for a timeout, the client may still be sending the rest:
-// the connection's close lingers (clientConn.lingerOnClose).
-func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
+// framing) on a connection bounded by l. But for a timeout, the client may
+// still be sending the rest: the connection's close lingers
+// (clientConn.lingerOnClose).
+func (s *Server) readError(ctx *fasthttp.RequestCtx, err error, l ClientLimits) {
 	defer s.markCORS(ctx) // a browser reads the error only with them (the head was read unless it was too large or malformed)
 	timedOut := isTimeout(err)
 	if cc, ok := ctx.Conn().(*clientConn); ok && !timedOut {
@@ -605,13 +579,13 @@ func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
 	}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error",
-			"request body exceeds limits.max_body_bytes ("+strconv.Itoa(s.opts.MaxBodyBytes)+" bytes)")
+			"request body exceeds limits.max_body_bytes ("+strconv.Itoa(l.MaxBodyBytes)+" bytes)")
 		return
 	}
 	var small *fasthttp.ErrSmallBuffer
 	if errors.As(err, &small) {
 		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error",
-			"request line and headers exceed limits.max_header_bytes ("+strconv.Itoa(s.opts.MaxHeaderBytes)+" bytes)")
+			"request line and headers exceed limits.max_header_bytes ("+strconv.Itoa(l.MaxHeaderBytes)+" bytes)")
 		return
 	}
 	if timedOut {

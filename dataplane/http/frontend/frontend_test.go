@@ -1234,8 +1234,9 @@ func TestAStreamDoesNotHoldItsRequestBody(t *testing.T) {
 	var streaming atomic.Bool
 	held := make(chan int, 2)
 	_, _, url := serveOne(t, addr, Options{}, nil, func(s *Server, ln net.Listener) net.Listener {
-		handle := s.srv.Handler
-		s.srv.Handler = func(ctx *fasthttp.RequestCtx) {
+		srv := s.current.Load().srv
+		handle := srv.Handler
+		srv.Handler = func(ctx *fasthttp.RequestCtx) {
 			current.Store(ctx)
 			handle(ctx)
 		}
@@ -1284,20 +1285,13 @@ func TestAStreamDoesNotHoldItsRequestBody(t *testing.T) {
 func TestTheGateClosesConnectionsThatSendNothing(t *testing.T) {
 	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 	addr := rawWorker(t, 0, func(int) []string { return []string{sse + "9\r\ndata: a\n\n\r\n0\r\n\r\n"} })
-	_, s, url := serveOne(t, addr, Options{ReadTimeout: 200 * time.Millisecond, IdleTimeout: 400 * time.Millisecond}, nil)
+	_, s, url := serveOne(t, addr, Options{ClientLimits: ClientLimits{ReadTimeout: 200 * time.Millisecond, IdleTimeout: 400 * time.Millisecond}}, nil)
 	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
-	closedAfter := func(c net.Conn, br *bufio.Reader) time.Duration {
-		start := time.Now()
-		require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
-		_, err := br.ReadByte()
-		require.ErrorIs(t, err, io.EOF)
-		return time.Since(start)
-	}
 
 	silent, err := net.Dial("tcp", front)
 	require.NoError(t, err)
 	defer silent.Close()
-	took := closedAfter(silent, bufio.NewReader(silent))
+	took := closedAfter(t, silent, bufio.NewReader(silent))
 	assert.Greater(t, took, 150*time.Millisecond)
 	assert.Less(t, took, 2*time.Second)
 
@@ -1311,7 +1305,7 @@ func TestTheGateClosesConnectionsThatSendNothing(t *testing.T) {
 	require.NoError(t, err)
 	got, _ := io.ReadAll(resp.Body)
 	assert.Equal(t, "data: a\n\n", string(got))
-	took = closedAfter(c, br)
+	took = closedAfter(t, c, br)
 	assert.Greater(t, took, 300*time.Millisecond, "idle_timeout, not read_timeout")
 	assert.Less(t, took, 2*time.Second)
 	require.Eventually(t, func() bool { return s.conns.Size() == 0 }, 2*time.Second, 10*time.Millisecond, "forgotten")
@@ -1322,11 +1316,11 @@ func TestTheGateClosesConnectionsThatSendNothing(t *testing.T) {
 	require.NoError(t, err)
 	defer waiting.Close()
 	time.Sleep(50 * time.Millisecond) // accepted into the gate
-	assert.Zero(t, s.srv.GetOpenConnectionsCount(), "a connection that sent nothing holds no serving goroutine")
+	assert.Zero(t, s.serving(), "a connection that sent nothing holds no serving goroutine")
 	start := time.Now()
 	require.NoError(t, s.Shutdown(context.Background()))
 	assert.Less(t, time.Since(start), time.Second)
-	assert.Less(t, closedAfter(waiting, bufio.NewReader(waiting)), time.Second)
+	assert.Less(t, closedAfter(t, waiting, bufio.NewReader(waiting)), time.Second)
 }
 
 // An answer read to its connection's close (no length: HTTP/1.0, or
@@ -1543,7 +1537,7 @@ func TestARequestThatCameWhileTheOneBeforeWasServedIsAnswered(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		return []string{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"}
 	})
-	_, _, url := serveOne(t, addr, Options{IdleTimeout: 3 * time.Second}, nil)
+	_, _, url := serveOne(t, addr, Options{ClientLimits: ClientLimits{IdleTimeout: 3 * time.Second}}, nil)
 	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
 	const request = "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 27\r\n\r\n" + `{"model":"m","messages":[]}`
 	c, err := net.Dial("tcp", front)
@@ -1574,7 +1568,7 @@ func TestARequestThatCameWhileTheOneBeforeWasServedIsAnswered(t *testing.T) {
 // reset that would cost the client the answer.
 func TestARefusedRequestsAnswerReachesAClientStillSending(t *testing.T) {
 	addr := rawWorker(t, 0, func(int) []string { return []string{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"} })
-	_, _, url := serveOne(t, addr, Options{MaxBodyBytes: 64 << 10, MaxHeaderBytes: 8 << 10}, nil)
+	_, _, url := serveOne(t, addr, Options{ClientLimits: ClientLimits{MaxBodyBytes: 64 << 10, MaxHeaderBytes: 8 << 10}}, nil)
 	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
 	for name, tc := range map[string]struct {
 		request string

@@ -3,6 +3,7 @@ package frontend
 import (
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -44,12 +45,13 @@ type gate struct {
 	// closed, and a close that made room under the most, for accept.
 	open atomic.Int64
 	room chan struct{}
+	// How long a new connection may wait for its first request, and one
+	// given back for its next (nanoseconds, 0: no limit; setWaits).
+	first, idle atomic.Int64
 }
 
 // gateOptions are what a gate is made with.
 type gateOptions struct {
-	first time.Duration                        // how long a new connection may wait for its first request (0: no limit)
-	idle  time.Duration                        // and one given back for its next
 	drop  func(net.Conn)                       // closes a connection and forgets it (Server.closeConn)
 	short func(err error, pause time.Duration) // tells of an accept that failed for want of resources (Server.acceptShort)
 	max   *atomic.Int64                        // client connections open at once, at most (limits.max_connections; Server.SetMaxConnections)
@@ -63,9 +65,12 @@ type gateOptions struct {
 	refused func(err error, peer net.Addr)
 }
 
-func newGate(ln net.Listener, o gateOptions) *gate {
+// newGate has the connections of ln wait for their requests in a gate, a
+// new one up to first, one given back up to idle (setWaits).
+func newGate(ln net.Listener, first, idle time.Duration, o gateOptions) *gate {
 	g := &gate{Listener: ln, ready: make(chan net.Conn), failed: make(chan error, 1), closed: make(chan struct{}),
 		waiting: xsync.NewMapOf[*clientConn, int64](), gateOptions: o, room: make(chan struct{}, 1)}
+	g.setWaits(first, idle)
 	go g.accept()
 	return g
 }
@@ -113,7 +118,7 @@ func (g *gate) accept() {
 		if p := g.proxy.Load(); p != nil {
 			cc.headerDue = p.expects(c.RemoteAddr())
 		}
-		go g.wait(cc, g.first)
+		go g.wait(cc, time.Duration(g.first.Load()))
 	}
 }
 
@@ -159,7 +164,11 @@ func resourceShortage(err error) bool {
 }
 
 // Accept returns the next connection whose request has come.
-func (g *gate) Accept() (net.Conn, error) {
+func (g *gate) Accept() (net.Conn, error) { return g.acceptUntil(nil) }
+
+// acceptUntil is Accept, which returns io.EOF once until is closed (nil:
+// never).
+func (g *gate) acceptUntil(until <-chan struct{}) (net.Conn, error) {
 	select {
 	case c := <-g.ready:
 		return c, nil
@@ -168,6 +177,8 @@ func (g *gate) Accept() (net.Conn, error) {
 		return nil, err
 	case <-g.closed:
 		return nil, net.ErrClosed
+	case <-until:
+		return nil, io.EOF
 	}
 }
 
@@ -219,7 +230,15 @@ func (g *gate) Close() error {
 
 // giveBack has a connection fasthttp served wait in the gate for its next
 // request.
-func (g *gate) giveBack(cc *clientConn) { go g.wait(cc, g.idle) }
+func (g *gate) giveBack(cc *clientConn) { go g.wait(cc, time.Duration(g.idle.Load())) }
+
+// setWaits bounds the waits for a request that begin from now on: a new
+// connection's for its first by first, one given back's for its next by
+// idle (0: no limit).
+func (g *gate) setWaits(first, idle time.Duration) {
+	g.first.Store(int64(first))
+	g.idle.Store(int64(idle))
+}
 
 // wait waits for the connection's request, up to timeout, then hands it
 // to Accept; one that sends nothing in time, or whose wait the gate's

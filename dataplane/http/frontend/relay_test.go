@@ -152,7 +152,7 @@ func FuzzRequestsReachTheWorkerWhole(f *testing.F) {
 	})}
 	go func() { _ = worker.Serve(ln) }()
 	f.Cleanup(func() { _ = worker.Close() })
-	reg, _, url := serveOne(f, ln.Addr().String(), Options{MaxBodyBytes: 1 << 20}, nil)
+	reg, _, url := serveOne(f, ln.Addr().String(), Options{ClientLimits: ClientLimits{MaxBodyBytes: 1 << 20}}, nil)
 	front := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/v1/chat/completions")
 	w, _ := reg.Get(1)
 	f.Fuzz(func(t *testing.T, body, pieces []byte, chunked, cut bool) {

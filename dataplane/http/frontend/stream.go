@@ -128,8 +128,8 @@ func closeAfter(h *fasthttp.ResponseHeader) {
 // of a stream's chunks, so that a stream is bounded by its client's pace,
 // not by its length (nginx's send_timeout).
 func (s *Server) armWrite(c net.Conn) {
-	if s.opts.WriteTimeout > 0 {
-		_ = c.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout))
+	if d := s.current.Load().limits.WriteTimeout; d > 0 {
+		_ = c.SetWriteDeadline(time.Now().Add(d))
 	}
 }
 
