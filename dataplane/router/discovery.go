@@ -94,7 +94,8 @@ func (r *Router) keepRegistered(ctx context.Context, log *slog.Logger) {
 	if r.Discovery == nil || r.PrefixShare == nil || adv == "" {
 		return
 	}
-	r.loops.Go(func() { discovery.KeepRouterRegistered(ctx, etcdOptions(r.Config.Discovery.Etcd, log), adv, routerTTL) })
+	opts := etcdOptions(r.Config.Discovery.Etcd, log) // read now: a reload replaces r.Config
+	r.loops.Go(func() { discovery.KeepRouterRegistered(ctx, opts, adv, routerTTL) })
 }
 
 // shareKeyUsage shares the API keys' use with the other replicas on etcd
@@ -124,7 +125,8 @@ func (r *Router) shareKeyUsage(ctx context.Context, log *slog.Logger) {
 		}
 		r.APIKeys.SetPeerUsage(all)
 	}
-	r.loops.Go(func() { discovery.ShareUsage(ctx, etcdOptions(r.Config.Discovery.Etcd, log), self, iv, read, apply) })
+	opts := etcdOptions(r.Config.Discovery.Etcd, log) // read now: a reload replaces r.Config
+	r.loops.Go(func() { discovery.ShareUsage(ctx, opts, self, iv, read, apply) })
 }
 
 // discoveryTarget applies what etcd or DNS says to the registry, and the
