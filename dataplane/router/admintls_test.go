@@ -66,8 +66,8 @@ func adminGet(t *testing.T, f *fleet, pool *x509.CertPool, path string) (int, st
 // With admin_tls the admin listener speaks HTTPS only (a plain request is
 // refused), with its token as before, offering HTTP/2; a reload reads its
 // certificate again (a rotated one serves the next handshake), applies a
-// new min_version, refuses a pair that does not load, and leaves turning
-// it off to a restart.
+// new min_version, refuses a pair that does not load, and turns it off
+// and on again for the connections accepted from then on.
 func TestTheAdminListenerSpeaksTLS(t *testing.T) {
 	files, pool := adminTLS(t)
 	f := startFleet(t, mocks(1, 1, 0), func(c *config.Config) { c.AdminTLS, c.AdminToken = files, "s3cret" })
@@ -116,13 +116,33 @@ func TestTheAdminListenerSpeaksTLS(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "8", serial, "the certificate read last stays")
 
+	// Turned off, the next connections speak plain HTTP; on again, TLS.
+	running := f.r.CurrentConfig().AdminTLS
+	running.KeyFile = rotated.KeyFile // files' key was overwritten above
 	f.reloadsWith(func(c *config.Config) { c.AdminTLS = config.AdminTLS{} })
 	code, msg = f.reloadOverTLS(pool, "s3cret")
 	require.Equal(t, http.StatusOK, code, msg)
-	assert.Contains(t, msg, `"need_restart":["admin_tls"]`)
+	assert.Contains(t, msg, "admin_tls off: the admin listener's next connections speak plain HTTP")
+	assert.Contains(t, msg, `"need_restart":[]`)
+	code, _ = adminDo(t, f, "GET", "/workers", "", "s3cret")
+	assert.Equal(t, http.StatusOK, code, "plain HTTP")
+	_, _, err = adminGet(t, f, pool, "/workers")
+	assert.ErrorContains(t, err, "server gave HTTP response to HTTPS client", "a TLS client is refused")
+	_, page := adminDo(t, f, "GET", "/metrics", "", "s3cret")
+	assert.NotContains(t, page, `certificate="admin_tls"`, "its certificate dropped")
+
+	f.reloadsWith(func(c *config.Config) { c.AdminTLS = running })
+	code, msg = adminDo(t, f, "POST", "/config/reload", "", "s3cret")
+	require.Equal(t, http.StatusOK, code, msg)
+	assert.Contains(t, msg, "admin_tls on: the admin listener's next connections speak TLS")
 	code, _, err = adminGet(t, f, pool, "/workers")
-	require.NoError(t, err, "still TLS until a restart")
-	assert.Equal(t, http.StatusUnauthorized, code)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusUnauthorized, code, "TLS again, behind its token")
+	resp, err = http.Get("http://" + f.r.AdminAddr() + "/metrics")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "plain HTTP refused again")
+	assert.Equal(t, "h2", adminProtocol(t, f, pool, tls.VersionTLS13))
 
 	cfg := config.Default()
 	cfg.Workers = []dataplane.WorkerSpec{{ID: 1, URL: "http://127.0.0.1:1"}}
@@ -326,4 +346,28 @@ func TestReplicasSharePrefixesOverTLS(t *testing.T) {
 	require.Greater(t, a.r.Prefixes.Recorded(), recorded)
 	require.Eventually(t, func() bool { return b.r.PrefixesLearned() == a.r.Prefixes.Recorded()-recorded }, 15*time.Second, 2*time.Millisecond,
 		"b takes in a's new records once a trusts it")
+}
+
+// A replica that advertises its admin listener's URL to the others keeps
+// that listener's TLS on or off until a restart: the URL's scheme says
+// which, and prefix_affinity.advertise waits for a restart too.
+func TestAnAdvertisedAdminListenerTurnsTLSOnOnlyAtRestart(t *testing.T) {
+	down := freeAdminAddrs(t, 2) // etcd is not needed to reload
+	f := startFleet(t, cachingEngines(1), func(c *config.Config) {
+		prefixAffinity(true)(c)
+		c.AdminListen = down[1]
+		c.Router.PrefixAffinity.Advertise = "http://" + down[1]
+		c.Discovery.Etcd = config.Etcd{Endpoints: []string{down[0]}, Prefix: "/t-advertised", DialTimeout: 500 * time.Millisecond}
+	})
+	files, _ := adminTLS(t)
+	cfg := f.r.CurrentConfig()
+	cfg.AdminTLS = files
+	cfg.Router.PrefixAffinity.Advertise = "https://" + down[1]
+	applied, needRestart, err := f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"admin_tls", "router.prefix_affinity"}, needRestart)
+	assert.NotContains(t, strings.Join(applied, " "), "admin_tls")
+	assert.False(t, f.r.CurrentConfig().AdminTLS.On())
+	code, _ := adminDo(t, f, "GET", "/workers", "", "")
+	assert.Equal(t, http.StatusOK, code, "still plain HTTP")
 }

@@ -25,14 +25,15 @@ import (
 // (frontendPolicy: the limits of an exchange with a worker among them), a
 // client connection's own limits (SetClientLimits: the connections handed
 // to fasthttp from then on), the listener's bound on open connections and
-// its PROXY protocol headers, the
-// wait queue (turned on or off too), health's keys (its thresholds and
+// its PROXY protocol headers, the wait queue (turned on or off too),
+// health's keys (its thresholds and
 // ejections, the probes' interval, timeout and path), the GPU/CPU readers
 // (turned on or off too: applyWeights), the engine scrapes (turned on or off
 // too: applyEngines), log format (FormatLogsWith), DNS discovery's names and
 // interval, the secrets and the clients' API keys (read again from their
 // files or the environment), the certificates and revocation lists (tls,
-// turned on or off too: applyListenerTLS, admin_tls's certificate and CAs,
+// turned on or off too: applyListenerTLS, admin_tls: its certificate and
+// CAs, turned on or off too unless the replica advertises itself,
 // worker_tls's client certificate and the way workers' certificates are
 // checked: read again), aliases, mirrors, tracing's sample ratio,
 // metrics_public and the shutdown keys. A config that fails validation is
@@ -71,11 +72,13 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			return nil, nil, err
 		}
 	}
-	// admin_tls applies but for turning the listener's TLS on or off: its
-	// files, whichever are set (peer_ca_file goes without the listener's
-	// TLS too), read before anything applies.
+	// admin_tls applies, its files (whichever are set: peer_ca_file goes
+	// without the listener's TLS too) read before anything applies; but
+	// turning the listener's TLS on or off waits for a restart where the
+	// replica advertises its admin listener's URL to the others (the
+	// scheme of prefix_affinity.advertise, which a restart changes too).
 	var adminRead *adminFiles
-	adminTLSApplies := old.AdminTLS.On() == cfg.AdminTLS.On()
+	adminTLSApplies := old.AdminTLS.On() == cfg.AdminTLS.On() || old.Router.PrefixAffinity.Advertise == ""
 	if adminTLSApplies {
 		files, err := readAdminTLS(cfg.AdminTLS)
 		if err != nil {

@@ -308,9 +308,6 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		// handler's panic) goes to the router's log, in its format.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	if cfg.AdminTLS.On() {
-		r.admin.TLSConfig = r.adminListenerConfig()
-	}
 	if err := r.startDiscovery(log); err != nil {
 		r.ln.Close()
 		r.adminLn.Close()
@@ -337,11 +334,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		}
 	}()
 	go func() {
-		serve := r.admin.Serve
-		if r.admin.TLSConfig != nil {
-			serve = func(ln net.Listener) error { return r.admin.ServeTLS(ln, "", "") }
-		}
-		if err := serve(r.adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		ln := adminListener{Listener: r.adminLn, ts: r.tlsState, conf: r.adminListenerConfig()}
+		if err := r.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("the admin listener stopped accepting connections", "listen", r.AdminAddr(), "err", err)
 		}
 	}()

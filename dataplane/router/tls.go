@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -76,24 +77,51 @@ func (c *certificate) adminHandshakeConfig(min uint16, clientCAs *x509.CertPool)
 	return conf
 }
 
-// adminListenerConfig is the configuration the admin listener takes: each
-// handshake gets adminServer as read last (a reload may change its
-// version, its client CAs or whether it asks for a certificate at all).
+// adminListenerConfig is the configuration the admin listener's TLS
+// connections take: each handshake gets adminServer as read last (a reload
+// may change its version, its client CAs or whether it asks for a
+// certificate at all), and fails once admin_tls is off.
 func (ts *tlsState) adminListenerConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			return ts.adminServer.Load(), nil
+			if conf := ts.adminServer.Load(); conf != nil {
+				return conf, nil
+			}
+			return nil, errAdminTLSOff
 		},
 	}
 }
 
+var errAdminTLSOff = errors.New("admin_tls is off")
+
+// adminListener is the admin listener: a connection it accepts speaks TLS
+// while admin_tls is on (adminServer set) as it is accepted, plain HTTP
+// otherwise; net/http serves both (a TLS one over HTTP/2 or HTTP/1.1).
+type adminListener struct {
+	net.Listener
+	ts   *tlsState
+	conf *tls.Config // adminListenerConfig
+}
+
+// Accept returns the next connection, as TLS while admin_tls is on.
+func (l adminListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil || l.ts.adminServer.Load() == nil {
+		return c, err
+	}
+	return tls.Server(c, l.conf), nil
+}
+
 // useAdminTLS makes files, read from t, what the admin listener's next
-// handshakes and the router's next connections to peers use.
+// handshakes (none while t is off: its connections speak plain HTTP) and
+// the router's next connections to peers use.
 func (ts *tlsState) useAdminTLS(t config.AdminTLS, files adminFiles) {
 	ts.adminCert.cur.Store(files.cert)
 	if t.On() {
 		ts.adminServer.Store(ts.adminCert.adminHandshakeConfig(config.TLSVersion(t.MinVersion), files.clientCAs))
+	} else {
+		ts.adminServer.Store(nil)
 	}
 	ts.peerRoots = files.peerRoots
 }
@@ -152,8 +180,15 @@ func (r *Router) applyAdminTLS(old, t config.AdminTLS, files adminFiles) (applie
 		r.PrefixShare.SetTLS(r.adminCert.peerConfig(files.peerRoots))
 	}
 	r.useAdminTLS(t, files)
-	if t.On() {
+	switch {
+	case t.On() && !old.On():
+		applied = append(applied, "admin_tls on: the admin listener's next connections speak TLS")
+	case !t.On() && old.On():
+		applied = append(applied, "admin_tls off: the admin listener's next connections speak plain HTTP")
+	case t.On():
 		applied = append(applied, "admin_tls certificate read again")
+	}
+	if t.On() {
 		if t.MinVersion != old.MinVersion {
 			applied = append(applied, fmt.Sprintf("admin_tls.min_version=%q", t.MinVersion))
 		}
