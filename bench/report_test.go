@@ -174,9 +174,11 @@ func TestE2ESmoke(t *testing.T) {
 			assert.LessOrEqual(t, r.CPULeast, r.CPUMost, "%s %s: the spread of two rounds", r.Workload, r.Front)
 		}
 		// /proc counts CPU in 10 ms ticks: a front end as light as nginx
-		// may show none in a round this short; fastroute's rounds show some.
+		// may show none in a round this short, and so may fastroute in one
+		// round on a saturated machine (a flake hunt beside four busy
+		// loops saw it); one of its two rounds shows some.
 		if r.Front == "fastroute" {
-			assert.Positive(t, r.CPULeast, "%s %s: the spread of two rounds", r.Workload, r.Front)
+			assert.Positive(t, r.CPUMost, "%s %s: the more of two rounds", r.Workload, r.Front)
 		}
 	}
 	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
