@@ -99,16 +99,14 @@ func (r *Router) keepRegistered(ctx context.Context, log *slog.Logger) {
 }
 
 // shareKeyUsage shares the API keys' use with the other replicas on etcd
-// (api_keys_share_interval) while ctx lasts: each replica's under a key
-// of its own, read back by the others into their admissions.
-func (r *Router) shareKeyUsage(ctx context.Context, log *slog.Logger) {
-	iv := r.Config.APIKeysShareInterval
+// every iv (api_keys_share_interval; 0: not shared) until stopKeyShare or
+// the router's close: this replica's under a key of its own, read back by
+// the others into their admissions. The caller holds reloadMu (a reload),
+// or starts the router.
+func (r *Router) shareKeyUsage(iv time.Duration) {
 	if iv <= 0 {
 		return
 	}
-	var id [8]byte
-	_, _ = rand.Read(id[:])
-	self := hex.EncodeToString(id[:])
 	read := func() []byte {
 		b, _ := json.Marshal(r.APIKeys.Usage(time.Now())) // a list of plain structs always marshals
 		return b
@@ -118,15 +116,36 @@ func (r *Router) shareKeyUsage(ctx context.Context, log *slog.Logger) {
 		for _, b := range others {
 			var u []apikeys.Usage
 			if err := json.Unmarshal(b, &u); err != nil {
-				log.Warn("another replica's key use on etcd is not a list of uses: ignored", "err", err)
+				r.log.Warn("another replica's key use on etcd is not a list of uses: ignored", "err", err)
 				continue
 			}
 			all = append(all, u...)
 		}
 		r.APIKeys.SetPeerUsage(all)
 	}
-	opts := etcdOptions(r.Config.Discovery.Etcd, log) // read now: a reload replaces r.Config
-	r.loops.Go(func() { discovery.ShareUsage(ctx, opts, self, iv, read, apply) })
+	opts, self := etcdOptions(r.Config.Discovery.Etcd, r.log), r.keyShareSelf
+	l := r.start(func(ctx context.Context) { discovery.ShareUsage(ctx, opts, self, iv, read, apply) })
+	r.keyShare = &l
+}
+
+// newReplicaID names this replica's key of the shared key use: 16 random
+// hex digits.
+func newReplicaID() string {
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return hex.EncodeToString(id[:])
+}
+
+// stopKeyShare ends the share of the API keys' use (its key deleted from
+// etcd, within a tick) and forgets the others' use: each key's caps count
+// what this replica serves. The caller holds reloadMu.
+func (r *Router) stopKeyShare() {
+	if r.keyShare == nil {
+		return
+	}
+	r.keyShare.end()
+	r.keyShare = nil
+	r.APIKeys.SetPeerUsage(nil)
 }
 
 // discoveryTarget applies what etcd or DNS says to the registry, and the

@@ -12,6 +12,25 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// keyUse is what a test reads of an API key's use on a replica.
+type keyUse interface {
+	RecentTokens(time.Time) uint64
+	PeerTokens() uint64
+	PeerInflight() int64
+}
+
+// keyClient returns the key named name on f's router.
+func keyClient(t *testing.T, f *fleet, name string) keyUse {
+	t.Helper()
+	for _, c := range f.r.APIKeys.Clients() {
+		if c.Name() == name {
+			return c
+		}
+	}
+	t.Fatalf("no client %s", name)
+	return nil
+}
+
 // With api_keys_share_interval, replicas on one etcd share each key's
 // use, so that its caps hold across them: the tokens a key's answers used
 // through one replica count toward its tokens_per_minute on the other,
@@ -41,19 +60,7 @@ func TestAKeysCapsHoldAcrossReplicas(t *testing.T) {
 			return snap.ModelGroup([]byte("fast")) != nil && snap.ModelGroup([]byte("slow")) != nil
 		}, 5*time.Second, 10*time.Millisecond, "both replicas learn both workers' models")
 	}
-	client := func(f *fleet, name string) interface {
-		RecentTokens(time.Time) uint64
-		PeerTokens() uint64
-		PeerInflight() int64
-	} {
-		for _, c := range f.r.APIKeys.Clients() {
-			if c.Name() == name {
-				return c
-			}
-		}
-		t.Fatalf("no client %s", name)
-		return nil
-	}
+	client := func(f *fleet, name string) keyUse { return keyClient(t, f, name) }
 	const fastBody = `{"model":"fast","messages":[{"role":"user","content":"hi"}]}`
 
 	// team-a's answers through a use its minute's 60 tokens.
@@ -97,4 +104,71 @@ func TestAKeysCapsHoldAcrossReplicas(t *testing.T) {
 	a.assertIdle()
 	b.assertIdle()
 	assert.Equal(t, "0", metric(t, a, `fastroute_api_key_peer_inflight{api_key="batch"}`), "b's own request ended too")
+}
+
+// A reload starts, stops and restarts the share of the keys' use: a
+// replica that did not share learns the other's use once a reload turns
+// its share on, and forgets it once the other's reload turns that one's
+// off (its key deleted from etcd), each key's caps counting again what the
+// replica serves.
+func TestAReloadTurnsTheKeysShareOnAndOff(t *testing.T) {
+	e := etcdtest.Start(t)
+	const prefix = "/keys-reload"
+	fast, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 1, Tokens: 3, Model: "fast"})
+	require.NoError(t, err)
+	t.Cleanup(func() { fast.Close() })
+	keys := keysFile(t, "team-a "+teamAKey+" tokens_per_minute=60", "batch "+batchKey)
+	replica := func(iv time.Duration) *fleet {
+		return clusterRouter(t, e, prefix, func(c *config.Config) {
+			c.APIKeysFile, c.APIKeysShareInterval = keys, iv
+		})
+	}
+	a, b := replica(100*time.Millisecond), replica(0)
+	register(t, e, prefix, fast, 1, 5*time.Second)
+	const fastBody = `{"model":"fast","messages":[{"role":"user","content":"hi"}]}`
+	for _, f := range []*fleet{a, b} {
+		require.Eventually(t, func() bool {
+			w, ok := f.r.Registry.Get(1)
+			return ok && len(w.Advertised().Models) > 0
+		}, 5*time.Second, 10*time.Millisecond, "the worker's models learned")
+	}
+	sent := 0
+	for ; sent < 20; sent++ {
+		resp, text := a.send("POST", "/v1/chat/completions", fastBody, "Authorization", "Bearer "+teamAKey)
+		if resp.StatusCode == http.StatusTooManyRequests {
+			break
+		}
+		require.Equal(t, http.StatusOK, resp.StatusCode, text)
+	}
+	require.Less(t, sent, 20, "a caps team-a")
+	time.Sleep(300 * time.Millisecond) // three of a's shares
+	assert.Zero(t, keyClient(t, b, "team-a").PeerTokens(), "b does not share")
+
+	cfg := b.r.CurrentConfig()
+	cfg.APIKeysShareInterval = 200 * time.Millisecond
+	applied, needRestart, err := b.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Contains(t, applied, "api_keys_share_interval=200ms")
+	assert.Empty(t, needRestart)
+	require.Eventually(t, func() bool { return keyClient(t, b, "team-a").PeerTokens() >= 60 }, 5*time.Second, 10*time.Millisecond,
+		"b learns what team-a used through a")
+	resp, text := b.send("POST", "/v1/chat/completions", fastBody, "Authorization", "Bearer "+teamAKey)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, text)
+	resp, text = b.send("POST", "/v1/chat/completions", fastBody, "Authorization", "Bearer "+batchKey)
+	require.Equal(t, http.StatusOK, resp.StatusCode, text)
+	require.Eventually(t, func() bool { return keyClient(t, a, "batch").PeerTokens() > 0 }, 5*time.Second, 10*time.Millisecond,
+		"a learns what batch used through b")
+
+	cfg = a.r.CurrentConfig()
+	cfg.APIKeysShareInterval = 0
+	applied, _, err = a.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Contains(t, applied, "api_keys_share_interval=0s")
+	require.Eventually(t, func() bool { return keyClient(t, b, "team-a").PeerTokens() == 0 }, 5*time.Second, 10*time.Millisecond,
+		"a's key left etcd: b no longer counts its use")
+	assert.Zero(t, keyClient(t, a, "batch").PeerTokens(), "and a forgot b's")
+	resp, text = b.send("POST", "/v1/chat/completions", fastBody, "Authorization", "Bearer "+teamAKey)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, text)
+	a.assertIdle()
+	b.assertIdle()
 }

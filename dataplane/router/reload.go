@@ -35,11 +35,13 @@ import (
 // turned on or off too: applyListenerTLS, admin_tls: its certificate and
 // CAs, turned on or off too unless the replica advertises itself,
 // worker_tls's client certificate and the way workers' certificates are
-// checked: read again), aliases, mirrors, tracing's sample ratio,
+// checked: read again), the API keys' sharing interval (the share
+// started, stopped or started again: stopKeyShare, shareKeyUsage, where
+// the router runs with etcd), aliases, mirrors, tracing's sample ratio,
 // metrics_public and the shutdown keys. A config that fails validation is
 // refused with the same error as at start, and nothing changes. A key a
-// running router cannot change (a listener, a table's size, the API keys'
-// sharing interval), or one whose field that
+// running router cannot change (a listener, a table's size), or one whose
+// field that
 // cannot change changed beside those that can (which holds the whole key
 // back), is named in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
@@ -117,10 +119,15 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// else of discovery changed.
 	dnsRoundsApply := reflect.DeepEqual(old.Discovery, cfg.Discovery) ||
 		r.DNS != nil && len(cfg.Discovery.DNS.Names) > 0 && reflect.DeepEqual(withDNSRounds(old.Discovery, cfg.Discovery.DNS), cfg.Discovery)
+	// api_keys_share_interval applies (the share started, stopped, or
+	// started again at the new interval) where the router runs with etcd
+	// to share on.
+	keyShareApplies := old.APIKeysShareInterval == cfg.APIKeysShareInterval || cfg.APIKeysShareInterval == 0 ||
+		len(old.Discovery.Etcd.Endpoints) > 0
 	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
-		"api_keys_share_interval": old.APIKeysShareInterval == cfg.APIKeysShareInterval,
+		"api_keys_share_interval": keyShareApplies,
 		"admin_tls":               adminTLSApplies,
 		"pid_file":                old.PIDFile == cfg.PIDFile,
 		"state_file":              old.StateFile == cfg.StateFile,
@@ -187,6 +194,11 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		t.KeepCounts(r.Frontend.Mirrors())
 		r.Frontend.SetMirrors(t)
 		applied = append(applied, fmt.Sprintf("model_mirrors (%d)", len(cfg.ModelMirrors)))
+	}
+	if iv := cfg.APIKeysShareInterval; keyShareApplies && iv != old.APIKeysShareInterval {
+		r.stopKeyShare()
+		r.shareKeyUsage(iv)
+		applied = append(applied, fmt.Sprintf("api_keys_share_interval=%v", iv))
 	}
 	if cfg.APIKeysFile != "" || old.APIKeysFile != "" {
 		r.APIKeys.Set(cfg.APIKeys)
@@ -302,6 +314,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next.AdminToken, next.AdminTokenFile, next.MetricsPublic = cfg.AdminToken, cfg.AdminTokenFile, cfg.MetricsPublic
 	next.WorkerAPIKey, next.WorkerAPIKeyFile = cfg.WorkerAPIKey, cfg.WorkerAPIKeyFile
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
+	if keyShareApplies {
+		next.APIKeysShareInterval = cfg.APIKeysShareInterval
+	}
 	next.ProxyProtocol = cfg.ProxyProtocol
 	next.ModelAliases, next.ModelMirrors = cfg.ModelAliases, cfg.ModelMirrors
 	next.TLS = cfg.TLS

@@ -89,6 +89,8 @@ type Router struct {
 	weightFallbacks       metrics.Counter            // the weight loops', one after another
 	loops                 sync.WaitGroup             // health and telemetry goroutines
 	drainSweep            *every.Period              // how often drained workers are swept: health.interval
+	keyShare              *running                   // the API keys' use shared on etcd (shareKeyUsage); nil: not shared. Under reloadMu
+	keyShareSelf          string                     // this replica's key there
 	logFormat             func(string)               // sets log.format (FormatLogsWith); nil: a restart's
 }
 
@@ -224,7 +226,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, log: log, tlsState: found.tls,
 		Sessions:  affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions}),
 		Responses: affinity.NewTable(storedResponses), drainSweep: every.NewPeriod(cfg.Health.Interval),
-		weightFallbacks: metrics.NewCounter()}
+		weightFallbacks: metrics.NewCounter(), keyShareSelf: newReplicaID()}
 	r.adminToken.Set(cfg.AdminToken)
 	r.metricsPublic.Store(cfg.MetricsPublic)
 	r.workerKey.Set(cfg.WorkerAPIKey)
@@ -347,7 +349,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		r.loops.Go(func() { r.PrefixShare.Run(ctx) })
 	}
 	r.keepRegistered(ctx, log)
-	r.shareKeyUsage(ctx, log)
+	r.shareKeyUsage(cfg.APIKeysShareInterval)
 	r.startDNS(ctx)
 	if r.Tracer != nil {
 		r.Tracer.Start()
@@ -437,6 +439,9 @@ func (r *Router) Close() error {
 	}
 	if l := r.weights.Swap(nil); l != nil {
 		l.end()
+	}
+	if r.keyShare != nil {
+		r.keyShare.end() // its key deleted from etcd
 	}
 	r.reloadMu.Unlock()
 	r.loops.Wait()
