@@ -192,7 +192,7 @@ func waitPeers(routers []*router.Router, within time.Duration) error {
 // the other made.
 func waitShared(routers []*router.Router, within time.Duration) error {
 	return waitFor(within, fmt.Sprintf("the replicas did not share their prefix records within %v", within), func() bool {
-		return routers[1].PrefixesLearned() == routers[0].Prefixes.Recorded() && routers[0].PrefixesLearned() == routers[1].Prefixes.Recorded()
+		return routers[1].PrefixesLearned() == routers[0].Prefixes().Recorded() && routers[0].PrefixesLearned() == routers[1].Prefixes().Recorded()
 	})
 }
 

@@ -305,9 +305,9 @@ func TestReplicasSharePrefixesOverTLS(t *testing.T) {
 	a, b := sharingReplicas(t, true, overTLS(files.CertFile))
 	converseVia([]*fleet{a, b}, 5, 4, nil)
 	require.Eventually(t, func() bool {
-		return b.r.PrefixesLearned() == a.r.Prefixes.Recorded() && a.r.PrefixesLearned() == b.r.Prefixes.Recorded()
+		return b.r.PrefixesLearned() == a.r.Prefixes().Recorded() && a.r.PrefixesLearned() == b.r.Prefixes().Recorded()
 	}, 15*time.Second, 2*time.Millisecond, "each replica took in the other's records over TLS")
-	assert.NotZero(t, a.r.Prefixes.Recorded())
+	assert.NotZero(t, a.r.Prefixes().Recorded())
 	a.assertIdle()
 	b.assertIdle()
 
@@ -316,14 +316,14 @@ func TestReplicasSharePrefixesOverTLS(t *testing.T) {
 	a, b = sharingReplicas(t, true, overTLS(files.CertFile), func(c *config.Config) { c.AdminTLS.ClientCAFile = files.CertFile })
 	converseVia([]*fleet{a, b}, 5, 4, nil)
 	require.Eventually(t, func() bool {
-		return b.r.PrefixesLearned() == a.r.Prefixes.Recorded() && a.r.PrefixesLearned() == b.r.Prefixes.Recorded()
+		return b.r.PrefixesLearned() == a.r.Prefixes().Recorded() && a.r.PrefixesLearned() == b.r.Prefixes().Recorded()
 	}, 15*time.Second, 2*time.Millisecond, "each replica took in the other's records over mutual TLS")
-	assert.NotZero(t, a.r.Prefixes.Recorded())
+	assert.NotZero(t, a.r.Prefixes().Recorded())
 
 	other, _ := writeCert(t, t.TempDir(), 9) // a CA that did not sign the peers' certificate
 	a, b = sharingReplicas(t, true, overTLS(other.CertFile))
 	converseVia([]*fleet{a, b}, 5, 4, nil)
-	require.NotZero(t, a.r.Prefixes.Recorded())
+	require.NotZero(t, a.r.Prefixes().Recorded())
 	failed := fmt.Sprintf(`fastroute_prefix_shared_records_total{peer="https://%s",outcome="failed"} `, b.r.AdminAddr())
 	require.Eventually(t, func() bool {
 		p := adminPage(t, a, pool, "", "/metrics")
@@ -341,10 +341,10 @@ func TestReplicasSharePrefixesOverTLS(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, msg)
 	assert.Contains(t, msg, `"need_restart":[]`)
 	assert.Contains(t, msg, "admin_tls.peer_ca_file=")
-	recorded := a.r.Prefixes.Recorded()
+	recorded := a.r.Prefixes().Recorded()
 	converseVia([]*fleet{a}, 5, 4, nil)
-	require.Greater(t, a.r.Prefixes.Recorded(), recorded)
-	require.Eventually(t, func() bool { return b.r.PrefixesLearned() == a.r.Prefixes.Recorded()-recorded }, 15*time.Second, 2*time.Millisecond,
+	require.Greater(t, a.r.Prefixes().Recorded(), recorded)
+	require.Eventually(t, func() bool { return b.r.PrefixesLearned() == a.r.Prefixes().Recorded()-recorded }, 15*time.Second, 2*time.Millisecond,
 		"b takes in a's new records once a trusts it")
 }
 

@@ -31,6 +31,24 @@ func keyClient(t *testing.T, f *fleet, name string) keyUse {
 	return nil
 }
 
+// fastBody is a chat request for the model "fast".
+const fastBody = `{"model":"fast","messages":[{"role":"user","content":"hi"}]}`
+
+// useTeamAsMinute has team-a's answers through f use its minute's 60
+// tokens: f refuses it before 20 requests.
+func useTeamAsMinute(t *testing.T, f *fleet) {
+	t.Helper()
+	sent := 0
+	for ; sent < 20; sent++ {
+		resp, text := f.send("POST", "/v1/chat/completions", fastBody, "Authorization", "Bearer "+teamAKey)
+		if resp.StatusCode == http.StatusTooManyRequests {
+			break
+		}
+		require.Equal(t, http.StatusOK, resp.StatusCode, text)
+	}
+	require.Less(t, sent, 20, "the router caps team-a")
+}
+
 // With api_keys_share_interval, replicas on one etcd share each key's
 // use, so that its caps hold across them: the tokens a key's answers used
 // through one replica count toward its tokens_per_minute on the other,
@@ -61,18 +79,8 @@ func TestAKeysCapsHoldAcrossReplicas(t *testing.T) {
 		}, 5*time.Second, 10*time.Millisecond, "both replicas learn both workers' models")
 	}
 	client := func(f *fleet, name string) keyUse { return keyClient(t, f, name) }
-	const fastBody = `{"model":"fast","messages":[{"role":"user","content":"hi"}]}`
 
-	// team-a's answers through a use its minute's 60 tokens.
-	sent := 0
-	for ; sent < 20; sent++ {
-		resp, text := a.send("POST", "/v1/chat/completions", fastBody, "Authorization", "Bearer "+teamAKey)
-		if resp.StatusCode == http.StatusTooManyRequests {
-			break
-		}
-		require.Equal(t, http.StatusOK, resp.StatusCode, text)
-	}
-	require.Less(t, sent, 20, "a caps team-a")
+	useTeamAsMinute(t, a) // through a
 	require.Eventually(t, func() bool { return client(b, "team-a").PeerTokens() >= 60 }, 5*time.Second, 10*time.Millisecond,
 		"b learns what team-a used through a")
 	resp, text := b.send("POST", "/v1/chat/completions", fastBody, "Authorization", "Bearer "+teamAKey)
@@ -125,22 +133,13 @@ func TestAReloadTurnsTheKeysShareOnAndOff(t *testing.T) {
 	}
 	a, b := replica(100*time.Millisecond), replica(0)
 	register(t, e, prefix, fast, 1, 5*time.Second)
-	const fastBody = `{"model":"fast","messages":[{"role":"user","content":"hi"}]}`
 	for _, f := range []*fleet{a, b} {
 		require.Eventually(t, func() bool {
 			w, ok := f.r.Registry.Get(1)
 			return ok && len(w.Advertised().Models) > 0
 		}, 5*time.Second, 10*time.Millisecond, "the worker's models learned")
 	}
-	sent := 0
-	for ; sent < 20; sent++ {
-		resp, text := a.send("POST", "/v1/chat/completions", fastBody, "Authorization", "Bearer "+teamAKey)
-		if resp.StatusCode == http.StatusTooManyRequests {
-			break
-		}
-		require.Equal(t, http.StatusOK, resp.StatusCode, text)
-	}
-	require.Less(t, sent, 20, "a caps team-a")
+	useTeamAsMinute(t, a)
 	time.Sleep(300 * time.Millisecond) // three of a's shares
 	assert.Zero(t, keyClient(t, b, "team-a").PeerTokens(), "b does not share")
 

@@ -33,7 +33,7 @@ func (r *Router) stateCollector() metrics.Collector {
 		w.Sample("fastroute_affinity_evictions_total", float64(expired), "reason", "ttl")
 		w.Single("fastroute_stored_responses", "gauge", "Stored responses (Responses API) whose worker the router knows.", float64(r.Responses.Len()))
 
-		if r.Prefixes != nil {
+		if r.prefixes.Load() != nil {
 			taken, passed, unknown := r.Selector.PrefixRouted()
 			w.Header("fastroute_prefix_requests_total", "counter",
 				"Generation requests keyed by their prompt's prefixes: sent to the worker holding the longest known one (taken), sent elsewhere (passed: that worker busier than the slack allows, or not a candidate), or with no prefix known (unknown).")

@@ -318,7 +318,7 @@ func settled(t *testing.T, a, b *fleet) func() {
 	return func() {
 		t.Helper()
 		done := func() bool {
-			return b.r.PrefixesLearned() == a.r.Prefixes.Recorded() && a.r.PrefixesLearned() == b.r.Prefixes.Recorded()
+			return b.r.PrefixesLearned() == a.r.Prefixes().Recorded() && a.r.PrefixesLearned() == b.r.Prefixes().Recorded()
 		}
 		for deadline := time.Now().Add(15 * time.Second); !done(); time.Sleep(2 * time.Millisecond) {
 			if time.Now().After(deadline) {
@@ -332,7 +332,7 @@ func settled(t *testing.T, a, b *fleet) func() {
 					}
 				}
 				t.Fatalf("each replica takes in every record the other made: a recorded %d, learned %d; b recorded %d, learned %d; %v",
-					a.r.Prefixes.Recorded(), a.r.PrefixesLearned(), b.r.Prefixes.Recorded(), b.r.PrefixesLearned(), senders)
+					a.r.Prefixes().Recorded(), a.r.PrefixesLearned(), b.r.Prefixes().Recorded(), b.r.PrefixesLearned(), senders)
 			}
 		}
 	}
@@ -348,14 +348,14 @@ func TestReplicasShareThePrefixesTheyRecord(t *testing.T) {
 	assert.Len(t, stayedPut(t, converseVia([]*fleet{a, b}, 5, 4, settled(t, a, b))), 3, "the first turns went round the workers")
 	taken, passed, unknown := b.r.Selector.PrefixRouted()
 	assert.Equal(t, [3]uint64{10, 0, 0}, [3]uint64{taken, passed, unknown}, "replica b knew every conversation it saw from a's records")
-	assert.NotZero(t, a.r.Prefixes.Recorded())
-	sent := fmt.Sprintf(`fastroute_prefix_shared_records_total{peer="http://%s",outcome="sent"} %d`, b.r.AdminAddr(), a.r.Prefixes.Recorded())
+	assert.NotZero(t, a.r.Prefixes().Recorded())
+	sent := fmt.Sprintf(`fastroute_prefix_shared_records_total{peer="http://%s",outcome="sent"} %d`, b.r.AdminAddr(), a.r.Prefixes().Recorded())
 	var page string
 	require.Eventually(t, func() bool { // counted when b's 204 is back, after b took the records in
 		_, page = adminDo(t, a, "GET", "/metrics", "", "")
 		return strings.Contains(page, sent)
 	}, 5*time.Second, 10*time.Millisecond, "%s", sent)
-	assert.Contains(t, page, fmt.Sprintf(`fastroute_prefix_learned_records_total %d`, b.r.Prefixes.Recorded()))
+	assert.Contains(t, page, fmt.Sprintf(`fastroute_prefix_learned_records_total %d`, b.r.Prefixes().Recorded()))
 	a.assertIdle()
 	b.assertIdle()
 
@@ -387,12 +387,12 @@ func TestThePrefixRecordsRoute(t *testing.T) {
 	code, body = adminDo(t, f, "POST", "/prefixes", strings.Repeat("x", 12<<17), "s3cret")
 	assert.Equal(t, http.StatusRequestEntityTooLarge, code)
 	assert.Contains(t, body, "larger than 1 MiB")
-	w, _ := f.r.Prefixes.Holder(keys)
+	w, _ := f.r.Prefixes().Holder(keys)
 	assert.Zero(t, w, "nothing refused was learned")
 
 	code, body = adminDo(t, f, "POST", "/prefixes", string(records), "s3cret")
 	assert.Equal(t, http.StatusNoContent, code, body)
-	w, blocks := f.r.Prefixes.Holder(keys)
+	w, blocks := f.r.Prefixes().Holder(keys)
 	assert.Equal(t, [2]uint64{1, 2}, [2]uint64{w, uint64(blocks)})
 	assert.Equal(t, uint64(2), f.r.PrefixesLearned())
 
@@ -414,7 +414,68 @@ func TestAnAbsentPeerLosesOnlyItsRecords(t *testing.T) {
 	stayedPut(t, f.converse(3, 3))
 	require.Eventually(t, func() bool {
 		_, page := adminDo(t, f, "GET", "/metrics", "", "")
-		return strings.Contains(page, fmt.Sprintf(`fastroute_prefix_shared_records_total{peer="http://%s",outcome="failed"} %d`, gone, f.r.Prefixes.Recorded()))
+		return strings.Contains(page, fmt.Sprintf(`fastroute_prefix_shared_records_total{peer="http://%s",outcome="failed"} %d`, gone, f.r.Prefixes().Recorded()))
 	}, 5*time.Second, 10*time.Millisecond, "every record the peer missed is counted")
 	f.assertIdle()
+}
+
+// A reload turns prefix affinity on and off on a replica that does not
+// share its records, and gives it a new, empty table when a table's key
+// changes: turned on, conversations stay on their workers; a new block
+// size keys them anew; turned off, its metrics go and a peer's records
+// are refused. On a replica that shares, the table's keys wait for a
+// restart (its peers' records are keyed by the block size they share).
+func TestAReloadTurnsPrefixAffinityOnAndOff(t *testing.T) {
+	f := startFleet(t, cachingEngines(3), prefixByInFlight(false))
+	cfg := f.r.CurrentConfig()
+	cfg.Router.PrefixAffinity.Enabled = true
+	applied, needRestart, err := f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.prefix_affinity.enabled=true table_size=262144 block_bytes=64 max_blocks=128 (a new, empty table)"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Len(t, stayedPut(t, f.converse(5, 3)), 3, "the first turns went round the workers")
+	taken, _, unknown := f.r.Selector.PrefixRouted()
+	assert.Equal(t, [2]uint64{10, 5}, [2]uint64{taken, unknown})
+	assert.Same(t, f.r.Selector.Routing().Prefixes, f.r.Prefixes())
+	_, page := adminDo(t, f, "GET", "/metrics", "", "")
+	assert.Contains(t, page, `fastroute_prefix_requests_total{outcome="taken"} 10`)
+	code, body := adminDo(t, f, "POST", "/prefixes", "", "")
+	assert.Equal(t, http.StatusNoContent, code, "a peer's records taken in: %s", body)
+
+	cfg.Router.PrefixAffinity.BlockBytes = 32
+	applied, _, err = f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.prefix_affinity.enabled=true table_size=262144 block_bytes=32 max_blocks=128 (a new, empty table)"}, applied)
+	assert.Equal(t, 32, f.r.Selector.Routing().PrefixBlock)
+	stayedPut(t, f.converse(5, 3))
+	taken, _, unknown = f.r.Selector.PrefixRouted()
+	assert.Equal(t, [2]uint64{20, 10}, [2]uint64{taken, unknown}, "each conversation keyed anew, then found")
+
+	cfg.Router.PrefixAffinity.Enabled = false
+	applied, _, err = f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.prefix_affinity.enabled=false"}, applied)
+	assert.Nil(t, f.r.Prefixes())
+	assert.Nil(t, f.r.Selector.Routing().Prefixes)
+	_, page = adminDo(t, f, "GET", "/metrics", "", "")
+	assert.NotContains(t, page, "fastroute_prefix_requests_total")
+	code, body = adminDo(t, f, "POST", "/prefixes", "", "")
+	assert.Equal(t, http.StatusConflict, code, body)
+	assert.Contains(t, body, "prefix affinity is off on this router")
+	f.converse(2, 2)
+	taken, _, unknown = f.r.Selector.PrefixRouted()
+	assert.Equal(t, [2]uint64{20, 10}, [2]uint64{taken, unknown}, "no request keyed")
+	f.assertIdle()
+
+	sharing := startFleet(t, cachingEngines(1), func(c *config.Config) {
+		prefixByInFlight(true)(c)
+		c.Router.PrefixAffinity.Peers = []string{"http://127.0.0.1:1"}
+	})
+	cfg = sharing.r.CurrentConfig()
+	cfg.Router.PrefixAffinity.BlockBytes, cfg.Router.PrefixAffinity.Slack = 128, 3
+	applied, needRestart, err = sharing.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Empty(t, applied)
+	assert.Equal(t, []string{"router.prefix_affinity"}, needRestart)
+	assert.Equal(t, 64, sharing.r.Selector.Routing().PrefixBlock)
 }

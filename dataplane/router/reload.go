@@ -19,7 +19,9 @@ import (
 // (replaced; the old spec's in-flight requests finish on it), and every key
 // a running router can change: the routing policy (router.mode,
 // busy_threshold, cpu_ratio, retries and their budget, prefix affinity's
-// slack, peers and share interval: reloadablePrefixes, the routing knobs:
+// slack, and its peers and share interval on a replica that shares, or
+// its table (turned on or off too: applyPrefixTable) on one that does not
+// (reloadablePrefixes), the routing knobs:
 // routingKnobs, session affinity's TTL, the phases' pickers, and the
 // embedding cache's size: a new, empty table), the front end's policy
 // (frontendPolicy: the limits of an exchange with a worker among them), a
@@ -160,6 +162,9 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		applied = append(applied, fmt.Sprintf("router.retry_budget=%+v", cfg.Router.RetryBudget))
 	}
 	if pa := cfg.Router.PrefixAffinity; prefixesApply {
+		if r.PrefixShare == nil {
+			applied = append(applied, r.applyPrefixTable(old.Router.PrefixAffinity, pa)...)
+		}
 		if pa.Slack != old.Router.PrefixAffinity.Slack {
 			r.Selector.Reroute(func(rt *dataplane.Routing) { rt.PrefixSlack = int64(pa.Slack) })
 			applied = append(applied, fmt.Sprintf("router.prefix_affinity.slack=%d", pa.Slack))
@@ -465,18 +470,42 @@ func routedConfig(old, cfg config.Config, affinity, disagg bool) config.Config {
 }
 
 // reloadablePrefixes returns cfg with the keys of router.prefix_affinity
-// a reload applies set to the running values: slack while prefix affinity
-// is on, and peers and share_interval while the replica shares (it was
-// started with peers or an address to advertise). The config equals old
-// when nothing else changed.
+// a reload applies set to the running values: slack; peers and
+// share_interval while the replica shares (it was started with peers or
+// an address to advertise); enabled and the table's keys (table_size,
+// block_bytes, max_blocks) while it does not (a sharing replica's table
+// is the one it journals to its peers, keyed by the block size they
+// share). The config equals old when nothing else changed.
 func (r *Router) reloadablePrefixes(old, cfg config.PrefixAffinity) config.PrefixAffinity {
-	if r.Prefixes != nil {
-		cfg.Slack = old.Slack
-	}
+	cfg.Slack = old.Slack
 	if r.PrefixShare != nil {
 		cfg.Peers, cfg.ShareInterval = old.Peers, old.ShareInterval
+	} else {
+		cfg.Enabled, cfg.TableSize, cfg.BlockBytes, cfg.MaxBlocks = old.Enabled, old.TableSize, old.BlockBytes, old.MaxBlocks
 	}
 	return cfg
+}
+
+// applyPrefixTable gives routing a new, empty prefix table (none: prefix
+// affinity off) when prefix affinity was turned on or off, or its table's
+// keys changed, and says what changed. Its records are lost: a prompt's
+// next request is keyed anew. The caller holds reloadMu, and the replica
+// does not share (reloadablePrefixes).
+func (r *Router) applyPrefixTable(old, pa config.PrefixAffinity) (applied []string) {
+	if pa.Enabled == old.Enabled && (!pa.Enabled ||
+		pa.TableSize == old.TableSize && pa.BlockBytes == old.BlockBytes && pa.MaxBlocks == old.MaxBlocks) {
+		return nil
+	}
+	t := prefixTable(pa)
+	r.prefixes.Store(t)
+	r.Selector.Reroute(func(rt *dataplane.Routing) {
+		rt.Prefixes, rt.PrefixBlock, rt.PrefixBlocks = t, pa.BlockBytes, pa.MaxBlocks
+	})
+	if !pa.Enabled {
+		return []string{"router.prefix_affinity.enabled=false"}
+	}
+	return []string{fmt.Sprintf("router.prefix_affinity.enabled=true table_size=%d block_bytes=%d max_blocks=%d (a new, empty table)",
+		pa.TableSize, pa.BlockBytes, pa.MaxBlocks)}
 }
 
 // reloadWorkers brings the registry from the old config's workers to the

@@ -52,10 +52,8 @@ type Router struct {
 	// Responses holds where each stored response of the Responses API is
 	// (storedResponses).
 	Responses *affinity.Table
-	// Prefixes is nil while router.prefix_affinity is off.
-	Prefixes *affinity.Prefixes
-	// PrefixShare sends what Prefixes records anew to the peer replicas;
-	// nil without peers or an address to advertise.
+	// PrefixShare sends what the prefix table (Prefixes) records anew to
+	// the peer replicas; nil without peers or an address to advertise.
 	PrefixShare *prefixshare.Loop
 	Metrics     *metrics.Set
 	// APIKeys are the keys clients present (api_keys_file); none while it
@@ -83,15 +81,16 @@ type Router struct {
 	*tlsState                             // what the TLS files hold, as the start's check read them
 	ctx                   context.Context // the loops': Close cancels it
 	cancel                context.CancelFunc
-	engines               atomic.Pointer[engineLoop] // nil while telemetry.engine is off
-	engineFallbacks       atomic.Uint64              // those of the engine scrapes stopped (stopEngines)
-	weights               atomic.Pointer[weightLoop] // nil while telemetry's nvml and cpu are off
-	weightFallbacks       metrics.Counter            // the weight loops', one after another
-	loops                 sync.WaitGroup             // health and telemetry goroutines
-	drainSweep            *every.Period              // how often drained workers are swept: health.interval
-	keyShare              *running                   // the API keys' use shared on etcd (shareKeyUsage); nil: not shared. Under reloadMu
-	keyShareSelf          string                     // this replica's key there
-	logFormat             func(string)               // sets log.format (FormatLogsWith); nil: a restart's
+	engines               atomic.Pointer[engineLoop]        // nil while telemetry.engine is off
+	engineFallbacks       atomic.Uint64                     // those of the engine scrapes stopped (stopEngines)
+	weights               atomic.Pointer[weightLoop]        // nil while telemetry's nvml and cpu are off
+	weightFallbacks       metrics.Counter                   // the weight loops', one after another
+	loops                 sync.WaitGroup                    // health and telemetry goroutines
+	drainSweep            *every.Period                     // how often drained workers are swept: health.interval
+	prefixes              atomic.Pointer[affinity.Prefixes] // the prefix table; nil while router.prefix_affinity is off
+	keyShare              *running                          // the API keys' use shared on etcd (shareKeyUsage); nil: not shared. Under reloadMu
+	keyShareSelf          string                            // this replica's key there
+	logFormat             func(string)                      // sets log.format (FormatLogsWith); nil: a restart's
 }
 
 // Start validates cfg, registers its workers and opens both listeners.
@@ -231,17 +230,18 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.metricsPublic.Store(cfg.MetricsPublic)
 	r.workerKey.Set(cfg.WorkerAPIKey)
 	pa := cfg.Router.PrefixAffinity
+	prefixes := prefixTable(pa)
+	r.prefixes.Store(prefixes)
 	if pa.Enabled {
-		r.Prefixes = affinity.NewPrefixes(pa.TableSize)
 		if len(pa.Peers) > 0 || pa.Advertise != "" {
-			r.Prefixes.Share(prefixshare.JournalKeys)
-			r.PrefixShare = prefixshare.New(prefixshare.Options{Prefixes: r.Prefixes, Peers: pa.Peers, Self: pa.Advertise,
+			prefixes.Share(prefixshare.JournalKeys)
+			r.PrefixShare = prefixshare.New(prefixshare.Options{Prefixes: prefixes, Peers: pa.Peers, Self: pa.Advertise,
 				Token: &r.adminToken, Interval: pa.ShareInterval, Timeout: max(time.Second, pa.ShareInterval), TLS: r.adminCert.peerConfig(r.peerRoots), Logger: log})
 			r.Metrics.Register(r.PrefixShare.Collector())
 		}
 	}
 	rt := dataplane.Routing{Sessions: r.Sessions, EmbedCache: embedCache(cfg.Router.EmbeddingCacheSize), Responses: r.Responses,
-		Prefixes: r.Prefixes, PrefixSlack: int64(pa.Slack), PrefixBlock: pa.BlockBytes, PrefixBlocks: pa.MaxBlocks,
+		Prefixes: prefixes, PrefixSlack: int64(pa.Slack), PrefixBlock: pa.BlockBytes, PrefixBlocks: pa.MaxBlocks,
 		DecodePrefills: cfg.Router.Disaggregation.Protocol == config.DisaggVLLM}
 	routingKnobs(cfg, &rt)
 	sel.SetRouting(rt)
@@ -302,7 +302,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		Handler: admin.Handler(admin.Options{Registry: reg, Metrics: r.Metrics, Token: &r.adminToken,
 			MetricsPublic: &r.metricsPublic, Logger: log, Reload: r.ReloadFromSource, Probe: r.probeSoon,
 			Config:   func() ([]byte, error) { return r.CurrentConfig().RedactedYAML() },
-			Describe: r.describe, Drain: r.drainWorker, SetDown: r.setWorkerDown, LearnPrefixes: r.learnPrefixes(), APIKeys: &r.APIKeys,
+			Describe: r.describe, Drain: r.drainWorker, SetDown: r.setWorkerDown, LearnPrefixes: r.learnPrefixes, APIKeys: &r.APIKeys,
 			WritesRefused: r.writesRefused,
 			Changed:       r.saveState}),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -359,17 +359,29 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	return r, nil
 }
 
-// learnPrefixes returns what takes in a peer replica's prefix records
-// (POST /prefixes on the admin listener); nil while prefix affinity is off.
-func (r *Router) learnPrefixes() func(records []byte) (int, error) {
-	if r.Prefixes == nil {
+// learnPrefixes takes in a peer replica's prefix records (POST /prefixes
+// on the admin listener): admin.ErrPrefixAffinityOff while prefix affinity
+// is off.
+func (r *Router) learnPrefixes(records []byte) (int, error) {
+	t := r.prefixes.Load()
+	if t == nil {
+		return 0, admin.ErrPrefixAffinityOff
+	}
+	n, err := t.Learn(records)
+	r.prefixLearned.Add(uint64(n))
+	return n, err
+}
+
+// Prefixes returns the prefix table routing reads (router.prefix_affinity),
+// nil while prefix affinity is off.
+func (r *Router) Prefixes() *affinity.Prefixes { return r.prefixes.Load() }
+
+// prefixTable is a new, empty table of pa's size, nil while pa is off.
+func prefixTable(pa config.PrefixAffinity) *affinity.Prefixes {
+	if !pa.Enabled {
 		return nil
 	}
-	return func(records []byte) (int, error) {
-		n, err := r.Prefixes.Learn(records)
-		r.prefixLearned.Add(uint64(n))
-		return n, err
-	}
+	return affinity.NewPrefixes(pa.TableSize)
 }
 
 // PrefixesLearned returns how many prefix records this router took in

@@ -65,6 +65,10 @@ type WorkerInfo struct {
 	ResidentLoRAs []string `json:"resident_loras"`
 }
 
+// ErrPrefixAffinityOff is what Options.LearnPrefixes returns while prefix
+// affinity is off: POST /prefixes answers 409.
+var ErrPrefixAffinityOff = errors.New("prefix affinity is off on this router")
+
 // Options configures the admin handler.
 type Options struct {
 	Registry *dataplane.Registry
@@ -97,7 +101,8 @@ type Options struct {
 	SetDown func(id uint64, down bool) (changed bool, err error)
 	// LearnPrefixes takes in a peer replica's prefix records (POST
 	// /prefixes, affinity.AppendPrefixRecord's format) and says how many
-	// it read; nil while prefix affinity is off (409).
+	// it read; nil, or ErrPrefixAffinityOff, while prefix affinity is off
+	// (409).
 	LearnPrefixes func(records []byte) (int, error)
 	// APIKeys are the clients' keys GET /api_keys describes (their names,
 	// options and counts, never a key); nil or off: an empty list.
@@ -339,7 +344,7 @@ func routes(o Options) *http.ServeMux {
 	})
 	mux.HandleFunc("POST "+prefixshare.Path, func(w http.ResponseWriter, r *http.Request) {
 		if o.LearnPrefixes == nil {
-			writeError(w, http.StatusConflict, "prefix affinity is off on this router")
+			writeError(w, http.StatusConflict, ErrPrefixAffinityOff.Error())
 			return
 		}
 		records, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWriteBody))
@@ -351,7 +356,10 @@ func routes(o Options) *http.ServeMux {
 			writeError(w, http.StatusBadRequest, "reading the prefix records: "+err.Error())
 			return
 		}
-		if _, err := o.LearnPrefixes(records); err != nil {
+		if _, err := o.LearnPrefixes(records); errors.Is(err, ErrPrefixAffinityOff) {
+			writeError(w, http.StatusConflict, err.Error())
+			return
+		} else if err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
