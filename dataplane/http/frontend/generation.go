@@ -108,10 +108,6 @@ func (l generationListener) Accept() (net.Conn, error) {
 	}
 }
 
-// ClientLimits returns the bounds of the connections handed to fasthttp
-// from now on.
-func (s *Server) ClientLimits() ClientLimits { return s.current.Load().limits }
-
 // SetClientLimits bounds the client connections handed to fasthttp from
 // now on by l: the new ones, and those that a stream gives back or that
 // wait for their next request in the gate, once it comes. A connection
