@@ -310,9 +310,9 @@ func (r RealIP) check() error {
 // checked against CAFile's PEM certificates (default: the system's roots)
 // for the url's host, or ServerName when set (also sent as SNI), unless
 // InsecureSkipVerify. CertFile and KeyFile are the router's client
-// certificate, for workers that ask for one (mutual TLS); a reload reads
-// them again, while a new CAFile, ServerName or InsecureSkipVerify waits
-// for a restart.
+// certificate, for workers that ask for one (mutual TLS). A reload reads
+// the files again and applies them, a new ServerName and
+// InsecureSkipVerify to the next connections.
 type WorkerTLS struct {
 	CAFile             string `yaml:"ca_file"`
 	CertFile           string `yaml:"cert_file"`
