@@ -21,19 +21,19 @@ import (
 // busy_threshold, cpu_ratio, retries and their budget, prefix affinity's
 // slack, and its peers and share interval on a replica that shares, or
 // its table (turned on or off too: applyPrefixTable) on one that does not
-// (reloadablePrefixes), the routing knobs:
-// routingKnobs, session affinity's TTL, the phases' pickers, and the
-// embedding cache's size: a new, empty table), the front end's policy
+// (reloadablePrefixes), the routing knobs: routingKnobs, session
+// affinity's TTL, the phases' pickers, and the embedding cache's size: a
+// new, empty table), the front end's policy
 // (frontendPolicy: the limits of an exchange with a worker among them), a
 // client connection's own limits (SetClientLimits: the connections handed
 // to fasthttp from then on), the listener's bound on open connections and
 // its PROXY protocol headers, the wait queue (turned on or off too),
-// health's keys (its thresholds and
-// ejections, the probes' interval, timeout and path), the GPU/CPU readers
-// (turned on or off too: applyWeights), the engine scrapes (turned on or off
-// too: applyEngines), log format (FormatLogsWith), DNS discovery's names and
-// interval, the secrets and the clients' API keys (read again from their
-// files or the environment), the certificates and revocation lists (tls,
+// health's keys (its thresholds and ejections, the probes' interval,
+// timeout and path), the GPU/CPU readers (turned on or off too:
+// applyWeights), the engine scrapes (turned on or off too: applyEngines),
+// log format (FormatLogsWith), DNS discovery's names and interval, the
+// secrets and the clients' API keys (read again from their files or the
+// environment), the certificates and revocation lists (tls,
 // turned on or off too: applyListenerTLS, admin_tls: its certificate and
 // CAs, turned on or off too unless the replica advertises itself,
 // worker_tls's client certificate and the way workers' certificates are
@@ -43,9 +43,8 @@ import (
 // metrics_public and the shutdown keys. A config that fails validation is
 // refused with the same error as at start, and nothing changes. A key a
 // running router cannot change (a listener, a table's size), or one whose
-// field that
-// cannot change changed beside those that can (which holds the whole key
-// back), is named in needRestart and keeps its old value.
+// field that cannot change changed beside those that can (which holds the
+// whole key back), is named in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
