@@ -109,6 +109,59 @@ func TestSetTTLAppliesToTheNextSweep(t *testing.T) {
 	assert.Equal(t, time.Second, tb.TTL())
 }
 
+// A new bound applies as if the table had been made with it: shrunk, the
+// sessions created more than the bound ago go at once; grown, the next
+// sessions evict by the larger bound, and concurrent puts keep the count
+// exact (race detector).
+func TestSetMaxSessionsResizesTheBound(t *testing.T) {
+	tb, _ := newTable(time.Hour, 10)
+	for i := range 8 {
+		tb.Put(fmt.Appendf(nil, "s%d", i), Pin{Worker: 1})
+	}
+	tb.Drop([]byte("s6"))
+	tb.SetMaxSessions(3) // s5, s6 (dropped) and s7 were created last
+	assert.Equal(t, 2, tb.Len())
+	for _, id := range []string{"s5", "s7"} {
+		_, st := tb.Get([]byte(id))
+		assert.Equal(t, Pinned, st, id)
+	}
+	evicted, _ := tb.Evictions()
+	assert.EqualValues(t, 5, evicted)
+	tb.Put([]byte("s8"), Pin{Worker: 1}) // evicts s5, created 3 earlier
+	tb.Put([]byte("s9"), Pin{Worker: 1}) // s6's slot: gone already
+	_, st := tb.Get([]byte("s5"))
+	assert.Equal(t, Missing, st)
+	assert.Equal(t, 3, tb.Len(), "s7, s8, s9")
+
+	tb.SetMaxSessions(5)
+	for i := 10; i < 12; i++ {
+		tb.Put(fmt.Appendf(nil, "s%d", i), Pin{Worker: 1})
+	}
+	assert.Equal(t, 5, tb.Len(), "grown: nothing evicted yet")
+	tb.Put([]byte("s12"), Pin{Worker: 1})
+	_, st = tb.Get([]byte("s7"))
+	assert.Equal(t, Missing, st, "s7 was created 5 sessions before s12")
+	assert.Equal(t, 5, tb.Len())
+
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 500 {
+				tb.Put(fmt.Appendf(nil, "g%d-%d", g, i), Pin{Worker: 1})
+			}
+		})
+	}
+	for i := range 20 {
+		tb.SetMaxSessions(50 + i%3*25)
+	}
+	wg.Wait()
+	tb.SetMaxSessions(40)
+	n := 0
+	tb.m.Range(func(uint64, *session) bool { n++; return true })
+	assert.Equal(t, n, tb.Len(), "the count follows the table")
+	assert.LessOrEqual(t, n, 40+4, "the bound, but for sessions created while it was set")
+}
+
 func TestMaxSessionsEvictsTheOldestCreated(t *testing.T) {
 	tb, _ := newTable(time.Hour, 3)
 	for i := 0; i < 5; i++ {

@@ -70,14 +70,14 @@ type Options struct {
 // not call time.Now. Expiry is done by Tick (run it with Run), never on the
 // request path. The size bound is a ring of the sessions in creation order:
 // creating a session beyond MaxSessions evicts the one created MaxSessions
-// sessions earlier, if it is still there.
+// sessions earlier, if it is still there (SetMaxSessions resizes it).
 type Table struct {
 	opts    Options
 	ttl     atomic.Int64  // nanoseconds: opts.TTL until SetTTL
 	sweep   *every.Period // how often Run ticks: sweepEvery(ttl)
 	m       *xsync.MapOf[uint64, *session]
-	ring    []atomic.Uint64 // session hashes by creation slot
-	next    atomic.Uint64   // next creation slot
+	ring    atomic.Pointer[[]atomic.Uint64] // session hashes by creation slot, as many as the bound
+	next    atomic.Uint64                   // next creation slot
 	size    atomic.Int64
 	clock   atomic.Int64 // unix nanoseconds of the last Tick
 	evicted atomic.Uint64
@@ -101,8 +101,9 @@ func NewTable(opts Options) *Table {
 	if opts.MaxSessions <= 0 {
 		opts.MaxSessions = 100000
 	}
-	t := &Table{opts: opts, m: xsync.NewMapOfWithHasher[uint64, *session](rehash), ring: make([]atomic.Uint64, opts.MaxSessions),
-		sweep: every.NewPeriod(sweepEvery(opts.TTL))}
+	t := &Table{opts: opts, m: xsync.NewMapOfWithHasher[uint64, *session](rehash), sweep: every.NewPeriod(sweepEvery(opts.TTL))}
+	ring := make([]atomic.Uint64, opts.MaxSessions)
+	t.ring.Store(&ring)
 	t.ttl.Store(int64(opts.TTL))
 	t.clock.Store(opts.Now().UnixNano())
 	return t
@@ -117,6 +118,30 @@ func (t *Table) SetTTL(d time.Duration) {
 	}
 	t.ttl.Store(int64(d))
 	t.sweep.Set(sweepEvery(d))
+}
+
+// SetMaxSessions bounds the table at n sessions (n > 0) from now on, as
+// if it had been made with it: the sessions created more than n sessions
+// ago are evicted at once (counted as max_sessions evictions), and each
+// session created next evicts the one created n earlier. It runs off the
+// request path (a reload): a session created while it runs may escape the
+// bound (its TTL still expires it).
+func (t *Table) SetMaxSessions(n int) {
+	if n <= 0 || n == len(*t.ring.Load()) {
+		return
+	}
+	ring := make([]atomic.Uint64, n)
+	next := t.next.Load()
+	t.m.Range(func(h uint64, s *session) bool {
+		if s.slot+uint64(n) >= next { // among the n created last: its place in the new ring
+			ring[s.slot%uint64(n)].Store(h)
+		} else {
+			slot := s.slot
+			t.deleteIf(h, func(s *session) bool { return s.slot == slot }, &t.evicted)
+		}
+		return true
+	})
+	t.ring.Store(&ring)
 }
 
 // TTL is the idle time after which a pin expires.
@@ -174,8 +199,9 @@ func (t *Table) Put(id []byte, p Pin) {
 // evictFor records slot's session in the ring and removes the session that
 // held the slot one ring length earlier, if it is still in the table.
 func (t *Table) evictFor(slot, h uint64) {
-	n := uint64(len(t.ring))
-	old := t.ring[slot%n].Swap(h)
+	ring := *t.ring.Load()
+	n := uint64(len(ring))
+	old := ring[slot%n].Swap(h)
 	if old == 0 || slot < n {
 		return
 	}

@@ -22,8 +22,8 @@ import (
 // slack, and its peers and share interval on a replica that shares, or
 // its table (turned on or off too: applyPrefixTable) on one that does not
 // (reloadablePrefixes), the routing knobs: routingKnobs, session
-// affinity's TTL, the phases' pickers, and the embedding cache's size: a
-// new, empty table), the front end's policy
+// affinity's TTL and bound (SetMaxSessions), the phases' pickers, and the
+// embedding cache's size: a new, empty table), the front end's policy
 // (frontendPolicy: the limits of an exchange with a worker among them), a
 // client connection's own limits (SetClientLimits: the connections handed
 // to fasthttp from then on), the listener's bound on open connections and
@@ -42,7 +42,8 @@ import (
 // the router runs with etcd), aliases, mirrors, tracing's sample ratio,
 // metrics_public and the shutdown keys. A config that fails validation is
 // refused with the same error as at start, and nothing changes. A key a
-// running router cannot change (a listener, a table's size), or one whose
+// running router cannot change (a listener, disaggregation's protocol,
+// etcd discovery), or one whose
 // field that cannot change changed beside those that can (which holds the
 // whole key back), is named in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
@@ -110,10 +111,8 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// headers changed too.
 	tracingApplies := old.Tracing.OTLPEndpoint == cfg.Tracing.OTLPEndpoint && old.Tracing.ServiceName == cfg.Tracing.ServiceName &&
 		maps.Equal(old.Tracing.Headers, cfg.Tracing.Headers)
-	// Session affinity's mode, header and TTL apply unless the table's
-	// size changed too; disaggregation's pickers, bounds and fallback unless
-	// its protocol did.
-	affinityApplies := old.Router.SessionAffinity.MaxSessions == cfg.Router.SessionAffinity.MaxSessions
+	// Disaggregation's pickers, bounds and fallback apply unless its
+	// protocol changed too.
 	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
 	// discovery.dns's names and interval apply while the router looks names
 	// up and will go on (a list emptied turns it off: a restart) and nothing
@@ -132,7 +131,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"admin_tls":               adminTLSApplies,
 		"pid_file":                old.PIDFile == cfg.PIDFile,
 		"state_file":              old.StateFile == cfg.StateFile,
-		"router.session_affinity": affinityApplies,
 		"router.prefix_affinity":  prefixesApply,
 		"router.disaggregation":   disaggApplies,
 		"discovery":               dnsRoundsApply,
@@ -247,8 +245,8 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			keyChange{"limits.write_timeout", ol.WriteTimeout == nl.WriteTimeout, nl.WriteTimeout},
 			keyChange{"limits.idle_timeout", ol.IdleTimeout == nl.IdleTimeout, nl.IdleTimeout})...)
 	}
-	if changed := routingChanges(old, cfg, affinityApplies, disaggApplies); len(changed) > 0 {
-		routed := routedConfig(old, cfg, affinityApplies, disaggApplies)
+	if changed := routingChanges(old, cfg, disaggApplies); len(changed) > 0 {
+		routed := routedConfig(old, cfg, disaggApplies)
 		d := routed.Router.Disaggregation
 		if err := r.Selector.SetPhaseModes(d.PrefillMode, d.DecodeMode); err != nil {
 			return nil, needRestart, err // Validate checked them: not reached
@@ -256,7 +254,11 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Selector.Reroute(func(rt *dataplane.Routing) { routingKnobs(routed, rt) })
 		applied = append(applied, changed...)
 	}
-	if ttl := cfg.Router.SessionAffinity.TTL; affinityApplies && ttl != old.Router.SessionAffinity.TTL {
+	if n := cfg.Router.SessionAffinity.MaxSessions; n != old.Router.SessionAffinity.MaxSessions {
+		r.Sessions.SetMaxSessions(n)
+		applied = append(applied, fmt.Sprintf("router.session_affinity.max_sessions=%d", n))
+	}
+	if ttl := cfg.Router.SessionAffinity.TTL; ttl != old.Router.SessionAffinity.TTL {
 		r.Sessions.SetTTL(ttl)
 		applied = append(applied, fmt.Sprintf("router.session_affinity.ttl=%v", ttl))
 	}
@@ -333,7 +335,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		next.Discovery = cfg.Discovery
 	}
 	next.Telemetry = cfg.Telemetry
-	next.Router = routedConfig(next, cfg, affinityApplies, disaggApplies).Router
+	next.Router = routedConfig(next, cfg, disaggApplies).Router
 	next.WorkerTLS = cfg.WorkerTLS
 	if adminTLSApplies {
 		next.AdminTLS = cfg.AdminTLS
@@ -431,15 +433,14 @@ func policyChanges(old, cfg config.Config) []string {
 }
 
 // routingChanges says which keys routingKnobs and the phases' pickers
-// read differ between old and cfg, where they apply (affinity: session
-// affinity's mode and header; disagg: disaggregation's pickers, bounds and
-// fallback).
-func routingChanges(old, cfg config.Config, affinity, disagg bool) []string {
+// read differ between old and cfg, where they apply (disagg:
+// disaggregation's pickers, bounds and fallback).
+func routingChanges(old, cfg config.Config, disagg bool) []string {
 	oa, na := old.Router.SessionAffinity, cfg.Router.SessionAffinity
 	od, nd := old.Router.Disaggregation, cfg.Router.Disaggregation
 	return changes(
-		keyChange{"router.session_affinity.mode", !affinity || oa.Mode == na.Mode, na.Mode},
-		keyChange{"router.session_affinity.header", !affinity || oa.Header == na.Header, na.Header},
+		keyChange{"router.session_affinity.mode", oa.Mode == na.Mode, na.Mode},
+		keyChange{"router.session_affinity.header", oa.Header == na.Header, na.Header},
 		keyChange{"router.lora_placement", old.Router.LoRAPlacement == cfg.Router.LoRAPlacement, cfg.Router.LoRAPlacement},
 		keyChange{"router.disaggregation.prefill_mode", !disagg || od.PrefillMode == nd.PrefillMode, nd.PrefillMode},
 		keyChange{"router.disaggregation.decode_mode", !disagg || od.DecodeMode == nd.DecodeMode, nd.DecodeMode},
@@ -457,10 +458,8 @@ func withDNSRounds(d config.Discovery, dns config.DNS) config.Discovery {
 
 // routedConfig is old with the keys routingChanges compares taken from
 // cfg where they apply.
-func routedConfig(old, cfg config.Config, affinity, disagg bool) config.Config {
-	if affinity {
-		old.Router.SessionAffinity = cfg.Router.SessionAffinity
-	}
+func routedConfig(old, cfg config.Config, disagg bool) config.Config {
+	old.Router.SessionAffinity = cfg.Router.SessionAffinity
 	old.Router.LoRAPlacement = cfg.Router.LoRAPlacement
 	if disagg {
 		old.Router.Disaggregation = cfg.Router.Disaggregation

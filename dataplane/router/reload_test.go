@@ -42,7 +42,7 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	next.Router.Mode, next.Router.Retries = pickers.ModeLeastLoaded, 1
 	next.Limits.MaxBodyBytes = 1 << 20
 	next.Router.Queue.Size, next.Router.RetryStatuses = 8, []int{503}
-	next.Router.SessionAffinity.MaxSessions = 5
+	next.Listen = "127.0.0.1:1"
 	next.ShutdownDelay, next.PIDFile = 5*time.Second, "/run/fastroute.pid"
 	code, body := adminDo(t, f, "POST", "/config/reload", "", "s3cret")
 	require.Equal(t, http.StatusOK, code, body)
@@ -51,7 +51,7 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	assert.Equal(t, []string{"router.mode=least-loaded router.busy_threshold=64 router.cpu_ratio=8", "router.retries=1",
 		"router.retry_statuses=[503]", "limits.max_body_bytes=1048576", "router.queue.size=8 router.queue.timeout=30s", "shutdown_delay=5s", "worker 1 removed (draining)",
 		"worker 2 replaced", "worker 3 added"}, answer.Applied)
-	assert.Equal(t, []string{"pid_file", "router.session_affinity"}, answer.NeedRestart)
+	assert.Equal(t, []string{"listen", "pid_file"}, answer.NeedRestart)
 	assert.Equal(t, 5*time.Second, f.r.CurrentConfig().ShutdownDelay)
 	assert.Contains(t, logs.String(), `msg="config reloaded"`)
 	_, two := adminDo(t, f, "GET", "/workers/2", "", "s3cret")

@@ -331,8 +331,7 @@ func TestUnheldAdaptersArePlacedAlikeByReplicas(t *testing.T) {
 }
 
 // A reload changes session affinity's header and mode for the next
-// request, its TTL from the next sweep; its table's size waits for a
-// restart, holding the key back.
+// request, its table's bound at once, and its TTL from the next sweep.
 func TestAReloadChangesSessionAffinity(t *testing.T) {
 	f := startFleet(t, mocks(3, 1, 0), affinityMode("soft"))
 	workers := func(header string) map[string]bool {
@@ -357,23 +356,26 @@ func TestAReloadChangesSessionAffinity(t *testing.T) {
 	assert.Equal(t, []string{"router.session_affinity.mode=off"}, applied)
 	assert.Len(t, workers("x-conversation"), 3, "off: round robin again")
 
+	// The table's bound applies too: the sessions created more than it
+	// ago go at once, and each new one evicts by it.
 	next.Router.SessionAffinity.Mode, next.Router.SessionAffinity.MaxSessions = "soft", 10
 	applied, needRestart, err = f.r.Reload(next)
 	require.NoError(t, err)
-	assert.Empty(t, applied)
-	assert.Equal(t, []string{"router.session_affinity"}, needRestart)
-	assert.Len(t, workers("x-conversation"), 3, "held back with the table's size")
-	assert.Equal(t, "off", f.r.CurrentConfig().Router.SessionAffinity.Mode)
+	assert.Equal(t, []string{"router.session_affinity.mode=soft", "router.session_affinity.max_sessions=10"}, applied)
+	assert.Empty(t, needRestart)
+	assert.Len(t, workers("x-conversation"), 1, "pinned again")
+	for i := range 12 {
+		f.servedBy("/v1/chat/completions", chatBody, "x-conversation", fmt.Sprintf("c%d", i))
+	}
+	assert.Equal(t, 10, f.r.Sessions.Len(), "the reload's bound")
+	next.Router.SessionAffinity.MaxSessions = 4
+	applied, _, err = f.r.Reload(next)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"router.session_affinity.max_sessions=4"}, applied)
+	assert.Equal(t, 4, f.r.Sessions.Len(), "shrunk at once")
 
 	// The TTL applies from the next sweep: the idle pins of a ten-minute
 	// one go within a sweep of a 200 ms one (swept every 100 ms).
-	next.Router.SessionAffinity.MaxSessions = f.r.CurrentConfig().Router.SessionAffinity.MaxSessions
-	applied, needRestart, err = f.r.Reload(next)
-	require.NoError(t, err)
-	assert.Equal(t, []string{"router.session_affinity.mode=soft"}, applied)
-	assert.Empty(t, needRestart)
-	assert.Len(t, workers("x-conversation"), 1, "pinned again")
-	require.Equal(t, 1, f.r.Sessions.Len())
 	next.Router.SessionAffinity.TTL = 200 * time.Millisecond
 	applied, needRestart, err = f.r.Reload(next)
 	require.NoError(t, err)
