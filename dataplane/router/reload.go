@@ -2,7 +2,7 @@ package router
 
 import (
 	"fmt"
-	"maps"
+	"net/url"
 	"os"
 	"reflect"
 	"slices"
@@ -11,6 +11,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane/aliases"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/mirrors"
+	"github.com/fastroute/fastroute/dataplane/tracing"
 )
 
 // Reload applies a new config to the running router, for the requests and
@@ -39,7 +40,8 @@ import (
 // worker_tls's client certificate and the way workers' certificates are
 // checked: read again), the API keys' sharing interval (the share
 // started, stopped or started again: stopKeyShare, shareKeyUsage, where
-// the router runs with etcd), aliases, mirrors, tracing's sample ratio,
+// the router runs with etcd), aliases, mirrors, tracing (its sample
+// ratio, its collector, turned on or off too: Tracer.Configure),
 // metrics_public and the shutdown keys. A config that fails validation is
 // refused with the same error as at start, and nothing changes. A key a
 // running router cannot change (a listener, disaggregation's protocol,
@@ -107,10 +109,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	// Prefix affinity's slack and peers apply unless another of its keys
 	// changed too: that one waits for a restart, and the whole key with it.
-	// Tracing's sample ratio applies unless its endpoint, service or
-	// headers changed too.
-	tracingApplies := old.Tracing.OTLPEndpoint == cfg.Tracing.OTLPEndpoint && old.Tracing.ServiceName == cfg.Tracing.ServiceName &&
-		maps.Equal(old.Tracing.Headers, cfg.Tracing.Headers)
 	// Disaggregation's pickers, bounds and fallback apply unless its
 	// protocol changed too.
 	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
@@ -135,7 +133,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"router.disaggregation":   disaggApplies,
 		"discovery":               dnsRoundsApply,
 		"log.format":              old.Log.Format == cfg.Log.Format || r.logFormat != nil,
-		"tracing":                 tracingApplies,
 	} {
 		if !same {
 			needRestart = append(needRestart, key)
@@ -175,9 +172,11 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			applied = append(applied, fmt.Sprintf("router.prefix_affinity.share_interval=%v", pa.ShareInterval))
 		}
 	}
-	if tracingApplies && r.Tracer != nil && cfg.Tracing.SampleRatio != old.Tracing.SampleRatio {
-		r.Tracer.SetSampleRatio(cfg.Tracing.SampleRatio)
-		applied = append(applied, fmt.Sprintf("tracing.sample_ratio=%g", cfg.Tracing.SampleRatio))
+	if !reflect.DeepEqual(cfg.Tracing, old.Tracing) {
+		if err := r.Tracer.Configure(cfg.Tracing); err != nil {
+			return nil, needRestart, err // Validate checked it: not reached
+		}
+		applied = append(applied, tracingChange(old.Tracing, cfg.Tracing))
 	}
 	if !reflect.DeepEqual(cfg.ModelAliases, old.ModelAliases) {
 		t, err := aliases.New(cfg.ModelAliases)
@@ -326,9 +325,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next.ProxyProtocol = cfg.ProxyProtocol
 	next.ModelAliases, next.ModelMirrors = cfg.ModelAliases, cfg.ModelMirrors
 	next.TLS = cfg.TLS
-	if tracingApplies {
-		next.Tracing = cfg.Tracing
-	}
+	next.Tracing = cfg.Tracing
 	next.Health = cfg.Health
 	next.Router.Queue = cfg.Router.Queue
 	if dnsRoundsApply {
@@ -482,6 +479,21 @@ func (r *Router) reloadablePrefixes(old, cfg config.PrefixAffinity) config.Prefi
 		cfg.Enabled, cfg.TableSize, cfg.BlockBytes, cfg.MaxBlocks = old.Enabled, old.TableSize, old.BlockBytes, old.MaxBlocks
 	}
 	return cfg
+}
+
+// tracingChange says what a reload changed in tracing: its sample ratio,
+// or its collector (the endpoint's password and the headers' values left
+// out), or that it turned off.
+func tracingChange(old, t tracing.Config) string {
+	switch {
+	case !t.On():
+		return "tracing off"
+	case old.On() && tracing.SameCollector(old, t):
+		return fmt.Sprintf("tracing.sample_ratio=%g", t.SampleRatio)
+	}
+	endpoint, _ := url.Parse(t.OTLPEndpoint) // Validate checked it
+	return fmt.Sprintf("tracing to %s (service_name %s, %d headers, sample_ratio %g)",
+		endpoint.Redacted(), t.ServiceName, len(t.Headers), t.SampleRatio)
 }
 
 // applyPrefixTable gives routing a new, empty prefix table (none: prefix

@@ -63,8 +63,8 @@ type Router struct {
 	Discovery *discovery.Watcher
 	// DNS is nil unless discovery.dns names hosts.
 	DNS *dns.Watcher
-	// Tracer exports the sampled requests' spans; nil unless
-	// tracing.otlp_endpoint is set.
+	// Tracer exports the sampled requests' spans while
+	// tracing.otlp_endpoint is set (a reload turns it on or off).
 	Tracer *tracing.Tracer
 
 	log *slog.Logger
@@ -262,13 +262,11 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		return nil, err // Validate checked them: not reached
 	}
 	fo.WorkerTLS = r.workerTLS
-	if cfg.Tracing.On() {
-		if r.Tracer, err = tracing.New(cfg.Tracing, tracing.Options{Logger: log}); err != nil {
-			return nil, err // Validate checked it: not reached
-		}
-		fo.Tracer = r.Tracer
-		r.Metrics.Register(r.Tracer.Collector())
+	if r.Tracer, err = tracing.New(cfg.Tracing, tracing.Options{Logger: log}); err != nil {
+		return nil, err // Validate checked it: not reached
 	}
+	fo.Tracer = r.Tracer
+	r.Metrics.Register(r.Tracer.Collector())
 	fo.AccessLog = log.With("log", "access")
 	fo.ProxyProtocol = proxyProtocol(cfg.ProxyProtocol)
 	if cfg.TLS.On() {
@@ -351,9 +349,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.keepRegistered(ctx, log)
 	r.shareKeyUsage(cfg.APIKeysShareInterval)
 	r.startDNS(ctx)
-	if r.Tracer != nil {
-		r.Tracer.Start()
-	}
+	r.Tracer.Start()
 	log.Info("fastroute started", "listen", r.Addr(), "admin", r.AdminAddr(),
 		"mode", cfg.Router.Mode, "workers", len(cfg.Workers), "max_connections", r.Frontend.MaxConnections())
 	return r, nil
@@ -461,12 +457,10 @@ func (r *Router) Close() error {
 	defer cancel()
 	err := r.Frontend.Shutdown(ctx)
 	_ = r.ln.Close() // in case Serve had not yet taken the listener
-	if r.Tracer != nil {
-		// The spans still queued, the drained requests' among them.
-		flush, cancel := context.WithTimeout(context.Background(), spanFlushTimeout)
-		defer cancel()
-		r.Tracer.Close(flush)
-	}
+	// The spans still queued, the drained requests' among them.
+	flush, cancelFlush := context.WithTimeout(context.Background(), spanFlushTimeout)
+	defer cancelFlush()
+	r.Tracer.Close(flush)
 	if aerr := r.admin.Close(); aerr != nil && !errors.Is(aerr, http.ErrServerClosed) {
 		err = errors.Join(err, aerr)
 	}

@@ -145,19 +145,13 @@ func TestTracedRequestsReachTheCollector(t *testing.T) {
 	assert.NotContains(t, log, "trace_id="+strings.Repeat("ab", 16), "an untraced request has no trace id")
 	f.assertIdle()
 
-	// A reload applies a new ratio; a new endpoint waits for a restart.
+	// A reload applies a new ratio.
 	next := f.r.CurrentConfig()
 	next.Tracing.SampleRatio = 0
-	next.Tracing.ServiceName = "renamed"
 	applied, needRestart, err := f.r.Reload(next)
 	require.NoError(t, err)
-	assert.NotContains(t, applied, "tracing.sample_ratio=0")
-	assert.Contains(t, needRestart, "tracing")
-	next.Tracing.ServiceName = "router-test"
-	applied, needRestart, err = f.r.Reload(next)
-	require.NoError(t, err)
-	assert.Contains(t, applied, "tracing.sample_ratio=0")
-	assert.NotContains(t, needRestart, "tracing")
+	assert.Equal(t, []string{"tracing.sample_ratio=0"}, applied)
+	assert.Empty(t, needRestart)
 	code, _, _ = f.do("POST", "/v1/chat/completions", chatBody)
 	require.Equal(t, http.StatusOK, code)
 	assert.Empty(t, engine.received()[3].traceparent, "ratio 0: not traced")
@@ -169,6 +163,81 @@ func TestTracedRequestsReachTheCollector(t *testing.T) {
 	require.NoError(t, f.r.Close())
 	spanOf(t, sink, lastTrace)
 	assert.Len(t, sink.Spans(), 4)
+}
+
+// A reload turns tracing on, moves it to another collector (a new
+// endpoint, service name and headers: the spans ended from then on go
+// there, the old collector gets the ones it was sent before), and turns it
+// off: a traceparent passes untouched again, and the spans' metrics go.
+func TestAReloadMovesTracing(t *testing.T) {
+	first, err := otlpsink.Start()
+	require.NoError(t, err)
+	defer first.Close()
+	second, err := otlpsink.Start()
+	require.NoError(t, err)
+	defer second.Close()
+	engine := startEngine(t, traceEngine)
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: engine.URL}}
+	})
+	const clientSpan = "00f067aa0ba902b7"
+	traced := func(trace string) string {
+		t.Helper()
+		code, _, text := f.do("POST", "/v1/chat/completions", chatBody, "traceparent", "00-"+trace+"-"+clientSpan+"-01")
+		require.Equal(t, http.StatusOK, code, text)
+		got := engine.received()
+		return got[len(got)-1].traceparent
+	}
+	reload := func(tc tracing.Config) []string {
+		t.Helper()
+		next := f.r.CurrentConfig()
+		next.Tracing = tc
+		applied, needRestart, err := f.r.Reload(next)
+		require.NoError(t, err)
+		assert.Empty(t, needRestart)
+		assert.Equal(t, tc, f.r.CurrentConfig().Tracing)
+		return applied
+	}
+
+	off := strings.Repeat("a1", 16)
+	assert.Equal(t, "00-"+off+"-"+clientSpan+"-01", traced(off), "off: the traceparent passes untouched")
+	assert.Empty(t, metric(t, f, `fastroute_trace_spans_total{outcome="dropped"}`))
+
+	applied := reload(tracing.Config{OTLPEndpoint: first.URL(), SampleRatio: 1, ServiceName: "router-test"})
+	assert.Equal(t, []string{"tracing to " + first.URL() + " (service_name router-test, 0 headers, sample_ratio 1)"}, applied)
+	on := strings.Repeat("b2", 16)
+	assert.NotContains(t, traced(on), clientSpan, "on: the worker's parent is the router's span")
+	assert.Equal(t, "router-test", spanOf(t, first, on).Service)
+
+	// A new collector, service name and headers; the endpoint's password
+	// is not said.
+	secondURL := strings.Replace(second.URL(), "http://", "http://user:hunter2@", 1)
+	applied = reload(tracing.Config{OTLPEndpoint: secondURL, SampleRatio: 1, ServiceName: "moved",
+		Headers: map[string]string{"Authorization": "Bearer hunter2"}})
+	require.Len(t, applied, 1)
+	assert.Contains(t, applied[0], "tracing to http://user:xxxxx@127.0.0.1:")
+	assert.Contains(t, applied[0], "(service_name moved, 1 headers, sample_ratio 1)")
+	assert.NotContains(t, applied[0], "hunter2")
+	moved := strings.Repeat("c3", 16)
+	assert.NotContains(t, traced(moved), clientSpan)
+	s := spanOf(t, second, moved)
+	assert.Equal(t, "moved", s.Service)
+	assert.Equal(t, "Bearer hunter2", second.Header("Authorization"))
+	_, elsewhere := first.SpanOf(moved)
+	assert.False(t, elsewhere, "the old collector gets no span ended after the reload")
+	assert.Len(t, first.Spans(), 1)
+	require.Eventually(t, func() bool {
+		return metric(t, f, `fastroute_trace_spans_total{outcome="exported"}`) == "2"
+	}, 5*time.Second, 5*time.Millisecond, "the counts run on over the collectors")
+
+	applied = reload(tracing.Config{SampleRatio: 1, ServiceName: "moved"})
+	assert.Equal(t, []string{"tracing off"}, applied)
+	offAgain := strings.Repeat("d4", 16)
+	assert.Equal(t, "00-"+offAgain+"-"+clientSpan+"-01", traced(offAgain), "off again: untouched")
+	assert.Empty(t, metric(t, f, `fastroute_trace_spans_total{outcome="dropped"}`))
+	time.Sleep(300 * time.Millisecond) // past an export interval
+	assert.Len(t, second.Spans(), 1)
+	f.assertIdle()
 }
 
 // Both legs of a split request, and a mirror's copy beside the request

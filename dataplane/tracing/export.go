@@ -59,7 +59,7 @@ type exporter struct {
 	batch []Span
 	enc   *encoder
 
-	exported, dropped, failed metrics.Counter
+	*counts // its Tracer's
 
 	stop    chan struct{}
 	done    chan struct{} // closed once the export goroutine (Start) ended
@@ -68,8 +68,14 @@ type exporter struct {
 	lastLog time.Time // the last failure warned of (the export goroutine's)
 }
 
-func newExporter(url, service string, headers map[string]string, opts Options) *exporter {
-	opts = opts.withDefaults()
+// counts are a Tracer's spans by what became of them, over its exporters.
+type counts struct{ exported, dropped, failed metrics.Counter }
+
+func newCounts() *counts {
+	return &counts{exported: metrics.NewCounter(), dropped: metrics.NewCounter(), failed: metrics.NewCounter()}
+}
+
+func newExporter(url, service string, headers map[string]string, opts Options, c *counts) *exporter {
 	h := http.Header{"Content-Type": {"application/x-protobuf"}}
 	for name, value := range headers {
 		h.Set(name, value)
@@ -78,8 +84,7 @@ func newExporter(url, service string, headers map[string]string, opts Options) *
 		url: url, opts: opts, queue: xsync.NewMPMCQueueOf[Span](opts.QueueSize),
 		// A transport of its own, whose kept connection Close closes.
 		client: &http.Client{Timeout: opts.Timeout, Transport: http.DefaultTransport.(*http.Transport).Clone()}, header: h,
-		batch: make([]Span, 0, opts.BatchSize), enc: newEncoder(service),
-		exported: metrics.NewCounter(), dropped: metrics.NewCounter(), failed: metrics.NewCounter(),
+		batch: make([]Span, 0, opts.BatchSize), enc: newEncoder(service), counts: c,
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
 }
@@ -188,9 +193,13 @@ func (e *statusError) Error() string {
 	return "the collector answered " + http.StatusText(e.status)
 }
 
-// Collector exports the spans' counts and the sample ratio.
+// Collector exports the spans' counts and the sample ratio while tracing
+// is on.
 func (t *Tracer) Collector() metrics.Collector {
 	return func(w *metrics.Writer) {
+		if !t.On() {
+			return
+		}
 		w.Header("fastroute_trace_spans_total", "counter",
 			"Spans of traced requests by what became of them: exported to the collector, dropped for a full queue, failed (the collector did not take them).")
 		w.Sample("fastroute_trace_spans_total", float64(t.exported.Value()), "outcome", "exported")

@@ -10,12 +10,15 @@
 package tracing
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -185,22 +188,99 @@ func (s *Span) AddMove(m Move) {
 // SetModel keeps the request's model name (its first maxModel bytes).
 func (s *Span) SetModel(m []byte) { s.modelLen = uint8(copy(s.model[:], m)) }
 
-// Tracer samples requests and exports their spans.
+// Tracer samples requests and exports their spans. It is off (Configure
+// with a config that is not On) or on, and exports to one collector at a
+// time; the counts of its spans run on over its configurations.
 type Tracer struct {
-	bound atomic.Uint64 // the sample ratio as a bound on a trace id's low 63 bits (sampled)
-	*exporter
+	bound atomic.Uint64            // the sample ratio as a bound on a trace id's low 63 bits (sampled)
+	exp   atomic.Pointer[exporter] // the export of the spans; nil: tracing is off
+	*counts
+	opts    Options
+	started atomic.Bool    // Start was called: a new export starts at once
+	retired sync.WaitGroup // the closes of the exports Configure replaced
+	cfg     Config         // the one Configure applied (its caller's)
 }
 
-// New returns a Tracer exporting to cfg's endpoint, or Check's refusal of
-// cfg; Start starts its export. opts may be zero.
+// New returns a Tracer configured with cfg (Configure), or Check's refusal
+// of cfg; Start starts its export. opts may be zero.
 func New(cfg Config, opts Options) (*Tracer, error) {
-	if key, err := cfg.Check(); err != nil {
-		return nil, fmt.Errorf("tracing.%s: %w", key, err)
+	t := &Tracer{counts: newCounts(), opts: opts.withDefaults()}
+	if err := t.Configure(cfg); err != nil {
+		return nil, err
 	}
-	target, _ := exportURL(cfg.OTLPEndpoint)
-	t := &Tracer{exporter: newExporter(target, cfg.ServiceName, cfg.Headers, opts)}
-	t.SetSampleRatio(cfg.SampleRatio)
 	return t, nil
+}
+
+// Configure applies cfg (a reload's): its sample ratio, and its collector.
+// A config that is not On turns tracing off; a new collector (endpoint,
+// service name or headers) gets the spans ended from then on, in an export
+// of its own. The export it replaces sends the spans it holds in the
+// background, within Options.Timeout (Close waits for it); a span ended
+// as the two change places may be lost. A refused cfg (Check) changes
+// nothing. Calls must not overlap.
+func (t *Tracer) Configure(cfg Config) error {
+	if key, err := cfg.Check(); err != nil {
+		return fmt.Errorf("tracing.%s: %w", key, err)
+	}
+	t.SetSampleRatio(cfg.SampleRatio)
+	if SameCollector(cfg, t.cfg) && (t.exp.Load() != nil) == cfg.On() {
+		t.cfg = cfg
+		return nil
+	}
+	t.cfg = cfg
+	var next *exporter
+	if cfg.On() {
+		target, _ := exportURL(cfg.OTLPEndpoint)
+		next = newExporter(target, cfg.ServiceName, cfg.Headers, t.opts, t.counts)
+		if t.started.Load() {
+			next.Start()
+		}
+	}
+	if prev := t.exp.Swap(next); prev != nil {
+		t.retired.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), t.opts.Timeout)
+			defer cancel()
+			prev.Close(ctx)
+		})
+	}
+	return nil
+}
+
+// SameCollector says a and b export to the same collector the same way:
+// their endpoints, service names and headers are equal.
+func SameCollector(a, b Config) bool {
+	return a.OTLPEndpoint == b.OTLPEndpoint && a.ServiceName == b.ServiceName && maps.Equal(a.Headers, b.Headers)
+}
+
+// On says the Tracer traces: its config is On.
+func (t *Tracer) On() bool { return t.exp.Load() != nil }
+
+// Start starts the export, and those Configure makes from then on: each
+// sends its queued spans every Options.Interval until it is replaced or
+// Close.
+func (t *Tracer) Start() {
+	t.started.Store(true)
+	if e := t.exp.Load(); e != nil {
+		e.Start()
+	}
+}
+
+// Close turns tracing off and sends the spans still queued, the replaced
+// exports' too, within ctx; then it closes the connections kept to the
+// collectors.
+func (t *Tracer) Close(ctx context.Context) {
+	if e := t.exp.Swap(nil); e != nil {
+		e.Close(ctx)
+	}
+	closed := make(chan struct{})
+	go func() {
+		t.retired.Wait()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-ctx.Done():
+	}
 }
 
 // SetSampleRatio sets the share of requests without a traceparent that
@@ -218,7 +298,8 @@ func (t *Tracer) SampleRatio() float64 { return float64(t.bound.Load()) / (1 << 
 func sampled(t TraceID, b uint64) bool { return binary.BigEndian.Uint64(t[8:])>>1 < b }
 
 // Begin decides whether the request whose traceparent header is
-// traceparent (nil: none) is traced, and if so readies s for it: its own
+// traceparent (nil: none) is traced (its caller asks while On), and if so
+// readies s for it: its own
 // span id, in the client's trace when the header is valid and sampled, in
 // a new one otherwise. A valid traceparent that is not sampled leaves the
 // request untraced, whatever the ratio (parent-based sampling); an invalid
@@ -246,5 +327,12 @@ func (t *Tracer) Begin(s *Span, traceparent []byte, start time.Time) bool {
 }
 
 // End queues the finished span s for export: a copy, so s may be reused
-// at once. A full queue drops it (counted).
-func (t *Tracer) End(s *Span) { t.enqueue(s) }
+// at once. A full queue drops it (counted), as does a Tracer turned off
+// since the span began.
+func (t *Tracer) End(s *Span) {
+	if e := t.exp.Load(); e != nil {
+		e.enqueue(s)
+		return
+	}
+	t.dropped.Inc()
+}

@@ -285,6 +285,55 @@ func TestCloseSendsTheQueue(t *testing.T) {
 	assert.Equal(t, uint64(1), failed)
 }
 
+// Configure moves the export to a new collector: the spans ended before
+// go to the old one (its export sends what it holds once replaced, before
+// its interval), those after to the new one with its service name; a new
+// ratio alone keeps the export; a config that is off turns tracing off
+// (End counts a span dropped) and one that is refused changes nothing.
+// The counts run on over the collectors.
+func TestConfigureMovesTheExport(t *testing.T) {
+	first, err := otlpsink.Start()
+	require.NoError(t, err)
+	defer first.Close()
+	second, err := otlpsink.Start()
+	require.NoError(t, err)
+	defer second.Close()
+	tr := newTracer(t, first.URL(), 1, Options{Interval: time.Hour})
+	tr.Start()
+	var s Span
+	end := func() string {
+		require.True(t, tr.On())
+		require.True(t, tr.Begin(&s, nil, time.Now()))
+		tr.End(&s)
+		return hex.EncodeToString(s.Trace[:])
+	}
+	before := end()
+	exp := tr.exp.Load()
+	require.NoError(t, tr.Configure(Config{OTLPEndpoint: first.URL(), SampleRatio: 0.5, ServiceName: "fastroute-test"}))
+	assert.Same(t, exp, tr.exp.Load(), "a new ratio alone keeps the export")
+	assert.InDelta(t, 0.5, tr.SampleRatio(), 1e-9)
+
+	require.NoError(t, tr.Configure(Config{OTLPEndpoint: second.URL(), SampleRatio: 1, ServiceName: "moved"}))
+	require.Eventually(t, func() bool { _, ok := first.SpanOf(before); return ok }, 5*time.Second, 5*time.Millisecond,
+		"the replaced export sends what it holds")
+	after := end()
+	err = tr.Configure(Config{OTLPEndpoint: "grpc://c:4317", SampleRatio: 1, ServiceName: "s"})
+	assert.ErrorContains(t, err, "tracing.otlp_endpoint")
+	require.NoError(t, tr.Configure(Config{SampleRatio: 1}))
+	assert.False(t, tr.On())
+	assert.Empty(t, metrics.Text(tr.Collector()), "off: no metrics")
+	tr.End(&s) // a span begun before tracing turned off
+	tr.Close(context.Background())
+
+	got, ok := second.SpanOf(after)
+	require.True(t, ok, "the new collector gets the spans ended after the move")
+	assert.Equal(t, "moved", got.Service)
+	assert.Len(t, first.Spans(), 1)
+	assert.Len(t, second.Spans(), 1)
+	exported, dropped, failed := tr.Counts()
+	assert.Equal(t, [3]uint64{2, 1, 0}, [3]uint64{exported, dropped, failed})
+}
+
 func BenchmarkBeginEnd(b *testing.B) {
 	tr, err := New(Config{OTLPEndpoint: "http://127.0.0.1:1", SampleRatio: 1, ServiceName: "b"}, Options{QueueSize: 1 << 16})
 	require.NoError(b, err)
@@ -297,7 +346,7 @@ func BenchmarkBeginEnd(b *testing.B) {
 		buf = s.Context.Append(buf[:0])
 		s.SetModel([]byte("mock-model"))
 		tr.End(&s)
-		if _, ok := tr.queue.TryDequeue(); !ok {
+		if _, ok := tr.exp.Load().queue.TryDequeue(); !ok {
 			b.Fatal("not queued")
 		}
 	}
