@@ -42,12 +42,13 @@ import (
 // started, stopped or started again: stopKeyShare, shareKeyUsage, where
 // the router runs with etcd), aliases, mirrors, tracing (its sample
 // ratio, its collector, turned on or off too: Tracer.Configure),
-// metrics_public and the shutdown keys. A config that fails validation is
-// refused with the same error as at start, and nothing changes. A key a
-// running router cannot change (a listener, disaggregation's protocol,
-// etcd discovery), or one whose
-// field that cannot change changed beside those that can (which holds the
-// whole key back), is named in needRestart and keeps its old value.
+// metrics_public, the shutdown keys and state_file (the state that runs
+// written to the new file, which replaces what it held). A config that
+// fails validation is refused with the same error as at start, and
+// nothing changes. A key a running router cannot change (a listener,
+// disaggregation's protocol, etcd discovery), or one whose field that
+// cannot change changed beside those that can (which holds the whole key
+// back), is named in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
@@ -107,6 +108,14 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	if old.WorkerTLS.Verification() == cfg.WorkerTLS.Verification() && workerTLS.RootCAs.Equal(r.workerTLS.RootCAs) {
 		workerTLS = nil // as it is
 	}
+	// A new state_file takes the state that runs, written before anything
+	// applies (one the router cannot write refuses the reload, as it stops
+	// a start), and again once the reload applied.
+	if cfg.StateFile != "" && cfg.StateFile != old.StateFile {
+		if err := r.writeState(cfg.StateFile); err != nil {
+			return nil, nil, err
+		}
+	}
 	// Prefix affinity's slack and peers apply unless another of its keys
 	// changed too: that one waits for a restart, and the whole key with it.
 	// Disaggregation's pickers, bounds and fallback apply unless its
@@ -128,7 +137,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"api_keys_share_interval": keyShareApplies,
 		"admin_tls":               adminTLSApplies,
 		"pid_file":                old.PIDFile == cfg.PIDFile,
-		"state_file":              old.StateFile == cfg.StateFile,
 		"router.prefix_affinity":  prefixesApply,
 		"router.disaggregation":   disaggApplies,
 		"discovery":               dnsRoundsApply,
@@ -294,7 +302,8 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	applied = append(applied, changes(
 		keyChange{"shutdown_delay", cfg.ShutdownDelay == old.ShutdownDelay, cfg.ShutdownDelay},
-		keyChange{"shutdown_timeout", cfg.ShutdownTimeout == old.ShutdownTimeout, cfg.ShutdownTimeout})...)
+		keyChange{"shutdown_timeout", cfg.ShutdownTimeout == old.ShutdownTimeout, cfg.ShutdownTimeout},
+		keyChange{"state_file", cfg.StateFile == old.StateFile, cfg.StateFile})...)
 	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
 	applied = append(applied, r.applyListenerTLS(old.TLS, cfg.TLS, reread)...)
 	if adminRead != nil {
@@ -310,6 +319,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		next.Router.PrefixAffinity = cfg.Router.PrefixAffinity
 	}
 	next.Workers, next.ShutdownDelay, next.ShutdownTimeout = cfg.Workers, cfg.ShutdownDelay, cfg.ShutdownTimeout
+	next.StateFile = cfg.StateFile
 	next.Routes, next.CORSAllowedOrigins, next.Router.RetryStatuses = cfg.Routes, cfg.CORSAllowedOrigins, cfg.Router.RetryStatuses
 	next.GenerateRequestIDs, next.AddXForwardedFor, next.Log.Access = cfg.GenerateRequestIDs, cfg.AddXForwardedFor, cfg.Log.Access
 	if r.logFormat != nil {

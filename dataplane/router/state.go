@@ -131,7 +131,7 @@ func (r *Router) restoreState(st adminState) error {
 		r.DNS.Restore(st.drained)
 		r.log.Info("hand drains of workers found by DNS restored from state_file", "file", path, "addresses", st.DNSDrained)
 	}
-	return r.writeState()
+	return r.writeState(path)
 }
 
 // saveState writes state_file after the admin API changed the workers; a
@@ -148,15 +148,16 @@ func (r *Router) saveStateLocked() {
 	if r.Config.StateFile == "" {
 		return
 	}
-	if err := r.writeState(); err != nil {
+	if err := r.writeState(r.Config.StateFile); err != nil {
 		r.log.Error("state_file not written: the admin API's latest changes would not outlast a restart", "err", err)
 	}
 }
 
-// writeState writes the admin state of the registry now to state_file,
-// whole or not at all: to a file beside it, synced, then renamed over it.
-// The caller holds reloadMu, or runs before the router serves.
-func (r *Router) writeState() error {
+// writeState writes the admin state of the registry now to path (the
+// state_file), whole or not at all: to a file beside it, synced, then
+// renamed over it. The caller holds reloadMu, or runs before the router
+// serves.
+func (r *Router) writeState(path string) error {
 	st := adminState{Workers: []dataplane.WorkerSpec{}}
 	config := map[uint64]bool{}
 	for _, s := range r.Config.Workers {
@@ -185,7 +186,6 @@ func (r *Router) writeState() error {
 	if err != nil {
 		return err
 	}
-	path := r.Config.StateFile
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return fmt.Errorf("key state_file: %w", err)

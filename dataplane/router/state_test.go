@@ -85,6 +85,71 @@ func TestTheStateFileKeepsTheAdminAPIsWorkersAcrossARestart(t *testing.T) {
 	g.assertIdle()
 }
 
+// A reload moves state_file: the new file gets the state that runs at
+// once, and the admin API's next changes, while the old one is left as it
+// was; a new file the router cannot write refuses the reload, which
+// changes nothing; turned off, nothing is written. A restart on the moved
+// file starts with its workers.
+func TestAReloadMovesTheStateFile(t *testing.T) {
+	dir := t.TempDir()
+	first, moved := filepath.Join(dir, "first.json"), filepath.Join(dir, "moved", "state.json")
+	require.NoError(t, os.Mkdir(filepath.Dir(moved), 0o700))
+	f := startFleet(t, mocks(1, 3, 0), func(c *config.Config) { c.StateFile = first })
+	add := func(id uint64) {
+		t.Helper()
+		m, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: id, Tokens: 3})
+		require.NoError(t, err)
+		t.Cleanup(func() { m.Close() })
+		code, body := adminDo(t, f, "POST", "/workers", fmt.Sprintf(`{"id":%d,"url":%q}`, id, m.URL()), "")
+		require.Equal(t, http.StatusCreated, code, body)
+	}
+	ids := func(path string) (got []uint64) {
+		t.Helper()
+		st, err := readState(path)
+		require.NoError(t, err)
+		for _, s := range st.Workers {
+			got = append(got, s.ID)
+		}
+		return got
+	}
+	reload := func(path string) ([]string, error) {
+		next := f.r.CurrentConfig()
+		next.StateFile = path
+		applied, needRestart, err := f.r.Reload(next)
+		assert.Empty(t, needRestart)
+		return applied, err
+	}
+	add(2)
+	applied, err := reload(moved)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"state_file=" + moved}, applied)
+	assert.Equal(t, []uint64{2}, ids(moved), "the state that runs, at once")
+	add(3)
+	assert.Equal(t, []uint64{2, 3}, ids(moved))
+	assert.Equal(t, []uint64{2}, ids(first), "the old file left as it was")
+
+	_, err = reload(filepath.Join(dir, "missing", "state.json"))
+	assert.ErrorContains(t, err, "key state_file", "a file it cannot write")
+	assert.Equal(t, moved, f.r.CurrentConfig().StateFile, "refused: nothing changed")
+	add(4)
+	assert.Equal(t, []uint64{2, 3, 4}, ids(moved))
+
+	applied, err = reload("")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"state_file="}, applied)
+	add(5)
+	assert.Equal(t, []uint64{2, 3, 4}, ids(moved), "off: nothing written")
+
+	cfg := f.r.CurrentConfig()
+	cfg.StateFile = moved
+	require.NoError(t, f.r.Close())
+	g := f.restarted(cfg)
+	for _, id := range []uint64{2, 3, 4} {
+		_, ok := g.r.Registry.Get(id)
+		assert.True(t, ok, "worker %d restored from the moved file", id)
+	}
+}
+
 // With state_file set, the workers put down by hand stay down across a
 // restart, those of the config and those not registered yet alike (a
 // worker found on etcd joins after the start): a worker of such an id
