@@ -6,6 +6,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/aliases"
@@ -597,6 +598,7 @@ func (r *Router) ReloadFromSource() (applied, needRestart []string, err error) {
 	if err != nil {
 		r.log.Warn("config reload refused; the running config stays", "err", err)
 	}
+	r.reloads.record(needRestart, err, time.Now())
 	return applied, needRestart, err
 }
 

@@ -3,10 +3,12 @@ package router
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -89,6 +91,62 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	assert.Contains(t, full, "data: [DONE]", "the stream in flight on the removed worker finished")
 	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(1); return !ok }, 5*time.Second, 20*time.Millisecond)
 	f.assertIdle()
+}
+
+// The scrape counts the reloads from the source by result, says whether
+// the last one applied and when the running config was loaded, and names
+// the keys the last applied reload held back for a restart until one
+// applies them all.
+func TestTheReloadsShowInTheMetrics(t *testing.T) {
+	f := startFleet(t, mocks(1, 3, 0), nil)
+	next, refuse := f.r.CurrentConfig(), error(nil)
+	f.r.SetConfigSource(func() (config.Config, error) { return next, refuse })
+	reload := func() int {
+		t.Helper()
+		code, body := adminDo(t, f, "POST", "/config/reload", "", "")
+		if code != http.StatusOK {
+			assert.Contains(t, body, "refused")
+		}
+		return code
+	}
+	loaded := func() float64 {
+		t.Helper()
+		v, err := strconv.ParseFloat(metric(t, f, "fastroute_config_last_reload_success_timestamp_seconds"), 64)
+		require.NoError(t, err)
+		return v
+	}
+	assert.Equal(t, "0", metric(t, f, `fastroute_config_reloads_total{result="applied"}`))
+	assert.Equal(t, "1", metric(t, f, "fastroute_config_last_reload_successful"), "none tried yet")
+	started := loaded()
+	assert.InDelta(t, float64(time.Now().Unix()), started, 30, "loaded at the start")
+
+	next.Listen, next.PIDFile, next.Router.Retries = "127.0.0.1:1", "/run/fastroute.pid", 2
+	time.Sleep(10 * time.Millisecond)
+	require.Equal(t, http.StatusOK, reload())
+	assert.Equal(t, "1", metric(t, f, `fastroute_config_reloads_total{result="applied"}`))
+	assert.Equal(t, "1", metric(t, f, `fastroute_config_need_restart{key="listen"}`))
+	assert.Equal(t, "1", metric(t, f, `fastroute_config_need_restart{key="pid_file"}`))
+	applied := loaded()
+	assert.Greater(t, applied, started)
+
+	for _, bad := range []func(){
+		func() { refuse = errors.New("config file: yaml: line 3: did not find expected key") },
+		func() { refuse, next.Router.Retries = nil, -1 },
+	} {
+		bad()
+		assert.Equal(t, http.StatusBadRequest, reload())
+		assert.Equal(t, "0", metric(t, f, "fastroute_config_last_reload_successful"))
+	}
+	assert.Equal(t, "2", metric(t, f, `fastroute_config_reloads_total{result="refused"}`))
+	assert.Equal(t, "1", metric(t, f, `fastroute_config_need_restart{key="listen"}`), "a refused reload changes nothing")
+	assert.Equal(t, applied, loaded())
+
+	next = f.r.CurrentConfig() // the keys held back as they run: nothing to restart for
+	require.Equal(t, http.StatusOK, reload())
+	assert.Equal(t, "1", metric(t, f, "fastroute_config_last_reload_successful"))
+	assert.Equal(t, "2", metric(t, f, `fastroute_config_reloads_total{result="applied"}`))
+	assert.Empty(t, metric(t, f, `fastroute_config_need_restart{key="listen"}`))
+	assert.Empty(t, metric(t, f, `fastroute_config_need_restart{key="pid_file"}`))
 }
 
 // A reload applies the limits of each exchange with a worker and the

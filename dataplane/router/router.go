@@ -76,6 +76,7 @@ type Router struct {
 	upgrading             atomic.Bool   // an upgrade's new process starts: admin changes are refused (BeginUpgrade)
 	reloadMu              sync.Mutex    // one reload at a time; guards Config and source
 	source                func() (config.Config, error)
+	reloads               *reloads // those from source, for the scrape
 	ln, adminLn           net.Listener
 	admin                 *http.Server
 	*tlsState                             // what the TLS files hold, as the start's check read them
@@ -225,7 +226,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r := &Router{Config: cfg, Registry: reg, Selector: sel, Metrics: &metrics.Set{}, log: log, tlsState: found.tls,
 		Sessions:  affinity.NewTable(affinity.Options{TTL: aff.TTL, MaxSessions: aff.MaxSessions}),
 		Responses: affinity.NewTable(storedResponses), drainSweep: every.NewPeriod(cfg.Health.Interval),
-		weightFallbacks: metrics.NewCounter(), keyShareSelf: newReplicaID()}
+		weightFallbacks: metrics.NewCounter(), keyShareSelf: newReplicaID(), reloads: newReloads(time.Now())}
 	r.adminToken.Set(cfg.AdminToken)
 	r.metricsPublic.Store(cfg.MetricsPublic)
 	r.workerKey.Set(cfg.WorkerAPIKey)
@@ -281,6 +282,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	})
 	r.Metrics.Register(r.Frontend.Metrics().Collector(func() string { return string(r.CurrentConfig().Router.Mode) }, reg))
 	r.Metrics.Register(r.stateCollector())
+	r.Metrics.Register(r.reloads.collector())
 	r.Metrics.Register(metrics.Process())
 	if err := r.newDNS(log); err != nil {
 		return nil, err
