@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -332,6 +334,57 @@ func TestConfigureMovesTheExport(t *testing.T) {
 	assert.Len(t, second.Spans(), 1)
 	exported, dropped, failed := tr.Counts()
 	assert.Equal(t, [3]uint64{2, 1, 0}, [3]uint64{exported, dropped, failed})
+}
+
+// Requests begin and end spans while Configure moves the export between
+// two collectors and turns it off and on: under -race nothing races, and
+// every span ended is counted at most once (one ended as its export is
+// replaced may be lost: Configure's doc).
+func TestConfigureRacesTheRequests(t *testing.T) {
+	var sinks [2]*otlpsink.Sink
+	for i := range sinks {
+		s, err := otlpsink.Start()
+		require.NoError(t, err)
+		defer s.Close()
+		sinks[i] = s
+	}
+	tr := newTracer(t, sinks[0].URL(), 1, Options{Interval: time.Millisecond})
+	tr.Start()
+	var ended atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			var s Span
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if tr.On() && tr.Begin(&s, nil, time.Now()) {
+					tr.End(&s)
+					ended.Add(1)
+				}
+				time.Sleep(20 * time.Microsecond) // a few thousand spans in all
+			}
+		})
+	}
+	for i := range 60 {
+		cfg := Config{OTLPEndpoint: sinks[i%2].URL(), SampleRatio: 1, ServiceName: "s"}
+		if i%3 == 2 {
+			cfg.OTLPEndpoint = ""
+		}
+		require.NoError(t, tr.Configure(cfg))
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	tr.Close(context.Background())
+	exported, dropped, failed := tr.Counts()
+	assert.Positive(t, exported)
+	assert.LessOrEqual(t, exported+dropped+failed, uint64(ended.Load()))
+	assert.Equal(t, int(exported), len(sinks[0].Spans())+len(sinks[1].Spans()))
 }
 
 func BenchmarkBeginEnd(b *testing.B) {
