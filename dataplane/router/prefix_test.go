@@ -3,7 +3,6 @@ package router
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
+	"github.com/fastroute/fastroute/internal/loopback"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -273,10 +273,9 @@ func freeAdminAddrs(t *testing.T, n int) []string {
 	t.Helper()
 	out := make([]string, n)
 	for i := range out {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		var err error
+		out[i], err = loopback.FreeAddr() // below the ephemeral range: no client's port meanwhile
 		require.NoError(t, err)
-		out[i] = ln.Addr().String()
-		require.NoError(t, ln.Close())
 	}
 	return out
 }

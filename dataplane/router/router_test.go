@@ -384,7 +384,6 @@ func TestNoWorkersAnswers503(t *testing.T) {
 	resp.Body.Close()
 }
 
-// deadAddr returns a loopback address nothing listens on.
 // deadAddr is an address where nothing listens. It is on 127.0.0.2, so the
 // port it frees is not taken by the next 127.0.0.1:0 listener of another
 // test running beside this one.
