@@ -43,13 +43,15 @@ import (
 // started, stopped or started again: stopKeyShare, shareKeyUsage, where
 // the router runs with etcd), aliases, mirrors, tracing (its sample
 // ratio, its collector, turned on or off too: Tracer.Configure),
-// metrics_public, the shutdown keys and state_file (the state that runs
-// written to the new file, which replaces what it held). A config that
-// fails validation is refused with the same error as at start, and
-// nothing changes. A key a running router cannot change (a listener,
-// disaggregation's protocol, etcd discovery), or one whose field that
-// cannot change changed beside those that can (which holds the whole key
-// back), is named in needRestart and keeps its old value.
+// metrics_public, the shutdown keys, state_file (the state that runs
+// written to the new file, which replaces what it held) and pid_file
+// (this process's id written to the new file, the old one removed if it
+// holds it: pidfile.go). A config that fails validation is refused with
+// the same error as at start, and nothing changes. A key a running router
+// cannot change (a listener, disaggregation's protocol, etcd discovery),
+// or one whose field that cannot change changed beside those that can
+// (which holds the whole key back), is named in needRestart and keeps its
+// old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
@@ -117,6 +119,20 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			return nil, nil, err
 		}
 	}
+	// A new pid_file gets this process's id before anything applies (one
+	// the router cannot write refuses the reload); the old one goes.
+	if cfg.PIDFile != old.PIDFile {
+		if cfg.PIDFile != "" {
+			if err := writePIDFile(cfg.PIDFile); err != nil {
+				return nil, nil, err
+			}
+		}
+		if old.PIDFile != "" {
+			if err := removeOwnPIDFile(old.PIDFile); err != nil {
+				r.log.Warn("reload: the pid_file before not removed", "file", old.PIDFile, "err", err)
+			}
+		}
+	}
 	// Prefix affinity's slack and peers apply unless another of its keys
 	// changed too: that one waits for a restart, and the whole key with it.
 	// Disaggregation's pickers, bounds and fallback apply unless its
@@ -137,7 +153,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
 		"api_keys_share_interval": keyShareApplies,
 		"admin_tls":               adminTLSApplies,
-		"pid_file":                old.PIDFile == cfg.PIDFile,
 		"router.prefix_affinity":  prefixesApply,
 		"router.disaggregation":   disaggApplies,
 		"discovery":               dnsRoundsApply,
@@ -304,7 +319,8 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	applied = append(applied, changes(
 		keyChange{"shutdown_delay", cfg.ShutdownDelay == old.ShutdownDelay, cfg.ShutdownDelay},
 		keyChange{"shutdown_timeout", cfg.ShutdownTimeout == old.ShutdownTimeout, cfg.ShutdownTimeout},
-		keyChange{"state_file", cfg.StateFile == old.StateFile, cfg.StateFile})...)
+		keyChange{"state_file", cfg.StateFile == old.StateFile, cfg.StateFile},
+		keyChange{"pid_file", cfg.PIDFile == old.PIDFile, cfg.PIDFile})...)
 	applied = append(applied, r.reloadWorkers(old.Workers, cfg.Workers)...)
 	applied = append(applied, r.applyListenerTLS(old.TLS, cfg.TLS, reread)...)
 	if adminRead != nil {
@@ -320,7 +336,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		next.Router.PrefixAffinity = cfg.Router.PrefixAffinity
 	}
 	next.Workers, next.ShutdownDelay, next.ShutdownTimeout = cfg.Workers, cfg.ShutdownDelay, cfg.ShutdownTimeout
-	next.StateFile = cfg.StateFile
+	next.StateFile, next.PIDFile = cfg.StateFile, cfg.PIDFile
 	next.Routes, next.CORSAllowedOrigins, next.Router.RetryStatuses = cfg.Routes, cfg.CORSAllowedOrigins, cfg.Router.RetryStatuses
 	next.GenerateRequestIDs, next.AddXForwardedFor, next.Log.Access = cfg.GenerateRequestIDs, cfg.AddXForwardedFor, cfg.Log.Access
 	if r.logFormat != nil {

@@ -45,7 +45,7 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	next.Limits.MaxBodyBytes = 1 << 20
 	next.Router.Queue.Size, next.Router.RetryStatuses = 8, []int{503}
 	next.Listen = "127.0.0.1:1"
-	next.ShutdownDelay, next.PIDFile = 5*time.Second, "/run/fastroute.pid"
+	next.ShutdownDelay = 5 * time.Second
 	code, body := adminDo(t, f, "POST", "/config/reload", "", "s3cret")
 	require.Equal(t, http.StatusOK, code, body)
 	var answer struct{ Applied, NeedRestart []string }
@@ -53,7 +53,7 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	assert.Equal(t, []string{"router.mode=least-loaded router.busy_threshold=64 router.cpu_ratio=8", "router.retries=1",
 		"router.retry_statuses=[503]", "limits.max_body_bytes=1048576", "router.queue.size=8 router.queue.timeout=30s", "shutdown_delay=5s", "worker 1 removed (draining)",
 		"worker 2 replaced", "worker 3 added"}, answer.Applied)
-	assert.Equal(t, []string{"listen", "pid_file"}, answer.NeedRestart)
+	assert.Equal(t, []string{"listen"}, answer.NeedRestart)
 	assert.Equal(t, 5*time.Second, f.r.CurrentConfig().ShutdownDelay)
 	assert.Contains(t, logs.String(), `msg="config reloaded"`)
 	_, two := adminDo(t, f, "GET", "/workers/2", "", "s3cret")
@@ -76,12 +76,12 @@ func TestReloadAppliesWorkersAndModeWithoutTouchingStreams(t *testing.T) {
 	assert.Equal(t, pickers.ModeLeastLoaded, f.r.CurrentConfig().Router.Mode)
 	_, metrics := adminDo(t, f, "GET", "/metrics", "", "s3cret")
 	assert.Contains(t, metrics, `mode="least-loaded"`, "the metrics name the mode running now")
-	assert.Empty(t, f.r.CurrentConfig().PIDFile, "a key that needs a restart keeps its value")
+	assert.NotEqual(t, "127.0.0.1:1", f.r.CurrentConfig().Listen, "a key that needs a restart keeps its value")
 	code, running := adminDo(t, f, "GET", "/config", "", "s3cret")
 	require.Equal(t, http.StatusOK, code, running)
 	assert.Contains(t, running, "mode: least-loaded", "GET /config shows what runs: the applied keys new")
 	assert.Contains(t, running, "max_body_bytes: 1048576")
-	assert.NotContains(t, running, "fastroute.pid", "and the keys that need a restart as they were")
+	assert.NotContains(t, running, "listen: 127.0.0.1:1\n", "and the keys that need a restart as they were")
 	assert.Contains(t, running, "admin_token: <redacted>")
 	assert.NotContains(t, running, "s3cret")
 	code, _ = adminDo(t, f, "GET", "/config", "", "")
@@ -120,12 +120,12 @@ func TestTheReloadsShowInTheMetrics(t *testing.T) {
 	started := loaded()
 	assert.InDelta(t, float64(time.Now().Unix()), started, 30, "loaded at the start")
 
-	next.Listen, next.PIDFile, next.Router.Retries = "127.0.0.1:1", "/run/fastroute.pid", 2
+	next.Listen, next.AdminListen, next.Router.Retries = "127.0.0.1:1", "127.0.0.1:2", 2
 	time.Sleep(10 * time.Millisecond)
 	require.Equal(t, http.StatusOK, reload())
 	assert.Equal(t, "1", metric(t, f, `fastroute_config_reloads_total{result="applied"}`))
 	assert.Equal(t, "1", metric(t, f, `fastroute_config_need_restart{key="listen"}`))
-	assert.Equal(t, "1", metric(t, f, `fastroute_config_need_restart{key="pid_file"}`))
+	assert.Equal(t, "1", metric(t, f, `fastroute_config_need_restart{key="admin_listen"}`))
 	applied := loaded()
 	assert.Greater(t, applied, started)
 
@@ -146,7 +146,53 @@ func TestTheReloadsShowInTheMetrics(t *testing.T) {
 	assert.Equal(t, "1", metric(t, f, "fastroute_config_last_reload_successful"))
 	assert.Equal(t, "2", metric(t, f, `fastroute_config_reloads_total{result="applied"}`))
 	assert.Empty(t, metric(t, f, `fastroute_config_need_restart{key="listen"}`))
-	assert.Empty(t, metric(t, f, `fastroute_config_need_restart{key="pid_file"}`))
+	assert.Empty(t, metric(t, f, `fastroute_config_need_restart{key="admin_listen"}`))
+}
+
+// A reload moves pid_file: this process's id goes to the new file, and
+// the old one is removed while it holds that id (one another process
+// wrote, as an upgrade's new one, stays); a file the router cannot write
+// refuses the reload; turned off, the file goes.
+func TestAReloadMovesThePIDFile(t *testing.T) {
+	dir := t.TempDir()
+	first, moved := filepath.Join(dir, "first.pid"), filepath.Join(dir, "moved.pid")
+	f := startFleet(t, mocks(1, 3, 0), func(c *config.Config) { c.PIDFile = first })
+	self := strconv.Itoa(os.Getpid())
+	require.NoError(t, os.WriteFile(first, []byte(self+"\n"), 0o644)) // as the start's Ready wrote it
+	reload := func(path string) ([]string, error) {
+		next := f.r.CurrentConfig()
+		next.PIDFile = path
+		applied, needRestart, err := f.r.Reload(next)
+		assert.Empty(t, needRestart)
+		return applied, err
+	}
+	held := func(path string) string {
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		return string(b)
+	}
+
+	applied, err := reload(moved)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"pid_file=" + moved}, applied)
+	assert.Equal(t, self, held(moved))
+	assert.NoFileExists(t, first, "the old file, ours, goes")
+
+	_, err = reload(filepath.Join(dir, "missing", "fastroute.pid"))
+	assert.ErrorContains(t, err, "key pid_file")
+	assert.Equal(t, moved, f.r.CurrentConfig().PIDFile, "refused: nothing changed")
+	assert.Equal(t, self, held(moved))
+
+	require.NoError(t, os.WriteFile(moved, []byte("4242"), 0o644)) // an upgrade's new process wrote its own
+	_, err = reload(first)
+	require.NoError(t, err)
+	assert.Equal(t, self, held(first))
+	assert.Equal(t, "4242", held(moved), "another process's file stays")
+
+	applied, err = reload("")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"pid_file="}, applied)
+	assert.NoFileExists(t, first, "turned off, the file goes")
 }
 
 // A reload applies the limits of each exchange with a worker and the

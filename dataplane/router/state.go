@@ -154,9 +154,8 @@ func (r *Router) saveStateLocked() {
 }
 
 // writeState writes the admin state of the registry now to path (the
-// state_file), whole or not at all: to a file beside it, synced, then
-// renamed over it. The caller holds reloadMu, or runs before the router
-// serves.
+// state_file), whole or not at all (writeWhole). The caller holds
+// reloadMu, or runs before the router serves.
 func (r *Router) writeState(path string) error {
 	st := adminState{Workers: []dataplane.WorkerSpec{}}
 	config := map[uint64]bool{}
@@ -186,11 +185,20 @@ func (r *Router) writeState(path string) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
+	if err := writeWhole(path, append(b, '\n')); err != nil {
 		return fmt.Errorf("key state_file: %w", err)
 	}
-	_, err = tmp.Write(append(b, '\n'))
+	return nil
+}
+
+// writeWhole writes b to path whole or not at all: to a file beside it,
+// synced, then renamed over it.
+func writeWhole(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	_, err = tmp.Write(b)
 	if err == nil {
 		err = tmp.Sync()
 	}
@@ -202,7 +210,6 @@ func (r *Router) writeState(path string) error {
 	}
 	if err != nil {
 		_ = os.Remove(tmp.Name())
-		return fmt.Errorf("key state_file: %w", err)
 	}
-	return nil
+	return err
 }
