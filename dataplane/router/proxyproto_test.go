@@ -14,7 +14,6 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/tracing"
-	"github.com/fastroute/fastroute/internal/otlpsink"
 	"github.com/pires/go-proxyproto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -84,9 +83,7 @@ func accessClients(logs *syncBuffer) []string {
 // or reserved.
 func TestProxyProtocolNamesTheClientBehindABalancer(t *testing.T) {
 	var logs syncBuffer
-	sink, err := otlpsink.Start()
-	require.NoError(t, err)
-	defer sink.Close()
+	sink := startSink(t)
 	f := startFleetLog(t, mocks(1, 3, 0), func(c *config.Config) {
 		c.ProxyProtocol.Enabled = true
 		c.Log.Access = "all"

@@ -10,7 +10,6 @@ import (
 
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/tracing"
-	"github.com/fastroute/fastroute/internal/otlpsink"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -48,9 +47,7 @@ func (f *fleet) sendOnNewConnection(body string, lines ...string) string {
 // connection's peer logs the peer, whatever the header says.
 func TestRealIPNamesTheClientBehindAnHTTPBalancer(t *testing.T) {
 	var logs syncBuffer
-	sink, err := otlpsink.Start()
-	require.NoError(t, err)
-	defer sink.Close()
+	sink := startSink(t)
 	f := startFleetLog(t, mocks(1, 3, 0), func(c *config.Config) {
 		c.RealIP = config.RealIP{Header: "X-Forwarded-For", From: []string{"127.0.0.1", "10.0.0.0/8"}}
 		c.Log.Access = "all"

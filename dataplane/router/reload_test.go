@@ -159,13 +159,7 @@ func TestAReloadMovesThePIDFile(t *testing.T) {
 	f := startFleet(t, mocks(1, 3, 0), func(c *config.Config) { c.PIDFile = first })
 	self := strconv.Itoa(os.Getpid())
 	require.NoError(t, os.WriteFile(first, []byte(self+"\n"), 0o644)) // as the start's Ready wrote it
-	reload := func(path string) ([]string, error) {
-		next := f.r.CurrentConfig()
-		next.PIDFile = path
-		applied, needRestart, err := f.r.Reload(next)
-		assert.Empty(t, needRestart)
-		return applied, err
-	}
+	reload := func(path string) ([]string, error) { return f.reloaded(func(c *config.Config) { c.PIDFile = path }) }
 	held := func(path string) string {
 		b, err := os.ReadFile(path)
 		require.NoError(t, err)

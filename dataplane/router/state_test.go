@@ -112,13 +112,7 @@ func TestAReloadMovesTheStateFile(t *testing.T) {
 		}
 		return got
 	}
-	reload := func(path string) ([]string, error) {
-		next := f.r.CurrentConfig()
-		next.StateFile = path
-		applied, needRestart, err := f.r.Reload(next)
-		assert.Empty(t, needRestart)
-		return applied, err
-	}
+	reload := func(path string) ([]string, error) { return f.reloaded(func(c *config.Config) { c.StateFile = path }) }
 	add(2)
 	applied, err := reload(moved)
 	require.NoError(t, err)

@@ -255,6 +255,18 @@ func (f *fleet) reloadsWith(edit func(*config.Config)) {
 	})
 }
 
+// reloaded reloads f with its running config edited by edit, and returns
+// what the reload applied, or its refusal; it asks that no key waited for
+// a restart.
+func (f *fleet) reloaded(edit func(*config.Config)) ([]string, error) {
+	f.t.Helper()
+	next := f.r.CurrentConfig()
+	edit(&next)
+	applied, needRestart, err := f.r.Reload(next)
+	assert.Empty(f.t, needRestart)
+	return applied, err
+}
+
 // postAs sends one chat request over TLS on a connection of its own,
 // trusting pool, with the client certificate of as (nil: none), and
 // returns its status; an error when the handshake or the request failed.

@@ -19,6 +19,15 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 )
 
+// startSink starts an OTLP receiver for the test, closed at its end.
+func startSink(t *testing.T) *otlpsink.Sink {
+	t.Helper()
+	sink, err := otlpsink.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { sink.Close() })
+	return sink
+}
+
 // traceEngine answers as an engine: a stream for a stream request, a
 // short chat completion otherwise.
 func traceEngine(w http.ResponseWriter, r *http.Request, body map[string]any) {
@@ -50,9 +59,7 @@ func spanOf(t *testing.T, sink *otlpsink.Sink, trace string) otlpsink.Span {
 // request's trace. A reload applies a new ratio; Close sends the spans
 // still queued.
 func TestTracedRequestsReachTheCollector(t *testing.T) {
-	sink, err := otlpsink.Start()
-	require.NoError(t, err)
-	defer sink.Close()
+	sink := startSink(t)
 	engine := startEngine(t, traceEngine)
 	logs := &syncBuffer{}
 	f := startFleetLog(t, nil, func(c *config.Config) {
@@ -170,12 +177,8 @@ func TestTracedRequestsReachTheCollector(t *testing.T) {
 // there, the old collector gets the ones it was sent before), and turns it
 // off: a traceparent passes untouched again, and the spans' metrics go.
 func TestAReloadMovesTracing(t *testing.T) {
-	first, err := otlpsink.Start()
-	require.NoError(t, err)
-	defer first.Close()
-	second, err := otlpsink.Start()
-	require.NoError(t, err)
-	defer second.Close()
+	first := startSink(t)
+	second := startSink(t)
 	engine := startEngine(t, traceEngine)
 	f := startFleet(t, nil, func(c *config.Config) {
 		c.Workers = []dataplane.WorkerSpec{{ID: 1, URL: engine.URL}}
@@ -190,11 +193,8 @@ func TestAReloadMovesTracing(t *testing.T) {
 	}
 	reload := func(tc tracing.Config) []string {
 		t.Helper()
-		next := f.r.CurrentConfig()
-		next.Tracing = tc
-		applied, needRestart, err := f.r.Reload(next)
+		applied, err := f.reloaded(func(c *config.Config) { c.Tracing = tc })
 		require.NoError(t, err)
-		assert.Empty(t, needRestart)
 		assert.Equal(t, tc, f.r.CurrentConfig().Tracing)
 		return applied
 	}
@@ -243,9 +243,7 @@ func TestAReloadMovesTracing(t *testing.T) {
 // Both legs of a split request, and a mirror's copy beside the request
 // itself, go on as children of the router's span.
 func TestSplitLegsAndMirrorCopiesCarryTheRoutersSpan(t *testing.T) {
-	sink, err := otlpsink.Start()
-	require.NoError(t, err)
-	defer sink.Close()
+	sink := startSink(t)
 	traceOn := func(c *config.Config) {
 		c.Tracing = tracing.Config{OTLPEndpoint: sink.URL(), SampleRatio: 0, ServiceName: "router-test"}
 	}
@@ -315,9 +313,7 @@ func TestSplitLegsAndMirrorCopiesCarryTheRoutersSpan(t *testing.T) {
 // refused the connection (connect), one that answered a status of
 // router.retry_statuses (status, with the status), each naming its worker.
 func TestATracedRequestsSpanShowsItsMoves(t *testing.T) {
-	sink, err := otlpsink.Start()
-	require.NoError(t, err)
-	defer sink.Close()
+	sink := startSink(t)
 	busy := startEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
 		http.Error(w, `{"error":"busy"}`, http.StatusServiceUnavailable)
 	})

@@ -22,6 +22,15 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
+// startSink starts an OTLP receiver for the test, closed at its end.
+func startSink(t *testing.T) *otlpsink.Sink {
+	t.Helper()
+	sink, err := otlpsink.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { sink.Close() })
+	return sink
+}
+
 const (
 	clientTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
 	clientSpan  = "00f067aa0ba902b7"
@@ -179,9 +188,7 @@ func TestBeginAndEndDoNotAllocate(t *testing.T) {
 // them or is gone counts them failed; a full queue drops them; Close sends
 // what is queued.
 func TestSpansReachTheCollector(t *testing.T) {
-	sink, err := otlpsink.Start()
-	require.NoError(t, err)
-	defer sink.Close()
+	sink := startSink(t)
 	tr, err := New(Config{OTLPEndpoint: sink.URL(), SampleRatio: 1, ServiceName: "fastroute-test",
 		Headers: map[string]string{"authorization": "Bearer collector-token"}}, Options{Interval: 10 * time.Millisecond, BatchSize: 2})
 	require.NoError(t, err)
@@ -263,9 +270,7 @@ func TestSpansReachTheCollector(t *testing.T) {
 // A span that finds the queue full is dropped and counted; Close sends
 // the queued ones, and a collector that is gone fails them.
 func TestCloseSendsTheQueue(t *testing.T) {
-	sink, err := otlpsink.Start()
-	require.NoError(t, err)
-	defer sink.Close()
+	sink := startSink(t)
 	tr := newTracer(t, sink.URL(), 1, Options{QueueSize: 2, Interval: time.Hour})
 	tr.Start()
 	var s Span
@@ -294,12 +299,8 @@ func TestCloseSendsTheQueue(t *testing.T) {
 // (End counts a span dropped) and one that is refused changes nothing.
 // The counts run on over the collectors.
 func TestConfigureMovesTheExport(t *testing.T) {
-	first, err := otlpsink.Start()
-	require.NoError(t, err)
-	defer first.Close()
-	second, err := otlpsink.Start()
-	require.NoError(t, err)
-	defer second.Close()
+	first := startSink(t)
+	second := startSink(t)
 	tr := newTracer(t, first.URL(), 1, Options{Interval: time.Hour})
 	tr.Start()
 	var s Span
@@ -319,7 +320,7 @@ func TestConfigureMovesTheExport(t *testing.T) {
 	require.Eventually(t, func() bool { _, ok := first.SpanOf(before); return ok }, 5*time.Second, 5*time.Millisecond,
 		"the replaced export sends what it holds")
 	after := end()
-	err = tr.Configure(Config{OTLPEndpoint: "grpc://c:4317", SampleRatio: 1, ServiceName: "s"})
+	err := tr.Configure(Config{OTLPEndpoint: "grpc://c:4317", SampleRatio: 1, ServiceName: "s"})
 	assert.ErrorContains(t, err, "tracing.otlp_endpoint")
 	require.NoError(t, tr.Configure(Config{SampleRatio: 1}))
 	assert.False(t, tr.On())
@@ -343,9 +344,7 @@ func TestConfigureMovesTheExport(t *testing.T) {
 func TestConfigureRacesTheRequests(t *testing.T) {
 	var sinks [2]*otlpsink.Sink
 	for i := range sinks {
-		s, err := otlpsink.Start()
-		require.NoError(t, err)
-		defer s.Close()
+		s := startSink(t)
 		sinks[i] = s
 	}
 	tr := newTracer(t, sinks[0].URL(), 1, Options{Interval: time.Millisecond})
