@@ -142,13 +142,19 @@ type PeerTarget interface {
 
 // Watcher keeps a Target in step with the workers on etcd.
 type Watcher struct {
+	// The etcd it follows and its client: the watch goroutine's (run) and
+	// Reconnect's, which replaces them once the goroutine ended; connMu
+	// guards them for the other readers (MarkDown, MarkDrain, Close).
 	o      Options
 	cli    *clientv3.Client
+	cancel context.CancelFunc // ends the watch goroutine
+	done   chan struct{}      // closed once it ended
+	closed bool
+	connMu sync.Mutex
+
 	target Target
 	log    *slog.Logger
 	up     atomic.Bool
-	cancel context.CancelFunc
-	done   chan struct{}
 
 	mu    sync.Mutex
 	known map[uint64]string // spec JSON by id, as last seen
@@ -172,11 +178,56 @@ func Watch(o Options, target Target) (*Watcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &Watcher{o: o, cli: cli, target: target, log: o.Logger.With("component", "discovery"), cancel: cancel,
-		done: make(chan struct{}), known: map[uint64]string{}, marks: map[uint64]bool{}, downs: map[uint64]bool{}, peers: map[string]string{}}
-	go w.run(ctx)
+	w := &Watcher{target: target, log: o.Logger.With("component", "discovery"),
+		known: map[uint64]string{}, marks: map[uint64]bool{}, downs: map[uint64]bool{}, peers: map[string]string{}}
+	w.start(o, cli)
 	return w, nil
+}
+
+// start starts the watch goroutine on cli, the client of o. The caller
+// holds connMu, or has not shared w yet.
+func (w *Watcher) start(o Options, cli *clientv3.Client) {
+	ctx, cancel := context.WithCancel(context.Background())
+	w.o, w.cli, w.cancel, w.done = o, cli, cancel, make(chan struct{})
+	go w.run(ctx, w.done)
+}
+
+// errClosed is Reconnect's answer after Close.
+var errClosed = errors.New("discovery: the watcher is closed")
+
+// Reconnect follows the etcd o locates from then on (a reload's new
+// endpoints, prefix, credentials or TLS files, read again): the watch
+// ends, a client of o replaces the one before, and the watch starts
+// again with a list, which puts the workers it finds, drains those found
+// before that it lacks, and takes the marks and replicas it lists, as
+// after an outage. The workers found before serve meanwhile. A client
+// that cannot be made (a TLS file that does not load) is an error, and
+// the watch goes on as it was.
+func (w *Watcher) Reconnect(o Options) error {
+	o = o.withDefaults()
+	cli, err := client(o)
+	if err != nil {
+		return err
+	}
+	w.connMu.Lock()
+	defer w.connMu.Unlock()
+	if w.closed {
+		_ = cli.Close()
+		return errClosed
+	}
+	w.cancel()
+	<-w.done
+	before := w.cli
+	w.start(o, cli)
+	_ = before.Close()
+	return nil
+}
+
+// conn returns the etcd the watcher follows now and its client.
+func (w *Watcher) conn() (Options, *clientv3.Client) {
+	w.connMu.Lock()
+	defer w.connMu.Unlock()
+	return w.o, w.cli
 }
 
 // Up reports whether etcd answered the last list or probe.
@@ -192,6 +243,12 @@ func (w *Watcher) Known(id uint64) bool {
 
 // Close stops watching; the workers found stay.
 func (w *Watcher) Close() error {
+	w.connMu.Lock()
+	defer w.connMu.Unlock()
+	if w.closed {
+		return nil
+	}
+	w.closed = true
 	w.cancel()
 	<-w.done
 	return w.cli.Close()
@@ -209,8 +266,8 @@ func (w *Watcher) setUp(up bool, err error) {
 
 // run lists, then watches from the list's revision; a watch that fails
 // (compaction, a lost connection) or a failed probe starts over.
-func (w *Watcher) run(ctx context.Context) {
-	defer close(w.done)
+func (w *Watcher) run(ctx context.Context, done chan struct{}) {
+	defer close(done)
 	prefix := root(w.o.Prefix)
 	pause := 100 * time.Millisecond
 	for ctx.Err() == nil {
@@ -494,14 +551,15 @@ func (w *Watcher) DownMarked(id uint64) bool {
 // an engine restarted for its maintenance registers again, and stays
 // down.
 func (w *Watcher) MarkDown(id uint64, down bool) error {
-	ctx, cancel := context.WithTimeout(context.Background(), w.o.DialTimeout+time.Second)
+	o, cli := w.conn()
+	ctx, cancel := context.WithTimeout(context.Background(), o.DialTimeout+time.Second)
 	defer cancel()
-	key := root(w.o.Prefix) + "down/" + strconv.FormatUint(id, 10)
+	key := root(o.Prefix) + "down/" + strconv.FormatUint(id, 10)
 	var err error
 	if down {
-		_, err = w.cli.Put(ctx, key, "")
+		_, err = cli.Put(ctx, key, "")
 	} else {
-		_, err = w.cli.Delete(ctx, key)
+		_, err = cli.Delete(ctx, key)
 	}
 	return err
 }
@@ -510,10 +568,11 @@ func (w *Watcher) MarkDown(id uint64, down bool) error {
 // so every router drains it until the mark is deleted or the worker's
 // registration ends.
 func (w *Watcher) MarkDrain(id uint64) error {
-	ctx, cancel := context.WithTimeout(context.Background(), w.o.DialTimeout+time.Second)
+	o, cli := w.conn()
+	ctx, cancel := context.WithTimeout(context.Background(), o.DialTimeout+time.Second)
 	defer cancel()
 	idText := strconv.FormatUint(id, 10)
-	resp, err := w.cli.Get(ctx, WorkersKey(w.o.Prefix)+idText)
+	resp, err := cli.Get(ctx, WorkersKey(o.Prefix)+idText)
 	if err != nil {
 		return err
 	}
@@ -521,7 +580,7 @@ func (w *Watcher) MarkDrain(id uint64) error {
 	if len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0 {
 		opts = append(opts, clientv3.WithLease(clientv3.LeaseID(resp.Kvs[0].Lease)))
 	}
-	_, err = w.cli.Put(ctx, root(w.o.Prefix)+"drain/"+idText, "", opts...)
+	_, err = cli.Put(ctx, root(o.Prefix)+"drain/"+idText, "", opts...)
 	return err
 }
 

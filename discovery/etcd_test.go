@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -243,4 +244,59 @@ func TestAKeyTakenOverOutlivesTheRegistrationBefore(t *testing.T) {
 	got, err = cli.Get(context.Background(), taken.Key())
 	require.NoError(t, err)
 	assert.Empty(t, got.Kvs, "its own Close deletes it")
+}
+
+// Reconnect moves the watch to another etcd (a reload's new endpoints):
+// its list puts the workers found there (one changed, one new), drains
+// the one it lacks and lifts the down mark it lacks, and the marks go to
+// the new etcd; a client that cannot be made leaves the watch as it was;
+// after Close, Reconnect is refused.
+func TestReconnectFollowsAnotherEtcd(t *testing.T) {
+	_, o, cli := testClient(t, "/r")
+	second := etcdtest.Start(t)
+	moved := testOptions(second, "/r")
+	cli2, err := client(moved)
+	require.NoError(t, err)
+	defer cli2.Close()
+	ctx := context.Background()
+	put := func(c *clientv3.Client, key, value string) {
+		t.Helper()
+		_, err := c.Put(ctx, root(o.Prefix)+key, value)
+		require.NoError(t, err)
+	}
+	put(cli, "workers/1", `{"url":"http://10.0.0.1:8000"}`)
+	put(cli, "workers/2", `{"url":"http://10.0.0.2:8000"}`)
+	put(cli, "down/2", "")
+	put(cli2, "workers/2", `{"url":"http://10.0.1.2:8000"}`)
+	put(cli2, "workers/3", `{"url":"http://10.0.1.3:8000"}`)
+
+	rec := &etcdtest.Recorder{}
+	w, err := Watch(o, rec)
+	require.NoError(t, err)
+	defer w.Close()
+	require.Eventually(t, func() bool { return w.Up() && w.Known(2) && rec.Down()[2] }, 5*time.Second, 10*time.Millisecond)
+
+	bad := moved
+	bad.CertFile, bad.KeyFile = filepath.Join(t.TempDir(), "missing.pem"), filepath.Join(t.TempDir(), "missing.key")
+	require.Error(t, w.Reconnect(bad))
+	put(cli, "workers/4", `{"url":"http://10.0.0.4:8000"}`)
+	require.Eventually(t, func() bool { return w.Known(4) }, 5*time.Second, 10*time.Millisecond, "the watch went on")
+
+	require.NoError(t, w.Reconnect(moved))
+	require.Eventually(t, func() bool { return w.Known(3) && !w.Known(1) && !w.Known(4) }, 5*time.Second, 10*time.Millisecond)
+	workers, drained := rec.State()
+	assert.Equal(t, "http://10.0.1.2:8000", workers[2].URL, "the new etcd's spec")
+	assert.ElementsMatch(t, []uint64{1, 4}, drained, "the workers the new etcd lacks")
+	assert.False(t, rec.Down()[2], "the down mark it lacks lifted")
+	require.NoError(t, w.MarkDown(3, true))
+	got, err := cli2.Get(ctx, root(o.Prefix)+"down/3")
+	require.NoError(t, err)
+	assert.Len(t, got.Kvs, 1, "the mark goes to the new etcd")
+	got, err = cli.Get(ctx, root(o.Prefix)+"down/3")
+	require.NoError(t, err)
+	assert.Empty(t, got.Kvs)
+
+	require.NoError(t, w.Close())
+	assert.ErrorIs(t, w.Reconnect(o), errClosed)
+	require.NoError(t, w.Close(), "a second Close is nothing")
 }
