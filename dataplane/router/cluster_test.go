@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"github.com/fastroute/fastroute/discovery/etcdtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // clusterRouter starts a router that discovers its workers on e.
@@ -375,4 +377,79 @@ func TestAReplicaStopsPromptlyWhileEtcdIsDown(t *testing.T) {
 	start := time.Now()
 	require.NoError(t, f.r.Close())
 	assert.Less(t, time.Since(start), 2*time.Second, "a registration attempt ends with the router (it would wait 5.5 s)")
+}
+
+// A reload that moves discovery.etcd to another etcd (new endpoints) has
+// the router follow it: the workers registered there join, those of the
+// etcd before are drained, and this replica's registration and its share
+// of the keys' use move there, their keys on the etcd before deleted. A
+// client certificate that does not load refuses the reload, and etcd
+// turned off waits for a restart.
+func TestAReloadMovesToAnotherEtcd(t *testing.T) {
+	before, after := etcdtest.Start(t), etcdtest.Start(t)
+	const prefix = "/moved"
+	admin := freeAdminAddrs(t, 1)
+	f := clusterRouter(t, before, prefix, func(c *config.Config) {
+		prefixByInFlight(true)(c)
+		c.AdminListen = admin[0]
+		c.Router.PrefixAffinity.Advertise = "http://" + admin[0]
+		c.APIKeysFile, c.APIKeysShareInterval = keysFile(t, "team-a "+teamAKey), 100*time.Millisecond
+	})
+	mocks := startMocks(t, 2)
+	for i, e := range []*etcdtest.Server{before, after} {
+		reg := register(t, e, prefix, mocks[i], uint64(i+1), 10*time.Second)
+		t.Cleanup(func() { _ = reg.Close() })
+	}
+	keysOn := func(e *etcdtest.Server, under string) int {
+		t.Helper()
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: time.Second})
+		require.NoError(t, err)
+		defer cli.Close()
+		resp, err := cli.Get(context.Background(), under, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		require.NoError(t, err)
+		return int(resp.Count)
+	}
+	servedBy := func() string {
+		t.Helper()
+		resp, text := f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+teamAKey)
+		require.Equal(t, http.StatusOK, resp.StatusCode, text)
+		return resp.Header.Get("x-fastroute-worker")
+	}
+	require.Eventually(t, func() bool {
+		return keysOn(before, discovery.RoutersKey(prefix)) == 1 && keysOn(before, discovery.UsageKey(prefix)) == 1
+	}, 5*time.Second, 10*time.Millisecond, "registered and sharing on the first etcd")
+	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(1); return ok }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { w, _ := f.r.Registry.Get(1); return w.Healthy() }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, "1", servedBy())
+
+	bad := f.r.CurrentConfig()
+	bad.Discovery.Etcd.Endpoints = []string{after.Endpoint}
+	bad.Discovery.Etcd.CertFile, bad.Discovery.Etcd.KeyFile = filepath.Join(t.TempDir(), "c.pem"), filepath.Join(t.TempDir(), "k.pem")
+	require.NoError(t, os.WriteFile(bad.Discovery.Etcd.CertFile, []byte("not a certificate"), 0o600))
+	require.NoError(t, os.WriteFile(bad.Discovery.Etcd.KeyFile, []byte("not a key"), 0o600))
+	_, _, err := f.r.Reload(bad)
+	assert.ErrorContains(t, err, "discovery.etcd")
+	assert.Equal(t, []string{before.Endpoint}, f.r.CurrentConfig().Discovery.Etcd.Endpoints, "refused: nothing changed")
+
+	applied, err := f.reloaded(func(c *config.Config) { c.Discovery.Etcd.Endpoints = []string{after.Endpoint} })
+	require.NoError(t, err)
+	assert.Contains(t, applied, fmt.Sprintf("discovery.etcd: endpoints [%s], prefix %s", after.Endpoint, prefix))
+	require.Eventually(t, func() bool {
+		_, gone := f.r.Registry.Get(1)
+		w, ok := f.r.Registry.Get(2)
+		return !gone && ok && w.Healthy()
+	}, 5*time.Second, 10*time.Millisecond, "the new etcd's worker joins, the one before's leaves")
+	assert.Equal(t, "2", servedBy())
+	require.Eventually(t, func() bool {
+		return keysOn(after, discovery.RoutersKey(prefix)) == 1 && keysOn(after, discovery.UsageKey(prefix)) == 1 &&
+			keysOn(before, discovery.RoutersKey(prefix)) == 0 && keysOn(before, discovery.UsageKey(prefix)) == 0
+	}, 5*time.Second, 10*time.Millisecond, "the registration and the keys' share moved")
+
+	off := f.r.CurrentConfig()
+	off.Discovery.Etcd, off.Router.PrefixAffinity.Advertise, off.APIKeysShareInterval = config.Etcd{}, "", 0
+	_, needRestart, err := f.r.Reload(off)
+	require.NoError(t, err)
+	assert.Contains(t, needRestart, "discovery", "etcd turned off waits for a restart")
+	assert.Equal(t, []string{after.Endpoint}, f.r.CurrentConfig().Discovery.Etcd.Endpoints)
+	f.assertIdle()
 }

@@ -87,23 +87,50 @@ func etcdOptions(e config.Etcd, log *slog.Logger) discovery.Options {
 		Username: e.Username, Password: e.Password, CertFile: e.CertFile, KeyFile: e.KeyFile, CAFile: e.CAFile, Logger: log}
 }
 
-// keepRegistered registers this replica's admin listener on etcd while
-// ctx lasts, when it shares prompt prefixes and advertises an address.
-func (r *Router) keepRegistered(ctx context.Context, log *slog.Logger) {
-	adv := r.Config.Router.PrefixAffinity.Advertise
+// keepRegistered registers this replica's admin listener on etcd e until
+// the router's close, or a reload's move to another etcd (moveEtcd), when
+// it shares prompt prefixes and advertises an address. The caller holds
+// reloadMu (a reload), or starts the router.
+func (r *Router) keepRegistered(e config.Etcd) {
+	adv := r.Config.Router.PrefixAffinity.Advertise // a restart's key
 	if r.Discovery == nil || r.PrefixShare == nil || adv == "" {
 		return
 	}
-	opts := etcdOptions(r.Config.Discovery.Etcd, log) // read now: a reload replaces r.Config
-	r.loops.Go(func() { discovery.KeepRouterRegistered(ctx, opts, adv, routerTTL) })
+	opts := etcdOptions(e, r.log)
+	l := r.start(func(ctx context.Context) { discovery.KeepRouterRegistered(ctx, opts, adv, routerTTL) })
+	r.registration = &l
 }
 
-// shareKeyUsage shares the API keys' use with the other replicas on etcd
-// every iv (api_keys_share_interval; 0: not shared) until stopKeyShare or
-// the router's close: this replica's under a key of its own, read back by
-// the others into their admissions. The caller holds reloadMu (a reload),
-// or starts the router.
-func (r *Router) shareKeyUsage(iv time.Duration) {
+// moveEtcd has the router follow etcd e (a reload's new endpoints, prefix,
+// credentials or TLS files): the watch of the workers (Reconnect), this
+// replica's registration (its key on the etcd before deleted) and the
+// share of the keys' use at interval iv (its key there deleted too; the
+// others' last known use counts until the new etcd's first share). A
+// client of e that cannot be made (a TLS file that does not load) is an
+// error, and nothing moved. The caller holds reloadMu.
+func (r *Router) moveEtcd(e config.Etcd, iv time.Duration) error {
+	if err := r.Discovery.Reconnect(etcdOptions(e, r.log)); err != nil {
+		return fmt.Errorf("discovery.etcd: %w", err)
+	}
+	if r.registration != nil {
+		r.registration.end()
+		r.registration = nil
+		r.keepRegistered(e)
+	}
+	if r.keyShare != nil {
+		r.keyShare.end()
+		r.keyShare = nil
+		r.shareKeyUsage(e, iv)
+	}
+	return nil
+}
+
+// shareKeyUsage shares the API keys' use with the other replicas on etcd e
+// every iv (api_keys_share_interval; 0: not shared) until stopKeyShare,
+// moveEtcd or the router's close: this replica's under a key of its own,
+// read back by the others into their admissions. The caller holds
+// reloadMu (a reload), or starts the router.
+func (r *Router) shareKeyUsage(e config.Etcd, iv time.Duration) {
 	if iv <= 0 {
 		return
 	}
@@ -123,7 +150,7 @@ func (r *Router) shareKeyUsage(iv time.Duration) {
 		}
 		r.APIKeys.SetPeerUsage(all)
 	}
-	opts, self := etcdOptions(r.Config.Discovery.Etcd, r.log), r.keyShareSelf
+	opts, self := etcdOptions(e, r.log), r.keyShareSelf
 	l := r.start(func(ctx context.Context) { discovery.ShareUsage(ctx, opts, self, iv, read, apply) })
 	r.keyShare = &l
 }

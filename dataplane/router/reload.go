@@ -21,37 +21,36 @@ import (
 // (replaced; the old spec's in-flight requests finish on it), and every key
 // a running router can change: the routing policy (router.mode,
 // busy_threshold, cpu_ratio, retries and their budget, prefix affinity's
-// slack, and its peers and share interval on a replica that shares, or
-// its table (turned on or off too: applyPrefixTable) on one that does not
-// (reloadablePrefixes), the routing knobs: routingKnobs, session
-// affinity's TTL and bound (SetMaxSessions), the phases' pickers, and the
-// embedding cache's size: a new, empty table), the front end's policy
-// (frontendPolicy: the limits of an exchange with a worker among them), a
-// client connection's own limits (SetClientLimits: the connections handed
-// to fasthttp from then on), the listener's bound on open connections and
-// its PROXY protocol headers, the wait queue (turned on or off too),
-// health's keys (its thresholds and ejections, the probes' interval,
-// timeout and path), the GPU/CPU readers (turned on or off too:
-// applyWeights), the engine scrapes (turned on or off too: applyEngines),
-// log format (FormatLogsWith), DNS discovery's names and interval, the
-// secrets and the clients' API keys (read again from their files or the
-// environment), the certificates and revocation lists (tls,
+// slack, and its peers and share interval on a replica that shares, or its
+// table (turned on or off too: applyPrefixTable) on one that does not
+// (reloadablePrefixes), the routing knobs: routingKnobs, session affinity's
+// TTL and bound (SetMaxSessions), the phases' pickers, and the embedding
+// cache's size: a new, empty table), the front end's policy (frontendPolicy:
+// the limits of an exchange with a worker among them), a client connection's
+// own limits (SetClientLimits: the connections handed to fasthttp from then
+// on), the listener's bound on open connections and its PROXY protocol
+// headers, the wait queue (turned on or off too), health's keys (its
+// thresholds and ejections, the probes' interval, timeout and path), the
+// GPU/CPU readers (turned on or off too: applyWeights), the engine scrapes
+// (turned on or off too: applyEngines), log format (FormatLogsWith), DNS
+// discovery's names and interval, etcd discovery's keys while it runs
+// (moveEtcd), the secrets and the clients' API keys (read again from their
+// files or the environment), the certificates and revocation lists (tls,
 // turned on or off too: applyListenerTLS, admin_tls: its certificate and
 // CAs, turned on or off too unless the replica advertises itself,
 // worker_tls's client certificate and the way workers' certificates are
-// checked: read again), the API keys' sharing interval (the share
-// started, stopped or started again: stopKeyShare, shareKeyUsage, where
-// the router runs with etcd), aliases, mirrors, tracing (its sample
-// ratio, its collector, turned on or off too: Tracer.Configure),
-// metrics_public, the shutdown keys, state_file (the state that runs
-// written to the new file, which replaces what it held) and pid_file
-// (this process's id written to the new file, the old one removed if it
-// holds it: pidfile.go). A config that fails validation is refused with
-// the same error as at start, and nothing changes. A key a running router
-// cannot change (a listener, disaggregation's protocol, etcd discovery),
-// or one whose field that cannot change changed beside those that can
-// (which holds the whole key back), is named in needRestart and keeps its
-// old value.
+// checked: read again), the API keys' sharing interval (the share started,
+// stopped or started again: stopKeyShare, shareKeyUsage, where the router
+// runs with etcd), aliases, mirrors, tracing (its sample ratio, its
+// collector, turned on or off too: Tracer.Configure), metrics_public, the
+// shutdown keys, state_file (the state that runs written to the new file,
+// which replaces what it held) and pid_file (this process's id written to
+// the new file, the old one removed if it holds it: pidfile.go). A config
+// that fails validation is refused with the same error as at start, and
+// nothing changes. A key a running router cannot change (a listener,
+// disaggregation's protocol, discovery turned on or off), or one whose field
+// that cannot change changed beside those that can (which holds the whole
+// key back), is named in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
@@ -138,11 +137,17 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// Disaggregation's pickers, bounds and fallback apply unless its
 	// protocol changed too.
 	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
-	// discovery.dns's names and interval apply while the router looks names
-	// up and will go on (a list emptied turns it off: a restart) and nothing
-	// else of discovery changed.
-	dnsRoundsApply := reflect.DeepEqual(old.Discovery, cfg.Discovery) ||
-		r.DNS != nil && len(cfg.Discovery.DNS.Names) > 0 && reflect.DeepEqual(withDNSRounds(old.Discovery, cfg.Discovery.DNS), cfg.Discovery)
+	// discovery applies, unless one of its parts cannot: discovery.dns's
+	// names and interval while the router looks names up and will go on (a
+	// list emptied turns it off: a restart), its other keys not at all;
+	// discovery.etcd's keys while the router watches etcd and will go on
+	// (turned on or off: a restart): the watch, this replica's
+	// registration and the keys' share follow the new etcd (moveEtcd).
+	od, nd := old.Discovery, cfg.Discovery
+	dnsApplies := reflect.DeepEqual(od.DNS, nd.DNS) ||
+		r.DNS != nil && len(nd.DNS.Names) > 0 && reflect.DeepEqual(withDNSRounds(od.DNS, nd.DNS), nd.DNS)
+	etcdApplies := reflect.DeepEqual(od.Etcd, nd.Etcd) || r.Discovery != nil && len(nd.Etcd.Endpoints) > 0
+	discoveryApplies := dnsApplies && etcdApplies
 	// api_keys_share_interval applies (the share started, stopped, or
 	// started again at the new interval) where the router runs with etcd
 	// to share on.
@@ -155,7 +160,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"admin_tls":               adminTLSApplies,
 		"router.prefix_affinity":  prefixesApply,
 		"router.disaggregation":   disaggApplies,
-		"discovery":               dnsRoundsApply,
+		"discovery":               discoveryApplies,
 		"log.format":              old.Log.Format == cfg.Log.Format || r.logFormat != nil,
 	} {
 		if !same {
@@ -163,6 +168,14 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		}
 	}
 	slices.Sort(needRestart)
+	etcdNow := od.Etcd // the etcd the router runs with once the reload applied
+	if discoveryApplies && !reflect.DeepEqual(od.Etcd, nd.Etcd) {
+		if err := r.moveEtcd(nd.Etcd, old.APIKeysShareInterval); err != nil {
+			return nil, needRestart, err
+		}
+		etcdNow = nd.Etcd
+		applied = append(applied, fmt.Sprintf("discovery.etcd: endpoints %v, prefix %s", nd.Etcd.Endpoints, nd.Etcd.Prefix))
+	}
 
 	if cfg.Router.Mode != old.Router.Mode || cfg.Router.BusyThreshold != old.Router.BusyThreshold || cfg.Router.CPURatio != old.Router.CPURatio {
 		if err := r.Selector.SetPolicy(cfg.Router.Mode, cfg.Router.BusyThreshold, cfg.Router.CPURatio); err != nil {
@@ -222,7 +235,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	if iv := cfg.APIKeysShareInterval; keyShareApplies && iv != old.APIKeysShareInterval {
 		r.stopKeyShare()
-		r.shareKeyUsage(iv)
+		r.shareKeyUsage(etcdNow, iv)
 		applied = append(applied, fmt.Sprintf("api_keys_share_interval=%v", iv))
 	}
 	if cfg.APIKeysFile != "" || old.APIKeysFile != "" {
@@ -287,13 +300,13 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	applied = append(applied, r.applyWeights(old.Telemetry, cfg.Telemetry)...)
 	applied = append(applied, r.applyEngines(old.Telemetry.Engine, cfg.Telemetry.Engine)...)
-	if names := cfg.Discovery.DNS.Names; dnsRoundsApply && !slices.Equal(names, old.Discovery.DNS.Names) {
+	if names := cfg.Discovery.DNS.Names; discoveryApplies && !slices.Equal(names, old.Discovery.DNS.Names) {
 		if err := r.DNS.SetNames(names); err != nil {
 			return nil, needRestart, err // Validate checked them: not reached
 		}
 		applied = append(applied, fmt.Sprintf("discovery.dns.names=%v", names))
 	}
-	if iv := cfg.Discovery.DNS.Interval; dnsRoundsApply && iv != old.Discovery.DNS.Interval {
+	if iv := cfg.Discovery.DNS.Interval; discoveryApplies && iv != old.Discovery.DNS.Interval {
 		r.DNS.SetInterval(iv)
 		applied = append(applied, fmt.Sprintf("discovery.dns.interval=%v", iv))
 	}
@@ -355,7 +368,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next.Tracing = cfg.Tracing
 	next.Health = cfg.Health
 	next.Router.Queue = cfg.Router.Queue
-	if dnsRoundsApply {
+	if discoveryApplies {
 		next.Discovery = cfg.Discovery
 	}
 	next.Telemetry = cfg.Telemetry
@@ -475,8 +488,8 @@ func routingChanges(old, cfg config.Config, disagg bool) []string {
 }
 
 // withDNSRounds is d with the names and interval of dns.
-func withDNSRounds(d config.Discovery, dns config.DNS) config.Discovery {
-	d.DNS.Names, d.DNS.Interval = dns.Names, dns.Interval
+func withDNSRounds(d, dns config.DNS) config.DNS {
+	d.Names, d.Interval = dns.Names, dns.Interval
 	return d
 }
 

@@ -91,6 +91,7 @@ type Router struct {
 	prefixes              atomic.Pointer[affinity.Prefixes] // the prefix table; nil while router.prefix_affinity is off
 	keyShare              *running                          // the API keys' use shared on etcd (shareKeyUsage); nil: not shared. Under reloadMu
 	keyShareSelf          string                            // this replica's key there
+	registration          *running                          // this replica's registration on etcd (keepRegistered); nil: none. Under reloadMu
 	logFormat             func(string)                      // sets log.format (FormatLogsWith); nil: a restart's
 }
 
@@ -348,8 +349,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	if r.PrefixShare != nil {
 		r.loops.Go(func() { r.PrefixShare.Run(ctx) })
 	}
-	r.keepRegistered(ctx, log)
-	r.shareKeyUsage(cfg.APIKeysShareInterval)
+	r.keepRegistered(cfg.Discovery.Etcd)
+	r.shareKeyUsage(cfg.Discovery.Etcd, cfg.APIKeysShareInterval)
 	r.startDNS(ctx)
 	r.Tracer.Start()
 	log.Info("fastroute started", "listen", r.Addr(), "admin", r.AdminAddr(),
@@ -452,6 +453,9 @@ func (r *Router) Close() error {
 	}
 	if r.keyShare != nil {
 		r.keyShare.end() // its key deleted from etcd
+	}
+	if r.registration != nil {
+		r.registration.end() // its key deleted from etcd
 	}
 	r.reloadMu.Unlock()
 	r.loops.Wait()
