@@ -15,7 +15,9 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/discovery"
+	"github.com/fastroute/fastroute/discovery/etcdlocal"
 	"github.com/fastroute/fastroute/discovery/etcdtest"
+	"github.com/fastroute/fastroute/internal/testpki"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -452,4 +454,46 @@ func TestAReloadMovesToAnotherEtcd(t *testing.T) {
 	assert.Contains(t, needRestart, "discovery", "etcd turned off waits for a restart")
 	assert.Equal(t, []string{after.Endpoint}, f.r.CurrentConfig().Discovery.Etcd.Endpoints)
 	f.assertIdle()
+}
+
+// etcd's TLS files are read again at a reload: a router whose CA file
+// trusts another CA than the one that signed etcd's certificate finds no
+// worker; the right CA written over the file, under the same name, and a
+// reload of the same config, it follows etcd.
+func TestAReloadReadsEtcdsTLSFilesAgain(t *testing.T) {
+	ca, other := testpki.Root(t, "etcd-ca"), testpki.Root(t, "another-ca")
+	serverCert, serverKey := ca.Server("etcd", 10).Files()
+	caFile := testpki.WriteFile(t, "ca.pem", testpki.CertPEM(ca.Cert))
+	e := etcdtest.StartTLS(t, &etcdlocal.TLS{CertFile: serverCert, KeyFile: serverKey, CAFile: caFile})
+	const prefix = "/tls"
+	clientCert, clientKey := ca.Client("router", 11).Files()
+	secure := config.Etcd{Endpoints: []string{e.Endpoint}, Prefix: prefix, DialTimeout: time.Second, CertFile: clientCert, KeyFile: clientKey}
+	m := startMocks(t, 1)[0]
+	reg, err := discovery.Register(etcdOptions(func() config.Etcd { c := secure; c.CAFile = caFile; return c }(), nil),
+		dataplane.WorkerSpec{ID: 1, URL: m.URL()}, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = reg.Close() })
+
+	trusted := testpki.WriteFile(t, "trusted.pem", testpki.CertPEM(other.Cert))
+	f := startFleet(t, nil, func(c *config.Config) {
+		c.Discovery.Etcd = secure
+		c.Discovery.Etcd.CAFile = trusted
+	})
+	time.Sleep(500 * time.Millisecond) // lists that fail their handshakes
+	assert.Zero(t, f.r.Registry.Snapshot().Len(), "etcd's certificate is not trusted")
+	assert.False(t, f.r.Discovery.Up())
+
+	require.NoError(t, os.WriteFile(trusted, testpki.CertPEM(ca.Cert), 0o600))
+	applied, err := f.reloaded(func(*config.Config) {})
+	require.NoError(t, err)
+	assert.Equal(t, []string{fmt.Sprintf("discovery.etcd: endpoints [%s], prefix %s (its TLS files replaced)", e.Endpoint, prefix)}, applied)
+	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(1); return ok && f.r.Discovery.Up() }, 5*time.Second, 10*time.Millisecond,
+		"the CA read again: etcd trusted")
+	applied, err = f.reloaded(func(*config.Config) {})
+	require.NoError(t, err)
+	assert.Empty(t, applied, "the files unchanged: nothing moves")
+
+	require.NoError(t, os.Remove(trusted))
+	_, err = f.reloaded(func(*config.Config) {})
+	assert.ErrorContains(t, err, "discovery.etcd.ca_file")
 }

@@ -3,10 +3,12 @@ package router
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"reflect"
 	"time"
 
@@ -45,11 +47,15 @@ func (r *Router) startDiscovery(log *slog.Logger) error {
 	if len(e.Endpoints) == 0 {
 		return nil
 	}
+	files, err := etcdFilesDigest(e) // before the client reads them: a file replaced meanwhile is read again at the next reload
+	if err != nil {
+		return err
+	}
 	w, err := discovery.Watch(etcdOptions(e, log), discoveryTarget{r, "on etcd"})
 	if err != nil {
 		return fmt.Errorf("discovery.etcd: %w", err)
 	}
-	r.Discovery = w
+	r.Discovery, r.etcdFiles = w, files
 	r.Metrics.Register(func(mw *metrics.Writer) {
 		up := 0.0
 		if w.Up() {
@@ -75,6 +81,24 @@ func (r *Router) startDNS(ctx context.Context) {
 // knownDiscovered reports a worker found on etcd or in DNS.
 func (r *Router) knownDiscovered(id uint64) bool {
 	return (r.Discovery != nil && r.Discovery.Known(id)) || (r.DNS != nil && r.DNS.Known(id))
+}
+
+// etcdFilesDigest is a digest of what discovery.etcd's TLS files hold
+// (none: the digest of nothing), so that a reload tells one replaced
+// under its name.
+func etcdFilesDigest(e config.Etcd) ([sha256.Size]byte, error) {
+	h := sha256.New()
+	for _, f := range []struct{ key, path string }{{"cert_file", e.CertFile}, {"key_file", e.KeyFile}, {"ca_file", e.CAFile}} {
+		if f.path != "" {
+			b, err := os.ReadFile(f.path)
+			if err != nil {
+				return [sha256.Size]byte{}, fmt.Errorf("key discovery.etcd.%s: %w", f.key, err)
+			}
+			h.Write(b)
+		}
+		h.Write([]byte{0}) // a file's end
+	}
+	return [sha256.Size]byte(h.Sum(nil)), nil
 }
 
 // routerTTL is the lease of a replica's key on etcd: a replica that dies

@@ -148,6 +148,16 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.DNS != nil && len(nd.DNS.Names) > 0 && reflect.DeepEqual(withDNSRounds(od.DNS, nd.DNS), nd.DNS)
 	etcdApplies := reflect.DeepEqual(od.Etcd, nd.Etcd) || r.Discovery != nil && len(nd.Etcd.Endpoints) > 0
 	discoveryApplies := dnsApplies && etcdApplies
+	// etcd's TLS files are read again: one replaced under its name (a
+	// rotated client certificate) moves the router to the etcd it names,
+	// as a new key would.
+	etcdMoves, etcdFiles := !reflect.DeepEqual(od.Etcd, nd.Etcd), r.etcdFiles
+	if r.Discovery != nil && len(nd.Etcd.Endpoints) > 0 {
+		if etcdFiles, err = etcdFilesDigest(nd.Etcd); err != nil {
+			return nil, nil, err
+		}
+	}
+	filesReplaced := etcdFiles != r.etcdFiles
 	// api_keys_share_interval applies (the share started, stopped, or
 	// started again at the new interval) where the router runs with etcd
 	// to share on.
@@ -169,12 +179,16 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	slices.Sort(needRestart)
 	etcdNow := od.Etcd // the etcd the router runs with once the reload applied
-	if discoveryApplies && !reflect.DeepEqual(od.Etcd, nd.Etcd) {
+	if discoveryApplies && (etcdMoves || filesReplaced) {
 		if err := r.moveEtcd(nd.Etcd, old.APIKeysShareInterval); err != nil {
 			return nil, needRestart, err
 		}
-		etcdNow = nd.Etcd
-		applied = append(applied, fmt.Sprintf("discovery.etcd: endpoints %v, prefix %s", nd.Etcd.Endpoints, nd.Etcd.Prefix))
+		etcdNow, r.etcdFiles = nd.Etcd, etcdFiles
+		change := fmt.Sprintf("discovery.etcd: endpoints %v, prefix %s", nd.Etcd.Endpoints, nd.Etcd.Prefix)
+		if !etcdMoves {
+			change += " (its TLS files replaced)"
+		}
+		applied = append(applied, change)
 	}
 
 	if cfg.Router.Mode != old.Router.Mode || cfg.Router.BusyThreshold != old.Router.BusyThreshold || cfg.Router.CPURatio != old.Router.CPURatio {

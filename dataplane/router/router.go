@@ -4,6 +4,7 @@ package router
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -92,6 +93,7 @@ type Router struct {
 	keyShare              *running                          // the API keys' use shared on etcd (shareKeyUsage); nil: not shared. Under reloadMu
 	keyShareSelf          string                            // this replica's key there
 	registration          *running                          // this replica's registration on etcd (keepRegistered); nil: none. Under reloadMu
+	etcdFiles             [sha256.Size]byte                 // what discovery.etcd's TLS files held when its client was made (etcdFilesDigest). Under reloadMu
 	logFormat             func(string)                      // sets log.format (FormatLogsWith); nil: a restart's
 }
 

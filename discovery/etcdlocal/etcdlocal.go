@@ -18,10 +18,15 @@ import (
 // ErrNotInstalled says the etcd binary is not on PATH.
 var ErrNotInstalled = errors.New("etcd not found: install it (Debian: apt-get install etcd-server)")
 
+// TLS names the files of an etcd that serves its clients over TLS and
+// asks each for a certificate its CA file signs (--client-cert-auth).
+type TLS struct{ CertFile, KeyFile, CAFile string }
+
 // Process is a running (or stopped) etcd.
 type Process struct {
 	// Endpoint is its client address, host:port.
 	Endpoint string
+	tls      *TLS
 	peer     string
 	dir      string
 	cmd      *exec.Cmd
@@ -31,11 +36,15 @@ type Process struct {
 
 // Start starts etcd on free loopback ports, keeping its data and logs in
 // dir, and waits until it takes connections.
-func Start(dir string) (*Process, error) {
+func Start(dir string) (*Process, error) { return StartTLS(dir, nil) }
+
+// StartTLS is Start with the clients served over TLS as t says (nil:
+// plain).
+func StartTLS(dir string, t *TLS) (*Process, error) {
 	if _, err := exec.LookPath("etcd"); err != nil {
 		return nil, ErrNotInstalled
 	}
-	p := &Process{dir: dir}
+	p := &Process{dir: dir, tls: t}
 	var err error
 	if p.Endpoint, err = loopback.FreeAddr(); err == nil {
 		p.peer, err = loopback.FreeAddr()
@@ -49,10 +58,16 @@ func Start(dir string) (*Process, error) {
 // Restart starts a stopped etcd again on the same ports and data.
 func (p *Process) Restart() error {
 	p.starts++
-	p.cmd = exec.Command("etcd", "--name", "local", "--data-dir", filepath.Join(p.dir, "data"),
-		"--listen-client-urls", "http://"+p.Endpoint, "--advertise-client-urls", "http://"+p.Endpoint,
-		"--listen-peer-urls", "http://"+p.peer, "--initial-advertise-peer-urls", "http://"+p.peer,
-		"--initial-cluster", "local=http://"+p.peer)
+	scheme := "http://"
+	args := []string{"--name", "local", "--data-dir", filepath.Join(p.dir, "data"),
+		"--listen-peer-urls", "http://" + p.peer, "--initial-advertise-peer-urls", "http://" + p.peer,
+		"--initial-cluster", "local=http://" + p.peer}
+	if t := p.tls; t != nil {
+		scheme = "https://"
+		args = append(args, "--cert-file", t.CertFile, "--key-file", t.KeyFile, "--trusted-ca-file", t.CAFile, "--client-cert-auth")
+	}
+	args = append(args, "--listen-client-urls", scheme+p.Endpoint, "--advertise-client-urls", scheme+p.Endpoint)
+	p.cmd = exec.Command("etcd", args...)
 	log, err := os.Create(filepath.Join(p.dir, fmt.Sprintf("etcd-%d.log", p.starts)))
 	if err != nil {
 		return err

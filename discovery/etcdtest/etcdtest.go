@@ -24,7 +24,14 @@ type Server struct {
 // test when etcd is not installed.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	p, err := etcdlocal.Start(t.TempDir())
+	return StartTLS(t, nil)
+}
+
+// StartTLS is Start with the clients served over TLS as tls says (nil:
+// plain).
+func StartTLS(t testing.TB, tls *etcdlocal.TLS) *Server {
+	t.Helper()
+	p, err := etcdlocal.StartTLS(t.TempDir(), tls)
 	if errors.Is(err, etcdlocal.ErrNotInstalled) {
 		t.Skip("etcd not installed (Debian package etcd-server; .ci/run installs it)")
 	}

@@ -1,7 +1,7 @@
 // Package testpki makes a small public-key infrastructure for a test: a
-// root certificate authority, intermediate CAs and client certificates
-// they sign, and the certificate revocation lists (CRLs) they issue,
-// written as PEM files where a config names files.
+// root certificate authority, intermediate CAs and the client and server
+// certificates they sign, and the certificate revocation lists (CRLs)
+// they issue, written as PEM files where a config names files.
 package testpki
 
 import (
@@ -13,6 +13,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -66,7 +67,7 @@ func NewTwoTier(tb testing.TB, root, issuing string) TwoTier {
 	return p
 }
 
-// Leaf is a client certificate and its key, as PEM, and the chain it is
+// Leaf is a client or server certificate and its key, as PEM, and the chain it is
 // shown with (the intermediate CAs between it and its root), leaf first.
 type Leaf struct {
 	Cert    *x509.Certificate
@@ -88,14 +89,31 @@ func (a *Authority) Client(name string, serial int64, intermediates ...*Authorit
 // ClientUntil is Client valid until notAfter (from two hours before it).
 func (a *Authority) ClientUntil(name string, serial int64, notAfter time.Time, intermediates ...*Authority) *Leaf {
 	a.tb.Helper()
-	key := NewKey(a.tb)
 	tmpl := template(name, serial, false)
 	tmpl.NotBefore, tmpl.NotAfter = notAfter.Add(-2*time.Hour), notAfter
+	return a.sign(tmpl, intermediates)
+}
+
+// Server is a server certificate for loopback (127.0.0.1, ::1 and
+// localhost) named name that a signs, of serial number serial, valid an
+// hour either side of now; it serves as a client certificate too.
+func (a *Authority) Server(name string, serial int64) *Leaf {
+	a.tb.Helper()
+	tmpl := template(name, serial, false)
+	tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+	tmpl.IPAddresses, tmpl.DNSNames = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, []string{"localhost"}
+	return a.sign(tmpl, nil)
+}
+
+// sign makes the leaf of tmpl that a signs, with a key of its own.
+func (a *Authority) sign(tmpl *x509.Certificate, intermediates []*Authority) *Leaf {
+	a.tb.Helper()
+	key := NewKey(a.tb)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.Cert, &key.PublicKey, a.key)
 	require.NoError(a.tb, err)
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	require.NoError(a.tb, err)
-	l := &Leaf{Cert: parse(a.tb, der), Serial: serial, tb: a.tb,
+	l := &Leaf{Cert: parse(a.tb, der), Serial: tmpl.SerialNumber.Int64(), tb: a.tb,
 		KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})}
 	l.Chain = []*x509.Certificate{l.Cert}
 	l.CertPEM = CertPEM(l.Cert)
