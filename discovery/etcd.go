@@ -131,6 +131,16 @@ type DownTarget interface {
 	SetDown(id uint64, down bool)
 }
 
+// Settler is a Target that readies the workers it was just given for
+// requests (a health probe of each): a list that puts new workers and
+// drains others (an etcd moved to by Reconnect, one that changed during an
+// outage) waits for it between the two, so that the workers that replace
+// the drained ones take requests by then.
+type Settler interface {
+	Target
+	Settle()
+}
+
 // PeerTarget is a Target that also follows the router replicas
 // registered on etcd (RegisterRouter).
 type PeerTarget interface {
@@ -328,7 +338,8 @@ func (w *Watcher) follow(ctx context.Context, prefix string, rev int64) {
 }
 
 // sync applies a full list: the drain and down marks, then every worker
-// put and every known worker not listed drained.
+// put and every known worker not listed drained (once the new ones
+// settled: Settler).
 func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
 	listed := map[string]map[uint64]bool{"drain": {}, "down": {}, "workers": {}}
 	peers := map[string]string{}
@@ -343,6 +354,12 @@ func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
 	w.mu.Lock()
 	lifted, gone := unlisted(w.marks, listed["drain"]), unlisted(w.known, listed["workers"])
 	up := unlisted(w.downs, listed["down"])
+	var fresh []uint64 // the workers listed that were not known
+	for id := range listed["workers"] {
+		if _, ok := w.known[id]; !ok {
+			fresh = append(fresh, id)
+		}
+	}
 	for _, id := range gone {
 		delete(w.known, id)
 	}
@@ -363,6 +380,9 @@ func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
 		if kind, _, ok := w.parse(string(kv.Key)); ok && kind == "workers" {
 			w.apply(string(kv.Key), kv.Value, false)
 		}
+	}
+	if s, ok := w.target.(Settler); ok && len(gone) > 0 && len(fresh) > 0 {
+		s.Settle()
 	}
 	for _, id := range gone {
 		w.log.Info("worker gone from etcd: draining", "worker", id)

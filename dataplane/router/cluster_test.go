@@ -436,6 +436,15 @@ func TestAReloadMovesToAnotherEtcd(t *testing.T) {
 	applied, err := f.reloaded(func(c *config.Config) { c.Discovery.Etcd.Endpoints = []string{after.Endpoint} })
 	require.NoError(t, err)
 	assert.Contains(t, applied, fmt.Sprintf("discovery.etcd: endpoints [%s], prefix %s", after.Endpoint, prefix))
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		w1, has1 := f.r.Registry.Get(1)
+		if !has1 || w1.Draining() {
+			w2, has2 := f.r.Registry.Get(2)
+			require.True(t, has2 && w2.Healthy(), "the new etcd's worker takes requests before the old one's leaves")
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "worker 1 leaves")
+	}
 	require.Eventually(t, func() bool {
 		_, gone := f.r.Registry.Get(1)
 		w, ok := f.r.Registry.Get(2)

@@ -255,6 +255,10 @@ func (t discoveryTarget) Put(spec dataplane.WorkerSpec) error {
 	return nil
 }
 
+// Settle probes the workers at once (discovery.Settler), so that the
+// workers a list put take requests before the ones it lacks are drained.
+func (t discoveryTarget) Settle() { t.r.Health.CheckOnce() }
+
 // Drain drains a worker that left etcd or DNS: its requests finish.
 func (t discoveryTarget) Drain(id uint64) { _ = t.r.Registry.Drain(id) }
 

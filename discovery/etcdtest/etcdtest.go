@@ -6,6 +6,7 @@ package etcdtest
 import (
 	"errors"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 
@@ -52,6 +53,22 @@ type Recorder struct {
 	put     map[uint64]dataplane.WorkerSpec
 	drained []uint64
 	down    map[uint64]bool
+	settled []int // how many drains came before each Settle
+}
+
+// Settle records that the watcher waited for the workers put to be ready
+// (discovery.Settler), after the drains so far.
+func (r *Recorder) Settle() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.settled = append(r.settled, len(r.drained))
+}
+
+// Settled returns, for each Settle, how many drains had come before it.
+func (r *Recorder) Settled() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.settled)
 }
 
 // Put records an added or replaced worker.
