@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -160,8 +161,9 @@ func TestStateFileKeepsHandDrainsOfDNSWorkers(t *testing.T) {
 
 // A reload changes the names discovery.dns looks up, from the next round
 // on: a name added brings its workers, one dropped takes its workers
-// away; and its interval, from the reload. Its other keys, or a list
-// emptied, wait for a restart.
+// away; its interval, from the reload; and its other keys from the next
+// round (a new scheme and fields replace a worker). A list emptied waits
+// for a restart.
 func TestAReloadChangesTheDNSNames(t *testing.T) {
 	srv, err := fakedns.Start()
 	require.NoError(t, err)
@@ -212,19 +214,26 @@ func TestAReloadChangesTheDNSNames(t *testing.T) {
 	srv.Set("b.fastroute.test", "127.0.0.2")
 	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(one); return !ok }, 5*time.Second, 10*time.Millisecond)
 
-	for _, change := range []func(c *config.Config){
-		func(c *config.Config) {
-			c.Discovery.DNS.Names, c.Discovery.DNS.Family = []string{nameA}, dns.PreferIPv6
-		},
-		func(c *config.Config) { c.Discovery.DNS.Names = nil },
-	} {
-		cfg := f.r.CurrentConfig()
-		change(&cfg)
-		applied, needRestart, err = f.r.Reload(cfg)
-		require.NoError(t, err)
-		assert.Empty(t, applied)
-		assert.Equal(t, []string{"discovery"}, needRestart)
-	}
+	// Its other keys apply from the next round too: a new scheme and
+	// worker fields replace the worker (the same address: the same id).
+	applied, err = f.reloaded(func(c *config.Config) {
+		c.Discovery.DNS.Scheme, c.Discovery.DNS.Worker.Capacity, c.Discovery.DNS.Family = "https", 8, dns.PreferIPv6
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"discovery.dns.scheme=https", "discovery.dns.family=prefer_ipv6",
+		fmt.Sprintf("discovery.dns.worker=%+v", f.r.CurrentConfig().Discovery.DNS.Worker)}, applied)
+	require.Eventually(t, func() bool {
+		w, ok := f.r.Registry.Get(two)
+		return ok && w.Spec().URL == "https://127.0.0.2:"+strconv.Itoa(port) && w.Spec().Capacity == 8
+	}, 5*time.Second, 10*time.Millisecond, "the worker takes the new scheme and fields")
+
+	// A list emptied turns DNS discovery off: a restart.
+	cfg := f.r.CurrentConfig()
+	cfg.Discovery.DNS.Names = nil
+	applied, needRestart, err = f.r.Reload(cfg)
+	require.NoError(t, err)
+	assert.Empty(t, applied)
+	assert.Equal(t, []string{"discovery"}, needRestart)
 	time.Sleep(200 * time.Millisecond) // ten rounds
 	assert.True(t, has(two))
 	_, ok := f.r.Registry.Get(one)

@@ -33,8 +33,8 @@ import (
 // thresholds and ejections, the probes' interval, timeout and path), the
 // GPU/CPU readers (turned on or off too: applyWeights), the engine scrapes
 // (turned on or off too: applyEngines), log format (FormatLogsWith), DNS
-// discovery's names and interval, etcd discovery's keys while it runs
-// (moveEtcd), the secrets and the clients' API keys (read again from their
+// discovery's keys and etcd discovery's while each runs (Reconfigure,
+// moveEtcd), the secrets and the clients' API keys (read again from their
 // files or the environment), the certificates and revocation lists (tls,
 // turned on or off too: applyListenerTLS, admin_tls: its certificate and
 // CAs, turned on or off too unless the replica advertises itself,
@@ -138,14 +138,13 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// protocol changed too.
 	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
 	// discovery applies, unless one of its parts cannot: discovery.dns's
-	// names and interval while the router looks names up and will go on (a
-	// list emptied turns it off: a restart), its other keys not at all;
+	// keys while the router looks names up and will go on (a list emptied
+	// turns it off: a restart), from the next round (Reconfigure);
 	// discovery.etcd's keys while the router watches etcd and will go on
 	// (turned on or off: a restart): the watch, this replica's
 	// registration and the keys' share follow the new etcd (moveEtcd).
 	od, nd := old.Discovery, cfg.Discovery
-	dnsApplies := reflect.DeepEqual(od.DNS, nd.DNS) ||
-		r.DNS != nil && len(nd.DNS.Names) > 0 && reflect.DeepEqual(withDNSRounds(od.DNS, nd.DNS), nd.DNS)
+	dnsApplies := reflect.DeepEqual(od.DNS, nd.DNS) || r.DNS != nil && len(nd.DNS.Names) > 0
 	etcdApplies := reflect.DeepEqual(od.Etcd, nd.Etcd) || r.Discovery != nil && len(nd.Etcd.Endpoints) > 0
 	discoveryApplies := dnsApplies && etcdApplies
 	// etcd's TLS files are read again: one replaced under its name (a
@@ -314,15 +313,17 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	applied = append(applied, r.applyWeights(old.Telemetry, cfg.Telemetry)...)
 	applied = append(applied, r.applyEngines(old.Telemetry.Engine, cfg.Telemetry.Engine)...)
-	if names := cfg.Discovery.DNS.Names; discoveryApplies && !slices.Equal(names, old.Discovery.DNS.Names) {
-		if err := r.DNS.SetNames(names); err != nil {
-			return nil, needRestart, err // Validate checked them: not reached
+	if discoveryApplies && !reflect.DeepEqual(od.DNS, nd.DNS) {
+		if err := r.DNS.Reconfigure(nd.DNS.Options(r.log)); err != nil {
+			return nil, needRestart, err // Validate checked it: not reached
 		}
-		applied = append(applied, fmt.Sprintf("discovery.dns.names=%v", names))
-	}
-	if iv := cfg.Discovery.DNS.Interval; discoveryApplies && iv != old.Discovery.DNS.Interval {
-		r.DNS.SetInterval(iv)
-		applied = append(applied, fmt.Sprintf("discovery.dns.interval=%v", iv))
+		applied = append(applied, changes(
+			keyChange{"discovery.dns.names", slices.Equal(od.DNS.Names, nd.DNS.Names), nd.DNS.Names},
+			keyChange{"discovery.dns.interval", od.DNS.Interval == nd.DNS.Interval, nd.DNS.Interval},
+			keyChange{"discovery.dns.server", od.DNS.Server == nd.DNS.Server, nd.DNS.Server},
+			keyChange{"discovery.dns.scheme", od.DNS.Scheme == nd.DNS.Scheme, nd.DNS.Scheme},
+			keyChange{"discovery.dns.family", od.DNS.Family == nd.DNS.Family, nd.DNS.Family},
+			keyChange{"discovery.dns.worker", reflect.DeepEqual(od.DNS.Worker, nd.DNS.Worker), fmt.Sprintf("%+v", nd.DNS.Worker)})...)
 	}
 	if n := cfg.Router.EmbeddingCacheSize; n != old.Router.EmbeddingCacheSize {
 		r.Selector.Reroute(func(rt *dataplane.Routing) { rt.EmbedCache = embedCache(n) })
@@ -499,12 +500,6 @@ func routingChanges(old, cfg config.Config, disagg bool) []string {
 		keyChange{"router.disaggregation.max_prefill_queue", !disagg || od.MaxPrefillQueue == nd.MaxPrefillQueue, nd.MaxPrefillQueue},
 		keyChange{"router.disaggregation.fallback", !disagg || od.Fallback == nd.Fallback, nd.Fallback},
 	)
-}
-
-// withDNSRounds is d with the names and interval of dns.
-func withDNSRounds(d, dns config.DNS) config.DNS {
-	d.Names, d.Interval = dns.Names, dns.Interval
-	return d
 }
 
 // routedConfig is old with the keys routingChanges compares taken from

@@ -74,10 +74,10 @@ const (
 
 // Watcher keeps a Target in step with the addresses of Options.Names.
 type Watcher struct {
-	o        Options       // its Names guarded by mu (SetNames)
-	every    *every.Period // Options.Interval as it is now (SetInterval)
+	o        Options       // its Names, Server, Scheme, Family and Worker guarded by mu (Reconfigure)
+	every    *every.Period // Options.Interval as it is now (Reconfigure)
 	target   discovery.Target
-	resolver *net.Resolver
+	resolver *net.Resolver // Options.Server's; guarded by mu
 	// putting makes a worker's put (putAddr: its hold checked, the put,
 	// its record) and a Hold one after the other: a put that checked
 	// before a Hold would otherwise land after it, and so after the
@@ -100,15 +100,21 @@ func New(o Options, t discovery.Target) (*Watcher, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	w := &Watcher{o: o, target: t, every: every.NewPeriod(o.Interval), names: map[string][]uint64{}, put: map[uint64]string{}, held: map[uint64]string{}, refused: map[uint64]bool{}, failing: map[string]bool{}}
-	w.resolver = net.DefaultResolver
-	if o.Server != "" {
-		var d net.Dialer
-		w.resolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, network, o.Server)
-		}}
-	}
+	w := &Watcher{o: o, target: t, every: every.NewPeriod(o.Interval), resolver: resolverOf(o.Server),
+		names: map[string][]uint64{}, put: map[uint64]string{}, held: map[uint64]string{}, refused: map[uint64]bool{}, failing: map[string]bool{}}
 	return w, nil
+}
+
+// resolverOf is the resolver that asks server (host:port; "": the
+// system's).
+func resolverOf(server string) *net.Resolver {
+	if server == "" {
+		return net.DefaultResolver
+	}
+	var d net.Dialer
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, network, server)
+	}}
 }
 
 // Check reports the first field of o that is wrong, by its name.
@@ -165,20 +171,16 @@ func (w *Watcher) Run(ctx context.Context) {
 	w.every.Tick(ctx, func() { w.Sync(ctx) })
 }
 
-// SetInterval changes Options.Interval (a reload): the next round comes d
-// from now (every.Period), each lookup within it (at most 5 s).
-func (w *Watcher) SetInterval(d time.Duration) { w.every.Set(d) }
-
 // Sync is one round: each name looked up (each within an Interval, at
 // most 5 s), the workers of the addresses found put, and those of
 // addresses no name holds any more drained. A name whose lookup fails
 // keeps its workers; one that does not exist (NXDOMAIN) has none.
 func (w *Watcher) Sync(ctx context.Context) {
 	w.mu.Lock()
-	names := w.o.Names
+	rd := round{o: w.o, resolver: w.resolver}
 	w.mu.Unlock()
-	for _, n := range names {
-		found, err := w.lookup(ctx, n)
+	for _, n := range rd.o.Names {
+		found, err := w.lookup(ctx, rd, n)
 		if err != nil {
 			w.setFailing(n, err)
 			continue
@@ -186,10 +188,10 @@ func (w *Watcher) Sync(ctx context.Context) {
 		w.setFailing(n, nil)
 		ids := make([]uint64, 0, len(found))
 		for _, a := range found {
-			ids = append(ids, w.putAddr(a))
+			ids = append(ids, w.putAddr(rd, a))
 		}
 		w.mu.Lock()
-		if slices.Contains(w.o.Names, n) { // not dropped by SetNames meanwhile
+		if slices.Contains(w.o.Names, n) { // not dropped by Reconfigure meanwhile
 			w.names[n] = ids
 		}
 		w.mu.Unlock()
@@ -197,23 +199,39 @@ func (w *Watcher) Sync(ctx context.Context) {
 	w.drainGone()
 }
 
-// SetNames replaces the names looked up (a reload), from the next round
-// on: a name added is looked up then, and the workers only a dropped name
-// held are drained then. An invalid name refuses the whole list.
-func (w *Watcher) SetNames(names []string) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	o := w.o
-	o.Names = names
+// round is what one round (Sync) looks up and puts by: the options and
+// resolver as it began.
+type round struct {
+	o        Options
+	resolver *net.Resolver
+}
+
+// Reconfigure applies o (a reload's) from the next round on: its names (a
+// name added is looked up then, and the workers only a dropped name held
+// are drained then), its server, scheme, family and worker fields (each
+// worker found then takes them: a new scheme or field replaces it, a
+// family that takes other addresses drains the ones it drops), and its
+// interval, from now (every.Period; unchanged, the round keeps its time).
+// Its Logger and HoldsChanged are the Watcher's own. An invalid o
+// changes nothing.
+func (w *Watcher) Reconfigure(o Options) error {
 	if err := o.Check(); err != nil {
 		return err
 	}
-	w.o.Names = slices.Clone(names)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.o.Names, w.o.Interval, w.o.Scheme, w.o.Family, w.o.Worker = slices.Clone(o.Names), o.Interval, o.Scheme, o.Family, o.Worker
+	if o.Server != w.o.Server {
+		w.o.Server, w.resolver = o.Server, resolverOf(o.Server)
+	}
 	for n := range w.names {
-		if !slices.Contains(names, n) {
+		if !slices.Contains(o.Names, n) {
 			delete(w.names, n)
 			delete(w.failing, n)
 		}
+	}
+	if o.Interval != w.every.Get() {
+		w.every.Set(o.Interval)
 	}
 	return nil
 }
@@ -222,18 +240,18 @@ func (w *Watcher) SetNames(names []string) error {
 // addresses on its port, or an SRV name's targets' addresses on their
 // ports, each host's of the family Options.Family takes. A name that does
 // not exist has none; an error is a lookup that failed.
-func (w *Watcher) lookup(ctx context.Context, name string) ([]netip.AddrPort, error) {
+func (w *Watcher) lookup(ctx context.Context, rd round, name string) ([]netip.AddrPort, error) {
 	ctx, cancel := context.WithTimeout(ctx, min(w.every.Get(), 5*time.Second))
 	defer cancel()
 	host, port, err := net.SplitHostPort(name)
 	if err != nil { // an SRV name (Check)
-		_, srvs, err := w.resolver.LookupSRV(ctx, "", "", name)
+		_, srvs, err := rd.resolver.LookupSRV(ctx, "", "", name)
 		if err != nil && (len(srvs) == 0 || !notFound(err)) { // some targets' names may be invalid: the others count
 			return nil, absent(err)
 		}
 		var out []netip.AddrPort
 		for _, srv := range srvs {
-			addrs, err := w.hostAddrs(ctx, srv.Target, srv.Port)
+			addrs, err := hostAddrs(ctx, rd, srv.Target, srv.Port)
 			if err != nil {
 				return nil, absent(err)
 			}
@@ -242,20 +260,20 @@ func (w *Watcher) lookup(ctx context.Context, name string) ([]netip.AddrPort, er
 		return out, nil
 	}
 	p, _ := strconv.ParseUint(port, 10, 16) // Check checked it
-	addrs, err := w.hostAddrs(ctx, host, uint16(p))
+	addrs, err := hostAddrs(ctx, rd, host, uint16(p))
 	return addrs, absent(err)
 }
 
 // hostAddrs returns the addresses of one host on port, those of the family
 // Options.Family takes, in their order (an IPv4-mapped IPv6 address is
 // IPv4).
-func (w *Watcher) hostAddrs(ctx context.Context, host string, port uint16) ([]netip.AddrPort, error) {
-	addrs, err := w.resolver.LookupNetIP(ctx, "ip", host)
+func hostAddrs(ctx context.Context, rd round, host string, port uint16) ([]netip.AddrPort, error) {
+	addrs, err := rd.resolver.LookupNetIP(ctx, "ip", host)
 	if err != nil {
 		return nil, err
 	}
-	if w.o.Family != BothFamilies {
-		want4 := w.o.Family != PreferIPv6
+	if rd.o.Family != BothFamilies {
+		want4 := rd.o.Family != PreferIPv6
 		if kept := slices.DeleteFunc(slices.Clone(addrs), func(a netip.Addr) bool { return a.Unmap().Is4() != want4 }); len(kept) > 0 {
 			addrs = kept
 		}
@@ -283,8 +301,9 @@ func absent(err error) error {
 	return err
 }
 
-// putAddr puts the worker of address a, unless held, and returns its id.
-func (w *Watcher) putAddr(a netip.AddrPort) uint64 {
+// putAddr puts the worker of address a, unless held, as round rd has it,
+// and returns its id.
+func (w *Watcher) putAddr(rd round, a netip.AddrPort) uint64 {
 	addr := addrText(a)
 	id := ID(addr)
 	w.putting.Lock()
@@ -295,8 +314,8 @@ func (w *Watcher) putAddr(a netip.AddrPort) uint64 {
 	if held {
 		return id
 	}
-	spec := w.o.Worker
-	spec.ID, spec.URL = id, w.o.Scheme+"://"+addr
+	spec := rd.o.Worker
+	spec.ID, spec.URL = id, rd.o.Scheme+"://"+addr
 	spec.LoRAs, spec.Models = slices.Clone(spec.LoRAs), slices.Clone(spec.Models)
 	err := w.target.Put(spec)
 	w.mu.Lock()

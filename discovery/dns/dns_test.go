@@ -69,33 +69,79 @@ func startDNS(t *testing.T) *fakedns.Server {
 	return srv
 }
 
-// SetNames changes the names of the next round: a name dropped takes its
-// workers away, and a failing one its metric; an invalid list changes
+// Reconfigure changes the names of the next round: a name dropped takes
+// its workers away, and a failing one its metric; an invalid list changes
 // nothing.
-func TestSetNamesChangesTheNextRound(t *testing.T) {
+func TestReconfigureChangesTheNamesOfTheNextRound(t *testing.T) {
 	srv := startDNS(t)
 	srv.Set("a.fastroute.test", "10.0.0.1")
 	srv.Set("b.fastroute.test", "10.0.0.2")
 	srv.Fail("c.fastroute.test")
 	rec := &recorder{live: map[uint64]dataplane.WorkerSpec{}}
-	w, err := New(Options{Names: []string{"a.fastroute.test.:8000", "c.fastroute.test.:8000"}, Interval: time.Second, Server: srv.Addr(),
-		Scheme: "http", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, rec)
+	o := Options{Names: []string{"a.fastroute.test.:8000", "c.fastroute.test.:8000"}, Interval: time.Second, Server: srv.Addr(),
+		Scheme: "http", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	w, err := New(o, rec)
 	require.NoError(t, err)
 	ctx := context.Background()
 	w.Sync(ctx)
 	assert.Equal(t, []string{"http://10.0.0.1:8000"}, rec.urls())
 	assert.Contains(t, metrics.Text(w.Collector()), `fastroute_dns_discovery_up{name="c.fastroute.test.:8000"} 0`)
 
-	assert.ErrorContains(t, w.SetNames([]string{"b.fastroute.test.:8000", "no-port"}), `names[1]: "no-port" is not host:port`)
+	o.Names = []string{"b.fastroute.test.:8000", "no-port"}
+	assert.ErrorContains(t, w.Reconfigure(o), `names[1]: "no-port" is not host:port`)
 	w.Sync(ctx)
 	assert.Equal(t, []string{"http://10.0.0.1:8000"}, rec.urls(), "a refused list changes nothing")
 
-	require.NoError(t, w.SetNames([]string{"b.fastroute.test.:8000"}))
+	o.Names = []string{"b.fastroute.test.:8000"}
+	require.NoError(t, w.Reconfigure(o))
 	assert.Equal(t, []string{"http://10.0.0.1:8000"}, rec.urls(), "nothing changes before the next round")
 	w.Sync(ctx)
 	assert.Equal(t, []string{"http://10.0.0.2:8000"}, rec.urls())
 	assert.Equal(t, []uint64{ID("10.0.0.1:8000")}, rec.drained)
 	assert.NotContains(t, metrics.Text(w.Collector()), "c.fastroute.test", "a dropped name leaves the metric")
+}
+
+// Reconfigure changes the rest from the next round too: a new scheme and
+// worker fields replace each worker's spec (same id: same address), a new
+// family takes a dual-stack host's other address (the one it drops
+// drained), and a new server answers the lookups.
+func TestReconfigureChangesHowTheNextRoundPuts(t *testing.T) {
+	first, second := startDNS(t), startDNS(t)
+	first.Set("vllm.fastroute.test", "10.0.0.1", "fd00::1")
+	second.Set("vllm.fastroute.test", "10.0.0.9")
+	rec := &recorder{live: map[uint64]dataplane.WorkerSpec{}}
+	o := Options{Names: []string{"vllm.fastroute.test.:8000"}, Interval: time.Second, Server: first.Addr(), Scheme: "http",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	w, err := New(o, rec)
+	require.NoError(t, err)
+	ctx := context.Background()
+	w.Sync(ctx)
+	assert.Equal(t, []string{"http://10.0.0.1:8000"}, rec.urls())
+
+	o.Scheme, o.Worker.Capacity, o.Worker.Device = "https", 8, "gpu"
+	require.NoError(t, w.Reconfigure(o))
+	w.Sync(ctx)
+	assert.Equal(t, []string{"https://10.0.0.1:8000"}, rec.urls())
+	spec := rec.live[ID("10.0.0.1:8000")]
+	assert.Equal(t, 8.0, spec.Capacity)
+	assert.Equal(t, dataplane.Device("gpu"), spec.Device)
+	assert.Empty(t, rec.drained, "the same address: replaced, not drained")
+
+	o.Family = PreferIPv6
+	require.NoError(t, w.Reconfigure(o))
+	w.Sync(ctx)
+	assert.Equal(t, []string{"https://[fd00::1]:8000"}, rec.urls())
+	assert.Equal(t, []uint64{ID("10.0.0.1:8000")}, rec.drained)
+
+	o.Family, o.Server = PreferIPv4, second.Addr()
+	require.NoError(t, w.Reconfigure(o))
+	w.Sync(ctx)
+	assert.Equal(t, []string{"https://10.0.0.9:8000"}, rec.urls(), "the new server's answer")
+
+	o.Scheme = "ftp"
+	assert.ErrorContains(t, w.Reconfigure(o), "scheme")
+	w.Sync(ctx)
+	assert.Equal(t, []string{"https://10.0.0.9:8000"}, rec.urls(), "a refused config changes nothing")
 }
 
 // Every address a name resolves to is a worker on the name's port, with
