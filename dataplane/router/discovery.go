@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/fastroute/fastroute/dataplane"
@@ -21,22 +22,69 @@ import (
 	"github.com/fastroute/fastroute/discovery/dns"
 )
 
-// newDNS makes the DNS watcher when discovery.dns names hosts (startDNS
-// starts it), before the state file's hand drains are restored into it.
-func (r *Router) newDNS(log *slog.Logger) error {
-	d := r.Config.Discovery.DNS
+// newDNS makes the DNS watcher of d when it names hosts (startDNS starts
+// it): at start, before the state file's hand drains are restored into
+// it, or at a reload that turns DNS discovery on. The caller holds
+// reloadMu, or starts the router.
+func (r *Router) newDNS(d config.DNS) error {
 	if !d.On() {
 		return nil
 	}
-	o := d.Options(log)
+	o := d.Options(r.log)
 	o.HoldsChanged = r.saveState
 	w, err := dns.New(o, discoveryTarget{r, "in DNS"})
 	if err != nil {
 		return fmt.Errorf("discovery.dns: %w", err) // Validate checked it: not reached
 	}
-	r.DNS = w
-	r.Metrics.Register(w.Collector())
+	r.dns.Store(w)
 	return nil
+}
+
+// DNS returns the watcher of the workers found by DNS name; nil while
+// discovery.dns names no host.
+func (r *Router) DNS() *dns.Watcher { return r.dns.Load() }
+
+// dnsCollector writes the DNS watcher's families while it runs.
+func (r *Router) dnsCollector(mw *metrics.Writer) {
+	if w := r.DNS(); w != nil {
+		w.Collector()(mw)
+	}
+}
+
+// applyDNS applies a reload's discovery.dns (old: the one running): turned
+// on, the names are looked up at once and every interval (startDNS);
+// turned off, the lookups stop and every worker found by DNS is drained
+// (its hand drains forgotten); else the watcher takes the new keys
+// (Reconfigure). The caller holds reloadMu.
+func (r *Router) applyDNS(old, d config.DNS) (applied []string) {
+	switch w := r.DNS(); {
+	case reflect.DeepEqual(old, d):
+		return nil
+	case w == nil:
+		if err := r.newDNS(d); err != nil {
+			r.log.Error("reload: discovery.dns not started", "err", err) // Validate checked it: not reached
+			return nil
+		}
+		r.startDNS(false)
+		return []string{fmt.Sprintf("discovery.dns on: names %v", d.Names)}
+	case !d.On():
+		r.dnsLoop.end()
+		r.dnsLoop = nil
+		r.dns.Store(nil)
+		w.DrainAll()
+		return []string{"discovery.dns off (its workers drained)"}
+	}
+	if err := r.DNS().Reconfigure(d.Options(r.log)); err != nil {
+		r.log.Error("reload: discovery.dns not changed", "err", err) // Validate checked it: not reached
+		return nil
+	}
+	return changes(
+		keyChange{"discovery.dns.names", slices.Equal(old.Names, d.Names), d.Names},
+		keyChange{"discovery.dns.interval", old.Interval == d.Interval, d.Interval},
+		keyChange{"discovery.dns.server", old.Server == d.Server, d.Server},
+		keyChange{"discovery.dns.scheme", old.Scheme == d.Scheme, d.Scheme},
+		keyChange{"discovery.dns.family", old.Family == d.Family, d.Family},
+		keyChange{"discovery.dns.worker", reflect.DeepEqual(old.Worker, d.Worker), fmt.Sprintf("%+v", d.Worker)})
 }
 
 // startDiscovery watches etcd for workers when discovery.etcd names
@@ -67,20 +115,32 @@ func (r *Router) startDiscovery(log *slog.Logger) error {
 	return nil
 }
 
-// startDNS looks discovery.dns's names up once before the router starts,
-// so that it starts with their workers, then every interval while ctx
-// lasts.
-func (r *Router) startDNS(ctx context.Context) {
-	if r.DNS == nil {
+// startDNS looks discovery.dns's names up every interval until the
+// router's close or a reload that turns it off, the first round at once:
+// before the router starts (first: it starts with their workers), or in
+// the loop (a reload's, which waits for no lookup). The caller holds
+// reloadMu, or starts the router.
+func (r *Router) startDNS(first bool) {
+	w := r.DNS()
+	if w == nil {
 		return
 	}
-	r.DNS.Sync(ctx)
-	r.loops.Go(func() { r.DNS.Run(ctx) })
+	if first {
+		w.Sync(r.ctx)
+	}
+	l := r.start(func(ctx context.Context) {
+		if !first {
+			w.Sync(ctx)
+		}
+		w.Run(ctx)
+	})
+	r.dnsLoop = &l
 }
 
 // knownDiscovered reports a worker found on etcd or in DNS.
 func (r *Router) knownDiscovered(id uint64) bool {
-	return (r.Discovery != nil && r.Discovery.Known(id)) || (r.DNS != nil && r.DNS.Known(id))
+	w := r.DNS()
+	return (r.Discovery != nil && r.Discovery.Known(id)) || (w != nil && w.Known(id))
 }
 
 // etcdFilesDigest is a digest of what discovery.etcd's TLS files hold
@@ -296,7 +356,7 @@ func (r *Router) setWorkerDown(id uint64, down bool) (changed bool, err error) {
 // router: DNS has no mark the others would read), across a restart too
 // with state_file (Watcher.Held is in it).
 func (r *Router) drainWorker(id uint64) error {
-	if r.DNS != nil && r.DNS.Hold(id) {
+	if w := r.DNS(); w != nil && w.Hold(id) {
 		// Held first: a lookup's put of it under way has ended, and none
 		// after puts it, so nothing takes this drain back.
 		return r.Registry.Drain(id)

@@ -100,7 +100,7 @@ func TestWorkersFoundByDNSName(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // four lookups
 	w, ok := f.r.Registry.Get(one)
 	assert.True(t, !ok || w.Draining(), "drained by hand, it is not put again while DNS names it")
-	assert.True(t, f.r.DNS.Known(one))
+	assert.True(t, f.r.DNS().Known(one))
 
 	cfg := f.r.CurrentConfig()
 	cfg.Workers = append(cfg.Workers, dataplane.WorkerSpec{ID: two, URL: "http://127.0.0.1:1"})
@@ -143,7 +143,7 @@ func TestStateFileKeepsHandDrainsOfDNSWorkers(t *testing.T) {
 	assert.False(t, ok, "held across the restart: not added while DNS names it")
 	_, ok = g.r.Registry.Get(two)
 	assert.True(t, ok)
-	assert.True(t, g.r.DNS.Known(one), "its id stays taken")
+	assert.True(t, g.r.DNS().Known(one), "its id stays taken")
 	time.Sleep(200 * time.Millisecond) // four lookups
 	_, ok = g.r.Registry.Get(one)
 	assert.False(t, ok)
@@ -162,8 +162,8 @@ func TestStateFileKeepsHandDrainsOfDNSWorkers(t *testing.T) {
 // A reload changes the names discovery.dns looks up, from the next round
 // on: a name added brings its workers, one dropped takes its workers
 // away; its interval, from the reload; and its other keys from the next
-// round (a new scheme and fields replace a worker). A list emptied waits
-// for a restart.
+// round (a new scheme and fields replace a worker). A list emptied turns
+// it off: its workers drained.
 func TestAReloadChangesTheDNSNames(t *testing.T) {
 	srv, err := fakedns.Start()
 	require.NoError(t, err)
@@ -227,17 +227,46 @@ func TestAReloadChangesTheDNSNames(t *testing.T) {
 		return ok && w.Spec().URL == "https://127.0.0.2:"+strconv.Itoa(port) && w.Spec().Capacity == 8
 	}, 5*time.Second, 10*time.Millisecond, "the worker takes the new scheme and fields")
 
-	// A list emptied turns DNS discovery off: a restart.
-	cfg := f.r.CurrentConfig()
-	cfg.Discovery.DNS.Names = nil
-	applied, needRestart, err = f.r.Reload(cfg)
+	// A list emptied turns DNS discovery off: its workers are drained,
+	// its lookups and metrics stop.
+	applied, err = f.reloaded(func(c *config.Config) { c.Discovery.DNS.Names = nil })
 	require.NoError(t, err)
-	assert.Empty(t, applied)
-	assert.Equal(t, []string{"discovery"}, needRestart)
-	time.Sleep(200 * time.Millisecond) // ten rounds
-	assert.True(t, has(two))
+	assert.Equal(t, []string{"discovery.dns off (its workers drained)"}, applied)
+	assert.Nil(t, f.r.DNS())
+	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(two); return !ok }, 5*time.Second, 10*time.Millisecond)
+	srv.Set("b.fastroute.test", "127.0.0.1", "127.0.0.2")
+	time.Sleep(100 * time.Millisecond) // five rounds of the old interval
 	_, ok := f.r.Registry.Get(one)
-	assert.False(t, ok, "held back: the names stay [b]")
-	assert.Equal(t, []string{nameB}, f.r.CurrentConfig().Discovery.DNS.Names)
+	assert.False(t, ok, "no lookup any more")
+	_, text = adminDo(t, f, http.MethodGet, "/metrics", "", "")
+	assert.NotContains(t, text, "fastroute_dns_discovery_up")
+	f.assertIdle()
+}
+
+// A reload turns DNS discovery on for a router started without it: the
+// names are looked up at once and every interval from then on.
+func TestAReloadTurnsDNSDiscoveryOn(t *testing.T) {
+	srv, err := fakedns.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.Close() })
+	port := mocksOnOnePort(t, "127.0.0.1", "127.0.0.2")
+	srv.Set("vllm.fastroute.test", "127.0.0.1")
+	name := "vllm.fastroute.test.:" + strconv.Itoa(port)
+	f := startFleet(t, mocks(1, 1, 0), nil)
+	assert.Nil(t, f.r.DNS())
+	applied, err := f.reloaded(func(c *config.Config) {
+		c.Discovery.DNS = config.DNS{Names: []string{name}, Interval: 20 * time.Millisecond, Server: srv.Addr(), Scheme: "http"}
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"discovery.dns on: names [" + name + "]"}, applied)
+	one, two := dns.ID(net.JoinHostPort("127.0.0.1", strconv.Itoa(port))), dns.ID(net.JoinHostPort("127.0.0.2", strconv.Itoa(port)))
+	require.Eventually(t, func() bool { w, ok := f.r.Registry.Get(one); return ok && w.Healthy() }, 5*time.Second, 10*time.Millisecond,
+		"the name's worker joins and is probed")
+	resp, body := f.send("POST", "/v1/chat/completions", chatBody, "x-worker-id", strconv.FormatUint(one, 10))
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	srv.Set("vllm.fastroute.test", "127.0.0.1", "127.0.0.2")
+	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(two); return ok }, 5*time.Second, 10*time.Millisecond, "and every interval")
+	_, text := adminDo(t, f, http.MethodGet, "/metrics", "", "")
+	assert.Contains(t, text, `fastroute_dns_discovery_up{name="`+name+`"} 1`)
 	f.assertIdle()
 }

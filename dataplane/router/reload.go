@@ -33,24 +33,25 @@ import (
 // thresholds and ejections, the probes' interval, timeout and path), the
 // GPU/CPU readers (turned on or off too: applyWeights), the engine scrapes
 // (turned on or off too: applyEngines), log format (FormatLogsWith), DNS
-// discovery's keys and etcd discovery's while each runs (Reconfigure,
-// moveEtcd), the secrets and the clients' API keys (read again from their
-// files or the environment), the certificates and revocation lists (tls,
-// turned on or off too: applyListenerTLS, admin_tls: its certificate and
-// CAs, turned on or off too unless the replica advertises itself,
-// worker_tls's client certificate and the way workers' certificates are
-// checked: read again), the API keys' sharing interval (the share started,
-// stopped or started again: stopKeyShare, shareKeyUsage, where the router
-// runs with etcd), aliases, mirrors, tracing (its sample ratio, its
-// collector, turned on or off too: Tracer.Configure), metrics_public, the
-// shutdown keys, state_file (the state that runs written to the new file,
-// which replaces what it held) and pid_file (this process's id written to
-// the new file, the old one removed if it holds it: pidfile.go). A config
-// that fails validation is refused with the same error as at start, and
-// nothing changes. A key a running router cannot change (a listener,
-// disaggregation's protocol, discovery turned on or off), or one whose field
-// that cannot change changed beside those that can (which holds the whole
-// key back), is named in needRestart and keeps its old value.
+// discovery's keys (turned on or off too: applyDNS) and etcd discovery's
+// while it runs (moveEtcd), the secrets and the clients' API keys (read
+// again from their files or the environment), the certificates and
+// revocation lists (tls, turned on or off too: applyListenerTLS, admin_tls:
+// its certificate and CAs, turned on or off too unless the replica
+// advertises itself, worker_tls's client certificate and the way workers'
+// certificates are checked: read again), the API keys' sharing interval (the
+// share started, stopped or started again: stopKeyShare, shareKeyUsage,
+// where the router runs with etcd), aliases, mirrors, tracing (its sample
+// ratio, its collector, turned on or off too: Tracer.Configure),
+// metrics_public, the shutdown keys, state_file (the state that runs written
+// to the new file, which replaces what it held) and pid_file (this process's
+// id written to the new file, the old one removed if it holds it:
+// pidfile.go). A config that fails validation is refused with the same error
+// as at start, and nothing changes. A key a running router cannot change (a
+// listener, disaggregation's protocol, etcd discovery turned on or off), or
+// one whose field that cannot change changed beside those that can (which
+// holds the whole key back), is named in needRestart and keeps its old
+// value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
@@ -137,16 +138,13 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	// Disaggregation's pickers, bounds and fallback apply unless its
 	// protocol changed too.
 	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
-	// discovery applies, unless one of its parts cannot: discovery.dns's
-	// keys while the router looks names up and will go on (a list emptied
-	// turns it off: a restart), from the next round (Reconfigure);
-	// discovery.etcd's keys while the router watches etcd and will go on
-	// (turned on or off: a restart): the watch, this replica's
-	// registration and the keys' share follow the new etcd (moveEtcd).
+	// discovery applies unless etcd's part cannot: discovery.dns's keys
+	// (turned on or off too: applyDNS); discovery.etcd's while the router
+	// watches etcd and will go on (turned on or off: a restart), the
+	// watch, this replica's registration and the keys' share following the
+	// new etcd (moveEtcd).
 	od, nd := old.Discovery, cfg.Discovery
-	dnsApplies := reflect.DeepEqual(od.DNS, nd.DNS) || r.DNS != nil && len(nd.DNS.Names) > 0
-	etcdApplies := reflect.DeepEqual(od.Etcd, nd.Etcd) || r.Discovery != nil && len(nd.Etcd.Endpoints) > 0
-	discoveryApplies := dnsApplies && etcdApplies
+	discoveryApplies := reflect.DeepEqual(od.Etcd, nd.Etcd) || r.Discovery != nil && len(nd.Etcd.Endpoints) > 0
 	// etcd's TLS files are read again: one replaced under its name (a
 	// rotated client certificate) moves the router to the etcd it names,
 	// as a new key would.
@@ -313,17 +311,8 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	applied = append(applied, r.applyWeights(old.Telemetry, cfg.Telemetry)...)
 	applied = append(applied, r.applyEngines(old.Telemetry.Engine, cfg.Telemetry.Engine)...)
-	if discoveryApplies && !reflect.DeepEqual(od.DNS, nd.DNS) {
-		if err := r.DNS.Reconfigure(nd.DNS.Options(r.log)); err != nil {
-			return nil, needRestart, err // Validate checked it: not reached
-		}
-		applied = append(applied, changes(
-			keyChange{"discovery.dns.names", slices.Equal(od.DNS.Names, nd.DNS.Names), nd.DNS.Names},
-			keyChange{"discovery.dns.interval", od.DNS.Interval == nd.DNS.Interval, nd.DNS.Interval},
-			keyChange{"discovery.dns.server", od.DNS.Server == nd.DNS.Server, nd.DNS.Server},
-			keyChange{"discovery.dns.scheme", od.DNS.Scheme == nd.DNS.Scheme, nd.DNS.Scheme},
-			keyChange{"discovery.dns.family", od.DNS.Family == nd.DNS.Family, nd.DNS.Family},
-			keyChange{"discovery.dns.worker", reflect.DeepEqual(od.DNS.Worker, nd.DNS.Worker), fmt.Sprintf("%+v", nd.DNS.Worker)})...)
+	if discoveryApplies {
+		applied = append(applied, r.applyDNS(od.DNS, nd.DNS)...)
 	}
 	if n := cfg.Router.EmbeddingCacheSize; n != old.Router.EmbeddingCacheSize {
 		r.Selector.Reroute(func(rt *dataplane.Routing) { rt.EmbedCache = embedCache(n) })

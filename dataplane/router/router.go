@@ -62,8 +62,6 @@ type Router struct {
 	APIKeys apikeys.Keys
 	// Discovery is nil unless discovery.etcd names endpoints.
 	Discovery *discovery.Watcher
-	// DNS is nil unless discovery.dns names hosts.
-	DNS *dns.Watcher
 	// Tracer exports the sampled requests' spans while
 	// tracing.otlp_endpoint is set (a reload turns it on or off).
 	Tracer *tracing.Tracer
@@ -93,6 +91,8 @@ type Router struct {
 	keyShare              *running                          // the API keys' use shared on etcd (shareKeyUsage); nil: not shared. Under reloadMu
 	keyShareSelf          string                            // this replica's key there
 	registration          *running                          // this replica's registration on etcd (keepRegistered); nil: none. Under reloadMu
+	dns                   atomic.Pointer[dns.Watcher]       // the workers found by DNS name; nil while discovery.dns names no host
+	dnsLoop               *running                          // its lookups (startDNS); nil: none. Under reloadMu
 	etcdFiles             [sha256.Size]byte                 // what discovery.etcd's TLS files held when its client was made (etcdFilesDigest). Under reloadMu
 	logFormat             func(string)                      // sets log.format (FormatLogsWith); nil: a restart's
 }
@@ -287,7 +287,8 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.Metrics.Register(r.stateCollector())
 	r.Metrics.Register(r.reloads.collector())
 	r.Metrics.Register(metrics.Process())
-	if err := r.newDNS(log); err != nil {
+	r.Metrics.Register(r.dnsCollector)
+	if err := r.newDNS(cfg.Discovery.DNS); err != nil {
 		return nil, err
 	}
 	if err := r.restoreState(found.state); err != nil {
@@ -353,7 +354,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	}
 	r.keepRegistered(cfg.Discovery.Etcd)
 	r.shareKeyUsage(cfg.Discovery.Etcd, cfg.APIKeysShareInterval)
-	r.startDNS(ctx)
+	r.startDNS(true)
 	r.Tracer.Start()
 	log.Info("fastroute started", "listen", r.Addr(), "admin", r.AdminAddr(),
 		"mode", cfg.Router.Mode, "workers", len(cfg.Workers), "max_connections", r.Frontend.MaxConnections())
@@ -458,6 +459,9 @@ func (r *Router) Close() error {
 	}
 	if r.registration != nil {
 		r.registration.end() // its key deleted from etcd
+	}
+	if r.dnsLoop != nil {
+		r.dnsLoop.end()
 	}
 	r.reloadMu.Unlock()
 	r.loops.Wait()
@@ -660,7 +664,7 @@ func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
 		info["discovered"] = "etcd"
 		info["discovery_up"] = r.Discovery.Up()
 	}
-	if r.DNS != nil && r.DNS.Known(w.ID()) {
+	if d := r.DNS(); d != nil && d.Known(w.ID()) {
 		info["discovered"] = "dns"
 	}
 	if l := r.weights.Load(); l != nil {

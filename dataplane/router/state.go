@@ -125,10 +125,10 @@ func (r *Router) restoreState(st adminState) error {
 	}
 	switch {
 	case len(st.DNSDrained) == 0:
-	case r.DNS == nil:
+	case r.DNS() == nil:
 		r.log.Warn("state_file: hand drains of workers found by DNS dropped: discovery.dns is off", "file", path, "addresses", st.DNSDrained)
 	default:
-		r.DNS.Restore(st.drained)
+		r.DNS().Restore(st.drained)
 		r.log.Info("hand drains of workers found by DNS restored from state_file", "file", path, "addresses", st.DNSDrained)
 	}
 	return r.writeState(path)
@@ -171,8 +171,8 @@ func (r *Router) writeState(path string) error {
 		st.Workers = append(st.Workers, spec)
 	}
 	slices.SortFunc(st.Workers, func(a, b dataplane.WorkerSpec) int { return cmp.Compare(a.ID, b.ID) })
-	if r.DNS != nil {
-		st.DNSDrained = r.DNS.Held()
+	if w := r.DNS(); w != nil {
+		st.DNSDrained = w.Held()
 	}
 	for _, id := range r.Registry.DownIDs() {
 		// A worker found on etcd is kept down by its mark there, which

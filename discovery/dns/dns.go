@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -378,6 +379,24 @@ func (w *Watcher) drainGone() {
 	}
 	if forgot && w.o.HoldsChanged != nil {
 		w.o.HoldsChanged()
+	}
+}
+
+// DrainAll drains every worker put and not drained since, and forgets
+// the names' answers and the hand drains: DNS discovery turned off, once
+// its rounds ended. HoldsChanged is not called: the caller keeps what it
+// keeps.
+func (w *Watcher) DrainAll() {
+	w.mu.Lock()
+	gone := slices.Collect(maps.Keys(w.put))
+	clear(w.put)
+	clear(w.names)
+	clear(w.held)
+	clear(w.refused)
+	clear(w.failing)
+	w.mu.Unlock()
+	for _, id := range gone {
+		w.target.Drain(id)
 	}
 }
 
