@@ -57,7 +57,8 @@ func (r *Router) dnsCollector(mw *metrics.Writer) {
 // (its hand drains forgotten); else the watcher takes the new keys
 // (Reconfigure). The caller holds reloadMu.
 func (r *Router) applyDNS(old, d config.DNS) (applied []string) {
-	switch w := r.DNS(); {
+	w := r.DNS()
+	switch {
 	case reflect.DeepEqual(old, d):
 		return nil
 	case w == nil:
@@ -74,7 +75,7 @@ func (r *Router) applyDNS(old, d config.DNS) (applied []string) {
 		w.DrainAll()
 		return []string{"discovery.dns off (its workers drained)"}
 	}
-	if err := r.DNS().Reconfigure(d.Options(r.log)); err != nil {
+	if err := w.Reconfigure(d.Options(r.log)); err != nil {
 		r.log.Error("reload: discovery.dns not changed", "err", err) // Validate checked it: not reached
 		return nil
 	}

@@ -521,9 +521,11 @@ func (r *Router) reloadablePrefixes(old, cfg config.PrefixAffinity) config.Prefi
 
 // tracingChange says what a reload changed in tracing: its sample ratio,
 // or its collector (the endpoint's password and the headers' values left
-// out), or that it turned off.
+// out), or that it turned off (or stays off, its other keys changed).
 func tracingChange(old, t tracing.Config) string {
 	switch {
+	case !t.On() && !old.On():
+		return fmt.Sprintf("tracing stays off (sample_ratio %g, service_name %s)", t.SampleRatio, t.ServiceName)
 	case !t.On():
 		return "tracing off"
 	case old.On() && tracing.SameCollector(old, t):

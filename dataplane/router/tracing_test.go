@@ -232,6 +232,8 @@ func TestAReloadMovesTracing(t *testing.T) {
 
 	applied = reload(tracing.Config{SampleRatio: 1, ServiceName: "moved"})
 	assert.Equal(t, []string{"tracing off"}, applied)
+	applied = reload(tracing.Config{SampleRatio: 0.5, ServiceName: "moved"})
+	assert.Equal(t, []string{"tracing stays off (sample_ratio 0.5, service_name moved)"}, applied)
 	offAgain := strings.Repeat("d4", 16)
 	assert.Equal(t, "00-"+offAgain+"-"+clientSpan+"-01", traced(offAgain), "off again: untouched")
 	assert.Empty(t, metric(t, f, `fastroute_trace_spans_total{outcome="dropped"}`))

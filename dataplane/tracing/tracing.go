@@ -299,11 +299,10 @@ func sampled(t TraceID, b uint64) bool { return binary.BigEndian.Uint64(t[8:])>>
 
 // Begin decides whether the request whose traceparent header is
 // traceparent (nil: none) is traced (its caller asks while On), and if so
-// readies s for it: its own
-// span id, in the client's trace when the header is valid and sampled, in
-// a new one otherwise. A valid traceparent that is not sampled leaves the
-// request untraced, whatever the ratio (parent-based sampling); an invalid
-// one counts as none.
+// readies s for it: its own span id, in the client's trace when the header
+// is valid and sampled, in a new one otherwise. A valid traceparent that
+// is not sampled leaves the request untraced, whatever the ratio
+// (parent-based sampling); an invalid one counts as none.
 func (t *Tracer) Begin(s *Span, traceparent []byte, start time.Time) bool {
 	var c Context
 	var parent SpanID

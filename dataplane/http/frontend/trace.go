@@ -31,10 +31,11 @@ type spanRecord struct {
 	traceparent []byte
 }
 
-// traceRequest decides whether the request is traced (Options.Tracer, while it is on) and,
-// if so, starts its span and sends it on with the span's traceparent in
-// place of the client's: its worker's span (an engine's, a mirror's
-// copy's, both legs' of a split request) is then the router's child.
+// traceRequest decides whether the request is traced (Options.Tracer,
+// while it is on) and, if so, starts its span and sends it on with the
+// span's traceparent in place of the client's: its worker's span (an
+// engine's, a mirror's copy's, both legs' of a split request) is then the
+// router's child.
 func (ex *exchange) traceRequest(ctx *fasthttp.RequestCtx, start time.Time) {
 	t := ex.s.opts.Tracer
 	if ex.traced = false; t == nil || !t.On() {
