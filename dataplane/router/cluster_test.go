@@ -478,8 +478,9 @@ func TestAReloadReadsEtcdsTLSFilesAgain(t *testing.T) {
 	clientCert, clientKey := ca.Client("router", 11).Files()
 	secure := config.Etcd{Endpoints: []string{e.Endpoint}, Prefix: prefix, DialTimeout: time.Second, CertFile: clientCert, KeyFile: clientKey}
 	m := startMocks(t, 1)[0]
-	reg, err := discovery.Register(etcdOptions(func() config.Etcd { c := secure; c.CAFile = caFile; return c }(), nil),
-		dataplane.WorkerSpec{ID: 1, URL: m.URL()}, 10*time.Second)
+	registrar := secure
+	registrar.CAFile = caFile // trusts etcd
+	reg, err := discovery.Register(etcdOptions(registrar, nil), dataplane.WorkerSpec{ID: 1, URL: m.URL()}, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = reg.Close() })
 
