@@ -50,15 +50,23 @@ func mocksOnOnePort(t *testing.T, ips ...string) int {
 	return 0
 }
 
+// startFakeDNS starts a DNS server on loopback for the test, closed at
+// its end.
+func startFakeDNS(t *testing.T) *fakedns.Server {
+	t.Helper()
+	srv, err := fakedns.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
 // Workers found by DNS name: every address the name resolves to is a
 // worker with the name's port and the template's fields, served once
 // probed. An address that leaves the answer is drained and removed; a
 // worker drained by hand stays drained while DNS still names it; a static
 // worker may not take a DNS worker's id.
 func TestWorkersFoundByDNSName(t *testing.T) {
-	srv, err := fakedns.Start()
-	require.NoError(t, err)
-	t.Cleanup(func() { srv.Close() })
+	srv := startFakeDNS(t)
 	port := mocksOnOnePort(t, "127.0.0.1", "127.0.0.2")
 	srv.Set("vllm.fastroute.test", "127.0.0.1", "127.0.0.2")
 	name := "vllm.fastroute.test.:" + strconv.Itoa(port)
@@ -104,7 +112,7 @@ func TestWorkersFoundByDNSName(t *testing.T) {
 
 	cfg := f.r.CurrentConfig()
 	cfg.Workers = append(cfg.Workers, dataplane.WorkerSpec{ID: two, URL: "http://127.0.0.1:1"})
-	_, _, err = f.r.Reload(cfg)
+	_, _, err := f.r.Reload(cfg)
 	assert.NoError(t, err, "an id DNS no longer names is free")
 	cfg.Workers = append(cfg.Workers, dataplane.WorkerSpec{ID: one, URL: "http://127.0.0.1:2"})
 	_, _, err = f.r.Reload(cfg)
@@ -116,9 +124,7 @@ func TestWorkersFoundByDNSName(t *testing.T) {
 // restart: the file names its address, the new router does not add it
 // while DNS names it, and the file lets it go once the address left DNS.
 func TestStateFileKeepsHandDrainsOfDNSWorkers(t *testing.T) {
-	srv, err := fakedns.Start()
-	require.NoError(t, err)
-	t.Cleanup(func() { srv.Close() })
+	srv := startFakeDNS(t)
 	port := mocksOnOnePort(t, "127.0.0.1", "127.0.0.2")
 	srv.Set("vllm.fastroute.test", "127.0.0.1", "127.0.0.2")
 	state := filepath.Join(t.TempDir(), "state.json")
@@ -165,9 +171,7 @@ func TestStateFileKeepsHandDrainsOfDNSWorkers(t *testing.T) {
 // round (a new scheme and fields replace a worker). A list emptied turns
 // it off: its workers drained.
 func TestAReloadChangesTheDNSNames(t *testing.T) {
-	srv, err := fakedns.Start()
-	require.NoError(t, err)
-	t.Cleanup(func() { srv.Close() })
+	srv := startFakeDNS(t)
 	port := mocksOnOnePort(t, "127.0.0.1", "127.0.0.2")
 	srv.Set("a.fastroute.test", "127.0.0.1")
 	srv.Set("b.fastroute.test", "127.0.0.2")
@@ -246,9 +250,7 @@ func TestAReloadChangesTheDNSNames(t *testing.T) {
 // A reload turns DNS discovery on for a router started without it: the
 // names are looked up at once and every interval from then on.
 func TestAReloadTurnsDNSDiscoveryOn(t *testing.T) {
-	srv, err := fakedns.Start()
-	require.NoError(t, err)
-	t.Cleanup(func() { srv.Close() })
+	srv := startFakeDNS(t)
 	port := mocksOnOnePort(t, "127.0.0.1", "127.0.0.2")
 	srv.Set("vllm.fastroute.test", "127.0.0.1")
 	name := "vllm.fastroute.test.:" + strconv.Itoa(port)

@@ -11,7 +11,6 @@ import (
 	"github.com/fastroute/fastroute/bench/mockworker"
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
-	"github.com/fastroute/fastroute/internal/fakedns"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -35,9 +34,7 @@ func startIPv6Mock(t *testing.T, id uint64) *mockworker.Worker {
 func TestWorkersOnIPv6Addresses(t *testing.T) {
 	static := startIPv6Mock(t, 1)
 	require.True(t, strings.HasPrefix(static.URL(), "http://[::1]:"), static.URL())
-	srv, err := fakedns.Start()
-	require.NoError(t, err)
-	t.Cleanup(func() { srv.Close() })
+	srv := startFakeDNS(t)
 	found := startIPv6Mock(t, 2)
 	_, port, err := net.SplitHostPort(found.Addr())
 	require.NoError(t, err)
