@@ -28,7 +28,7 @@ import (
 // cache's size: a new, empty table), the front end's policy (frontendPolicy:
 // the limits of an exchange with a worker among them), a client connection's
 // own limits (SetClientLimits: the connections handed to fasthttp from then
-// on), the listener's bound on open connections and its PROXY protocol
+// on, a kept-alive one from the request after the one it carries), the listener's bound on open connections and its PROXY protocol
 // headers, the wait queue (turned on or off too), health's keys (its
 // thresholds and ejections, the probes' interval, timeout and path), the
 // GPU/CPU readers (turned on or off too: applyWeights), the engine scrapes

@@ -82,6 +82,7 @@ type clientConn struct {
 	net.Conn
 	sockIO
 	gate    *gate           // the gate it came through
+	gen     *generation     // the generation that serves it (set as it is handed over)
 	closed  atomic.Bool     // Close was called (the gate counted it closed)
 	watch   hangup.Conn     // its hang-up watch (Server.trackConn)
 	handoff atomic.Int32    // a take-over's and fasthttp's hand-off of the connection (handedOff)

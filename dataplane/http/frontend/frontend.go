@@ -457,6 +457,10 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	if ctx.Hijacked() {
 		return // the answer is sent from the take-over (runTaken, beginStream)
 	}
+	if cc != nil && cc.gen != nil && cc.gen != s.current.Load() && s.keepsAlive(ctx) {
+		s.moveOn(ctx) // a reload set other client limits: the next request is read under them
+		return
+	}
 	s.markCORS(ctx)
 	if s.closing.Load() || (cc != nil && cc.spent(s.policy.Load().MaxRequestsPerConnection)) {
 		closeAfter(&ctx.Response.Header)

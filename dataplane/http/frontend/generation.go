@@ -30,8 +30,9 @@ func (l ClientLimits) idle() time.Duration { return cmp.Or(l.IdleTimeout, l.Read
 // generation is a fasthttp server made with one set of ClientLimits: it
 // serves the connections the gate hands it until a reload sets other
 // limits (SetClientLimits), then serves only those it has, each until it
-// closes or is taken over (a connection a stream gives back goes to the
-// gate again, and to the generation that accepts then).
+// closes or is taken over: a connection a stream gives back, and one whose
+// request it answered once it retired (Server.moveOn), goes to the gate
+// again, and to the generation that accepts then.
 type generation struct {
 	srv    *fasthttp.Server
 	limits ClientLimits
@@ -77,6 +78,9 @@ func (s *Server) newGeneration(l ClientLimits) *generation {
 			switch st {
 			case fasthttp.StateNew:
 				gen.open.Add(1)
+				if cc, ok := c.(*clientConn); ok {
+					cc.gen = gen
+				}
 			case fasthttp.StateClosed, fasthttp.StateHijacked:
 				gen.open.Add(-1)
 			}
@@ -109,11 +113,13 @@ func (l generationListener) Accept() (net.Conn, error) {
 }
 
 // SetClientLimits bounds the client connections handed to fasthttp from
-// now on by l: the new ones, and those that a stream gives back or that
-// wait for their next request in the gate, once it comes. A connection
-// fasthttp serves keeps the bounds it was handed with until it closes or
-// a stream takes it over (fasthttp's server reads them unsynchronised:
-// the next ones are another server's, a generation's). The gate's waits
+// now on by l: the new ones, those that a stream gives back or that wait
+// for their next request in the gate, once it comes, and those fasthttp
+// serves, from the request after the one they carry or wait for now (its
+// answer leaves from a take-over, which gives the connection back:
+// Server.moveOn). fasthttp's server reads the bounds unsynchronised, so
+// the next ones are another server's, a generation's; a request it began
+// to wait for is read under the bounds it waited with. The gate's waits
 // for a request follow l from the next wait on.
 func (s *Server) SetClientLimits(l ClientLimits) {
 	s.gensMu.Lock()

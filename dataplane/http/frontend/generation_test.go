@@ -49,12 +49,14 @@ func closedAfter(t *testing.T, c net.Conn, br *bufio.Reader) time.Duration {
 }
 
 // New client limits bound the connections handed to fasthttp from then on:
-// new ones, and a kept-alive one a stream gave back; a connection fasthttp
-// serves keeps the limits it came with until it closes. The gate's wait
-// for a new connection's request follows the new read timeout. Once the
-// connections of the old limits close, their fasthttp server is let go of;
-// Shutdown closes the connections of every generation, and occupancy
-// returns to 0.
+// new ones, a kept-alive one a stream gave back, and one that fasthttp
+// served under the old limits once its next request was answered (the
+// request that the old server read is the last it serves there; one sent
+// with the next one behind it, pipelined, closes the connection after its
+// answer). The gate's wait for a new connection's request follows the new
+// read timeout. Once the connections of the old limits moved or closed,
+// their fasthttp server is let go of; Shutdown closes the connections of
+// every generation, and occupancy returns to 0.
 func TestNewClientLimitsBoundTheConnectionsHandedOverNext(t *testing.T) {
 	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n0\r\n\r\n"
 	var slowAnswering atomic.Bool
@@ -79,12 +81,14 @@ func TestNewClientLimitsBoundTheConnectionsHandedOverNext(t *testing.T) {
 		return c, bufio.NewReader(c)
 	}
 
-	kept, keptR := dial()         // served by fasthttp throughout
+	kept, keptR := dial()         // served by fasthttp, moves after its next request
+	keptBig, keptBigR := dial()   // served by fasthttp, its next request too large for the old bound
+	piped, pipedR := dial()       // served by fasthttp, its next two requests sent together
 	streamed, streamedR := dial() // its stream gives it back to the gate
 	for _, c := range []struct {
 		net.Conn
 		*bufio.Reader
-	}{{kept, keptR}, {streamed, streamedR}} {
+	}{{kept, keptR}, {keptBig, keptBigR}, {piped, pipedR}, {streamed, streamedR}} {
 		status, _ := exchangeOn(t, c.Conn, c.Reader, chatOf(200, ""))
 		require.Equal(t, http.StatusOK, status)
 	}
@@ -98,10 +102,25 @@ func TestNewClientLimitsBoundTheConnectionsHandedOverNext(t *testing.T) {
 	assert.Equal(t, http.StatusOK, status, "a new connection: the new bound")
 	status, _ = exchangeOn(t, streamed, streamedR, chatOf(8<<10, ""))
 	assert.Equal(t, http.StatusOK, status, "given back by its stream: the new bound")
-	status, body = exchangeOn(t, kept, keptR, chatOf(8<<10, ""))
-	assert.Equal(t, http.StatusRequestEntityTooLarge, status, "served by fasthttp since before: the old bound")
+	status, body = exchangeOn(t, keptBig, keptBigR, chatOf(8<<10, ""))
+	assert.Equal(t, http.StatusRequestEntityTooLarge, status, "read by the old server: the old bound")
 	assert.Contains(t, body, "(1024 bytes)", "the bound that applied")
-	kept.Close() // as the answer's Connection: close asks
+	keptBig.Close() // as the answer's Connection: close asks
+	status, _ = exchangeOn(t, kept, keptR, chatOf(200, ""))
+	assert.Equal(t, http.StatusOK, status, "read by the old server")
+	status, _ = exchangeOn(t, kept, keptR, chatOf(8<<10, ""))
+	assert.Equal(t, http.StatusOK, status, "moved on after its answer: the new bound")
+	// Two requests sent together: the first is answered, as the
+	// connection's last, and the second is not lost unsaid.
+	require.NoError(t, piped.SetDeadline(time.Now().Add(5*time.Second)))
+	_, err := io.WriteString(piped, chatOf(200, "")+chatOf(200, ""))
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(pipedR, nil)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.True(t, resp.Close, "the answer closes the connection")
+	closedAfter(t, piped, pipedR)
 
 	// The new read timeout bounds a new connection's wait for its request.
 	silent, silentR := dial()
@@ -111,10 +130,10 @@ func TestNewClientLimitsBoundTheConnectionsHandedOverNext(t *testing.T) {
 
 	// The first generation's last connection closed: the next reload lets
 	// go of its server.
-	require.Eventually(t, func() bool { return s.serving() == 2 }, 2*time.Second, 10*time.Millisecond, "fresh and streamed")
+	require.Eventually(t, func() bool { return s.serving() == 3 }, 2*time.Second, 10*time.Millisecond, "fresh, streamed and kept")
 	s.SetClientLimits(ClientLimits{MaxBodyBytes: 512, IdleTimeout: time.Minute})
 	s.gensMu.Lock()
-	assert.Len(t, s.gens, 2, "the second generation (fresh and streamed) and the third")
+	assert.Len(t, s.gens, 2, "the second generation (fresh, streamed and kept) and the third")
 	s.gensMu.Unlock()
 	lower, lowerR := dial()
 	status, body = exchangeOn(t, lower, lowerR, chatOf(1<<10, ""))
@@ -122,7 +141,7 @@ func TestNewClientLimitsBoundTheConnectionsHandedOverNext(t *testing.T) {
 	assert.Contains(t, body, "(512 bytes)")
 	lower.Close()
 	status, _ = exchangeOn(t, fresh, freshR, chatOf(8<<10, ""))
-	assert.Equal(t, http.StatusOK, status, "the second generation's connection keeps its bound")
+	assert.Equal(t, http.StatusOK, status, "read by the second generation's server: its bound")
 
 	// Limits set faster than generations begin to serve: those that never
 	// did are let go of too.
@@ -130,12 +149,16 @@ func TestNewClientLimitsBoundTheConnectionsHandedOverNext(t *testing.T) {
 		s.SetClientLimits(ClientLimits{MaxBodyBytes: 1024 + i, IdleTimeout: time.Minute})
 	}
 	s.gensMu.Lock()
-	assert.LessOrEqual(t, len(s.gens), 4, "the second, the one serving, the last retired and the current")
+	assert.LessOrEqual(t, len(s.gens), 5, "the second (streamed, kept), the third (fresh), the one serving, the last retired and the current")
 	s.gensMu.Unlock()
-	status, body = exchangeOn(t, fresh, freshR, chatOf(8<<10, ""))
-	assert.Equal(t, http.StatusOK, status, "the second generation's connection keeps its bound")
+	status, _ = exchangeOn(t, kept, keptR, chatOf(8<<10, ""))
+	assert.Equal(t, http.StatusOK, status, "read by the second generation's server: its bound")
+	status, body = exchangeOn(t, kept, keptR, chatOf(8<<10, ""))
+	assert.Equal(t, http.StatusRequestEntityTooLarge, status, "moved on to the current generation, past those between")
+	assert.Contains(t, body, "(1073 bytes)")
+	kept.Close()
 
-	// Shutdown waits for a request of the second generation under way.
+	// Shutdown waits for a request of a retired generation under way.
 	answered := make(chan int, 1)
 	go func() {
 		status := 0 // none: the request failed

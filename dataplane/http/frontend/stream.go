@@ -32,6 +32,18 @@ func (ex *exchange) takeOver(ctx *fasthttp.RequestCtx, run fasthttp.HijackHandle
 	ctx.Hijack(run)
 }
 
+// moveOn sends the answer to ctx's request from a take-over of its
+// connection, which it then gives back to the gate: the request was read
+// by a generation that retired since (SetClientLimits), and the next one is
+// read by the current one, under the client limits set last. A connection
+// whose next request came already (pipelined) is closed after the answer,
+// which says so.
+func (s *Server) moveOn(ctx *fasthttp.RequestCtx) {
+	s.takeovers.Add(1)
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) { s.sendTaken(ctx, c) })
+}
+
 // runTaken sends a stream request on, from the connection c taken over
 // from fasthttp, sends its answer there, streamed or not, and gives the
 // connection back.
