@@ -135,10 +135,10 @@ type DownTarget interface {
 // requests (a health probe of each): a list that puts new workers and
 // drains others (an etcd moved to by Reconnect, one that changed during an
 // outage) waits for it between the two, so that the workers that replace
-// the drained ones take requests by then.
+// the drained ones take requests by then. Settle is given the new ones.
 type Settler interface {
 	Target
-	Settle()
+	Settle(ids []uint64)
 }
 
 // PeerTarget is a Target that also follows the router replicas
@@ -382,7 +382,7 @@ func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
 		}
 	}
 	if s, ok := w.target.(Settler); ok && len(gone) > 0 && len(fresh) > 0 {
-		s.Settle()
+		s.Settle(fresh)
 	}
 	for _, id := range gone {
 		w.log.Info("worker gone from etcd: draining", "worker", id)

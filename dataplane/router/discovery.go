@@ -306,7 +306,7 @@ func (t discoveryTarget) Put(spec dataplane.WorkerSpec) error {
 			return err
 		}
 		r.log.Info("worker found "+t.where, "worker", spec.ID, "url", spec.URL)
-		r.probeSoon()
+		r.probeSoon(spec.ID)
 	case w.Draining() || !reflect.DeepEqual(*w.Spec(), spec):
 		if _, err := r.Registry.Replace(spec); err != nil {
 			return err
@@ -316,9 +316,9 @@ func (t discoveryTarget) Put(spec dataplane.WorkerSpec) error {
 	return nil
 }
 
-// Settle probes the workers at once (discovery.Settler), so that the
-// workers a list put take requests before the ones it lacks are drained.
-func (t discoveryTarget) Settle() { t.r.Health.CheckOnce() }
+// Settle probes the workers a list put at once (discovery.Settler), so
+// that they take requests before the ones it lacks are drained.
+func (t discoveryTarget) Settle(ids []uint64) { t.r.Health.Check(ids...) }
 
 // Drain drains a worker that left etcd or DNS: its requests finish.
 func (t discoveryTarget) Drain(id uint64) { _ = t.r.Registry.Drain(id) }

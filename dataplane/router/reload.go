@@ -576,7 +576,7 @@ func (r *Router) reloadWorkers(old, next []dataplane.WorkerSpec) (applied []stri
 				continue
 			}
 			applied = append(applied, fmt.Sprintf("worker %d added", s.ID))
-			r.probeSoon()
+			r.probeSoon(s.ID)
 		case !known || w.Draining() || !reflect.DeepEqual(prev, s):
 			// Changed, still draining from an earlier removal, or added
 			// through the admin API: the config's spec replaces it.

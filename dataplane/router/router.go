@@ -390,9 +390,9 @@ func prefixTable(pa config.PrefixAffinity) *affinity.Prefixes {
 // from its peer replicas.
 func (r *Router) PrefixesLearned() uint64 { return r.prefixLearned.Load() }
 
-// probeSoon runs a round of health probes now, so a worker added while
-// running (admin API, reload) enters rotation as soon as it answers.
-func (r *Router) probeSoon() { go r.Health.CheckOnce() }
+// probeSoon probes worker id now, so a worker added while running (admin
+// API, reload, discovery) enters rotation as soon as it answers.
+func (r *Router) probeSoon(id uint64) { go r.Health.Check(id) }
 
 // CurrentConfig returns the configuration running now.
 func (r *Router) CurrentConfig() config.Config {

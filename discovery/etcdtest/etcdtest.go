@@ -53,19 +53,26 @@ type Recorder struct {
 	put     map[uint64]dataplane.WorkerSpec
 	drained []uint64
 	down    map[uint64]bool
-	settled []int // how many drains came before each Settle
+	settled []Settling
 }
 
-// Settle records that the watcher waited for the workers put to be ready
+// Settling is one wait of the watcher for workers it put to be ready
+// (discovery.Settler).
+type Settling struct {
+	Drained int      // how many drains came before it
+	IDs     []uint64 // the workers it waited for, sorted
+}
+
+// Settle records that the watcher waited for the workers ids to be ready
 // (discovery.Settler), after the drains so far.
-func (r *Recorder) Settle() {
+func (r *Recorder) Settle(ids []uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.settled = append(r.settled, len(r.drained))
+	r.settled = append(r.settled, Settling{Drained: len(r.drained), IDs: slices.Sorted(slices.Values(ids))})
 }
 
-// Settled returns, for each Settle, how many drains had come before it.
-func (r *Recorder) Settled() []int {
+// Settled returns the watcher's waits for the workers it put.
+func (r *Recorder) Settled() []Settling {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.settled)

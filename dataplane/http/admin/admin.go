@@ -86,9 +86,9 @@ type Options struct {
 	// Config writes the running config, its secrets redacted, as YAML
 	// (GET /config); may be nil.
 	Config func() ([]byte, error)
-	// Probe starts a health probe round (a registered worker is routable
-	// once one passes); may be nil.
-	Probe func()
+	// Probe starts a health probe of a worker just added (a registered
+	// worker is routable once one passes); may be nil.
+	Probe func(id uint64)
 	// Changed is called after each write that changed the workers: one
 	// added, one drained, adapters declared; may be nil.
 	Changed func()
@@ -238,7 +238,7 @@ func routes(o Options) *http.ServeMux {
 			return
 		}
 		if o.Probe != nil {
-			o.Probe()
+			o.Probe(wk.ID())
 		}
 		o.changed()
 		writeJSON(w, http.StatusCreated, wk.Spec())

@@ -49,7 +49,7 @@ type Options struct {
 const MaxAnswerBytes = 4 << 20
 
 // Checker runs the probes. Its failure counts are guarded by mu (Run,
-// CheckOnce callers and the registry's removals share them).
+// Check and CheckOnce callers and the registry's removals share them).
 type Checker struct {
 	reg      *dataplane.Registry
 	opts     Options
@@ -58,7 +58,7 @@ type Checker struct {
 	sockets  map[string]*fasthttp.HostClient // the clients of workers on unix sockets, by path
 	failures map[uint64]int
 	every    *every.Period // Options.Interval as it is now (SetProbes)
-	mu       sync.Mutex    // guards failures between Run and CheckOnce callers, sockets and opts
+	mu       sync.Mutex    // guards failures between Run and Check callers, sockets and opts
 }
 
 // New returns a Checker over reg.
@@ -169,11 +169,29 @@ func (c *Checker) closeIdle() {
 }
 
 // CheckOnce probes every registered worker once, in parallel.
-func (c *Checker) CheckOnce() {
+func (c *Checker) CheckOnce() { c.check(c.reg.All()) }
+
+// Check probes the registered workers of ids once, in parallel, and no
+// other: a worker just added (the admin API, a reload, discovery) is
+// routable once it answers, with no probe of the rest, whose failures
+// would count toward their unhealthy_after as a round's do (one such round
+// for each of many workers added at once counted a worker's one slow
+// answer many times over).
+func (c *Checker) Check(ids ...uint64) {
+	workers := make([]*dataplane.Worker, 0, len(ids))
+	for _, id := range ids {
+		if w, ok := c.reg.Get(id); ok {
+			workers = append(workers, w)
+		}
+	}
+	c.check(workers)
+}
+
+// check probes workers once, in parallel, and counts what each probe found.
+func (c *Checker) check(workers []*dataplane.Worker) {
 	c.mu.Lock()
 	probePath, timeout := c.opts.Path, c.opts.Timeout
 	c.mu.Unlock()
-	workers := c.reg.All()
 	ok := make([]bool, len(workers))
 	models := make([]*dataplane.Advertised, len(workers))
 	var wg sync.WaitGroup

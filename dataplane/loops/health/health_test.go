@@ -71,9 +71,51 @@ func TestProbesMarkWorkersAndLearnModels(t *testing.T) {
 	c.mu.Unlock()
 }
 
-// The context length a listing gives is learned: vLLM's and SGLang's
-// max_model_len (the longest of the base models'), llama.cpp's per-slot
-// meta.n_ctx (not its n_ctx_train); none listed is 0.
+// Check probes the workers it is given and no other: a worker a reload,
+// the admin API or discovery just added is probed alone, and the failing
+// probes of the others count only in their rounds (one round for each of
+// many workers added at once counted a failing worker's probe as many
+// times). An id not registered is passed over.
+func TestCheckProbesOnlyTheWorkersItIsGiven(t *testing.T) {
+	var failing atomic.Bool
+	var probed [2]atomic.Int64
+	reg := dataplane.NewRegistry()
+	for i := range probed {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/health" {
+				return
+			}
+			probed[i].Add(1)
+			if i == 0 && failing.Load() {
+				http.Error(w, "down", http.StatusServiceUnavailable)
+			}
+		}))
+		defer srv.Close()
+		_, err := reg.AddUnprobed(dataplane.WorkerSpec{ID: uint64(i + 1), URL: srv.URL})
+		require.NoError(t, err)
+	}
+	c := New(reg, Options{Interval: time.Second, Path: "/health", UnhealthyAfter: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	c.CheckOnce()
+	w1, _ := reg.Get(1)
+	w2, _ := reg.Get(2)
+	require.True(t, w1.Healthy())
+	require.True(t, w2.Healthy())
+
+	failing.Store(true)
+	for range 3 {
+		c.Check(2)
+	}
+	c.Check(7)
+	assert.EqualValues(t, 1, probed[0].Load(), "worker 1 probed in the round alone")
+	assert.EqualValues(t, 4, probed[1].Load())
+	assert.True(t, w1.Healthy())
+	c.CheckOnce()
+	assert.True(t, w1.Healthy(), "one failed probe is not enough")
+	c.CheckOnce()
+	assert.False(t, w1.Healthy(), "two in a row are")
+	assert.True(t, w2.Healthy())
+}
+
 // A probe waits Timeout, not the interval, when one is set: SGLang's
 // /health runs a generation and answers a second later at the earliest,
 // past an interval of a second.
@@ -99,6 +141,9 @@ func TestAProbeWaitsItsTimeout(t *testing.T) {
 	}
 }
 
+// The context length a listing gives is learned: vLLM's and SGLang's
+// max_model_len (the longest of the base models'), llama.cpp's per-slot
+// meta.n_ctx (not its n_ctx_train); none listed is 0.
 func TestProbesLearnContextLengths(t *testing.T) {
 	var listing atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
