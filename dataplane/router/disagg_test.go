@@ -366,13 +366,6 @@ func TestPrefillPoolEmptyFallbacksAndShortPrompts(t *testing.T) {
 	assert.Empty(t, needRestart)
 	readAll(t, f.post("/v1/chat/completions", pdBody))
 	assert.Len(t, prefill.received(), 1)
-	next.Router.Disaggregation.MinPrefillTokens, next.Router.Disaggregation.Protocol = 1000, config.DisaggSGLang
-	applied, needRestart, err = f.r.Reload(next)
-	require.NoError(t, err)
-	assert.Empty(t, applied, "a new protocol holds the key back")
-	assert.Equal(t, []string{"router.disaggregation"}, needRestart)
-	readAll(t, f.post("/v1/chat/completions", pdBody))
-	assert.Len(t, prefill.received(), 2, "still split")
 	// Named workers: the phase headers, checked against the roles.
 	resp = f.post("/v1/chat/completions", pdBody, "x-prefill-worker-id", "2")
 	assert.Equal(t, 400, resp.StatusCode)
@@ -380,7 +373,7 @@ func TestPrefillPoolEmptyFallbacksAndShortPrompts(t *testing.T) {
 	resp = f.post("/v1/chat/completions", pdBody, "x-prefill-worker-id", "1", "x-decode-worker-id", "2")
 	assert.Equal(t, 200, resp.StatusCode)
 	readAll(t, resp)
-	assert.Len(t, prefill.received(), 3, "a named prefill worker splits")
+	assert.Len(t, prefill.received(), 2, "a named prefill worker splits")
 	f.assertIdle()
 }
 
@@ -886,5 +879,97 @@ func TestAReloadChangesAPhasesPicker(t *testing.T) {
 	}
 	assert.NotEqual(t, served[0], served[1], "%v", served)
 	assert.Len(t, prefill.received(), 12)
+	f.assertIdle()
+}
+
+// A reload changes disaggregation's protocol from the next request on: off
+// (whole), vLLM's (a prefill, then the decode with its transfer), SGLang's
+// (both legs at once, meeting in a room) and off again. A request split as
+// it began finishes under the protocol it began with.
+func TestAReloadChangesTheDisaggregationProtocol(t *testing.T) {
+	held := make(chan struct{})
+	var hold atomic.Bool
+	prefill := startEngine(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+		switch {
+		case body["bootstrap_room"] != nil:
+			_, _ = io.WriteString(w, `{"choices":[]}`)
+		case body["kv_transfer_params"] != nil:
+			if hold.Load() {
+				<-held
+			}
+			vllmPrefill(w, r, body)
+		default:
+			sseDecode(w, r, body)
+		}
+	})
+	decode := startEngine(t, sseDecode)
+	f := startPD(t, config.DisaggOff, []pdWorker{{dataplane.RolePrefill, prefill.URL}, {dataplane.RoleDecode, decode.URL}}, nil)
+	bodies := func() (p, d []seen) { return prefill.received(), decode.received() }
+	send := func() {
+		t.Helper()
+		resp := f.post("/v1/chat/completions", pdBody)
+		require.Equal(t, 200, resp.StatusCode)
+		assert.Contains(t, readAll(t, resp), "data: [DONE]")
+	}
+	reload := func(protocol string) {
+		t.Helper()
+		next := f.r.CurrentConfig()
+		next.Router.Disaggregation.Protocol = protocol
+		applied, needRestart, err := f.r.Reload(next)
+		require.NoError(t, err)
+		assert.Equal(t, []string{"router.disaggregation.protocol=" + protocol}, applied)
+		assert.Empty(t, needRestart)
+		assert.Equal(t, protocol, f.r.CurrentConfig().Router.Disaggregation.Protocol)
+	}
+	m := f.r.Frontend.Metrics()
+
+	send()
+	p, d := bodies()
+	require.Len(t, append(p, d...), 1, "off: one worker took the request whole")
+	assert.Nil(t, append(p, d...)[0].body["kv_transfer_params"])
+	assert.EqualValues(t, 1, m.Phase("aggregated", "ok"))
+
+	reload(config.DisaggVLLM)
+	send()
+	p2, d2 := bodies()
+	require.Len(t, p2, len(p)+1, "vllm: a prefill leg")
+	require.Len(t, d2, len(d)+1)
+	assert.NotNil(t, p2[len(p)].body["kv_transfer_params"])
+	assert.NotNil(t, d2[len(d)].body["kv_transfer_params"], "the decode leg with the prefill's transfer")
+	assert.EqualValues(t, 1, m.Phase("prefill", "ok"))
+
+	// Split under vLLM's protocol, then a reload to SGLang's while its
+	// prefill runs: it finishes as it began.
+	hold.Store(true)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		send()
+	}()
+	require.Eventually(t, func() bool { return len(prefill.received()) == len(p2)+1 }, 5*time.Second, 5*time.Millisecond)
+	reload(config.DisaggSGLang)
+	close(held)
+	<-done
+	p3, d3 := bodies()
+	require.Len(t, d3, len(d2)+1)
+	assert.NotNil(t, d3[len(d2)].body["kv_transfer_params"], "the request under way kept vLLM's protocol")
+	assert.EqualValues(t, 2, m.Phase("prefill", "ok"))
+
+	send()
+	p4, d4 := bodies()
+	require.Len(t, p4, len(p3)+1)
+	require.Len(t, d4, len(d3)+1)
+	assert.NotNil(t, d4[len(d3)].body["bootstrap_room"], "sglang: a room")
+	assert.Equal(t, p4[len(p3)].body, d4[len(d3)].body, "the same body to both legs")
+
+	reload(config.DisaggOff)
+	send()
+	p5, d5 := bodies()
+	require.Len(t, append(p5, d5...), len(p4)+len(d4)+1, "off: whole again")
+	for _, b := range append(p5[len(p4):], d5[len(d4):]...) {
+		assert.Nil(t, b.body["kv_transfer_params"])
+		assert.Nil(t, b.body["bootstrap_room"])
+	}
+	assert.EqualValues(t, 2, m.Phase("aggregated", "ok"))
 	f.assertIdle()
 }

@@ -26,10 +26,11 @@ import (
 // (reloadablePrefixes), the routing knobs: routingKnobs, session affinity's
 // TTL and bound (SetMaxSessions), the phases' pickers, and the embedding
 // cache's size: a new, empty table), the front end's policy (frontendPolicy:
-// the limits of an exchange with a worker among them), a client connection's
-// own limits (SetClientLimits: the connections handed to fasthttp from then
-// on, a kept-alive one from the request after the one it carries), the listener's bound on open connections and its PROXY protocol
-// headers, the wait queue (turned on or off too), health's keys (its
+// the limits of an exchange with a worker among them, and disaggregation's
+// protocol), a client connection's own limits (SetClientLimits: the
+// connections handed to fasthttp from then on, a kept-alive one from the
+// request after the one it carries), the listener's bound on open
+// connections and its PROXY protocol headers, the wait queue (turned on or off too), health's keys (its
 // thresholds and ejections, the probes' interval, timeout and path), the
 // GPU/CPU readers (turned on or off too: applyWeights), the engine scrapes
 // (turned on or off too: applyEngines), log format (FormatLogsWith), DNS
@@ -48,7 +49,7 @@ import (
 // id written to the new file, the old one removed if it holds it:
 // pidfile.go). A config that fails validation is refused with the same error
 // as at start, and nothing changes. A key a running router cannot change (a
-// listener, disaggregation's protocol, etcd discovery turned on or off), or
+// listener, etcd discovery turned on or off), or
 // one whose field that cannot change changed beside those that can (which
 // holds the whole key back), is named in needRestart and keeps its old
 // value.
@@ -135,9 +136,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	// Prefix affinity's slack and peers apply unless another of its keys
 	// changed too: that one waits for a restart, and the whole key with it.
-	// Disaggregation's pickers, bounds and fallback apply unless its
-	// protocol changed too.
-	disaggApplies := old.Router.Disaggregation.Protocol == cfg.Router.Disaggregation.Protocol
 	// discovery applies unless etcd's part cannot: discovery.dns's keys
 	// (turned on or off too: applyDNS); discovery.etcd's while the router
 	// watches etcd and will go on (turned on or off: a restart), the
@@ -166,7 +164,6 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		"api_keys_share_interval": keyShareApplies,
 		"admin_tls":               adminTLSApplies,
 		"router.prefix_affinity":  prefixesApply,
-		"router.disaggregation":   disaggApplies,
 		"discovery":               discoveryApplies,
 		"log.format":              old.Log.Format == cfg.Log.Format || r.logFormat != nil,
 	} {
@@ -279,7 +276,11 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Frontend.SetProxyProtocol(proxyProtocol(p))
 		applied = append(applied, fmt.Sprintf("proxy_protocol={enabled: %v, from: %v}", p.Enabled, p.From))
 	}
-	if changed := policyChanges(old, cfg); len(changed) > 0 {
+	// Disaggregation's protocol is the front end's (which requests split,
+	// and how: a request split before finishes as it began) and routing's
+	// (whether decode workers prefill: routingChanges names it).
+	protocolMoves := old.Router.Disaggregation.Protocol != cfg.Router.Disaggregation.Protocol
+	if changed := policyChanges(old, cfg); len(changed) > 0 || protocolMoves {
 		r.Frontend.SetPolicy(frontendPolicy(cfg))
 		applied = append(applied, changed...)
 	}
@@ -292,8 +293,8 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 			keyChange{"limits.write_timeout", ol.WriteTimeout == nl.WriteTimeout, nl.WriteTimeout},
 			keyChange{"limits.idle_timeout", ol.IdleTimeout == nl.IdleTimeout, nl.IdleTimeout})...)
 	}
-	if changed := routingChanges(old, cfg, disaggApplies); len(changed) > 0 {
-		routed := routedConfig(old, cfg, disaggApplies)
+	if changed := routingChanges(old, cfg); len(changed) > 0 {
+		routed := routedConfig(old, cfg)
 		d := routed.Router.Disaggregation
 		if err := r.Selector.SetPhaseModes(d.PrefillMode, d.DecodeMode); err != nil {
 			return nil, needRestart, err // Validate checked them: not reached
@@ -376,7 +377,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		next.Discovery = cfg.Discovery
 	}
 	next.Telemetry = cfg.Telemetry
-	next.Router = routedConfig(next, cfg, disaggApplies).Router
+	next.Router = routedConfig(next, cfg).Router
 	next.WorkerTLS = cfg.WorkerTLS
 	if adminTLSApplies {
 		next.AdminTLS = cfg.AdminTLS
@@ -474,31 +475,29 @@ func policyChanges(old, cfg config.Config) []string {
 }
 
 // routingChanges says which keys routingKnobs and the phases' pickers
-// read differ between old and cfg, where they apply (disagg:
-// disaggregation's pickers, bounds and fallback).
-func routingChanges(old, cfg config.Config, disagg bool) []string {
+// read differ between old and cfg.
+func routingChanges(old, cfg config.Config) []string {
 	oa, na := old.Router.SessionAffinity, cfg.Router.SessionAffinity
 	od, nd := old.Router.Disaggregation, cfg.Router.Disaggregation
 	return changes(
 		keyChange{"router.session_affinity.mode", oa.Mode == na.Mode, na.Mode},
 		keyChange{"router.session_affinity.header", oa.Header == na.Header, na.Header},
 		keyChange{"router.lora_placement", old.Router.LoRAPlacement == cfg.Router.LoRAPlacement, cfg.Router.LoRAPlacement},
-		keyChange{"router.disaggregation.prefill_mode", !disagg || od.PrefillMode == nd.PrefillMode, nd.PrefillMode},
-		keyChange{"router.disaggregation.decode_mode", !disagg || od.DecodeMode == nd.DecodeMode, nd.DecodeMode},
-		keyChange{"router.disaggregation.min_prefill_tokens", !disagg || od.MinPrefillTokens == nd.MinPrefillTokens, nd.MinPrefillTokens},
-		keyChange{"router.disaggregation.max_prefill_queue", !disagg || od.MaxPrefillQueue == nd.MaxPrefillQueue, nd.MaxPrefillQueue},
-		keyChange{"router.disaggregation.fallback", !disagg || od.Fallback == nd.Fallback, nd.Fallback},
+		keyChange{"router.disaggregation.protocol", od.Protocol == nd.Protocol, nd.Protocol},
+		keyChange{"router.disaggregation.prefill_mode", od.PrefillMode == nd.PrefillMode, nd.PrefillMode},
+		keyChange{"router.disaggregation.decode_mode", od.DecodeMode == nd.DecodeMode, nd.DecodeMode},
+		keyChange{"router.disaggregation.min_prefill_tokens", od.MinPrefillTokens == nd.MinPrefillTokens, nd.MinPrefillTokens},
+		keyChange{"router.disaggregation.max_prefill_queue", od.MaxPrefillQueue == nd.MaxPrefillQueue, nd.MaxPrefillQueue},
+		keyChange{"router.disaggregation.fallback", od.Fallback == nd.Fallback, nd.Fallback},
 	)
 }
 
 // routedConfig is old with the keys routingChanges compares taken from
-// cfg where they apply.
-func routedConfig(old, cfg config.Config, disagg bool) config.Config {
+// cfg.
+func routedConfig(old, cfg config.Config) config.Config {
 	old.Router.SessionAffinity = cfg.Router.SessionAffinity
 	old.Router.LoRAPlacement = cfg.Router.LoRAPlacement
-	if disagg {
-		old.Router.Disaggregation = cfg.Router.Disaggregation
-	}
+	old.Router.Disaggregation = cfg.Router.Disaggregation
 	return old
 }
 

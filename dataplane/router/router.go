@@ -245,15 +245,13 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		}
 	}
 	rt := dataplane.Routing{Sessions: r.Sessions, EmbedCache: embedCache(cfg.Router.EmbeddingCacheSize), Responses: r.Responses,
-		Prefixes: prefixes, PrefixSlack: int64(pa.Slack), PrefixBlock: pa.BlockBytes, PrefixBlocks: pa.MaxBlocks,
-		DecodePrefills: cfg.Router.Disaggregation.Protocol == config.DisaggVLLM}
+		Prefixes: prefixes, PrefixSlack: int64(pa.Slack), PrefixBlock: pa.BlockBytes, PrefixBlocks: pa.MaxBlocks}
 	routingKnobs(cfg, &rt)
 	sel.SetRouting(rt)
 	fo := frontend.Options{
 		Selector: sel, Retries: cfg.Router.Retries, RetryBudget: retryBudget(cfg.Router.RetryBudget),
 		ClientLimits: clientLimits(cfg.Limits), MaxConnections: cfg.Limits.MaxConnections, Logger: log,
-		Policy: frontendPolicy(cfg), Disagg: disaggOptions(cfg.Router.Disaggregation),
-		QueueSize: cfg.Router.Queue.Size, QueueTimeout: cfg.Router.Queue.Timeout,
+		Policy: frontendPolicy(cfg), QueueSize: cfg.Router.Queue.Size, QueueTimeout: cfg.Router.Queue.Timeout,
 		APIKeys: &r.APIKeys, WorkerAPIKey: &r.workerKey,
 	}
 	r.APIKeys.Set(cfg.APIKeys)
@@ -709,7 +707,8 @@ func retryBudget(b config.RetryBudget) frontend.RetryBudget {
 func frontendPolicy(cfg config.Config) frontend.Policy {
 	access, _ := frontend.ParseAccess(cfg.Log.Access)
 	p := frontend.Policy{Routes: cfg.Routes, CORSOrigins: cfg.CORSAllowedOrigins, RetryStatuses: cfg.Router.RetryStatuses,
-		GenerateRequestIDs: cfg.GenerateRequestIDs, AddXForwardedFor: cfg.AddXForwardedFor, Access: access}
+		GenerateRequestIDs: cfg.GenerateRequestIDs, AddXForwardedFor: cfg.AddXForwardedFor, Access: access,
+		Disagg: disaggOptions(cfg.Router.Disaggregation)}
 	if cfg.RealIP.Header != "" {
 		from, _ := cfg.RealIP.Prefixes()
 		p.RealIP = &frontend.RealIP{Header: cfg.RealIP.Header, From: from}
@@ -744,14 +743,16 @@ func ejectPolicy(h config.Health) dataplane.EjectPolicy {
 }
 
 // routingKnobs sets the keys of rt a reload may change: session
-// affinity's mode and header, LoRA placement and disaggregation's bounds
-// and fallback. Validate checked what it reads.
+// affinity's mode and header, LoRA placement and disaggregation's bounds,
+// fallback and whether decode workers prefill (vLLM's protocol). Validate
+// checked what it reads.
 func routingKnobs(cfg config.Config, rt *dataplane.Routing) {
 	aff, d := cfg.Router.SessionAffinity, cfg.Router.Disaggregation
 	rt.SessionMode, _ = affinity.ParseMode(aff.Mode)
 	rt.SessionHeader = aff.Header
 	rt.PlaceAdapters = cfg.Router.LoRAPlacement == "rendezvous"
 	rt.MinPrefillTokens, rt.MaxPrefillQueue, rt.PrefillFallback = d.MinPrefillTokens, d.MaxPrefillQueue, d.Fallback == config.FallbackAggr
+	rt.DecodePrefills = d.Protocol == config.DisaggVLLM
 }
 
 // embedCache is the embedding cache table of router.embedding_cache_size

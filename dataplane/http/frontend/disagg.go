@@ -115,7 +115,7 @@ func (ex *exchange) prefill(ctx *fasthttp.RequestCtx) bool {
 		_, _ = rand.Read(id[:])
 		pre.reqID = hex.AppendEncode(append(pre.reqID[:0], "fastroute-"...), id[:])
 	}
-	if ex.s.opts.Disagg.Protocol == ProtocolSGLang {
+	if ex.pol.Disagg.Protocol == ProtocolSGLang {
 		return ex.startBootstrap(ctx)
 	}
 	return ex.prefillVLLM(ctx)

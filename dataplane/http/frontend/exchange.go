@@ -231,7 +231,7 @@ func (ex *exchange) parse(ctx *fasthttp.RequestCtx) (query bool, err error) {
 	default:
 		return false, fmt.Errorf("header %s: %q is not true or false", headerQuery, v)
 	}
-	if ex.s.opts.Disagg.Protocol != ProtocolOff {
+	if ex.pol.Disagg.Protocol != ProtocolOff {
 		if err := ex.parseDisagg(h, len(ctx.PostBody())); err != nil {
 			return false, err
 		}

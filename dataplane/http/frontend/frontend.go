@@ -62,8 +62,6 @@ type Options struct {
 	// AccessLog gets the access lines (nil: none, whatever Policy.Access
 	// says).
 	AccessLog *slog.Logger
-	// Disagg splits generation requests between prefill and decode workers.
-	Disagg Disagg
 	// QueueSize requests that find every worker they may go to busy wait,
 	// each up to QueueTimeout, for one to free a slot, instead of a 429 at
 	// once (0: none wait; SetQueue changes both).

@@ -41,6 +41,9 @@ type Policy struct {
 	// terminates mutual TLS) whose x-forwarded-client-cert names their
 	// client's certificate (certName); that header goes to no worker.
 	ForwardedCertFrom []netip.Prefix
+	// Disagg splits generation requests between prefill and decode
+	// workers (a request split as it began finishes under its protocol).
+	Disagg Disagg
 	Limits
 }
 
