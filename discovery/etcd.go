@@ -558,6 +558,28 @@ func (w *Watcher) markDown(id uint64, on bool) {
 	}
 }
 
+// DrainAll, once the watcher is closed (a reload that turns etcd
+// discovery off), drains every worker it found, lifts the down marks it
+// set and tells a PeerTarget that it knows no replica: the target keeps
+// nothing etcd said.
+func (w *Watcher) DrainAll() {
+	w.mu.Lock()
+	known, downs := slices.Collect(maps.Keys(w.known)), slices.Collect(maps.Keys(w.downs))
+	clear(w.known)
+	clear(w.marks)
+	clear(w.downs)
+	w.mu.Unlock()
+	for _, id := range known {
+		w.target.Drain(id)
+	}
+	if dt, ok := w.target.(DownTarget); ok {
+		for _, id := range downs {
+			dt.SetDown(id, false)
+		}
+	}
+	w.setPeers(func(m map[string]string) { clear(m) })
+}
+
 // DownMarked reports whether worker id has a down mark on etcd, as this
 // watcher last saw it.
 func (w *Watcher) DownMarked(id uint64) bool {

@@ -129,7 +129,7 @@ func TestEtcdOutageKeepsRouting(t *testing.T) {
 		}
 	}()
 	e.Stop()
-	require.Eventually(t, func() bool { return !f.r.Discovery.Up() }, 5*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return !f.r.Discovery().Up() }, 5*time.Second, 20*time.Millisecond)
 	_, body := adminDo(t, f, "GET", "/metrics", "", "")
 	assert.Contains(t, body, "fastroute_discovery_up 0")
 	_, body = adminDo(t, f, "GET", "/workers", "", "")
@@ -138,7 +138,7 @@ func TestEtcdOutageKeepsRouting(t *testing.T) {
 	assert.True(t, f.r.Registry.Snapshot().Has(1), "the last known workers stay")
 
 	e.Restart()
-	require.Eventually(t, func() bool { return f.r.Discovery.Up() }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return f.r.Discovery().Up() }, 10*time.Second, 20*time.Millisecond)
 	late := register(t, e, prefix, ms[1], 2, 5*time.Second)
 	defer late.Close()
 	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(2) }, 5*time.Second, 10*time.Millisecond, "in step again")
@@ -252,7 +252,7 @@ func TestDownMarkHonouredByEveryReplica(t *testing.T) {
 	}
 
 	// A mark before its worker: it joins down.
-	require.NoError(t, a.r.Discovery.MarkDown(3, true))
+	require.NoError(t, a.r.Discovery().MarkDown(3, true))
 	reg3 := register(t, e, prefix, ms[2], 3, 5*time.Second)
 	defer func() { _ = reg3.Close() }()
 	for _, f := range []*fleet{a, b} {
@@ -381,12 +381,24 @@ func TestAReplicaStopsPromptlyWhileEtcdIsDown(t *testing.T) {
 	assert.Less(t, time.Since(start), 2*time.Second, "a registration attempt ends with the router (it would wait 5.5 s)")
 }
 
+// keysOn counts the keys on etcd e under the prefix under.
+func keysOn(t *testing.T, e *etcdtest.Server, under string) int {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: time.Second})
+	require.NoError(t, err)
+	defer cli.Close()
+	resp, err := cli.Get(context.Background(), under, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	return int(resp.Count)
+}
+
 // A reload that moves discovery.etcd to another etcd (new endpoints) has
 // the router follow it: the workers registered there join, those of the
 // etcd before are drained, and this replica's registration and its share
 // of the keys' use move there, their keys on the etcd before deleted. A
 // client certificate that does not load refuses the reload, and etcd
-// turned off waits for a restart.
+// turned off on a replica that advertises itself there waits for a
+// restart (advertise, which needs etcd, does).
 func TestAReloadMovesToAnotherEtcd(t *testing.T) {
 	before, after := etcdtest.Start(t), etcdtest.Start(t)
 	const prefix = "/moved"
@@ -402,15 +414,6 @@ func TestAReloadMovesToAnotherEtcd(t *testing.T) {
 		reg := register(t, e, prefix, mocks[i], uint64(i+1), 10*time.Second)
 		t.Cleanup(func() { _ = reg.Close() })
 	}
-	keysOn := func(e *etcdtest.Server, under string) int {
-		t.Helper()
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: time.Second})
-		require.NoError(t, err)
-		defer cli.Close()
-		resp, err := cli.Get(context.Background(), under, clientv3.WithPrefix(), clientv3.WithCountOnly())
-		require.NoError(t, err)
-		return int(resp.Count)
-	}
 	servedBy := func() string {
 		t.Helper()
 		resp, text := f.send("POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+teamAKey)
@@ -418,7 +421,7 @@ func TestAReloadMovesToAnotherEtcd(t *testing.T) {
 		return resp.Header.Get("x-fastroute-worker")
 	}
 	require.Eventually(t, func() bool {
-		return keysOn(before, discovery.RoutersKey(prefix)) == 1 && keysOn(before, discovery.UsageKey(prefix)) == 1
+		return keysOn(t, before, discovery.RoutersKey(prefix)) == 1 && keysOn(t, before, discovery.UsageKey(prefix)) == 1
 	}, 5*time.Second, 10*time.Millisecond, "registered and sharing on the first etcd")
 	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(1); return ok }, 5*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { w, _ := f.r.Registry.Get(1); return w.Healthy() }, 5*time.Second, 10*time.Millisecond)
@@ -452,15 +455,15 @@ func TestAReloadMovesToAnotherEtcd(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond, "the new etcd's worker joins, the one before's leaves")
 	assert.Equal(t, "2", servedBy())
 	require.Eventually(t, func() bool {
-		return keysOn(after, discovery.RoutersKey(prefix)) == 1 && keysOn(after, discovery.UsageKey(prefix)) == 1 &&
-			keysOn(before, discovery.RoutersKey(prefix)) == 0 && keysOn(before, discovery.UsageKey(prefix)) == 0
+		return keysOn(t, after, discovery.RoutersKey(prefix)) == 1 && keysOn(t, after, discovery.UsageKey(prefix)) == 1 &&
+			keysOn(t, before, discovery.RoutersKey(prefix)) == 0 && keysOn(t, before, discovery.UsageKey(prefix)) == 0
 	}, 5*time.Second, 10*time.Millisecond, "the registration and the keys' share moved")
 
 	off := f.r.CurrentConfig()
 	off.Discovery.Etcd, off.Router.PrefixAffinity.Advertise, off.APIKeysShareInterval = config.Etcd{}, "", 0
 	_, needRestart, err := f.r.Reload(off)
 	require.NoError(t, err)
-	assert.Contains(t, needRestart, "discovery", "etcd turned off waits for a restart")
+	assert.Subset(t, needRestart, []string{"discovery", "router.prefix_affinity"}, "etcd turned off waits for a restart with advertise")
 	assert.Equal(t, []string{after.Endpoint}, f.r.CurrentConfig().Discovery.Etcd.Endpoints)
 	f.assertIdle()
 }
@@ -491,13 +494,13 @@ func TestAReloadReadsEtcdsTLSFilesAgain(t *testing.T) {
 	})
 	time.Sleep(500 * time.Millisecond) // lists that fail their handshakes
 	assert.Zero(t, f.r.Registry.Snapshot().Len(), "etcd's certificate is not trusted")
-	assert.False(t, f.r.Discovery.Up())
+	assert.False(t, f.r.Discovery().Up())
 
 	require.NoError(t, os.WriteFile(trusted, testpki.CertPEM(ca.Cert), 0o600))
 	applied, err := f.reloaded(func(*config.Config) {})
 	require.NoError(t, err)
 	assert.Equal(t, []string{fmt.Sprintf("discovery.etcd: endpoints [%s], prefix %s (its TLS files replaced)", e.Endpoint, prefix)}, applied)
-	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(1); return ok && f.r.Discovery.Up() }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(1); return ok && f.r.Discovery().Up() }, 5*time.Second, 10*time.Millisecond,
 		"the CA read again: etcd trusted")
 	applied, err = f.reloaded(func(*config.Config) {})
 	require.NoError(t, err)
@@ -506,4 +509,54 @@ func TestAReloadReadsEtcdsTLSFilesAgain(t *testing.T) {
 	require.NoError(t, os.Remove(trusted))
 	_, err = f.reloaded(func(*config.Config) {})
 	assert.ErrorContains(t, err, "discovery.etcd.ca_file")
+}
+
+// A reload turns etcd discovery on: the workers registered there join and
+// serve beside the config's, a down mark there holds a worker of the
+// config down, the scrape shows fastroute_discovery_up and the replica's
+// share of its keys' use starts. Turned off, the workers found there are
+// drained, the mark's hold lifted, the share ended (its key deleted) and
+// the metric gone; the router serves on the config's workers.
+func TestAReloadTurnsEtcdDiscoveryOnAndOff(t *testing.T) {
+	e := etcdtest.Start(t)
+	const prefix = "/toggled"
+	reg := register(t, e, prefix, startMocks(t, 1)[0], 7, 10*time.Second)
+	t.Cleanup(func() { _ = reg.Close() })
+	f := startFleet(t, []mockworker.Options{{ID: 1, Tokens: 1}}, func(c *config.Config) { c.APIKeysFile = keysFile(t, "team-a "+teamAKey) })
+	served := func(headers ...string) (int, string) {
+		t.Helper()
+		resp, _ := f.send("POST", "/v1/chat/completions", chatBody, append([]string{"Authorization", "Bearer " + teamAKey}, headers...)...)
+		return resp.StatusCode, resp.Header.Get("x-fastroute-worker")
+	}
+	assert.Empty(t, metric(t, f, "fastroute_discovery_up"))
+
+	applied, err := f.reloaded(func(c *config.Config) {
+		c.Discovery.Etcd = config.Etcd{Endpoints: []string{e.Endpoint}, Prefix: prefix, DialTimeout: time.Second}
+		c.APIKeysShareInterval = 100 * time.Millisecond
+	})
+	require.NoError(t, err)
+	assert.Subset(t, applied, []string{fmt.Sprintf("discovery.etcd on: endpoints [%s], prefix %s", e.Endpoint, prefix), "api_keys_share_interval=100ms"})
+	require.Eventually(t, func() bool { w, ok := f.r.Registry.Get(7); return ok && w.Healthy() }, 5*time.Second, 10*time.Millisecond, "the worker on etcd joins")
+	status, worker := served("x-worker-id", "7")
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, "7", worker)
+	assert.Equal(t, "1", metric(t, f, "fastroute_discovery_up"))
+	require.Eventually(t, func() bool { return keysOn(t, e, discovery.UsageKey(prefix)) == 1 }, 5*time.Second, 10*time.Millisecond, "the keys' use shared")
+	require.NoError(t, f.r.Discovery().MarkDown(1, true))
+	require.Eventually(t, func() bool { w, _ := f.r.Registry.Get(1); return w.Down() }, 5*time.Second, 10*time.Millisecond, "etcd's down mark holds worker 1")
+
+	applied, err = f.reloaded(func(c *config.Config) { c.Discovery.Etcd, c.APIKeysShareInterval = config.Etcd{}, 0 })
+	require.NoError(t, err)
+	assert.Subset(t, applied, []string{"discovery.etcd off (its workers drained)", "api_keys_share_interval=0s"})
+	assert.Nil(t, f.r.Discovery())
+	w1, _ := f.r.Registry.Get(1)
+	assert.False(t, w1.Down(), "the mark of an etcd no longer watched holds nothing")
+	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(7); return !ok }, 5*time.Second, 10*time.Millisecond, "the worker found on etcd drained and gone")
+	status, worker = served()
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, "1", worker)
+	assert.Empty(t, metric(t, f, "fastroute_discovery_up"))
+	require.Eventually(t, func() bool { return keysOn(t, e, discovery.UsageKey(prefix)) == 0 }, 5*time.Second, 10*time.Millisecond, "the share's key deleted")
+	assert.Empty(t, f.r.CurrentConfig().Discovery.Etcd.Endpoints)
+	f.assertIdle()
 }

@@ -88,11 +88,11 @@ func (r *Router) applyDNS(old, d config.DNS) (applied []string) {
 		keyChange{"discovery.dns.worker", reflect.DeepEqual(old.Worker, d.Worker), fmt.Sprintf("%+v", d.Worker)})
 }
 
-// startDiscovery watches etcd for workers when discovery.etcd names
-// endpoints; the static workers of the config, and those found by DNS,
-// stay beside them.
-func (r *Router) startDiscovery(log *slog.Logger) error {
-	e := r.Config.Discovery.Etcd
+// startDiscovery watches etcd e for workers when it names endpoints (at
+// start, or turned on by a reload); the static workers of the config, and
+// those found by DNS, stay beside them. The caller holds reloadMu, or
+// starts the router.
+func (r *Router) startDiscovery(e config.Etcd) error {
 	if len(e.Endpoints) == 0 {
 		return nil
 	}
@@ -100,20 +100,45 @@ func (r *Router) startDiscovery(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	w, err := discovery.Watch(etcdOptions(e, log), discoveryTarget{r, "on etcd"})
+	w, err := discovery.Watch(etcdOptions(e, r.log), discoveryTarget{r, "on etcd"})
 	if err != nil {
 		return fmt.Errorf("discovery.etcd: %w", err)
 	}
-	r.Discovery, r.etcdFiles = w, files
-	r.Metrics.Register(func(mw *metrics.Writer) {
-		up := 0.0
-		if w.Up() {
-			up = 1
-		}
-		mw.Header("fastroute_discovery_up", "gauge", "1 while etcd answers; 0: routing on the last known workers.")
-		mw.Sample("fastroute_discovery_up", up)
-	})
+	r.etcd.Store(w)
+	r.etcdFiles = files
 	return nil
+}
+
+// stopDiscovery stops watching etcd (a reload that turns it off): the
+// workers found there are drained, the down marks it held lifted and the
+// replicas it named no longer prefix peers (Watcher.DrainAll). The caller
+// holds reloadMu.
+func (r *Router) stopDiscovery() {
+	w := r.etcd.Swap(nil)
+	if w == nil {
+		return
+	}
+	_ = w.Close()
+	w.DrainAll()
+	r.etcdFiles = [sha256.Size]byte{}
+}
+
+// Discovery returns the watcher of the workers found on etcd; nil while
+// discovery.etcd names no endpoint.
+func (r *Router) Discovery() *discovery.Watcher { return r.etcd.Load() }
+
+// etcdCollector writes whether etcd answers while the router watches it.
+func (r *Router) etcdCollector(mw *metrics.Writer) {
+	w := r.Discovery()
+	if w == nil {
+		return
+	}
+	up := 0.0
+	if w.Up() {
+		up = 1
+	}
+	mw.Header("fastroute_discovery_up", "gauge", "1 while etcd answers; 0: routing on the last known workers.")
+	mw.Sample("fastroute_discovery_up", up)
 }
 
 // startDNS looks discovery.dns's names up every interval until the
@@ -141,7 +166,8 @@ func (r *Router) startDNS(first bool) {
 // knownDiscovered reports a worker found on etcd or in DNS.
 func (r *Router) knownDiscovered(id uint64) bool {
 	w := r.DNS()
-	return (r.Discovery != nil && r.Discovery.Known(id)) || (w != nil && w.Known(id))
+	e := r.Discovery()
+	return (e != nil && e.Known(id)) || (w != nil && w.Known(id))
 }
 
 // etcdFilesDigest is a digest of what discovery.etcd's TLS files hold
@@ -178,7 +204,7 @@ func etcdOptions(e config.Etcd, log *slog.Logger) discovery.Options {
 // reloadMu (a reload), or starts the router.
 func (r *Router) keepRegistered(e config.Etcd) {
 	adv := r.Config.Router.PrefixAffinity.Advertise // a restart's key
-	if r.Discovery == nil || r.PrefixShare == nil || adv == "" {
+	if r.Discovery() == nil || r.PrefixShare == nil || adv == "" {
 		return
 	}
 	opts := etcdOptions(e, r.log)
@@ -194,7 +220,7 @@ func (r *Router) keepRegistered(e config.Etcd) {
 // client of e that cannot be made (a TLS file that does not load) is an
 // error, and nothing moved. The caller holds reloadMu.
 func (r *Router) moveEtcd(e config.Etcd, iv time.Duration) error {
-	if err := r.Discovery.Reconnect(etcdOptions(e, r.log)); err != nil {
+	if err := r.Discovery().Reconnect(etcdOptions(e, r.log)); err != nil {
 		return fmt.Errorf("discovery.etcd: %w", err)
 	}
 	if r.registration != nil {
@@ -334,10 +360,11 @@ func (t discoveryTarget) SetDown(id uint64, down bool) { t.r.Registry.SetDownID(
 // through this router's own watch and changes nothing more.
 func (r *Router) setWorkerDown(id uint64, down bool) (changed bool, err error) {
 	changed, err = r.Registry.SetDown(id, down)
-	if err != nil || r.Discovery == nil || !r.Discovery.Known(id) {
+	e := r.Discovery()
+	if err != nil || e == nil || !e.Known(id) {
 		return changed, err
 	}
-	if err := r.Discovery.MarkDown(id, down); err != nil {
+	if err := e.MarkDown(id, down); err != nil {
 		where := "back"
 		if down {
 			where = "down"
@@ -365,10 +392,11 @@ func (r *Router) drainWorker(id uint64) error {
 	if err := r.Registry.Drain(id); err != nil {
 		return err
 	}
-	if r.Discovery == nil || !r.Discovery.Known(id) {
+	e := r.Discovery()
+	if e == nil || !e.Known(id) {
 		return nil
 	}
-	if err := r.Discovery.MarkDrain(id); err != nil {
+	if err := e.MarkDrain(id); err != nil {
 		return fmt.Errorf("worker %d drained on this router only: the drain mark could not be written to etcd: %v", id, err)
 	}
 	return nil

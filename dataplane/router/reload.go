@@ -35,21 +35,21 @@ import (
 // GPU/CPU readers (turned on or off too: applyWeights), the engine scrapes
 // (turned on or off too: applyEngines), log format (FormatLogsWith), DNS
 // discovery's keys (turned on or off too: applyDNS) and etcd discovery's
-// while it runs (moveEtcd), the secrets and the clients' API keys (read
+// (moveEtcd; turned on or off too: startDiscovery, stopDiscovery, but off
+// where the replica advertises itself there), the secrets and the clients' API keys (read
 // again from their files or the environment), the certificates and
 // revocation lists (tls, turned on or off too: applyListenerTLS, admin_tls:
 // its certificate and CAs, turned on or off too unless the replica
 // advertises itself, worker_tls's client certificate and the way workers'
 // certificates are checked: read again), the API keys' sharing interval (the
-// share started, stopped or started again: stopKeyShare, shareKeyUsage,
-// where the router runs with etcd), aliases, mirrors, tracing (its sample
+// share started, stopped or started again: stopKeyShare, shareKeyUsage), aliases, mirrors, tracing (its sample
 // ratio, its collector, turned on or off too: Tracer.Configure),
 // metrics_public, the shutdown keys, state_file (the state that runs written
 // to the new file, which replaces what it held) and pid_file (this process's
 // id written to the new file, the old one removed if it holds it:
 // pidfile.go). A config that fails validation is refused with the same error
 // as at start, and nothing changes. A key a running router cannot change (a
-// listener, etcd discovery turned on or off), or
+// listener, prefix affinity's advertise), or
 // one whose field that cannot change changed beside those that can (which
 // holds the whole key back), is named in needRestart and keeps its old
 // value.
@@ -136,36 +136,36 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	// Prefix affinity's slack and peers apply unless another of its keys
 	// changed too: that one waits for a restart, and the whole key with it.
-	// discovery applies unless etcd's part cannot: discovery.dns's keys
-	// (turned on or off too: applyDNS); discovery.etcd's while the router
-	// watches etcd and will go on (turned on or off: a restart), the
-	// watch, this replica's registration and the keys' share following the
-	// new etcd (moveEtcd).
+	// discovery applies: discovery.dns's keys (turned on or off too:
+	// applyDNS); discovery.etcd's, the watch, this replica's registration
+	// and the keys' share following the new etcd (moveEtcd), and etcd
+	// turned on (startDiscovery) or off (stopDiscovery: its workers
+	// drained), but off on a replica that advertises itself there
+	// (prefix_affinity.advertise, which needs etcd, waits for a restart:
+	// the whole key with it). api_keys_share_interval applies (the share
+	// started, stopped, or started again at the new interval): Validate
+	// asks for etcd beside it, which the reload turns on if need be.
 	od, nd := old.Discovery, cfg.Discovery
-	discoveryApplies := reflect.DeepEqual(od.Etcd, nd.Etcd) || r.Discovery != nil && len(nd.Etcd.Endpoints) > 0
+	etcdOn := len(od.Etcd.Endpoints) == 0 && len(nd.Etcd.Endpoints) > 0
+	etcdOff := len(od.Etcd.Endpoints) > 0 && len(nd.Etcd.Endpoints) == 0
+	discoveryApplies := !etcdOff || old.Router.PrefixAffinity.Advertise == ""
 	// etcd's TLS files are read again: one replaced under its name (a
 	// rotated client certificate) moves the router to the etcd it names,
 	// as a new key would.
 	etcdMoves, etcdFiles := !reflect.DeepEqual(od.Etcd, nd.Etcd), r.etcdFiles
-	if r.Discovery != nil && len(nd.Etcd.Endpoints) > 0 {
+	if r.Discovery() != nil && len(nd.Etcd.Endpoints) > 0 {
 		if etcdFiles, err = etcdFilesDigest(nd.Etcd); err != nil {
 			return nil, nil, err
 		}
 	}
 	filesReplaced := etcdFiles != r.etcdFiles
-	// api_keys_share_interval applies (the share started, stopped, or
-	// started again at the new interval) where the router runs with etcd
-	// to share on.
-	keyShareApplies := old.APIKeysShareInterval == cfg.APIKeysShareInterval || cfg.APIKeysShareInterval == 0 ||
-		len(old.Discovery.Etcd.Endpoints) > 0
 	prefixesApply := reflect.DeepEqual(old.Router.PrefixAffinity, r.reloadablePrefixes(old.Router.PrefixAffinity, cfg.Router.PrefixAffinity))
 	for key, same := range map[string]bool{
 		"listen": old.Listen == cfg.Listen, "admin_listen": old.AdminListen == cfg.AdminListen,
-		"api_keys_share_interval": keyShareApplies,
-		"admin_tls":               adminTLSApplies,
-		"router.prefix_affinity":  prefixesApply,
-		"discovery":               discoveryApplies,
-		"log.format":              old.Log.Format == cfg.Log.Format || r.logFormat != nil,
+		"admin_tls":              adminTLSApplies,
+		"router.prefix_affinity": prefixesApply,
+		"discovery":              discoveryApplies,
+		"log.format":             old.Log.Format == cfg.Log.Format || r.logFormat != nil,
 	} {
 		if !same {
 			needRestart = append(needRestart, key)
@@ -173,7 +173,19 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	}
 	slices.Sort(needRestart)
 	etcdNow := od.Etcd // the etcd the router runs with once the reload applied
-	if discoveryApplies && (etcdMoves || filesReplaced) {
+	switch {
+	case !discoveryApplies:
+	case etcdOn:
+		if err := r.startDiscovery(nd.Etcd); err != nil {
+			return nil, needRestart, err
+		}
+		etcdNow = nd.Etcd
+		applied = append(applied, fmt.Sprintf("discovery.etcd on: endpoints %v, prefix %s", nd.Etcd.Endpoints, nd.Etcd.Prefix))
+	case etcdOff:
+		r.stopDiscovery()
+		etcdNow = nd.Etcd
+		applied = append(applied, "discovery.etcd off (its workers drained)")
+	case etcdMoves || filesReplaced:
 		if err := r.moveEtcd(nd.Etcd, old.APIKeysShareInterval); err != nil {
 			return nil, needRestart, err
 		}
@@ -241,7 +253,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 		r.Frontend.SetMirrors(t)
 		applied = append(applied, fmt.Sprintf("model_mirrors (%d)", len(cfg.ModelMirrors)))
 	}
-	if iv := cfg.APIKeysShareInterval; keyShareApplies && iv != old.APIKeysShareInterval {
+	if iv := cfg.APIKeysShareInterval; iv != old.APIKeysShareInterval {
 		r.stopKeyShare()
 		r.shareKeyUsage(etcdNow, iv)
 		applied = append(applied, fmt.Sprintf("api_keys_share_interval=%v", iv))
@@ -364,9 +376,7 @@ func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err e
 	next.AdminToken, next.AdminTokenFile, next.MetricsPublic = cfg.AdminToken, cfg.AdminTokenFile, cfg.MetricsPublic
 	next.WorkerAPIKey, next.WorkerAPIKeyFile = cfg.WorkerAPIKey, cfg.WorkerAPIKeyFile
 	next.APIKeysFile, next.APIKeys = cfg.APIKeysFile, cfg.APIKeys
-	if keyShareApplies {
-		next.APIKeysShareInterval = cfg.APIKeysShareInterval
-	}
+	next.APIKeysShareInterval = cfg.APIKeysShareInterval
 	next.ProxyProtocol = cfg.ProxyProtocol
 	next.ModelAliases, next.ModelMirrors = cfg.ModelAliases, cfg.ModelMirrors
 	next.TLS = cfg.TLS

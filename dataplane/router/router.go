@@ -60,8 +60,6 @@ type Router struct {
 	// APIKeys are the keys clients present (api_keys_file); none while it
 	// is unset. A reload sets them anew.
 	APIKeys apikeys.Keys
-	// Discovery is nil unless discovery.etcd names endpoints.
-	Discovery *discovery.Watcher
 	// Tracer exports the sampled requests' spans while
 	// tracing.otlp_endpoint is set (a reload turns it on or off).
 	Tracer *tracing.Tracer
@@ -92,6 +90,7 @@ type Router struct {
 	keyShareSelf          string                            // this replica's key there
 	registration          *running                          // this replica's registration on etcd (keepRegistered); nil: none. Under reloadMu
 	dns                   atomic.Pointer[dns.Watcher]       // the workers found by DNS name; nil while discovery.dns names no host
+	etcd                  atomic.Pointer[discovery.Watcher] // the workers found on etcd (Discovery); nil while discovery.etcd names no endpoint
 	dnsLoop               *running                          // its lookups (startDNS); nil: none. Under reloadMu
 	etcdFiles             [sha256.Size]byte                 // what discovery.etcd's TLS files held when its client was made (etcdFilesDigest). Under reloadMu
 	logFormat             func(string)                      // sets log.format (FormatLogsWith); nil: a restart's
@@ -286,6 +285,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 	r.Metrics.Register(r.reloads.collector())
 	r.Metrics.Register(metrics.Process())
 	r.Metrics.Register(r.dnsCollector)
+	r.Metrics.Register(r.etcdCollector)
 	if err := r.newDNS(cfg.Discovery.DNS); err != nil {
 		return nil, err
 	}
@@ -312,7 +312,7 @@ func StartWith(cfg config.Config, log *slog.Logger, listen Listen) (*Router, err
 		// handler's panic) goes to the router's log, in its format.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	if err := r.startDiscovery(log); err != nil {
+	if err := r.startDiscovery(cfg.Discovery.Etcd); err != nil {
 		r.ln.Close()
 		r.adminLn.Close()
 		return nil, err
@@ -650,17 +650,17 @@ func (r *Router) registerTelemetryMetrics() {
 
 // closeDiscovery stops watching etcd; the workers found stay.
 func (r *Router) closeDiscovery() {
-	if r.Discovery != nil {
-		_ = r.Discovery.Close()
+	if w := r.Discovery(); w != nil {
+		_ = w.Close()
 	}
 }
 
 // describe adds the telemetry view of a worker to GET /workers, and where
 // it came from when discovery found it.
 func (r *Router) describe(w *dataplane.Worker, info map[string]any) {
-	if r.Discovery != nil && r.Discovery.Known(w.ID()) {
+	if e := r.Discovery(); e != nil && e.Known(w.ID()) {
 		info["discovered"] = "etcd"
-		info["discovery_up"] = r.Discovery.Up()
+		info["discovery_up"] = e.Up()
 	}
 	if d := r.DNS(); d != nil && d.Known(w.ID()) {
 		info["discovered"] = "dns"

@@ -177,7 +177,7 @@ func (r *Router) writeState(path string) error {
 	for _, id := range r.Registry.DownIDs() {
 		// A worker found on etcd is kept down by its mark there, which
 		// may be lifted while this router is stopped.
-		if r.Discovery == nil || !(r.Discovery.Known(id) || r.Discovery.DownMarked(id)) {
+		if e := r.Discovery(); e == nil || !(e.Known(id) || e.DownMarked(id)) {
 			st.Down = append(st.Down, id)
 		}
 	}
