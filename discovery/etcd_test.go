@@ -301,3 +301,37 @@ func TestReconnectFollowsAnotherEtcd(t *testing.T) {
 	assert.ErrorIs(t, w.Reconnect(o), errClosed)
 	require.NoError(t, w.Close(), "a second Close is nothing")
 }
+
+// DrainAll, once the watcher is closed, drains every worker it found,
+// lifts the down marks it held and tells a PeerTarget it knows no replica;
+// a later DrainAll has nothing left to do.
+func TestDrainAllLetsGoOfWhatEtcdSaid(t *testing.T) {
+	_, o, cli := testClient(t, "/released")
+	ctx := context.Background()
+	for key, value := range map[string]string{"workers/1": `{"url":"http://10.0.0.1:8000"}`, "workers/2": `{"url":"http://10.0.0.2:8000"}`,
+		"down/5": "", "routers/a": "http://10.0.0.9:8001"} {
+		_, err := cli.Put(ctx, root(o.Prefix)+key, value)
+		require.NoError(t, err)
+	}
+	rec := &peerRecorder{}
+	w, err := Watch(o, rec)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		peers, _ := rec.last()
+		return w.Known(1) && w.Known(2) && rec.Down()[5] && len(peers) == 1
+	}, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, w.Close())
+
+	w.DrainAll()
+	_, drained := rec.State()
+	assert.ElementsMatch(t, []uint64{1, 2}, drained)
+	assert.False(t, rec.Down()[5], "the down mark lifted")
+	peers, calls := rec.last()
+	assert.Empty(t, peers)
+	assert.False(t, w.Known(1) || w.DownMarked(5))
+	w.DrainAll()
+	_, drained = rec.State()
+	assert.Len(t, drained, 2, "nothing more to drain")
+	_, again := rec.last()
+	assert.Equal(t, calls, again, "the replicas told once")
+}
