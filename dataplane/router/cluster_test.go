@@ -424,7 +424,7 @@ func TestAReloadMovesToAnotherEtcd(t *testing.T) {
 		return keysOn(t, before, discovery.RoutersKey(prefix)) == 1 && keysOn(t, before, discovery.UsageKey(prefix)) == 1
 	}, 5*time.Second, 10*time.Millisecond, "registered and sharing on the first etcd")
 	require.Eventually(t, func() bool { _, ok := f.r.Registry.Get(1); return ok }, 5*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { w, _ := f.r.Registry.Get(1); return w.Healthy() }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(1) }, 5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, "1", servedBy())
 
 	bad := f.r.CurrentConfig()
@@ -450,8 +450,7 @@ func TestAReloadMovesToAnotherEtcd(t *testing.T) {
 	}
 	require.Eventually(t, func() bool {
 		_, gone := f.r.Registry.Get(1)
-		w, ok := f.r.Registry.Get(2)
-		return !gone && ok && w.Healthy()
+		return !gone && f.r.Registry.Snapshot().Has(2)
 	}, 5*time.Second, 10*time.Millisecond, "the new etcd's worker joins, the one before's leaves")
 	assert.Equal(t, "2", servedBy())
 	require.Eventually(t, func() bool {
@@ -536,7 +535,7 @@ func TestAReloadTurnsEtcdDiscoveryOnAndOff(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.Subset(t, applied, []string{fmt.Sprintf("discovery.etcd on: endpoints [%s], prefix %s", e.Endpoint, prefix), "api_keys_share_interval=100ms"})
-	require.Eventually(t, func() bool { w, ok := f.r.Registry.Get(7); return ok && w.Healthy() }, 5*time.Second, 10*time.Millisecond, "the worker on etcd joins")
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(7) }, 5*time.Second, 10*time.Millisecond, "the worker on etcd joins")
 	status, worker := served("x-worker-id", "7")
 	assert.Equal(t, http.StatusOK, status)
 	assert.Equal(t, "7", worker)

@@ -262,7 +262,7 @@ func TestAReloadTurnsDNSDiscoveryOn(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"discovery.dns on: names [" + name + "]"}, applied)
 	one, two := dns.ID(net.JoinHostPort("127.0.0.1", strconv.Itoa(port))), dns.ID(net.JoinHostPort("127.0.0.2", strconv.Itoa(port)))
-	require.Eventually(t, func() bool { w, ok := f.r.Registry.Get(one); return ok && w.Healthy() }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(one) }, 5*time.Second, 10*time.Millisecond,
 		"the name's worker joins and is probed")
 	resp, body := f.send("POST", "/v1/chat/completions", chatBody, "x-worker-id", strconv.FormatUint(one, 10))
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)

@@ -246,7 +246,7 @@ func TestAReloadAppliesTheWorkersCAs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{`worker_tls.ca_file="` + caFile + `" read again`}, applied)
 	assert.Empty(t, needRestart)
-	require.Eventually(t, func() bool { return w1.Healthy() && w1.Engine() != nil }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(1) && w1.Engine() != nil }, 5*time.Second, 10*time.Millisecond,
 		"the probes and the scrapes trust it")
 	resp, text = f.send(http.MethodPost, "/v1/chat/completions", chatBody, "x-worker-id", "1")
 	require.Equal(t, http.StatusOK, resp.StatusCode, "the front end's new connection trusts it: %s", text)
