@@ -30,29 +30,29 @@ import (
 // protocol), a client connection's own limits (SetClientLimits: the
 // connections handed to fasthttp from then on, a kept-alive one from the
 // request after the one it carries), the listener's bound on open
-// connections and its PROXY protocol headers, the wait queue (turned on or off too), health's keys (its
-// thresholds and ejections, the probes' interval, timeout and path), the
-// GPU/CPU readers (turned on or off too: applyWeights), the engine scrapes
-// (turned on or off too: applyEngines), log format (FormatLogsWith), DNS
-// discovery's keys (turned on or off too: applyDNS) and etcd discovery's
-// (moveEtcd; turned on or off too: startDiscovery, stopDiscovery, but off
-// where the replica advertises itself there), the secrets and the clients' API keys (read
-// again from their files or the environment), the certificates and
-// revocation lists (tls, turned on or off too: applyListenerTLS, admin_tls:
-// its certificate and CAs, turned on or off too unless the replica
-// advertises itself, worker_tls's client certificate and the way workers'
-// certificates are checked: read again), the API keys' sharing interval (the
-// share started, stopped or started again: stopKeyShare, shareKeyUsage), aliases, mirrors, tracing (its sample
+// connections and its PROXY protocol headers, the wait queue (turned on or
+// off too), health's keys (its thresholds and ejections, the probes'
+// interval, timeout and path), the GPU/CPU readers (turned on or off too:
+// applyWeights), the engine scrapes (turned on or off too: applyEngines),
+// log format (FormatLogsWith), DNS discovery's keys (turned on or off too:
+// applyDNS) and etcd discovery's (moveEtcd; turned on or off too:
+// startDiscovery, stopDiscovery, but off where the replica advertises itself
+// there), the secrets and the clients' API keys (read again from their files
+// or the environment), the certificates and revocation lists (tls, turned on
+// or off too: applyListenerTLS, admin_tls: its certificate and CAs, turned
+// on or off too unless the replica advertises itself, worker_tls's client
+// certificate and the way workers' certificates are checked: read again),
+// the API keys' sharing interval (the share started, stopped or started
+// again: stopKeyShare, shareKeyUsage), aliases, mirrors, tracing (its sample
 // ratio, its collector, turned on or off too: Tracer.Configure),
 // metrics_public, the shutdown keys, state_file (the state that runs written
 // to the new file, which replaces what it held) and pid_file (this process's
 // id written to the new file, the old one removed if it holds it:
 // pidfile.go). A config that fails validation is refused with the same error
 // as at start, and nothing changes. A key a running router cannot change (a
-// listener, prefix affinity's advertise), or
-// one whose field that cannot change changed beside those that can (which
-// holds the whole key back), is named in needRestart and keeps its old
-// value.
+// listener, prefix affinity's advertise), or one whose field that cannot
+// change changed beside those that can (which holds the whole key back), is
+// named in needRestart and keeps its old value.
 func (r *Router) Reload(cfg config.Config) (applied, needRestart []string, err error) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()

@@ -443,8 +443,10 @@ func (s *Server) forget(w *dataplane.Worker) {
 
 // serve is fasthttp's handler: Handle, with an answer that keeps its
 // connection held (sockIO.hold) for the wait for the connection's next
-// request, which sends it. One held before (its connection's next request
-// came with it, pipelined) leaves first.
+// request, which sends it; on a connection of a generation that retired,
+// sent from a take-over that moves the connection on (moveOn). One held
+// before (its connection's next request came with it, pipelined) leaves
+// first.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	cc, _ := ctx.Conn().(*clientConn)
 	if cc != nil {
