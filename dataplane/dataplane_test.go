@@ -1109,7 +1109,10 @@ func TestAWorkerPutDownIsOutOfRotation(t *testing.T) {
 // its cap or its adapters) shares its counts with the old spec: the
 // requests in flight there run on the same engine, so they count against
 // the new spec's cap until they end, and release to zero on both. At
-// another URL (another engine) the new spec counts only its own.
+// another URL (another engine) the new spec counts only its own, and is on
+// probation until a probe judges it (health.Checker takes it out at its
+// first failed probe), keeping the verdict before; a down mark, the
+// operator's, stays with the worker either way.
 func TestAReplacedWorkerKeepsCountingTheRequestsOnItsEngine(t *testing.T) {
 	reg := newFleet(t, 1)
 	sel := newSelector(t, reg, pickers.ModeLeastLoaded, 2)
@@ -1134,7 +1137,14 @@ func TestAReplacedWorkerKeepsCountingTheRequestsOnItsEngine(t *testing.T) {
 	assert.Zero(t, w.Occupancy())
 	assert.Zero(t, old.Occupancy())
 
+	old, err = reg.Replace(sp)
+	require.NoError(t, err)
+	w, _ = reg.Get(1)
+	assert.False(t, w.OnProbation(), "the same engine")
+
 	require.NoError(t, sel.Select(&Request{}, &a))
+	_, err = reg.SetDown(1, true)
+	require.NoError(t, err)
 	moved := spec(1)
 	moved.URL = "http://127.0.0.1:9999"
 	old, err = reg.Replace(moved)
@@ -1142,6 +1152,11 @@ func TestAReplacedWorkerKeepsCountingTheRequestsOnItsEngine(t *testing.T) {
 	w, _ = reg.Get(1)
 	assert.Zero(t, w.Occupancy(), "another engine")
 	assert.EqualValues(t, 1, old.Occupancy())
+	assert.True(t, w.OnProbation(), "another engine, not judged yet")
+	assert.True(t, w.Healthy(), "the verdict before, until its probe")
+	assert.True(t, w.Down(), "the operator's mark stays")
+	reg.SetHealthy(1, true)
+	assert.False(t, w.OnProbation(), "judged")
 	a.Release()
 	assert.Zero(t, old.Occupancy())
 	assert.Zero(t, w.Occupancy())

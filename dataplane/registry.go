@@ -385,7 +385,10 @@ func (r *Registry) add(spec WorkerSpec, healthy bool) (*Worker, error) {
 // dp_size): the old requests run on the same engine, and count against
 // the new one's cap, in GET /workers and in the picks until they end; and
 // the engine's last reading prices the new one until the next. At another
-// URL the new one counts only what it was given, priced as one joining.
+// URL the new one counts only what it was given, priced as one joining,
+// and stays in rotation on probation (Worker.OnProbation): its first
+// failed probe takes it out, where others need unhealthy_after (the caller
+// probes it at once).
 func (r *Registry) Replace(spec WorkerSpec) (old *Worker, err error) {
 	if err := spec.Normalize(); err != nil {
 		return nil, err
@@ -462,6 +465,7 @@ func (r *Registry) replaceLocked(old *Worker, spec WorkerSpec) *Worker {
 		w.countsTokens.Store(old.countsTokens.Load())
 	} else {
 		r.priceUnread(w)
+		w.probation.Store(true)
 	}
 	w.healthy.Store(old.Healthy())
 	w.down.Store(old.Down())
@@ -676,7 +680,11 @@ func (r *Registry) SetAdapters(id uint64, adapters []string) error {
 // SetHealthy records a health verdict and republishes on a change.
 func (r *Registry) SetHealthy(id uint64, healthy bool) {
 	w, ok := r.workers.Load(id)
-	if !ok || w.healthy.Swap(healthy) == healthy {
+	if !ok {
+		return
+	}
+	w.probation.Store(false) // a probe judged it
+	if w.healthy.Swap(healthy) == healthy {
 		return
 	}
 	r.mu.Lock()

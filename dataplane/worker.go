@@ -302,19 +302,22 @@ type Worker struct {
 	// its place: the old spec's requests in flight run on the same engine
 	// and count against the new one's cap until they end, and the tokens
 	// relayed from it go on counting.
-	occ      *occupancy
-	spec     WorkerSpec
-	healthy  atomic.Bool
-	draining atomic.Bool
-	down     atomic.Bool                // put out of rotation by hand (Registry.SetDown) until put back
-	asleep   atomic.Bool                // its engine says it sleeps (vLLM's sleep mode)
-	stalled  atomic.Bool                // its engine runs requests and generates nothing (engine.Stats.Stalled)
-	weight   atomic.Uint64              // float64 bits of the telemetry weight
-	dpNext   atomic.Uint64              // the next turn among tied ranks (leastLoadedRank)
-	ranks    []atomic.Int64             // the requests in flight on each data-parallel rank (dp_size > 1; nil: none)
-	adv      atomic.Pointer[Advertised] // what its /v1/models lists
-	declared atomic.Pointer[[]string]   // adapters set through the admin API; nil: the spec's
-	engine   atomic.Pointer[engine.Stats]
+	occ     *occupancy
+	spec    WorkerSpec
+	healthy atomic.Bool
+	// probation: it took the place of a worker at another URL (another
+	// engine, Registry.Replace) and no probe has judged it yet.
+	probation atomic.Bool
+	draining  atomic.Bool
+	down      atomic.Bool                // put out of rotation by hand (Registry.SetDown) until put back
+	asleep    atomic.Bool                // its engine says it sleeps (vLLM's sleep mode)
+	stalled   atomic.Bool                // its engine runs requests and generates nothing (engine.Stats.Stalled)
+	weight    atomic.Uint64              // float64 bits of the telemetry weight
+	dpNext    atomic.Uint64              // the next turn among tied ranks (leastLoadedRank)
+	ranks     []atomic.Int64             // the requests in flight on each data-parallel rank (dp_size > 1; nil: none)
+	adv       atomic.Pointer[Advertised] // what its /v1/models lists
+	declared  atomic.Pointer[[]string]   // adapters set through the admin API; nil: the spec's
+	engine    atomic.Pointer[engine.Stats]
 	// countsTokens: its engine gives no metrics and the router reads it
 	// itself (its last reading is engine.DialectRouter), counting the
 	// tokens relayed from it in occ.relayed.
@@ -365,6 +368,12 @@ func (w *Worker) Occupancy() int64 { return w.occ.n.Load() }
 
 // Healthy reports the last health verdict.
 func (w *Worker) Healthy() bool { return w.healthy.Load() }
+
+// OnProbation reports that w names another engine than the worker whose
+// place it took (another URL), which no probe has judged yet: it keeps
+// that worker's verdict until its first probe, and a failed one takes it
+// out of rotation at once (health.Checker).
+func (w *Worker) OnProbation() bool { return w.probation.Load() }
 
 // Draining reports whether w takes no new requests.
 func (w *Worker) Draining() bool { return w.draining.Load() }

@@ -135,7 +135,8 @@ type DownTarget interface {
 // requests (a health probe of each): a list that puts new workers and
 // drains others (an etcd moved to by Reconnect, one that changed during an
 // outage) waits for it between the two, so that the workers that replace
-// the drained ones take requests by then. Settle is given the new ones.
+// the drained ones take requests by then. Settle is given the workers put
+// anew or changed (one at another URL is another engine, unprobed).
 type Settler interface {
 	Target
 	Settle(ids []uint64)
@@ -354,10 +355,12 @@ func (w *Watcher) sync(kvs []*mvccpb.KeyValue) {
 	w.mu.Lock()
 	lifted, gone := unlisted(w.marks, listed["drain"]), unlisted(w.known, listed["workers"])
 	up := unlisted(w.downs, listed["down"])
-	var fresh []uint64 // the workers listed that were not known
-	for id := range listed["workers"] {
-		if _, ok := w.known[id]; !ok {
-			fresh = append(fresh, id)
+	var fresh []uint64 // the workers listed that were not known, or whose spec changed
+	for _, kv := range kvs {
+		if kind, id, ok := w.parse(string(kv.Key)); ok && kind == "workers" {
+			if prev, ok := w.known[id]; !ok || prev != string(kv.Value) {
+				fresh = append(fresh, id)
+			}
 		}
 	}
 	for _, id := range gone {

@@ -287,7 +287,7 @@ func TestReconnectFollowsAnotherEtcd(t *testing.T) {
 	workers, drained := rec.State()
 	assert.Equal(t, "http://10.0.1.2:8000", workers[2].URL, "the new etcd's spec")
 	assert.ElementsMatch(t, []uint64{1, 4}, drained, "the workers the new etcd lacks")
-	assert.Equal(t, []etcdtest.Settling{{Drained: 0, IDs: []uint64{3}}}, rec.Settled(), "drained once the new one (3, not 2: changed) settled")
+	assert.Equal(t, []etcdtest.Settling{{Drained: 0, IDs: []uint64{2, 3}}}, rec.Settled(), "drained once the changed one and the new one settled")
 	assert.False(t, rec.Down()[2], "the down mark it lacks lifted")
 	require.NoError(t, w.MarkDown(3, true))
 	got, err := cli2.Get(ctx, root(o.Prefix)+"down/3")

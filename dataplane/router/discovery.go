@@ -334,7 +334,7 @@ func (t discoveryTarget) Put(spec dataplane.WorkerSpec) error {
 		r.log.Info("worker found "+t.where, "worker", spec.ID, "url", spec.URL)
 		r.probeSoon(spec.ID)
 	case w.Draining() || !reflect.DeepEqual(*w.Spec(), spec):
-		if _, err := r.Registry.Replace(spec); err != nil {
+		if err := r.replaceWorker(spec); err != nil {
 			return err
 		}
 		r.log.Info("worker changed "+t.where, "worker", spec.ID)

@@ -589,7 +589,7 @@ func (r *Router) reloadWorkers(old, next []dataplane.WorkerSpec) (applied []stri
 		case !known || w.Draining() || !reflect.DeepEqual(prev, s):
 			// Changed, still draining from an earlier removal, or added
 			// through the admin API: the config's spec replaces it.
-			if _, err := r.Registry.Replace(s); err == nil {
+			if err := r.replaceWorker(s); err == nil {
 				applied = append(applied, fmt.Sprintf("worker %d replaced", s.ID))
 			}
 		}

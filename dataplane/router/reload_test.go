@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/fastroute/fastroute/dataplane"
 	"github.com/fastroute/fastroute/dataplane/config"
 	"github.com/fastroute/fastroute/dataplane/http/frontend"
+	"github.com/fastroute/fastroute/internal/loopback"
 	"github.com/fastroute/fastroute/pickers"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -517,5 +519,46 @@ func TestAReloadAppliesHealthThresholds(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return w2.Healthy() }, 5*time.Second, 5*time.Millisecond, "and pass at the old one again")
 	assert.Equal(t, probed, f.r.CurrentConfig().Health)
+	f.assertIdle()
+}
+
+// A reload that gives a worker another URL gives it another engine, probed
+// at once and on probation until then (the probes' interval here is an
+// hour): moved to an address where nothing listens, its first failed probe
+// takes it out of rotation (unhealthy_after is 3), and the requests go to
+// the other worker, none to a connect that fails; moved on to a live
+// engine, it serves once that probe passes.
+func TestAWorkerMovedToAnotherURLServesOnceProbed(t *testing.T) {
+	f := startFleet(t, mocks(2, 1, 0), func(c *config.Config) { c.Health.Interval = time.Hour })
+	dead, err := loopback.FreeAddr()
+	require.NoError(t, err)
+	moveTo := func(url string) {
+		t.Helper()
+		applied, err := f.reloaded(func(c *config.Config) {
+			c.Workers = slices.Clone(c.Workers) // the running config's own otherwise
+			c.Workers[0].URL = url
+		})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"worker 1 replaced"}, applied)
+	}
+	moveTo("http://" + dead)
+	require.Eventually(t, func() bool { return !f.r.Registry.Snapshot().Has(1) }, 5*time.Second, 10*time.Millisecond,
+		"out at its first failed probe")
+	for range 6 {
+		resp, body := f.send("POST", "/v1/chat/completions", chatBody)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		assert.Equal(t, "2", resp.Header.Get("x-fastroute-worker"))
+	}
+	connect, _ := workerFailures(t, f, "1")
+	assert.Equal(t, "0", connect, "no request went to the address where nothing listens")
+
+	live, err := mockworker.Start("127.0.0.1:0", mockworker.Options{ID: 7, Tokens: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { live.Close() })
+	moveTo(live.URL())
+	require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(1) }, 5*time.Second, 10*time.Millisecond, "probed at once")
+	resp, body := f.send("POST", "/v1/chat/completions", chatBody, "x-worker-id", "1")
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Equal(t, "7", resp.Header.Get("x-mock-worker"), "the new engine answers")
 	f.assertIdle()
 }

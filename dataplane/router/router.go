@@ -392,6 +392,20 @@ func (r *Router) PrefixesLearned() uint64 { return r.prefixLearned.Load() }
 // API, reload, discovery) enters rotation as soon as it answers.
 func (r *Router) probeSoon(id uint64) { go r.Health.Check(id) }
 
+// replaceWorker gives a registered worker a new spec (Registry.Replace)
+// and probes it now when the spec names another engine (another URL),
+// which is routable only once it answers.
+func (r *Router) replaceWorker(spec dataplane.WorkerSpec) error {
+	old, err := r.Registry.Replace(spec)
+	if err != nil {
+		return err
+	}
+	if w, ok := r.Registry.Get(spec.ID); ok && w.Spec().URL != old.Spec().URL {
+		r.probeSoon(spec.ID)
+	}
+	return nil
+}
+
 // CurrentConfig returns the configuration running now.
 func (r *Router) CurrentConfig() config.Config {
 	r.reloadMu.Lock()

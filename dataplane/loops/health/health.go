@@ -187,7 +187,9 @@ func (c *Checker) Check(ids ...uint64) {
 	c.check(workers)
 }
 
-// check probes workers once, in parallel, and counts what each probe found.
+// check probes workers once, in parallel, and counts what each probe found
+// (a worker on probation is out at its first failed probe:
+// Worker.OnProbation).
 func (c *Checker) check(workers []*dataplane.Worker) {
 	c.mu.Lock()
 	probePath, timeout := c.opts.Path, c.opts.Timeout
@@ -217,10 +219,10 @@ func (c *Checker) check(workers []*dataplane.Worker) {
 	c.mu.Lock()
 	changed := false
 	for i, w := range workers {
-		if w.Draining() {
-			continue
-		}
 		id := w.ID()
+		if cur, registered := c.reg.Get(id); w.Draining() || !registered || cur != w {
+			continue // replaced while probed (another URL, maybe): the next probe judges the new one
+		}
 		if ok[i] {
 			if models[i] != nil && w.SetAdvertised(*models[i]) {
 				changed = true
@@ -234,7 +236,7 @@ func (c *Checker) check(workers []*dataplane.Worker) {
 			continue
 		}
 		c.failures[id]++
-		if c.failures[id] >= c.opts.UnhealthyAfter && w.Healthy() {
+		if (c.failures[id] >= c.opts.UnhealthyAfter || w.OnProbation()) && w.Healthy() {
 			c.opts.Logger.Warn("worker unhealthy", "worker", id, "failed_probes", c.failures[id])
 			c.reg.SetHealthy(id, false)
 		}

@@ -116,6 +116,79 @@ func TestCheckProbesOnlyTheWorkersItIsGiven(t *testing.T) {
 	assert.True(t, w2.Healthy())
 }
 
+// A worker given another URL (another engine) is on probation: its first
+// failed probe takes it out of rotation, where a worker at its own URL
+// needs UnhealthyAfter; a probe that passes ends the probation. A verdict
+// on a worker replaced while it was probed is left to the next probe.
+func TestAWorkerAtAnotherURLIsOutAtItsFirstFailedProbe(t *testing.T) {
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "down", http.StatusServiceUnavailable)
+	}))
+	defer down.Close()
+	var up atomic.Bool
+	flaky := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !up.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+		}
+	}))
+	defer flaky.Close()
+	ok := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer ok.Close()
+	c, reg, _ := probing(t, ok.URL, Options{Interval: time.Hour, UnhealthyAfter: 3})
+	c.CheckOnce()
+	w, _ := reg.Get(1)
+	require.True(t, w.Healthy())
+
+	_, err := reg.Replace(dataplane.WorkerSpec{ID: 1, URL: down.URL})
+	require.NoError(t, err)
+	w, _ = reg.Get(1)
+	require.True(t, w.OnProbation())
+	require.True(t, w.Healthy(), "the verdict before, until its probe")
+	c.Check(1)
+	assert.False(t, w.Healthy(), "out at its first failed probe")
+	assert.False(t, w.OnProbation())
+
+	_, err = reg.Replace(dataplane.WorkerSpec{ID: 1, URL: ok.URL})
+	require.NoError(t, err)
+	c.Check(1)
+	w, _ = reg.Get(1)
+	require.True(t, w.Healthy())
+	_, err = reg.Replace(dataplane.WorkerSpec{ID: 1, URL: flaky.URL})
+	require.NoError(t, err)
+	up.Store(true)
+	c.Check(1)
+	w, _ = reg.Get(1)
+	assert.False(t, w.OnProbation(), "a probe passed")
+	up.Store(false)
+	c.Check(1)
+	c.Check(1)
+	assert.True(t, w.Healthy(), "off probation: two failures are under UnhealthyAfter")
+	c.Check(1)
+	assert.False(t, w.Healthy())
+
+	// Replaced while its probe is under way: that probe judges nothing.
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	held := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+		<-release
+	}))
+	defer held.Close()
+	_, err = reg.Replace(dataplane.WorkerSpec{ID: 1, URL: held.URL})
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() { c.Check(1); close(done) }()
+	<-arrived
+	_, err = reg.Replace(dataplane.WorkerSpec{ID: 1, URL: down.URL})
+	require.NoError(t, err)
+	close(release)
+	<-done
+	w, _ = reg.Get(1)
+	assert.True(t, w.OnProbation(), "the probe of the engine before judged nothing")
+}
+
 // A probe waits Timeout, not the interval, when one is set: SGLang's
 // /health runs a generation and answers a second later at the earliest,
 // past an interval of a second.
