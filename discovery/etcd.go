@@ -136,7 +136,7 @@ type DownTarget interface {
 // drains others (an etcd moved to by Reconnect, one that changed during an
 // outage) waits for it between the two, so that the workers that replace
 // the drained ones take requests by then. Settle is given the workers put
-// anew or changed (one at another URL is another engine, unprobed).
+// anew or changed (one at another URL is another engine, not probed yet).
 type Settler interface {
 	Target
 	Settle(ids []uint64)

@@ -173,10 +173,10 @@ func (c *Checker) CheckOnce() { c.check(c.reg.All()) }
 
 // Check probes the registered workers of ids once, in parallel, and no
 // other: a worker just added (the admin API, a reload, discovery) is
-// routable once it answers, with no probe of the rest, whose failures
-// would count toward their unhealthy_after as a round's do (one such round
-// for each of many workers added at once counted a worker's one slow
-// answer many times over).
+// routable once it answers, and one just moved to another URL judged, with
+// no probe of the rest, whose failures would count toward their
+// unhealthy_after as a round's do (one such round for each of many workers
+// added at once counted a worker's one slow answer many times over).
 func (c *Checker) Check(ids ...uint64) {
 	workers := make([]*dataplane.Worker, 0, len(ids))
 	for _, id := range ids {
