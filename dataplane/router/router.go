@@ -406,7 +406,10 @@ func (r *Router) replaceWorker(spec dataplane.WorkerSpec) error {
 	return nil
 }
 
-// CurrentConfig returns the configuration running now.
+// CurrentConfig returns the configuration running now. Its slices and
+// maps are the running config's own: a caller that changes one (to Reload
+// the result, say) copies it first, or the change is the running config's
+// too and the reload finds nothing changed.
 func (r *Router) CurrentConfig() config.Config {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
