@@ -393,14 +393,13 @@ func (r *Router) PrefixesLearned() uint64 { return r.prefixLearned.Load() }
 func (r *Router) probeSoon(id uint64) { go r.Health.Check(id) }
 
 // replaceWorker gives a registered worker a new spec (Registry.Replace)
-// and probes it now when the spec names another engine (another URL),
-// which is routable only once it answers.
+// and probes it now when the spec names another engine (another URL: the
+// worker is on probation until a probe judges it).
 func (r *Router) replaceWorker(spec dataplane.WorkerSpec) error {
-	old, err := r.Registry.Replace(spec)
-	if err != nil {
+	if _, err := r.Registry.Replace(spec); err != nil {
 		return err
 	}
-	if w, ok := r.Registry.Get(spec.ID); ok && w.Spec().URL != old.Spec().URL {
+	if w, ok := r.Registry.Get(spec.ID); ok && w.OnProbation() {
 		r.probeSoon(spec.ID)
 	}
 	return nil
