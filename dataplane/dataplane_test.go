@@ -1155,6 +1155,11 @@ func TestAReplacedWorkerKeepsCountingTheRequestsOnItsEngine(t *testing.T) {
 	assert.True(t, w.OnProbation(), "another engine, not judged yet")
 	assert.True(t, w.Healthy(), "the verdict before, until its probe")
 	assert.True(t, w.Down(), "the operator's mark stays")
+	moved.Capacity = 2
+	_, err = reg.Replace(moved)
+	require.NoError(t, err)
+	w, _ = reg.Get(1)
+	assert.True(t, w.OnProbation(), "changed at its new URL before a probe: not judged yet")
 	reg.SetHealthy(1, true)
 	assert.False(t, w.OnProbation(), "judged")
 	a.Release()

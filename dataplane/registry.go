@@ -463,6 +463,7 @@ func (r *Registry) replaceLocked(old *Worker, spec WorkerSpec) *Worker {
 		}
 		w.engine.Store(old.engine.Load())
 		w.countsTokens.Store(old.countsTokens.Load())
+		w.probation.Store(old.OnProbation()) // not judged yet either
 	} else {
 		r.priceUnread(w)
 		w.probation.Store(true)
