@@ -66,6 +66,9 @@ func TestAStalledEngineIsOutOfRotation(t *testing.T) {
 		}
 		require.Eventually(t, func() bool { return worker1()["stalled"] == true }, 5*time.Second, 10*time.Millisecond,
 			"GET /workers shows the engine stalled")
+		// The flag is set a moment before the routing snapshot without it is
+		// published.
+		require.Eventually(t, func() bool { return !f.r.Registry.Snapshot().Has(1) }, 5*time.Second, 10*time.Millisecond)
 		assert.GreaterOrEqual(t, worker1()["engine_still_seconds"], 0.3)
 		assert.Equal(t, "1", metric(t, f, `fastroute_worker_stalled{worker="1"}`))
 		for range 6 {
@@ -88,6 +91,7 @@ func TestAStalledEngineIsOutOfRotation(t *testing.T) {
 		}()
 		require.Eventually(t, func() bool { return worker1()["stalled"] == false }, 5*time.Second, 10*time.Millisecond,
 			"back once it generates")
+		require.Eventually(t, func() bool { return f.r.Registry.Snapshot().Has(1) }, 5*time.Second, 10*time.Millisecond)
 		assert.Equal(t, "0", metric(t, f, `fastroute_worker_stalled{worker="1"}`))
 		resp, body = f.send("POST", "/v1/chat/completions", chatBody, "x-worker-id", "1")
 		assert.Equal(t, http.StatusOK, resp.StatusCode, body)
